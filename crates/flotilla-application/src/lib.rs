@@ -1,0 +1,1 @@
+//! flotilla-application: see DESIGN.md.

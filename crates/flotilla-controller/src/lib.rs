@@ -1,0 +1,1 @@
+//! flotilla-controller: see DESIGN.md.

@@ -1,0 +1,130 @@
+//! Opaque, serialisable values: a deployment's init args and user config.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize, de::DeserializeOwned};
+
+use crate::error::{Error, Location};
+
+/// A value held as MessagePack bytes, so it can be checkpointed, hashed stably and
+/// sent to a replica without knowing its Rust type. The code that receives it
+/// decodes it into its own type.
+///
+/// ```
+/// use flotilla_core::Args;
+/// let a = Args::encode(&("hello", 3u32)).unwrap();
+/// let (s, n): (String, u32) = a.decode().unwrap();
+/// assert_eq!((s.as_str(), n), ("hello", 3));
+/// ```
+#[derive(Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Args(#[serde(with = "serde_bytes_compat")] Vec<u8>);
+
+impl Args {
+    /// Encode any serde value.
+    pub fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Self, Error> {
+        rmp_serde::to_vec_named(value)
+            .map(Args)
+            .map_err(|e| codec("encode", e.to_string()))
+    }
+
+    /// Decode into the receiver's type.
+    pub fn decode<T: DeserializeOwned>(&self) -> Result<T, Error> {
+        rmp_serde::from_slice(&self.0).map_err(|e| codec("decode", e.to_string()))
+    }
+
+    /// The empty value (MessagePack `nil`), which decodes as `()` or `None`.
+    pub fn unit() -> Self {
+        Args(vec![0xc0])
+    }
+
+    /// Wrap bytes that already are MessagePack.
+    pub fn from_msgpack(bytes: Vec<u8>) -> Self {
+        Args(bytes)
+    }
+
+    /// The MessagePack bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl Default for Args {
+    fn default() -> Self {
+        Args::unit()
+    }
+}
+
+impl fmt::Debug for Args {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Args({} bytes)", self.0.len())
+    }
+}
+
+fn codec(action: &'static str, reason: String) -> Error {
+    Error::Codec {
+        at: Location::default(),
+        action,
+        field: "args",
+        reason,
+    }
+}
+
+/// Serialise the bytes as one MessagePack `bin`, not as an array of integers.
+mod serde_bytes_compat {
+    use serde::{Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bytes(v)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Vec<u8>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("bytes")
+            }
+            fn visit_bytes<E: serde::de::Error>(self, v: &[u8]) -> Result<Vec<u8>, E> {
+                Ok(v.to_vec())
+            }
+            fn visit_byte_buf<E: serde::de::Error>(self, v: Vec<u8>) -> Result<Vec<u8>, E> {
+                Ok(v)
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut a: A) -> Result<Vec<u8>, A::Error> {
+                let mut out = Vec::new();
+                while let Some(b) = a.next_element::<u8>()? {
+                    out.push(b);
+                }
+                Ok(out)
+            }
+        }
+        d.deserialize_bytes(V)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_and_stable_bytes() {
+        let a = Args::encode(&vec![1u8, 2, 3]).unwrap();
+        let b = Args::encode(&vec![1u8, 2, 3]).unwrap();
+        assert_eq!(a, b);
+        assert_eq!(a.decode::<Vec<u8>>().unwrap(), vec![1, 2, 3]);
+        let packed = rmp_serde::to_vec(&a).unwrap();
+        assert_eq!(rmp_serde::from_slice::<Args>(&packed).unwrap(), a);
+    }
+
+    #[test]
+    fn decode_into_wrong_type_is_an_error() {
+        let a = Args::encode("text").unwrap();
+        assert!(matches!(a.decode::<u64>(), Err(Error::Codec { .. })));
+    }
+
+    #[test]
+    fn unit_decodes_as_unit_and_none() {
+        Args::unit().decode::<()>().unwrap();
+        assert_eq!(Args::unit().decode::<Option<u8>>().unwrap(), None);
+    }
+}

@@ -1,0 +1,36 @@
+//! The ground every other Flotilla crate stands on: plain data.
+//!
+//! This crate owns the vocabulary of DESIGN.md as types: validated names and route
+//! prefixes, application and deployment specs with Ray Serve's defaults, code and
+//! config versions, statuses (with the deployment status transition table), the
+//! durable records the checkpoint holds, and the typed errors for bad input.
+//!
+//! It must not spawn actors, touch the file system or the network, or read clocks:
+//! everything here is a pure function of its input, so it can be tested exhaustively
+//! and used from any layer.
+
+mod args;
+mod config;
+mod error;
+mod names;
+mod record;
+mod resources;
+mod spec;
+mod status;
+mod version;
+
+pub use args::Args;
+pub use config::{AutoscalingConfig, DeploymentConfig, ReplicaCount, RolloutConfig};
+pub use error::{Error, Result};
+pub use names::{AppName, DeploymentName, ImportPath, RoutePrefix};
+pub use record::{ApiType, AppRecord, DeploymentRecord};
+pub use resources::Resources;
+pub use spec::{
+    ApplicationSpec, ApplicationSpecBuilder, DeploymentSpec, DeploymentSpecBuilder, LogEncoding,
+    LogLevel, LoggingConfig,
+};
+pub use status::{
+    ApplicationStatus, ApplicationStatusInfo, DeploymentStatus, DeploymentStatusInfo,
+    DeploymentTrigger, ReplicaState, StatusTrigger,
+};
+pub use version::{CodeVersion, ConfigVersion, DeploymentVersion, stable_hash};

@@ -1,0 +1,441 @@
+//! What users declare: applications, deployments and their logging config.
+
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    AppName, Args, CodeVersion, ConfigVersion, DeploymentConfig, DeploymentName,
+    DeploymentVersion, ImportPath, RoutePrefix,
+    error::{Error, Location},
+    version::hash_value,
+};
+
+/// Log levels, as Ray Serve names them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum LogLevel {
+    /// Everything.
+    Debug,
+    /// The default.
+    #[default]
+    Info,
+    /// Warnings and errors.
+    Warning,
+    /// Errors only.
+    Error,
+}
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum LogEncoding {
+    /// Human-readable text (the default).
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Logging settings: global, with a per-application override.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LoggingConfig {
+    /// Lowest level written.
+    pub log_level: LogLevel,
+    /// Text or JSON.
+    pub encoding: LogEncoding,
+    /// Whether each request is logged.
+    pub enable_access_log: bool,
+}
+
+impl Default for LoggingConfig {
+    fn default() -> Self {
+        LoggingConfig {
+            log_level: LogLevel::Info,
+            encoding: LogEncoding::Text,
+            enable_access_log: true,
+        }
+    }
+}
+
+/// One deployment of an application: which code, with which init args and config.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeploymentSpec {
+    /// Unique within the application.
+    pub name: DeploymentName,
+    /// The constructor's name in the `Registry`.
+    pub import_path: ImportPath,
+    /// Arguments for the constructor, as MessagePack.
+    pub init_args: Args,
+    /// An explicit code version; `None` derives one from the code, args and resources.
+    pub version: Option<String>,
+    /// Replicas, limits, health checks, resources...
+    pub config: DeploymentConfig,
+}
+
+impl DeploymentSpec {
+    /// Start a builder for deployment `name` running the code registered as
+    /// `import_path`.
+    ///
+    /// ```
+    /// use flotilla_core::DeploymentSpec;
+    /// let d = DeploymentSpec::builder("echo", "echo::Echo").replicas(2).build().unwrap();
+    /// assert_eq!(d.config.initial_replicas(), 2);
+    /// ```
+    pub fn builder(name: impl Into<String>, import_path: impl Into<String>) -> DeploymentSpecBuilder {
+        DeploymentSpecBuilder {
+            name: name.into(),
+            import_path: import_path.into(),
+            init_args: Ok(Args::unit()),
+            version: None,
+            config: DeploymentConfig::default(),
+        }
+    }
+
+    /// The code version: explicit, or a stable hash of import path, init args and
+    /// resources.
+    pub fn code_version(&self) -> CodeVersion {
+        match &self.version {
+            Some(v) => CodeVersion::explicit(v.clone()),
+            None => CodeVersion::hashed(hash_value(&(
+                &self.import_path,
+                &self.init_args,
+                &self.config.resources,
+            ))),
+        }
+    }
+
+    /// The config version (see [`ConfigVersion`]).
+    pub fn config_version(&self) -> ConfigVersion {
+        ConfigVersion::of(&self.config)
+    }
+
+    /// Both versions.
+    pub fn version(&self) -> DeploymentVersion {
+        DeploymentVersion {
+            code: self.code_version(),
+            config: self.config_version(),
+        }
+    }
+
+    /// Validate the config and the explicit version.
+    pub fn validate(&self) -> Result<(), Error> {
+        if let Some(v) = &self.version
+            && (v.is_empty() || v.len() > 256)
+        {
+            return Err(Error::field(
+                "version",
+                "an explicit version must be 1 to 256 bytes",
+            ));
+        }
+        self.config
+            .validate()
+            .map_err(|e| e.at(None, Some(self.name.as_str())))
+    }
+}
+
+/// Builds a [`DeploymentSpec`]; [`build`](Self::build) validates.
+#[derive(Debug, Clone)]
+pub struct DeploymentSpecBuilder {
+    name: String,
+    import_path: String,
+    init_args: Result<Args, Error>,
+    version: Option<String>,
+    config: DeploymentConfig,
+}
+
+impl DeploymentSpecBuilder {
+    /// Constructor arguments (any serde value).
+    pub fn init_args<T: serde::Serialize + ?Sized>(mut self, args: &T) -> Self {
+        self.init_args = Args::encode(args);
+        self
+    }
+
+    /// An explicit code version.
+    pub fn version(mut self, v: impl Into<String>) -> Self {
+        self.version = Some(v.into());
+        self
+    }
+
+    /// A fixed replica count.
+    pub fn replicas(mut self, n: u32) -> Self {
+        self.config = self.config.with_replicas(n);
+        self
+    }
+
+    /// Replace the whole config.
+    pub fn config(mut self, config: DeploymentConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Edit the config in place.
+    pub fn with_config(mut self, f: impl FnOnce(DeploymentConfig) -> DeploymentConfig) -> Self {
+        self.config = f(self.config);
+        self
+    }
+
+    /// Validate and build.
+    pub fn build(self) -> Result<DeploymentSpec, Error> {
+        let at = |e: Error| e.at(None, Some(&self.name));
+        let spec = DeploymentSpec {
+            name: DeploymentName::new(self.name.clone()).map_err(at)?,
+            import_path: ImportPath::new(self.import_path.clone()).map_err(at)?,
+            init_args: self.init_args.clone().map_err(at)?,
+            version: self.version,
+            config: self.config,
+        };
+        spec.validate()?;
+        Ok(spec)
+    }
+}
+
+/// An application: a named set of deployments with one ingress and an optional route
+/// prefix.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ApplicationSpec {
+    /// Unique among live applications.
+    pub name: AppName,
+    /// HTTP route prefix; unique among live applications.
+    pub route_prefix: Option<RoutePrefix>,
+    /// The deployment that receives the application's requests.
+    pub ingress: DeploymentName,
+    /// Its deployments, in declaration order.
+    pub deployments: Vec<DeploymentSpec>,
+    /// Overrides the global logging config for this application.
+    pub logging: Option<LoggingConfig>,
+}
+
+impl ApplicationSpec {
+    /// Start a builder.
+    ///
+    /// ```
+    /// use flotilla_core::{ApplicationSpec, DeploymentSpec};
+    /// let app = ApplicationSpec::builder("shop")
+    ///     .route_prefix("/shop")
+    ///     .deployment(DeploymentSpec::builder("front", "shop::Front"))
+    ///     .build()
+    ///     .unwrap();
+    /// assert_eq!(app.ingress.as_str(), "front");
+    /// ```
+    pub fn builder(name: impl Into<String>) -> ApplicationSpecBuilder {
+        ApplicationSpecBuilder {
+            name: name.into(),
+            route_prefix: None,
+            ingress: None,
+            deployments: Vec::new(),
+            logging: None,
+        }
+    }
+
+    /// The deployment named `name`.
+    pub fn deployment(&self, name: &str) -> Option<&DeploymentSpec> {
+        self.deployments.iter().find(|d| d.name.as_str() == name)
+    }
+
+    /// Whole-application checks: at least one deployment, unique deployment names,
+    /// the ingress is one of them, every deployment valid. Errors name the application.
+    pub fn validate(&self) -> Result<(), Error> {
+        let app = self.name.as_str();
+        let at_app = |e: Error| e.at(Some(app), None);
+        if self.deployments.is_empty() {
+            return Err(at_app(Error::field(
+                "deployments",
+                "an application needs at least one deployment",
+            )));
+        }
+        let mut seen = std::collections::HashSet::with_capacity(self.deployments.len());
+        for d in &self.deployments {
+            if !seen.insert(d.name.as_str()) {
+                return Err(Error::InvalidField {
+                    at: Location {
+                        app: Some(app.to_owned()),
+                        deployment: Some(d.name.to_string()),
+                    },
+                    field: "name",
+                    reason: "the deployment name appears twice in the application".into(),
+                });
+            }
+            d.validate().map_err(at_app)?;
+        }
+        if !seen.contains(self.ingress.as_str()) {
+            return Err(at_app(Error::field(
+                "ingress",
+                format!(
+                    "ingress deployment '{}' is not one of the application's deployments",
+                    self.ingress
+                ),
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Builds an [`ApplicationSpec`]; [`build`](Self::build) validates.
+#[derive(Debug)]
+pub struct ApplicationSpecBuilder {
+    name: String,
+    route_prefix: Option<String>,
+    ingress: Option<String>,
+    deployments: Vec<Result<DeploymentSpec, Error>>,
+    logging: Option<LoggingConfig>,
+}
+
+impl ApplicationSpecBuilder {
+    /// The route prefix (normalised: a missing leading `/` is added, a trailing one
+    /// dropped).
+    pub fn route_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.route_prefix = Some(prefix.into());
+        self
+    }
+
+    /// The ingress deployment; defaults to the first deployment added.
+    pub fn ingress(mut self, name: impl Into<String>) -> Self {
+        self.ingress = Some(name.into());
+        self
+    }
+
+    /// Add a deployment.
+    pub fn deployment(mut self, d: DeploymentSpecBuilder) -> Self {
+        self.deployments.push(d.build());
+        self
+    }
+
+    /// Add an already built deployment.
+    pub fn deployment_spec(mut self, d: DeploymentSpec) -> Self {
+        self.deployments.push(Ok(d));
+        self
+    }
+
+    /// The application's logging config.
+    pub fn logging(mut self, logging: LoggingConfig) -> Self {
+        self.logging = Some(logging);
+        self
+    }
+
+    /// Validate and build.
+    pub fn build(self) -> Result<ApplicationSpec, Error> {
+        let app = self.name.clone();
+        let at = |e: Error| e.at(Some(&app), None);
+        let name = AppName::new(self.name.clone()).map_err(at)?;
+        let route_prefix = self
+            .route_prefix
+            .as_deref()
+            .map(RoutePrefix::normalised)
+            .transpose()
+            .map_err(at)?;
+        let deployments = self
+            .deployments
+            .into_iter()
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(at)?;
+        let ingress = match self.ingress {
+            Some(i) => DeploymentName::new(i).map_err(at)?,
+            None => match deployments.first() {
+                Some(d) => d.name.clone(),
+                None => {
+                    return Err(at(Error::field(
+                        "deployments",
+                        "an application needs at least one deployment",
+                    )));
+                }
+            },
+        };
+        let spec = ApplicationSpec {
+            name,
+            route_prefix,
+            ingress,
+            deployments,
+            logging: self.logging,
+        };
+        spec.validate()?;
+        Ok(spec)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Resources;
+
+    fn dep(name: &str) -> DeploymentSpecBuilder {
+        DeploymentSpec::builder(name, "test::Echo")
+    }
+
+    #[test]
+    fn errors_name_the_application_deployment_and_field() {
+        let err = ApplicationSpec::builder("shop")
+            .deployment(dep("front").with_config(|c| c.with_max_ongoing_requests(0)))
+            .build()
+            .unwrap_err();
+        assert_eq!(err.app(), Some("shop"));
+        assert_eq!(err.deployment(), Some("front"));
+        assert!(matches!(err, Error::InvalidField { field: "max_ongoing_requests", .. }));
+        assert!(err.to_string().contains("application 'shop', deployment 'front'"), "{err}");
+    }
+
+    #[test]
+    fn rejects_duplicate_deployments_missing_ingress_and_empty_apps() {
+        let dup = ApplicationSpec::builder("a")
+            .deployment(dep("x"))
+            .deployment(dep("x"))
+            .build()
+            .unwrap_err();
+        assert_eq!(dup.deployment(), Some("x"));
+        let ingress = ApplicationSpec::builder("a")
+            .deployment(dep("x"))
+            .ingress("y")
+            .build()
+            .unwrap_err();
+        assert!(matches!(ingress, Error::InvalidField { field: "ingress", .. }));
+        let empty = ApplicationSpec::builder("a").build().unwrap_err();
+        assert!(matches!(empty, Error::InvalidField { field: "deployments", .. }));
+        let bad_name = ApplicationSpec::builder("a b").deployment(dep("x")).build().unwrap_err();
+        assert!(matches!(bad_name, Error::InvalidName { .. }));
+    }
+
+    #[test]
+    fn code_version_is_stable_and_tracks_code_args_and_resources() {
+        let a = dep("x").init_args(&1u32).build().unwrap();
+        let same = dep("x").init_args(&1u32).build().unwrap();
+        assert_eq!(a.code_version(), same.code_version());
+        // Pinned value: the hash must not drift across builds, machines or Rust versions.
+        assert_eq!(a.code_version().as_str(), "heddbbbcac1fd726a");
+        let args = dep("x").init_args(&2u32).build().unwrap();
+        let path = DeploymentSpec::builder("x", "test::Other").init_args(&1u32).build().unwrap();
+        let res = dep("x")
+            .init_args(&1u32)
+            .with_config(|c| c.with_resources(Resources::default().with_gpus(1.0)))
+            .build()
+            .unwrap();
+        for other in [&args, &path, &res] {
+            assert_ne!(a.code_version(), other.code_version());
+        }
+        let explicit = dep("x").version("v1").build().unwrap();
+        assert_eq!(explicit.code_version().as_str(), "v1");
+    }
+
+    #[test]
+    fn config_version_ignores_the_replica_count_but_not_user_config() {
+        let a = dep("x").replicas(1).build().unwrap();
+        let scaled = dep("x").replicas(7).build().unwrap();
+        assert_eq!(a.version(), scaled.version());
+        let reconf = dep("x")
+            .with_config(|c| c.with_user_config(Args::encode(&"t").unwrap()))
+            .build()
+            .unwrap();
+        assert_eq!(a.code_version(), reconf.code_version());
+        assert_ne!(a.config_version(), reconf.config_version());
+    }
+
+    #[test]
+    fn spec_round_trips_through_msgpack() {
+        let app = ApplicationSpec::builder("a")
+            .route_prefix("a/")
+            .deployment(dep("x").init_args(&("q", 1)).replicas(3))
+            .logging(LoggingConfig::default())
+            .build()
+            .unwrap();
+        assert_eq!(app.route_prefix.as_ref().unwrap().as_str(), "/a");
+        let bytes = rmp_serde::to_vec(&app).unwrap();
+        assert_eq!(rmp_serde::from_slice::<ApplicationSpec>(&bytes).unwrap(), app);
+    }
+}

@@ -1,0 +1,1 @@
+//! flotilla-deployment: see DESIGN.md.

@@ -1,0 +1,1 @@
+//! flotilla-replica: see DESIGN.md.

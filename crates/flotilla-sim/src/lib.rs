@@ -1,0 +1,1 @@
+//! flotilla-sim: see DESIGN.md.

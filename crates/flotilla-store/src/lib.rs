@@ -1,0 +1,1 @@
+//! flotilla-store: see DESIGN.md.

@@ -1,0 +1,1 @@
+//! Flotilla: placeholder facade.

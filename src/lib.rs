@@ -1,1 +1,48 @@
-//! Flotilla: placeholder facade.
+//! Flotilla: an in-process control plane for serving code, built as a tree of actors.
+//!
+//! A program embeds Flotilla, registers its code in a [`Registry`], declares
+//! applications ([`ApplicationSpec`]: a set of deployments, each a pool of replicas)
+//! and calls [`Serve::run`] or [`Serve::run_many`]. Flotilla keeps what runs equal to
+//! what was declared, checkpoints every accepted target in one redb commit, and
+//! recovers it all after a crash. Requests reach replicas through
+//! [`DeploymentHandle`]s that keep working while control actors restart.
+//!
+//! ```no_run
+//! use flotilla::{ApplicationSpec, Deployment, DeploymentSpec, Registry, Serve, ServeOptions, UserError};
+//!
+//! struct Echo;
+//! impl Deployment for Echo {
+//!     type Request = String;
+//!     type Response = String;
+//!     async fn handle(&self, r: String) -> Result<String, UserError> { Ok(r) }
+//! }
+//!
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let registry = Registry::new().register("echo::Echo", |_ctx| async { Ok(Echo) })?;
+//! let serve = Serve::start(ServeOptions::new(registry)).await?;
+//! let app = ApplicationSpec::builder("hello")
+//!     .route_prefix("/hello")
+//!     .deployment(DeploymentSpec::builder("echo", "echo::Echo").replicas(2))
+//!     .build()?;
+//! let handle = serve.run(app).await?;
+//! let out: String = handle.call("hi").await?;
+//! assert_eq!(out, "hi");
+//! serve.shutdown().await?;
+//! # Ok(()) }
+//! ```
+
+mod serve;
+
+pub use flotilla_controller::{ControllerSnapshot, ServeError, StatusBoard};
+pub use flotilla_core::{
+    ApiType, AppName, ApplicationSpec, ApplicationStatus, ApplicationStatusInfo, Args,
+    AutoscalingConfig, DeploymentConfig, DeploymentName, DeploymentSpec, DeploymentStatus,
+    DeploymentStatusInfo, LoggingConfig, ReplicaCount, ReplicaState, Resources, RoutePrefix,
+};
+pub use flotilla_deployment::{Cluster, LocalCluster, NodeId, Refusal};
+pub use flotilla_replica::{
+    CallError, Deployment, DeploymentHandle, InitContext, Registry, ReplicaEndpoint, UserError,
+    supervision::RestartPolicy,
+};
+pub use flotilla_store::{Store, StoreCounters, StoreError};
+pub use serve::{Metrics, RunManyOptions, Serve, ServeOptions};

@@ -1,1 +1,25 @@
-//! flotilla-controller: see DESIGN.md.
+//! The Controller and the Supervisor: the top of the actor tree.
+//!
+//! This crate owns the public API messages, the durable targets of every
+//! application and the checkpoint protocol of DESIGN.md: every mutating message is
+//! validated whole, applied to a copy, committed in **one** store transaction,
+//! swapped in, answered, and only then turned into commands to ApplicationActors.
+//! It keeps the route-prefix index (O(1) per application), the status board that
+//! outlives actor crashes, and restarts crashed ApplicationActors. The
+//! [`Supervisor`] restarts the Controller and escalates to the embedding program.
+//!
+//! It is the only writer of the store. It must not touch replicas directly, and
+//! must not hold its children by a link: they survive its crash and are re-adopted.
+
+mod board;
+mod controller;
+mod error;
+mod messages;
+mod supervisor;
+mod validate;
+
+pub use board::StatusBoard;
+pub use controller::{Controller, ControllerArgs};
+pub use error::ServeError;
+pub use messages::{ControllerMsg, ControllerSnapshot};
+pub use supervisor::{Supervisor, SupervisorArgs, SupervisorMsg};

@@ -91,7 +91,10 @@ impl AutoscalingConfig {
         }
         for (field, f) in [
             ("autoscaling_config.upscaling_factor", self.upscaling_factor),
-            ("autoscaling_config.downscaling_factor", self.downscaling_factor),
+            (
+                "autoscaling_config.downscaling_factor",
+                self.downscaling_factor,
+            ),
         ] {
             if let Some(f) = f
                 && !(f.is_finite() && f > 0.0)
@@ -316,7 +319,10 @@ mod tests {
             other => panic!("unexpected {other}"),
         };
         let d = DeploymentConfig::default;
-        assert_eq!(field_of(d().with_max_ongoing_requests(0)), "max_ongoing_requests");
+        assert_eq!(
+            field_of(d().with_max_ongoing_requests(0)),
+            "max_ongoing_requests"
+        );
         assert_eq!(
             field_of(d().with_health_check(Duration::ZERO, Duration::from_secs(1))),
             "health_check_period"

@@ -13,6 +13,7 @@ mod args;
 mod config;
 mod error;
 mod names;
+pub mod naming;
 mod record;
 mod resources;
 mod spec;

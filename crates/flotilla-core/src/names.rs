@@ -130,10 +130,18 @@ fn route_prefix(what: &'static str, s: String) -> Result<String, Error> {
         return Err(invalid(what, &s, "must not contain '?' or '#'"));
     }
     if s.contains("//") {
-        return Err(invalid(what, &s, "must not contain an empty segment ('//')"));
+        return Err(invalid(
+            what,
+            &s,
+            "must not contain an empty segment ('//')",
+        ));
     }
     if s.len() > 1 && s.ends_with('/') {
-        return Err(invalid(what, &s, "must not end with '/' (except the root \"/\")"));
+        return Err(invalid(
+            what,
+            &s,
+            "must not end with '/' (except the root \"/\")",
+        ));
     }
     Ok(s)
 }
@@ -230,7 +238,16 @@ mod tests {
     fn names_reject_empty_long_and_odd_characters() {
         for bad in ["", "a b", "a/b", "é", "a\n", &"x".repeat(129)] {
             let err = AppName::new(bad).unwrap_err();
-            assert!(matches!(err, Error::InvalidName { what: "application name", .. }), "{bad}");
+            assert!(
+                matches!(
+                    err,
+                    Error::InvalidName {
+                        what: "application name",
+                        ..
+                    }
+                ),
+                "{bad}"
+            );
         }
     }
 
@@ -265,6 +282,9 @@ mod tests {
         let bytes = rmp_serde::to_vec(&"bad name").unwrap();
         assert!(rmp_serde::from_slice::<AppName>(&bytes).is_err());
         let bytes = rmp_serde::to_vec(&AppName::new("good").unwrap()).unwrap();
-        assert_eq!(rmp_serde::from_slice::<AppName>(&bytes).unwrap().as_str(), "good");
+        assert_eq!(
+            rmp_serde::from_slice::<AppName>(&bytes).unwrap().as_str(),
+            "good"
+        );
     }
 }

@@ -3,8 +3,8 @@
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    AppName, Args, CodeVersion, ConfigVersion, DeploymentConfig, DeploymentName,
-    DeploymentVersion, ImportPath, RoutePrefix,
+    AppName, Args, CodeVersion, ConfigVersion, DeploymentConfig, DeploymentName, DeploymentVersion,
+    ImportPath, RoutePrefix,
     error::{Error, Location},
     version::hash_value,
 };
@@ -80,7 +80,10 @@ impl DeploymentSpec {
     /// let d = DeploymentSpec::builder("echo", "echo::Echo").replicas(2).build().unwrap();
     /// assert_eq!(d.config.initial_replicas(), 2);
     /// ```
-    pub fn builder(name: impl Into<String>, import_path: impl Into<String>) -> DeploymentSpecBuilder {
+    pub fn builder(
+        name: impl Into<String>,
+        import_path: impl Into<String>,
+    ) -> DeploymentSpecBuilder {
         DeploymentSpecBuilder {
             name: name.into(),
             import_path: import_path.into(),
@@ -368,8 +371,18 @@ mod tests {
             .unwrap_err();
         assert_eq!(err.app(), Some("shop"));
         assert_eq!(err.deployment(), Some("front"));
-        assert!(matches!(err, Error::InvalidField { field: "max_ongoing_requests", .. }));
-        assert!(err.to_string().contains("application 'shop', deployment 'front'"), "{err}");
+        assert!(matches!(
+            err,
+            Error::InvalidField {
+                field: "max_ongoing_requests",
+                ..
+            }
+        ));
+        assert!(
+            err.to_string()
+                .contains("application 'shop', deployment 'front'"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -385,10 +398,25 @@ mod tests {
             .ingress("y")
             .build()
             .unwrap_err();
-        assert!(matches!(ingress, Error::InvalidField { field: "ingress", .. }));
+        assert!(matches!(
+            ingress,
+            Error::InvalidField {
+                field: "ingress",
+                ..
+            }
+        ));
         let empty = ApplicationSpec::builder("a").build().unwrap_err();
-        assert!(matches!(empty, Error::InvalidField { field: "deployments", .. }));
-        let bad_name = ApplicationSpec::builder("a b").deployment(dep("x")).build().unwrap_err();
+        assert!(matches!(
+            empty,
+            Error::InvalidField {
+                field: "deployments",
+                ..
+            }
+        ));
+        let bad_name = ApplicationSpec::builder("a b")
+            .deployment(dep("x"))
+            .build()
+            .unwrap_err();
         assert!(matches!(bad_name, Error::InvalidName { .. }));
     }
 
@@ -400,7 +428,10 @@ mod tests {
         // Pinned value: the hash must not drift across builds, machines or Rust versions.
         assert_eq!(a.code_version().as_str(), "heddbbbcac1fd726a");
         let args = dep("x").init_args(&2u32).build().unwrap();
-        let path = DeploymentSpec::builder("x", "test::Other").init_args(&1u32).build().unwrap();
+        let path = DeploymentSpec::builder("x", "test::Other")
+            .init_args(&1u32)
+            .build()
+            .unwrap();
         let res = dep("x")
             .init_args(&1u32)
             .with_config(|c| c.with_resources(Resources::default().with_gpus(1.0)))
@@ -436,6 +467,9 @@ mod tests {
             .unwrap();
         assert_eq!(app.route_prefix.as_ref().unwrap().as_str(), "/a");
         let bytes = rmp_serde::to_vec(&app).unwrap();
-        assert_eq!(rmp_serde::from_slice::<ApplicationSpec>(&bytes).unwrap(), app);
+        assert_eq!(
+            rmp_serde::from_slice::<ApplicationSpec>(&bytes).unwrap(),
+            app
+        );
     }
 }

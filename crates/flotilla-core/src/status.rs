@@ -182,14 +182,10 @@ impl DeploymentStatusInfo {
             }
             (S::Upscaling, T::Healthy) => Some((S::Healthy, R::UpscaleCompleted)),
             (S::Downscaling, T::Healthy) => Some((S::Healthy, R::DownscaleCompleted)),
-            (S::Upscaling | S::Downscaling, T::AutoscaleUp)
-                if self.trigger == R::Autoscaling =>
-            {
+            (S::Upscaling | S::Downscaling, T::AutoscaleUp) if self.trigger == R::Autoscaling => {
                 Some((S::Upscaling, R::Autoscaling))
             }
-            (S::Upscaling | S::Downscaling, T::AutoscaleDown)
-                if self.trigger == R::Autoscaling =>
-            {
+            (S::Upscaling | S::Downscaling, T::AutoscaleDown) if self.trigger == R::Autoscaling => {
                 Some((S::Downscaling, R::Autoscaling))
             }
             (S::Upscaling | S::Downscaling, T::ManuallyIncrease)
@@ -365,10 +361,16 @@ mod tests {
         let mut s = DeploymentStatusInfo::default();
         assert!(!s.handle(T::ManuallyIncrease, "x"));
         assert!(s.handle(T::ReplicaStartupFailed, "boom"));
-        assert_eq!((s.status, s.trigger), (S::DeployFailed, StatusTrigger::ReplicaStartupFailed));
+        assert_eq!(
+            (s.status, s.trigger),
+            (S::DeployFailed, StatusTrigger::ReplicaStartupFailed)
+        );
         assert_eq!(s.message, "boom");
         assert!(s.handle(T::Healthy, ""));
-        assert_eq!((s.status, s.trigger), (S::Healthy, StatusTrigger::Unspecified));
+        assert_eq!(
+            (s.status, s.trigger),
+            (S::Healthy, StatusTrigger::Unspecified)
+        );
     }
 
     #[test]
@@ -386,19 +388,31 @@ mod tests {
     fn healthy_and_scaling_transitions() {
         let mut s = at(S::Healthy, StatusTrigger::Unspecified);
         s.handle(T::ManuallyIncrease, "Upscaling from 1 to 2 replicas.");
-        assert_eq!((s.status, s.trigger), (S::Upscaling, StatusTrigger::ConfigUpdateStarted));
+        assert_eq!(
+            (s.status, s.trigger),
+            (S::Upscaling, StatusTrigger::ConfigUpdateStarted)
+        );
         assert!(!s.handle(T::AutoscaleDown, ""));
         s.handle(T::ReplicaStartupFailed, "e");
         assert_eq!(s.status, S::Unhealthy);
         let mut a = at(S::Healthy, StatusTrigger::Unspecified);
         a.handle(T::AutoscaleUp, "");
-        assert_eq!((a.status, a.trigger), (S::Upscaling, StatusTrigger::Autoscaling));
+        assert_eq!(
+            (a.status, a.trigger),
+            (S::Upscaling, StatusTrigger::Autoscaling)
+        );
         a.handle(T::Healthy, "");
-        assert_eq!((a.status, a.trigger), (S::Healthy, StatusTrigger::UpscaleCompleted));
+        assert_eq!(
+            (a.status, a.trigger),
+            (S::Healthy, StatusTrigger::UpscaleCompleted)
+        );
         a.handle(T::HealthCheckFailed, "hc");
         assert_eq!(a.status, S::Unhealthy);
         a.handle(T::Delete, "");
-        assert_eq!((a.status, a.trigger), (S::Updating, StatusTrigger::Deleting));
+        assert_eq!(
+            (a.status, a.trigger),
+            (S::Updating, StatusTrigger::Deleting)
+        );
     }
 
     fn deps(list: &[(&str, S, StatusTrigger)]) -> BTreeMap<DeploymentName, DeploymentStatusInfo> {
@@ -414,10 +428,19 @@ mod tests {
         let derive = |l: &[(&str, S, StatusTrigger)], expected| {
             ApplicationStatusInfo::derive(false, 3, expected, deps(l)).status
         };
-        assert_eq!(derive(&[("a", S::Healthy, u), ("b", S::Healthy, u)], 2), A::Running);
+        assert_eq!(
+            derive(&[("a", S::Healthy, u), ("b", S::Healthy, u)], 2),
+            A::Running
+        );
         assert_eq!(derive(&[("a", S::Healthy, u)], 2), A::Deploying);
-        assert_eq!(derive(&[("a", S::Healthy, u), ("b", S::Updating, u)], 2), A::Deploying);
-        assert_eq!(derive(&[("a", S::Unhealthy, u), ("b", S::Updating, u)], 2), A::Unhealthy);
+        assert_eq!(
+            derive(&[("a", S::Healthy, u), ("b", S::Updating, u)], 2),
+            A::Deploying
+        );
+        assert_eq!(
+            derive(&[("a", S::Unhealthy, u), ("b", S::Updating, u)], 2),
+            A::Unhealthy
+        );
         assert_eq!(
             derive(&[("a", S::Unhealthy, u), ("b", S::DeployFailed, u)], 2),
             A::DeployFailed
@@ -427,7 +450,10 @@ mod tests {
             A::Running
         );
         assert_eq!(
-            derive(&[("a", S::Upscaling, StatusTrigger::ConfigUpdateStarted)], 1),
+            derive(
+                &[("a", S::Upscaling, StatusTrigger::ConfigUpdateStarted)],
+                1
+            ),
             A::Deploying
         );
         let info = ApplicationStatusInfo::derive(true, 9, 1, deps(&[("a", S::Healthy, u)]));

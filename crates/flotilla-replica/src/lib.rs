@@ -1,1 +1,36 @@
-//! flotilla-replica: see DESIGN.md.
+//! Replicas and the data plane.
+//!
+//! This crate owns what runs user code and how requests reach it:
+//! - the user-facing [`Deployment`] trait and the [`Registry`] that maps import
+//!   paths to constructors (code cannot be checkpointed, so it is named);
+//! - the [`ReplicaActor`], one per replica: it runs the constructor off its mailbox,
+//!   health-checks its user code, reconfigures it in place, and drains gracefully;
+//! - the data plane: a [`ReplicaEndpoint`] per running replica, the shared
+//!   [`Directory`] of routes per deployment (published by subscription, `watch`), and
+//!   the [`DeploymentHandle`] that routes requests by power-of-two-choices.
+//!
+//! Handles live here (and not in the controller) because a deployment's constructor
+//! receives them through its [`InitContext`] to call other deployments.
+//!
+//! It must not decide how many replicas run or where: that is the DeploymentActor's
+//! job. It never touches the checkpoint store.
+
+mod actor;
+mod endpoint;
+mod error;
+mod handle;
+mod registry;
+mod route;
+pub mod supervision;
+mod user;
+
+pub use actor::{
+    ReplicaActor, ReplicaArgs, ReplicaEvent, ReplicaMsg, ReplicaPhase, ReplicaReporter,
+    ReplicaSnapshot,
+};
+pub use endpoint::{ReplicaEndpoint, ReplicaId};
+pub use error::CallError;
+pub use handle::DeploymentHandle;
+pub use registry::{InitContext, Registry};
+pub use route::{DeploymentRoute, Directory, ReplicaSet};
+pub use user::{Deployment, UserError};

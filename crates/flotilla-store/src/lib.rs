@@ -1,1 +1,32 @@
-//! flotilla-store: see DESIGN.md.
+//! flotilla-store: the checkpoint store of Flotilla (DESIGN.md, "State and the checkpoint
+//! protocol").
+//!
+//! This crate owns the redb checkpoint file and everything about its layout: the tables
+//! (`meta`, `apps`, `deployments`, `config`), the MessagePack codec of their values
+//! (rmp-serde, named fields), the schema version checked at open, the rule that one
+//! [`Store::commit`] is exactly one redb write transaction with immediate durability, and
+//! the [`StoreCounters`] that let tests see what a commit cost.
+//!
+//! It must not do anything else: no actors, no tasks, no decisions. It stores what the
+//! Controller gives it, in the order given, and reads back what was stored; only the
+//! Controller calls it. A file it cannot trust (a newer schema, not a redb file, corrupt)
+//! is reported as an error and is never overwritten.
+
+mod batch;
+mod codec;
+mod error;
+mod snapshot;
+mod store;
+mod tables;
+
+pub use batch::Batch;
+pub use error::StoreError;
+pub use snapshot::Snapshot;
+pub use store::{Store, StoreCounters};
+
+/// The version of the checkpoint's layout that this build writes and reads.
+///
+/// It is stamped into table `meta`, key `schema_version`, when a file is created and
+/// checked at every open: a file with a newer version is refused with
+/// [`StoreError::SchemaTooNew`] and left untouched.
+pub const SCHEMA_VERSION: u32 = 1;

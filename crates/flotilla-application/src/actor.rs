@@ -1,0 +1,399 @@
+//! The ApplicationActor itself.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::Arc,
+    time::Duration,
+};
+
+use flotilla_core::{
+    AppRecord, ApplicationStatusInfo, DeploymentName, DeploymentSpec, DeploymentStatusInfo, naming,
+};
+use flotilla_deployment::{
+    Cluster, DeploymentActor, DeploymentArgs, DeploymentEvent, DeploymentMsg, DeploymentTarget,
+};
+use flotilla_replica::{
+    Directory, Registry,
+    supervision::{RestartLog, RestartPolicy},
+};
+use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, SupervisionEvent, rpc::CallResult};
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+use crate::{AppEvent, AppMsg, AppReporter, AppSnapshot, publish_status};
+
+const OBSERVE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Delay before retrying a spawn whose name is still held by a stopping actor.
+const NAME_BUSY_RETRY: Duration = Duration::from_millis(10);
+
+/// Everything an ApplicationActor needs; a restarted one gets the same.
+#[derive(Clone)]
+pub struct AppArgs {
+    /// The Serve instance's namespace.
+    pub ns: String,
+    /// The durable target.
+    pub record: AppRecord,
+    /// Where code is registered.
+    pub registry: Registry,
+    /// Routes, shared with handles.
+    pub directory: Directory,
+    /// Where replicas run.
+    pub cluster: Arc<dyn Cluster>,
+    /// Where its status is published (outlives the actor).
+    pub status: watch::Sender<ApplicationStatusInfo>,
+    /// How it reports to the Controller.
+    pub reporter: AppReporter,
+    /// How it restarts crashed deployment actors.
+    pub restart: RestartPolicy,
+}
+
+/// The application actor.
+pub struct ApplicationActor;
+
+struct Child {
+    actor: Option<ActorRef<DeploymentMsg>>,
+    /// The spec last sent (kept to delete a deployment no longer in the target).
+    spec: DeploymentSpec,
+    /// The last status, with the generation it describes.
+    status: Option<(u64, DeploymentStatusInfo)>,
+    restarts: RestartLog,
+    restart_pending: bool,
+}
+
+/// The ApplicationActor's state.
+pub struct AppState {
+    args: AppArgs,
+    children: BTreeMap<DeploymentName, Child>,
+    by_actor: HashMap<ActorId, DeploymentName>,
+    derived: ApplicationStatusInfo,
+    shutting_down: bool,
+}
+
+impl AppState {
+    fn target_of(&self, name: &DeploymentName) -> Option<DeploymentTarget> {
+        let r = &self.args.record;
+        let in_target = if r.deleting {
+            None
+        } else {
+            r.spec.deployment(name.as_str())
+        };
+        match in_target {
+            Some(spec) => Some(DeploymentTarget {
+                replicas: spec.config.initial_replicas(),
+                spec: spec.clone(),
+                deleting: false,
+                generation: r.generation,
+            }),
+            None => self.children.get(name).map(|c| DeploymentTarget {
+                replicas: 0,
+                spec: c.spec.clone(),
+                deleting: true,
+                generation: r.generation,
+            }),
+        }
+    }
+
+    fn deployment_args(&self, target: DeploymentTarget) -> DeploymentArgs {
+        let a = &self.args;
+        let me = naming::application(&a.ns, &a.record.spec.name);
+        DeploymentArgs {
+            ns: a.ns.clone(),
+            app: a.record.spec.name.clone(),
+            target,
+            registry: a.registry.clone(),
+            directory: a.directory.clone(),
+            cluster: a.cluster.clone(),
+            reporter: Arc::new(move |event| {
+                if let Some(app) = ActorRef::<AppMsg>::where_is(me.clone()) {
+                    let _ = app.cast(AppMsg::Deployment(event));
+                }
+            }),
+        }
+    }
+
+    fn derive_status(&mut self) {
+        let r = &self.args.record;
+        let statuses = r
+            .spec
+            .deployments
+            .iter()
+            .filter_map(|d| {
+                let c = self.children.get(&d.name)?;
+                match &c.status {
+                    Some((g, s)) if *g == r.generation => Some((d.name.clone(), s.clone())),
+                    _ => None,
+                }
+            })
+            .collect();
+        let info = ApplicationStatusInfo::derive(
+            r.deleting,
+            r.generation,
+            r.spec.deployments.len(),
+            statuses,
+        );
+        if info.status != self.derived.status || info.message != self.derived.message {
+            info!(app = %r.spec.name, generation = r.generation, from = %self.derived.status,
+                to = %info.status, message = %info.message, "application status");
+        }
+        self.derived = info.clone();
+        publish_status(&self.args.status, info);
+    }
+}
+
+impl ApplicationActor {
+    /// Find living DeploymentActors of this application and learn their targets.
+    async fn adopt(myself: &ActorRef<AppMsg>, state: &mut AppState) {
+        let group = naming::deployment_group(&state.args.ns, &state.args.record.spec.name);
+        for cell in ractor::pg::get_members(&group) {
+            let r: ActorRef<DeploymentMsg> = cell.clone().into();
+            let Ok(CallResult::Success(snap)) =
+                r.call(DeploymentMsg::Observe, Some(OBSERVE_TIMEOUT)).await
+            else {
+                continue;
+            };
+            myself.get_cell().monitor(cell.clone());
+            let name = snap.target.spec.name.clone();
+            info!(app = %state.args.record.spec.name, deployment = %name,
+                "re-adopted living deployment actor");
+            state.by_actor.insert(cell.get_id(), name.clone());
+            state.children.insert(
+                name,
+                Child {
+                    actor: Some(r),
+                    spec: snap.target.spec,
+                    status: Some((snap.target.generation, snap.status)),
+                    restarts: RestartLog::default(),
+                    restart_pending: false,
+                },
+            );
+        }
+    }
+
+    /// One reconcile step: every target deployment has an actor with the current
+    /// target; every other one is being deleted.
+    async fn reconcile(myself: &ActorRef<AppMsg>, state: &mut AppState) {
+        if state.shutting_down {
+            return;
+        }
+        let mut names: Vec<DeploymentName> = state.children.keys().cloned().collect();
+        if !state.args.record.deleting {
+            for d in &state.args.record.spec.deployments {
+                if !state.children.contains_key(&d.name) {
+                    names.push(d.name.clone());
+                }
+            }
+        }
+        for name in names {
+            let Some(target) = state.target_of(&name) else {
+                continue;
+            };
+            let child = state.children.entry(name.clone()).or_insert_with(|| Child {
+                actor: None,
+                spec: target.spec.clone(),
+                status: None,
+                restarts: RestartLog::default(),
+                restart_pending: false,
+            });
+            child.spec = target.spec.clone();
+            match (&child.actor, child.restart_pending) {
+                (Some(a), _) => {
+                    let _ = a.cast(DeploymentMsg::SetTarget(Box::new(target)));
+                }
+                (None, true) => {}
+                (None, false) => Self::spawn_child(myself, state, name, target).await,
+            }
+        }
+        state.derive_status();
+        if state.args.record.deleting && state.children.is_empty() {
+            let r = &state.args.record;
+            info!(app = %r.spec.name, generation = r.generation, "application deleted");
+            (state.args.reporter)(AppEvent::Deleted {
+                name: r.spec.name.clone(),
+                generation: r.generation,
+            });
+            myself.stop(None);
+        }
+    }
+
+    async fn spawn_child(
+        myself: &ActorRef<AppMsg>,
+        state: &mut AppState,
+        name: DeploymentName,
+        target: DeploymentTarget,
+    ) {
+        let actor_name = naming::deployment(&state.args.ns, &state.args.record.spec.name, &name);
+        let args = state.deployment_args(target);
+        match Actor::spawn(Some(actor_name), DeploymentActor, args).await {
+            Ok((actor, _)) => {
+                myself.get_cell().monitor(actor.get_cell());
+                state.by_actor.insert(actor.get_id(), name.clone());
+                if let Some(c) = state.children.get_mut(&name) {
+                    c.actor = Some(actor);
+                }
+            }
+            Err(e) => {
+                warn!(app = %state.args.record.spec.name, deployment = %name, error = %e,
+                    "could not start deployment actor; retrying");
+                Self::restart_later(myself, state, name, NAME_BUSY_RETRY);
+            }
+        }
+    }
+
+    fn restart_later(
+        myself: &ActorRef<AppMsg>,
+        state: &mut AppState,
+        name: DeploymentName,
+        after: Duration,
+    ) {
+        if let Some(c) = state.children.get_mut(&name) {
+            c.restart_pending = true;
+        }
+        myself.send_after(after, move || AppMsg::RestartDeployment(name));
+    }
+}
+
+impl Actor for ApplicationActor {
+    type Msg = AppMsg;
+    type State = AppState;
+    type Arguments = AppArgs;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<AppMsg>,
+        args: AppArgs,
+    ) -> Result<AppState, ActorProcessingErr> {
+        let derived = ApplicationStatusInfo::deploying(args.record.generation);
+        Ok(AppState {
+            args,
+            children: BTreeMap::new(),
+            by_actor: HashMap::new(),
+            derived,
+            shutting_down: false,
+        })
+    }
+
+    async fn post_start(
+        &self,
+        myself: ActorRef<AppMsg>,
+        state: &mut AppState,
+    ) -> Result<(), ActorProcessingErr> {
+        Self::adopt(&myself, state).await;
+        Self::reconcile(&myself, state).await;
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<AppMsg>,
+        msg: AppMsg,
+        state: &mut AppState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            AppMsg::SetTarget(record) => {
+                if *record == state.args.record {
+                    return Ok(());
+                }
+                state.args.record = *record;
+            }
+            AppMsg::Deployment(DeploymentEvent::Status {
+                name,
+                generation,
+                status,
+            }) => {
+                if let Some(c) = state.children.get_mut(&name) {
+                    c.status = Some((generation, status));
+                }
+                state.derive_status();
+                return Ok(());
+            }
+            AppMsg::Deployment(DeploymentEvent::Deleted { name, .. }) => {
+                // The actor stops right after; its termination removes the child.
+                if let Some(c) = state.children.get_mut(&name) {
+                    c.status = None;
+                }
+                return Ok(());
+            }
+            AppMsg::RestartDeployment(name) => {
+                if let Some(c) = state.children.get_mut(&name) {
+                    c.restart_pending = false;
+                }
+            }
+            AppMsg::Observe(reply) => {
+                let _ = reply.send(AppSnapshot {
+                    record: state.args.record.clone(),
+                    status: state.derived.clone(),
+                    deployments: state
+                        .children
+                        .iter()
+                        .filter(|(_, c)| c.actor.is_some())
+                        .map(|(n, _)| n.clone())
+                        .collect(),
+                });
+                return Ok(());
+            }
+            AppMsg::Shutdown(reply) => {
+                state.shutting_down = true;
+                let children: Vec<_> = state
+                    .children
+                    .values()
+                    .filter_map(|c| c.actor.clone())
+                    .collect();
+                tokio::spawn(async move {
+                    for c in children {
+                        let _ = c.call(DeploymentMsg::Shutdown, None).await;
+                    }
+                    let _ = reply.send(());
+                });
+                return Ok(());
+            }
+        }
+        Self::reconcile(&myself, state).await;
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<AppMsg>,
+        evt: SupervisionEvent,
+        state: &mut AppState,
+    ) -> Result<(), ActorProcessingErr> {
+        let (cell, failure) = match &evt {
+            SupervisionEvent::ActorTerminated(c, _, _) => (c, None),
+            SupervisionEvent::ActorFailed(c, e) => (c, Some(e.to_string())),
+            _ => return Ok(()),
+        };
+        let Some(name) = state.by_actor.remove(&cell.get_id()) else {
+            return Ok(());
+        };
+        let wanted = state.target_of(&name).is_some_and(|t| !t.deleting);
+        let Some(child) = state.children.get_mut(&name) else {
+            return Ok(());
+        };
+        child.actor = None;
+        match failure {
+            None if !wanted => {
+                state.children.remove(&name);
+            }
+            None => {}
+            Some(why) => {
+                warn!(app = %state.args.record.spec.name, deployment = %name, %why,
+                    "deployment actor crashed");
+                match child.restarts.on_crash(&state.args.restart) {
+                    Some(delay) => {
+                        Self::restart_later(&myself, state, name, delay);
+                        return Ok(());
+                    }
+                    None => {
+                        return Err(format!(
+                            "deployment '{name}' crashed more than {} times in {:?}: escalating",
+                            state.args.restart.max_restarts, state.args.restart.window
+                        )
+                        .into());
+                    }
+                }
+            }
+        }
+        Self::reconcile(&myself, state).await;
+        Ok(())
+    }
+}

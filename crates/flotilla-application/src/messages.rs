@@ -1,0 +1,49 @@
+//! What an ApplicationActor receives and reports.
+
+use std::sync::Arc;
+
+use flotilla_core::{AppName, AppRecord, ApplicationStatusInfo, DeploymentName};
+use flotilla_deployment::DeploymentEvent;
+use ractor::RpcReplyPort;
+
+/// What an ApplicationActor tells the Controller.
+#[derive(Debug, Clone)]
+pub enum AppEvent {
+    /// Every deployment is gone; the actor is stopping. The Controller may now
+    /// remove the record.
+    Deleted {
+        /// The application.
+        name: AppName,
+        /// The generation whose deletion finished.
+        generation: u64,
+    },
+}
+
+/// How an ApplicationActor reports to the Controller (looked up by name).
+pub type AppReporter = Arc<dyn Fn(AppEvent) + Send + Sync>;
+
+/// An ApplicationActor's state, for tests.
+#[derive(Debug, Clone)]
+pub struct AppSnapshot {
+    /// The target it works toward.
+    pub record: AppRecord,
+    /// The status it last derived.
+    pub status: ApplicationStatusInfo,
+    /// Its living deployment actors.
+    pub deployments: Vec<DeploymentName>,
+}
+
+/// Messages to an ApplicationActor.
+#[derive(Debug)]
+pub enum AppMsg {
+    /// A new target (idempotent).
+    SetTarget(Box<AppRecord>),
+    /// An event from one of its deployments.
+    Deployment(DeploymentEvent),
+    /// Internal: a crashed deployment's backoff passed; start it again.
+    RestartDeployment(DeploymentName),
+    /// Reply with a snapshot.
+    Observe(RpcReplyPort<AppSnapshot>),
+    /// Stop every replica gracefully; reply when done.
+    Shutdown(RpcReplyPort<()>),
+}

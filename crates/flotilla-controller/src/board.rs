@@ -1,0 +1,110 @@
+//! The status board: every application's published status, outliving actor crashes.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, RwLock},
+};
+
+use flotilla_core::{AppName, ApplicationStatusInfo, DeploymentName};
+use tokio::sync::watch;
+
+struct Entry {
+    tx: watch::Sender<ApplicationStatusInfo>,
+    ingress: DeploymentName,
+}
+
+/// Per application: a `watch` channel of its status and its ingress. The
+/// Controller adds and removes entries; ApplicationActors publish into them;
+/// callers subscribe to wait for a status without polling.
+#[derive(Clone, Default)]
+pub struct StatusBoard {
+    entries: Arc<RwLock<HashMap<AppName, Entry>>>,
+}
+
+impl std::fmt::Debug for StatusBoard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StatusBoard")
+            .field("apps", &self.len())
+            .finish()
+    }
+}
+
+impl StatusBoard {
+    /// An empty board.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The sender of `app`, created with `initial` if absent; the ingress is updated.
+    pub fn sender(
+        &self,
+        app: &AppName,
+        ingress: &DeploymentName,
+        initial: impl FnOnce() -> ApplicationStatusInfo,
+    ) -> watch::Sender<ApplicationStatusInfo> {
+        let mut m = self.entries.write().unwrap_or_else(|p| p.into_inner());
+        let e = m.entry(app.clone()).or_insert_with(|| Entry {
+            tx: watch::Sender::new(initial()),
+            ingress: ingress.clone(),
+        });
+        e.ingress = ingress.clone();
+        e.tx.clone()
+    }
+
+    /// Watch `app`'s status; `None` if it does not exist.
+    pub fn subscribe(&self, app: &str) -> Option<watch::Receiver<ApplicationStatusInfo>> {
+        let m = self.entries.read().unwrap_or_else(|p| p.into_inner());
+        m.get(app).map(|e| e.tx.subscribe())
+    }
+
+    /// `app`'s status (NOT_STARTED if it does not exist).
+    pub fn status(&self, app: &str) -> ApplicationStatusInfo {
+        let m = self.entries.read().unwrap_or_else(|p| p.into_inner());
+        m.get(app)
+            .map(|e| e.tx.borrow().clone())
+            .unwrap_or_else(|| ApplicationStatusInfo::not_started(app))
+    }
+
+    /// `app`'s ingress deployment, if it exists.
+    pub fn ingress(&self, app: &str) -> Option<DeploymentName> {
+        let m = self.entries.read().unwrap_or_else(|p| p.into_inner());
+        m.get(app).map(|e| e.ingress.clone())
+    }
+
+    /// Every application's status, sorted by name.
+    pub fn all(&self) -> Vec<(AppName, ApplicationStatusInfo)> {
+        let m = self.entries.read().unwrap_or_else(|p| p.into_inner());
+        let mut v: Vec<_> = m
+            .iter()
+            .map(|(n, e)| (n.clone(), e.tx.borrow().clone()))
+            .collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    }
+
+    /// Remove a deleted application: publish NOT_STARTED, then drop the channel so
+    /// watchers see it closed.
+    pub fn remove(&self, app: &AppName) {
+        let removed = self
+            .entries
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(app);
+        if let Some(e) = removed {
+            let gen_ = e.tx.borrow().observed_generation;
+            let mut gone = ApplicationStatusInfo::not_started(app.as_str());
+            gone.observed_generation = gen_;
+            e.tx.send_replace(gone);
+        }
+    }
+
+    /// How many applications are on the board.
+    pub fn len(&self) -> usize {
+        self.entries.read().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// Whether the board is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}

@@ -1,0 +1,53 @@
+//! Errors of the embedding API.
+
+use flotilla_store::StoreError;
+
+/// Why a call to Flotilla failed. A failed mutating call changed nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// A spec, name or config is invalid.
+    #[error(transparent)]
+    Invalid(#[from] flotilla_core::Error),
+    /// The same application name appears twice in one batch.
+    #[error("application '{app}' appears more than once in the batch")]
+    DuplicateApp {
+        /// The repeated name.
+        app: String,
+    },
+    /// A route prefix is used twice in the batch, or by another live application.
+    #[error(
+        "application '{app}': route prefix '{prefix}' is already used by application '{holder}'"
+    )]
+    RouteTaken {
+        /// The application that asked for it.
+        app: String,
+        /// The prefix.
+        prefix: String,
+        /// Who holds it.
+        holder: String,
+    },
+    /// The checkpoint store failed; nothing was changed.
+    #[error("checkpoint store: {0}")]
+    Store(#[from] StoreError),
+    /// The application reached DEPLOY_FAILED at the awaited generation.
+    #[error("application '{app}' failed to deploy: {message}")]
+    DeployFailed {
+        /// The application.
+        app: String,
+        /// Its status message.
+        message: String,
+    },
+    /// No such application.
+    #[error("application '{app}' doesn't exist")]
+    NotFound {
+        /// The application.
+        app: String,
+    },
+    /// The Controller crashed while handling the call: it may or may not have been
+    /// applied (as in Ray Serve); calls are idempotent, so retry.
+    #[error("the controller crashed while handling the call; retry it")]
+    ControllerCrashed,
+    /// Flotilla is shut down, or its supervisor gave up.
+    #[error("flotilla is not running: {0}")]
+    Unavailable(String),
+}

@@ -1,0 +1,51 @@
+//! The Controller's messages: one variant per request.
+
+use flotilla_application::AppEvent;
+use flotilla_core::{ApiType, AppName, ApplicationSpec};
+use ractor::RpcReplyPort;
+
+use crate::ServeError;
+
+/// A snapshot of the Controller, for tests and metrics.
+#[derive(Debug, Clone, Default)]
+pub struct ControllerSnapshot {
+    /// Applications with a record (including those being deleted).
+    pub apps: usize,
+    /// Applications being deleted.
+    pub deleting: usize,
+    /// Living ApplicationActors.
+    pub app_actors: usize,
+    /// ApplicationActor restarts since this Controller started.
+    pub app_restarts: u64,
+}
+
+/// Messages to the Controller.
+#[derive(Debug)]
+pub enum ControllerMsg {
+    /// Deploy (or redeploy) a batch of applications: one validation, one commit.
+    /// Replies with each application's new generation, in order.
+    Deploy {
+        /// The applications.
+        apps: Vec<ApplicationSpec>,
+        /// How they are deployed.
+        api_type: ApiType,
+        /// The reply.
+        reply: RpcReplyPort<Result<Vec<u64>, ServeError>>,
+    },
+    /// Delete applications (unknown names are ignored): one commit. Replies with the
+    /// generation of each deletion, `None` for an unknown name.
+    Delete {
+        /// The applications.
+        names: Vec<AppName>,
+        /// The reply.
+        reply: RpcReplyPort<Result<Vec<Option<u64>>, ServeError>>,
+    },
+    /// An event from an ApplicationActor.
+    App(AppEvent),
+    /// Internal: a crashed ApplicationActor's backoff passed.
+    RestartApp(AppName),
+    /// Reply with a snapshot.
+    Observe(RpcReplyPort<ControllerSnapshot>),
+    /// Stop every replica gracefully; reply when done.
+    Shutdown(RpcReplyPort<()>),
+}

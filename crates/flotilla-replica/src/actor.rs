@@ -1,0 +1,489 @@
+//! The ReplicaActor: one per replica. Runs the constructor off its mailbox, health
+//! checks its user code, reconfigures in place, drains gracefully, and reports to
+//! its DeploymentActor through a [`ReplicaReporter`].
+
+use std::sync::Arc;
+
+use flotilla_core::{AppName, DeploymentName, DeploymentSpec, DeploymentVersion};
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use tokio::task::JoinHandle;
+use tracing::{info, warn};
+
+use crate::{
+    DeploymentRoute, Directory, Registry, ReplicaEndpoint, ReplicaId,
+    user::{ErasedDeployment, guarded},
+};
+
+/// Consecutive failed health checks that make a replica unhealthy (Ray's threshold).
+pub const UNHEALTHY_THRESHOLD: u32 = 3;
+
+/// How the DeploymentActor hears from its replicas. It looks its current owner up
+/// by name on every call, so a restarted owner hears events without re-wiring.
+pub type ReplicaReporter = Arc<dyn Fn(ReplicaId, ReplicaEvent) + Send + Sync>;
+
+/// What a replica tells its DeploymentActor.
+#[derive(Debug)]
+pub enum ReplicaEvent {
+    /// Constructed, configured and healthy once: ready to serve.
+    Ready {
+        /// Where routers reach it.
+        endpoint: Arc<ReplicaEndpoint>,
+        /// The version it runs.
+        version: DeploymentVersion,
+    },
+    /// The constructor (or the first reconfigure or health check) failed; the
+    /// replica has stopped itself.
+    StartFailed {
+        /// Why.
+        error: String,
+    },
+    /// Failed health checks, panicked in user code, or failed a reconfigure: it
+    /// must be replaced.
+    Unhealthy {
+        /// Why.
+        reason: String,
+    },
+    /// A reconfigure to `version` finished.
+    Reconfigured {
+        /// The version now running.
+        version: DeploymentVersion,
+    },
+}
+
+/// Where a replica is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplicaPhase {
+    /// Constructor running.
+    Starting,
+    /// Serving.
+    Running,
+    /// Taking a new config in place.
+    Updating,
+    /// Draining, then gone.
+    Stopping,
+}
+
+/// A replica's own account of itself, for a DeploymentActor re-adopting it.
+#[derive(Debug, Clone)]
+pub struct ReplicaSnapshot {
+    /// Its id.
+    pub id: ReplicaId,
+    /// The version it runs (or is starting).
+    pub version: DeploymentVersion,
+    /// Where it is in its life.
+    pub phase: ReplicaPhase,
+    /// Its endpoint, once running.
+    pub endpoint: Option<Arc<ReplicaEndpoint>>,
+    /// The node it was placed on.
+    pub node: String,
+}
+
+/// The outcome of a constructor, delivered to the actor by its own task.
+pub struct Startup(Result<Arc<dyn ErasedDeployment>, String>);
+
+impl std::fmt::Debug for Startup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.0 {
+            Ok(_) => f.write_str("Startup(Ok)"),
+            Err(e) => write!(f, "Startup(Err({e}))"),
+        }
+    }
+}
+
+/// Messages to a ReplicaActor.
+#[derive(Debug)]
+pub enum ReplicaMsg {
+    /// Internal: the constructor task finished.
+    Started(Startup),
+    /// Reply with a snapshot of the replica.
+    Observe(RpcReplyPort<ReplicaSnapshot>),
+    /// Take `spec`'s config in place (its code version must be the running one).
+    Reconfigure(Box<DeploymentSpec>),
+    /// Internal: a reconfigure finished.
+    Reconfigured(Box<DeploymentSpec>, Result<(), String>),
+    /// Internal: time for a health check.
+    HealthTick,
+    /// Internal: a health check finished.
+    HealthResult(Result<(), String>),
+    /// Stop: gracefully (drain, then kill at the graceful timeout) or at once.
+    Stop {
+        /// Drain first.
+        graceful: bool,
+    },
+    /// Internal: draining finished (idle, or the timeout passed).
+    Drained,
+    /// A request panicked in user code: the replica must be replaced.
+    Panicked(String),
+}
+
+/// Everything a replica needs to start.
+pub struct ReplicaArgs {
+    /// Its id.
+    pub id: ReplicaId,
+    /// Its application.
+    pub app: AppName,
+    /// Its deployment.
+    pub deployment: DeploymentName,
+    /// The spec it runs.
+    pub spec: DeploymentSpec,
+    /// Where its code is registered.
+    pub registry: Registry,
+    /// For handles given to the constructor.
+    pub directory: Directory,
+    /// Its deployment's route (whose queue its endpoint wakes).
+    pub route: Arc<DeploymentRoute>,
+    /// How it reports to its DeploymentActor.
+    pub reporter: ReplicaReporter,
+    /// The process group of its deployment, joined at start.
+    pub group: String,
+    /// The node it was placed on.
+    pub node: String,
+}
+
+/// The replica actor.
+pub struct ReplicaActor;
+
+/// The replica's state.
+pub struct ReplicaState {
+    args: ReplicaArgs,
+    version: DeploymentVersion,
+    phase: ReplicaPhase,
+    user: Option<Arc<dyn ErasedDeployment>>,
+    endpoint: Option<Arc<ReplicaEndpoint>>,
+    constructor: Option<JoinHandle<()>>,
+    health_timer: Option<JoinHandle<()>>,
+    drain: Option<JoinHandle<()>>,
+    health_outstanding: bool,
+    health_failures: u32,
+    condemned: bool,
+}
+
+impl ReplicaState {
+    fn report(&self, event: ReplicaEvent) {
+        (self.args.reporter)(self.args.id, event);
+    }
+
+    fn condemn(&mut self, reason: String) {
+        if !self.condemned && self.phase != ReplicaPhase::Stopping {
+            self.condemned = true;
+            warn!(app = %self.args.app, deployment = %self.args.deployment,
+                replica = %self.args.id, %reason, "replica unhealthy");
+            self.report(ReplicaEvent::Unhealthy { reason });
+        }
+    }
+
+    fn start_health_timer(&mut self, myself: &ActorRef<ReplicaMsg>) {
+        if let Some(t) = self.health_timer.take() {
+            t.abort();
+        }
+        let period = self.args.spec.config.health_check_period;
+        self.health_timer = Some(myself.send_interval(period, || ReplicaMsg::HealthTick));
+    }
+
+    fn snapshot(&self) -> ReplicaSnapshot {
+        ReplicaSnapshot {
+            id: self.args.id,
+            version: self.version.clone(),
+            phase: self.phase,
+            endpoint: self.endpoint.clone(),
+            node: self.args.node.clone(),
+        }
+    }
+}
+
+/// Construct, then reconfigure with the user config, then one health check: a
+/// failure anywhere is a startup failure (Ray's `initialize_and_get_metadata`).
+async fn initialise(args: InitArgs) -> Result<Arc<dyn ErasedDeployment>, String> {
+    let InitArgs {
+        registry,
+        ctx,
+        spec,
+    } = args;
+    let user = guarded(registry.construct(&spec.import_path, ctx))
+        .await
+        .map_err(|g| format!("constructor failed: {g}"))?;
+    if let Some(uc) = spec.config.user_config.clone() {
+        user.reconfigure(uc)
+            .await
+            .map_err(|e| format!("reconfigure failed: {e}"))?;
+    }
+    match tokio::time::timeout(spec.config.health_check_timeout, user.check_health()).await {
+        Ok(Ok(())) => Ok(user),
+        Ok(Err(e)) => Err(format!("initial health check failed: {e}")),
+        Err(_) => Err("initial health check timed out".to_owned()),
+    }
+}
+
+struct InitArgs {
+    registry: Registry,
+    ctx: crate::InitContext,
+    spec: DeploymentSpec,
+}
+
+impl Actor for ReplicaActor {
+    type Msg = ReplicaMsg;
+    type State = ReplicaState;
+    type Arguments = ReplicaArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<ReplicaMsg>,
+        args: ReplicaArgs,
+    ) -> Result<ReplicaState, ActorProcessingErr> {
+        ractor::pg::join(args.group.clone(), vec![myself.get_cell()]);
+        let version = args.spec.version();
+        Ok(ReplicaState {
+            args,
+            version,
+            phase: ReplicaPhase::Starting,
+            user: None,
+            endpoint: None,
+            constructor: None,
+            health_timer: None,
+            drain: None,
+            health_outstanding: false,
+            health_failures: 0,
+            condemned: false,
+        })
+    }
+
+    async fn post_start(
+        &self,
+        myself: ActorRef<ReplicaMsg>,
+        state: &mut ReplicaState,
+    ) -> Result<(), ActorProcessingErr> {
+        let a = &state.args;
+        let init = InitArgs {
+            registry: a.registry.clone(),
+            ctx: Registry::context(
+                &a.directory,
+                a.spec.init_args.clone(),
+                a.app.clone(),
+                a.deployment.clone(),
+                a.id,
+            ),
+            spec: a.spec.clone(),
+        };
+        let me = myself.clone();
+        state.constructor = Some(tokio::spawn(async move {
+            let result = initialise(init).await;
+            let _ = me.cast(ReplicaMsg::Started(Startup(result)));
+        }));
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<ReplicaMsg>,
+        msg: ReplicaMsg,
+        state: &mut ReplicaState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            ReplicaMsg::Started(Startup(result)) => {
+                state.constructor = None;
+                if state.phase == ReplicaPhase::Stopping {
+                    myself.stop(None);
+                    return Ok(());
+                }
+                match result {
+                    Ok(user) => {
+                        let a = &state.args;
+                        let endpoint = Arc::new(ReplicaEndpoint::new(
+                            a.id,
+                            a.node.clone(),
+                            user.clone(),
+                            a.spec.config.max_ongoing_requests,
+                            a.route.slot_freed.clone(),
+                            myself.clone(),
+                        ));
+                        info!(app = %a.app, deployment = %a.deployment, replica = %a.id,
+                            "replica STARTING -> RUNNING");
+                        state.user = Some(user);
+                        state.endpoint = Some(endpoint.clone());
+                        state.phase = ReplicaPhase::Running;
+                        state.start_health_timer(&myself);
+                        state.report(ReplicaEvent::Ready {
+                            endpoint,
+                            version: state.version.clone(),
+                        });
+                    }
+                    Err(error) => {
+                        warn!(app = %state.args.app, deployment = %state.args.deployment,
+                            replica = %state.args.id, %error, "replica failed to start");
+                        state.phase = ReplicaPhase::Stopping;
+                        state.report(ReplicaEvent::StartFailed { error });
+                        myself.stop(None);
+                    }
+                }
+            }
+            ReplicaMsg::Observe(reply) => {
+                let _ = reply.send(state.snapshot());
+            }
+            ReplicaMsg::Reconfigure(spec) => {
+                let Some(user) = state.user.clone() else {
+                    // Still starting: the constructor already has the newest spec's
+                    // code; take the config so it is used from now on.
+                    state.version = spec.version();
+                    state.args.spec = *spec;
+                    return Ok(());
+                };
+                if state.phase == ReplicaPhase::Stopping {
+                    return Ok(());
+                }
+                let user_config_changed =
+                    spec.config.user_config != state.args.spec.config.user_config;
+                if !user_config_changed {
+                    apply_config(&myself, state, *spec);
+                    return Ok(());
+                }
+                state.phase = ReplicaPhase::Updating;
+                let me = myself.clone();
+                tokio::spawn(async move {
+                    let result = match spec.config.user_config.clone() {
+                        Some(uc) => user.reconfigure(uc).await.map_err(|e| e.to_string()),
+                        None => Ok(()),
+                    };
+                    let _ = me.cast(ReplicaMsg::Reconfigured(spec, result));
+                });
+            }
+            ReplicaMsg::Reconfigured(spec, result) => {
+                if state.phase == ReplicaPhase::Stopping {
+                    return Ok(());
+                }
+                match result {
+                    Ok(()) => {
+                        state.phase = ReplicaPhase::Running;
+                        apply_config(&myself, state, *spec);
+                    }
+                    Err(e) => state.condemn(format!("reconfigure failed: {e}")),
+                }
+            }
+            ReplicaMsg::HealthTick => {
+                if state.health_outstanding || state.phase == ReplicaPhase::Stopping {
+                    return Ok(());
+                }
+                if let Some(user) = state.user.clone() {
+                    state.health_outstanding = true;
+                    let timeout = state.args.spec.config.health_check_timeout;
+                    let me = myself.clone();
+                    tokio::spawn(async move {
+                        let result = match tokio::time::timeout(timeout, user.check_health()).await
+                        {
+                            Ok(r) => r.map_err(|e| e.to_string()),
+                            Err(_) => Err(format!("health check timed out after {timeout:?}")),
+                        };
+                        let _ = me.cast(ReplicaMsg::HealthResult(result));
+                    });
+                }
+            }
+            ReplicaMsg::HealthResult(result) => {
+                state.health_outstanding = false;
+                match result {
+                    Ok(()) => state.health_failures = 0,
+                    Err(e) => {
+                        state.health_failures += 1;
+                        if state.health_failures >= UNHEALTHY_THRESHOLD {
+                            state.condemn(format!(
+                                "replica {} failed {} consecutive health checks: {e}",
+                                state.args.id, state.health_failures
+                            ));
+                        }
+                    }
+                }
+            }
+            ReplicaMsg::Panicked(m) => {
+                state.condemn(format!(
+                    "replica {} panicked handling a request: {m}",
+                    state.args.id
+                ));
+            }
+            ReplicaMsg::Stop { graceful } => begin_stop(&myself, state, graceful),
+            ReplicaMsg::Drained => myself.stop(None),
+        }
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<ReplicaMsg>,
+        state: &mut ReplicaState,
+    ) -> Result<(), ActorProcessingErr> {
+        for t in [
+            state.constructor.take(),
+            state.health_timer.take(),
+            state.drain.take(),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            t.abort();
+        }
+        if let Some(ep) = &state.endpoint {
+            ep.kill();
+        }
+        info!(app = %state.args.app, deployment = %state.args.deployment,
+            replica = %state.args.id, "replica stopped");
+        Ok(())
+    }
+}
+
+/// Swap a config in place: the router limit and health timer follow it.
+fn apply_config(myself: &ActorRef<ReplicaMsg>, state: &mut ReplicaState, spec: DeploymentSpec) {
+    let period_changed =
+        spec.config.health_check_period != state.args.spec.config.health_check_period;
+    if let Some(ep) = &state.endpoint {
+        ep.set_max_ongoing(spec.config.max_ongoing_requests);
+    }
+    state.version = spec.version();
+    state.args.spec = spec;
+    if period_changed && state.user.is_some() {
+        state.start_health_timer(myself);
+    }
+    state.report(ReplicaEvent::Reconfigured {
+        version: state.version.clone(),
+    });
+}
+
+/// Stop taking requests at once; drain (checking every wait loop) and stop when
+/// idle, or kill at the graceful timeout. A replica still starting stops at once.
+fn begin_stop(myself: &ActorRef<ReplicaMsg>, state: &mut ReplicaState, graceful: bool) {
+    if state.phase == ReplicaPhase::Stopping && state.drain.is_some() {
+        if !graceful {
+            myself.stop(None);
+        }
+        return;
+    }
+    state.phase = ReplicaPhase::Stopping;
+    info!(app = %state.args.app, deployment = %state.args.deployment,
+        replica = %state.args.id, graceful, "replica -> STOPPING");
+    if let Some(t) = state.health_timer.take() {
+        t.abort();
+    }
+    let Some(ep) = state.endpoint.clone() else {
+        myself.stop(None);
+        return;
+    };
+    ep.stop_accepting();
+    if !graceful {
+        myself.stop(None);
+        return;
+    }
+    let wait_loop = state.args.spec.config.graceful_shutdown_wait_loop;
+    let timeout = state.args.spec.config.graceful_shutdown_timeout;
+    let me = myself.clone();
+    state.drain = Some(tokio::spawn(async move {
+        let drained = tokio::time::timeout(timeout, async {
+            loop {
+                tokio::time::sleep(wait_loop).await;
+                if ep.in_flight() == 0 {
+                    break;
+                }
+            }
+        })
+        .await;
+        if drained.is_err() {
+            ep.kill();
+        }
+        let _ = me.cast(ReplicaMsg::Drained);
+    }));
+}

@@ -1,0 +1,142 @@
+//! The code registry: import paths to deployment constructors.
+
+use std::{collections::HashMap, future::Future, sync::Arc};
+
+use flotilla_core::{AppName, Args, DeploymentName, ImportPath};
+use futures::future::BoxFuture;
+use serde::de::DeserializeOwned;
+
+use crate::{
+    Deployment, DeploymentHandle, Directory, ReplicaId, UserError,
+    user::{Erased, ErasedDeployment},
+};
+
+/// What a constructor receives: its init args, where it runs, and a way to reach
+/// other deployments.
+#[derive(Clone)]
+pub struct InitContext {
+    /// The init args, as MessagePack; see [`InitContext::args`].
+    pub init_args: Args,
+    /// The application.
+    pub app: AppName,
+    /// The deployment.
+    pub deployment: DeploymentName,
+    /// This replica.
+    pub replica: ReplicaId,
+    directory: Directory,
+}
+
+impl InitContext {
+    /// Decode the init args into the constructor's own type.
+    pub fn args<T: DeserializeOwned>(&self) -> Result<T, UserError> {
+        self.init_args
+            .decode()
+            .map_err(|e| UserError::new(format!("init args: {e}")))
+    }
+
+    /// A handle to another deployment of the same application.
+    pub fn handle(&self, deployment: &str) -> Result<DeploymentHandle, UserError> {
+        let d = DeploymentName::new(deployment).map_err(|e| UserError::new(e.to_string()))?;
+        Ok(self.directory.handle(&self.app, &d))
+    }
+
+    /// A handle to a deployment of any application.
+    pub fn handle_in(&self, app: &AppName, deployment: &DeploymentName) -> DeploymentHandle {
+        self.directory.handle(app, deployment)
+    }
+}
+
+type Constructor = Arc<
+    dyn Fn(InitContext) -> BoxFuture<'static, Result<Arc<dyn ErasedDeployment>, UserError>>
+        + Send
+        + Sync,
+>;
+
+/// Maps import paths to deployment constructors. Register the same paths after a
+/// process restart and every checkpointed application comes back.
+///
+/// ```
+/// use flotilla_replica::{Deployment, Registry, UserError};
+/// struct Echo;
+/// impl Deployment for Echo {
+///     type Request = String;
+///     type Response = String;
+///     async fn handle(&self, r: String) -> Result<String, UserError> { Ok(r) }
+/// }
+/// let registry = Registry::new().register("echo::Echo", |_ctx| async { Ok(Echo) }).unwrap();
+/// assert!(registry.contains("echo::Echo"));
+/// ```
+#[derive(Clone, Default)]
+pub struct Registry {
+    constructors: Arc<HashMap<ImportPath, Constructor>>,
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut paths: Vec<_> = self.constructors.keys().map(ImportPath::as_str).collect();
+        paths.sort_unstable();
+        f.debug_struct("Registry").field("paths", &paths).finish()
+    }
+}
+
+impl Registry {
+    /// An empty registry.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Register `ctor` under `path`. Constructors are async and may fail; a failure
+    /// is retried by the deployment with backoff.
+    pub fn register<D, F, Fut>(mut self, path: &str, ctor: F) -> Result<Self, flotilla_core::Error>
+    where
+        D: Deployment,
+        F: Fn(InitContext) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<D, UserError>> + Send + 'static,
+    {
+        let path = ImportPath::new(path)?;
+        let ctor: Constructor = Arc::new(move |ctx| {
+            let fut = ctor(ctx);
+            Box::pin(async move {
+                let d = fut.await?;
+                Ok(Arc::new(Erased(d)) as Arc<dyn ErasedDeployment>)
+            })
+        });
+        Arc::make_mut(&mut self.constructors).insert(path, ctor);
+        Ok(self)
+    }
+
+    /// Whether `path` is registered.
+    pub fn contains(&self, path: &str) -> bool {
+        self.constructors.contains_key(path)
+    }
+
+    pub(crate) fn construct(
+        &self,
+        path: &ImportPath,
+        ctx: InitContext,
+    ) -> BoxFuture<'static, Result<Arc<dyn ErasedDeployment>, UserError>> {
+        match self.constructors.get(path.as_str()) {
+            Some(c) => c(ctx),
+            None => {
+                let msg = format!("no deployment is registered under import path '{path}'");
+                Box::pin(async move { Err(UserError(msg)) })
+            }
+        }
+    }
+
+    pub(crate) fn context(
+        directory: &Directory,
+        init_args: Args,
+        app: AppName,
+        deployment: DeploymentName,
+        replica: ReplicaId,
+    ) -> InitContext {
+        InitContext {
+            init_args,
+            app,
+            deployment,
+            replica,
+            directory: directory.clone(),
+        }
+    }
+}

@@ -1,0 +1,231 @@
+//! Routes: per deployment, the set of running replicas, published by subscription.
+
+use std::{
+    collections::HashMap,
+    sync::{
+        Arc, RwLock,
+        atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering},
+    },
+};
+
+use flotilla_core::{AppName, DeploymentName};
+use tokio::sync::{Notify, watch};
+
+use crate::{CallError, DeploymentHandle, ReplicaEndpoint};
+
+/// The running replicas of one deployment, as routers see them.
+pub type ReplicaSet = Arc<[Arc<ReplicaEndpoint>]>;
+
+/// One deployment's route: its published replica set and its request queue.
+/// It outlives DeploymentActor restarts, so handles keep working through them.
+pub struct DeploymentRoute {
+    app: AppName,
+    deployment: DeploymentName,
+    tx: watch::Sender<ReplicaSet>,
+    closed: AtomicBool,
+    pub(crate) slot_freed: Arc<Notify>,
+    queued: AtomicUsize,
+    /// `u32::MAX` means unbounded.
+    max_queued: AtomicU32,
+    rng: AtomicU64,
+}
+
+impl std::fmt::Debug for DeploymentRoute {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeploymentRoute")
+            .field("app", &self.app)
+            .field("deployment", &self.deployment)
+            .field("replicas", &self.tx.borrow().len())
+            .field("closed", &self.is_closed())
+            .finish()
+    }
+}
+
+impl DeploymentRoute {
+    fn new(app: AppName, deployment: DeploymentName) -> Self {
+        let empty: ReplicaSet = Arc::from(Vec::new());
+        DeploymentRoute {
+            app,
+            deployment,
+            tx: watch::Sender::new(empty),
+            closed: AtomicBool::new(false),
+            slot_freed: Arc::new(Notify::new()),
+            queued: AtomicUsize::new(0),
+            max_queued: AtomicU32::new(u32::MAX),
+            rng: AtomicU64::new(0x9E37_79B9_7F4A_7C15),
+        }
+    }
+
+    /// The application.
+    pub fn app(&self) -> &AppName {
+        &self.app
+    }
+
+    /// The deployment.
+    pub fn deployment(&self) -> &DeploymentName {
+        &self.deployment
+    }
+
+    /// Publish the replicas routers may use (only running, accepting ones). Sends
+    /// only when the set of ids changed.
+    pub fn publish(&self, replicas: Vec<Arc<ReplicaEndpoint>>) {
+        self.tx.send_if_modified(|cur| {
+            let same = cur.len() == replicas.len()
+                && cur.iter().zip(&replicas).all(|(a, b)| Arc::ptr_eq(a, b));
+            if !same {
+                *cur = Arc::from(replicas);
+            }
+            !same
+        });
+        // A new replica is a free slot for anyone queued.
+        self.slot_freed.notify_waiters();
+    }
+
+    /// The replicas published now.
+    pub fn replicas(&self) -> ReplicaSet {
+        self.tx.borrow().clone()
+    }
+
+    /// Set the queue limit (`None` = unbounded).
+    pub fn set_max_queued(&self, max: Option<u32>) {
+        self.max_queued
+            .store(max.unwrap_or(u32::MAX), Ordering::Release);
+    }
+
+    /// Requests waiting in handles for a slot now (an autoscaling signal).
+    pub fn queued(&self) -> usize {
+        self.queued.load(Ordering::Acquire)
+    }
+
+    /// Whether the deployment was deleted.
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn subscribe(&self) -> watch::Receiver<ReplicaSet> {
+        self.tx.subscribe()
+    }
+
+    fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        self.tx.send_modify(|set| *set = Arc::from(Vec::new()));
+        self.slot_freed.notify_waiters();
+    }
+
+    pub(crate) fn next_random(&self) -> u64 {
+        // xorshift64*, shared by the route's callers; determinism per sequence of calls.
+        let mut x = self.rng.load(Ordering::Relaxed);
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.rng.store(x, Ordering::Relaxed);
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    pub(crate) fn enqueue(self: &Arc<Self>) -> Result<QueueSlot, CallError> {
+        let max = self.max_queued.load(Ordering::Acquire) as usize;
+        let prev = self.queued.fetch_add(1, Ordering::AcqRel);
+        if prev >= max {
+            self.queued.fetch_sub(1, Ordering::AcqRel);
+            return Err(CallError::BackPressure {
+                app: self.app.to_string(),
+                deployment: self.deployment.to_string(),
+                queued: prev,
+            });
+        }
+        Ok(QueueSlot(self.clone()))
+    }
+
+    pub(crate) fn not_found(&self) -> CallError {
+        CallError::NotFound {
+            app: self.app.to_string(),
+            deployment: self.deployment.to_string(),
+        }
+    }
+}
+
+/// A request waiting in a handle's queue; dropping it leaves the queue.
+pub(crate) struct QueueSlot(Arc<DeploymentRoute>);
+
+impl Drop for QueueSlot {
+    fn drop(&mut self) {
+        self.0.queued.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+type Key = (AppName, DeploymentName);
+
+/// Every deployment's route in one Serve instance. Cheap to clone; shared by the
+/// control actors (which publish) and handles (which subscribe), and outliving both.
+#[derive(Clone, Default)]
+pub struct Directory {
+    routes: Arc<RwLock<HashMap<Key, Arc<DeploymentRoute>>>>,
+}
+
+impl std::fmt::Debug for Directory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Directory")
+            .field("routes", &self.len())
+            .finish()
+    }
+}
+
+impl Directory {
+    /// An empty directory.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The route of a deployment, created if it has none (control actors call this
+    /// when a deployment comes to life).
+    pub fn route(&self, app: &AppName, deployment: &DeploymentName) -> Arc<DeploymentRoute> {
+        let key = (app.clone(), deployment.clone());
+        if let Some(r) = self.get_key(&key) {
+            return r;
+        }
+        let mut routes = self.routes.write().unwrap_or_else(|p| p.into_inner());
+        routes
+            .entry(key)
+            .or_insert_with(|| Arc::new(DeploymentRoute::new(app.clone(), deployment.clone())))
+            .clone()
+    }
+
+    /// The route of a live deployment, if it has one.
+    pub fn get(&self, app: &AppName, deployment: &DeploymentName) -> Option<Arc<DeploymentRoute>> {
+        self.get_key(&(app.clone(), deployment.clone()))
+    }
+
+    fn get_key(&self, key: &Key) -> Option<Arc<DeploymentRoute>> {
+        let routes = self.routes.read().unwrap_or_else(|p| p.into_inner());
+        routes.get(key).cloned()
+    }
+
+    /// Remove a deleted deployment's route: its handles fail with `NotFound`.
+    pub fn remove(&self, app: &AppName, deployment: &DeploymentName) {
+        let key = (app.clone(), deployment.clone());
+        let removed = self
+            .routes
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&key);
+        if let Some(r) = removed {
+            r.close();
+        }
+    }
+
+    /// How many deployments have a route.
+    pub fn len(&self) -> usize {
+        self.routes.read().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// Whether no deployment has a route.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// A handle to a deployment. Its calls wait for a replica if none runs yet, and
+    /// fail with `NotFound` once the deployment is deleted.
+    pub fn handle(&self, app: &AppName, deployment: &DeploymentName) -> DeploymentHandle {
+        DeploymentHandle::new(self.clone(), self.route(app, deployment))
+    }
+}

@@ -1,0 +1,243 @@
+//! The store's one error type, and the mapping from redb's errors onto it.
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+/// Why the store refused or failed an operation.
+///
+/// Every variant that concerns the file names its path. None of them is returned after
+/// the file was modified: an open that fails wrote nothing before failing (except redb's
+/// own crash recovery, see [`Store::open`](crate::Store::open)), and a commit that fails
+/// is rolled back.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// Another Flotilla instance (or another `Store` in this process) has the file open.
+    #[error("checkpoint {}: is held by another Flotilla instance (the file is locked)", path.display())]
+    Locked {
+        /// The checkpoint file.
+        path: PathBuf,
+    },
+    /// The file is not a redb file, is corrupt, is not a Flotilla checkpoint, or holds a
+    /// record that does not decode (the reason names the table and key).
+    #[error(
+        "checkpoint {}: corrupt or not a Flotilla checkpoint: {reason}; the file was left as it is",
+        shown(path)
+    )]
+    Corrupt {
+        /// The checkpoint file.
+        path: PathBuf,
+        /// What is wrong, naming the table and key where there is one.
+        reason: String,
+    },
+    /// The file was written by a newer Flotilla with a schema this build cannot read.
+    #[error(
+        "checkpoint {}: schema version {found} is newer than the version {supported} this build supports; the file was left as it is",
+        path.display()
+    )]
+    SchemaTooNew {
+        /// The checkpoint file.
+        path: PathBuf,
+        /// The version stamped in the file.
+        found: u32,
+        /// [`SCHEMA_VERSION`](crate::SCHEMA_VERSION).
+        supported: u32,
+    },
+    /// The operating system refused an operation on the file.
+    #[error("checkpoint {}: I/O error: {source}", path.display())]
+    Io {
+        /// The checkpoint file.
+        path: PathBuf,
+        /// The error from the operating system.
+        source: io::Error,
+    },
+    /// The commit failed because [`Store::fail_next_commit`](crate::Store::fail_next_commit)
+    /// asked it to; nothing was written.
+    #[error("checkpoint {}: commit failed on purpose (fail_next_commit); nothing was written", path.display())]
+    Injected {
+        /// The checkpoint file.
+        path: PathBuf,
+    },
+    /// A value could not be encoded as MessagePack; the batch was not changed.
+    #[error("cannot encode {what} as MessagePack: {reason}")]
+    Encode {
+        /// What was being encoded, e.g. "application record 'shop'".
+        what: String,
+        /// rmp-serde's message.
+        reason: String,
+    },
+    /// Any other error from redb, with its message.
+    #[error("checkpoint {}: storage error: {reason}", path.display())]
+    Storage {
+        /// The checkpoint file.
+        path: PathBuf,
+        /// redb's message.
+        reason: String,
+    },
+}
+
+/// The path for a message; empty for a value decoded from a [`Snapshot`](crate::Snapshot).
+fn shown(path: &Path) -> String {
+    if path.as_os_str().is_empty() {
+        "(loaded snapshot)".to_owned()
+    } else {
+        path.display().to_string()
+    }
+}
+
+impl StoreError {
+    pub(crate) fn corrupt(path: &Path, reason: impl Into<String>) -> Self {
+        StoreError::Corrupt {
+            path: path.to_path_buf(),
+            reason: reason.into(),
+        }
+    }
+
+    pub(crate) fn io(path: &Path, source: io::Error) -> Self {
+        StoreError::Io {
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+
+    fn storage(path: &Path, reason: impl ToString) -> Self {
+        StoreError::Storage {
+            path: path.to_path_buf(),
+            reason: reason.to_string(),
+        }
+    }
+
+    /// redb's storage-layer error.
+    pub(crate) fn from_redb_storage(path: &Path, err: redb::StorageError) -> Self {
+        match err {
+            redb::StorageError::Corrupted(reason) => Self::corrupt(path, reason),
+            // redb reports "not a redb file" and short reads as I/O errors of these kinds.
+            redb::StorageError::Io(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::InvalidData | io::ErrorKind::UnexpectedEof
+                ) =>
+            {
+                Self::corrupt(path, format!("not a readable redb database: {e}"))
+            }
+            redb::StorageError::Io(source) => Self::io(path, source),
+            other => Self::storage(path, other),
+        }
+    }
+
+    /// redb's error from opening a database.
+    pub(crate) fn from_redb_database(path: &Path, err: redb::DatabaseError) -> Self {
+        match err {
+            redb::DatabaseError::DatabaseAlreadyOpen
+            | redb::DatabaseError::LockProtocolMismatch => StoreError::Locked {
+                path: path.to_path_buf(),
+            },
+            redb::DatabaseError::Storage(e) => Self::from_redb_storage(path, e),
+            other => Self::storage(path, other),
+        }
+    }
+
+    /// redb's error from beginning a transaction.
+    pub(crate) fn from_redb_transaction(path: &Path, err: redb::TransactionError) -> Self {
+        match err {
+            redb::TransactionError::Storage(e) => Self::from_redb_storage(path, e),
+            other => Self::storage(path, other),
+        }
+    }
+
+    /// redb's error from opening a table: a table of the wrong type means the file is not
+    /// laid out as this schema says.
+    pub(crate) fn from_redb_table(path: &Path, err: redb::TableError) -> Self {
+        match err {
+            redb::TableError::Storage(e) => Self::from_redb_storage(path, e),
+            e @ (redb::TableError::TableTypeMismatch { .. }
+            | redb::TableError::TableIsMultimap(_)
+            | redb::TableError::TableIsNotMultimap(_)
+            | redb::TableError::TypeDefinitionChanged { .. }) => Self::corrupt(path, e.to_string()),
+            other => Self::storage(path, other),
+        }
+    }
+
+    /// redb's error from committing.
+    pub(crate) fn from_redb_commit(path: &Path, err: redb::CommitError) -> Self {
+        match err {
+            redb::CommitError::Storage(e) => Self::from_redb_storage(path, e),
+            other => Self::storage(path, other),
+        }
+    }
+
+    /// redb's error from setting a transaction's durability.
+    pub(crate) fn from_redb_durability(path: &Path, err: redb::SetDurabilityError) -> Self {
+        Self::storage(path, err)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_name_the_file() {
+        let path = Path::new("/var/lib/flotilla/checkpoint.redb");
+        let errors = [
+            StoreError::Locked {
+                path: path.to_path_buf(),
+            },
+            StoreError::corrupt(path, "bad"),
+            StoreError::SchemaTooNew {
+                path: path.to_path_buf(),
+                found: 2,
+                supported: 1,
+            },
+            StoreError::io(path, io::Error::other("disk on fire")),
+            StoreError::Injected {
+                path: path.to_path_buf(),
+            },
+            StoreError::storage(path, "odd"),
+        ];
+        for e in errors {
+            assert!(
+                e.to_string().contains("/var/lib/flotilla/checkpoint.redb"),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn redb_errors_map_to_their_meaning() {
+        let path = Path::new("c.redb");
+        assert!(matches!(
+            StoreError::from_redb_database(path, redb::DatabaseError::DatabaseAlreadyOpen),
+            StoreError::Locked { .. }
+        ));
+        let not_redb = io::Error::new(io::ErrorKind::InvalidData, "magic number mismatch");
+        assert!(matches!(
+            StoreError::from_redb_storage(path, redb::StorageError::Io(not_redb)),
+            StoreError::Corrupt { .. }
+        ));
+        assert!(matches!(
+            StoreError::from_redb_storage(
+                path,
+                redb::StorageError::Io(io::Error::from(io::ErrorKind::PermissionDenied))
+            ),
+            StoreError::Io { .. }
+        ));
+        assert!(matches!(
+            StoreError::from_redb_storage(path, redb::StorageError::Corrupted("x".into())),
+            StoreError::Corrupt { .. }
+        ));
+        assert!(matches!(
+            StoreError::from_redb_storage(path, redb::StorageError::ValueTooLarge(1 << 40)),
+            StoreError::Storage { .. }
+        ));
+    }
+
+    #[test]
+    fn a_snapshot_error_says_so_instead_of_an_empty_path() {
+        let e = StoreError::corrupt(Path::new(""), "bad");
+        assert!(
+            e.to_string().starts_with("checkpoint (loaded snapshot): "),
+            "{e}"
+        );
+    }
+}

@@ -1,0 +1,499 @@
+//! The store: a safe open, one read transaction per load, one write transaction per commit.
+
+use std::ffi::OsString;
+use std::fmt;
+use std::fs::{self, File, OpenOptions};
+use std::io;
+use std::panic::{self, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
+
+use flotilla_core::{AppName, AppRecord, DeploymentName, DeploymentRecord};
+use redb::backends::FileBackend;
+use redb::{
+    Builder, Database, Durability, ReadOnlyTable, ReadTransaction, ReadableDatabase, ReadableTable,
+    TableDefinition, TableError, TableHandle, WriteTransaction,
+};
+
+use crate::batch::{Batch, Op};
+use crate::codec::decode;
+use crate::tables::{APPS, CONFIG, CONFIG_KEY, DEPLOYMENTS, META, SCHEMA_KEY};
+use crate::{SCHEMA_VERSION, Snapshot, StoreError};
+
+/// What the store has written since it was opened.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StoreCounters {
+    /// Successful commits of non-empty batches (each is one redb write transaction).
+    pub commits: u64,
+    /// Key operations committed, puts and deletes alike (the sum of [`Batch::len`]).
+    pub keys_written: u64,
+    /// Key plus value bytes of the committed puts (keys counted as their names' bytes).
+    pub bytes_written: u64,
+}
+
+/// The checkpoint: one redb file, opened by one Flotilla instance at a time.
+///
+/// `Send + Sync`; the Controller shares it in an `Arc` and is its only caller. Dropping
+/// it closes the file and releases its lock.
+pub struct Store {
+    db: Database,
+    path: PathBuf,
+    fail_next: AtomicBool,
+    counters: Mutex<StoreCounters>,
+}
+
+impl fmt::Debug for Store {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Store")
+            .field("path", &self.path)
+            .field("counters", &self.counters())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Store {
+    /// Open the checkpoint at `path`, creating it if it is missing.
+    ///
+    /// A missing file is built under a temporary name in the same directory, stamped with
+    /// [`SCHEMA_VERSION`] in one write transaction, and then hard-linked into place, so
+    /// `path` never names a half-made checkpoint (on a file system without hard links it
+    /// is built in place). A crash while creating may leave the temporary
+    /// `.<name>.creating-<pid>-<n>` behind; it is never read.
+    ///
+    /// An existing file is first opened read-only, which writes nothing, and its schema
+    /// version checked: a file that is not a redb file (garbage, empty, truncated), is not
+    /// a Flotilla checkpoint, or has a newer schema is refused ([`StoreError::Corrupt`],
+    /// [`StoreError::SchemaTooNew`]) and left byte-for-byte as it was. Only then is it
+    /// opened for writing. A file another instance holds is [`StoreError::Locked`].
+    ///
+    /// The one exception to "nothing is written before the check" is a file that was not
+    /// closed cleanly (its writer crashed): redb cannot read it without recovering it
+    /// first, which rewrites its header and allocator state, never its committed records.
+    /// Every commit records the allocator state (redb's quick repair), so that recovery
+    /// is quick.
+    ///
+    /// ```
+    /// use flotilla_store::{Batch, Store};
+    ///
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let store = Store::open(dir.path().join("checkpoint.redb")).unwrap();
+    /// let mut batch = Batch::new();
+    /// batch.put_config(&("my", "config")).unwrap();
+    /// store.commit(&batch).unwrap();
+    /// let config: Option<(String, String)> = store.load().unwrap().config().unwrap();
+    /// assert_eq!(config.unwrap().0, "my");
+    /// ```
+    pub fn open(path: impl AsRef<Path>) -> Result<Store, StoreError> {
+        let path = path.as_ref().to_path_buf();
+        match fs::metadata(&path) {
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => create(&path)?,
+            Err(e) => return Err(StoreError::io(&path, e)),
+        }
+        open_existing(path)
+    }
+
+    /// The checkpoint file's path, as given to [`open`](Self::open).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Read everything the checkpoint holds, in one read transaction.
+    ///
+    /// A record that does not decode, or whose key does not match its content, is
+    /// [`StoreError::Corrupt`] naming the table and key.
+    pub fn load(&self) -> Result<Snapshot, StoreError> {
+        let path = self.path.as_path();
+        let txn = self
+            .db
+            .begin_read()
+            .map_err(|e| StoreError::from_redb_transaction(path, e))?;
+        let storage = |e| StoreError::from_redb_storage(path, e);
+        let mut snapshot = Snapshot::default();
+
+        if let Some(apps) = open_read(path, &txn, APPS)? {
+            for entry in apps.iter().map_err(storage)? {
+                let (key, value) = entry.map_err(storage)?;
+                let name = key.value();
+                let key_shown = format_args!("{name:?}");
+                let record: AppRecord = decode(path, APPS.name(), &key_shown, value.value())?;
+                if record.spec.name.as_str() != name {
+                    return Err(StoreError::corrupt(
+                        path,
+                        format!(
+                            "table `apps`, key {name:?}: holds the record of application {:?}",
+                            record.spec.name.as_str()
+                        ),
+                    ));
+                }
+                snapshot.apps.push(record);
+            }
+        }
+
+        if let Some(deployments) = open_read(path, &txn, DEPLOYMENTS)? {
+            for entry in deployments.iter().map_err(storage)? {
+                let (key, value) = entry.map_err(storage)?;
+                let (app, dep) = key.value();
+                let key_shown = format_args!("({app:?}, {dep:?})");
+                let bad_key = |e: flotilla_core::Error| {
+                    StoreError::corrupt(path, format!("table `deployments`, key {key_shown}: {e}"))
+                };
+                let app_name = AppName::new(app).map_err(bad_key)?;
+                let dep_name = DeploymentName::new(dep).map_err(bad_key)?;
+                let record: DeploymentRecord =
+                    decode(path, DEPLOYMENTS.name(), &key_shown, value.value())?;
+                snapshot.deployments.push((app_name, dep_name, record));
+            }
+        }
+
+        if let Some(config) = open_read(path, &txn, CONFIG)? {
+            snapshot.config = config
+                .get(CONFIG_KEY)
+                .map_err(storage)?
+                .map(|v| v.value().to_vec());
+        }
+        Ok(snapshot)
+    }
+
+    /// Write `batch` in one redb write transaction with immediate durability: when this
+    /// returns `Ok`, the batch survives a crash. On `Err` nothing of it was written.
+    ///
+    /// An empty batch is a no-op: it opens no transaction and does not count as a commit
+    /// (nor does it consume a [`fail_next_commit`](Self::fail_next_commit)).
+    pub fn commit(&self, batch: &Batch) -> Result<(), StoreError> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        if self.fail_next.load(Ordering::Relaxed) && self.fail_next.swap(false, Ordering::Relaxed) {
+            return Err(StoreError::Injected {
+                path: self.path.clone(),
+            });
+        }
+        let path = self.path.as_path();
+        let txn = begin_write(path, &self.db)?;
+        // On an error the transaction is dropped, which aborts it: nothing is written.
+        apply(path, &txn, batch)?;
+        txn.commit()
+            .map_err(|e| StoreError::from_redb_commit(path, e))?;
+
+        let mut counters = self.counters.lock().unwrap_or_else(PoisonError::into_inner);
+        counters.commits = counters.commits.saturating_add(1);
+        counters.keys_written = counters
+            .keys_written
+            .saturating_add(u64::try_from(batch.len()).unwrap_or(u64::MAX));
+        counters.bytes_written = counters.bytes_written.saturating_add(batch.put_bytes());
+        tracing::trace!(
+            keys = batch.len(),
+            bytes = batch.put_bytes(),
+            "checkpoint commit"
+        );
+        Ok(())
+    }
+
+    /// What this store has written since it was opened.
+    pub fn counters(&self) -> StoreCounters {
+        *self.counters.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Fault hook for tests: the next [`commit`](Self::commit) of a non-empty batch returns
+    /// [`StoreError::Injected`] and writes nothing; the one after it works again. Costs a
+    /// commit one relaxed atomic load while unused.
+    pub fn fail_next_commit(&self) {
+        self.fail_next.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Apply the batch's operations, in order, inside `txn`.
+fn apply(path: &Path, txn: &WriteTransaction, batch: &Batch) -> Result<(), StoreError> {
+    let table = |e| StoreError::from_redb_table(path, e);
+    let storage = |e| StoreError::from_redb_storage(path, e);
+    let mut apps = txn.open_table(APPS).map_err(table)?;
+    let mut deployments = txn.open_table(DEPLOYMENTS).map_err(table)?;
+    let mut config = txn.open_table(CONFIG).map_err(table)?;
+    for op in batch.ops() {
+        match op {
+            Op::PutApp { name, value } => {
+                apps.insert(name.as_str(), value.0.as_slice())
+                    .map_err(storage)?;
+            }
+            Op::DeleteApp { name } => {
+                apps.remove(name.as_str()).map_err(storage)?;
+                // Every (name, _) key and nothing else: `name + "\0"` is the least string
+                // greater than `name` (strings order by their bytes).
+                let next = format!("{name}\0");
+                deployments
+                    .retain_in((name.as_str(), "")..(next.as_str(), ""), |_, _| false)
+                    .map_err(storage)?;
+            }
+            Op::PutDeployment {
+                app,
+                deployment,
+                value,
+            } => {
+                deployments
+                    .insert((app.as_str(), deployment.as_str()), value.0.as_slice())
+                    .map_err(storage)?;
+            }
+            Op::DeleteDeployment { app, deployment } => {
+                deployments
+                    .remove((app.as_str(), deployment.as_str()))
+                    .map_err(storage)?;
+            }
+            Op::PutConfig { value } => {
+                config
+                    .insert(CONFIG_KEY, value.0.as_slice())
+                    .map_err(storage)?;
+            }
+            Op::DeleteConfig => {
+                config.remove(CONFIG_KEY).map_err(storage)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A write transaction that is durable when its commit returns and records the allocator
+/// state, so that recovery after a crash is quick.
+fn begin_write(path: &Path, db: &Database) -> Result<WriteTransaction, StoreError> {
+    let mut txn = db
+        .begin_write()
+        .map_err(|e| StoreError::from_redb_transaction(path, e))?;
+    txn.set_durability(Durability::Immediate)
+        .map_err(|e| StoreError::from_redb_durability(path, e))?;
+    txn.set_quick_repair(true);
+    Ok(txn)
+}
+
+/// Open a table for reading; a table that does not exist reads as empty.
+fn open_read<K: redb::Key + 'static, V: redb::Value + 'static>(
+    path: &Path,
+    txn: &ReadTransaction,
+    table: TableDefinition<K, V>,
+) -> Result<Option<ReadOnlyTable<K, V>>, StoreError> {
+    match txn.open_table(table) {
+        Ok(t) => Ok(Some(t)),
+        Err(TableError::TableDoesNotExist(_)) => Ok(None),
+        Err(e) => Err(StoreError::from_redb_table(path, e)),
+    }
+}
+
+/// Create a missing checkpoint: build it under a temporary name, then link it into place.
+fn create(path: &Path) -> Result<(), StoreError> {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let Some(file_name) = path.file_name() else {
+        return Err(StoreError::io(
+            path,
+            io::Error::new(io::ErrorKind::InvalidInput, "the path does not name a file"),
+        ));
+    };
+    let dir = dir_of(path);
+    let mut tmp_name = OsString::from(".");
+    tmp_name.push(file_name);
+    tmp_name.push(format!(
+        ".creating-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
+    let tmp = dir.join(tmp_name);
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(&tmp)
+        .map_err(|e| StoreError::io(path, e))?;
+    let linked = initialise(path, file).map(|()| fs::hard_link(&tmp, path));
+    if let Err(e) = fs::remove_file(&tmp) {
+        tracing::warn!(file = %tmp.display(), error = %e, "cannot remove the temporary checkpoint");
+    }
+    match linked? {
+        Ok(()) => {
+            tracing::info!(checkpoint = %path.display(), schema = SCHEMA_VERSION, "created the checkpoint");
+            sync_dir(path, dir)
+        }
+        // Another opener created it first: open theirs.
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
+        // A file system without hard links: create the file in place instead.
+        Err(e) => {
+            tracing::debug!(error = %e, "cannot link the new checkpoint into place; creating it in place");
+            match OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .open(path)
+            {
+                Ok(file) => {
+                    initialise(path, file)?;
+                    sync_dir(path, dir)
+                }
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
+                Err(e) => Err(StoreError::io(path, e)),
+            }
+        }
+    }
+}
+
+/// The directory holding `path`: its parent, or "." for a bare file name.
+fn dir_of(path: &Path) -> &Path {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    }
+}
+
+/// Make a new directory entry durable.
+fn sync_dir(path: &Path, dir: &Path) -> Result<(), StoreError> {
+    #[cfg(unix)]
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| StoreError::io(path, e))?;
+    #[cfg(not(unix))]
+    let _ = (path, dir);
+    Ok(())
+}
+
+/// Initialise a new, empty `file` as a checkpoint: the tables and the schema version, in
+/// one durable write transaction.
+fn initialise(path: &Path, file: File) -> Result<(), StoreError> {
+    let db_err = |e| StoreError::from_redb_database(path, e);
+    let table = |e| StoreError::from_redb_table(path, e);
+    let backend = FileBackend::new(file).map_err(db_err)?;
+    let db = Builder::new()
+        .create_with_backend(backend)
+        .map_err(db_err)?;
+    let txn = begin_write(path, &db)?;
+    {
+        let mut meta = txn.open_table(META).map_err(table)?;
+        meta.insert(SCHEMA_KEY, SCHEMA_VERSION)
+            .map_err(|e| StoreError::from_redb_storage(path, e))?;
+        txn.open_table(APPS).map_err(table)?;
+        txn.open_table(DEPLOYMENTS).map_err(table)?;
+        txn.open_table(CONFIG).map_err(table)?;
+    }
+    txn.commit()
+        .map_err(|e| StoreError::from_redb_commit(path, e))?;
+    db.close().map_err(db_err)
+}
+
+/// Open an existing checkpoint: check it read-only, then open it for writing.
+fn open_existing(path: PathBuf) -> Result<Store, StoreError> {
+    match unpanicking(&path, || Builder::new().open_read_only(&path))? {
+        Ok(read_only) => {
+            let found = schema_version(&path, &read_only);
+            if let Err(e) = read_only.close() {
+                tracing::debug!(error = %e, "closing the read-only look at the checkpoint");
+            }
+            check_schema(&path, found?)?;
+        }
+        // The file needs recovery, which only a writable open does; the schema is checked
+        // right after it.
+        Err(redb::DatabaseError::RepairAborted) => {
+            tracing::warn!(
+                checkpoint = %path.display(),
+                "the checkpoint was not closed cleanly; recovering it"
+            );
+        }
+        Err(e) => return Err(StoreError::from_redb_database(&path, e)),
+    }
+
+    let mut builder = Builder::new();
+    let shown = path.display().to_string();
+    builder.set_repair_callback(move |session| {
+        tracing::warn!(
+            checkpoint = %shown,
+            progress = session.progress(),
+            "repairing the checkpoint"
+        );
+    });
+    let db = unpanicking(&path, || builder.open(&path))?
+        .map_err(|e| StoreError::from_redb_database(&path, e))?;
+    // Checked again: this covers a recovered file, and any change between the two opens.
+    check_schema(&path, schema_version(&path, &db)?)?;
+    Ok(Store {
+        db,
+        path,
+        fail_next: AtomicBool::new(false),
+        counters: Mutex::new(StoreCounters::default()),
+    })
+}
+
+/// Run a redb open, turning a panic (redb may panic on a file damaged outside redb) into
+/// [`StoreError::Corrupt`].
+fn unpanicking<T>(path: &Path, f: impl FnOnce() -> T) -> Result<T, StoreError> {
+    panic::catch_unwind(AssertUnwindSafe(f)).map_err(|payload| {
+        let message = payload
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "unknown panic".to_owned());
+        StoreError::corrupt(path, format!("redb failed reading the file: {message}"))
+    })
+}
+
+/// The schema version stamped in the file.
+fn schema_version(path: &Path, db: &impl ReadableDatabase) -> Result<u32, StoreError> {
+    let txn = db
+        .begin_read()
+        .map_err(|e| StoreError::from_redb_transaction(path, e))?;
+    let Some(meta) = open_read(path, &txn, META)? else {
+        return Err(StoreError::corrupt(
+            path,
+            "a redb file without table `meta`, so not a Flotilla checkpoint",
+        ));
+    };
+    match meta
+        .get(SCHEMA_KEY)
+        .map_err(|e| StoreError::from_redb_storage(path, e))?
+    {
+        Some(v) => Ok(v.value()),
+        None => Err(StoreError::corrupt(
+            path,
+            "table `meta` has no key \"schema_version\"",
+        )),
+    }
+}
+
+/// Refuse a schema this build cannot read.
+fn check_schema(path: &Path, found: u32) -> Result<(), StoreError> {
+    match found.cmp(&SCHEMA_VERSION) {
+        std::cmp::Ordering::Equal => Ok(()),
+        std::cmp::Ordering::Greater => Err(StoreError::SchemaTooNew {
+            path: path.to_path_buf(),
+            found,
+            supported: SCHEMA_VERSION,
+        }),
+        std::cmp::Ordering::Less => Err(StoreError::corrupt(
+            path,
+            format!(
+                "schema version {found} was never written by Flotilla (this build reads {SCHEMA_VERSION})"
+            ),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_directory_of_a_bare_file_name_is_the_current_one() {
+        assert_eq!(dir_of(Path::new("c.redb")), Path::new("."));
+        assert_eq!(dir_of(Path::new("a/c.redb")), Path::new("a"));
+        assert_eq!(dir_of(Path::new("/c.redb")), Path::new("/"));
+    }
+
+    #[test]
+    fn schema_versions_other_than_ours_are_refused() {
+        let path = Path::new("c.redb");
+        check_schema(path, SCHEMA_VERSION).unwrap_or_else(|e| panic!("{e}"));
+        assert!(matches!(
+            check_schema(path, SCHEMA_VERSION + 1),
+            Err(StoreError::SchemaTooNew { found, supported, .. })
+                if found == SCHEMA_VERSION + 1 && supported == SCHEMA_VERSION
+        ));
+        assert!(matches!(
+            check_schema(path, 0),
+            Err(StoreError::Corrupt { .. })
+        ));
+    }
+}

@@ -1,0 +1,170 @@
+//! Every record type goes in with a commit and comes back out with a load, both from the
+//! open store and after closing and reopening the file.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::*;
+use flotilla_store::{Batch, Snapshot, Store};
+
+fn everything() -> Batch {
+    let mut batch = Batch::new();
+    batch.put_app(&app_record("shop", 3)).unwrap();
+    let mut deleting = app_record("search", 9);
+    deleting.deleting = true;
+    deleting.api_type = flotilla_core::ApiType::Imperative;
+    batch.put_app(&deleting).unwrap();
+    batch
+        .put_deployment(&app("shop"), &dep("model"), &dep_record(Some(4)))
+        .unwrap();
+    batch
+        .put_deployment(&app("shop"), &dep("front"), &dep_record(None))
+        .unwrap();
+    batch
+        .put_deployment(&app("search"), &dep("front"), &dep_record(Some(0)))
+        .unwrap();
+    batch.put_config(&test_config()).unwrap();
+    batch
+}
+
+fn assert_everything(snapshot: &Snapshot) {
+    // Sorted by name, whatever the order of the batch.
+    let mut deleting = app_record("search", 9);
+    deleting.deleting = true;
+    deleting.api_type = flotilla_core::ApiType::Imperative;
+    assert_eq!(snapshot.apps, vec![deleting, app_record("shop", 3)]);
+    assert_eq!(
+        snapshot.deployments,
+        vec![
+            (app("search"), dep("front"), dep_record(Some(0))),
+            (app("shop"), dep("front"), dep_record(None)),
+            (app("shop"), dep("model"), dep_record(Some(4))),
+        ]
+    );
+    assert_eq!(
+        snapshot.config::<TestConfig>().unwrap(),
+        Some(test_config())
+    );
+    assert_eq!(
+        snapshot.config.as_deref(),
+        Some(rmp_serde::to_vec_named(&test_config()).unwrap().as_slice())
+    );
+}
+
+#[test]
+fn a_new_store_is_empty() {
+    let (_dir, path) = temp_checkpoint();
+    let store = Store::open(&path).unwrap();
+    assert_eq!(store.path(), path.as_path());
+    let snapshot = store.load().unwrap();
+    assert!(snapshot.apps.is_empty());
+    assert!(snapshot.deployments.is_empty());
+    assert_eq!(snapshot.config, None);
+    assert_eq!(snapshot.config::<TestConfig>().unwrap(), None);
+    assert_eq!(store.counters(), Default::default());
+}
+
+#[test]
+fn every_record_type_round_trips_through_commit_and_load() {
+    let (_dir, path) = temp_checkpoint();
+    let store = Store::open(&path).unwrap();
+    store.commit(&everything()).unwrap();
+    assert_everything(&store.load().unwrap());
+}
+
+#[test]
+fn every_record_type_survives_close_and_reopen() {
+    let (_dir, path) = temp_checkpoint();
+    {
+        let store = Store::open(&path).unwrap();
+        store.commit(&everything()).unwrap();
+    }
+    let store = Store::open(&path).unwrap();
+    assert_everything(&store.load().unwrap());
+    // A reopened store counts from zero.
+    assert_eq!(store.counters().commits, 0);
+    drop(store);
+    // And once more, after a reopen that wrote nothing.
+    assert_everything(&Store::open(&path).unwrap().load().unwrap());
+}
+
+#[test]
+fn puts_replace_and_deletes_remove() {
+    let (_dir, path) = temp_checkpoint();
+    let store = Store::open(&path).unwrap();
+    store.commit(&everything()).unwrap();
+
+    let mut batch = Batch::new();
+    batch.put_app(&app_record("shop", 4)).unwrap();
+    batch.delete_deployment(&app("shop"), &dep("front"));
+    batch
+        .put_deployment(&app("shop"), &dep("model"), &dep_record(Some(6)))
+        .unwrap();
+    batch.delete_config();
+    // Deleting what is not there is not an error.
+    batch.delete_deployment(&app("nope"), &dep("nope"));
+    store.commit(&batch).unwrap();
+
+    let snapshot = store.load().unwrap();
+    assert_eq!(snapshot.apps[1], app_record("shop", 4));
+    assert_eq!(
+        snapshot.deployments,
+        vec![
+            (app("search"), dep("front"), dep_record(Some(0))),
+            (app("shop"), dep("model"), dep_record(Some(6))),
+        ]
+    );
+    assert_eq!(snapshot.config, None);
+}
+
+#[test]
+fn operations_apply_in_batch_order() {
+    let (_dir, path) = temp_checkpoint();
+    let store = Store::open(&path).unwrap();
+    store.commit(&everything()).unwrap();
+
+    // Delete the application and recreate it with one deployment, in one batch.
+    let mut batch = Batch::new();
+    batch.delete_app(&app("shop"));
+    batch.put_app(&app_record("shop", 5)).unwrap();
+    batch
+        .put_deployment(&app("shop"), &dep("front"), &dep_record(Some(1)))
+        .unwrap();
+    // The last put of a key wins.
+    batch.put_config(&1u8).unwrap();
+    batch.put_config(&test_config()).unwrap();
+    store.commit(&batch).unwrap();
+
+    let snapshot = store.load().unwrap();
+    assert_eq!(snapshot.apps[1], app_record("shop", 5));
+    assert_eq!(
+        snapshot.deployments,
+        vec![
+            (app("search"), dep("front"), dep_record(Some(0))),
+            (app("shop"), dep("front"), dep_record(Some(1))),
+        ]
+    );
+    assert_eq!(
+        snapshot.config::<TestConfig>().unwrap(),
+        Some(test_config())
+    );
+}
+
+#[test]
+fn a_config_of_the_wrong_type_is_corrupt_naming_the_slot() {
+    let (_dir, path) = temp_checkpoint();
+    let store = Store::open(&path).unwrap();
+    let mut batch = Batch::new();
+    batch.put_config(&"just a string").unwrap();
+    store.commit(&batch).unwrap();
+    let err = store.load().unwrap().config::<TestConfig>().unwrap_err();
+    assert!(
+        matches!(err, flotilla_store::StoreError::Corrupt { .. }),
+        "{err:?}"
+    );
+    let message = err.to_string();
+    assert!(
+        message.contains("`config`") && message.contains("last_applied"),
+        "{message}"
+    );
+}

@@ -1,0 +1,414 @@
+//! `Serve`: the embedding API.
+
+use std::{
+    path::PathBuf,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+};
+
+use flotilla_controller::{
+    ControllerArgs, ControllerMsg, ControllerSnapshot, ServeError, StatusBoard, Supervisor,
+    SupervisorArgs, SupervisorMsg,
+};
+use flotilla_core::{ApiType, AppName, ApplicationSpec, ApplicationStatus, ApplicationStatusInfo};
+use flotilla_deployment::{Cluster, LocalCluster};
+use flotilla_replica::{DeploymentHandle, Directory, Registry, supervision::RestartPolicy};
+use flotilla_store::{Store, StoreCounters};
+use ractor::{Actor, ActorRef, RpcReplyPort, rpc::CallResult};
+use tokio::sync::watch;
+
+static INSTANCE: AtomicU64 = AtomicU64::new(0);
+
+/// How to start Flotilla.
+#[derive(Clone)]
+pub struct ServeOptions {
+    /// The checkpoint file (default `flotilla.redb` in the working directory).
+    pub store_path: PathBuf,
+    /// The code.
+    pub registry: Registry,
+    /// Where replicas run (default: one local node).
+    pub cluster: Arc<dyn Cluster>,
+    /// Names every actor of this instance; unique per process (default: generated).
+    pub namespace: Option<String>,
+    /// How crashed actors restart.
+    pub restart: RestartPolicy,
+}
+
+impl ServeOptions {
+    /// Defaults around `registry`.
+    pub fn new(registry: Registry) -> Self {
+        ServeOptions {
+            store_path: PathBuf::from("flotilla.redb"),
+            registry,
+            cluster: Arc::new(LocalCluster),
+            namespace: None,
+            restart: RestartPolicy::default(),
+        }
+    }
+
+    /// Use the checkpoint file at `path`.
+    pub fn store_path(mut self, path: impl Into<PathBuf>) -> Self {
+        self.store_path = path.into();
+        self
+    }
+
+    /// Place replicas on `cluster`.
+    pub fn cluster(mut self, cluster: Arc<dyn Cluster>) -> Self {
+        self.cluster = cluster;
+        self
+    }
+
+    /// Name this instance's actors under `ns`.
+    pub fn namespace(mut self, ns: impl Into<String>) -> Self {
+        self.namespace = Some(ns.into());
+        self
+    }
+}
+
+/// What `run_many` waits for.
+#[derive(Debug, Clone, Copy)]
+pub struct RunManyOptions {
+    /// Wait until every ingress deployment has a route (default true).
+    pub wait_for_ingress_deployment_creation: bool,
+    /// Wait until every application is RUNNING at its new generation (default true).
+    pub wait_for_applications_running: bool,
+}
+
+impl Default for RunManyOptions {
+    fn default() -> Self {
+        RunManyOptions {
+            wait_for_ingress_deployment_creation: true,
+            wait_for_applications_running: true,
+        }
+    }
+}
+
+/// Counters for tests, benchmarks and operators.
+#[derive(Debug, Clone, Default)]
+pub struct Metrics {
+    /// The store's commits, keys and bytes written.
+    pub store: StoreCounters,
+    /// The Controller's view.
+    pub controller: ControllerSnapshot,
+    /// Controller restarts by the Supervisor.
+    pub controller_restarts: u64,
+    /// Deployments with a live route.
+    pub deployments: usize,
+    /// Replicas serving now (published to routes).
+    pub running_replicas: usize,
+}
+
+struct Inner {
+    ns: String,
+    supervisor: ActorRef<SupervisorMsg>,
+    store: Arc<Store>,
+    board: StatusBoard,
+    directory: Directory,
+    fatal: watch::Receiver<Option<String>>,
+}
+
+/// A running Flotilla instance: cheap to clone.
+#[derive(Clone)]
+pub struct Serve {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Serve {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Serve")
+            .field("namespace", &self.inner.ns)
+            .finish()
+    }
+}
+
+impl Serve {
+    /// Open (or create) the store, recover what it holds, and start the actor tree.
+    pub async fn start(options: ServeOptions) -> Result<Serve, ServeError> {
+        let store = Arc::new(Store::open(&options.store_path)?);
+        // Fail before spawning anything if the checkpoint cannot be read.
+        store.load()?;
+        let ns = options
+            .namespace
+            .unwrap_or_else(|| format!("flotilla{}", INSTANCE.fetch_add(1, Ordering::Relaxed)));
+        let board = StatusBoard::new();
+        let directory = Directory::new();
+        let (fatal_tx, fatal) = watch::channel(None);
+        let args = SupervisorArgs {
+            controller: ControllerArgs {
+                ns: ns.clone(),
+                store: store.clone(),
+                registry: options.registry,
+                directory: directory.clone(),
+                cluster: options.cluster,
+                board: board.clone(),
+                restart: options.restart,
+            },
+            fatal: fatal_tx,
+        };
+        let (supervisor, _) = Actor::spawn(Some(format!("{ns}/supervisor")), Supervisor, args)
+            .await
+            .map_err(|e| ServeError::Unavailable(format!("supervisor failed to start: {e}")))?;
+        Ok(Serve {
+            inner: Arc::new(Inner {
+                ns,
+                supervisor,
+                store,
+                board,
+                directory,
+                fatal,
+            }),
+        })
+    }
+
+    async fn ask<T: Send + 'static>(
+        &self,
+        build: impl FnOnce(RpcReplyPort<T>) -> ControllerMsg,
+    ) -> Result<T, ServeError> {
+        let (tx, rx) = ractor::concurrency::oneshot();
+        self.inner
+            .supervisor
+            .cast(SupervisorMsg::Forward(build(tx.into())))
+            .map_err(|_| ServeError::Unavailable("the supervisor has stopped".into()))?;
+        rx.await.map_err(|_| ServeError::ControllerCrashed)
+    }
+
+    /// Deploy one application and wait until it is RUNNING at the new generation;
+    /// returns a handle to its ingress deployment.
+    pub async fn run(&self, app: ApplicationSpec) -> Result<DeploymentHandle, ServeError> {
+        let mut handles = self.run_many(vec![app], RunManyOptions::default()).await?;
+        handles
+            .pop()
+            .ok_or_else(|| ServeError::Unavailable("empty reply".into()))
+    }
+
+    /// Deploy many applications in one controller message and one checkpoint commit.
+    /// All-or-nothing: a rejected batch changes nothing.
+    pub async fn run_many(
+        &self,
+        apps: Vec<ApplicationSpec>,
+        options: RunManyOptions,
+    ) -> Result<Vec<DeploymentHandle>, ServeError> {
+        self.deploy(apps, ApiType::Imperative, options).await
+    }
+
+    async fn deploy(
+        &self,
+        apps: Vec<ApplicationSpec>,
+        api_type: ApiType,
+        options: RunManyOptions,
+    ) -> Result<Vec<DeploymentHandle>, ServeError> {
+        let targets: Vec<_> = apps
+            .iter()
+            .map(|a| (a.name.clone(), a.ingress.clone()))
+            .collect();
+        let generations = self
+            .ask(|reply| ControllerMsg::Deploy {
+                apps,
+                api_type,
+                reply,
+            })
+            .await??;
+        let mut handles = Vec::with_capacity(targets.len());
+        for ((name, ingress), generation) in targets.into_iter().zip(generations) {
+            if options.wait_for_applications_running {
+                self.wait_running(&name, generation).await?;
+            } else if options.wait_for_ingress_deployment_creation {
+                self.wait_for(&name, |s| {
+                    s.observed_generation >= generation && s.deployments.contains_key(&ingress)
+                })
+                .await?;
+            }
+            handles.push(self.inner.directory.handle(&name, &ingress));
+        }
+        Ok(handles)
+    }
+
+    /// Wait until `name`'s status satisfies `done`; `Err(NotFound)` if it is deleted.
+    async fn wait_for(
+        &self,
+        name: &AppName,
+        done: impl Fn(&ApplicationStatusInfo) -> bool,
+    ) -> Result<ApplicationStatusInfo, ServeError> {
+        let mut rx =
+            self.inner
+                .board
+                .subscribe(name.as_str())
+                .ok_or_else(|| ServeError::NotFound {
+                    app: name.to_string(),
+                })?;
+        loop {
+            {
+                let s = rx.borrow_and_update();
+                if done(&s) {
+                    return Ok(s.clone());
+                }
+            }
+            if rx.changed().await.is_err() {
+                return Err(ServeError::NotFound {
+                    app: name.to_string(),
+                });
+            }
+        }
+    }
+
+    async fn wait_running(&self, name: &AppName, generation: u64) -> Result<(), ServeError> {
+        let s = self
+            .wait_for(name, |s| {
+                s.observed_generation >= generation
+                    && matches!(
+                        s.status,
+                        ApplicationStatus::Running | ApplicationStatus::DeployFailed
+                    )
+            })
+            .await?;
+        match s.status {
+            ApplicationStatus::DeployFailed => Err(ServeError::DeployFailed {
+                app: name.to_string(),
+                message: s.message,
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Delete applications (unknown names are ignored). With `wait`, return once
+    /// they are gone.
+    pub async fn delete_apps(&self, names: &[&str], wait: bool) -> Result<(), ServeError> {
+        let names = names
+            .iter()
+            .map(|n| AppName::new(*n))
+            .collect::<Result<Vec<_>, _>>()?;
+        let watchers: Vec<_> = names
+            .iter()
+            .map(|n| self.inner.board.subscribe(n.as_str()))
+            .collect();
+        self.ask(|reply| ControllerMsg::Delete {
+            names: names.clone(),
+            reply,
+        })
+        .await??;
+        if wait {
+            for mut rx in watchers.into_iter().flatten() {
+                // The board drops the channel once the record is gone.
+                while rx.changed().await.is_ok() {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Every application's status, sorted by name.
+    pub fn status(&self) -> Vec<(AppName, ApplicationStatusInfo)> {
+        self.inner.board.all()
+    }
+
+    /// One application's status; NOT_STARTED ("Application X doesn't exist") for an
+    /// unknown one.
+    pub fn app_status(&self, name: &str) -> ApplicationStatusInfo {
+        self.inner.board.status(name)
+    }
+
+    /// Watch one application's status (`None` if it does not exist).
+    pub fn watch_status(&self, name: &str) -> Option<watch::Receiver<ApplicationStatusInfo>> {
+        self.inner.board.subscribe(name)
+    }
+
+    /// A handle to an application's ingress deployment.
+    pub fn app_handle(&self, name: &str) -> Result<DeploymentHandle, ServeError> {
+        let ingress = self
+            .inner
+            .board
+            .ingress(name)
+            .ok_or_else(|| ServeError::NotFound {
+                app: name.to_owned(),
+            })?;
+        let app = AppName::new(name)?;
+        Ok(self.inner.directory.handle(&app, &ingress))
+    }
+
+    /// A handle to any deployment of a live application.
+    pub fn deployment_handle(
+        &self,
+        app: &str,
+        deployment: &str,
+    ) -> Result<DeploymentHandle, ServeError> {
+        if self.inner.board.ingress(app).is_none() {
+            return Err(ServeError::NotFound {
+                app: app.to_owned(),
+            });
+        }
+        let a = AppName::new(app)?;
+        let d = flotilla_core::DeploymentName::new(deployment)?;
+        Ok(self.inner.directory.handle(&a, &d))
+    }
+
+    /// Counters: store commits, keys and bytes; actor counts; restarts.
+    pub async fn metrics(&self) -> Result<Metrics, ServeError> {
+        let controller = self.ask(ControllerMsg::Observe).await?;
+        let restarts = self
+            .inner
+            .supervisor
+            .call(SupervisorMsg::Restarts, None)
+            .await
+            .ok()
+            .and_then(|r| match r {
+                CallResult::Success(n) => Some(n),
+                _ => None,
+            })
+            .unwrap_or(0);
+        let status = self.status();
+        let mut running_replicas = 0;
+        let mut deployments = 0;
+        for (app, s) in &status {
+            for d in s.deployments.keys() {
+                deployments += 1;
+                if let Some(r) = self.inner.directory.get(app, d) {
+                    running_replicas += r.replicas().len();
+                }
+            }
+        }
+        Ok(Metrics {
+            store: self.inner.store.counters(),
+            controller,
+            controller_restarts: restarts,
+            deployments,
+            running_replicas,
+        })
+    }
+
+    /// Crash the Controller (fault injection); the Supervisor restarts it.
+    pub fn crash_controller(&self) {
+        let _ = self.inner.supervisor.cast(SupervisorMsg::CrashController);
+    }
+
+    /// The namespace of this instance's actor names.
+    pub fn namespace(&self) -> &str {
+        &self.inner.ns
+    }
+
+    /// Make the next store commit fail (fault injection).
+    pub fn fail_next_commit(&self) {
+        self.inner.store.fail_next_commit();
+    }
+
+    /// Resolves when the Supervisor gives up (restarts came too fast), with why.
+    pub async fn fatal(&self) -> String {
+        let mut rx = self.inner.fatal.clone();
+        loop {
+            if let Some(why) = rx.borrow_and_update().clone() {
+                return why;
+            }
+            if rx.changed().await.is_err() {
+                return "flotilla stopped".to_owned();
+            }
+        }
+    }
+
+    /// Stop every replica gracefully, then stop the actors. Records stay in the
+    /// store: a later `start` on the same file brings every application back.
+    pub async fn shutdown(&self) -> Result<(), ServeError> {
+        self.ask(ControllerMsg::Shutdown).await?;
+        self.inner.supervisor.stop(None);
+        Ok(())
+    }
+}

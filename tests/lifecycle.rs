@@ -1,0 +1,321 @@
+//! The application lifecycle through the public API, on paused tokio time: Ray
+//! Serve's status flows, the checkpoint protocol and bad input.
+
+mod support;
+
+use std::{sync::Arc, sync::atomic::Ordering, time::Duration};
+
+use flotilla::{
+    ApplicationSpec, ApplicationStatus as A, DeploymentSpec, DeploymentStatus, RunManyOptions,
+    ServeError,
+};
+use support::{ProbeArgs, Switches, app, start, wait_status, wait_until};
+
+fn tag(t: &str) -> ProbeArgs {
+    ProbeArgs {
+        tag: t.into(),
+        ..Default::default()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn deploy_call_delete_flow() {
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Arc::new(Switches::default());
+    let serve = start(&dir, &sw).await;
+    let handle = serve.run(app("a1", 2, tag("v1"))).await.unwrap();
+    let s = serve.app_status("a1");
+    assert_eq!((s.status, s.observed_generation), (A::Running, 1));
+    assert_eq!(
+        s.deployments.values().next().unwrap().status,
+        DeploymentStatus::Healthy
+    );
+    let out: String = handle.call("hi").await.unwrap();
+    assert_eq!(out, "v1:hi");
+    assert_eq!(handle.replicas().len(), 2);
+
+    serve.delete_apps(&["a1"], false).await.unwrap();
+    assert_eq!(serve.app_status("a1").status, A::Deleting);
+    serve.delete_apps(&["a1"], true).await.unwrap();
+    let gone = serve.app_status("a1");
+    assert_eq!(gone.status, A::NotStarted);
+    assert_eq!(gone.message, "Application a1 doesn't exist");
+    let err = handle.call::<_, String>("hi").await.unwrap_err();
+    assert!(matches!(err, flotilla::CallError::NotFound { .. }), "{err}");
+    assert!(matches!(
+        serve.app_handle("a1"),
+        Err(ServeError::NotFound { .. })
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn constructor_that_always_fails_is_deploy_failed_then_a_redeploy_recovers() {
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Arc::new(Switches::default());
+    let serve = start(&dir, &sw).await;
+    let broken = ProbeArgs {
+        fail_constructor: u32::MAX,
+        ..tag("bad")
+    };
+    let err = serve.run(app("a", 2, broken)).await.unwrap_err();
+    let ServeError::DeployFailed { message, .. } = err else {
+        panic!("expected DeployFailed, got {err}");
+    };
+    // The retry limit is min(20, 3 x 2) = 6, and the message names the error.
+    assert!(message.contains("6 times"), "{message}");
+    assert!(message.contains("probe constructor failure"), "{message}");
+    assert_eq!(serve.app_status("a").status, A::DeployFailed);
+
+    let fixed = serve.run(app("a", 2, tag("good"))).await.unwrap();
+    let s = serve.app_status("a");
+    assert_eq!((s.status, s.observed_generation), (A::Running, 2));
+    assert_eq!(s.message, "");
+    assert_eq!(fixed.call::<_, String>("x").await.unwrap(), "good:x");
+}
+
+#[tokio::test(start_paused = true)]
+async fn constructor_that_fails_a_few_times_recovers_without_a_redeploy() {
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Arc::new(Switches::default());
+    let serve = start(&dir, &sw).await;
+    // One replica: retry limit 3. Fail 4 times: DEPLOY_FAILED, then the slow retry
+    // succeeds and the application turns RUNNING by itself.
+    let flaky = ProbeArgs {
+        fail_constructor: 4,
+        ..tag("f")
+    };
+    serve
+        .run_many(
+            vec![app("a", 1, flaky)],
+            RunManyOptions {
+                wait_for_applications_running: false,
+                wait_for_ingress_deployment_creation: false,
+            },
+        )
+        .await
+        .unwrap();
+    wait_status(&serve, "a", A::DeployFailed).await;
+    let s = wait_status(&serve, "a", A::Running).await;
+    assert_eq!(s.observed_generation, 1);
+    assert_eq!(sw.failed.load(Ordering::SeqCst), 4);
+}
+
+#[tokio::test(start_paused = true)]
+async fn failing_health_checks_make_it_unhealthy_until_replaced() {
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Arc::new(Switches::default());
+    let serve = start(&dir, &sw).await;
+    serve.run(app("a", 1, tag("h"))).await.unwrap();
+    let built = sw.constructed.load(Ordering::SeqCst);
+    sw.unhealthy.store(true, Ordering::SeqCst);
+    let s = wait_status(&serve, "a", A::Unhealthy).await;
+    assert!(
+        s.message.contains("consecutive health checks"),
+        "{}",
+        s.message
+    );
+    sw.unhealthy.store(false, Ordering::SeqCst);
+    wait_status(&serve, "a", A::Running).await;
+    assert!(
+        sw.constructed.load(Ordering::SeqCst) > built,
+        "the unhealthy replica was replaced"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn redeploy_with_different_deployments_deletes_creates_and_keeps() {
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Arc::new(Switches::default());
+    let serve = start(&dir, &sw).await;
+    let two = |keep_tag: &str, other: &str| {
+        ApplicationSpec::builder("a")
+            .deployment(DeploymentSpec::builder("keep", "test::Probe").init_args(&tag(keep_tag)))
+            .deployment(DeploymentSpec::builder(other, "test::Probe").init_args(&tag(other)))
+            .ingress("keep")
+            .build()
+            .unwrap()
+    };
+    serve.run(two("k", "old")).await.unwrap();
+    let keep_before = serve.deployment_handle("a", "keep").unwrap().replicas()[0].id();
+    let old = serve.deployment_handle("a", "old").unwrap();
+    assert_eq!(old.replicas().len(), 1);
+    serve.run(two("k", "new")).await.unwrap();
+    let s = serve.app_status("a");
+    assert_eq!((s.status, s.observed_generation), (A::Running, 2));
+    let names: Vec<_> = s.deployments.keys().map(|d| d.to_string()).collect();
+    assert_eq!(names, ["keep", "new"]);
+    // Unchanged version: the kept deployment's replica was not restarted.
+    let keep_after = serve.deployment_handle("a", "keep").unwrap().replicas()[0].id();
+    assert_eq!(keep_before, keep_after);
+    // The dropped deployment is gone once its replica stopped.
+    let gone = old.call::<_, String>("x").await.unwrap_err();
+    assert!(
+        matches!(gone, flotilla::CallError::NotFound { .. }),
+        "{gone}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn redeploy_while_deleting_cancels_the_deletion() {
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Arc::new(Switches::default());
+    let serve = start(&dir, &sw).await;
+    serve.run(app("a", 1, tag("v1"))).await.unwrap();
+    serve.delete_apps(&["a"], false).await.unwrap();
+    assert_eq!(serve.app_status("a").status, A::Deleting);
+    let h = serve.run(app("a", 1, tag("v2"))).await.unwrap();
+    let s = serve.app_status("a");
+    assert_eq!((s.status, s.observed_generation), (A::Running, 3));
+    assert_eq!(h.call::<_, String>("x").await.unwrap(), "v2:x");
+    // It stays: nothing deletes it later.
+    tokio::time::sleep(Duration::from_secs(120)).await;
+    assert_eq!(serve.app_status("a").status, A::Running);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_deleting_application_releases_its_route_prefix() {
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Arc::new(Switches::default());
+    let serve = start(&dir, &sw).await;
+    let with_prefix = |name: &str| {
+        ApplicationSpec::builder(name)
+            .route_prefix("/url1")
+            .deployment(DeploymentSpec::builder("d", "test::Probe").init_args(&tag(name)))
+            .build()
+            .unwrap()
+    };
+    serve.run(with_prefix("app1")).await.unwrap();
+    let taken = serve.run(with_prefix("app2")).await.unwrap_err();
+    assert!(matches!(taken, ServeError::RouteTaken { .. }), "{taken}");
+    serve.delete_apps(&["app1"], false).await.unwrap();
+    serve.run(with_prefix("app2")).await.unwrap();
+    assert_eq!(serve.app_status("app2").status, A::Running);
+    wait_status(&serve, "app1", A::NotStarted).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn run_many_without_waiting_returns_before_any_replica_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Arc::new(Switches::default());
+    let serve = start(&dir, &sw).await;
+    let slow = ProbeArgs {
+        start_delay_ms: 5_000,
+        ..tag("s")
+    };
+    let apps = (0..20)
+        .map(|i| app(&format!("a{i}"), 1, slow.clone()))
+        .collect();
+    let no_wait = RunManyOptions {
+        wait_for_ingress_deployment_creation: false,
+        wait_for_applications_running: false,
+    };
+    serve.run_many(apps, no_wait).await.unwrap();
+    assert_eq!(sw.constructed.load(Ordering::SeqCst), 0);
+    assert!(serve.status().iter().all(|(_, s)| s.status == A::Deploying));
+
+    let apps = (20..40)
+        .map(|i| app(&format!("a{i}"), 1, slow.clone()))
+        .collect();
+    serve
+        .run_many(apps, RunManyOptions::default())
+        .await
+        .unwrap();
+    for i in 20..40 {
+        assert_eq!(serve.app_status(&format!("a{i}")).status, A::Running);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiter_is_never_woken_by_the_previous_generation() {
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Arc::new(Switches::default());
+    let serve = start(&dir, &sw).await;
+    serve.run(app("a", 1, tag("v1"))).await.unwrap();
+    let slow = ProbeArgs {
+        start_delay_ms: 30_000,
+        ..tag("v2")
+    };
+    let h = serve.run(app("a", 1, slow)).await.unwrap();
+    // run returned only once generation 2 ran: the new code answers.
+    assert_eq!(serve.app_status("a").observed_generation, 2);
+    let replicas = h.replicas();
+    assert_eq!(replicas.len(), 1);
+    assert_eq!(h.call::<_, String>("x").await.unwrap(), "v2:x");
+}
+
+#[tokio::test(start_paused = true)]
+async fn run_many_of_1000_is_exactly_one_commit_and_a_rejected_batch_commits_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Arc::new(Switches::default());
+    let serve = start(&dir, &sw).await;
+    let before = serve.metrics().await.unwrap().store.commits;
+    let apps: Vec<_> = (0..1000)
+        .map(|i| app(&format!("b{i}"), 1, tag("b")))
+        .collect();
+    let no_wait = RunManyOptions {
+        wait_for_ingress_deployment_creation: false,
+        wait_for_applications_running: false,
+    };
+    serve.run_many(apps, no_wait).await.unwrap();
+    let m = serve.metrics().await.unwrap();
+    assert_eq!(m.store.commits, before + 1);
+    assert_eq!(m.controller.apps, 1000);
+
+    // Bad batches: a repeated name, a taken prefix, a bad ingress; none commits.
+    let dup = vec![app("n1", 1, tag("x")), app("n1", 1, tag("y"))];
+    assert!(matches!(
+        serve.run_many(dup, no_wait).await,
+        Err(ServeError::DuplicateApp { .. })
+    ));
+    let mut taken = app("n2", 1, tag("x"));
+    taken.route_prefix = Some(flotilla::RoutePrefix::new("/b7").unwrap());
+    let batch = vec![app("n3", 1, tag("x")), taken];
+    let err = serve.run_many(batch, no_wait).await.unwrap_err();
+    assert!(
+        matches!(&err, ServeError::RouteTaken { app, holder, .. } if app == "n2" && holder == "b7"),
+        "{err}"
+    );
+    let mut bad_ingress = app("n4", 1, tag("x"));
+    bad_ingress.ingress = flotilla::DeploymentName::new("nope").unwrap();
+    let err = serve
+        .run_many(vec![bad_ingress], no_wait)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("application 'n4'"), "{err}");
+    let after = serve.metrics().await.unwrap();
+    assert_eq!(after.store.commits, m.store.commits);
+    assert_eq!(after.controller.apps, 1000);
+    assert_eq!(serve.app_status("n3").status, A::NotStarted);
+
+    // A failed commit: the caller gets the error and nothing changes.
+    serve.fail_next_commit();
+    let err = serve.run(app("n5", 1, tag("x"))).await.unwrap_err();
+    assert!(matches!(err, ServeError::Store(_)), "{err}");
+    assert_eq!(serve.app_status("n5").status, A::NotStarted);
+    serve.run(app("n5", 1, tag("x"))).await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn status_flow_is_deploying_running_deleting_gone() {
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Arc::new(Switches::default());
+    let serve = start(&dir, &sw).await;
+    let slow = ProbeArgs {
+        start_delay_ms: 1_000,
+        ..tag("s")
+    };
+    let no_wait = RunManyOptions {
+        wait_for_ingress_deployment_creation: false,
+        wait_for_applications_running: false,
+    };
+    serve
+        .run_many(vec![app("a", 1, slow)], no_wait)
+        .await
+        .unwrap();
+    let seen = support::record_statuses(&serve, "a", A::Running).await;
+    assert_eq!(seen, [A::Deploying, A::Running]);
+    serve.delete_apps(&["a"], false).await.unwrap();
+    let seen = support::record_statuses(&serve, "a", A::NotStarted).await;
+    assert_eq!(seen, [A::Deleting, A::NotStarted]);
+    let _ = wait_until(&serve, "a", |_| true);
+}

@@ -190,7 +190,15 @@ pub async fn record_statuses(
             if seen.last() != Some(&s) {
                 seen.push(s);
             }
-            if s == last || rx.changed().await.is_err() {
+            if s == last {
+                return;
+            }
+            if rx.changed().await.is_err() {
+                // A closed channel means the application is gone.
+                let s = serve.app_status(app).status;
+                if seen.last() != Some(&s) {
+                    seen.push(s);
+                }
                 return;
             }
         }

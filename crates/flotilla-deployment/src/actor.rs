@@ -12,7 +12,7 @@ use flotilla_core::{
 };
 use flotilla_replica::{
     DeploymentRoute, Directory, Registry, ReplicaActor, ReplicaArgs, ReplicaEndpoint, ReplicaEvent,
-    ReplicaId, ReplicaMsg, ReplicaPhase, ReplicaReporter,
+    ReplicaId, ReplicaMsg, ReplicaPhase, ReplicaReporter, START_FAILED,
 };
 use ractor::{
     Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent,
@@ -581,19 +581,32 @@ impl Actor for DeploymentActor {
         evt: SupervisionEvent,
         state: &mut DeploymentState,
     ) -> Result<(), ActorProcessingErr> {
-        let (cell, failed) = match &evt {
-            SupervisionEvent::ActorTerminated(c, _, _) => (c, None),
-            SupervisionEvent::ActorFailed(c, e) => (c, Some(e.to_string())),
+        let (cell, why) = match &evt {
+            SupervisionEvent::ActorTerminated(c, _, reason) => (c, reason.clone()),
+            SupervisionEvent::ActorFailed(c, e) => (c, Some(format!("replica actor crashed: {e}"))),
             _ => return Ok(()),
         };
-        if let Some(id) = state.by_actor.get(&cell.get_id()).copied() {
-            if let Some(why) = failed {
-                warn!(app = %state.args.app, deployment = %state.args.target.spec.name,
-                    replica = %id, %why, "replica actor crashed");
+        let Some(id) = state.by_actor.get(&cell.get_id()).copied() else {
+            return Ok(());
+        };
+        let starting = state
+            .replicas
+            .get(&id)
+            .is_some_and(|r| r.state == ReplicaState::Starting);
+        match why {
+            // It died before it ever ran: a startup failure, counted and backed off.
+            Some(why) if starting => {
+                let error = why.strip_prefix(START_FAILED).unwrap_or(&why).to_owned();
+                Self::on_start_failed(&myself, state, id, error);
             }
-            state.forget(id);
-            Self::reconcile(&myself, state).await;
+            Some(why) => {
+                warn!(app = %state.args.app, deployment = %state.args.target.spec.name,
+                    replica = %id, %why, "replica exited");
+                state.forget(id);
+            }
+            None => state.forget(id),
         }
+        Self::reconcile(&myself, state).await;
         Ok(())
     }
 

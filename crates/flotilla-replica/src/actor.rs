@@ -14,6 +14,10 @@ use crate::{
     user::{ErasedDeployment, guarded},
 };
 
+/// Prefix of the stop reason of a replica whose start failed; its owner may see
+/// the termination before the [`ReplicaEvent::StartFailed`] report.
+pub const START_FAILED: &str = "start failed: ";
+
 /// Consecutive failed health checks that make a replica unhealthy (Ray's threshold).
 pub const UNHEALTHY_THRESHOLD: u32 = 3;
 
@@ -311,8 +315,10 @@ impl Actor for ReplicaActor {
                         warn!(app = %state.args.app, deployment = %state.args.deployment,
                             replica = %state.args.id, %error, "replica failed to start");
                         state.phase = ReplicaPhase::Stopping;
-                        state.report(ReplicaEvent::StartFailed { error });
-                        myself.stop(None);
+                        state.report(ReplicaEvent::StartFailed {
+                            error: error.clone(),
+                        });
+                        myself.stop(Some(format!("{START_FAILED}{error}")));
                     }
                 }
             }

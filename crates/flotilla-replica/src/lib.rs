@@ -26,7 +26,7 @@ mod user;
 
 pub use actor::{
     ReplicaActor, ReplicaArgs, ReplicaEvent, ReplicaMsg, ReplicaPhase, ReplicaReporter,
-    ReplicaSnapshot,
+    ReplicaSnapshot, START_FAILED,
 };
 pub use endpoint::{ReplicaEndpoint, ReplicaId};
 pub use error::CallError;

@@ -318,6 +318,12 @@ impl Actor for Controller {
         let mut apps = HashMap::with_capacity(snapshot.apps.len());
         let mut routes = HashMap::new();
         for record in snapshot.apps {
+            // Statuses are volatile: publish DEPLOYING at the recovered generation
+            // now, so callers see every application as soon as `start` returns.
+            args.board
+                .sender(&record.spec.name, &record.spec.ingress, || {
+                    ApplicationStatusInfo::deploying(record.generation)
+                });
             if !record.deleting
                 && let Some(p) = &record.spec.route_prefix
             {

@@ -37,7 +37,8 @@ pub use flotilla_controller::{ControllerSnapshot, ServeError, StatusBoard};
 pub use flotilla_core::{
     ApiType, AppName, ApplicationSpec, ApplicationStatus, ApplicationStatusInfo, Args,
     AutoscalingConfig, DeploymentConfig, DeploymentName, DeploymentSpec, DeploymentStatus,
-    DeploymentStatusInfo, LoggingConfig, ReplicaCount, ReplicaState, Resources, RoutePrefix,
+    DeploymentStatusInfo, FaultPoint, Faults, LoggingConfig, ReplicaCount, ReplicaState, Resources,
+    RoutePrefix,
 };
 pub use flotilla_deployment::{Cluster, LocalCluster, NodeId, Refusal};
 pub use flotilla_replica::{

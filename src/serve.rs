@@ -12,7 +12,9 @@ use flotilla_controller::{
     ControllerArgs, ControllerMsg, ControllerSnapshot, ServeError, StatusBoard, Supervisor,
     SupervisorArgs, SupervisorMsg,
 };
-use flotilla_core::{ApiType, AppName, ApplicationSpec, ApplicationStatus, ApplicationStatusInfo};
+use flotilla_core::{
+    ApiType, AppName, ApplicationSpec, ApplicationStatus, ApplicationStatusInfo, Faults, naming,
+};
 use flotilla_deployment::{Cluster, LocalCluster};
 use flotilla_replica::{DeploymentHandle, Directory, Registry, supervision::RestartPolicy};
 use flotilla_store::{Store, StoreCounters};
@@ -34,6 +36,8 @@ pub struct ServeOptions {
     pub namespace: Option<String>,
     /// How crashed actors restart.
     pub restart: RestartPolicy,
+    /// Fault points to arm (fault injection); free when unarmed.
+    pub faults: Faults,
 }
 
 impl ServeOptions {
@@ -45,6 +49,7 @@ impl ServeOptions {
             cluster: Arc::new(LocalCluster),
             namespace: None,
             restart: RestartPolicy::default(),
+            faults: Faults::new(),
         }
     }
 
@@ -107,6 +112,7 @@ struct Inner {
     board: StatusBoard,
     directory: Directory,
     fatal: watch::Receiver<Option<String>>,
+    faults: Faults,
 }
 
 /// A running Flotilla instance: cheap to clone.
@@ -144,6 +150,7 @@ impl Serve {
                 cluster: options.cluster,
                 board: board.clone(),
                 restart: options.restart,
+                faults: options.faults.clone(),
             },
             fatal: fatal_tx,
         };
@@ -158,6 +165,7 @@ impl Serve {
                 board,
                 directory,
                 fatal,
+                faults: options.faults,
             }),
         })
     }
@@ -379,6 +387,42 @@ impl Serve {
     /// Crash the Controller (fault injection); the Supervisor restarts it.
     pub fn crash_controller(&self) {
         let _ = self.inner.supervisor.cast(SupervisorMsg::CrashController);
+    }
+
+    /// Kill an application's ApplicationActor (fault injection); the Controller
+    /// restarts it. Returns whether it was alive.
+    pub fn crash_application(&self, app: &str) -> bool {
+        let Ok(app) = AppName::new(app) else {
+            return false;
+        };
+        self.kill(naming::application(&self.inner.ns, &app))
+    }
+
+    /// Kill a DeploymentActor (fault injection); its ApplicationActor restarts it.
+    /// Returns whether it was alive.
+    pub fn crash_deployment(&self, app: &str, deployment: &str) -> bool {
+        let (Ok(app), Ok(dep)) = (
+            AppName::new(app),
+            flotilla_core::DeploymentName::new(deployment),
+        ) else {
+            return false;
+        };
+        self.kill(naming::deployment(&self.inner.ns, &app, &dep))
+    }
+
+    fn kill(&self, name: String) -> bool {
+        match ractor::registry::where_is(name) {
+            Some(cell) => {
+                cell.kill();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The fault points of this instance, to arm (fault injection).
+    pub fn faults(&self) -> &Faults {
+        &self.inner.faults
     }
 
     /// The namespace of this instance's actor names.

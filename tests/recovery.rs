@@ -93,3 +93,164 @@ async fn whole_process_restart_brings_every_acknowledged_app_back() {
         assert_eq!(h.call::<_, String>("y").await.unwrap(), "v:y");
     }
 }
+
+fn no_wait() -> flotilla::RunManyOptions {
+    flotilla::RunManyOptions {
+        wait_for_ingress_deployment_creation: false,
+        wait_for_applications_running: false,
+    }
+}
+
+async fn all_running(serve: &Serve, names: impl Iterator<Item = String>) {
+    for n in names {
+        support::wait_status(serve, &n, A::Running).await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn controller_crash_before_the_commit_loses_nothing_acknowledged_and_applies_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Arc::new(Switches::default());
+    let serve = start(&dir, &sw).await;
+    serve
+        .faults()
+        .arm(flotilla::FaultPoint::ControllerBeforeCommit, 1);
+    let apps = (0..500)
+        .map(|i| app(&format!("a{i}"), 1, tag("v")))
+        .collect();
+    let err = serve.run_many(apps, no_wait()).await.unwrap_err();
+    assert!(
+        matches!(err, flotilla::ServeError::ControllerCrashed),
+        "{err}"
+    );
+    // Retry after the restart: accepted once, nothing duplicated.
+    let apps = (0..500)
+        .map(|i| app(&format!("a{i}"), 1, tag("v")))
+        .collect();
+    serve.run_many(apps, no_wait()).await.unwrap();
+    all_running(&serve, (0..500).map(|i| format!("a{i}"))).await;
+    let m = serve.metrics().await.unwrap();
+    assert_eq!((m.controller.apps, m.controller_restarts), (500, 1));
+    assert_eq!(serve.app_status("a0").observed_generation, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn controller_crash_after_the_commit_keeps_the_batch_and_converges() {
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Arc::new(Switches::default());
+    let serve = start(&dir, &sw).await;
+    serve
+        .faults()
+        .arm(flotilla::FaultPoint::ControllerAfterCommit, 1);
+    let apps = (0..500)
+        .map(|i| app(&format!("a{i}"), 1, tag("v")))
+        .collect();
+    let err = serve.run_many(apps, no_wait()).await.unwrap_err();
+    assert!(
+        matches!(err, flotilla::ServeError::ControllerCrashed),
+        "{err}"
+    );
+    // The commit happened: the restarted Controller recovers and starts them all.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    all_running(&serve, (0..500).map(|i| format!("a{i}"))).await;
+    assert_eq!(serve.metrics().await.unwrap().controller.apps, 500);
+}
+
+#[tokio::test(start_paused = true)]
+async fn controller_crash_after_the_reply_still_starts_every_application() {
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Arc::new(Switches::default());
+    let serve = start(&dir, &sw).await;
+    serve
+        .faults()
+        .arm(flotilla::FaultPoint::ControllerAfterReply, 1);
+    let apps = (0..500)
+        .map(|i| app(&format!("a{i}"), 1, tag("v")))
+        .collect();
+    serve.run_many(apps, no_wait()).await.unwrap();
+    all_running(&serve, (0..500).map(|i| format!("a{i}"))).await;
+    let m = serve.metrics().await.unwrap();
+    assert_eq!((m.controller.apps, m.controller_restarts), (500, 1));
+    assert_eq!(
+        sw.constructed.load(Ordering::SeqCst),
+        500,
+        "no replica started twice"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn application_actor_crash_mid_reconcile_converges() {
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Arc::new(Switches::default());
+    let serve = start(&dir, &sw).await;
+    serve
+        .faults()
+        .arm(flotilla::FaultPoint::ApplicationReconcile, 2);
+    serve.run(app("a", 2, tag("v"))).await.unwrap();
+    let m = serve.metrics().await.unwrap();
+    assert_eq!(m.controller.app_restarts, 2);
+    assert_eq!(serve.app_handle("a").unwrap().replicas().len(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn requests_keep_succeeding_while_every_control_level_crashes() {
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Arc::new(Switches::default());
+    let serve = start(&dir, &sw).await;
+    let h = serve.run(app("a", 2, tag("v"))).await.unwrap();
+    let built = sw.constructed.load(Ordering::SeqCst);
+    let caller = {
+        let h = h.clone();
+        tokio::spawn(async move {
+            let mut ok = 0;
+            for _ in 0..300 {
+                let out: String = h.call("x").await.expect("every request succeeds");
+                assert_eq!(out, "v:x");
+                ok += 1;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            ok
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    serve.crash_controller();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(serve.crash_application("a"));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(serve.crash_deployment("a", "probe"));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(caller.await.unwrap(), 300);
+    assert_eq!(serve.app_status("a").status, A::Running);
+    assert_eq!(
+        sw.constructed.load(Ordering::SeqCst),
+        built,
+        "replicas survived every crash"
+    );
+    let m = serve.metrics().await.unwrap();
+    assert_eq!(m.controller_restarts, 1);
+    assert_eq!(m.controller.app_restarts, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn too_many_controller_crashes_become_a_fatal_error_the_program_can_await() {
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Arc::new(Switches::default());
+    let mut options = ServeOptions::new(registry(&sw)).store_path(dir.path().join("f.redb"));
+    options.restart = flotilla::RestartPolicy {
+        max_restarts: 2,
+        ..Default::default()
+    };
+    let serve = Serve::start(options).await.unwrap();
+    let fatal = {
+        let s = serve.clone();
+        tokio::spawn(async move { s.fatal().await })
+    };
+    for _ in 0..3 {
+        serve.crash_controller();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let why = fatal.await.unwrap();
+    assert!(why.contains("crashed too often"), "{why}");
+    let err = serve.run(app("a", 1, tag("v"))).await.unwrap_err();
+    assert!(matches!(err, flotilla::ServeError::Unavailable(_)), "{err}");
+}

@@ -7,7 +7,8 @@ use std::{
 };
 
 use flotilla_core::{
-    AppRecord, ApplicationStatusInfo, DeploymentName, DeploymentSpec, DeploymentStatusInfo, naming,
+    AppRecord, ApplicationStatusInfo, DeploymentName, DeploymentSpec, DeploymentStatusInfo,
+    FaultPoint, Faults, naming,
 };
 use flotilla_deployment::{
     Cluster, DeploymentActor, DeploymentArgs, DeploymentEvent, DeploymentMsg, DeploymentTarget,
@@ -45,6 +46,8 @@ pub struct AppArgs {
     pub reporter: AppReporter,
     /// How it restarts crashed deployment actors.
     pub restart: RestartPolicy,
+    /// Armed fault points (fault injection; free when unarmed).
+    pub faults: Faults,
 }
 
 /// The application actor.
@@ -171,9 +174,15 @@ impl ApplicationActor {
 
     /// One reconcile step: every target deployment has an actor with the current
     /// target; every other one is being deleted.
-    async fn reconcile(myself: &ActorRef<AppMsg>, state: &mut AppState) {
+    async fn reconcile(
+        myself: &ActorRef<AppMsg>,
+        state: &mut AppState,
+    ) -> Result<(), ActorProcessingErr> {
         if state.shutting_down {
-            return;
+            return Ok(());
+        }
+        if state.args.faults.hit(FaultPoint::ApplicationReconcile) {
+            return Err("injected fault: ApplicationReconcile".into());
         }
         let mut names: Vec<DeploymentName> = state.children.keys().cloned().collect();
         if !state.args.record.deleting {
@@ -213,6 +222,7 @@ impl ApplicationActor {
             });
             myself.stop(None);
         }
+        Ok(())
     }
 
     async fn spawn_child(
@@ -278,7 +288,7 @@ impl Actor for ApplicationActor {
         state: &mut AppState,
     ) -> Result<(), ActorProcessingErr> {
         Self::adopt(&myself, state).await;
-        Self::reconcile(&myself, state).await;
+        Self::reconcile(&myself, state).await?;
         Ok(())
     }
 
@@ -347,7 +357,7 @@ impl Actor for ApplicationActor {
                 return Ok(());
             }
         }
-        Self::reconcile(&myself, state).await;
+        Self::reconcile(&myself, state).await?;
         Ok(())
     }
 
@@ -358,7 +368,10 @@ impl Actor for ApplicationActor {
         state: &mut AppState,
     ) -> Result<(), ActorProcessingErr> {
         let (cell, failure) = match &evt {
-            SupervisionEvent::ActorTerminated(c, _, _) => (c, None),
+            // A kill (fault injection, or a stuck actor) is a crash, not a stop.
+            SupervisionEvent::ActorTerminated(c, _, reason) => {
+                (c, reason.clone().filter(|r| r == "killed"))
+            }
             SupervisionEvent::ActorFailed(c, e) => (c, Some(e.to_string())),
             _ => return Ok(()),
         };
@@ -393,7 +406,7 @@ impl Actor for ApplicationActor {
                 }
             }
         }
-        Self::reconcile(&myself, state).await;
+        Self::reconcile(&myself, state).await?;
         Ok(())
     }
 }

@@ -5,7 +5,8 @@ use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use flotilla_application::{AppArgs, AppEvent, AppMsg, ApplicationActor, publish_status};
 use flotilla_core::{
-    ApiType, AppName, AppRecord, ApplicationSpec, ApplicationStatusInfo, RoutePrefix, naming,
+    ApiType, AppName, AppRecord, ApplicationSpec, ApplicationStatusInfo, FaultPoint, Faults,
+    RoutePrefix, naming,
 };
 use flotilla_deployment::Cluster;
 use flotilla_replica::{
@@ -39,6 +40,8 @@ pub struct ControllerArgs {
     pub board: StatusBoard,
     /// How crashed children restart.
     pub restart: RestartPolicy,
+    /// Armed fault points (fault injection; free when unarmed).
+    pub faults: Faults,
 }
 
 /// The controller actor.
@@ -83,6 +86,7 @@ impl ControllerState {
                 }
             }),
             restart: a.restart,
+            faults: a.faults.clone(),
         }
     }
 
@@ -96,6 +100,14 @@ impl std::ops::Deref for ControllerState {
     fn deref(&self) -> &ControllerArgs {
         &self.args
     }
+}
+
+/// Crash the Controller here if `point` is armed.
+fn fault(faults: &Faults, point: FaultPoint) -> Result<(), ActorProcessingErr> {
+    if faults.hit(point) {
+        return Err(format!("injected fault: {point:?}").into());
+    }
+    Ok(())
 }
 
 impl Controller {
@@ -151,10 +163,10 @@ impl Controller {
         apps: Vec<ApplicationSpec>,
         api_type: ApiType,
         reply: RpcReplyPort<Result<Vec<u64>, ServeError>>,
-    ) {
+    ) -> Result<(), ActorProcessingErr> {
         if let Err(e) = validate_batch(&apps, &state.routes) {
             let _ = reply.send(Err(e));
-            return;
+            return Ok(());
         }
         let records: Vec<AppRecord> = apps
             .into_iter()
@@ -172,13 +184,15 @@ impl Controller {
         for r in &records {
             if let Err(e) = batch.put_app(r) {
                 let _ = reply.send(Err(e.into()));
-                return;
+                return Ok(());
             }
         }
+        fault(&state.faults, FaultPoint::ControllerBeforeCommit)?;
         if let Err(e) = state.store.commit(&batch) {
             let _ = reply.send(Err(e.into()));
-            return;
+            return Ok(());
         }
+        fault(&state.faults, FaultPoint::ControllerAfterCommit)?;
         let generations = records.iter().map(|r| r.generation).collect();
         let names: Vec<AppName> = records.iter().map(|r| r.spec.name.clone()).collect();
         for r in records {
@@ -215,9 +229,11 @@ impl Controller {
             }
         }
         let _ = reply.send(Ok(generations));
+        fault(&state.faults, FaultPoint::ControllerAfterReply)?;
         for name in &names {
             Self::command(myself, state, name).await;
         }
+        Ok(())
     }
 
     async fn delete(
@@ -225,7 +241,7 @@ impl Controller {
         state: &mut ControllerState,
         names: Vec<AppName>,
         reply: RpcReplyPort<Result<Vec<Option<u64>>, ServeError>>,
-    ) {
+    ) -> Result<(), ActorProcessingErr> {
         let mut changed = Vec::new();
         let mut result = Vec::with_capacity(names.len());
         let mut batch = Batch::new();
@@ -238,7 +254,7 @@ impl Controller {
                     r.generation += 1;
                     if let Err(err) = batch.put_app(&r) {
                         let _ = reply.send(Err(err.into()));
-                        return;
+                        return Ok(());
                     }
                     result.push(Some(r.generation));
                     changed.push(r);
@@ -246,10 +262,12 @@ impl Controller {
                 None => result.push(None),
             }
         }
+        fault(&state.faults, FaultPoint::ControllerBeforeCommit)?;
         if let Err(e) = state.store.commit(&batch) {
             let _ = reply.send(Err(e.into()));
-            return;
+            return Ok(());
         }
+        fault(&state.faults, FaultPoint::ControllerAfterCommit)?;
         for r in &changed {
             let name = &r.spec.name;
             if let Some(p) = &r.spec.route_prefix
@@ -271,9 +289,11 @@ impl Controller {
             }
         }
         let _ = reply.send(Ok(result));
+        fault(&state.faults, FaultPoint::ControllerAfterReply)?;
         for r in &changed {
             Self::command(myself, state, &r.spec.name).await;
         }
+        Ok(())
     }
 
     /// The ApplicationActor finished deleting: remove the record (one commit).
@@ -385,9 +405,9 @@ impl Actor for Controller {
                 apps,
                 api_type,
                 reply,
-            } => Self::deploy(&myself, state, apps, api_type, reply).await,
+            } => Self::deploy(&myself, state, apps, api_type, reply).await?,
             ControllerMsg::Delete { names, reply } => {
-                Self::delete(&myself, state, names, reply).await
+                Self::delete(&myself, state, names, reply).await?
             }
             ControllerMsg::App(AppEvent::Deleted { name, generation }) => {
                 Self::deleted(&myself, state, name, generation)
@@ -434,7 +454,10 @@ impl Actor for Controller {
         state: &mut ControllerState,
     ) -> Result<(), ActorProcessingErr> {
         let (cell, failure) = match &evt {
-            SupervisionEvent::ActorTerminated(c, _, _) => (c, None),
+            // A kill (fault injection, or a stuck actor) is a crash, not a stop.
+            SupervisionEvent::ActorTerminated(c, _, reason) => {
+                (c, reason.clone().filter(|r| r == "killed"))
+            }
             SupervisionEvent::ActorFailed(c, e) => (c, Some(e.to_string())),
             _ => return Ok(()),
         };

@@ -12,6 +12,7 @@
 mod args;
 mod config;
 mod error;
+mod fault;
 mod names;
 pub mod naming;
 mod record;
@@ -23,6 +24,7 @@ mod version;
 pub use args::Args;
 pub use config::{AutoscalingConfig, DeploymentConfig, ReplicaCount, RolloutConfig};
 pub use error::{Error, Result};
+pub use fault::{FaultPoint, Faults};
 pub use names::{AppName, DeploymentName, ImportPath, RoutePrefix};
 pub use record::{ApiType, AppRecord, DeploymentRecord};
 pub use resources::Resources;

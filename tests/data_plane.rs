@@ -1,0 +1,198 @@
+//! The data plane through handles: limits, back-pressure, queueing, timeouts,
+//! cancellation, routing, errors and composition, on paused tokio time.
+
+mod support;
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicU32, Ordering},
+    },
+    time::Duration,
+};
+
+use flotilla::{
+    ApplicationSpec, CallError, Deployment, DeploymentHandle, DeploymentSpec, Registry,
+    RunManyOptions, Serve, ServeOptions, UserError,
+};
+
+/// Sleeps the requested milliseconds, then answers with its replica id; tracks
+/// the most requests it ever ran at once.
+struct Sleeper {
+    id: u64,
+    now: AtomicU32,
+    peak: Arc<AtomicU32>,
+}
+
+impl Deployment for Sleeper {
+    type Request = u64;
+    type Response = u64;
+    async fn handle(&self, ms: u64) -> Result<u64, UserError> {
+        let n = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+        self.peak.fetch_max(n, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+        self.now.fetch_sub(1, Ordering::SeqCst);
+        Ok(self.id)
+    }
+}
+
+async fn serve_with(peak: &Arc<AtomicU32>, dir: &tempfile::TempDir) -> Serve {
+    let p = peak.clone();
+    let registry = Registry::new()
+        .register("dp::Sleeper", move |ctx| {
+            let peak = p.clone();
+            async move {
+                let delay: u64 = ctx.args()?;
+                tokio::time::sleep(Duration::from_millis(delay)).await;
+                Ok(Sleeper {
+                    id: ctx.replica.0,
+                    now: AtomicU32::new(0),
+                    peak,
+                })
+            }
+        })
+        .unwrap();
+    Serve::start(ServeOptions::new(registry).store_path(dir.path().join("f.redb")))
+        .await
+        .unwrap()
+}
+
+fn sleeper(name: &str, replicas: u32, max_ongoing: u32, max_queued: Option<u32>) -> ApplicationSpec {
+    ApplicationSpec::builder(name)
+        .deployment(
+            DeploymentSpec::builder("sleeper", "dp::Sleeper")
+                .init_args(&0u64)
+                .replicas(replicas)
+                .with_config(|c| {
+                    c.with_max_ongoing_requests(max_ongoing)
+                        .with_max_queued_requests(max_queued)
+                }),
+        )
+        .build()
+        .unwrap()
+}
+
+fn spawn_call(h: &DeploymentHandle, ms: u64) -> tokio::task::JoinHandle<Result<u64, CallError>> {
+    let h = h.clone();
+    tokio::spawn(async move { h.call(&ms).await })
+}
+
+#[tokio::test(start_paused = true)]
+async fn back_pressure_rejects_at_once_beyond_max_queued_naming_the_deployment() {
+    let dir = tempfile::tempdir().unwrap();
+    let peak = Arc::new(AtomicU32::new(0));
+    let serve = serve_with(&peak, &dir).await;
+    let h = serve.run(sleeper("bp", 1, 1, Some(1))).await.unwrap();
+    let running = spawn_call(&h, 1_000);
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    let queued = spawn_call(&h, 1);
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    let err = h.call::<_, u64>(&1u64).await.unwrap_err();
+    match &err {
+        CallError::BackPressure { app, deployment, queued } => {
+            assert_eq!((app.as_str(), deployment.as_str(), *queued), ("bp", "sleeper", 1));
+        }
+        other => panic!("expected back-pressure, got {other}"),
+    }
+    assert!(err.to_string().contains("'sleeper'"));
+    running.await.unwrap().unwrap();
+    queued.await.unwrap().unwrap();
+    assert_eq!(peak.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_replica_never_runs_more_than_max_ongoing_requests() {
+    let dir = tempfile::tempdir().unwrap();
+    let peak = Arc::new(AtomicU32::new(0));
+    let serve = serve_with(&peak, &dir).await;
+    let h = serve.run(sleeper("lim", 2, 2, None)).await.unwrap();
+    let calls: Vec<_> = (0..20).map(|_| spawn_call(&h, 100)).collect();
+    for c in calls {
+        c.await.unwrap().unwrap();
+    }
+    assert_eq!(peak.load(Ordering::SeqCst), 2);
+    assert!(h.replicas().iter().all(|r| r.in_flight() == 0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn power_of_two_choices_spreads_load_over_every_replica() {
+    let dir = tempfile::tempdir().unwrap();
+    let peak = Arc::new(AtomicU32::new(0));
+    let serve = serve_with(&peak, &dir).await;
+    let h = serve.run(sleeper("p2c", 4, 100, None)).await.unwrap();
+    let calls: Vec<_> = (0..40).map(|_| spawn_call(&h, 1_000)).collect();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let loads: Vec<u32> = h.replicas().iter().map(|r| r.in_flight()).collect();
+    assert_eq!(loads.iter().sum::<u32>(), 40);
+    // The less loaded of two samples always wins, so no replica runs away.
+    assert!(loads.iter().all(|l| (7..=13).contains(l)), "{loads:?}");
+    for c in calls {
+        c.await.unwrap().unwrap();
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dropped_caller_releases_its_slot_and_a_timeout_fails_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let peak = Arc::new(AtomicU32::new(0));
+    let serve = serve_with(&peak, &dir).await;
+    let h = serve.run(sleeper("drop", 1, 1, None)).await.unwrap();
+    let abandoned = spawn_call(&h, 60_000);
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    assert_eq!(h.replicas()[0].in_flight(), 1);
+    abandoned.abort();
+    let _ = abandoned.await;
+    assert_eq!(h.replicas()[0].in_flight(), 0, "no leaked in-flight count");
+    assert!(h.call::<_, u64>(&1u64).await.is_ok());
+
+    let t = h.clone().with_timeout(Duration::from_millis(100));
+    let err = t.call::<_, u64>(&10_000u64).await.unwrap_err();
+    assert!(matches!(err, CallError::Timeout { .. }), "{err}");
+    assert_eq!(h.replicas()[0].in_flight(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn requests_wait_in_the_queue_for_the_first_replica() {
+    let dir = tempfile::tempdir().unwrap();
+    let peak = Arc::new(AtomicU32::new(0));
+    let serve = serve_with(&peak, &dir).await;
+    let mut slow = sleeper("q", 1, 5, None);
+    slow.deployments[0].init_args = flotilla::Args::encode(&5_000u64).unwrap();
+    let no_wait = RunManyOptions {
+        wait_for_ingress_deployment_creation: false,
+        wait_for_applications_running: false,
+    };
+    let h = serve.run_many(vec![slow], no_wait).await.unwrap().remove(0);
+    assert!(h.replicas().is_empty());
+    let started = tokio::time::Instant::now();
+    h.call::<_, u64>(&1u64).await.unwrap();
+    assert!(started.elapsed() >= Duration::from_secs(5));
+}
+
+#[tokio::test(start_paused = true)]
+async fn user_errors_return_once_and_composition_calls_through_handles() {
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Arc::new(support::Switches::default());
+    let serve = support::start(&dir, &sw).await;
+    let composed = ApplicationSpec::builder("c")
+        .deployment(DeploymentSpec::builder("front", "test::Probe").init_args(&support::ProbeArgs {
+            tag: "front".into(),
+            downstream: Some("back".into()),
+            ..Default::default()
+        }))
+        .deployment(DeploymentSpec::builder("back", "test::Probe").init_args(&support::ProbeArgs {
+            tag: "back".into(),
+            ..Default::default()
+        }))
+        .ingress("front")
+        .build()
+        .unwrap();
+    let h = serve.run(composed).await.unwrap();
+    assert_eq!(h.call::<_, String>("x").await.unwrap(), "front:x|back:x");
+    let before = sw.handled.load(Ordering::SeqCst);
+    let err = h.call::<_, String>("fail").await.unwrap_err();
+    assert_eq!(err, CallError::User("asked to fail".into()));
+    assert_eq!(sw.handled.load(Ordering::SeqCst), before + 1, "not re-executed");
+    let bad = h.call::<_, String>(&42u32).await.unwrap_err();
+    assert!(matches!(bad, CallError::BadRequest(_)), "{bad}");
+}

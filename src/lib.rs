@@ -31,19 +31,25 @@
 //! # Ok(()) }
 //! ```
 
+mod logging;
 mod serve;
 
+pub use flotilla_controller::LogSettings;
 pub use flotilla_controller::{ControllerSnapshot, ServeError, StatusBoard};
 pub use flotilla_core::{
-    ApiType, AppName, ApplicationSpec, ApplicationStatus, ApplicationStatusInfo, Args,
+    ApiType, AppConfig, AppName, ApplicationSpec, ApplicationStatus, ApplicationStatusInfo, Args,
     AutoscalingConfig, DeploymentConfig, DeploymentName, DeploymentSpec, DeploymentStatus,
-    DeploymentStatusInfo, FaultPoint, Faults, LoggingConfig, ReplicaCount, ReplicaState, Resources,
-    RoutePrefix,
+    DeploymentStatusInfo, FaultPoint, Faults, LogEncoding, LogLevel, LoggingConfig, ReplicaCount,
+    ReplicaState, Resources, RoutePrefix, ServeConfig,
 };
-pub use flotilla_deployment::{Cluster, LocalCluster, NodeId, Refusal};
+pub use flotilla_deployment::{
+    Cluster, ClusterEvent, DeploymentSnapshot, LocalCluster, NodeId, NodeSpec, PlacementRequest,
+    Refusal, StateCount, StaticCluster,
+};
 pub use flotilla_replica::{
     CallError, Deployment, DeploymentHandle, InitContext, Registry, ReplicaEndpoint, UserError,
     supervision::RestartPolicy,
 };
 pub use flotilla_store::{Store, StoreCounters, StoreError};
+pub use logging::{ACCESS_TARGET, AppLogLayer};
 pub use serve::{Metrics, RunManyOptions, Serve, ServeOptions};

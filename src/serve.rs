@@ -9,11 +9,12 @@ use std::{
 };
 
 use flotilla_controller::{
-    ControllerArgs, ControllerMsg, ControllerSnapshot, ServeError, StatusBoard, Supervisor,
-    SupervisorArgs, SupervisorMsg,
+    ControllerArgs, ControllerMsg, ControllerSnapshot, LogSettings, ServeError, StatusBoard,
+    Supervisor, SupervisorArgs, SupervisorMsg,
 };
 use flotilla_core::{
-    ApiType, AppName, ApplicationSpec, ApplicationStatus, ApplicationStatusInfo, Faults, naming,
+    ApiType, AppName, ApplicationSpec, ApplicationStatus, ApplicationStatusInfo, Faults,
+    ServeConfig, naming,
 };
 use flotilla_deployment::{Cluster, LocalCluster};
 use flotilla_replica::{DeploymentHandle, Directory, Registry, supervision::RestartPolicy};
@@ -38,6 +39,9 @@ pub struct ServeOptions {
     pub restart: RestartPolicy,
     /// Fault points to arm (fault injection); free when unarmed.
     pub faults: Faults,
+    /// Logging settings, kept current by the Controller; give the same to
+    /// [`AppLogLayer`](crate::AppLogLayer).
+    pub logging: LogSettings,
 }
 
 impl ServeOptions {
@@ -50,6 +54,7 @@ impl ServeOptions {
             namespace: None,
             restart: RestartPolicy::default(),
             faults: Faults::new(),
+            logging: LogSettings::new(),
         }
     }
 
@@ -151,6 +156,7 @@ impl Serve {
                 board: board.clone(),
                 restart: options.restart,
                 faults: options.faults.clone(),
+                logging: options.logging.clone(),
             },
             fatal: fatal_tx,
         };
@@ -280,6 +286,33 @@ impl Serve {
         }
     }
 
+    /// Apply a declarative config: validated whole, then one commit. Applications
+    /// it names are built by their registered builders (off the Controller) and
+    /// deployed with the config's overrides; declarative applications it no longer
+    /// names are deleted; imperative ones are left alone unless an entry says
+    /// `take_over: true`. Returns once the config is durable; watch the statuses
+    /// for the builds.
+    pub async fn apply_config(&self, config: ServeConfig) -> Result<(), ServeError> {
+        self.ask(|reply| ControllerMsg::ApplyConfig {
+            config: Box::new(config),
+            reply,
+        })
+        .await?
+    }
+
+    /// Read, parse (errors carry line and column) and apply a YAML config file.
+    pub async fn apply_config_file(
+        &self,
+        path: impl AsRef<std::path::Path>,
+    ) -> Result<(), ServeError> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|source| ServeError::ConfigFile {
+            path: path.to_owned(),
+            source,
+        })?;
+        self.apply_config(ServeConfig::from_yaml(&text)?).await
+    }
+
     /// Delete applications (unknown names are ignored). With `wait`, return once
     /// they are gone.
     pub async fn delete_apps(&self, names: &[&str], wait: bool) -> Result<(), ServeError> {
@@ -348,6 +381,25 @@ impl Serve {
         let a = AppName::new(app)?;
         let d = flotilla_core::DeploymentName::new(deployment)?;
         Ok(self.inner.directory.handle(&a, &d))
+    }
+
+    /// One deployment's state as its DeploymentActor sees it: target, status, and
+    /// replicas with their states and versions (counts by state and version
+    /// included). `None` if it has no living actor (or it did not answer in time).
+    pub async fn deployment_snapshot(
+        &self,
+        app: &str,
+        deployment: &str,
+    ) -> Result<Option<flotilla_deployment::DeploymentSnapshot>, ServeError> {
+        let app = AppName::new(app)?;
+        let dep = flotilla_core::DeploymentName::new(deployment)?;
+        Ok(flotilla_deployment::observe(
+            &self.inner.ns,
+            &app,
+            &dep,
+            std::time::Duration::from_secs(5),
+        )
+        .await)
     }
 
     /// Counters: store commits, keys and bytes; actor counts; restarts.
@@ -420,6 +472,49 @@ impl Serve {
         }
     }
 
+    /// Kill every actor of this instance at once, without draining, and close the
+    /// store: what a process crash leaves behind (fault injection). This handle is
+    /// unusable afterwards; `Serve::start` on the same file recovers everything
+    /// acknowledged.
+    pub async fn crash_process(&self) {
+        let ns = &self.inner.ns;
+        self.inner.supervisor.kill();
+        let _ = self.kill(naming::controller(ns));
+        for (app, _) in self.status() {
+            let _ = self.kill(naming::application(ns, &app));
+        }
+        let prefix = format!("{ns}/");
+        for group in ractor::pg::which_groups() {
+            if group.starts_with(&prefix) {
+                for cell in ractor::pg::get_members(&group) {
+                    cell.kill();
+                }
+            }
+        }
+        let _ = self.inner.supervisor.wait(None).await;
+        if let Some(c) = ractor::registry::where_is(naming::controller(ns)) {
+            let _ = c.wait(None).await;
+        }
+        self.inner.store.close();
+    }
+
+    /// Actors of this instance still alive in process groups (deployment actors and
+    /// replicas), by group: for orphan checks.
+    pub fn living_groups(&self) -> Vec<(String, usize)> {
+        let prefix = format!("{}/", self.inner.ns);
+        let mut v: Vec<_> = ractor::pg::which_groups()
+            .into_iter()
+            .filter(|g| g.starts_with(&prefix))
+            .map(|g| {
+                let n = ractor::pg::get_members(&g).len();
+                (g, n)
+            })
+            .filter(|(_, n)| *n > 0)
+            .collect();
+        v.sort();
+        v
+    }
+
     /// The fault points of this instance, to arm (fault injection).
     pub fn faults(&self) -> &Faults {
         &self.inner.faults
@@ -452,7 +547,13 @@ impl Serve {
     /// store: a later `start` on the same file brings every application back.
     pub async fn shutdown(&self) -> Result<(), ServeError> {
         self.ask(ControllerMsg::Shutdown).await?;
-        self.inner.supervisor.stop(None);
+        let controller = ractor::registry::where_is(naming::controller(&self.inner.ns));
+        let _ = self.inner.supervisor.stop_and_wait(None, None).await;
+        if let Some(c) = controller {
+            c.stop(None);
+            let _ = c.wait(None).await;
+        }
+        self.inner.store.close();
         Ok(())
     }
 }

@@ -1,6 +1,8 @@
 //! The data plane through handles: limits, back-pressure, queueing, timeouts,
 //! cancellation, routing, errors and composition, on paused tokio time.
 
+#![allow(clippy::unwrap_used)]
+
 mod support;
 
 use std::{
@@ -57,7 +59,12 @@ async fn serve_with(peak: &Arc<AtomicU32>, dir: &tempfile::TempDir) -> Serve {
         .unwrap()
 }
 
-fn sleeper(name: &str, replicas: u32, max_ongoing: u32, max_queued: Option<u32>) -> ApplicationSpec {
+fn sleeper(
+    name: &str,
+    replicas: u32,
+    max_ongoing: u32,
+    max_queued: Option<u32>,
+) -> ApplicationSpec {
     ApplicationSpec::builder(name)
         .deployment(
             DeploymentSpec::builder("sleeper", "dp::Sleeper")
@@ -89,8 +96,15 @@ async fn back_pressure_rejects_at_once_beyond_max_queued_naming_the_deployment()
     tokio::time::sleep(Duration::from_millis(1)).await;
     let err = h.call::<_, u64>(&1u64).await.unwrap_err();
     match &err {
-        CallError::BackPressure { app, deployment, queued } => {
-            assert_eq!((app.as_str(), deployment.as_str(), *queued), ("bp", "sleeper", 1));
+        CallError::BackPressure {
+            app,
+            deployment,
+            queued,
+        } => {
+            assert_eq!(
+                (app.as_str(), deployment.as_str(), *queued),
+                ("bp", "sleeper", 1)
+            );
         }
         other => panic!("expected back-pressure, got {other}"),
     }
@@ -175,15 +189,19 @@ async fn user_errors_return_once_and_composition_calls_through_handles() {
     let sw = Arc::new(support::Switches::default());
     let serve = support::start(&dir, &sw).await;
     let composed = ApplicationSpec::builder("c")
-        .deployment(DeploymentSpec::builder("front", "test::Probe").init_args(&support::ProbeArgs {
-            tag: "front".into(),
-            downstream: Some("back".into()),
-            ..Default::default()
-        }))
-        .deployment(DeploymentSpec::builder("back", "test::Probe").init_args(&support::ProbeArgs {
-            tag: "back".into(),
-            ..Default::default()
-        }))
+        .deployment(DeploymentSpec::builder("front", "test::Probe").init_args(
+            &support::ProbeArgs {
+                tag: "front".into(),
+                downstream: Some("back".into()),
+                ..Default::default()
+            },
+        ))
+        .deployment(
+            DeploymentSpec::builder("back", "test::Probe").init_args(&support::ProbeArgs {
+                tag: "back".into(),
+                ..Default::default()
+            }),
+        )
         .ingress("front")
         .build()
         .unwrap();
@@ -192,7 +210,11 @@ async fn user_errors_return_once_and_composition_calls_through_handles() {
     let before = sw.handled.load(Ordering::SeqCst);
     let err = h.call::<_, String>("fail").await.unwrap_err();
     assert_eq!(err, CallError::User("asked to fail".into()));
-    assert_eq!(sw.handled.load(Ordering::SeqCst), before + 1, "not re-executed");
+    assert_eq!(
+        sw.handled.load(Ordering::SeqCst),
+        before + 1,
+        "not re-executed"
+    );
     let bad = h.call::<_, String>(&42u32).await.unwrap_err();
     assert!(matches!(bad, CallError::BadRequest(_)), "{bad}");
 }

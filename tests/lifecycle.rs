@@ -1,6 +1,8 @@
 //! The application lifecycle through the public API, on paused tokio time: Ray
 //! Serve's status flows, the checkpoint protocol and bad input.
 
+#![allow(clippy::unwrap_used)]
+
 mod support;
 
 use std::{sync::Arc, sync::atomic::Ordering, time::Duration};

@@ -1,5 +1,7 @@
 //! Control-plane crashes and process restarts, on paused tokio time.
 
+#![allow(clippy::unwrap_used)]
+
 mod support;
 
 use std::{sync::Arc, sync::atomic::Ordering, time::Duration};

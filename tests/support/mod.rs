@@ -5,17 +5,20 @@
 
 use std::{
     sync::{
-        Arc,
-        atomic::{AtomicBool, AtomicU32, Ordering},
+        Arc, Mutex,
+        atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering},
     },
     time::Duration,
 };
 
 use flotilla::{
-    ApplicationSpec, ApplicationStatus, ApplicationStatusInfo, Deployment, DeploymentSpec,
-    InitContext, Registry, Serve, ServeOptions, UserError,
+    ApplicationSpec, ApplicationStatus, ApplicationStatusInfo, Cluster, Deployment, DeploymentSpec,
+    InitContext, Registry, RunManyOptions, Serve, ServeOptions, UserError,
 };
+use flotilla_core::{AppName, DeploymentName, DeploymentSpecBuilder};
+use flotilla_deployment::{DeploymentMsg, DeploymentSnapshot};
 use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
 
 /// What a probe replica does, from its init args.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -44,6 +47,30 @@ pub struct Switches {
     pub unhealthy: AtomicBool,
     /// reconfigure calls.
     pub reconfigured: AtomicU32,
+    /// Fail this many of the next reconfigure calls.
+    pub fail_reconfigures: AtomicU32,
+    /// When set, health checks never return (they time out).
+    pub hang_health: AtomicBool,
+    /// When set, health checks panic.
+    pub panic_health: AtomicBool,
+    /// check_health calls.
+    pub health_checks: AtomicU32,
+    /// Extra constructor delay in ms (not part of the code version).
+    pub slow_start_ms: AtomicU64,
+    /// Delay of every reconfigure call in ms.
+    pub reconfigure_delay_ms: AtomicU64,
+    /// The (virtual) time of every constructor call, in order.
+    pub constructor_times: Mutex<Vec<Instant>>,
+}
+
+impl Switches {
+    /// The virtual times of the constructor calls so far.
+    pub fn constructor_times(&self) -> Vec<Instant> {
+        self.constructor_times
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
 }
 
 pub struct Probe {
@@ -61,6 +88,16 @@ impl Deployment for Probe {
         if request == "fail" {
             return Err(UserError::new("asked to fail"));
         }
+        if request == "panic" {
+            panic!("probe asked to panic");
+        }
+        if request == "hang" {
+            std::future::pending::<()>().await;
+        }
+        if let Some(ms) = request.strip_prefix("sleep:") {
+            let ms: u64 = ms.parse().map_err(|_| UserError::new("bad sleep"))?;
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+        }
         let mut out = format!("{}:{request}", self.args.tag);
         if let Some(h) = &self.downstream {
             let more: String = h
@@ -74,10 +111,29 @@ impl Deployment for Probe {
 
     async fn reconfigure(&self, _user_config: flotilla::Args) -> Result<(), UserError> {
         self.switches.reconfigured.fetch_add(1, Ordering::SeqCst);
+        let delay = self.switches.reconfigure_delay_ms.load(Ordering::SeqCst);
+        if delay > 0 {
+            tokio::time::sleep(Duration::from_millis(delay)).await;
+        }
+        let failing = self
+            .switches
+            .fail_reconfigures
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if failing {
+            return Err(UserError::new("probe reconfigure told to fail"));
+        }
         Ok(())
     }
 
     async fn check_health(&self) -> Result<(), UserError> {
+        self.switches.health_checks.fetch_add(1, Ordering::SeqCst);
+        if self.switches.panic_health.load(Ordering::SeqCst) {
+            panic!("probe health check asked to panic");
+        }
+        if self.switches.hang_health.load(Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
         if self.switches.unhealthy.load(Ordering::SeqCst) {
             Err(UserError::new("probe told to be unhealthy"))
         } else {
@@ -88,8 +144,14 @@ impl Deployment for Probe {
 
 async fn construct(ctx: InitContext, switches: Arc<Switches>) -> Result<Probe, UserError> {
     let args: ProbeArgs = ctx.args()?;
-    if args.start_delay_ms > 0 {
-        tokio::time::sleep(Duration::from_millis(args.start_delay_ms)).await;
+    switches
+        .constructor_times
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(Instant::now());
+    let delay = args.start_delay_ms + switches.slow_start_ms.load(Ordering::SeqCst);
+    if delay > 0 {
+        tokio::time::sleep(Duration::from_millis(delay)).await;
     }
     let n = switches.constructed.fetch_add(1, Ordering::SeqCst);
     if n < args.fail_constructor {
@@ -110,11 +172,14 @@ async fn construct(ctx: InitContext, switches: Arc<Switches>) -> Result<Probe, U
     })
 }
 
-/// A registry with `test::Probe`, bound to `switches`.
+/// A registry with `test::Probe` (and the same code as `test::Probe2`, to change
+/// an import path), bound to `switches`.
 pub fn registry(switches: &Arc<Switches>) -> Registry {
     let s = switches.clone();
+    let s2 = switches.clone();
     Registry::new()
         .register("test::Probe", move |ctx| construct(ctx, s.clone()))
+        .and_then(|r| r.register("test::Probe2", move |ctx| construct(ctx, s2.clone())))
         .expect("valid import path")
 }
 
@@ -131,6 +196,91 @@ pub fn app(name: &str, replicas: u32, args: ProbeArgs) -> ApplicationSpec {
         .expect("valid app")
 }
 
+/// A one-deployment application named `name` (route `/{name}`) of `deployment`.
+pub fn app_of(name: &str, deployment: DeploymentSpecBuilder) -> ApplicationSpec {
+    ApplicationSpec::builder(name)
+        .route_prefix(format!("/{name}"))
+        .deployment(deployment)
+        .build()
+        .expect("valid app")
+}
+
+/// The probe deployment "probe" with `replicas` and `args`, to refine further.
+pub fn probe(replicas: u32, args: &ProbeArgs) -> DeploymentSpecBuilder {
+    DeploymentSpec::builder("probe", "test::Probe")
+        .init_args(args)
+        .replicas(replicas)
+}
+
+/// `run_many` options that wait for nothing.
+pub fn no_wait() -> RunManyOptions {
+    RunManyOptions {
+        wait_for_ingress_deployment_creation: false,
+        wait_for_applications_running: false,
+    }
+}
+
+/// A Serve on a fresh store in `dir`, placing replicas on `cluster`.
+pub async fn start_on(
+    dir: &tempfile::TempDir,
+    switches: &Arc<Switches>,
+    cluster: Arc<dyn Cluster>,
+) -> Serve {
+    Serve::start(
+        ServeOptions::new(registry(switches))
+            .store_path(dir.path().join("f.redb"))
+            .cluster(cluster),
+    )
+    .await
+    .expect("serve starts")
+}
+
+/// The DeploymentActor of `app`/`deployment`, by its registered name.
+pub fn deployment_actor(
+    serve: &Serve,
+    app: &str,
+    deployment: &str,
+) -> Option<ractor::ActorRef<DeploymentMsg>> {
+    let app = AppName::new(app).expect("valid app name");
+    let dep = DeploymentName::new(deployment).expect("valid deployment name");
+    ractor::ActorRef::<DeploymentMsg>::where_is(flotilla_core::naming::deployment(
+        serve.namespace(),
+        &app,
+        &dep,
+    ))
+}
+
+/// The snapshot of `app`/`deployment` (panics if its actor is not alive).
+pub async fn observe(serve: &Serve, app: &str, deployment: &str) -> DeploymentSnapshot {
+    let app = AppName::new(app).expect("valid app name");
+    let dep = DeploymentName::new(deployment).expect("valid deployment name");
+    flotilla_deployment::observe(serve.namespace(), &app, &dep, Duration::from_secs(5))
+        .await
+        .expect("the deployment actor answers")
+}
+
+/// Poll (every 10 ms of virtual time, at most 10 virtual minutes) until the
+/// snapshot of `app`/`deployment` satisfies `pred`.
+pub async fn wait_snapshot(
+    serve: &Serve,
+    app: &str,
+    deployment: &str,
+    pred: impl Fn(&DeploymentSnapshot) -> bool,
+) -> DeploymentSnapshot {
+    let deadline = Instant::now() + Duration::from_secs(600);
+    loop {
+        let s = observe(serve, app, deployment).await;
+        if pred(&s) {
+            return s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting on {app}/{deployment}: {s:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// A Serve on a fresh store in `dir`.
 pub async fn start(dir: &tempfile::TempDir, switches: &Arc<Switches>) -> Serve {
     Serve::start(ServeOptions::new(registry(switches)).store_path(dir.path().join("f.redb")))
@@ -144,7 +294,12 @@ pub async fn wait_until(
     app: &str,
     pred: impl Fn(&ApplicationStatusInfo) -> bool,
 ) -> ApplicationStatusInfo {
-    let mut rx = serve.watch_status(app).expect("app exists");
+    let Some(mut rx) = serve.watch_status(app) else {
+        // Gone (or never there): its status is NOT_STARTED.
+        let s = serve.app_status(app);
+        assert!(pred(&s), "{app} does not exist: {s:?}");
+        return s;
+    };
     let fut = async {
         loop {
             {

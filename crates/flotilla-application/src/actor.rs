@@ -8,7 +8,7 @@ use std::{
 
 use flotilla_core::{
     AppRecord, ApplicationStatusInfo, DeploymentName, DeploymentSpec, DeploymentStatusInfo,
-    FaultPoint, Faults, naming,
+    FaultPoint, Faults, ReplicaCount, naming,
 };
 use flotilla_deployment::{
     Cluster, DeploymentActor, DeploymentArgs, DeploymentEvent, DeploymentMsg, DeploymentTarget,
@@ -48,6 +48,8 @@ pub struct AppArgs {
     pub restart: RestartPolicy,
     /// Armed fault points (fault injection; free when unarmed).
     pub faults: Faults,
+    /// Durable autoscaling decisions by deployment.
+    pub autoscaled: BTreeMap<DeploymentName, u32>,
 }
 
 /// The application actor.
@@ -82,7 +84,14 @@ impl AppState {
         };
         match in_target {
             Some(spec) => Some(DeploymentTarget {
-                replicas: spec.config.initial_replicas(),
+                replicas: match &spec.config.num_replicas {
+                    ReplicaCount::Fixed(n) => *n,
+                    ReplicaCount::Auto(a) => self
+                        .args
+                        .autoscaled
+                        .get(name)
+                        .map_or(a.initial(), |n| (*n).clamp(a.min_replicas, a.max_replicas)),
+                },
                 spec: spec.clone(),
                 deleting: false,
                 generation: r.generation,
@@ -136,7 +145,7 @@ impl AppState {
         );
         if info.status != self.derived.status || info.message != self.derived.message {
             info!(app = %r.spec.name, generation = r.generation, from = %self.derived.status,
-                to = %info.status, message = %info.message, "application status");
+                to = %info.status, detail = %info.message, "application status");
         }
         self.derived = info.clone();
         publish_status(&self.args.status, info);
@@ -322,6 +331,12 @@ impl Actor for ApplicationActor {
                     c.status = None;
                 }
                 return Ok(());
+            }
+            AppMsg::SetReplicas(name, replicas) => {
+                if state.args.autoscaled.get(&name) == Some(&replicas) {
+                    return Ok(());
+                }
+                state.args.autoscaled.insert(name, replicas);
             }
             AppMsg::RestartDeployment(name) => {
                 if let Some(c) = state.children.get_mut(&name) {

@@ -17,6 +17,16 @@ pub enum AppEvent {
         /// The generation whose deletion finished.
         generation: u64,
     },
+    /// A deployment's autoscaler decided a new replica target; the Controller makes
+    /// it durable, then sends it back as [`AppMsg::SetReplicas`].
+    Autoscale {
+        /// The application.
+        app: AppName,
+        /// The deployment.
+        deployment: DeploymentName,
+        /// The decided replica count.
+        replicas: u32,
+    },
 }
 
 /// How an ApplicationActor reports to the Controller (looked up by name).
@@ -40,6 +50,8 @@ pub enum AppMsg {
     SetTarget(Box<AppRecord>),
     /// An event from one of its deployments.
     Deployment(DeploymentEvent),
+    /// A durable autoscaling decision for one deployment.
+    SetReplicas(DeploymentName, u32),
     /// Internal: a crashed deployment's backoff passed; start it again.
     RestartDeployment(DeploymentName),
     /// Reply with a snapshot.

@@ -10,7 +10,8 @@ use tokio::sync::watch;
 
 struct Entry {
     tx: watch::Sender<ApplicationStatusInfo>,
-    ingress: DeploymentName,
+    /// Unknown while a config deploy is still building the application.
+    ingress: Option<DeploymentName>,
 }
 
 /// Per application: a `watch` channel of its status and its ingress. The
@@ -35,19 +36,22 @@ impl StatusBoard {
         Self::default()
     }
 
-    /// The sender of `app`, created with `initial` if absent; the ingress is updated.
+    /// The sender of `app`, created with `initial` if absent; a known ingress is
+    /// recorded (`None` keeps what was there).
     pub fn sender(
         &self,
         app: &AppName,
-        ingress: &DeploymentName,
+        ingress: Option<&DeploymentName>,
         initial: impl FnOnce() -> ApplicationStatusInfo,
     ) -> watch::Sender<ApplicationStatusInfo> {
         let mut m = self.entries.write().unwrap_or_else(|p| p.into_inner());
         let e = m.entry(app.clone()).or_insert_with(|| Entry {
             tx: watch::Sender::new(initial()),
-            ingress: ingress.clone(),
+            ingress: None,
         });
-        e.ingress = ingress.clone();
+        if let Some(i) = ingress {
+            e.ingress = Some(i.clone());
+        }
         e.tx.clone()
     }
 
@@ -68,7 +72,7 @@ impl StatusBoard {
     /// `app`'s ingress deployment, if it exists.
     pub fn ingress(&self, app: &str) -> Option<DeploymentName> {
         let m = self.entries.read().unwrap_or_else(|p| p.into_inner());
-        m.get(app).map(|e| e.ingress.clone())
+        m.get(app).and_then(|e| e.ingress.clone())
     }
 
     /// Every application's status, sorted by name.

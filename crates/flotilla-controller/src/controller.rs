@@ -1,12 +1,16 @@
 //! The Controller actor: durable targets, the checkpoint protocol, and the
 //! ApplicationActors below it.
 
-use std::{collections::HashMap, sync::Arc, time::Duration};
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::Arc,
+    time::Duration,
+};
 
-use flotilla_application::{AppArgs, AppEvent, AppMsg, ApplicationActor, publish_status};
+use flotilla_application::{AppArgs, AppEvent, AppMsg, ApplicationActor};
 use flotilla_core::{
-    ApiType, AppName, AppRecord, ApplicationSpec, ApplicationStatusInfo, FaultPoint, Faults,
-    RoutePrefix, naming,
+    ApiType, AppName, AppRecord, ApplicationSpec, ApplicationStatusInfo, DeploymentName,
+    DeploymentRecord, FaultPoint, Faults, ReplicaCount, RoutePrefix, ServeConfig, naming,
 };
 use flotilla_deployment::Cluster;
 use flotilla_replica::{
@@ -17,6 +21,7 @@ use flotilla_store::{Batch, Store};
 use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use tracing::{info, warn};
 
+use crate::config_deploy::ConfigState;
 use crate::{ControllerMsg, ControllerSnapshot, ServeError, StatusBoard, validate::validate_batch};
 
 /// Delay before retrying a spawn whose name is still held by a stopping actor, or a
@@ -42,27 +47,33 @@ pub struct ControllerArgs {
     pub restart: RestartPolicy,
     /// Armed fault points (fault injection; free when unarmed).
     pub faults: Faults,
+    /// Logging settings, kept current as targets and configs change.
+    pub logging: crate::LogSettings,
 }
 
 /// The controller actor.
 pub struct Controller;
 
-struct AppEntry {
-    record: AppRecord,
-    actor: Option<ActorRef<AppMsg>>,
-    restarts: RestartLog,
-    restart_pending: bool,
+pub(crate) struct AppEntry {
+    pub(crate) record: AppRecord,
+    pub(crate) actor: Option<ActorRef<AppMsg>>,
+    pub(crate) restarts: RestartLog,
+    pub(crate) restart_pending: bool,
 }
 
 /// The Controller's state: the durable targets (as last committed) and the living
 /// children.
 pub struct ControllerState {
-    args: ControllerArgs,
-    apps: HashMap<AppName, AppEntry>,
-    routes: HashMap<RoutePrefix, AppName>,
+    pub(crate) args: ControllerArgs,
+    pub(crate) apps: HashMap<AppName, AppEntry>,
+    pub(crate) routes: HashMap<RoutePrefix, AppName>,
+    /// Durable autoscaling decisions, by application then deployment.
+    pub(crate) autoscaled: HashMap<AppName, BTreeMap<DeploymentName, u32>>,
     by_actor: HashMap<ActorId, AppName>,
     app_restarts: u64,
     shutting_down: bool,
+    /// The last applied config (durable) and the builds it started (volatile).
+    pub(crate) config: ConfigState,
 }
 
 impl ControllerState {
@@ -77,7 +88,7 @@ impl ControllerState {
             cluster: a.cluster.clone(),
             status: self
                 .board
-                .sender(&record.spec.name, &record.spec.ingress, || {
+                .sender(&record.spec.name, Some(&record.spec.ingress), || {
                     ApplicationStatusInfo::deploying(record.generation)
                 }),
             reporter: Arc::new(move |event| {
@@ -87,6 +98,11 @@ impl ControllerState {
             }),
             restart: a.restart,
             faults: a.faults.clone(),
+            autoscaled: self
+                .autoscaled
+                .get(&record.spec.name)
+                .cloned()
+                .unwrap_or_default(),
         }
     }
 
@@ -103,7 +119,7 @@ impl std::ops::Deref for ControllerState {
 }
 
 /// Crash the Controller here if `point` is armed.
-fn fault(faults: &Faults, point: FaultPoint) -> Result<(), ActorProcessingErr> {
+pub(crate) fn fault(faults: &Faults, point: FaultPoint) -> Result<(), ActorProcessingErr> {
     if faults.hit(point) {
         return Err(format!("injected fault: {point:?}").into());
     }
@@ -112,7 +128,7 @@ fn fault(faults: &Faults, point: FaultPoint) -> Result<(), ActorProcessingErr> {
 
 impl Controller {
     /// Start or update the ApplicationActor of `name` with its current record.
-    async fn command(
+    pub(crate) async fn command(
         myself: &ActorRef<ControllerMsg>,
         state: &mut ControllerState,
         name: &AppName,
@@ -170,23 +186,16 @@ impl Controller {
         }
         let records: Vec<AppRecord> = apps
             .into_iter()
-            .map(|spec| AppRecord {
-                generation: state
-                    .apps
-                    .get(&spec.name)
-                    .map_or(1, |e| e.record.generation + 1),
-                spec,
-                deleting: false,
-                api_type,
-            })
+            .map(|spec| state.next_record(spec, api_type, None))
             .collect();
         let mut batch = Batch::new();
-        for r in &records {
-            if let Err(e) = batch.put_app(r) {
+        let dropped = match state.stage_targets(&records, &mut batch) {
+            Ok(d) => d,
+            Err(e) => {
                 let _ = reply.send(Err(e.into()));
                 return Ok(());
             }
-        }
+        };
         fault(&state.faults, FaultPoint::ControllerBeforeCommit)?;
         if let Err(e) = state.store.commit(&batch) {
             let _ = reply.send(Err(e.into()));
@@ -194,40 +203,7 @@ impl Controller {
         }
         fault(&state.faults, FaultPoint::ControllerAfterCommit)?;
         let generations = records.iter().map(|r| r.generation).collect();
-        let names: Vec<AppName> = records.iter().map(|r| r.spec.name.clone()).collect();
-        for r in records {
-            let name = r.spec.name.clone();
-            if let Some(old) = state
-                .apps
-                .get(&name)
-                .and_then(|e| e.record.spec.route_prefix.clone())
-                && state.routes.get(&old) == Some(&name)
-            {
-                state.routes.remove(&old);
-            }
-            if let Some(p) = &r.spec.route_prefix {
-                state.routes.insert(p.clone(), name.clone());
-            }
-            let tx = state.board().sender(&name, &r.spec.ingress, || {
-                ApplicationStatusInfo::deploying(r.generation)
-            });
-            publish_status(&tx, ApplicationStatusInfo::deploying(r.generation));
-            info!(app = %name, generation = r.generation, "application target accepted");
-            match state.apps.get_mut(&name) {
-                Some(e) => e.record = r,
-                None => {
-                    state.apps.insert(
-                        name,
-                        AppEntry {
-                            record: r,
-                            actor: None,
-                            restarts: RestartLog::default(),
-                            restart_pending: false,
-                        },
-                    );
-                }
-            }
-        }
+        let names = state.swap_targets(records, dropped);
         let _ = reply.send(Ok(generations));
         fault(&state.faults, FaultPoint::ControllerAfterReply)?;
         for name in &names {
@@ -242,56 +218,87 @@ impl Controller {
         names: Vec<AppName>,
         reply: RpcReplyPort<Result<Vec<Option<u64>>, ServeError>>,
     ) -> Result<(), ActorProcessingErr> {
-        let mut changed = Vec::new();
-        let mut result = Vec::with_capacity(names.len());
         let mut batch = Batch::new();
-        for name in &names {
-            match state.apps.get(name) {
-                Some(e) if e.record.deleting => result.push(Some(e.record.generation)),
-                Some(e) => {
-                    let mut r = e.record.clone();
-                    r.deleting = true;
-                    r.generation += 1;
-                    if let Err(err) = batch.put_app(&r) {
-                        let _ = reply.send(Err(err.into()));
-                        return Ok(());
-                    }
-                    result.push(Some(r.generation));
-                    changed.push(r);
-                }
-                None => result.push(None),
+        let result = names
+            .iter()
+            .map(|n| {
+                state
+                    .apps
+                    .get(n)
+                    .map(|e| e.record.generation + u64::from(!e.record.deleting))
+            })
+            .collect();
+        let changed = match state.stage_deletions(&names, &mut batch) {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = reply.send(Err(e.into()));
+                return Ok(());
             }
-        }
+        };
         fault(&state.faults, FaultPoint::ControllerBeforeCommit)?;
         if let Err(e) = state.store.commit(&batch) {
             let _ = reply.send(Err(e.into()));
             return Ok(());
         }
         fault(&state.faults, FaultPoint::ControllerAfterCommit)?;
-        for r in &changed {
-            let name = &r.spec.name;
-            if let Some(p) = &r.spec.route_prefix
-                && state.routes.get(p) == Some(name)
-            {
-                state.routes.remove(p);
-            }
-            let tx = state.board().sender(name, &r.spec.ingress, || {
-                ApplicationStatusInfo::deploying(r.generation)
-            });
-            let mut deleting = tx.borrow().clone();
-            deleting.status = flotilla_core::ApplicationStatus::Deleting;
-            deleting.message = String::new();
-            deleting.observed_generation = r.generation;
-            publish_status(&tx, deleting);
-            info!(app = %name, generation = r.generation, "application deletion accepted");
-            if let Some(e) = state.apps.get_mut(name) {
-                e.record = r.clone();
-            }
-        }
+        state.swap_deletions(&changed);
         let _ = reply.send(Ok(result));
         fault(&state.faults, FaultPoint::ControllerAfterReply)?;
         for r in &changed {
             Self::command(myself, state, &r.spec.name).await;
+        }
+        Ok(())
+    }
+
+    /// Make an autoscaling decision durable (one commit), then hand it to the
+    /// application. Decisions for unknown, deleting or no longer autoscaled
+    /// deployments are dropped.
+    fn autoscale(
+        state: &mut ControllerState,
+        app: AppName,
+        deployment: DeploymentName,
+        replicas: u32,
+    ) -> Result<(), ActorProcessingErr> {
+        let Some(entry) = state.apps.get(&app) else {
+            return Ok(());
+        };
+        let Some(ReplicaCount::Auto(a)) = entry
+            .record
+            .spec
+            .deployment(deployment.as_str())
+            .map(|d| &d.config.num_replicas)
+        else {
+            return Ok(());
+        };
+        if entry.record.deleting {
+            return Ok(());
+        }
+        let replicas = replicas.clamp(a.min_replicas, a.max_replicas);
+        let current = state.autoscaled.get(&app).and_then(|m| m.get(&deployment));
+        if current == Some(&replicas) {
+            return Ok(());
+        }
+        let mut batch = Batch::new();
+        batch.put_deployment(
+            &app,
+            &deployment,
+            &DeploymentRecord {
+                autoscaled_replicas: Some(replicas),
+            },
+        )?;
+        if let Err(e) = state.store.commit(&batch) {
+            // Not durable, so not applied: the autoscaler decides again next tick.
+            warn!(app = %app, deployment = %deployment, error = %e, "autoscaling decision not committed");
+            return Ok(());
+        }
+        info!(app = %app, deployment = %deployment, replicas, "autoscaling decision committed");
+        state
+            .autoscaled
+            .entry(app.clone())
+            .or_default()
+            .insert(deployment.clone(), replicas);
+        if let Some(actor) = state.apps.get(&app).and_then(|e| e.actor.as_ref()) {
+            let _ = actor.cast(AppMsg::SetReplicas(deployment, replicas));
         }
         Ok(())
     }
@@ -319,6 +326,8 @@ impl Controller {
             return;
         }
         state.apps.remove(&name);
+        state.autoscaled.remove(&name);
+        state.logging.set_app(&name, None);
         state.board().remove(&name);
         info!(app = %name, "application removed");
     }
@@ -335,13 +344,17 @@ impl Actor for Controller {
         args: ControllerArgs,
     ) -> Result<ControllerState, ActorProcessingErr> {
         let snapshot = args.store.load()?;
+        let config = snapshot.config::<ServeConfig>()?;
+        if let Some(global) = config.as_ref().and_then(|c| c.logging_config.clone()) {
+            args.logging.set_global(global);
+        }
         let mut apps = HashMap::with_capacity(snapshot.apps.len());
         let mut routes = HashMap::new();
         for record in snapshot.apps {
             // Statuses are volatile: publish DEPLOYING at the recovered generation
             // now, so callers see every application as soon as `start` returns.
             args.board
-                .sender(&record.spec.name, &record.spec.ingress, || {
+                .sender(&record.spec.name, Some(&record.spec.ingress), || {
                     ApplicationStatusInfo::deploying(record.generation)
                 });
             if !record.deleting
@@ -359,6 +372,12 @@ impl Actor for Controller {
                 },
             );
         }
+        let mut autoscaled: HashMap<AppName, BTreeMap<DeploymentName, u32>> = HashMap::new();
+        for (app, dep, rec) in snapshot.deployments {
+            if let Some(n) = rec.autoscaled_replicas {
+                autoscaled.entry(app).or_default().insert(dep, n);
+            }
+        }
         info!(
             apps = apps.len(),
             "controller recovered targets from the checkpoint"
@@ -367,9 +386,11 @@ impl Actor for Controller {
             args,
             apps,
             routes,
+            autoscaled,
             by_actor: HashMap::new(),
             app_restarts: 0,
             shutting_down: false,
+            config: ConfigState::recovered(config),
         })
     }
 
@@ -391,6 +412,8 @@ impl Actor for Controller {
             }
             Self::command(&myself, state, &name).await;
         }
+        // A crash during a build: rebuild what the last applied config still owes.
+        Self::resume_builds(&myself, state);
         Ok(())
     }
 
@@ -412,6 +435,17 @@ impl Actor for Controller {
             ControllerMsg::App(AppEvent::Deleted { name, generation }) => {
                 Self::deleted(&myself, state, name, generation)
             }
+            ControllerMsg::App(AppEvent::Autoscale {
+                app,
+                deployment,
+                replicas,
+            }) => Self::autoscale(state, app, deployment, replicas)?,
+            ControllerMsg::ApplyConfig { config, reply } => {
+                Self::apply_config(&myself, state, config, reply).await?
+            }
+            ControllerMsg::BuildDone { app, build, result } => {
+                Self::build_done(&myself, state, app, build, result).await?
+            }
             ControllerMsg::RestartApp(name) => {
                 if let Some(e) = state.apps.get_mut(&name) {
                     e.restart_pending = false;
@@ -428,6 +462,7 @@ impl Actor for Controller {
             }
             ControllerMsg::Shutdown(reply) => {
                 state.shutting_down = true;
+                state.config.cancel_all();
                 let actors: Vec<_> = state
                     .apps
                     .values()

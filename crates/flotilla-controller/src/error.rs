@@ -26,6 +26,23 @@ pub enum ServeError {
         /// Who holds it.
         holder: String,
     },
+    /// A config names an application deployed imperatively (by `run`) without
+    /// `take_over: true`.
+    #[error(
+        "application '{app}' was deployed imperatively; set `take_over: true` in the config to manage it declaratively"
+    )]
+    ImperativeApp {
+        /// The application.
+        app: String,
+    },
+    /// A config file could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    ConfigFile {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
     /// The checkpoint store failed; nothing was changed.
     #[error("checkpoint store: {0}")]
     Store(#[from] StoreError),

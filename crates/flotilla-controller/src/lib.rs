@@ -12,14 +12,19 @@
 //! must not hold its children by a link: they survive its crash and are re-adopted.
 
 mod board;
+mod config_deploy;
 mod controller;
 mod error;
+mod logging;
 mod messages;
 mod supervisor;
+mod targets;
 mod validate;
 
 pub use board::StatusBoard;
+pub use config_deploy::BUILD_TIMEOUT;
 pub use controller::{Controller, ControllerArgs};
 pub use error::ServeError;
+pub use logging::LogSettings;
 pub use messages::{ControllerMsg, ControllerSnapshot};
 pub use supervisor::{Supervisor, SupervisorArgs, SupervisorMsg};

@@ -1,7 +1,7 @@
 //! The Controller's messages: one variant per request.
 
 use flotilla_application::AppEvent;
-use flotilla_core::{ApiType, AppName, ApplicationSpec};
+use flotilla_core::{ApiType, AppName, ApplicationSpec, ServeConfig};
 use ractor::RpcReplyPort;
 
 use crate::ServeError;
@@ -39,6 +39,24 @@ pub enum ControllerMsg {
         names: Vec<AppName>,
         /// The reply.
         reply: RpcReplyPort<Result<Vec<Option<u64>>, ServeError>>,
+    },
+    /// Apply a declarative config: one validation, one commit (the config and the
+    /// deletion of declarative applications it no longer names), then a build task
+    /// per application whose entry changed.
+    ApplyConfig {
+        /// The config.
+        config: Box<ServeConfig>,
+        /// The reply.
+        reply: RpcReplyPort<Result<(), ServeError>>,
+    },
+    /// Internal: a build task finished (or failed, panicked or timed out).
+    BuildDone {
+        /// The application.
+        app: AppName,
+        /// Which build (a newer config cancels older builds).
+        build: u64,
+        /// The built spec, or why the build failed.
+        result: Result<ApplicationSpec, String>,
     },
     /// An event from an ApplicationActor.
     App(AppEvent),

@@ -59,23 +59,61 @@ pub enum Error {
         /// The codec's message.
         reason: String,
     },
+    /// A config file is not YAML of the expected shape: a syntax error, an unknown
+    /// field, a value of the wrong type or a missing required field.
+    #[error("config line {line}, column {column}: {message}")]
+    Parse {
+        /// 1-based line of the offending text; 0 when the parser could not tell.
+        line: u64,
+        /// 1-based column (in characters); 0 when the parser could not tell.
+        column: u64,
+        /// The parser's message, without the position.
+        message: String,
+    },
+    /// A config file parsed, but a value in it is invalid: `error` names the
+    /// application, deployment and field, `line` and `column` the value's position.
+    #[error("config line {line}, column {column}: {error}")]
+    InConfig {
+        /// 1-based line of the offending value.
+        line: u64,
+        /// 1-based column (in characters) of the offending value.
+        column: u64,
+        /// What is wrong with it.
+        error: Box<Error>,
+    },
 }
 
 impl Error {
     /// Attach the application (and deployment) to an error found without them.
-    pub fn at(mut self, app: Option<&str>, deployment: Option<&str>) -> Self {
-        let loc = match &mut self {
-            Error::InvalidName { at, .. }
-            | Error::InvalidField { at, .. }
-            | Error::Codec { at, .. } => at,
+    /// A [`Parse`](Error::Parse) error has no location to fill and is returned as is.
+    pub fn at(self, app: Option<&str>, deployment: Option<&str>) -> Self {
+        let mut this = match self {
+            Error::InConfig {
+                line,
+                column,
+                error,
+            } => {
+                return Error::InConfig {
+                    line,
+                    column,
+                    error: Box::new(error.at(app, deployment)),
+                };
+            }
+            parse @ Error::Parse { .. } => return parse,
+            other => other,
         };
-        if loc.app.is_none() {
-            loc.app = app.map(str::to_owned);
+        if let Error::InvalidName { at, .. }
+        | Error::InvalidField { at, .. }
+        | Error::Codec { at, .. } = &mut this
+        {
+            if at.app.is_none() {
+                at.app = app.map(str::to_owned);
+            }
+            if at.deployment.is_none() {
+                at.deployment = deployment.map(str::to_owned);
+            }
         }
-        if loc.deployment.is_none() {
-            loc.deployment = deployment.map(str::to_owned);
-        }
-        self
+        this
     }
 
     /// The application the error names, if any.
@@ -84,6 +122,8 @@ impl Error {
             Error::InvalidName { at, .. }
             | Error::InvalidField { at, .. }
             | Error::Codec { at, .. } => at.app.as_deref(),
+            Error::Parse { .. } => None,
+            Error::InConfig { error, .. } => error.app(),
         }
     }
 
@@ -93,6 +133,36 @@ impl Error {
             Error::InvalidName { at, .. }
             | Error::InvalidField { at, .. }
             | Error::Codec { at, .. } => at.deployment.as_deref(),
+            Error::Parse { .. } => None,
+            Error::InConfig { error, .. } => error.deployment(),
+        }
+    }
+
+    /// The field the error names, if any, as written in the config file.
+    pub fn field_name(&self) -> Option<&'static str> {
+        match self {
+            Error::InvalidField { field, .. } | Error::Codec { field, .. } => Some(field),
+            Error::InvalidName { .. } | Error::Parse { .. } => None,
+            Error::InConfig { error, .. } => error.field_name(),
+        }
+    }
+
+    /// The `(line, column)` in a config file the error points at, if known.
+    pub fn position(&self) -> Option<(u64, u64)> {
+        match self {
+            Error::Parse { line: 0, .. } => None,
+            Error::Parse { line, column, .. } | Error::InConfig { line, column, .. } => {
+                Some((*line, *column))
+            }
+            _ => None,
+        }
+    }
+
+    /// The error without its config-file position (itself for every other variant).
+    pub fn without_position(&self) -> &Error {
+        match self {
+            Error::InConfig { error, .. } => error.without_position(),
+            other => other,
         }
     }
 

@@ -3,7 +3,8 @@
 //! This crate owns the vocabulary of DESIGN.md as types: validated names and route
 //! prefixes, application and deployment specs with Ray Serve's defaults, code and
 //! config versions, statuses (with the deployment status transition table), the
-//! durable records the checkpoint holds, and the typed errors for bad input.
+//! durable records the checkpoint holds, the ServeConfig file format (parsed from
+//! text; reading the file is the caller's), and the typed errors for bad input.
 //!
 //! It must not spawn actors, touch the file system or the network, or read clocks:
 //! everything here is a pure function of its input, so it can be tested exhaustively
@@ -17,6 +18,7 @@ mod names;
 pub mod naming;
 mod record;
 mod resources;
+mod serve_config;
 mod spec;
 mod status;
 mod version;
@@ -28,6 +30,10 @@ pub use fault::{FaultPoint, Faults};
 pub use names::{AppName, DeploymentName, ImportPath, RoutePrefix};
 pub use record::{ApiType, AppRecord, DeploymentRecord};
 pub use resources::Resources;
+pub use serve_config::{
+    AppConfig, AutoscalingOverride, DeploymentOverride, NumReplicas, RayActorOptions, ServeConfig,
+    apply_overrides, auto_autoscaling_config,
+};
 pub use spec::{
     ApplicationSpec, ApplicationSpecBuilder, DeploymentSpec, DeploymentSpecBuilder, LogEncoding,
     LogLevel, LoggingConfig,

@@ -25,6 +25,10 @@ pub struct AppRecord {
     pub deleting: bool,
     /// How it was deployed.
     pub api_type: ApiType,
+    /// For a declarative application: the version of the config entry it was
+    /// built from, so a recovered Controller knows whether to rebuild it.
+    #[serde(default)]
+    pub config_version: Option<u64>,
 }
 
 /// A deployment's durable decisions that are not in its application's spec.

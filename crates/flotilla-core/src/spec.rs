@@ -93,11 +93,17 @@ impl DeploymentSpec {
         }
     }
 
-    /// The code version: explicit, or a stable hash of import path, init args and
-    /// resources.
+    /// The code version: the explicit version, or else a stable hash of import path
+    /// and init args; resources are hashed in either way (replicas hold their
+    /// reservations, so a resource change must replace them, as in Ray).
     pub fn code_version(&self) -> CodeVersion {
         match &self.version {
-            Some(v) => CodeVersion::explicit(v.clone()),
+            Some(v) if self.config.resources == crate::Resources::default() => {
+                CodeVersion::explicit(v.clone())
+            }
+            Some(v) => {
+                CodeVersion::explicit(format!("{v}+r{:016x}", hash_value(&self.config.resources)))
+            }
             None => CodeVersion::hashed(hash_value(&(
                 &self.import_path,
                 &self.init_args,
@@ -442,6 +448,13 @@ mod tests {
         }
         let explicit = dep("x").version("v1").build().unwrap();
         assert_eq!(explicit.code_version().as_str(), "v1");
+        let explicit_gpu = dep("x")
+            .version("v1")
+            .with_config(|c| c.with_resources(Resources::default().with_gpus(1.0)))
+            .build()
+            .unwrap();
+        assert_ne!(explicit.code_version(), explicit_gpu.code_version());
+        assert!(explicit_gpu.code_version().as_str().starts_with("v1+r"));
     }
 
     #[test]

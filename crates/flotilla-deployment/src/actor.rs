@@ -1,45 +1,22 @@
 //! The DeploymentActor itself: events in, one reconcile step, statuses out.
 
-use std::{
-    collections::{BTreeMap, HashMap},
-    sync::Arc,
-    time::Duration,
-};
+use std::{sync::Arc, time::Duration};
 
 use flotilla_core::{
-    AppName, DeploymentStatus, DeploymentStatusInfo, DeploymentTrigger, DeploymentVersion,
-    ReplicaState, naming,
+    AppName, DeploymentSpec, DeploymentTrigger, ReplicaCount, ReplicaState, naming,
 };
-use flotilla_replica::{
-    DeploymentRoute, Directory, Registry, ReplicaActor, ReplicaArgs, ReplicaEndpoint, ReplicaEvent,
-    ReplicaId, ReplicaMsg, ReplicaPhase, ReplicaReporter, START_FAILED,
-};
-use ractor::{
-    Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent,
-    rpc::CallResult,
-};
-use tokio::task::JoinHandle;
+use flotilla_replica::{Directory, Registry, ReplicaEvent, ReplicaId, ReplicaMsg, START_FAILED};
+use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
+use tokio::time::Instant;
 use tracing::{info, warn};
 
 use crate::{
-    Cluster, DeploymentEvent, DeploymentMsg, DeploymentReporter, DeploymentSnapshot,
-    DeploymentTarget, ReplicaInfo,
-    plan::{ReplicaView, plan},
+    Cluster, ClusterEvent, DeploymentEvent, DeploymentMsg, DeploymentReporter, DeploymentTarget,
+    placement::{self, PLACEMENT_RETRY, StartError},
+    plan::plan,
+    recovery,
+    state::DeploymentState,
 };
-
-/// Most constructor retries before DEPLOY_FAILED (Ray's
-/// `MAX_DEPLOYMENT_CONSTRUCTOR_RETRY_COUNT`); the limit is min(this, 3 x target).
-pub const MAX_CONSTRUCTOR_RETRIES: u32 = 20;
-/// First constructor retry delay; doubles per failure up to [`MAX_BACKOFF`].
-pub const FIRST_BACKOFF: Duration = Duration::from_millis(100);
-/// Longest retry delay below the retry limit.
-pub const MAX_BACKOFF: Duration = Duration::from_secs(5);
-/// Retry delay once DEPLOY_FAILED ("keeps retrying slowly").
-pub const FAILED_BACKOFF: Duration = Duration::from_secs(30);
-/// Retry delay when no node has room.
-pub const PLACEMENT_RETRY: Duration = Duration::from_secs(1);
-/// How long a re-adopting actor waits for a replica to describe itself.
-const OBSERVE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Everything a DeploymentActor needs; a restarted one gets the same.
 #[derive(Clone)]
@@ -63,206 +40,22 @@ pub struct DeploymentArgs {
 /// The deployment actor.
 pub struct DeploymentActor;
 
-struct Replica {
-    actor: ActorRef<ReplicaMsg>,
-    state: ReplicaState,
-    version: DeploymentVersion,
-    endpoint: Option<Arc<ReplicaEndpoint>>,
-    node: String,
-}
-
-/// The DeploymentActor's state.
-pub struct DeploymentState {
-    args: DeploymentArgs,
-    version: DeploymentVersion,
-    route: Arc<DeploymentRoute>,
-    replicas: BTreeMap<ReplicaId, Replica>,
-    by_actor: HashMap<ActorId, ReplicaId>,
-    status: DeploymentStatusInfo,
-    reported: Option<(u64, DeploymentStatusInfo)>,
-    failures: u32,
-    has_started: bool,
-    backoff: Option<JoinHandle<()>>,
-    shutdown: Vec<RpcReplyPort<()>>,
-}
-
-impl DeploymentState {
-    fn target_count(&self) -> u32 {
-        if self.args.target.deleting || !self.shutdown.is_empty() {
-            0
-        } else {
-            self.args.target.replicas
-        }
-    }
-
-    fn retry_limit(&self) -> u32 {
-        MAX_CONSTRUCTOR_RETRIES.min(3 * self.args.target.replicas.max(1))
-    }
-
-    fn set_state(&mut self, id: ReplicaId, to: ReplicaState) {
-        if let Some(r) = self.replicas.get_mut(&id)
-            && r.state != to
-        {
-            info!(app = %self.args.app, deployment = %self.args.target.spec.name,
-                replica = %id, from = %r.state, to = %to, "replica state");
-            r.state = to;
-        }
-    }
-
-    fn forget(&mut self, id: ReplicaId) {
-        if let Some(r) = self.replicas.remove(&id) {
-            self.by_actor.remove(&r.actor.get_id());
-            self.args.cluster.release(id);
-        }
-    }
-
-    fn publish(&self) {
-        let set = self
-            .replicas
-            .values()
-            .filter(|r| matches!(r.state, ReplicaState::Running | ReplicaState::Updating))
-            .filter_map(|r| r.endpoint.clone())
-            .filter(|e| e.is_accepting())
-            .collect();
-        self.route.publish(set);
-    }
-
-    fn report(&mut self) {
-        let cur = (self.args.target.generation, self.status.clone());
-        if self.reported.as_ref() != Some(&cur) {
-            self.reported = Some(cur);
-            (self.args.reporter)(DeploymentEvent::Status {
-                name: self.args.target.spec.name.clone(),
-                generation: self.args.target.generation,
-                status: self.status.clone(),
-            });
-        }
-    }
-
-    fn transition(&mut self, trigger: DeploymentTrigger, message: String) {
-        let from = self.status.status;
-        if self.status.handle(trigger, message) && from != self.status.status {
-            info!(app = %self.args.app, deployment = %self.args.target.spec.name,
-                from = %from, to = %self.status.status, message = %self.status.message,
-                "deployment status");
-        }
-    }
-
-    fn snapshot(&self) -> DeploymentSnapshot {
-        DeploymentSnapshot {
-            target: self.args.target.clone(),
-            status: self.status.clone(),
-            replicas: self
-                .replicas
-                .iter()
-                .map(|(id, r)| ReplicaInfo {
-                    id: *id,
-                    state: r.state,
-                    version: r.version.clone(),
-                    node: r.node.clone(),
-                })
-                .collect(),
-            startup_failures: self.failures,
-        }
-    }
-
-    fn reporter_for_replicas(&self) -> ReplicaReporter {
-        let name = naming::deployment(&self.args.ns, &self.args.app, &self.args.target.spec.name);
-        Arc::new(move |id, event| {
-            if let Some(me) = ActorRef::<DeploymentMsg>::where_is(name.clone()) {
-                let _ = me.cast(DeploymentMsg::Replica(id, event));
-            }
-        })
-    }
-}
-
-fn phase_state(p: ReplicaPhase) -> ReplicaState {
-    match p {
-        ReplicaPhase::Starting => ReplicaState::Starting,
-        ReplicaPhase::Running => ReplicaState::Running,
-        ReplicaPhase::Updating => ReplicaState::Updating,
-        ReplicaPhase::Stopping => ReplicaState::Stopping,
+/// Whether `new` differs from `old` by at most a fixed replica count (Ray's
+/// "scaled copy": a MANUALLY_INCREASE/DECREASE, not a CONFIG_UPDATE).
+fn scaled_copy(old: &DeploymentSpec, new: &DeploymentSpec) -> bool {
+    if let (ReplicaCount::Fixed(_), ReplicaCount::Fixed(n)) =
+        (&old.config.num_replicas, &new.config.num_replicas)
+    {
+        let mut same_count = old.clone();
+        same_count.config.num_replicas = ReplicaCount::Fixed(*n);
+        same_count == *new
+    } else {
+        old == new
     }
 }
 
 impl DeploymentActor {
-    /// Find the living replicas of this deployment (their process group) and learn
-    /// their state: a restarted DeploymentActor starts from what is alive.
-    async fn adopt(myself: &ActorRef<DeploymentMsg>, state: &mut DeploymentState) {
-        let a = &state.args;
-        let group = naming::replica_group(&a.ns, &a.app, &a.target.spec.name);
-        for cell in ractor::pg::get_members(&group) {
-            let r: ActorRef<ReplicaMsg> = cell.clone().into();
-            let Ok(CallResult::Success(snap)) =
-                r.call(ReplicaMsg::Observe, Some(OBSERVE_TIMEOUT)).await
-            else {
-                continue;
-            };
-            myself.get_cell().monitor(cell.clone());
-            info!(app = %state.args.app, deployment = %state.args.target.spec.name,
-                replica = %snap.id, phase = ?snap.phase, "re-adopted living replica");
-            state.by_actor.insert(cell.get_id(), snap.id);
-            state.replicas.insert(
-                snap.id,
-                Replica {
-                    actor: r,
-                    state: phase_state(snap.phase),
-                    version: snap.version,
-                    endpoint: snap.endpoint,
-                    node: snap.node,
-                },
-            );
-        }
-    }
-
-    async fn start_replica(
-        myself: &ActorRef<DeploymentMsg>,
-        state: &mut DeploymentState,
-    ) -> Result<(), String> {
-        let id = ReplicaId::fresh();
-        let a = &state.args;
-        let node = a
-            .cluster
-            .place(id, &a.target.spec.config.resources)
-            .map_err(|r| r.to_string())?;
-        let args = ReplicaArgs {
-            id,
-            app: a.app.clone(),
-            deployment: a.target.spec.name.clone(),
-            spec: a.target.spec.clone(),
-            registry: a.registry.clone(),
-            directory: a.directory.clone(),
-            route: state.route.clone(),
-            reporter: state.reporter_for_replicas(),
-            group: naming::replica_group(&a.ns, &a.app, &a.target.spec.name),
-            node: node.clone(),
-        };
-        let name = naming::replica(&a.ns, &a.app, &a.target.spec.name, id.0);
-        match Actor::spawn(Some(name), ReplicaActor, args).await {
-            Ok((actor, _)) => {
-                myself.get_cell().monitor(actor.get_cell());
-                state.by_actor.insert(actor.get_id(), id);
-                state.replicas.insert(
-                    id,
-                    Replica {
-                        actor,
-                        state: ReplicaState::Starting,
-                        version: state.version.clone(),
-                        endpoint: None,
-                        node,
-                    },
-                );
-                info!(app = %state.args.app, deployment = %state.args.target.spec.name,
-                    replica = %id, "replica -> STARTING");
-                Ok(())
-            }
-            Err(e) => {
-                state.args.cluster.release(id);
-                Err(format!("could not spawn replica actor: {e}"))
-            }
-        }
-    }
-
+    /// Hold replica starts back for `after` (constructor backoff).
     fn schedule_retry(
         myself: &ActorRef<DeploymentMsg>,
         state: &mut DeploymentState,
@@ -277,24 +70,40 @@ impl DeploymentActor {
         }
     }
 
+    /// Arm the slow-start timer for the next moment a warning may be due.
+    fn arm_slow_timer(myself: &ActorRef<DeploymentMsg>, state: &mut DeploymentState) {
+        let Some(due) = state.slow_start_due() else {
+            if let Some((_, t)) = state.slow.timer.take() {
+                t.abort();
+            }
+            state.clear_slow_message();
+            return;
+        };
+        if state.slow.timer.as_ref().is_some_and(|(at, _)| *at <= due) {
+            // An earlier check is armed; it re-arms for this one.
+            return;
+        }
+        if let Some((_, t)) = state.slow.timer.take() {
+            t.abort();
+        }
+        let me = myself.clone();
+        let timer = tokio::spawn(async move {
+            tokio::time::sleep_until(due).await;
+            let _ = me.cast(DeploymentMsg::SlowStartCheck);
+        });
+        state.slow.timer = Some((due, timer));
+    }
+
     /// One reconcile step (level-triggered: safe to run after any event).
     async fn reconcile(myself: &ActorRef<DeploymentMsg>, state: &mut DeploymentState) {
-        let views: Vec<ReplicaView> = state
-            .replicas
-            .iter()
-            .map(|(id, r)| ReplicaView {
-                id: *id,
-                state: r.state,
-                version: r.version.clone(),
-            })
-            .collect();
         let target = state.target_count();
+        let can_start = state.backoff.is_none();
         let p = plan(
             target,
             &state.version,
             state.args.target.spec.config.rollout,
-            &views,
-            state.backoff.is_none(),
+            &state.views(),
+            can_start,
         );
         for id in p.reconfigure {
             if let Some(r) = state.replicas.get(&id) {
@@ -302,54 +111,64 @@ impl DeploymentActor {
                     state.args.target.spec.clone(),
                 )));
             }
-            state.set_state(id, ReplicaState::Updating);
+            state.set_state(
+                id,
+                ReplicaState::Updating,
+                "config changed: reconfigure in place",
+            );
         }
         for (id, graceful) in p.stop {
-            if let Some(r) = state.replicas.get(&id) {
-                let _ = r.actor.cast(ReplicaMsg::Stop { graceful });
-            }
-            state.set_state(id, ReplicaState::Stopping);
+            let why = if target == 0 {
+                "no replica wanted (deleting or scaled to zero)"
+            } else if !state.at_target_code(id) {
+                "outdated code version (rolling update)"
+            } else {
+                "more replicas than the target (scale-down)"
+            };
+            state.stop(id, graceful, why);
         }
-        for _ in 0..p.start {
-            if let Err(why) = Self::start_replica(myself, state).await {
-                warn!(app = %state.args.app, deployment = %state.args.target.spec.name,
-                    %why, "replica pending");
-                if state.status.status != DeploymentStatus::DeployFailed {
-                    state.status.message = format!("replicas pending: {why}");
+        if p.start > 0 {
+            // Armed before trying, so capacity freed while we try still wakes us.
+            state.set_wants_capacity(true);
+        }
+        let mut refused = None;
+        for i in 0..p.start {
+            match placement::start_replica(myself, state).await {
+                Ok(()) => {}
+                Err(StartError::NoRoom(refusal)) => {
+                    refused = Some((p.start - i, refusal.to_string()));
+                    break;
                 }
-                Self::schedule_retry(myself, state, PLACEMENT_RETRY);
-                break;
+                Err(StartError::Spawn(id, error)) => {
+                    warn!(app = %state.args.app, deployment = %state.args.target.spec.name,
+                        replica = %id, %error, "replica not started");
+                    let delay = state.record_startup_failure(id, &error);
+                    Self::schedule_retry(myself, state, delay);
+                    break;
+                }
+            }
+        }
+        if can_start {
+            match refused {
+                Some((n, why)) => {
+                    state.set_pending(n, why);
+                    if !state.evented_cluster && state.placement_timer.is_none() {
+                        let me = myself.clone();
+                        state.placement_timer = Some(tokio::spawn(async move {
+                            tokio::time::sleep(PLACEMENT_RETRY).await;
+                            let _ = me.cast(DeploymentMsg::PlacementRetry);
+                        }));
+                    }
+                }
+                None => state.set_pending(0, String::new()),
             }
         }
         state.publish();
-        Self::update_status(state);
+        state.update_status();
+        Self::arm_slow_timer(myself, state);
         state.report();
         if target == 0 && state.replicas.is_empty() {
             Self::finish(myself, state);
-        }
-    }
-
-    fn update_status(state: &mut DeploymentState) {
-        if state.args.target.deleting || !state.shutdown.is_empty() {
-            return;
-        }
-        let at_target = state
-            .replicas
-            .values()
-            .filter(|r| r.state == ReplicaState::Running && r.version == state.version)
-            .count() as u32;
-        let others = state
-            .replicas
-            .values()
-            .filter(|r| r.state != ReplicaState::Stopping)
-            .count() as u32
-            - at_target;
-        if at_target > 0 {
-            state.has_started = true;
-        }
-        if at_target == state.args.target.replicas && others == 0 {
-            state.failures = 0;
-            state.transition(DeploymentTrigger::Healthy, String::new());
         }
     }
 
@@ -373,7 +192,7 @@ impl DeploymentActor {
 
     fn set_target(state: &mut DeploymentState, target: DeploymentTarget) {
         let old = &state.args.target;
-        let spec_changed = old.spec != target.spec;
+        let spec_changed = !scaled_copy(&old.spec, &target.spec);
         let (from, to) = (old.replicas, target.replicas);
         let deleting = target.deleting && !old.deleting;
         let undeleting = !target.deleting && old.deleting;
@@ -383,66 +202,112 @@ impl DeploymentActor {
         state.version = target.spec.version();
         state.args.target = target;
         if deleting {
-            state.transition(DeploymentTrigger::Delete, String::new());
+            state.transition(DeploymentTrigger::Delete, String::new(), None);
         } else if spec_changed || undeleting {
+            // A new spec starts with a clean slate: no failures, no backoff.
             state.failures = 0;
             state.has_started = false;
-            state.transition(DeploymentTrigger::ConfigUpdate, String::new());
+            if let Some(t) = state.backoff.take() {
+                t.abort();
+            }
+            state.transition(DeploymentTrigger::ConfigUpdate, String::new(), None);
         } else if to > from {
             state.transition(
                 DeploymentTrigger::ManuallyIncrease,
                 format!("Upscaling from {from} to {to} replicas."),
+                None,
             );
         } else if to < from {
             state.transition(
                 DeploymentTrigger::ManuallyDecrease,
                 format!("Downscaling from {from} to {to} replicas."),
+                None,
             );
         }
     }
 
+    /// A replica failed to start: forget it, count it (unless it was outdated) and
+    /// back off before starting another.
     fn on_start_failed(
         myself: &ActorRef<DeploymentMsg>,
         state: &mut DeploymentState,
         id: ReplicaId,
         error: String,
     ) {
-        let stale = state
-            .replicas
-            .get(&id)
-            .is_some_and(|r| r.version.code != state.version.code);
-        state.forget(id);
+        let stale = !state.at_target_code(id);
+        state.forget(id, &format!("failed to start: {error}"));
         if stale || state.target_count() == 0 {
             return;
         }
-        state.failures += 1;
-        let limit = state.retry_limit();
-        let name = &state.args.target.spec.name;
-        if state.failures >= limit && !state.has_started {
-            state.transition(
-                DeploymentTrigger::ReplicaStartupFailed,
-                format!(
-                    "The deployment '{name}' failed to start a replica {} times (retry limit {limit}); still retrying every {}s. Last error: {error}",
-                    state.failures,
-                    FAILED_BACKOFF.as_secs()
-                ),
-            );
-            Self::schedule_retry(myself, state, FAILED_BACKOFF);
-        } else {
-            if matches!(
-                state.status.status,
-                DeploymentStatus::Updating
-                    | DeploymentStatus::Upscaling
-                    | DeploymentStatus::Downscaling
-            ) {
-                state.status.message = format!(
-                    "A replica failed to start ({} of {limit} retries used). Error: {error}",
-                    state.failures
-                );
+        let delay = state.record_startup_failure(id, &error);
+        Self::schedule_retry(myself, state, delay);
+    }
+
+    fn on_replica_event(
+        myself: &ActorRef<DeploymentMsg>,
+        state: &mut DeploymentState,
+        id: ReplicaId,
+        event: ReplicaEvent,
+    ) {
+        if !state.replicas.contains_key(&id) {
+            // A replica we never heard of: started by a predecessor that crashed
+            // between spawn and group join; adopt it by name.
+            let a = &state.args;
+            let name = naming::replica(&a.ns, &a.app, &a.target.spec.name, id.0);
+            match ractor::registry::where_is(name) {
+                Some(cell) => recovery::adopt(myself, state, id, cell),
+                None => return,
             }
-            let exp = state.failures.saturating_sub(1).min(16);
-            let delay = FIRST_BACKOFF.saturating_mul(1 << exp).min(MAX_BACKOFF);
-            Self::schedule_retry(myself, state, delay);
+        }
+        let current = state.replicas.get(&id).map(|r| r.state);
+        match event {
+            ReplicaEvent::Ready { endpoint, version } => {
+                if matches!(
+                    current,
+                    Some(ReplicaState::Starting | ReplicaState::Recovering)
+                ) {
+                    if let Some(r) = state.replicas.get_mut(&id) {
+                        r.endpoint = Some(endpoint);
+                        r.version = version;
+                    }
+                    state.set_state(id, ReplicaState::Running, "constructed and healthy");
+                }
+            }
+            ReplicaEvent::Reconfigured { version } => {
+                if let Some(r) = state.replicas.get_mut(&id)
+                    && r.state != ReplicaState::Stopping
+                {
+                    r.version = version;
+                }
+                if matches!(
+                    current,
+                    Some(ReplicaState::Updating | ReplicaState::Recovering)
+                ) {
+                    state.set_state(id, ReplicaState::Running, "reconfigured in place");
+                }
+            }
+            ReplicaEvent::StartFailed { error } => {
+                Self::on_start_failed(myself, state, id, error);
+            }
+            ReplicaEvent::Unhealthy { reason } => {
+                if current == Some(ReplicaState::Stopping) {
+                    return;
+                }
+                let at_target = state.at_target_code(id);
+                state.stop(id, true, &reason);
+                state.replica_lost(id, at_target, &reason);
+            }
+            ReplicaEvent::ReconfigureFailed { error } => {
+                if current == Some(ReplicaState::Stopping) {
+                    return;
+                }
+                let at_target = state.at_target_code(id);
+                state.stop(id, true, &error);
+                if at_target && state.target_count() > 0 {
+                    let delay = state.record_startup_failure(id, &error);
+                    Self::schedule_retry(myself, state, delay);
+                }
+            }
         }
     }
 }
@@ -463,23 +328,7 @@ impl Actor for DeploymentActor {
         );
         let route = args.directory.route(&args.app, &args.target.spec.name);
         route.set_max_queued(args.target.spec.config.max_queued_requests);
-        let mut status = DeploymentStatusInfo::default();
-        if args.target.deleting {
-            status.handle(DeploymentTrigger::Delete, "");
-        }
-        Ok(DeploymentState {
-            version: args.target.spec.version(),
-            args,
-            route,
-            replicas: BTreeMap::new(),
-            by_actor: HashMap::new(),
-            status,
-            reported: None,
-            failures: 0,
-            has_started: false,
-            backoff: None,
-            shutdown: Vec::new(),
-        })
+        Ok(DeploymentState::new(args, route))
     }
 
     async fn post_start(
@@ -487,7 +336,8 @@ impl Actor for DeploymentActor {
         myself: ActorRef<DeploymentMsg>,
         state: &mut DeploymentState,
     ) -> Result<(), ActorProcessingErr> {
-        Self::adopt(&myself, state).await;
+        placement::subscribe(&myself, state);
+        recovery::adopt_all(&myself, state);
         Self::reconcile(&myself, state).await;
         Ok(())
     }
@@ -500,76 +350,32 @@ impl Actor for DeploymentActor {
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             DeploymentMsg::SetTarget(target) => {
-                if *target != state.args.target {
-                    Self::set_target(state, *target);
+                if *target == state.args.target {
+                    // The same target twice changes nothing.
+                    return Ok(());
                 }
+                Self::set_target(state, *target);
             }
             DeploymentMsg::Replica(id, event) => {
-                if !state.replicas.contains_key(&id) {
-                    // A replica we never heard of: started by a predecessor that
-                    // crashed between spawn and group join; adopt it by name.
-                    let a = &state.args;
-                    let name = naming::replica(&a.ns, &a.app, &a.target.spec.name, id.0);
-                    if let Some(cell) = ractor::registry::where_is(name) {
-                        Self::adopt_one(&myself, state, id, cell);
-                    } else {
-                        return Ok(());
-                    }
-                }
-                match event {
-                    ReplicaEvent::Ready { endpoint, version } => {
-                        if let Some(r) = state.replicas.get_mut(&id) {
-                            r.endpoint = Some(endpoint);
-                            r.version = version;
-                        }
-                        if state
-                            .replicas
-                            .get(&id)
-                            .is_some_and(|r| r.state == ReplicaState::Starting)
-                        {
-                            state.set_state(id, ReplicaState::Running);
-                        }
-                    }
-                    ReplicaEvent::Reconfigured { version } => {
-                        if let Some(r) = state.replicas.get_mut(&id) {
-                            r.version = version;
-                        }
-                        if state
-                            .replicas
-                            .get(&id)
-                            .is_some_and(|r| r.state == ReplicaState::Updating)
-                        {
-                            state.set_state(id, ReplicaState::Running);
-                        }
-                    }
-                    ReplicaEvent::StartFailed { error } => {
-                        Self::on_start_failed(&myself, state, id, error);
-                    }
-                    ReplicaEvent::Unhealthy { reason } => {
-                        let at_target = state
-                            .replicas
-                            .get(&id)
-                            .is_some_and(|r| r.version.code == state.version.code);
-                        if let Some(r) = state.replicas.get(&id) {
-                            let _ = r.actor.cast(ReplicaMsg::Stop { graceful: true });
-                        }
-                        state.set_state(id, ReplicaState::Stopping);
-                        if at_target && state.target_count() > 0 {
-                            state.transition(DeploymentTrigger::HealthCheckFailed, reason);
-                        }
-                    }
-                }
+                Self::on_replica_event(&myself, state, id, event);
             }
-            DeploymentMsg::Retry => {
-                state.backoff = None;
+            DeploymentMsg::Retry => state.backoff = None,
+            DeploymentMsg::PlacementRetry => state.placement_timer = None,
+            DeploymentMsg::Recovered(id, snap) => recovery::recovered(state, id, snap),
+            DeploymentMsg::Cluster(ClusterEvent::CapacityFreed) => {}
+            DeploymentMsg::Cluster(ClusterEvent::NodeDied(node)) => {
+                placement::node_died(state, &node);
+            }
+            DeploymentMsg::ClusterResync => placement::resync(state),
+            DeploymentMsg::SlowStartCheck => {
+                state.slow.timer = None;
+                state.check_slow_start(Instant::now());
             }
             DeploymentMsg::Observe(reply) => {
                 let _ = reply.send(state.snapshot());
                 return Ok(());
             }
-            DeploymentMsg::Shutdown(reply) => {
-                state.shutdown.push(reply);
-            }
+            DeploymentMsg::Shutdown(reply) => state.shutdown.push(reply),
         }
         Self::reconcile(&myself, state).await;
         Ok(())
@@ -589,22 +395,23 @@ impl Actor for DeploymentActor {
         let Some(id) = state.by_actor.get(&cell.get_id()).copied() else {
             return Ok(());
         };
-        let starting = state
-            .replicas
-            .get(&id)
-            .is_some_and(|r| r.state == ReplicaState::Starting);
+        let was = state.replicas.get(&id).map(|r| r.state);
         match why {
             // It died before it ever ran: a startup failure, counted and backed off.
-            Some(why) if starting => {
+            Some(why) if was == Some(ReplicaState::Starting) || why.starts_with(START_FAILED) => {
                 let error = why.strip_prefix(START_FAILED).unwrap_or(&why).to_owned();
                 Self::on_start_failed(&myself, state, id, error);
             }
             Some(why) => {
                 warn!(app = %state.args.app, deployment = %state.args.target.spec.name,
                     replica = %id, %why, "replica exited");
-                state.forget(id);
+                let at_target = state.at_target_code(id);
+                state.forget(id, &why);
+                if was != Some(ReplicaState::Stopping) {
+                    state.replica_lost(id, at_target, &format!("Replica {id} crashed: {why}"));
+                }
             }
-            None => state.forget(id),
+            None => state.forget(id, "stopped"),
         }
         Self::reconcile(&myself, state).await;
         Ok(())
@@ -615,31 +422,16 @@ impl Actor for DeploymentActor {
         _myself: ActorRef<DeploymentMsg>,
         state: &mut DeploymentState,
     ) -> Result<(), ActorProcessingErr> {
-        if let Some(t) = state.backoff.take() {
+        state.set_wants_capacity(false);
+        let timers = [
+            state.backoff.take(),
+            state.placement_timer.take(),
+            state.slow.timer.take().map(|(_, t)| t),
+            state.cluster_task.take(),
+        ];
+        for t in timers.into_iter().flatten() {
             t.abort();
         }
         Ok(())
-    }
-}
-
-impl DeploymentActor {
-    fn adopt_one(
-        myself: &ActorRef<DeploymentMsg>,
-        state: &mut DeploymentState,
-        id: ReplicaId,
-        cell: ActorCell,
-    ) {
-        myself.get_cell().monitor(cell.clone());
-        state.by_actor.insert(cell.get_id(), id);
-        state.replicas.insert(
-            id,
-            Replica {
-                actor: cell.into(),
-                state: ReplicaState::Starting,
-                version: state.version.clone(),
-                endpoint: None,
-                node: String::new(),
-            },
-        );
     }
 }

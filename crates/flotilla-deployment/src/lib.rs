@@ -6,18 +6,38 @@
 //! panic, stopping replicas gracefully, publishing the running set to the
 //! deployment's route, and deriving the deployment status.
 //!
+//! Replica states change in one place (`DeploymentState::set_state`, logged); the
+//! reconcile step is the pure [`plan::plan`]; [`observe`] reads a deployment's
+//! [`DeploymentSnapshot`] (replicas counted by state and version) for the status
+//! API. [`StaticCluster`] is a fixed set of nodes with resources, spread placement
+//! and node deaths, for tests and the simulator.
+//!
 //! It must not write the checkpoint (durable decisions go to the Controller as
 //! messages) and must not hold its replicas by a link: replicas outlive a crash of
 //! this actor, and its successor re-adopts them through their process group.
 
 mod actor;
+pub mod autoscale;
 mod cluster;
 mod messages;
+mod observe;
+mod placement;
 pub mod plan;
+mod recovery;
+mod state;
+mod static_cluster;
+mod status;
 
 pub use actor::{DeploymentActor, DeploymentArgs};
-pub use cluster::{Cluster, LocalCluster, NodeId, Refusal};
+pub use cluster::{Cluster, ClusterEvent, LocalCluster, NodeId, PlacementRequest, Refusal};
 pub use messages::{
     DeploymentEvent, DeploymentMsg, DeploymentReporter, DeploymentSnapshot, DeploymentTarget,
-    ReplicaInfo,
+    ReplicaInfo, StateCount,
+};
+pub use observe::observe;
+pub use placement::PLACEMENT_RETRY;
+pub use recovery::RECOVER_TIMEOUT;
+pub use static_cluster::{NodeSpec, StaticCluster};
+pub use status::{
+    FAILED_BACKOFF, FIRST_BACKOFF, MAX_BACKOFF, MAX_CONSTRUCTOR_RETRIES, SLOW_START, backoff,
 };

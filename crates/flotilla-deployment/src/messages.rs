@@ -5,8 +5,10 @@ use std::sync::Arc;
 use flotilla_core::{
     DeploymentName, DeploymentSpec, DeploymentStatusInfo, DeploymentVersion, ReplicaState,
 };
-use flotilla_replica::{ReplicaEvent, ReplicaId};
+use flotilla_replica::{ReplicaEvent, ReplicaId, ReplicaSnapshot};
 use ractor::RpcReplyPort;
+
+use crate::ClusterEvent;
 
 /// A deployment's target, as its ApplicationActor sets it.
 #[derive(Debug, Clone, PartialEq)]
@@ -58,17 +60,64 @@ pub struct ReplicaInfo {
     pub node: String,
 }
 
+/// How many replicas are in one state at one version.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateCount {
+    /// The state.
+    pub state: ReplicaState,
+    /// The version.
+    pub version: DeploymentVersion,
+    /// How many replicas.
+    pub count: u32,
+}
+
 /// A DeploymentActor's state, for tests and the status API.
 #[derive(Debug, Clone)]
 pub struct DeploymentSnapshot {
     /// The target.
     pub target: DeploymentTarget,
+    /// The target version.
+    pub version: DeploymentVersion,
     /// The status.
     pub status: DeploymentStatusInfo,
-    /// Every replica it owns.
+    /// Every replica it owns, oldest first.
     pub replicas: Vec<ReplicaInfo>,
+    /// Replica counts by (state, version), sorted by state then version.
+    pub counts: Vec<StateCount>,
+    /// Replicas wanted but not placed: no node has room for them.
+    pub pending: u32,
+    /// Why they are not placed (the cluster's refusal), if any are pending.
+    pub pending_reason: Option<String>,
     /// Consecutive constructor failures.
     pub startup_failures: u32,
+}
+
+impl DeploymentSnapshot {
+    /// Replicas in `state`, at any version.
+    pub fn count(&self, state: ReplicaState) -> u32 {
+        self.counts
+            .iter()
+            .filter(|c| c.state == state)
+            .map(|c| c.count)
+            .sum()
+    }
+
+    /// Replicas in `state` at exactly `version`.
+    pub fn count_at(&self, state: ReplicaState, version: &DeploymentVersion) -> u32 {
+        self.counts
+            .iter()
+            .filter(|c| c.state == state && &c.version == version)
+            .map(|c| c.count)
+            .sum()
+    }
+
+    /// Replicas not stopping (the ones that count toward the target).
+    pub fn live(&self) -> u32 {
+        self.replicas
+            .iter()
+            .filter(|r| r.state != ReplicaState::Stopping)
+            .count() as u32
+    }
 }
 
 /// Messages to a DeploymentActor.
@@ -78,8 +127,18 @@ pub enum DeploymentMsg {
     SetTarget(Box<DeploymentTarget>),
     /// An event from one of its replicas.
     Replica(ReplicaId, ReplicaEvent),
-    /// Internal: a backoff or placement retry timer fired.
+    /// Internal: the constructor backoff timer fired.
     Retry,
+    /// Internal: the placement retry timer fired (clusters without events only).
+    PlacementRetry,
+    /// Internal: a RECOVERING replica described itself (`None`: it did not answer).
+    Recovered(ReplicaId, Option<Box<ReplicaSnapshot>>),
+    /// Internal: an event of the cluster (capacity freed, node died).
+    Cluster(ClusterEvent),
+    /// Internal: the cluster subscription lagged; re-check every replica's node.
+    ClusterResync,
+    /// Internal: the slow-start timer fired.
+    SlowStartCheck,
     /// Reply with a snapshot.
     Observe(RpcReplyPort<DeploymentSnapshot>),
     /// Stop every replica gracefully, reply when all are gone, then stop.

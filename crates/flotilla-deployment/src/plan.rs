@@ -2,6 +2,8 @@
 //! are, decide which replicas to start, stop and reconfigure. Level-triggered: the
 //! same input always gives the same plan, so it can run after any event or crash.
 
+use std::collections::HashMap;
+
 use flotilla_core::{DeploymentVersion, ReplicaState, RolloutConfig};
 use flotilla_replica::ReplicaId;
 
@@ -14,6 +16,8 @@ pub struct ReplicaView {
     pub state: ReplicaState,
     /// The version it runs.
     pub version: DeploymentVersion,
+    /// The node it was placed on ("" while unknown).
+    pub node: String,
 }
 
 /// What to do now.
@@ -29,14 +33,18 @@ pub struct Plan {
 
 /// Plan one step toward `target` replicas at `version`.
 ///
-/// - With no outdated code: start or stop the difference. On scale-down, replicas
-///   not yet RUNNING go first, then the newest.
-/// - With outdated code (a roll): new replicas start first, at most
+/// - With no outdated code: start or stop the difference. On scale-down (Ray's
+///   scheduler order), replicas not yet RUNNING go first, then those on the nodes
+///   holding the fewest replicas of this deployment (to empty nodes), then the newest.
+/// - With outdated code (a roll): a pending scale-down finishes first: while more
+///   outdated replicas live or stop than the target, outdated ones are stopped and
+///   nothing new starts. Then new replicas start first, at most
 ///   `rollout.step(target)` above the target (surge); an outdated replica stops only
 ///   once enough new ones RUNNING replace it, so serving capacity never drops below
-///   the target. A pending scale-down finishes first (nothing starts while more
-///   than target + surge replicas live).
-/// - `can_start` false (constructor backoff, no room) holds starts back.
+///   the target.
+/// - Only RUNNING replicas take a config change in place (`reconfigure`); a STARTING
+///   one is reconfigured once it runs.
+/// - `can_start` false (constructor backoff) holds starts back.
 pub fn plan(
     target: u32,
     version: &DeploymentVersion,
@@ -49,8 +57,13 @@ pub fn plan(
         .filter(|r| r.state != ReplicaState::Stopping)
         .collect();
     let (new, old): (Vec<&ReplicaView>, Vec<&ReplicaView>) = live
-        .into_iter()
+        .iter()
+        .copied()
         .partition(|r| r.version.code == version.code);
+    let old_stopping = replicas
+        .iter()
+        .filter(|r| r.state == ReplicaState::Stopping && r.version.code != version.code)
+        .count() as u32;
     let new_running = new
         .iter()
         .filter(|r| r.state == ReplicaState::Running)
@@ -69,7 +82,7 @@ pub fn plan(
         if new_live < target {
             out.start = if can_start { target - new_live } else { 0 };
         } else {
-            out.stop = stop_order(&new, (new_live - target) as usize);
+            out.stop = stop_order(&new, &live, (new_live - target) as usize);
         }
         return out;
     }
@@ -77,30 +90,59 @@ pub fn plan(
     // A roll is under way.
     let surge = rollout.step(target);
     let total = new_live + old_live;
+    let scaling_down = old_live + old_stopping > target;
     if new_live > target {
         out.stop
-            .extend(stop_order(&new, (new_live - target) as usize));
+            .extend(stop_order(&new, &live, (new_live - target) as usize));
     }
-    if can_start && new_live < target && total < target + surge {
+    if can_start && !scaling_down && new_live < target && total < target + surge {
         out.start = (target - new_live).min(target + surge - total);
     }
     // Old replicas allowed to stay: what the running new ones do not yet replace.
     let keep_old = target.saturating_sub(new_running);
     if old_live > keep_old {
         out.stop
-            .extend(stop_order(&old, (old_live - keep_old) as usize));
+            .extend(stop_order(&old, &live, (old_live - keep_old) as usize));
     }
     out
 }
 
-/// The `n` replicas to stop first: not yet RUNNING ones, then the newest.
-fn stop_order(replicas: &[&ReplicaView], n: usize) -> Vec<(ReplicaId, bool)> {
-    let mut v: Vec<&&ReplicaView> = replicas.iter().collect();
-    v.sort_by_key(|r| (r.state == ReplicaState::Running, std::cmp::Reverse(r.id)));
-    v.into_iter()
-        .take(n)
-        .map(|r| (r.id, r.state == ReplicaState::Running))
-        .collect()
+/// The `n` of `candidates` to stop first: not yet RUNNING ones, then those on the
+/// node with the fewest live replicas of the deployment (counted over `live`, and
+/// recounted after each pick so a node is emptied before another is touched), then
+/// the newest. Replicas that may serve (RUNNING, UPDATING, RECOVERING) stop
+/// gracefully; STARTING ones at once.
+fn stop_order(
+    candidates: &[&ReplicaView],
+    live: &[&ReplicaView],
+    n: usize,
+) -> Vec<(ReplicaId, bool)> {
+    let mut per_node: HashMap<&str, usize> = HashMap::new();
+    for r in live {
+        *per_node.entry(r.node.as_str()).or_insert(0) += 1;
+    }
+    let mut left: Vec<&ReplicaView> = candidates.to_vec();
+    let mut out = Vec::with_capacity(n.min(left.len()));
+    for _ in 0..n {
+        let best = left
+            .iter()
+            .enumerate()
+            .min_by_key(|(_, r)| {
+                (
+                    r.state == ReplicaState::Running,
+                    per_node.get(r.node.as_str()).copied().unwrap_or(0),
+                    std::cmp::Reverse(r.id),
+                )
+            })
+            .map(|(i, _)| i);
+        let Some(i) = best else { break };
+        let r = left.swap_remove(i);
+        if let Some(c) = per_node.get_mut(r.node.as_str()) {
+            *c = c.saturating_sub(1);
+        }
+        out.push((r.id, r.state != ReplicaState::Starting));
+    }
+    out
 }
 
 #[cfg(test)]
@@ -117,10 +159,15 @@ mod tests {
     }
 
     fn r(id: u64, state: ReplicaState, code: &str) -> ReplicaView {
+        on(id, state, code, "local")
+    }
+
+    fn on(id: u64, state: ReplicaState, code: &str, node: &str) -> ReplicaView {
         ReplicaView {
             id: ReplicaId(id),
             state,
             version: v(code),
+            node: node.into(),
         }
     }
 
@@ -207,6 +254,46 @@ mod tests {
         // 8 old must go before anything new starts (2 kept to serve).
         assert_eq!(p.start, 0);
         assert_eq!(p.stop.len(), 8);
+    }
+
+    #[test]
+    fn scale_down_waits_for_stopping_outdated_replicas_before_starting_new_ones() {
+        // The 8 extra old replicas are still draining: nothing new may start yet.
+        let mut rs: Vec<_> = (1..=2).map(|i| r(i, Running, "a")).collect();
+        rs.extend((3..=10).map(|i| r(i, Stopping, "a")));
+        let p = plan(2, &v("b"), R, &rs, true);
+        assert_eq!(p, Plan::default());
+        // Once they are gone, the roll starts: one new replica (surge 1).
+        let p = plan(2, &v("b"), R, &rs[..2], true);
+        assert_eq!((p.start, p.stop.len()), (1, 0));
+    }
+
+    #[test]
+    fn scale_down_empties_the_nodes_with_fewest_replicas_first() {
+        // n1 holds the oldest replica alone; n2 holds three; n3 two.
+        let rs = [
+            on(1, Running, "a", "n1"),
+            on(2, Running, "a", "n2"),
+            on(3, Running, "a", "n2"),
+            on(4, Running, "a", "n3"),
+            on(5, Running, "a", "n3"),
+            on(6, Running, "a", "n2"),
+        ];
+        let p = plan(3, &v("a"), R, &rs, true);
+        // n1 first (1 replica), then n3 twice (2, then 1 left): n1 and n3 emptied.
+        assert_eq!(
+            p.stop,
+            vec![
+                (ReplicaId(1), true),
+                (ReplicaId(5), true),
+                (ReplicaId(4), true)
+            ]
+        );
+        // Not-yet-running replicas still go before any node consideration.
+        let mut rs = rs.to_vec();
+        rs[2].state = Starting;
+        let p = plan(5, &v("a"), R, &rs, true);
+        assert_eq!(p.stop, vec![(ReplicaId(3), false)]);
     }
 
     #[test]

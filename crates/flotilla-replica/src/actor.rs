@@ -2,9 +2,10 @@
 //! checks its user code, reconfigures in place, drains gracefully, and reports to
 //! its DeploymentActor through a [`ReplicaReporter`].
 
-use std::sync::Arc;
+use std::{panic::AssertUnwindSafe, sync::Arc};
 
 use flotilla_core::{AppName, DeploymentName, DeploymentSpec, DeploymentVersion};
+use futures::FutureExt;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
@@ -51,6 +52,12 @@ pub enum ReplicaEvent {
     Reconfigured {
         /// The version now running.
         version: DeploymentVersion,
+    },
+    /// The user's `reconfigure` failed (or panicked): the replica must be replaced,
+    /// and its owner counts it as a startup failure (Ray's UPDATING -> FAILED).
+    ReconfigureFailed {
+        /// Why.
+        error: String,
     },
 }
 
@@ -160,11 +167,22 @@ pub struct ReplicaState {
     health_outstanding: bool,
     health_failures: u32,
     condemned: bool,
+    /// A reconfigure that arrived while the constructor ran; applied once running.
+    deferred: Option<Box<DeploymentSpec>>,
 }
 
 impl ReplicaState {
     fn report(&self, event: ReplicaEvent) {
         (self.args.reporter)(self.args.id, event);
+    }
+
+    /// Every phase change goes through here, and is logged.
+    fn set_phase(&mut self, to: ReplicaPhase) {
+        if self.phase != to {
+            info!(app = %self.args.app, deployment = %self.args.deployment,
+                replica = %self.args.id, from = ?self.phase, to = ?to, "replica phase");
+            self.phase = to;
+        }
     }
 
     fn condemn(&mut self, reason: String) {
@@ -248,6 +266,7 @@ impl Actor for ReplicaActor {
             health_outstanding: false,
             health_failures: 0,
             condemned: false,
+            deferred: None,
         })
     }
 
@@ -300,21 +319,22 @@ impl Actor for ReplicaActor {
                             a.route.slot_freed.clone(),
                             myself.clone(),
                         ));
-                        info!(app = %a.app, deployment = %a.deployment, replica = %a.id,
-                            "replica STARTING -> RUNNING");
                         state.user = Some(user);
                         state.endpoint = Some(endpoint.clone());
-                        state.phase = ReplicaPhase::Running;
+                        state.set_phase(ReplicaPhase::Running);
                         state.start_health_timer(&myself);
                         state.report(ReplicaEvent::Ready {
                             endpoint,
                             version: state.version.clone(),
                         });
+                        if let Some(spec) = state.deferred.take() {
+                            let _ = myself.cast(ReplicaMsg::Reconfigure(spec));
+                        }
                     }
                     Err(error) => {
                         warn!(app = %state.args.app, deployment = %state.args.deployment,
                             replica = %state.args.id, %error, "replica failed to start");
-                        state.phase = ReplicaPhase::Stopping;
+                        state.set_phase(ReplicaPhase::Stopping);
                         state.report(ReplicaEvent::StartFailed {
                             error: error.clone(),
                         });
@@ -327,10 +347,9 @@ impl Actor for ReplicaActor {
             }
             ReplicaMsg::Reconfigure(spec) => {
                 let Some(user) = state.user.clone() else {
-                    // Still starting: the constructor already has the newest spec's
-                    // code; take the config so it is used from now on.
-                    state.version = spec.version();
-                    state.args.spec = *spec;
+                    // Still starting: the constructor runs the old config; apply the
+                    // new one (user reconfigure included) once it runs.
+                    state.deferred = Some(spec);
                     return Ok(());
                 };
                 if state.phase == ReplicaPhase::Stopping {
@@ -342,7 +361,7 @@ impl Actor for ReplicaActor {
                     apply_config(&myself, state, *spec);
                     return Ok(());
                 }
-                state.phase = ReplicaPhase::Updating;
+                state.set_phase(ReplicaPhase::Updating);
                 let me = myself.clone();
                 tokio::spawn(async move {
                     let result = match spec.config.user_config.clone() {
@@ -358,10 +377,19 @@ impl Actor for ReplicaActor {
                 }
                 match result {
                     Ok(()) => {
-                        state.phase = ReplicaPhase::Running;
+                        state.set_phase(ReplicaPhase::Running);
                         apply_config(&myself, state, *spec);
                     }
-                    Err(e) => state.condemn(format!("reconfigure failed: {e}")),
+                    Err(e) => {
+                        if !state.condemned {
+                            state.condemned = true;
+                            let error =
+                                format!("replica {} failed to reconfigure: {e}", state.args.id);
+                            warn!(app = %state.args.app, deployment = %state.args.deployment,
+                                replica = %state.args.id, %error, "reconfigure failed");
+                            state.report(ReplicaEvent::ReconfigureFailed { error });
+                        }
+                    }
                 }
             }
             ReplicaMsg::HealthTick => {
@@ -373,10 +401,14 @@ impl Actor for ReplicaActor {
                     let timeout = state.args.spec.config.health_check_timeout;
                     let me = myself.clone();
                     tokio::spawn(async move {
-                        let result = match tokio::time::timeout(timeout, user.check_health()).await
-                        {
-                            Ok(r) => r.map_err(|e| e.to_string()),
-                            Err(_) => Err(format!("health check timed out after {timeout:?}")),
+                        // User panics are caught inside `check_health` already; the
+                        // outer catch keeps the result coming whatever happens, so a
+                        // check can never stay outstanding forever.
+                        let check = tokio::time::timeout(timeout, user.check_health());
+                        let result = match AssertUnwindSafe(check).catch_unwind().await {
+                            Ok(Ok(r)) => r.map_err(|e| e.to_string()),
+                            Ok(Err(_)) => Err(format!("health check timed out after {timeout:?}")),
+                            Err(_) => Err("health check panicked".to_owned()),
                         };
                         let _ = me.cast(ReplicaMsg::HealthResult(result));
                     });
@@ -459,9 +491,9 @@ fn begin_stop(myself: &ActorRef<ReplicaMsg>, state: &mut ReplicaState, graceful:
         }
         return;
     }
-    state.phase = ReplicaPhase::Stopping;
     info!(app = %state.args.app, deployment = %state.args.deployment,
-        replica = %state.args.id, graceful, "replica -> STOPPING");
+        replica = %state.args.id, graceful, "replica stopping");
+    state.set_phase(ReplicaPhase::Stopping);
     if let Some(t) = state.health_timer.take() {
         t.abort();
     }

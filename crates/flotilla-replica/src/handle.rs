@@ -10,6 +10,11 @@ use crate::{
     route::{DeploymentRoute, ReplicaSet},
 };
 
+/// The target of per-request access log events (one `INFO` event per call, with
+/// `app`, `deployment`, `replica` and `ok`); filtered per application by its
+/// logging config's `enable_access_log`.
+pub const ACCESS_TARGET: &str = "flotilla::access";
+
 /// A cheap, clonable handle to one deployment. Each call picks a replica by
 /// power-of-two-choices over in-flight counts shared by every handle of the
 /// deployment, waits in the handle's queue when every replica is at
@@ -113,7 +118,12 @@ impl DeploymentHandle {
             let set = rx.borrow_and_update().clone();
             if let Some(slot) = pick(&route, &set) {
                 drop(queued);
-                return run(slot, bytes).await;
+                let replica = slot.0.id();
+                let result = run(slot, bytes).await;
+                tracing::info!(target: ACCESS_TARGET, app = %route.app(),
+                    deployment = %route.deployment(), replica = %replica, ok = result.is_ok(),
+                    "request");
+                return result;
             }
             if queued.is_none() {
                 queued = Some(route.enqueue()?);

@@ -30,7 +30,7 @@ pub use actor::{
 };
 pub use endpoint::{ReplicaEndpoint, ReplicaId};
 pub use error::CallError;
-pub use handle::DeploymentHandle;
+pub use handle::{ACCESS_TARGET, DeploymentHandle};
 pub use registry::{InitContext, Registry};
 pub use route::{DeploymentRoute, Directory, ReplicaSet};
 pub use user::{Deployment, UserError};

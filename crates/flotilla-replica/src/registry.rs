@@ -2,7 +2,7 @@
 
 use std::{collections::HashMap, future::Future, sync::Arc};
 
-use flotilla_core::{AppName, Args, DeploymentName, ImportPath};
+use flotilla_core::{AppName, ApplicationSpec, Args, DeploymentName, ImportPath};
 use futures::future::BoxFuture;
 use serde::de::DeserializeOwned;
 
@@ -52,7 +52,10 @@ type Constructor = Arc<
         + Sync,
 >;
 
-/// Maps import paths to deployment constructors. Register the same paths after a
+type AppBuilder =
+    Arc<dyn Fn(Args) -> BoxFuture<'static, Result<ApplicationSpec, UserError>> + Send + Sync>;
+
+/// Maps import paths to deployment constructors and application builders. Register the same paths after a
 /// process restart and every checkpointed application comes back.
 ///
 /// ```
@@ -69,13 +72,20 @@ type Constructor = Arc<
 #[derive(Clone, Default)]
 pub struct Registry {
     constructors: Arc<HashMap<ImportPath, Constructor>>,
+    builders: Arc<HashMap<ImportPath, AppBuilder>>,
 }
 
 impl std::fmt::Debug for Registry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let mut paths: Vec<_> = self.constructors.keys().map(ImportPath::as_str).collect();
-        paths.sort_unstable();
-        f.debug_struct("Registry").field("paths", &paths).finish()
+        fn sorted<V>(m: &HashMap<ImportPath, V>) -> Vec<&str> {
+            let mut v: Vec<&str> = m.keys().map(ImportPath::as_str).collect();
+            v.sort_unstable();
+            v
+        }
+        f.debug_struct("Registry")
+            .field("deployments", &sorted(&self.constructors))
+            .field("applications", &sorted(&self.builders))
+            .finish()
     }
 }
 
@@ -108,6 +118,49 @@ impl Registry {
     /// Whether `path` is registered.
     pub fn contains(&self, path: &str) -> bool {
         self.constructors.contains_key(path)
+    }
+
+    /// Register an application builder under `path`, for config deploys: it turns
+    /// the config's `args` into an [`ApplicationSpec`] (the config's overrides are
+    /// applied on top). Builders run in a build task, off the Controller.
+    pub fn register_app<F, Fut>(
+        mut self,
+        path: &str,
+        builder: F,
+    ) -> Result<Self, flotilla_core::Error>
+    where
+        F: Fn(Args) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<ApplicationSpec, UserError>> + Send + 'static,
+    {
+        let path = ImportPath::new(path)?;
+        let builder: AppBuilder = Arc::new(move |args| Box::pin(builder(args)));
+        Arc::make_mut(&mut self.builders).insert(path, builder);
+        Ok(self)
+    }
+
+    /// Whether an application builder is registered under `path`.
+    pub fn contains_app(&self, path: &str) -> bool {
+        self.builders.contains_key(path)
+    }
+
+    /// Run the application builder registered under `path`; a panic in it is an
+    /// error, and an unknown path is an error naming it.
+    pub fn build_app(
+        &self,
+        path: &ImportPath,
+        args: Args,
+    ) -> BoxFuture<'static, Result<ApplicationSpec, UserError>> {
+        match self.builders.get(path.as_str()) {
+            Some(b) => {
+                let fut = b(args);
+                Box::pin(async move { crate::user::guarded(fut).await.map_err(Into::into) })
+            }
+            None => {
+                let msg =
+                    format!("no application builder is registered under import path '{path}'");
+                Box::pin(async move { Err(UserError(msg)) })
+            }
+        }
     }
 
     pub(crate) fn construct(

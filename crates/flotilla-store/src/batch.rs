@@ -185,6 +185,7 @@ mod tests {
             generation: 1,
             deleting: false,
             api_type: ApiType::Imperative,
+            config_version: None,
         }
     }
 

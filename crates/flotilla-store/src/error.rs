@@ -57,6 +57,13 @@ pub enum StoreError {
         /// The checkpoint file.
         path: PathBuf,
     },
+    /// The store was closed (by `Store::close`, at shutdown); nothing was read or
+    /// written.
+    #[error("checkpoint {}: the store is closed", path.display())]
+    Closed {
+        /// The checkpoint file.
+        path: PathBuf,
+    },
     /// A value could not be encoded as MessagePack; the batch was not changed.
     #[error("cannot encode {what} as MessagePack: {reason}")]
     Encode {

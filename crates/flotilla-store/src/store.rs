@@ -7,7 +7,7 @@ use std::io;
 use std::panic::{self, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Mutex, PoisonError, RwLock, RwLockReadGuard};
 
 use flotilla_core::{AppName, AppRecord, DeploymentName, DeploymentRecord};
 use redb::backends::FileBackend;
@@ -37,7 +37,8 @@ pub struct StoreCounters {
 /// `Send + Sync`; the Controller shares it in an `Arc` and is its only caller. Dropping
 /// it closes the file and releases its lock.
 pub struct Store {
-    db: Database,
+    /// `None` once closed.
+    db: RwLock<Option<Database>>,
     path: PathBuf,
     fail_next: AtomicBool,
     counters: Mutex<StoreCounters>,
@@ -105,8 +106,9 @@ impl Store {
     /// [`StoreError::Corrupt`] naming the table and key.
     pub fn load(&self) -> Result<Snapshot, StoreError> {
         let path = self.path.as_path();
-        let txn = self
-            .db
+        let db = self.open_db();
+        let db = db.as_ref().ok_or_else(|| self.closed())?;
+        let txn = db
             .begin_read()
             .map_err(|e| StoreError::from_redb_transaction(path, e))?;
         let storage = |e| StoreError::from_redb_storage(path, e);
@@ -171,7 +173,9 @@ impl Store {
             });
         }
         let path = self.path.as_path();
-        let txn = begin_write(path, &self.db)?;
+        let db = self.open_db();
+        let db = db.as_ref().ok_or_else(|| self.closed())?;
+        let txn = begin_write(path, db)?;
         // On an error the transaction is dropped, which aborts it: nothing is written.
         apply(path, &txn, batch)?;
         txn.commit()
@@ -189,6 +193,25 @@ impl Store {
             "checkpoint commit"
         );
         Ok(())
+    }
+
+    /// Close the file and release its lock now (later calls fail with
+    /// [`StoreError::Closed`]). Waits for a commit in progress to finish.
+    pub fn close(&self) {
+        let mut db = self.db.write().unwrap_or_else(PoisonError::into_inner);
+        if db.take().is_some() {
+            tracing::debug!(path = %self.path.display(), "checkpoint closed");
+        }
+    }
+
+    fn open_db(&self) -> RwLockReadGuard<'_, Option<Database>> {
+        self.db.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn closed(&self) -> StoreError {
+        StoreError::Closed {
+            path: self.path.clone(),
+        }
     }
 
     /// What this store has written since it was opened.
@@ -410,7 +433,7 @@ fn open_existing(path: PathBuf) -> Result<Store, StoreError> {
     // Checked again: this covers a recovered file, and any change between the two opens.
     check_schema(&path, schema_version(&path, &db)?)?;
     Ok(Store {
-        db,
+        db: RwLock::new(Some(db)),
         path,
         fail_next: AtomicBool::new(false),
         counters: Mutex::new(StoreCounters::default()),

@@ -252,3 +252,24 @@ fn the_store_is_shared_across_threads() {
     assert_eq!(store.counters().commits, 40);
     assert_eq!(store.load().unwrap().apps.len(), 40);
 }
+
+#[test]
+fn a_closed_store_releases_its_file_and_refuses_calls() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.redb");
+    let store = flotilla_store::Store::open(&path).unwrap();
+    store.close();
+    assert!(matches!(
+        store.load(),
+        Err(flotilla_store::StoreError::Closed { .. })
+    ));
+    let mut batch = flotilla_store::Batch::new();
+    batch.delete_config();
+    assert!(matches!(
+        store.commit(&batch),
+        Err(flotilla_store::StoreError::Closed { .. })
+    ));
+    // The lock is gone: the same file opens again while `store` is still alive.
+    let again = flotilla_store::Store::open(&path).unwrap();
+    again.load().unwrap();
+}

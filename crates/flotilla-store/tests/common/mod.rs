@@ -55,6 +55,7 @@ pub fn app_record(name: &str, generation: u64) -> AppRecord {
         generation,
         deleting: false,
         api_type: ApiType::Declarative,
+        config_version: Some(7),
     }
 }
 

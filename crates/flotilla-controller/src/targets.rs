@@ -1,0 +1,162 @@
+//! Staging and swapping in new targets: the two halves around a commit.
+//!
+//! `stage_*` only read the state and fill a batch; `swap_*` change the state after
+//! the commit succeeded. A failed commit therefore leaves memory unchanged.
+
+use flotilla_application::publish_status;
+use flotilla_core::{
+    ApiType, AppName, AppRecord, ApplicationSpec, ApplicationStatus, ApplicationStatusInfo,
+    DeploymentName, ReplicaCount,
+};
+use flotilla_replica::supervision::RestartLog;
+use flotilla_store::{Batch, StoreError};
+use tracing::info;
+
+use crate::controller::{AppEntry, ControllerState};
+
+impl ControllerState {
+    /// The record of a new target for `spec`: the next generation of its name.
+    pub(crate) fn next_record(
+        &self,
+        spec: ApplicationSpec,
+        api_type: ApiType,
+        config_version: Option<u64>,
+    ) -> AppRecord {
+        AppRecord {
+            generation: self
+                .apps
+                .get(&spec.name)
+                .map_or(1, |e| e.record.generation + 1),
+            spec,
+            deleting: false,
+            api_type,
+            config_version,
+        }
+    }
+
+    /// Put `records` in `batch`, with the removal of autoscaling decisions of
+    /// deployments that are no longer autoscaled. Returns those deployments.
+    pub(crate) fn stage_targets(
+        &self,
+        records: &[AppRecord],
+        batch: &mut Batch,
+    ) -> Result<Vec<(AppName, DeploymentName)>, StoreError> {
+        let mut dropped = Vec::new();
+        for r in records {
+            batch.put_app(r)?;
+            for dep in self
+                .autoscaled
+                .get(&r.spec.name)
+                .into_iter()
+                .flat_map(|m| m.keys())
+            {
+                let still = r
+                    .spec
+                    .deployment(dep.as_str())
+                    .is_some_and(|d| matches!(d.config.num_replicas, ReplicaCount::Auto(_)));
+                if !still {
+                    batch.delete_deployment(&r.spec.name, dep);
+                    dropped.push((r.spec.name.clone(), dep.clone()));
+                }
+            }
+        }
+        Ok(dropped)
+    }
+
+    /// After the commit: take `records` in, keep the route index, publish
+    /// DEPLOYING at each new generation. Returns the names, in order.
+    pub(crate) fn swap_targets(
+        &mut self,
+        records: Vec<AppRecord>,
+        dropped: Vec<(AppName, DeploymentName)>,
+    ) -> Vec<AppName> {
+        for (app, dep) in dropped {
+            if let Some(m) = self.autoscaled.get_mut(&app) {
+                m.remove(&dep);
+            }
+        }
+        let mut names = Vec::with_capacity(records.len());
+        for r in records {
+            let name = r.spec.name.clone();
+            if let Some(old) = self
+                .apps
+                .get(&name)
+                .and_then(|e| e.record.spec.route_prefix.clone())
+                && self.routes.get(&old) == Some(&name)
+            {
+                self.routes.remove(&old);
+            }
+            if let Some(p) = &r.spec.route_prefix {
+                self.routes.insert(p.clone(), name.clone());
+            }
+            self.logging.set_app(&name, r.spec.logging.clone());
+            let tx = self.board.sender(&name, Some(&r.spec.ingress), || {
+                ApplicationStatusInfo::deploying(r.generation)
+            });
+            publish_status(&tx, ApplicationStatusInfo::deploying(r.generation));
+            info!(app = %name, generation = r.generation, "application target accepted");
+            match self.apps.get_mut(&name) {
+                Some(e) => e.record = r,
+                None => {
+                    self.apps.insert(
+                        name.clone(),
+                        AppEntry {
+                            record: r,
+                            actor: None,
+                            restarts: RestartLog::default(),
+                            restart_pending: false,
+                        },
+                    );
+                }
+            }
+            names.push(name);
+        }
+        names
+    }
+
+    /// Put the deletion of every live application in `names` in `batch` (unknown
+    /// and already deleting ones are skipped). Returns the new records.
+    pub(crate) fn stage_deletions(
+        &self,
+        names: &[AppName],
+        batch: &mut Batch,
+    ) -> Result<Vec<AppRecord>, StoreError> {
+        let mut changed = Vec::new();
+        for name in names {
+            if let Some(e) = self.apps.get(name)
+                && !e.record.deleting
+            {
+                let mut r = e.record.clone();
+                r.deleting = true;
+                r.generation += 1;
+                batch.put_app(&r)?;
+                changed.push(r);
+            }
+        }
+        Ok(changed)
+    }
+
+    /// After the commit: release their route prefixes and publish DELETING.
+    pub(crate) fn swap_deletions(&mut self, changed: &[AppRecord]) {
+        for r in changed {
+            let name = &r.spec.name;
+            if let Some(p) = &r.spec.route_prefix
+                && self.routes.get(p) == Some(name)
+            {
+                self.routes.remove(p);
+            }
+            let tx = self.board.sender(name, Some(&r.spec.ingress), || {
+                ApplicationStatusInfo::deploying(r.generation)
+            });
+            let mut deleting = tx.borrow().clone();
+            deleting.status = ApplicationStatus::Deleting;
+            deleting.message = String::new();
+            deleting.observed_generation = r.generation;
+            publish_status(&tx, deleting);
+            info!(app = %name, generation = r.generation, "application deletion accepted");
+            if let Some(e) = self.apps.get_mut(name) {
+                e.record = r.clone();
+            }
+        }
+    }
+}

@@ -1,0 +1,619 @@
+//! Laying a config's overrides over the spec an application builder returned.
+
+use std::time::Duration;
+
+use crate::{
+    ApplicationSpec, AutoscalingConfig, DeploymentConfig, ReplicaCount, Resources,
+    error::{Error, Location},
+};
+
+use super::{
+    AppConfig, AutoscalingOverride, DeploymentOverride, NumReplicas, RayActorOptions,
+    auto_autoscaling_config,
+};
+
+/// Apply `app`'s config to the spec its builder returned. The config wins over the
+/// code wherever it says something:
+/// - the application's name is the config's;
+/// - the config's `route_prefix`, if given, replaces the builder's;
+/// - the config's `logging_config`, if given, replaces the builder's (call
+///   [`ServeConfig::inherit_logging`](super::ServeConfig::inherit_logging) first to
+///   give applications the global one, as Ray does);
+/// - each deployment override replaces exactly the fields it gives (see
+///   [`DeploymentOverride::apply_to`]).
+///
+/// An override of a deployment the builder did not make is an error naming the
+/// application and the deployment; so is any value out of range. The result is
+/// validated whole ([`ApplicationSpec::validate`]).
+pub fn apply_overrides(built: ApplicationSpec, app: &AppConfig) -> Result<ApplicationSpec, Error> {
+    app.check().map_err(|b| b.0)?;
+    let app_name = app.name.as_str();
+    let mut spec = built;
+    spec.name = app.name.clone();
+    if let Some(prefix) = &app.route_prefix {
+        spec.route_prefix = Some(prefix.clone());
+    }
+    if let Some(logging) = &app.logging_config {
+        spec.logging = Some(logging.clone());
+    }
+    for o in &app.deployments {
+        let dep = o.name.as_str();
+        let available = || {
+            spec.deployments
+                .iter()
+                .map(|d| format!("'{}'", d.name))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let Some(index) = spec.deployments.iter().position(|d| d.name == o.name) else {
+            return Err(Error::InvalidField {
+                at: Location {
+                    app: Some(app_name.to_owned()),
+                    deployment: Some(dep.to_owned()),
+                },
+                field: "name",
+                reason: format!(
+                    "the application's builder makes no deployment '{dep}'; it makes: [{}]",
+                    available()
+                ),
+            });
+        };
+        let d = &mut spec.deployments[index];
+        d.config = o
+            .apply_to(d.config.clone())
+            .and_then(|c| c.validate().map_err(config_field_names).map(|()| c))
+            .map_err(|e| e.at(Some(app_name), Some(dep)))?;
+    }
+    spec.validate()?;
+    Ok(spec)
+}
+
+impl DeploymentOverride {
+    /// Lay this override over `base` (the builder's config): every field given
+    /// replaces the matching setting, every field left out keeps `base`'s.
+    ///
+    /// - `num_replicas: N` makes the count fixed at N.
+    /// - `autoscaling_config` alone autoscales with
+    ///   [`AutoscalingConfig::default`] updated by the given fields (Ray replaces
+    ///   the whole autoscaling config; it does not merge with the code's).
+    /// - `num_replicas: auto` autoscales with [`auto_autoscaling_config`] updated by
+    ///   the given `autoscaling_config`, or, without one, keeps the builder's
+    ///   autoscaling config if it has one.
+    /// - `max_queued_requests: -1` is unbounded.
+    /// - `ray_actor_options` replaces the resources whole, with Ray's defaults for
+    ///   the fields left out.
+    ///
+    /// Errors name the field as the config file does; the result is not yet
+    /// validated as a whole (see [`DeploymentConfig::validate`]).
+    pub fn apply_to(&self, base: DeploymentConfig) -> Result<DeploymentConfig, Error> {
+        let mut c = base;
+        match (self.num_replicas, &self.autoscaling_config) {
+            (Some(NumReplicas::Fixed(n)), Some(_)) => {
+                return Err(Error::field(
+                    "num_replicas",
+                    format!(
+                        "num_replicas: {n} cannot be combined with autoscaling_config; \
+                         drop one, or write num_replicas: auto"
+                    ),
+                ));
+            }
+            (Some(NumReplicas::Fixed(n)), None) => c.num_replicas = ReplicaCount::Fixed(n),
+            (Some(NumReplicas::Auto), Some(given)) => {
+                c.num_replicas = ReplicaCount::Auto(given.apply_to(auto_autoscaling_config())?);
+            }
+            (Some(NumReplicas::Auto), None) => {
+                if !matches!(c.num_replicas, ReplicaCount::Auto(_)) {
+                    c.num_replicas = ReplicaCount::Auto(auto_autoscaling_config());
+                }
+            }
+            (None, Some(given)) => {
+                c.num_replicas = ReplicaCount::Auto(given.apply_to(AutoscalingConfig::default())?);
+            }
+            (None, None) => {}
+        }
+        if let Some(n) = self.max_ongoing_requests {
+            c.max_ongoing_requests = n;
+        }
+        if let Some(n) = self.max_queued_requests {
+            c.max_queued_requests = match n {
+                -1 => None,
+                n => match u32::try_from(n) {
+                    Ok(q) if q >= 1 => Some(q),
+                    _ => {
+                        return Err(Error::field(
+                            "max_queued_requests",
+                            format!(
+                                "must be -1 (no limit) or an integer from 1 to {}, got {n}",
+                                u32::MAX
+                            ),
+                        ));
+                    }
+                },
+            };
+        }
+        if let Some(u) = &self.user_config {
+            c.user_config = Some(u.clone());
+        }
+        if let Some(s) = self.health_check_period_s {
+            c.health_check_period = seconds("health_check_period_s", s)?;
+        }
+        if let Some(s) = self.health_check_timeout_s {
+            c.health_check_timeout = seconds("health_check_timeout_s", s)?;
+        }
+        if let Some(s) = self.graceful_shutdown_wait_loop_s {
+            c.graceful_shutdown_wait_loop = seconds("graceful_shutdown_wait_loop_s", s)?;
+        }
+        if let Some(s) = self.graceful_shutdown_timeout_s {
+            c.graceful_shutdown_timeout = seconds("graceful_shutdown_timeout_s", s)?;
+        }
+        if let Some(r) = &self.ray_actor_options {
+            c.resources = r.to_resources();
+        }
+        Ok(c)
+    }
+}
+
+impl AutoscalingOverride {
+    /// `base` with every given field replaced.
+    pub fn apply_to(&self, base: AutoscalingConfig) -> Result<AutoscalingConfig, Error> {
+        let mut a = base;
+        if let Some(v) = self.min_replicas {
+            a.min_replicas = v;
+        }
+        if let Some(v) = self.max_replicas {
+            a.max_replicas = v;
+        }
+        if let Some(v) = self.initial_replicas {
+            a.initial_replicas = Some(v);
+        }
+        if let Some(v) = self.target_ongoing_requests {
+            a.target_ongoing_requests = v;
+        }
+        if let Some(s) = self.upscale_delay_s {
+            a.upscale_delay = seconds("autoscaling_config.upscale_delay_s", s)?;
+        }
+        if let Some(s) = self.downscale_delay_s {
+            a.downscale_delay = seconds("autoscaling_config.downscale_delay_s", s)?;
+        }
+        if let Some(v) = self.upscaling_factor {
+            a.upscaling_factor = Some(v);
+        }
+        if let Some(v) = self.downscaling_factor {
+            a.downscaling_factor = Some(v);
+        }
+        if let Some(s) = self.look_back_period_s {
+            a.look_back_period = seconds("autoscaling_config.look_back_period_s", s)?;
+        }
+        Ok(a)
+    }
+}
+
+impl RayActorOptions {
+    /// The resources these options ask for, with Ray's defaults (1 CPU, no GPU, no
+    /// memory, no custom resources) for the fields left out.
+    pub fn to_resources(&self) -> Resources {
+        let d = Resources::default();
+        Resources {
+            cpus: self.num_cpus.unwrap_or(d.cpus),
+            gpus: self.num_gpus.unwrap_or(d.gpus),
+            memory_bytes: self.memory.unwrap_or(d.memory_bytes),
+            custom: self.resources.clone().unwrap_or(d.custom),
+        }
+    }
+}
+
+fn seconds(field: &'static str, s: f64) -> Result<Duration, Error> {
+    if !(s.is_finite() && s >= 0.0) {
+        return Err(Error::field(
+            field,
+            format!("must be a finite number of seconds >= 0, got {s}"),
+        ));
+    }
+    Duration::try_from_secs_f64(s)
+        .map_err(|_| Error::field(field, format!("{s} seconds is too long")))
+}
+
+/// Rename the fields [`DeploymentConfig::validate`] names to the config file's names.
+pub(crate) fn config_field_names(e: Error) -> Error {
+    match e {
+        Error::InvalidField { at, field, reason } => Error::InvalidField {
+            at,
+            field: match field {
+                "health_check_period" => "health_check_period_s",
+                "health_check_timeout" => "health_check_timeout_s",
+                "graceful_shutdown_wait_loop" => "graceful_shutdown_wait_loop_s",
+                "autoscaling_config.look_back_period" => "autoscaling_config.look_back_period_s",
+                "resources.cpus" => "ray_actor_options.num_cpus",
+                "resources.gpus" => "ray_actor_options.num_gpus",
+                "resources.custom" => "ray_actor_options.resources",
+                other => other,
+            },
+            reason,
+        },
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde::Deserialize;
+
+    use super::*;
+    use crate::{Args, DeploymentSpec, LogLevel, LoggingConfig, RoutePrefix, ServeConfig};
+
+    /// The builder's arguments.
+    #[derive(Deserialize)]
+    struct ShopArgs {
+        greeting: String,
+        n: u32,
+    }
+
+    /// A registered application builder: takes `args`, returns the spec.
+    fn shop_builder(args: &Args) -> ApplicationSpec {
+        let a: ShopArgs = args.decode().unwrap();
+        ApplicationSpec::builder("built-name")
+            .route_prefix("/from-code")
+            .deployment(
+                DeploymentSpec::builder("front", "shop::Front")
+                    .init_args(&a.greeting)
+                    .replicas(a.n),
+            )
+            .deployment(
+                DeploymentSpec::builder("back", "shop::Back").with_config(|c| {
+                    c.with_autoscaling(AutoscalingConfig {
+                        min_replicas: 2,
+                        max_replicas: 6,
+                        ..AutoscalingConfig::default()
+                    })
+                }),
+            )
+            .logging(LoggingConfig::default())
+            .build()
+            .unwrap()
+    }
+
+    fn app(deployments: &str) -> AppConfig {
+        let text = format!(
+            "applications:\n  - name: shop\n    import_path: shop:app\n    args: {{greeting: hi, n: 3}}\n    deployments:\n{deployments}"
+        );
+        match ServeConfig::from_yaml(&text) {
+            Ok(mut c) => c.applications.remove(0),
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    /// Build with the builder, apply the overrides of one deployment `name`
+    /// written as `fields`, and return that deployment's config.
+    fn front_with(fields: &str) -> DeploymentConfig {
+        let app = app(&format!("      - name: front\n{fields}"));
+        let spec = apply_overrides(shop_builder(&app.args), &app).unwrap();
+        spec.deployment("front").unwrap().config.clone()
+    }
+
+    /// The front deployment's config as the builder makes it.
+    fn built_front() -> DeploymentConfig {
+        shop_builder(&app("").args)
+            .deployment("front")
+            .unwrap()
+            .config
+            .clone()
+    }
+
+    #[test]
+    fn args_reach_the_builder() {
+        let app = app("      - name: front\n");
+        let a: ShopArgs = app.args.decode().unwrap();
+        assert_eq!((a.greeting.as_str(), a.n), ("hi", 3));
+        let spec = apply_overrides(shop_builder(&app.args), &app).unwrap();
+        let front = spec.deployment("front").unwrap();
+        assert_eq!(front.init_args.decode::<String>().unwrap(), "hi");
+        assert_eq!(front.config.num_replicas, ReplicaCount::Fixed(3));
+    }
+
+    #[test]
+    fn no_override_keeps_the_builders_config() {
+        assert_eq!(front_with(""), built_front());
+        let app = app("");
+        let built = shop_builder(&app.args);
+        let spec = apply_overrides(built.clone(), &app).unwrap();
+        assert_eq!(spec.deployments, built.deployments);
+    }
+
+    #[test]
+    fn override_num_replicas() {
+        assert_eq!(
+            front_with("        num_replicas: 7\n").num_replicas,
+            ReplicaCount::Fixed(7)
+        );
+    }
+
+    #[test]
+    fn override_num_replicas_auto() {
+        assert_eq!(
+            front_with("        num_replicas: auto\n").num_replicas,
+            ReplicaCount::Auto(auto_autoscaling_config())
+        );
+        assert_eq!(auto_autoscaling_config().max_replicas, 100);
+        // "auto" with an autoscaling config tunes the "auto" defaults.
+        let tuned = front_with(
+            "        num_replicas: auto\n        autoscaling_config: {min_replicas: 2}\n",
+        );
+        assert_eq!(
+            tuned.num_replicas,
+            ReplicaCount::Auto(AutoscalingConfig {
+                min_replicas: 2,
+                ..auto_autoscaling_config()
+            })
+        );
+        // "auto" alone keeps an autoscaling config the code already has.
+        let app = app("      - name: back\n        num_replicas: auto\n");
+        let spec = apply_overrides(shop_builder(&app.args), &app).unwrap();
+        let ReplicaCount::Auto(a) = &spec.deployment("back").unwrap().config.num_replicas else {
+            panic!("not autoscaled");
+        };
+        assert_eq!((a.min_replicas, a.max_replicas), (2, 6));
+    }
+
+    #[test]
+    fn override_autoscaling_config_with_every_field() {
+        let c = front_with(
+            "        autoscaling_config:\n          min_replicas: 0\n          max_replicas: 9\n          initial_replicas: 4\n          target_ongoing_requests: 3.5\n          upscale_delay_s: 1.5\n          downscale_delay_s: 60\n          upscaling_factor: 2\n          downscaling_factor: 0.5\n          look_back_period_s: 12\n",
+        );
+        assert_eq!(
+            c.num_replicas,
+            ReplicaCount::Auto(AutoscalingConfig {
+                min_replicas: 0,
+                initial_replicas: Some(4),
+                max_replicas: 9,
+                target_ongoing_requests: 3.5,
+                upscale_delay: Duration::from_millis(1500),
+                downscale_delay: Duration::from_secs(60),
+                upscaling_factor: Some(2.0),
+                downscaling_factor: Some(0.5),
+                look_back_period: Duration::from_secs(12),
+            })
+        );
+        // Fields left out take Ray's class defaults, not the code's (as in Ray).
+        let app = app("      - name: back\n        autoscaling_config: {max_replicas: 3}\n");
+        let spec = apply_overrides(shop_builder(&app.args), &app).unwrap();
+        assert_eq!(
+            spec.deployment("back").unwrap().config.num_replicas,
+            ReplicaCount::Auto(AutoscalingConfig {
+                max_replicas: 3,
+                ..AutoscalingConfig::default()
+            })
+        );
+    }
+
+    #[test]
+    fn fixed_num_replicas_replaces_the_codes_autoscaling() {
+        let app = app("      - name: back\n        num_replicas: 4\n");
+        let spec = apply_overrides(shop_builder(&app.args), &app).unwrap();
+        assert_eq!(
+            spec.deployment("back").unwrap().config.num_replicas,
+            ReplicaCount::Fixed(4)
+        );
+    }
+
+    #[test]
+    fn override_max_ongoing_requests() {
+        assert_eq!(
+            front_with("        max_ongoing_requests: 42\n").max_ongoing_requests,
+            42
+        );
+    }
+
+    #[test]
+    fn override_max_queued_requests() {
+        assert_eq!(
+            front_with("        max_queued_requests: 9\n").max_queued_requests,
+            Some(9)
+        );
+        // -1 is unbounded, and overrides a bound set in code.
+        let mut app = app("      - name: front\n        max_queued_requests: -1\n");
+        let mut built = shop_builder(&app.args);
+        built.deployments[0].config.max_queued_requests = Some(3);
+        let spec = apply_overrides(built.clone(), &app).unwrap();
+        assert_eq!(spec.deployments[0].config.max_queued_requests, None);
+        app.deployments[0].max_queued_requests = Some(0);
+        let e = apply_overrides(built, &app).unwrap_err();
+        assert_eq!(e.field_name(), Some("max_queued_requests"));
+    }
+
+    #[test]
+    fn override_user_config() {
+        #[derive(Deserialize, PartialEq, Debug)]
+        struct Tuning {
+            threshold: f64,
+            labels: Vec<String>,
+        }
+        let c = front_with("        user_config: {threshold: 0.5, labels: [a, b]}\n");
+        assert_eq!(
+            c.user_config.unwrap().decode::<Tuning>().unwrap(),
+            Tuning {
+                threshold: 0.5,
+                labels: vec!["a".into(), "b".into()]
+            }
+        );
+        assert_eq!(
+            front_with("        user_config: 7\n").user_config,
+            Some(Args::encode(&7u8).unwrap())
+        );
+    }
+
+    #[test]
+    fn override_health_check_period_s() {
+        let c = front_with("        health_check_period_s: 2.5\n");
+        assert_eq!(c.health_check_period, Duration::from_millis(2500));
+        assert_eq!(c.health_check_timeout, built_front().health_check_timeout);
+    }
+
+    #[test]
+    fn override_health_check_timeout_s() {
+        let c = front_with("        health_check_timeout_s: 4\n");
+        assert_eq!(c.health_check_timeout, Duration::from_secs(4));
+        assert_eq!(c.health_check_period, built_front().health_check_period);
+    }
+
+    #[test]
+    fn override_graceful_shutdown_wait_loop_s() {
+        let c = front_with("        graceful_shutdown_wait_loop_s: 0.1\n");
+        assert_eq!(c.graceful_shutdown_wait_loop, Duration::from_millis(100));
+    }
+
+    #[test]
+    fn override_graceful_shutdown_timeout_s() {
+        let c = front_with("        graceful_shutdown_timeout_s: 0\n");
+        assert_eq!(c.graceful_shutdown_timeout, Duration::ZERO);
+        assert_eq!(
+            c.graceful_shutdown_wait_loop,
+            built_front().graceful_shutdown_wait_loop
+        );
+    }
+
+    #[test]
+    fn override_ray_actor_options() {
+        let c = front_with(
+            "        ray_actor_options: {num_cpus: 0.5, num_gpus: 1, memory: 2048, resources: {tpu: 2}}\n",
+        );
+        assert_eq!(
+            c.resources,
+            Resources::default()
+                .with_cpus(0.5)
+                .with_gpus(1.0)
+                .with_memory(2048)
+                .with_custom("tpu", 2.0)
+        );
+        // Fields left out take Ray's defaults (1 CPU), replacing the code's whole.
+        let mut app = app("      - name: front\n        ray_actor_options: {num_gpus: 1}\n");
+        app.deployments[0].ray_actor_options = Some(RayActorOptions {
+            num_gpus: Some(1.0),
+            ..RayActorOptions::default()
+        });
+        let mut built = shop_builder(&app.args);
+        built.deployments[0].config.resources = Resources::none().with_custom("x", 1.0);
+        let spec = apply_overrides(built, &app).unwrap();
+        assert_eq!(
+            spec.deployments[0].config.resources,
+            Resources::default().with_gpus(1.0)
+        );
+    }
+
+    #[test]
+    fn overrides_touch_only_their_own_deployment() {
+        let app = app("      - name: front\n        max_ongoing_requests: 42\n");
+        let built = shop_builder(&app.args);
+        let spec = apply_overrides(built.clone(), &app).unwrap();
+        assert_eq!(spec.deployment("back"), built.deployment("back"));
+        // Init args and import paths are the code's.
+        assert_eq!(
+            spec.deployment("front").unwrap().init_args,
+            built.deployment("front").unwrap().init_args
+        );
+    }
+
+    #[test]
+    fn override_name_route_prefix_and_logging() {
+        let mut app = app("      - name: front\n");
+        let built = shop_builder(&app.args);
+        // Without them in the config: the builder's route prefix and logging stay.
+        let kept = apply_overrides(built.clone(), &app).unwrap();
+        assert_eq!(kept.name.as_str(), "shop");
+        assert_eq!(kept.route_prefix, built.route_prefix);
+        assert_eq!(kept.logging, built.logging);
+        assert_eq!(kept.ingress, built.ingress);
+        app.route_prefix = Some(RoutePrefix::new("/shop").unwrap());
+        let debug = LoggingConfig {
+            log_level: LogLevel::Debug,
+            ..LoggingConfig::default()
+        };
+        app.logging_config = Some(debug.clone());
+        let spec = apply_overrides(built, &app).unwrap();
+        assert_eq!(spec.route_prefix.unwrap().as_str(), "/shop");
+        assert_eq!(spec.logging, Some(debug));
+    }
+
+    #[test]
+    fn global_logging_is_inherited_by_applications_without_their_own() {
+        let c = ServeConfig::from_yaml(
+            "logging_config: {encoding: JSON}\napplications:\n  - name: a\n    import_path: x\n  - name: b\n    import_path: x\n    logging_config: {log_level: ERROR}\n",
+        )
+        .unwrap()
+        .inherit_logging();
+        assert_eq!(
+            c.applications[0]
+                .logging_config
+                .as_ref()
+                .map(|l| l.encoding),
+            Some(crate::LogEncoding::Json)
+        );
+        assert_eq!(
+            c.applications[1]
+                .logging_config
+                .as_ref()
+                .map(|l| (l.log_level, l.encoding)),
+            Some((LogLevel::Error, crate::LogEncoding::Text))
+        );
+    }
+
+    #[test]
+    fn an_override_for_a_missing_deployment_names_application_and_deployment() {
+        let app = app("      - name: frnot\n        num_replicas: 2\n");
+        let e = apply_overrides(shop_builder(&app.args), &app).unwrap_err();
+        assert_eq!(e.app(), Some("shop"));
+        assert_eq!(e.deployment(), Some("frnot"));
+        let shown = e.to_string();
+        assert!(shown.contains("'front', 'back'"), "{shown}");
+    }
+
+    #[test]
+    fn the_result_is_validated_naming_application_and_deployment() {
+        let mut app = app("      - name: back\n");
+        app.deployments[0].autoscaling_config = Some(AutoscalingOverride {
+            min_replicas: Some(5),
+            max_replicas: Some(2),
+            ..AutoscalingOverride::default()
+        });
+        let e = apply_overrides(shop_builder(&app.args), &app).unwrap_err();
+        assert_eq!((e.app(), e.deployment()), (Some("shop"), Some("back")));
+        assert_eq!(e.field_name(), Some("autoscaling_config.min_replicas"));
+        app.deployments[0].autoscaling_config = None;
+        app.deployments[0].health_check_period_s = Some(0.0);
+        let e = apply_overrides(shop_builder(&app.args), &app).unwrap_err();
+        assert_eq!(e.field_name(), Some("health_check_period_s"));
+    }
+
+    #[test]
+    fn code_version_is_stable_and_follows_import_path_and_args() {
+        let a = app("      - name: front\n");
+        assert_eq!(a.code_version(), a.clone().code_version());
+        // Pinned: the version must not drift across builds, machines or Rust versions.
+        assert_eq!(a.code_version().as_str(), "hd7cc5d515c1d8547");
+        // The config's other fields are not code.
+        let mut tuned = a.clone();
+        tuned.deployments[0].num_replicas = Some(NumReplicas::Fixed(9));
+        tuned.route_prefix = Some(RoutePrefix::new("/x").unwrap());
+        assert_eq!(tuned.code_version(), a.code_version());
+        // Args and import path are.
+        let mut args = a.clone();
+        args.args = Args::encode(&[("greeting", "hi"), ("n", "4")]).unwrap();
+        assert_ne!(args.code_version(), a.code_version());
+        let mut path = a.clone();
+        path.import_path = "shop:other".try_into().unwrap();
+        assert_ne!(path.code_version(), a.code_version());
+        // Args encoded by hand in another key order hash as the parsed ones.
+        #[derive(serde::Serialize)]
+        struct Reordered {
+            n: u32,
+            greeting: &'static str,
+        }
+        let mut by_hand = a.clone();
+        by_hand.args = Args::encode(&Reordered {
+            n: 3,
+            greeting: "hi",
+        })
+        .unwrap();
+        assert_ne!(by_hand.args, a.args);
+        assert_eq!(by_hand.code_version(), a.code_version());
+    }
+}

@@ -1,0 +1,147 @@
+//! Starting replicas where the cluster has room, and hearing from the cluster:
+//! capacity freed (wakes pending replicas) and node deaths (replaces the replicas
+//! that were on the node). No polling: events arrive by a broadcast subscription,
+//! forwarded into the actor's mailbox by one small task.
+
+use std::{sync::atomic::Ordering, time::Duration};
+
+use flotilla_core::{ReplicaState, naming};
+use flotilla_replica::{ReplicaActor, ReplicaArgs, ReplicaId};
+use ractor::{Actor, ActorRef};
+use tokio::{sync::broadcast::error::RecvError, time::Instant};
+
+use crate::{
+    ClusterEvent, DeploymentMsg, PlacementRequest, Refusal,
+    state::{DeploymentState, Replica},
+};
+
+/// Placement retry period for a cluster that announces nothing
+/// ([`Cluster::subscribe`](crate::Cluster::subscribe) is `None`).
+pub const PLACEMENT_RETRY: Duration = Duration::from_secs(1);
+
+/// Why a replica did not start.
+pub(crate) enum StartError {
+    /// No node has room: it stays pending.
+    NoRoom(Refusal),
+    /// The replica actor could not be spawned.
+    Spawn(ReplicaId, String),
+}
+
+/// Subscribe to the cluster's events: capacity events are forwarded only while
+/// replicas are pending (and once per wake-up), node deaths always.
+pub(crate) fn subscribe(myself: &ActorRef<DeploymentMsg>, state: &mut DeploymentState) {
+    let Some(mut rx) = state.args.cluster.subscribe() else {
+        return;
+    };
+    state.evented_cluster = true;
+    let me = myself.clone();
+    let wants = state.wants_capacity.clone();
+    state.cluster_task = Some(tokio::spawn(async move {
+        loop {
+            let msg = match rx.recv().await {
+                Ok(ClusterEvent::CapacityFreed) => {
+                    if !wants.swap(false, Ordering::AcqRel) {
+                        continue;
+                    }
+                    DeploymentMsg::Cluster(ClusterEvent::CapacityFreed)
+                }
+                Ok(event) => DeploymentMsg::Cluster(event),
+                Err(RecvError::Lagged(_)) => DeploymentMsg::ClusterResync,
+                Err(RecvError::Closed) => return,
+            };
+            if me.cast(msg).is_err() {
+                return;
+            }
+        }
+    }));
+}
+
+/// Place and spawn one replica at the target version.
+pub(crate) async fn start_replica(
+    myself: &ActorRef<DeploymentMsg>,
+    state: &mut DeploymentState,
+) -> Result<(), StartError> {
+    let id = ReplicaId::fresh();
+    let a = &state.args;
+    let node = a
+        .cluster
+        .place(&PlacementRequest {
+            replica: id,
+            app: &a.app,
+            deployment: &a.target.spec.name,
+            resources: &a.target.spec.config.resources,
+        })
+        .map_err(StartError::NoRoom)?;
+    let args = ReplicaArgs {
+        id,
+        app: a.app.clone(),
+        deployment: a.target.spec.name.clone(),
+        spec: a.target.spec.clone(),
+        registry: a.registry.clone(),
+        directory: a.directory.clone(),
+        route: state.route.clone(),
+        reporter: state.reporter_for_replicas(),
+        group: naming::replica_group(&a.ns, &a.app, &a.target.spec.name),
+        node: node.clone(),
+    };
+    let name = naming::replica(&a.ns, &a.app, &a.target.spec.name, id.0);
+    match Actor::spawn(Some(name), ReplicaActor, args).await {
+        Ok((actor, _)) => {
+            myself.get_cell().monitor(actor.get_cell());
+            let replica = Replica {
+                actor,
+                state: ReplicaState::Starting,
+                version: state.version.clone(),
+                endpoint: None,
+                node: node.clone(),
+                since: Instant::now(),
+            };
+            state.add(id, replica, &format!("placed on node '{node}'"));
+            Ok(())
+        }
+        Err(e) => {
+            state.args.cluster.release(id);
+            Err(StartError::Spawn(
+                id,
+                format!("could not spawn replica actor: {e}"),
+            ))
+        }
+    }
+}
+
+/// Node `node` died: its replicas are gone. Stop what is left of them at once;
+/// the next reconcile starts replacements elsewhere.
+pub(crate) fn node_died(state: &mut DeploymentState, node: &str) {
+    let lost: Vec<(ReplicaId, ReplicaState)> = state
+        .replicas
+        .iter()
+        .filter(|(_, r)| r.node == node)
+        .map(|(id, r)| (*id, r.state))
+        .collect();
+    for (id, was) in lost {
+        let at_target = state.at_target_code(id);
+        state.stop(id, false, &format!("its node '{node}' died"));
+        if matches!(was, ReplicaState::Running | ReplicaState::Updating) {
+            state.replica_lost(
+                id,
+                at_target,
+                &format!("Replica {id} was lost with its node '{node}'"),
+            );
+        }
+    }
+}
+
+/// The subscription lagged: any node may have died unseen.
+pub(crate) fn resync(state: &mut DeploymentState) {
+    let mut dead: Vec<String> = state
+        .replicas
+        .values()
+        .map(|r| r.node.clone())
+        .filter(|n| !n.is_empty() && !state.args.cluster.is_alive(n))
+        .collect();
+    dead.sort();
+    dead.dedup();
+    for node in dead {
+        node_died(state, &node);
+    }
+}

@@ -1,0 +1,347 @@
+//! The DeploymentActor's state: its replicas and the one place their states change.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+};
+
+use flotilla_core::{
+    DeploymentStatusInfo, DeploymentTrigger, DeploymentVersion, ReplicaState, naming,
+};
+use flotilla_replica::{DeploymentRoute, ReplicaEndpoint, ReplicaId, ReplicaMsg, ReplicaReporter};
+use ractor::{ActorId, ActorRef, RpcReplyPort};
+use tokio::{task::JoinHandle, time::Instant};
+use tracing::{info, warn};
+
+use crate::{
+    DeploymentArgs, DeploymentEvent, DeploymentMsg, DeploymentSnapshot, ReplicaInfo, StateCount,
+    plan::ReplicaView,
+};
+
+/// One replica the DeploymentActor owns.
+pub(crate) struct Replica {
+    pub(crate) actor: ActorRef<ReplicaMsg>,
+    pub(crate) state: ReplicaState,
+    pub(crate) version: DeploymentVersion,
+    pub(crate) endpoint: Option<Arc<ReplicaEndpoint>>,
+    pub(crate) node: String,
+    /// When it entered its current state (slow-start detection).
+    pub(crate) since: Instant,
+}
+
+/// Replicas wanted but refused by the cluster.
+#[derive(Default)]
+pub(crate) struct Pending {
+    pub(crate) count: u32,
+    pub(crate) since: Option<Instant>,
+    pub(crate) reason: String,
+}
+
+/// The per-deployment slow-start timer and the last warning it produced.
+#[derive(Default)]
+pub(crate) struct SlowStart {
+    pub(crate) timer: Option<(Instant, JoinHandle<()>)>,
+    pub(crate) last_warned: Option<Instant>,
+    /// The message it put on the status, to clear it once nothing is slow.
+    pub(crate) message: Option<String>,
+}
+
+/// The DeploymentActor's state.
+pub struct DeploymentState {
+    pub(crate) args: DeploymentArgs,
+    pub(crate) version: DeploymentVersion,
+    pub(crate) route: Arc<DeploymentRoute>,
+    pub(crate) replicas: BTreeMap<ReplicaId, Replica>,
+    pub(crate) by_actor: HashMap<ActorId, ReplicaId>,
+    pub(crate) status: DeploymentStatusInfo,
+    pub(crate) reported: Option<(u64, DeploymentStatusInfo)>,
+    /// Consecutive startup failures (reset on a new spec and on HEALTHY).
+    pub(crate) failures: u32,
+    /// A replica at the target version has run since the last new spec.
+    pub(crate) has_started: bool,
+    /// Constructor backoff: while set, no replica starts.
+    pub(crate) backoff: Option<JoinHandle<()>>,
+    /// Placement retry timer, only for clusters that announce nothing.
+    pub(crate) placement_timer: Option<JoinHandle<()>>,
+    pub(crate) pending: Pending,
+    pub(crate) slow: SlowStart,
+    /// Set while replicas are pending: the cluster subscription forwards the next
+    /// capacity event (and clears it), so bursts of releases wake us once.
+    pub(crate) wants_capacity: Arc<AtomicBool>,
+    /// Whether the cluster announces capacity and node deaths.
+    pub(crate) evented_cluster: bool,
+    pub(crate) cluster_task: Option<JoinHandle<()>>,
+    pub(crate) shutdown: Vec<RpcReplyPort<()>>,
+}
+
+/// Replica state changes a DeploymentActor may make (`None` = not owned).
+fn allowed(from: Option<ReplicaState>, to: Option<ReplicaState>) -> bool {
+    use ReplicaState::*;
+    matches!(
+        (from, to),
+        (None, Some(Starting | Recovering))
+            | (Some(_), None)
+            | (Some(Starting), Some(Running | Stopping))
+            | (
+                Some(Recovering),
+                Some(Starting | Running | Updating | Stopping)
+            )
+            | (Some(Running), Some(Updating | Stopping))
+            | (Some(Updating), Some(Running | Stopping))
+    )
+}
+
+fn name(s: Option<ReplicaState>) -> String {
+    s.map_or_else(|| "-".to_owned(), |s| s.to_string())
+}
+
+impl DeploymentState {
+    /// A fresh state for `args` (no replicas yet).
+    pub(crate) fn new(args: DeploymentArgs, route: Arc<DeploymentRoute>) -> Self {
+        let mut status = DeploymentStatusInfo::default();
+        if args.target.deleting {
+            status.handle(DeploymentTrigger::Delete, "");
+        }
+        DeploymentState {
+            version: args.target.spec.version(),
+            args,
+            route,
+            replicas: BTreeMap::new(),
+            by_actor: HashMap::new(),
+            status,
+            reported: None,
+            failures: 0,
+            has_started: false,
+            backoff: None,
+            placement_timer: None,
+            pending: Pending::default(),
+            slow: SlowStart::default(),
+            wants_capacity: Arc::new(AtomicBool::new(false)),
+            evented_cluster: false,
+            cluster_task: None,
+            shutdown: Vec::new(),
+        }
+    }
+
+    /// The replica count wanted now (0 while deleting or shutting down).
+    pub(crate) fn target_count(&self) -> u32 {
+        if self.args.target.deleting || !self.shutdown.is_empty() {
+            0
+        } else {
+            self.args.target.replicas
+        }
+    }
+
+    fn log_transition(
+        &self,
+        id: ReplicaId,
+        from: Option<ReplicaState>,
+        to: Option<ReplicaState>,
+        why: &str,
+    ) {
+        info!(app = %self.args.app, deployment = %self.args.target.spec.name,
+            replica = %id, from = %name(from), to = %name(to), why, "replica state");
+    }
+
+    /// Take ownership of a new replica (STARTING or RECOVERING).
+    pub(crate) fn add(&mut self, id: ReplicaId, replica: Replica, why: &str) {
+        debug_assert!(allowed(None, Some(replica.state)));
+        self.log_transition(id, None, Some(replica.state), why);
+        self.by_actor.insert(replica.actor.get_id(), id);
+        self.replicas.insert(id, replica);
+    }
+
+    /// The one place a replica's state changes. Returns whether it changed; a
+    /// change the state machine does not allow is logged and ignored.
+    pub(crate) fn set_state(&mut self, id: ReplicaId, to: ReplicaState, why: &str) -> bool {
+        let Some(from) = self.replicas.get(&id).map(|r| r.state) else {
+            return false;
+        };
+        if from == to {
+            return false;
+        }
+        if !allowed(Some(from), Some(to)) {
+            warn!(app = %self.args.app, deployment = %self.args.target.spec.name,
+                replica = %id, from = %from, to = %to, why, "replica state change refused");
+            return false;
+        }
+        self.log_transition(id, Some(from), Some(to), why);
+        if let Some(r) = self.replicas.get_mut(&id) {
+            r.state = to;
+            r.since = Instant::now();
+        }
+        true
+    }
+
+    /// Tell replica `id` to stop and mark it STOPPING.
+    pub(crate) fn stop(&mut self, id: ReplicaId, graceful: bool, why: &str) {
+        if let Some(r) = self.replicas.get(&id) {
+            let _ = r.actor.cast(ReplicaMsg::Stop { graceful });
+        }
+        self.set_state(id, ReplicaState::Stopping, why);
+    }
+
+    /// Drop a replica that is gone, and give its resources back.
+    pub(crate) fn forget(&mut self, id: ReplicaId, why: &str) {
+        if let Some(r) = self.replicas.remove(&id) {
+            self.log_transition(id, Some(r.state), None, why);
+            self.by_actor.remove(&r.actor.get_id());
+            self.args.cluster.release(id);
+        }
+    }
+
+    /// Whether replica `id` runs the target code.
+    pub(crate) fn at_target_code(&self, id: ReplicaId) -> bool {
+        self.replicas
+            .get(&id)
+            .is_some_and(|r| r.version.code == self.version.code)
+    }
+
+    /// The replicas as the planner sees them.
+    pub(crate) fn views(&self) -> Vec<ReplicaView> {
+        self.replicas
+            .iter()
+            .map(|(id, r)| ReplicaView {
+                id: *id,
+                state: r.state,
+                version: r.version.clone(),
+                node: r.node.clone(),
+            })
+            .collect()
+    }
+
+    /// Publish the serving replicas to the route. Skipped while replicas are
+    /// RECOVERING: the route keeps what the previous actor published until this
+    /// one knows its replicas.
+    pub(crate) fn publish(&self) {
+        if self
+            .replicas
+            .values()
+            .any(|r| r.state == ReplicaState::Recovering)
+        {
+            return;
+        }
+        let set = self
+            .replicas
+            .values()
+            .filter(|r| matches!(r.state, ReplicaState::Running | ReplicaState::Updating))
+            .filter_map(|r| r.endpoint.clone())
+            .filter(|e| e.is_accepting())
+            .collect();
+        self.route.publish(set);
+    }
+
+    /// Tell the ApplicationActor about a status it has not seen.
+    pub(crate) fn report(&mut self) {
+        let cur = (self.args.target.generation, self.status.clone());
+        if self.reported.as_ref() != Some(&cur) {
+            self.reported = Some(cur);
+            (self.args.reporter)(DeploymentEvent::Status {
+                name: self.args.target.spec.name.clone(),
+                generation: self.args.target.generation,
+                status: self.status.clone(),
+            });
+        }
+    }
+
+    /// Feed the status machine (the transition table lives in
+    /// `DeploymentStatusInfo::handle`); `replica` names the replica behind it.
+    pub(crate) fn transition(
+        &mut self,
+        trigger: DeploymentTrigger,
+        message: String,
+        replica: Option<ReplicaId>,
+    ) {
+        let from = self.status.status;
+        if self.status.handle(trigger, message) {
+            info!(app = %self.args.app, deployment = %self.args.target.spec.name,
+                replica = ?replica, from = %from, to = %self.status.status,
+                trigger = ?self.status.trigger, message = %self.status.message,
+                "deployment status");
+        }
+    }
+
+    /// Change only the status message.
+    pub(crate) fn set_message(&mut self, message: String) {
+        if self.status.message != message {
+            info!(app = %self.args.app, deployment = %self.args.target.spec.name,
+                status = %self.status.status, %message, "deployment status message");
+            self.status.message = message;
+        }
+    }
+
+    /// Whether replicas wait for a node; keeps the capacity subscription armed.
+    pub(crate) fn set_wants_capacity(&self, wants: bool) {
+        self.wants_capacity.store(wants, Ordering::Release);
+    }
+
+    pub(crate) fn snapshot(&self) -> DeploymentSnapshot {
+        let mut counts: HashMap<(ReplicaState, &DeploymentVersion), u32> = HashMap::new();
+        for r in self.replicas.values() {
+            *counts.entry((r.state, &r.version)).or_insert(0) += 1;
+        }
+        let mut counts: Vec<StateCount> = counts
+            .into_iter()
+            .map(|((state, version), count)| StateCount {
+                state,
+                version: version.clone(),
+                count,
+            })
+            .collect();
+        counts.sort_by(|a, b| {
+            (a.state, a.version.to_string()).cmp(&(b.state, b.version.to_string()))
+        });
+        DeploymentSnapshot {
+            target: self.args.target.clone(),
+            version: self.version.clone(),
+            status: self.status.clone(),
+            replicas: self
+                .replicas
+                .iter()
+                .map(|(id, r)| ReplicaInfo {
+                    id: *id,
+                    state: r.state,
+                    version: r.version.clone(),
+                    node: r.node.clone(),
+                })
+                .collect(),
+            counts,
+            pending: self.pending.count,
+            pending_reason: (self.pending.count > 0).then(|| self.pending.reason.clone()),
+            startup_failures: self.failures,
+        }
+    }
+
+    /// How replicas reach this deployment: by name, so a restarted actor hears them.
+    pub(crate) fn reporter_for_replicas(&self) -> ReplicaReporter {
+        let name = naming::deployment(&self.args.ns, &self.args.app, &self.args.target.spec.name);
+        Arc::new(move |id, event| {
+            if let Some(me) = ActorRef::<DeploymentMsg>::where_is(name.clone()) {
+                let _ = me.cast(DeploymentMsg::Replica(id, event));
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ReplicaState::*;
+
+    #[test]
+    fn the_replica_state_machine() {
+        assert!(allowed(None, Some(Starting)));
+        assert!(allowed(None, Some(Recovering)));
+        assert!(!allowed(None, Some(Running)));
+        assert!(allowed(Some(Starting), Some(Running)));
+        assert!(!allowed(Some(Starting), Some(Updating)));
+        assert!(allowed(Some(Running), Some(Updating)));
+        assert!(allowed(Some(Updating), Some(Running)));
+        assert!(allowed(Some(Recovering), Some(Updating)));
+        assert!(!allowed(Some(Stopping), Some(Running)));
+        assert!(allowed(Some(Stopping), None));
+    }
+}

@@ -1,0 +1,240 @@
+//! How replica events move the deployment status, and the messages it carries.
+//! The transitions themselves are `DeploymentStatusInfo::handle`'s (Ray's table).
+
+use std::time::Duration;
+
+use flotilla_core::{DeploymentStatus, DeploymentTrigger, ReplicaState};
+use flotilla_replica::ReplicaId;
+use tokio::time::Instant;
+
+use crate::state::DeploymentState;
+
+/// Most constructor retries before DEPLOY_FAILED (Ray's
+/// `MAX_DEPLOYMENT_CONSTRUCTOR_RETRY_COUNT`); the limit is min(this, 3 x target).
+pub const MAX_CONSTRUCTOR_RETRIES: u32 = 20;
+/// First constructor retry delay; doubles per failure up to [`MAX_BACKOFF`].
+pub const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+/// Longest retry delay below the retry limit.
+pub const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// Retry delay once DEPLOY_FAILED ("keeps retrying slowly").
+pub const FAILED_BACKOFF: Duration = Duration::from_secs(30);
+/// A replica starting for longer than this is reported on the status (Ray's
+/// `SLOW_STARTUP_WARNING_S`), at most once per this period.
+pub const SLOW_START: Duration = Duration::from_secs(30);
+
+/// The constructor retry delay after `failures` consecutive failures below the
+/// limit: 100 ms, doubling, at most 5 s.
+pub fn backoff(failures: u32) -> Duration {
+    let exp = failures.saturating_sub(1).min(16);
+    FIRST_BACKOFF.saturating_mul(1 << exp).min(MAX_BACKOFF)
+}
+
+impl DeploymentState {
+    /// Startup failures tolerated before DEPLOY_FAILED: min(20, 3 x target).
+    pub(crate) fn retry_limit(&self) -> u32 {
+        MAX_CONSTRUCTOR_RETRIES.min(3 * self.args.target.replicas.max(1))
+    }
+
+    fn name(&self) -> String {
+        self.args.target.spec.name.to_string()
+    }
+
+    /// HEALTHY once exactly the target count runs at the target version, nothing
+    /// else is live (starting, updating, recovering) and nothing waits for a node.
+    pub(crate) fn update_status(&mut self) {
+        if self.args.target.deleting || !self.shutdown.is_empty() {
+            return;
+        }
+        let at_target = self
+            .replicas
+            .values()
+            .filter(|r| r.state == ReplicaState::Running && r.version == self.version)
+            .count() as u32;
+        let live = self
+            .replicas
+            .values()
+            .filter(|r| r.state != ReplicaState::Stopping)
+            .count() as u32;
+        if at_target > 0 {
+            self.has_started = true;
+        }
+        if at_target == self.args.target.replicas && live == at_target && self.pending.count == 0 {
+            self.failures = 0;
+            self.transition(DeploymentTrigger::Healthy, String::new(), None);
+        }
+    }
+
+    /// Count one startup failure (a constructor, first health check or reconfigure
+    /// that failed) and return how long to wait before starting again. Past the
+    /// retry limit, before any replica of this version ran: DEPLOY_FAILED, retrying
+    /// every [`FAILED_BACKOFF`].
+    pub(crate) fn record_startup_failure(&mut self, replica: ReplicaId, error: &str) -> Duration {
+        self.failures += 1;
+        let limit = self.retry_limit();
+        let n = self.failures;
+        if n >= limit && !self.has_started {
+            let message = format!(
+                "The deployment '{}' failed to start a replica {n} times (retry limit {limit}); \
+                 still retrying every {}s. Last error: {error}",
+                self.name(),
+                FAILED_BACKOFF.as_secs()
+            );
+            self.transition(
+                DeploymentTrigger::ReplicaStartupFailed,
+                message,
+                Some(replica),
+            );
+            FAILED_BACKOFF
+        } else {
+            let delay = backoff(n);
+            if matches!(
+                self.status.status,
+                DeploymentStatus::Updating
+                    | DeploymentStatus::Upscaling
+                    | DeploymentStatus::Downscaling
+            ) {
+                let more = limit.saturating_sub(n);
+                self.set_message(format!(
+                    "Replica {replica} failed to start ({n} of {limit} tries used, retrying in \
+                     {delay:?}{}). Error: {error}",
+                    if self.has_started || more == 0 {
+                        String::new()
+                    } else {
+                        format!(", {more} more before DEPLOY_FAILED")
+                    }
+                ));
+            }
+            delay
+        }
+    }
+
+    /// A replica at the target version was lost while serving (failed health
+    /// checks, panicked, crashed, or its node died): UNHEALTHY until replaced.
+    pub(crate) fn replica_lost(&mut self, replica: ReplicaId, at_target: bool, reason: &str) {
+        if at_target && self.target_count() > 0 {
+            self.transition(
+                DeploymentTrigger::HealthCheckFailed,
+                format!(
+                    "{reason}. It is being replaced; the deployment is UNHEALTHY until its \
+                     replicas are back at target."
+                ),
+                Some(replica),
+            );
+        }
+    }
+
+    /// Note replicas the cluster refused (`count` of them, for `reason`).
+    pub(crate) fn set_pending(&mut self, count: u32, reason: String) {
+        let changed = self.pending.count != count || self.pending.reason != reason;
+        if count == 0 {
+            self.pending = Default::default();
+            self.set_wants_capacity(false);
+            return;
+        }
+        self.pending.since.get_or_insert_with(Instant::now);
+        self.pending.count = count;
+        self.pending.reason = reason;
+        self.set_wants_capacity(true);
+        if changed && self.status.status != DeploymentStatus::DeployFailed {
+            self.set_message(format!(
+                "{count} replicas waiting for a node: {}",
+                self.pending.reason
+            ));
+        }
+    }
+
+    /// The slow-start warning for `now`, if any replica has been starting (or
+    /// waiting for a node) for at least [`SLOW_START`].
+    pub(crate) fn slow_start_message(&self, now: Instant) -> Option<String> {
+        let slow = |since: Instant| now.saturating_duration_since(since) >= SLOW_START;
+        let constructing = self
+            .replicas
+            .values()
+            .filter(|r| r.state == ReplicaState::Starting && slow(r.since))
+            .count();
+        let unplaced = if self.pending.since.is_some_and(slow) {
+            self.pending.count
+        } else {
+            0
+        };
+        let secs = SLOW_START.as_secs();
+        let mut parts = Vec::new();
+        if constructing > 0 {
+            parts.push(format!(
+                "{constructing} replicas have taken more than {secs}s to start: their \
+                 constructor is still running (a slow constructor, reconfigure or first \
+                 health check)"
+            ));
+        }
+        if unplaced > 0 {
+            parts.push(format!(
+                "{unplaced} replicas have taken more than {secs}s to start: no node has \
+                 enough resources ({})",
+                self.pending.reason
+            ));
+        }
+        (!parts.is_empty()).then(|| {
+            format!(
+                "Deployment '{}' in application '{}': {}.",
+                self.name(),
+                self.args.app,
+                parts.join("; ")
+            )
+        })
+    }
+
+    /// When the slow-start check must run next: 30 s after the oldest start (or
+    /// pending placement), and at most once per 30 s. `None`: nothing is starting.
+    pub(crate) fn slow_start_due(&self) -> Option<Instant> {
+        let oldest = self
+            .replicas
+            .values()
+            .filter(|r| r.state == ReplicaState::Starting)
+            .map(|r| r.since)
+            .chain(self.pending.since.filter(|_| self.pending.count > 0))
+            .min()?;
+        let due = oldest + SLOW_START;
+        Some(match self.slow.last_warned {
+            Some(w) => due.max(w + SLOW_START),
+            None => due,
+        })
+    }
+
+    /// The slow-start timer fired at `now`: warn (unless the status already tells
+    /// of a failure) or clear a warning that no longer holds.
+    pub(crate) fn check_slow_start(&mut self, now: Instant) {
+        match self.slow_start_message(now) {
+            Some(message) => {
+                self.slow.last_warned = Some(now);
+                if !matches!(
+                    self.status.status,
+                    DeploymentStatus::Unhealthy | DeploymentStatus::DeployFailed
+                ) {
+                    self.set_message(message.clone());
+                    self.slow.message = Some(message);
+                }
+            }
+            None => self.clear_slow_message(),
+        }
+    }
+
+    /// Remove the slow-start warning from the status if it is still there.
+    pub(crate) fn clear_slow_message(&mut self) {
+        if let Some(m) = self.slow.message.take()
+            && self.status.message == m
+        {
+            self.set_message(String::new());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_from_100ms_up_to_5s() {
+        let ms: Vec<u128> = (1..=8).map(|n| backoff(n).as_millis()).collect();
+        assert_eq!(ms, [100, 200, 400, 800, 1600, 3200, 5000, 5000]);
+    }
+}

@@ -1,0 +1,230 @@
+//! DeploymentActor tests without the rest of the tree: re-adoption of living
+//! replicas (RECOVERING), and placement retries on a cluster that announces
+//! nothing. Paused tokio time throughout.
+
+#![allow(clippy::unwrap_used)]
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicU32, Ordering},
+    },
+    time::Duration,
+};
+
+use flotilla_core::{
+    AppName, DeploymentName, DeploymentSpec, DeploymentStatus, DeploymentVersion, ReplicaState,
+    naming,
+};
+use flotilla_deployment::{
+    Cluster, DeploymentActor, DeploymentArgs, DeploymentMsg, DeploymentSnapshot, DeploymentTarget,
+    LocalCluster, NodeId, PLACEMENT_RETRY, PlacementRequest, RECOVER_TIMEOUT, Refusal,
+};
+use flotilla_replica::{
+    Deployment, Directory, Registry, ReplicaId, ReplicaMsg, ReplicaPhase, ReplicaSnapshot,
+    UserError,
+};
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, rpc::CallResult};
+
+struct Echo;
+
+impl Deployment for Echo {
+    type Request = String;
+    type Response = String;
+    async fn handle(&self, r: String) -> Result<String, UserError> {
+        Ok(r)
+    }
+}
+
+fn names(ns: &str) -> (String, AppName, DeploymentName) {
+    (
+        ns.to_owned(),
+        AppName::new("app").unwrap(),
+        DeploymentName::new("d").unwrap(),
+    )
+}
+
+fn target(replicas: u32) -> DeploymentTarget {
+    DeploymentTarget {
+        spec: DeploymentSpec::builder("d", "t::Echo")
+            .replicas(replicas)
+            .build()
+            .unwrap(),
+        replicas,
+        deleting: false,
+        generation: 1,
+    }
+}
+
+async fn spawn_deployment(
+    ns: &str,
+    replicas: u32,
+    cluster: Arc<dyn Cluster>,
+) -> ActorRef<DeploymentMsg> {
+    let (ns, app, _) = names(ns);
+    let target = target(replicas);
+    let args = DeploymentArgs {
+        ns: ns.clone(),
+        app: app.clone(),
+        registry: Registry::new()
+            .register("t::Echo", |_| async { Ok(Echo) })
+            .unwrap(),
+        directory: Directory::new(),
+        cluster,
+        reporter: Arc::new(|_| {}),
+        target: target.clone(),
+    };
+    let name = naming::deployment(&ns, &app, &target.spec.name);
+    Actor::spawn(Some(name), DeploymentActor, args)
+        .await
+        .unwrap()
+        .0
+}
+
+async fn observe(actor: &ActorRef<DeploymentMsg>) -> DeploymentSnapshot {
+    match actor.call(DeploymentMsg::Observe, None).await.unwrap() {
+        CallResult::Success(s) => s,
+        other => panic!("no snapshot: {other:?}"),
+    }
+}
+
+/// A stand-in for a replica left alive by a crashed DeploymentActor: it answers
+/// `Observe` after `answer_after` (never if `None`) and stops when told to.
+struct FakeReplica;
+
+struct FakeArgs {
+    id: ReplicaId,
+    version: DeploymentVersion,
+    group: String,
+    answer_after: Option<Duration>,
+}
+
+impl Actor for FakeReplica {
+    type Msg = ReplicaMsg;
+    type State = (FakeArgs, Vec<RpcReplyPort<ReplicaSnapshot>>);
+    type Arguments = FakeArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<ReplicaMsg>,
+        args: FakeArgs,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        ractor::pg::join(args.group.clone(), vec![myself.get_cell()]);
+        Ok((args, Vec::new()))
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<ReplicaMsg>,
+        msg: ReplicaMsg,
+        (args, held): &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            ReplicaMsg::Observe(reply) => {
+                let snap = ReplicaSnapshot {
+                    id: args.id,
+                    version: args.version.clone(),
+                    phase: ReplicaPhase::Running,
+                    endpoint: None,
+                    node: "local".into(),
+                };
+                match args.answer_after {
+                    Some(d) => {
+                        tokio::spawn(async move {
+                            tokio::time::sleep(d).await;
+                            let _ = reply.send(snap);
+                        });
+                    }
+                    None => held.push(reply),
+                }
+            }
+            ReplicaMsg::Stop { .. } => myself.stop(None),
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn living_replicas_are_recovering_until_they_describe_themselves() {
+    let (ns, app, dep) = names("actor-test-recover");
+    let version = target(2).spec.version();
+    let mut fakes = Vec::new();
+    for (id, answer_after) in [(1_000_001, Some(Duration::from_secs(1))), (1_000_002, None)] {
+        let args = FakeArgs {
+            id: ReplicaId(id),
+            version: version.clone(),
+            group: naming::replica_group(&ns, &app, &dep),
+            answer_after,
+        };
+        let name = naming::replica(&ns, &app, &dep, id);
+        fakes.push(Actor::spawn(Some(name), FakeReplica, args).await.unwrap());
+    }
+
+    let actor = spawn_deployment(&ns, 2, Arc::new(LocalCluster)).await;
+    let s = observe(&actor).await;
+    assert_eq!(s.count_at(ReplicaState::Recovering, &version), 2);
+    assert_eq!(s.live(), 2, "recovering replicas count: nothing new starts");
+
+    // One answers (RUNNING), the other stays RECOVERING...
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let s = observe(&actor).await;
+    assert_eq!(s.count(ReplicaState::Running), 1);
+    assert_eq!(s.count(ReplicaState::Recovering), 1);
+    assert_ne!(s.status.status, DeploymentStatus::Healthy);
+
+    // ...until it misses the deadline: stopped and replaced by a real replica.
+    tokio::time::sleep(RECOVER_TIMEOUT).await;
+    let s = observe(&actor).await;
+    assert_eq!(s.count_at(ReplicaState::Running, &version), 2, "{s:#?}");
+    let ids: Vec<u64> = s.replicas.iter().map(|r| r.id.0).collect();
+    assert!(
+        ids.contains(&1_000_001) && !ids.contains(&1_000_002),
+        "{ids:?}"
+    );
+    assert_eq!(s.status.status, DeploymentStatus::Healthy);
+    actor.stop(None);
+    for (f, _) in fakes {
+        f.stop(None);
+    }
+}
+
+/// Refuses the first `refusals` placements and announces nothing.
+struct Stingy {
+    refusals: AtomicU32,
+}
+
+impl Cluster for Stingy {
+    fn place(&self, _request: &PlacementRequest<'_>) -> Result<NodeId, Refusal> {
+        match self
+            .refusals
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+        {
+            Ok(_) => Err(Refusal {
+                missing: "widgets: need 1, most free 0".into(),
+            }),
+            Err(_) => Ok("only".into()),
+        }
+    }
+
+    fn release(&self, _replica: ReplicaId) {}
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cluster_without_events_is_retried_on_a_timer() {
+    let cluster = Arc::new(Stingy {
+        refusals: AtomicU32::new(2),
+    });
+    let actor = spawn_deployment("actor-test-stingy", 1, cluster).await;
+    let s = observe(&actor).await;
+    assert_eq!(s.pending, 1);
+    assert!(s.status.message.contains("widgets"), "{}", s.status.message);
+    tokio::time::sleep(PLACEMENT_RETRY + Duration::from_millis(10)).await;
+    assert_eq!(observe(&actor).await.pending, 1, "refused a second time");
+    tokio::time::sleep(PLACEMENT_RETRY).await;
+    let s = observe(&actor).await;
+    assert_eq!((s.pending, s.count(ReplicaState::Running)), (0, 1));
+    assert_eq!(s.replicas[0].node, "only");
+    assert_eq!(s.status.status, DeploymentStatus::Healthy);
+    actor.stop(None);
+}

@@ -1,0 +1,122 @@
+//! `recovery`: a Controller crash (re-adoption of living actors), then a whole
+//! restart: shut down, start again on the same store file, and wait until every
+//! application is RUNNING again.
+
+use std::time::{Duration, Instant};
+
+use flotilla::{Serve, ServeError, StoreError};
+
+use crate::{
+    error::{BenchError, BenchResult, Context},
+    report::Figure,
+    workload::{self, Shape, TempStore},
+};
+
+const S: &str = "recovery";
+
+/// Flags of `recovery`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// Applications to deploy before the crash and the restart.
+    #[arg(long, default_value_t = 1_000)]
+    pub apps: usize,
+    /// Batch size of the first deploy.
+    #[arg(long, default_value_t = 1_000)]
+    pub batch: usize,
+    /// `graceful_shutdown_wait_loop` of the deployments, in ms. Ray's default
+    /// (2000) makes `shutdown` take 2 s per application (see BENCHMARKS.md).
+    #[arg(long, default_value_t = 10)]
+    pub drain_wait_ms: u64,
+    /// Give up after this many seconds (per phase).
+    #[arg(long, default_value_t = 1_800)]
+    pub timeout_s: u64,
+}
+
+/// Run it.
+pub async fn run(args: &Args) -> BenchResult<()> {
+    let store = TempStore::new(S)?;
+    let serve = store.start().await?;
+    let timeout = workload::secs(args.timeout_s);
+    let shape = Shape {
+        drain_wait: Some(Duration::from_millis(args.drain_wait_ms.max(1))),
+        ..Shape::default()
+    };
+    let (names, _) =
+        workload::deploy_running(&serve, "r", args.apps, args.batch, shape, timeout).await?;
+    let fig = |metric: &str, v: f64| {
+        Figure::new(S, metric, v, "s")
+            .with("apps", args.apps)
+            .with("drain_wait_ms", args.drain_wait_ms)
+    };
+
+    // 1. Kill the Controller: the Supervisor restarts it and it re-adopts every
+    // living ApplicationActor; applications stay RUNNING throughout.
+    let t0 = Instant::now();
+    serve.crash_controller();
+    readopted(&serve, args.apps, timeout).await?;
+    fig("controller_crash_s", t0.elapsed().as_secs_f64()).emit()?;
+    workload::wait_running(&serve, &names, timeout).await?;
+
+    // 2. Shut down (drains and stops every replica), then start on the same file.
+    let t0 = Instant::now();
+    serve
+        .shutdown()
+        .await
+        .context(|| "shutting down".to_owned())?;
+    fig("shutdown_s", t0.elapsed().as_secs_f64()).emit()?;
+    drop(serve);
+
+    let t0 = Instant::now();
+    let serve = reopen(&store, timeout).await?;
+    let reopened = t0.elapsed().as_secs_f64();
+    workload::wait_running(&serve, &names, timeout).await?;
+    fig("wall_s", t0.elapsed().as_secs_f64()).emit()?;
+    fig("start_s", reopened).emit()?;
+    Ok(())
+}
+
+/// Wait until the restarted Controller answers and holds every application actor.
+async fn readopted(serve: &Serve, apps: usize, timeout: Duration) -> BenchResult<()> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match serve.metrics().await {
+            Ok(m) if m.controller_restarts >= 1 && m.controller.app_actors >= apps => {
+                return Ok(());
+            }
+            // The call raced the crash: ask again.
+            Ok(_) | Err(ServeError::ControllerCrashed) => {}
+            Err(e) => return Err(e).context(|| "reading metrics after the crash".to_owned()),
+        }
+        if Instant::now() > deadline {
+            return Err(BenchError::msg("the controller did not come back in time"));
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+/// Start on the store again; the old instance releases the file lock when its
+/// last actor has dropped it, so a locked file is retried.
+async fn reopen(store: &TempStore, timeout: Duration) -> BenchResult<Serve> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match store.start().await {
+            Ok(s) => return Ok(s),
+            Err(e) if Instant::now() < deadline && is_locked(&e) => {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+fn is_locked(e: &BenchError) -> bool {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        if let Some(ServeError::Store(StoreError::Locked { .. })) = err.downcast_ref::<ServeError>()
+        {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
+}

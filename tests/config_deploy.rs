@@ -1,0 +1,371 @@
+//! Declarative deploys: `apply_config`, build tasks, overrides, imperative
+//! coexistence and recovery, on paused tokio time.
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::{
+    sync::{Arc, atomic::Ordering},
+    time::Duration,
+};
+
+use flotilla::{
+    ApplicationSpec, ApplicationStatus as A, DeploymentSpec, Registry, Serve, ServeConfig,
+    ServeError, ServeOptions, UserError,
+};
+use serde::{Deserialize, Serialize};
+use support::{ProbeArgs, Switches, wait_status};
+
+/// What the test application builder does, from the config's `args`.
+#[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
+struct BuildArgs {
+    tag: String,
+    fail: bool,
+    panic: bool,
+    sleep_s: u64,
+}
+
+async fn build(args: flotilla::Args) -> Result<ApplicationSpec, UserError> {
+    let a: BuildArgs = args.decode().map_err(|e| UserError::new(e.to_string()))?;
+    if a.sleep_s > 0 {
+        tokio::time::sleep(Duration::from_secs(a.sleep_s)).await;
+    }
+    if a.fail {
+        return Err(UserError::new("the builder refused"));
+    }
+    if a.panic {
+        panic!("the builder panicked");
+    }
+    ApplicationSpec::builder("ignored")
+        .route_prefix("/from-code")
+        .deployment(
+            DeploymentSpec::builder("probe", "test::Probe").init_args(&ProbeArgs {
+                tag: a.tag,
+                ..Default::default()
+            }),
+        )
+        .build()
+        .map_err(|e| UserError::new(e.to_string()))
+}
+
+fn registry(sw: &Arc<Switches>) -> Registry {
+    support::registry(sw)
+        .register_app("test::app", build)
+        .unwrap()
+}
+
+async fn start(dir: &tempfile::TempDir, sw: &Arc<Switches>) -> Serve {
+    Serve::start(ServeOptions::new(registry(sw)).store_path(dir.path().join("f.redb")))
+        .await
+        .unwrap()
+}
+
+fn config(yaml: &str) -> ServeConfig {
+    ServeConfig::from_yaml(yaml).unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_successful_build_deploys_with_the_configs_route_prefix() {
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Arc::new(Switches::default());
+    let serve = start(&dir, &sw).await;
+    serve
+        .apply_config(config(
+            "applications:\n  - name: app1\n    route_prefix: /cfg\n    import_path: test::app\n    args: {tag: one, sleep_s: 10}\n",
+        ))
+        .await
+        .unwrap();
+    assert_eq!(serve.app_status("app1").status, A::Deploying);
+    let s = wait_status(&serve, "app1", A::Running).await;
+    assert_eq!(s.observed_generation, 1);
+    let h = serve.app_handle("app1").unwrap();
+    assert_eq!(h.call::<_, String>("x").await.unwrap(), "one:x");
+    // The config's prefix won over the builder's: another app may not take it.
+    let taken = ApplicationSpec::builder("other")
+        .route_prefix("/cfg")
+        .deployment(DeploymentSpec::builder("d", "test::Probe").init_args(&ProbeArgs::default()))
+        .build()
+        .unwrap();
+    assert!(matches!(
+        serve.run(taken).await,
+        Err(ServeError::RouteTaken { .. })
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn failing_panicking_and_slow_builds_are_deploy_failed_saying_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Arc::new(Switches::default());
+    let serve = start(&dir, &sw).await;
+    serve
+        .apply_config(config(
+            "applications:
+  - {name: f, import_path: test::app, args: {fail: true}}
+  - {name: p, import_path: test::app, args: {panic: true}}
+  - {name: t, import_path: test::app, args: {sleep_s: 100000}}
+  - {name: u, import_path: test::unknown}
+",
+        ))
+        .await
+        .unwrap();
+    for (app, why) in [
+        ("f", "the builder refused"),
+        ("p", "the builder panicked"),
+        ("t", "did not finish within"),
+        (
+            "u",
+            "no application builder is registered under import path 'test::unknown'",
+        ),
+    ] {
+        let s = wait_status(&serve, app, A::DeployFailed).await;
+        assert!(
+            s.message.contains("failed") && s.message.contains(why),
+            "{app}: {}",
+            s.message
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_second_config_deletes_what_it_dropped_adds_what_it_names_and_leaves_imperative_apps() {
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Arc::new(Switches::default());
+    let serve = start(&dir, &sw).await;
+    serve
+        .run(support::app("imp", 1, ProbeArgs::default()))
+        .await
+        .unwrap();
+    serve
+        .apply_config(config(
+            "applications:
+  - {name: app1, route_prefix: /a1, import_path: test::app, args: {tag: one}}
+  - {name: app2, route_prefix: /a2, import_path: test::app, args: {tag: two}}
+",
+        ))
+        .await
+        .unwrap();
+    wait_status(&serve, "app1", A::Running).await;
+    wait_status(&serve, "app2", A::Running).await;
+    let app2_replica = serve.app_handle("app2").unwrap().replicas()[0].id();
+    let commits = serve.metrics().await.unwrap().store.commits;
+    serve
+        .apply_config(config(
+            "applications:
+  - {name: app2, route_prefix: /a2, import_path: test::app, args: {tag: two}}
+  - {name: app3, route_prefix: /a1, import_path: test::app, args: {tag: three, sleep_s: 5}}
+",
+        ))
+        .await
+        .unwrap();
+    // One commit for the config and the deletion of app1 (app3 is still building).
+    assert_eq!(serve.metrics().await.unwrap().store.commits, commits + 1);
+    assert_eq!(serve.app_status("app1").status, A::Deleting);
+    wait_status(&serve, "app3", A::Running).await;
+    wait_status(&serve, "app1", A::NotStarted).await;
+    // app2's entry did not change: nothing rebuilt, nothing restarted.
+    assert_eq!(
+        serve.app_handle("app2").unwrap().replicas()[0].id(),
+        app2_replica
+    );
+    assert_eq!(serve.app_status("app2").observed_generation, 1);
+    assert_eq!(serve.app_status("imp").status, A::Running);
+
+    // Naming the imperative app without take_over is an error and changes nothing.
+    let err = serve
+        .apply_config(config(
+            "applications:\n  - {name: imp, import_path: test::app}\n",
+        ))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ServeError::ImperativeApp { .. }), "{err}");
+    assert_eq!(serve.app_status("app3").status, A::Running);
+    serve
+        .apply_config(config(
+            "applications:\n  - {name: imp, import_path: test::app, take_over: true, args: {tag: cfg}}\n",
+        ))
+        .await
+        .unwrap();
+    wait_until_tag(&serve, "imp", "cfg").await;
+    wait_status(&serve, "app3", A::NotStarted).await;
+}
+
+async fn wait_until_tag(serve: &Serve, app: &str, tag: &str) {
+    for _ in 0..600 {
+        if let Ok(h) = serve.app_handle(app)
+            && let Ok(out) = h
+                .clone()
+                .with_timeout(Duration::from_secs(1))
+                .call::<_, String>("x")
+                .await
+            && out.starts_with(tag)
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    panic!("{app} never answered with tag {tag}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn config_only_changes_reconfigure_in_place_and_code_changes_roll() {
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Arc::new(Switches::default());
+    let serve = start(&dir, &sw).await;
+    let with = |tag: &str, extra: &str| {
+        config(&format!(
+            "applications:
+  - name: a
+    import_path: test::app
+    args: {{tag: {tag}}}
+    deployments:
+      - name: probe
+        num_replicas: 2
+{extra}"
+        ))
+    };
+    serve.apply_config(with("v1", "")).await.unwrap();
+    wait_until_replicas(&serve, "a", 2).await;
+    let built = sw.constructed.load(Ordering::SeqCst);
+    serve
+        .apply_config(with(
+            "v1",
+            "        user_config: {threshold: 3}\n        max_ongoing_requests: 9\n",
+        ))
+        .await
+        .unwrap();
+    wait_status(&serve, "a", A::Running).await;
+    for _ in 0..100 {
+        if sw.reconfigured.load(Ordering::SeqCst) >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    assert_eq!(
+        sw.reconfigured.load(Ordering::SeqCst),
+        2,
+        "every live replica reconfigured"
+    );
+    assert_eq!(
+        sw.constructed.load(Ordering::SeqCst),
+        built,
+        "no replica restarted"
+    );
+    serve.apply_config(with("v2", "")).await.unwrap();
+    support::wait_until(&serve, "a", |s| {
+        s.observed_generation >= 3 && s.status == A::Running
+    })
+    .await;
+    wait_until_tag(&serve, "a", "v2").await;
+    assert!(
+        sw.constructed.load(Ordering::SeqCst) >= built + 2,
+        "code change rolled the replicas"
+    );
+}
+
+async fn wait_until_replicas(serve: &Serve, app: &str, n: usize) {
+    for _ in 0..600 {
+        if serve.app_handle(app).is_ok_and(|h| h.replicas().len() == n)
+            && serve.app_status(app).status == A::Running
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    panic!("{app} never had {n} replicas");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_newer_config_cancels_a_running_build() {
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Arc::new(Switches::default());
+    let serve = start(&dir, &sw).await;
+    serve
+        .apply_config(config(
+            "applications:\n  - {name: a, import_path: test::app, args: {tag: slow, sleep_s: 60}}\n",
+        ))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    serve
+        .apply_config(config(
+            "applications:\n  - {name: a, import_path: test::app, args: {tag: fast}}\n",
+        ))
+        .await
+        .unwrap();
+    wait_status(&serve, "a", A::Running).await;
+    tokio::time::sleep(Duration::from_secs(120)).await;
+    let h = serve.app_handle("a").unwrap();
+    assert_eq!(
+        h.call::<_, String>("x").await.unwrap(),
+        "fast:x",
+        "the slow build never landed"
+    );
+    assert_eq!(serve.app_status("a").observed_generation, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_applied_config_survives_a_restart_and_a_crash_during_a_build_rebuilds() {
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Arc::new(Switches::default());
+    {
+        let serve = start(&dir, &sw).await;
+        serve
+            .apply_config(config(
+                "applications:
+  - {name: done, route_prefix: /done, import_path: test::app, args: {tag: d}}
+  - {name: building, route_prefix: /b, import_path: test::app, args: {tag: b, sleep_s: 30}}
+",
+            ))
+            .await
+            .unwrap();
+        wait_status(&serve, "done", A::Running).await;
+        // "building" is still in its builder: stop everything now.
+        assert_eq!(serve.app_status("building").status, A::Deploying);
+        serve.shutdown().await.unwrap();
+    }
+    let serve = start(&dir, &sw).await;
+    wait_status(&serve, "done", A::Running).await;
+    wait_status(&serve, "building", A::Running).await;
+    let h = serve.app_handle("building").unwrap();
+    assert_eq!(h.call::<_, String>("x").await.unwrap(), "b:x");
+    // Same config again after recovery: nothing to rebuild, nothing changes.
+    let commits = serve.metrics().await.unwrap().store.commits;
+    serve
+        .apply_config(config(
+            "applications:
+  - {name: done, route_prefix: /done, import_path: test::app, args: {tag: d}}
+  - {name: building, route_prefix: /b, import_path: test::app, args: {tag: b, sleep_s: 30}}
+",
+        ))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert_eq!(serve.metrics().await.unwrap().store.commits, commits + 1);
+    assert_eq!(serve.app_status("building").observed_generation, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn apply_config_file_reports_parse_errors_with_line_and_column() {
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Arc::new(Switches::default());
+    let serve = start(&dir, &sw).await;
+    let path = dir.path().join("bad.yaml");
+    std::fs::write(
+        &path,
+        "applications:\n  - name: a\n    import_path: test::app\n   bogus: 1\n",
+    )
+    .unwrap();
+    let err = serve.apply_config_file(&path).await.unwrap_err();
+    assert!(err.to_string().contains("line 4"), "{err}");
+    let missing = serve
+        .apply_config_file(dir.path().join("none.yaml"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(missing, ServeError::ConfigFile { .. }),
+        "{missing}"
+    );
+    assert!(serve.status().is_empty());
+}

@@ -1,0 +1,274 @@
+//! Replica health, startup retries, panics and graceful stops, through the public
+//! API on paused tokio time.
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::{
+    sync::{Arc, atomic::Ordering},
+    time::Duration,
+};
+
+use flotilla::{ApplicationStatus as A, CallError, DeploymentStatus, ReplicaState as R};
+use flotilla_core::DeploymentSpecBuilder;
+use support::{
+    ProbeArgs, Switches, app_of, deployment_actor, no_wait, observe, probe, start, wait_snapshot,
+    wait_status,
+};
+use tokio::time::Instant;
+
+fn tag(t: &str) -> ProbeArgs {
+    ProbeArgs {
+        tag: t.into(),
+        ..Default::default()
+    }
+}
+
+/// One probe replica with health checks every `period_s`, cut at `timeout_s`.
+fn health(period_s: u64, timeout_s: u64) -> DeploymentSpecBuilder {
+    probe(1, &tag("h")).with_config(|c| {
+        c.with_health_check(
+            Duration::from_secs(period_s),
+            Duration::from_secs(timeout_s),
+        )
+    })
+}
+
+/// The id of the (only) replica that is not stopping.
+fn first_id(s: &flotilla_deployment::DeploymentSnapshot) -> u64 {
+    s.replicas
+        .iter()
+        .find(|r| r.state != R::Stopping)
+        .map(|r| r.id.0)
+        .unwrap_or(0)
+}
+
+#[tokio::test(start_paused = true)]
+async fn health_checks_run_every_period_and_one_failure_is_not_enough() {
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Arc::new(Switches::default());
+    let serve = start(&dir, &sw).await;
+    serve.run(app_of("a", health(2, 1))).await.unwrap();
+    let id = first_id(&observe(&serve, "a", "probe").await);
+    let before = sw.health_checks.load(Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let checks = sw.health_checks.load(Ordering::SeqCst) - before;
+    assert!((9..=11).contains(&checks), "{checks} checks in 20s");
+
+    // Two failed checks, then healthy again: not replaced (three in a row are).
+    sw.unhealthy.store(true, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    sw.unhealthy.store(false, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    assert_eq!(first_id(&observe(&serve, "a", "probe").await), id);
+    assert_eq!(serve.app_status("a").status, A::Running);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_health_check_that_hangs_past_its_timeout_fails_and_three_replace_the_replica() {
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Arc::new(Switches::default());
+    let serve = start(&dir, &sw).await;
+    serve.run(app_of("a", health(1, 2))).await.unwrap();
+    let id = first_id(&observe(&serve, "a", "probe").await);
+    let built = sw.constructed.load(Ordering::SeqCst);
+    let t0 = Instant::now();
+    sw.hang_health.store(true, Ordering::SeqCst);
+    let s = wait_status(&serve, "a", A::Unhealthy).await;
+    let took = t0.elapsed();
+    // Three checks, each cut at the 2 s timeout, one period apart at most.
+    assert!(
+        took >= Duration::from_secs(6) && took <= Duration::from_secs(10),
+        "{took:?}"
+    );
+    let d = &s.deployments.values().next().unwrap();
+    assert_eq!(d.status, DeploymentStatus::Unhealthy);
+    assert!(
+        d.message
+            .contains(&format!("replica {id} failed 3 consecutive health checks"))
+            && d.message.contains("timed out after 2s"),
+        "{}",
+        d.message
+    );
+    sw.hang_health.store(false, Ordering::SeqCst);
+    wait_status(&serve, "a", A::Running).await;
+    // HEALTHY again only once the count is back at target.
+    let s = observe(&serve, "a", "probe").await;
+    assert_eq!(s.count_at(R::Running, &s.version), 1);
+    assert_ne!(first_id(&s), id);
+    assert!(sw.constructed.load(Ordering::SeqCst) > built);
+}
+
+#[tokio::test(start_paused = true)]
+async fn constructor_failures_back_off_then_deploy_failed_retries_slowly_and_recovers() {
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Arc::new(Switches::default());
+    let serve = start(&dir, &sw).await;
+    // One replica: retry limit min(20, 3 x 1) = 3. Five failures, then success.
+    let flaky = ProbeArgs {
+        fail_constructor: 5,
+        ..tag("f")
+    };
+    serve
+        .run_many(vec![app_of("a", probe(1, &flaky))], no_wait())
+        .await
+        .unwrap();
+    let s = wait_snapshot(&serve, "a", "probe", |s| s.startup_failures == 1).await;
+    assert_eq!(s.status.status, DeploymentStatus::Updating);
+    assert!(
+        s.status
+            .message
+            .contains("failed to start (1 of 3 tries used")
+            && s.status.message.contains("retrying in 100ms")
+            && s.status.message.contains("2 more before DEPLOY_FAILED")
+            && s.status.message.contains("probe constructor failure #1"),
+        "{}",
+        s.status.message
+    );
+    let s = wait_snapshot(&serve, "a", "probe", |s| {
+        s.status.status == DeploymentStatus::DeployFailed
+    })
+    .await;
+    assert!(
+        s.status
+            .message
+            .contains("failed to start a replica 3 times (retry limit 3)")
+            && s.status.message.contains("still retrying every 30s")
+            && s.status.message.contains("probe constructor failure #3"),
+        "{}",
+        s.status.message
+    );
+    assert_eq!(serve.app_status("a").status, A::DeployFailed);
+    let s = wait_status(&serve, "a", A::Running).await;
+    assert_eq!(s.observed_generation, 1, "recovered without a redeploy");
+    assert_eq!(s.deployments.values().next().unwrap().message, "");
+
+    // The spacing in virtual time: 100 ms, 200 ms, then every 30 s.
+    let times = sw.constructor_times();
+    assert_eq!(times.len(), 6);
+    let gaps: Vec<u128> = times
+        .windows(2)
+        .map(|w| (w[1] - w[0]).as_millis())
+        .collect();
+    assert_eq!(gaps, [100, 200, 30_000, 30_000, 30_000]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_panic_replaces_the_replica_and_never_the_deployment_actor() {
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Arc::new(Switches::default());
+    let serve = start(&dir, &sw).await;
+    let h = serve.run(app_of("a", probe(1, &tag("p")))).await.unwrap();
+    let actor = deployment_actor(&serve, "a", "probe").unwrap().get_id();
+    let id = first_id(&observe(&serve, "a", "probe").await);
+    let err = h.call::<_, String>("panic").await.unwrap_err();
+    assert!(matches!(err, CallError::Panicked(_)), "{err}");
+    let s = wait_snapshot(&serve, "a", "probe", |s| {
+        first_id(s) != id && s.count(R::Running) == 1
+    })
+    .await;
+    assert_eq!(s.status.status, DeploymentStatus::Healthy);
+    assert_eq!(h.call::<_, String>("x").await.unwrap(), "p:x");
+    assert_eq!(
+        deployment_actor(&serve, "a", "probe").unwrap().get_id(),
+        actor
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_panicking_health_check_is_caught_counts_as_failures_and_replaces_the_replica() {
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Arc::new(Switches::default());
+    let serve = start(&dir, &sw).await;
+    serve.run(app_of("a", health(1, 5))).await.unwrap();
+    let actor = deployment_actor(&serve, "a", "probe").unwrap().get_id();
+    let id = first_id(&observe(&serve, "a", "probe").await);
+    sw.panic_health.store(true, Ordering::SeqCst);
+    // Each panic comes back as a failed check (it is caught in the check's task),
+    // so the three-in-a-row rule applies and the replica is replaced.
+    let s = wait_status(&serve, "a", A::Unhealthy).await;
+    let msg = &s.deployments.values().next().unwrap().message;
+    assert!(
+        msg.contains("3 consecutive health checks") && msg.contains("panicked"),
+        "{msg}"
+    );
+    sw.panic_health.store(false, Ordering::SeqCst);
+    wait_status(&serve, "a", A::Running).await;
+    assert_ne!(first_id(&observe(&serve, "a", "probe").await), id);
+    assert_eq!(
+        deployment_actor(&serve, "a", "probe").unwrap().get_id(),
+        actor
+    );
+}
+
+/// One probe replica draining every `wait_loop_s`, killed at `timeout_s`.
+fn graceful(wait_loop_s: u64, timeout_s: u64) -> DeploymentSpecBuilder {
+    probe(1, &tag("g")).with_config(|c| {
+        c.with_graceful_shutdown(
+            Duration::from_secs(wait_loop_s),
+            Duration::from_secs(timeout_s),
+        )
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn in_flight_requests_finish_during_a_delete_after_leaving_the_route() {
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Arc::new(Switches::default());
+    let serve = start(&dir, &sw).await;
+    let h = serve.run(app_of("a", graceful(1, 20))).await.unwrap();
+    let calls: Vec<_> = (0..3)
+        .map(|_| {
+            let h = h.clone();
+            tokio::spawn(async move { h.call::<_, String>("sleep:3500").await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let t0 = Instant::now();
+    serve.delete_apps(&["a"], false).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert!(
+        h.replicas().is_empty(),
+        "a stopping replica takes no new work"
+    );
+    for c in calls {
+        assert_eq!(c.await.unwrap().unwrap(), "g:sleep:3500");
+    }
+    wait_status(&serve, "a", A::NotStarted).await;
+    // Idle checks every second: the first one after the requests ended (at 3.5 s)
+    // lets the replica go.
+    let took = t0.elapsed();
+    assert!(
+        took >= Duration::from_secs(3) && took <= Duration::from_millis(4_100),
+        "{took:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stuck_request_is_cut_at_the_graceful_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Arc::new(Switches::default());
+    let serve = start(&dir, &sw).await;
+    let h = serve.run(app_of("a", graceful(1, 5))).await.unwrap();
+    let call = {
+        let h = h.clone();
+        tokio::spawn(async move { h.call::<_, String>("hang").await })
+    };
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let t0 = Instant::now();
+    serve.delete_apps(&["a"], false).await.unwrap();
+    let err = call.await.unwrap().unwrap_err();
+    let took = t0.elapsed();
+    assert!(
+        err.to_string()
+            .contains("killed at its graceful shutdown timeout"),
+        "{err}"
+    );
+    assert!(
+        took >= Duration::from_secs(5) && took < Duration::from_millis(5_100),
+        "{took:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(serve.app_status("a").status, A::NotStarted);
+}

@@ -1,0 +1,187 @@
+//! Placement on a `StaticCluster`, slow starts, and node deaths, through the public
+//! API on paused tokio time.
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::{
+    sync::{Arc, atomic::Ordering},
+    time::Duration,
+};
+
+use flotilla::{ApplicationStatus as A, DeploymentStatus, ReplicaState as R, Resources};
+use flotilla_deployment::{DeploymentSnapshot, NodeSpec, StaticCluster};
+use support::{
+    ProbeArgs, Switches, app_of, no_wait, observe, probe, start, start_on, wait_snapshot,
+    wait_status,
+};
+use tokio::time::Instant;
+
+fn tag(t: &str) -> ProbeArgs {
+    ProbeArgs {
+        tag: t.into(),
+        ..Default::default()
+    }
+}
+
+fn cpus(name: &str, n: f64) -> NodeSpec {
+    NodeSpec::new(name, Resources::default().with_cpus(n))
+}
+
+fn nodes(s: &DeploymentSnapshot) -> Vec<String> {
+    let mut v: Vec<String> = s
+        .replicas
+        .iter()
+        .filter(|r| r.state != R::Stopping)
+        .map(|r| r.node.clone())
+        .collect();
+    v.sort();
+    v
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_constructor_slower_than_30s_is_reported_on_the_status_by_a_timer() {
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Arc::new(Switches::default());
+    let serve = start(&dir, &sw).await;
+    let slow = ProbeArgs {
+        start_delay_ms: 45_000,
+        ..tag("s")
+    };
+    let t0 = Instant::now();
+    serve
+        .run_many(vec![app_of("a", probe(2, &slow))], no_wait())
+        .await
+        .unwrap();
+    tokio::time::sleep_until(t0 + Duration::from_millis(29_900)).await;
+    let s = observe(&serve, "a", "probe").await;
+    assert!(!s.status.message.contains("30s"), "{}", s.status.message);
+    tokio::time::sleep_until(t0 + Duration::from_millis(30_100)).await;
+    let s = observe(&serve, "a", "probe").await;
+    assert_eq!(s.status.status, DeploymentStatus::Updating);
+    assert!(
+        s.status.message.contains(
+            "Deployment 'probe' in application 'a': 2 replicas have taken more than 30s to start"
+        ) && s.status.message.contains("constructor is still running"),
+        "{}",
+        s.status.message
+    );
+    let st = wait_status(&serve, "a", A::Running).await;
+    assert_eq!(st.deployments.values().next().unwrap().message, "");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_replica_without_room_waits_naming_the_resource_and_starts_when_room_appears() {
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Arc::new(Switches::default());
+    let cluster = Arc::new(StaticCluster::new([cpus("n1", 2.0)]));
+    let serve = start_on(&dir, &sw, cluster.clone()).await;
+    serve.run(app_of("a", probe(2, &tag("a")))).await.unwrap();
+    assert_eq!(cluster.replicas_on("n1"), 2);
+
+    let t0 = Instant::now();
+    let gpu =
+        probe(1, &tag("g")).with_config(|c| c.with_resources(Resources::none().with_gpus(1.0)));
+    serve
+        .run_many(
+            vec![app_of("b", probe(1, &tag("b"))), app_of("c", gpu)],
+            no_wait(),
+        )
+        .await
+        .unwrap();
+    let b = wait_snapshot(&serve, "b", "probe", |s| s.pending == 1).await;
+    assert_eq!(
+        b.pending_reason.as_deref(),
+        Some("no node has room: cpus: need 1, most free 0")
+    );
+    assert!(
+        b.status.message.contains("cpus: need 1, most free 0"),
+        "{}",
+        b.status.message
+    );
+    let c = wait_snapshot(&serve, "c", "probe", |s| s.pending == 1).await;
+    assert!(
+        c.status.message.contains("gpus: need 1, most free 0"),
+        "{}",
+        c.status.message
+    );
+    assert_eq!(serve.app_status("b").status, A::Deploying);
+
+    // Past 30 s the slow-start message says why.
+    tokio::time::sleep_until(t0 + Duration::from_millis(30_100)).await;
+    let b = observe(&serve, "b", "probe").await;
+    assert!(
+        b.status
+            .message
+            .contains("1 replicas have taken more than 30s to start")
+            && b.status.message.contains("no node has enough resources")
+            && b.status.message.contains("cpus: need 1"),
+        "{}",
+        b.status.message
+    );
+
+    // Deleting "a" releases its CPUs: "b" is placed, with no polling involved.
+    serve.delete_apps(&["a"], true).await.unwrap();
+    wait_status(&serve, "b", A::Running).await;
+    assert_eq!(nodes(&observe(&serve, "b", "probe").await), ["n1"]);
+    // "c" still waits for a GPU, until a node with one joins.
+    assert_eq!(observe(&serve, "c", "probe").await.pending, 1);
+    cluster.add_node(NodeSpec::new("g1", Resources::none().with_gpus(1.0)));
+    wait_status(&serve, "c", A::Running).await;
+    assert_eq!(nodes(&observe(&serve, "c", "probe").await), ["g1"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn replicas_spread_and_a_dead_nodes_replicas_are_replaced_elsewhere() {
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Arc::new(Switches::default());
+    let cluster = Arc::new(StaticCluster::new([
+        cpus("n1", 2.0),
+        cpus("n2", 2.0),
+        cpus("n3", 2.0),
+    ]));
+    let serve = start_on(&dir, &sw, cluster.clone()).await;
+    let slow = ProbeArgs {
+        start_delay_ms: 1_000,
+        ..tag("d")
+    };
+    let h = serve.run(app_of("a", probe(3, &slow))).await.unwrap();
+    assert_eq!(
+        nodes(&observe(&serve, "a", "probe").await),
+        ["n1", "n2", "n3"]
+    );
+
+    assert!(cluster.kill_node("n2"));
+    let st = wait_status(&serve, "a", A::Unhealthy).await;
+    let msg = &st.deployments.values().next().unwrap().message;
+    assert!(msg.contains("was lost with its node 'n2'"), "{msg}");
+    assert_eq!(h.replicas().len(), 2, "the lost replica left the route");
+    wait_status(&serve, "a", A::Running).await;
+    let s = observe(&serve, "a", "probe").await;
+    assert_eq!(s.count(R::Running), 3);
+    assert!(!nodes(&s).contains(&"n2".to_owned()));
+    assert_eq!(sw.constructed.load(Ordering::SeqCst), 4);
+    assert_eq!(h.replicas().len(), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn scale_down_empties_the_node_with_the_fewest_replicas_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Arc::new(Switches::default());
+    // Spread puts the first replica on n1, which is then full; the other two on n2.
+    let cluster = Arc::new(StaticCluster::new([cpus("n1", 1.0), cpus("n2", 4.0)]));
+    let serve = start_on(&dir, &sw, cluster.clone()).await;
+    serve.run(app_of("a", probe(3, &tag("e")))).await.unwrap();
+    let s = observe(&serve, "a", "probe").await;
+    assert_eq!(nodes(&s), ["n1", "n2", "n2"]);
+    let oldest = s.replicas[0].id;
+    assert_eq!(s.replicas[0].node, "n1");
+
+    // Newest-first alone would stop one on n2; emptying nodes stops n1's (the oldest).
+    serve.run(app_of("a", probe(2, &tag("e")))).await.unwrap();
+    let s = wait_snapshot(&serve, "a", "probe", |s| s.replicas.len() == 2).await;
+    assert_eq!(nodes(&s), ["n2", "n2"]);
+    assert!(s.replicas.iter().all(|r| r.id != oldest));
+    assert_eq!(cluster.replicas_on("n1"), 0);
+}

@@ -1,0 +1,336 @@
+//! Deployment reconciliation through the public API, on paused tokio time: replica
+//! states and counts, scaling, rolling code updates, config-only updates in place,
+//! and idempotent redeploys.
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::{
+    collections::BTreeSet,
+    sync::{Arc, atomic::Ordering},
+    time::Duration,
+};
+
+use flotilla::{
+    ApplicationStatus as A, Args, DeploymentSpec, DeploymentStatus, ReplicaState as R, Resources,
+};
+use flotilla_deployment::{DeploymentMsg, DeploymentSnapshot};
+use support::{
+    ProbeArgs, Switches, app_of, deployment_actor, no_wait, observe, probe, start, wait_snapshot,
+    wait_status,
+};
+
+fn tag(t: &str) -> ProbeArgs {
+    ProbeArgs {
+        tag: t.into(),
+        ..Default::default()
+    }
+}
+
+fn ids(s: &DeploymentSnapshot) -> BTreeSet<u64> {
+    s.replicas.iter().map(|r| r.id.0).collect()
+}
+
+fn user_config(v: &str) -> Args {
+    Args::encode(v).expect("a string encodes")
+}
+
+#[tokio::test(start_paused = true)]
+async fn replica_states_and_counts_by_state_and_version_are_observable() {
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Arc::new(Switches::default());
+    let serve = start(&dir, &sw).await;
+    let slow = ProbeArgs {
+        start_delay_ms: 1_000,
+        ..tag("v1")
+    };
+    let spec = |uc: &str| probe(2, &slow).with_config(|c| c.with_user_config(user_config(uc)));
+    serve
+        .run_many(vec![app_of("a", spec("one"))], no_wait())
+        .await
+        .unwrap();
+
+    // STARTING: both replicas, at the target version.
+    let s = wait_snapshot(&serve, "a", "probe", |s| s.count(R::Starting) == 2).await;
+    assert_eq!(s.count_at(R::Starting, &s.version), 2);
+    assert_eq!(s.counts.len(), 1, "{:?}", s.counts);
+    let v1 = s.version.clone();
+
+    // RUNNING.
+    wait_status(&serve, "a", A::Running).await;
+    let s = observe(&serve, "a", "probe").await;
+    assert_eq!(s.count_at(R::Running, &v1), 2);
+    assert_eq!(s.status.status, DeploymentStatus::Healthy);
+
+    // UPDATING: a config-only change with a slow reconfigure, still at the old
+    // version until the reconfigure finishes.
+    sw.reconfigure_delay_ms.store(1_000, Ordering::SeqCst);
+    serve
+        .run_many(vec![app_of("a", spec("two"))], no_wait())
+        .await
+        .unwrap();
+    let s = wait_snapshot(&serve, "a", "probe", |s| s.count(R::Updating) == 2).await;
+    assert_eq!(s.count_at(R::Updating, &v1), 2);
+    assert_ne!(s.version, v1);
+    assert_eq!(s.version.code, v1.code, "config-only: same code version");
+    let v2 = s.version.clone();
+    let s = wait_snapshot(&serve, "a", "probe", |s| s.count_at(R::Running, &v2) == 2).await;
+    assert_eq!(s.counts.len(), 1);
+
+    // STOPPING: a replica draining a request during a delete.
+    let h = serve.app_handle("a").unwrap();
+    let call = tokio::spawn(async move { h.call::<_, String>("sleep:5000").await });
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    serve.delete_apps(&["a"], false).await.unwrap();
+    let s = wait_snapshot(&serve, "a", "probe", |s| s.count(R::Stopping) == 2).await;
+    assert_eq!(s.count_at(R::Stopping, &v2), 2);
+    assert_eq!(s.live(), 0);
+    assert!(call.await.unwrap().is_ok());
+    wait_status(&serve, "a", A::NotStarted).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn scaling_reaches_the_target_and_stops_not_running_then_newest_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Arc::new(Switches::default());
+    let serve = start(&dir, &sw).await;
+    let args = tag("s");
+    serve.run(app_of("a", probe(2, &args))).await.unwrap();
+    let first = ids(&observe(&serve, "a", "probe").await);
+
+    // Scale up to 4 with slow constructors, then down to 2 before they run: the
+    // two STARTING replicas go, the running ones stay.
+    sw.slow_start_ms.store(10_000, Ordering::SeqCst);
+    serve
+        .run_many(vec![app_of("a", probe(4, &args))], no_wait())
+        .await
+        .unwrap();
+    let s = wait_snapshot(&serve, "a", "probe", |s| s.count(R::Starting) == 2).await;
+    assert_eq!(s.status.status, DeploymentStatus::Upscaling);
+    assert_eq!(s.status.message, "Upscaling from 2 to 4 replicas.");
+    serve.run(app_of("a", probe(2, &args))).await.unwrap();
+    let s = wait_snapshot(&serve, "a", "probe", |s| s.replicas.len() == 2).await;
+    assert_eq!(ids(&s), first, "the running replicas were kept");
+    assert_eq!(sw.constructed.load(Ordering::SeqCst), 2);
+
+    // Scale up for real, then down by one: the newest goes.
+    sw.slow_start_ms.store(0, Ordering::SeqCst);
+    serve.run(app_of("a", probe(3, &args))).await.unwrap();
+    let s = observe(&serve, "a", "probe").await;
+    assert_eq!(s.count(R::Running), 3);
+    let newest = *ids(&s).last().unwrap();
+    serve.run(app_of("a", probe(2, &args))).await.unwrap();
+    let s = wait_snapshot(&serve, "a", "probe", |s| s.replicas.len() == 2).await;
+    assert!(!ids(&s).contains(&newest));
+    assert_eq!(s.status.status, DeploymentStatus::Healthy);
+    assert_eq!(serve.app_handle("a").unwrap().replicas().len(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_code_change_rolls_a_fifth_at_a_time_without_dropping_capacity() {
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Arc::new(Switches::default());
+    let serve = start(&dir, &sw).await;
+    let h = serve.run(app_of("a", probe(5, &tag("v1")))).await.unwrap();
+    let old = ids(&observe(&serve, "a", "probe").await);
+    let slow_v2 = ProbeArgs {
+        start_delay_ms: 2_000,
+        ..tag("v2")
+    };
+    serve
+        .run_many(vec![app_of("a", probe(5, &slow_v2))], no_wait())
+        .await
+        .unwrap();
+    let mut max_live = 0;
+    loop {
+        let published = h.replicas().len();
+        assert!(published >= 5, "capacity dropped to {published}");
+        let s = observe(&serve, "a", "probe").await;
+        let new_starting = s
+            .replicas
+            .iter()
+            .filter(|r| r.state == R::Starting && r.version == s.version)
+            .count();
+        assert!(new_starting <= 1, "more than max(1, 20% of 5) changing");
+        max_live = max_live.max(s.live());
+        if s.count_at(R::Running, &s.version) == 5 && s.replicas.len() == 5 {
+            assert!(ids(&s).is_disjoint(&old));
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(max_live, 6, "surge of one above the target");
+    assert_eq!(sw.constructed.load(Ordering::SeqCst), 10);
+    wait_status(&serve, "a", A::Running).await;
+    assert_eq!(h.call::<_, String>("x").await.unwrap(), "v2:x");
+}
+
+#[tokio::test(start_paused = true)]
+async fn every_kind_of_code_change_replaces_the_replicas() {
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Arc::new(Switches::default());
+    let serve = start(&dir, &sw).await;
+    let base = || probe(2, &tag("a"));
+    let changes = [
+        (
+            "import path",
+            DeploymentSpec::builder("probe", "test::Probe2")
+                .init_args(&tag("a"))
+                .replicas(2),
+        ),
+        ("init args", probe(2, &tag("b"))),
+        (
+            "resources",
+            probe(2, &tag("b")).with_config(|c| c.with_resources(Resources::none())),
+        ),
+        ("explicit version", probe(2, &tag("b")).version("7")),
+    ];
+    serve.run(app_of("a", base())).await.unwrap();
+    let mut before = ids(&observe(&serve, "a", "probe").await);
+    for (i, (what, spec)) in changes.into_iter().enumerate() {
+        serve.run(app_of("a", spec)).await.unwrap();
+        let s = wait_snapshot(&serve, "a", "probe", |s| s.replicas.len() == 2).await;
+        let now = ids(&s);
+        assert!(now.is_disjoint(&before), "{what}: replicas replaced");
+        assert_eq!(
+            sw.constructed.load(Ordering::SeqCst),
+            2 * (i as u32 + 2),
+            "{what}"
+        );
+        before = now;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_scale_down_finishes_before_the_roll_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Arc::new(Switches::default());
+    let serve = start(&dir, &sw).await;
+    serve.run(app_of("a", probe(4, &tag("v1")))).await.unwrap();
+    let v1 = observe(&serve, "a", "probe").await.version;
+    serve
+        .run_many(vec![app_of("a", probe(2, &tag("v2")))], no_wait())
+        .await
+        .unwrap();
+    let mut saw_draining = false;
+    loop {
+        let s = observe(&serve, "a", "probe").await;
+        let old = s.replicas.iter().filter(|r| r.version == v1).count();
+        let new = s.replicas.len() - old;
+        saw_draining |= s.count_at(R::Stopping, &v1) > 0;
+        if new > 0 {
+            assert!(old <= 2, "a new replica started while {old} old ones lived");
+        }
+        if new == 2 && old == 0 && s.count(R::Running) == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(saw_draining);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_config_only_change_is_applied_in_place_without_restarts() {
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Arc::new(Switches::default());
+    let serve = start(&dir, &sw).await;
+    let args = tag("c");
+    let with = |n: u32, uc: &str, limits: bool| {
+        probe(n, &args).with_config(|c| {
+            let c = c.with_user_config(user_config(uc));
+            if limits {
+                c.with_max_ongoing_requests(7)
+                    .with_max_queued_requests(Some(50))
+                    .with_health_check(Duration::from_secs(3), Duration::from_secs(4))
+                    .with_graceful_shutdown(Duration::from_secs(1), Duration::from_secs(5))
+            } else {
+                c
+            }
+        })
+    };
+    serve.run(app_of("a", with(3, "one", false))).await.unwrap();
+    let before = observe(&serve, "a", "probe").await;
+    assert_eq!(sw.reconfigured.load(Ordering::SeqCst), 3, "once at start");
+
+    // user_config, limits, health check and graceful settings: all in place.
+    serve.run(app_of("a", with(3, "two", true))).await.unwrap();
+    let s = observe(&serve, "a", "probe").await;
+    assert_eq!(ids(&s), ids(&before), "no replica restarted");
+    assert_eq!(sw.constructed.load(Ordering::SeqCst), 3);
+    assert_eq!(
+        sw.reconfigured.load(Ordering::SeqCst),
+        6,
+        "every live replica"
+    );
+    assert_eq!(s.version.code, before.version.code);
+    assert_eq!(s.count_at(R::Running, &s.version), 3);
+
+    // Limits only (user_config unchanged): versions move, reconfigure is not called.
+    serve.run(app_of("a", with(3, "two", false))).await.unwrap();
+    let s = observe(&serve, "a", "probe").await;
+    assert_eq!(s.count_at(R::Running, &s.version), 3);
+    assert_eq!(sw.reconfigured.load(Ordering::SeqCst), 6);
+
+    // num_replicas only: one more replica, nothing else touched.
+    serve.run(app_of("a", with(4, "two", false))).await.unwrap();
+    let s = observe(&serve, "a", "probe").await;
+    assert!(ids(&before).is_subset(&ids(&s)));
+    assert_eq!(sw.constructed.load(Ordering::SeqCst), 4);
+    assert_eq!(s.status.status, DeploymentStatus::Healthy);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_replica_whose_reconfigure_fails_is_replaced() {
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Arc::new(Switches::default());
+    let serve = start(&dir, &sw).await;
+    let spec = |uc: &str| probe(2, &tag("r")).with_config(|c| c.with_user_config(user_config(uc)));
+    serve.run(app_of("a", spec("one"))).await.unwrap();
+    let before = ids(&observe(&serve, "a", "probe").await);
+    sw.fail_reconfigures.store(1, Ordering::SeqCst);
+    serve.run(app_of("a", spec("two"))).await.unwrap();
+    let s = wait_snapshot(&serve, "a", "probe", |s| s.replicas.len() == 2).await;
+    assert_eq!(s.count_at(R::Running, &s.version), 2);
+    assert_eq!(
+        ids(&s).intersection(&before).count(),
+        1,
+        "one kept, one replaced"
+    );
+    assert_eq!(sw.constructed.load(Ordering::SeqCst), 3);
+    assert_eq!(serve.app_status("a").status, A::Running);
+}
+
+#[tokio::test(start_paused = true)]
+async fn redeploying_an_unchanged_spec_or_the_same_target_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Arc::new(Switches::default());
+    let serve = start(&dir, &sw).await;
+    let spec = || probe(2, &tag("u")).with_config(|c| c.with_user_config(user_config("x")));
+    serve.run(app_of("a", spec())).await.unwrap();
+    let before = observe(&serve, "a", "probe").await;
+    let reconfigured = sw.reconfigured.load(Ordering::SeqCst);
+
+    serve.run(app_of("a", spec())).await.unwrap();
+    let s = observe(&serve, "a", "probe").await;
+    assert_eq!(serve.app_status("a").observed_generation, 2);
+    assert_eq!(ids(&s), ids(&before));
+    assert_eq!(s.target.generation, 2);
+    assert_eq!(sw.constructed.load(Ordering::SeqCst), 2);
+    assert_eq!(sw.reconfigured.load(Ordering::SeqCst), reconfigured);
+    assert_eq!(s.status, before.status);
+
+    // The same target twice, straight to the actor: nothing moves.
+    let actor = deployment_actor(&serve, "a", "probe").unwrap();
+    for _ in 0..2 {
+        actor
+            .cast(DeploymentMsg::SetTarget(Box::new(s.target.clone())))
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let again = observe(&serve, "a", "probe").await;
+    assert_eq!(ids(&again), ids(&s));
+    assert_eq!(again.status, s.status);
+    assert_eq!(again.counts, s.counts);
+    assert_eq!(sw.constructed.load(Ordering::SeqCst), 2);
+}

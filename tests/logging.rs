@@ -1,0 +1,112 @@
+//! Per-application logging through `AppLogLayer`, in a test binary of its own:
+//! `tracing` caches callsite interest process-wide, so a thread-local subscriber
+//! must not share its process with other tests.
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::sync::Arc;
+
+use flotilla::{ApplicationStatus as A, Registry, Serve, ServeConfig, ServeOptions};
+use support::{Switches, wait_status};
+
+fn registry(sw: &Arc<Switches>) -> Registry {
+    support::registry(sw)
+        .register_app("test::app", |args: flotilla::Args| async move {
+            let tag: String = args
+                .decode::<std::collections::BTreeMap<String, String>>()
+                .map_err(|e| flotilla::UserError::new(e.to_string()))?
+                .remove("tag")
+                .unwrap_or_default();
+            Ok(support::app(
+                "built",
+                1,
+                support::ProbeArgs {
+                    tag,
+                    ..Default::default()
+                },
+            ))
+        })
+        .unwrap()
+}
+
+fn config(yaml: &str) -> ServeConfig {
+    ServeConfig::from_yaml(yaml).unwrap()
+}
+
+#[derive(Clone, Default)]
+struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
+    type Writer = Captured;
+    fn make_writer(&'a self) -> Captured {
+        self.clone()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn each_application_logs_by_its_own_logging_config() {
+    use tracing_subscriber::layer::SubscriberExt;
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Arc::new(Switches::default());
+    let options = ServeOptions::new(registry(&sw)).store_path(dir.path().join("f.redb"));
+    let out = Captured::default();
+    let layer = flotilla::AppLogLayer::new(options.logging.clone(), out.clone());
+    let _guard = tracing::subscriber::set_default(tracing_subscriber::registry().with(layer));
+    let serve = Serve::start(options).await.unwrap();
+    serve
+        .apply_config(config(
+            "logging_config: {log_level: WARNING, enable_access_log: false}
+applications:
+  - name: loud
+    route_prefix: /loud
+    import_path: test::app
+    args: {tag: l}
+    logging_config: {log_level: INFO, encoding: JSON, enable_access_log: true}
+  - {name: quiet, route_prefix: /quiet, import_path: test::app, args: {tag: q}}
+",
+        ))
+        .await
+        .unwrap();
+    wait_status(&serve, "loud", A::Running).await;
+    wait_status(&serve, "quiet", A::Running).await;
+    for app in ["loud", "quiet"] {
+        serve
+            .app_handle(app)
+            .unwrap()
+            .call::<_, String>("x")
+            .await
+            .unwrap();
+    }
+    let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(
+        lines.iter().any(|l| l.starts_with('{')
+            && l.contains("\"target\":\"flotilla::access\"")
+            && l.contains("\"app\":\"loud\"")),
+        "an access log line for loud, as JSON: {lines:#?}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("\"app\":\"loud\"") && l.contains("application status")),
+        "loud INFO events are kept: {lines:#?}"
+    );
+    assert!(
+        !lines
+            .iter()
+            .any(|l| l.contains("app=quiet") || l.contains("\"app\":\"quiet\"")),
+        "quiet's INFO events and access logs are filtered by the global WARNING: {lines:#?}"
+    );
+}

@@ -325,6 +325,14 @@ impl Actor for ApplicationActor {
                 state.derive_status();
                 return Ok(());
             }
+            AppMsg::Deployment(DeploymentEvent::Autoscale { name, replicas }) => {
+                (state.args.reporter)(AppEvent::Autoscale {
+                    app: state.args.record.spec.name.clone(),
+                    deployment: name,
+                    replicas,
+                });
+                return Ok(());
+            }
             AppMsg::Deployment(DeploymentEvent::Deleted { name, .. }) => {
                 // The actor stops right after; its termination removes the child.
                 if let Some(c) = state.children.get_mut(&name) {

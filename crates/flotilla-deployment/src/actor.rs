@@ -211,6 +211,27 @@ impl DeploymentActor {
                 t.abort();
             }
             state.transition(DeploymentTrigger::ConfigUpdate, String::new(), None);
+        } else if to != from
+            && matches!(
+                state.args.target.spec.config.num_replicas,
+                ReplicaCount::Auto(_)
+            )
+        {
+            let trigger = if to > from {
+                DeploymentTrigger::AutoscaleUp
+            } else {
+                DeploymentTrigger::AutoscaleDown
+            };
+            let verb = if to > from {
+                "Upscaling"
+            } else {
+                "Downscaling"
+            };
+            state.transition(
+                trigger,
+                format!("{verb} from {from} to {to} replicas."),
+                None,
+            );
         } else if to > from {
             state.transition(
                 DeploymentTrigger::ManuallyIncrease,
@@ -337,6 +358,7 @@ impl Actor for DeploymentActor {
         state: &mut DeploymentState,
     ) -> Result<(), ActorProcessingErr> {
         placement::subscribe(&myself, state);
+        crate::autoscale::arm(&myself, state);
         recovery::adopt_all(&myself, state);
         Self::reconcile(&myself, state).await;
         Ok(())
@@ -355,6 +377,7 @@ impl Actor for DeploymentActor {
                     return Ok(());
                 }
                 Self::set_target(state, *target);
+                crate::autoscale::arm(&myself, state);
             }
             DeploymentMsg::Replica(id, event) => {
                 Self::on_replica_event(&myself, state, id, event);
@@ -370,6 +393,10 @@ impl Actor for DeploymentActor {
             DeploymentMsg::SlowStartCheck => {
                 state.slow.timer = None;
                 state.check_slow_start(Instant::now());
+            }
+            DeploymentMsg::AutoscaleTick => {
+                crate::autoscale::tick(state);
+                return Ok(());
             }
             DeploymentMsg::Observe(reply) => {
                 let _ = reply.send(state.snapshot());
@@ -428,6 +455,7 @@ impl Actor for DeploymentActor {
             state.placement_timer.take(),
             state.slow.timer.take().map(|(_, t)| t),
             state.cluster_task.take(),
+            state.autoscaler.take().map(|(_, t)| t),
         ];
         for t in timers.into_iter().flatten() {
             t.abort();

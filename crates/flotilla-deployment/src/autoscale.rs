@@ -7,8 +7,11 @@
 
 use std::{collections::VecDeque, time::Duration};
 
-use flotilla_core::AutoscalingConfig;
+use flotilla_core::{AutoscalingConfig, ReplicaCount, ReplicaState};
+use ractor::ActorRef;
 use tokio::time::Instant;
+
+use crate::{DeploymentEvent, DeploymentMsg, state::DeploymentState};
 
 /// How often an autoscaled deployment samples its load.
 pub const SAMPLE_PERIOD: Duration = Duration::from_secs(1);
@@ -124,6 +127,60 @@ impl Autoscaler {
         } else {
             None
         }
+    }
+}
+
+/// Start, update or stop the autoscaler as the spec says (called on every new
+/// target and at start). Only autoscaled deployments run a sampling timer.
+pub(crate) fn arm(myself: &ActorRef<DeploymentMsg>, state: &mut DeploymentState) {
+    match &state.args.target.spec.config.num_replicas {
+        ReplicaCount::Auto(config) if !state.args.target.deleting => match &mut state.autoscaler {
+            Some((a, _)) => a.set_config(config.clone()),
+            None => {
+                let timer = myself.send_interval(SAMPLE_PERIOD, || DeploymentMsg::AutoscaleTick);
+                state.autoscaler = Some((Autoscaler::new(config.clone()), timer));
+            }
+        },
+        _ => {
+            if let Some((_, timer)) = state.autoscaler.take() {
+                timer.abort();
+            }
+        }
+    }
+}
+
+/// Sample the load (ongoing requests on the published replicas plus requests
+/// queued in handles, from the same counters the router uses) and report a new
+/// target if the policy decides one.
+pub(crate) fn tick(state: &mut DeploymentState) {
+    if state.args.target.deleting || !state.shutdown.is_empty() {
+        return;
+    }
+    let current = state.args.target.replicas;
+    let running = state
+        .replicas
+        .values()
+        .filter(|r| r.state == ReplicaState::Running)
+        .count() as u32;
+    let queued = state.route.queued() as f64;
+    let ongoing: f64 = state
+        .route
+        .replicas()
+        .iter()
+        .map(|r| f64::from(r.in_flight()))
+        .sum();
+    let Some((a, _)) = &mut state.autoscaler else {
+        return;
+    };
+    let now = Instant::now();
+    a.record(now, ongoing + queued);
+    if let Some(replicas) = a.decide(now, current, running, queued) {
+        tracing::info!(app = %state.args.app, deployment = %state.args.target.spec.name,
+            from = current, to = replicas, "autoscaling decision");
+        (state.args.reporter)(DeploymentEvent::Autoscale {
+            name: state.args.target.spec.name.clone(),
+            replicas,
+        });
     }
 }
 

@@ -38,6 +38,14 @@ pub enum DeploymentEvent {
         /// The status.
         status: DeploymentStatusInfo,
     },
+    /// The autoscaler wants `replicas`; the Controller makes it durable and it
+    /// comes back as a new target.
+    Autoscale {
+        /// The deployment.
+        name: DeploymentName,
+        /// The decided replica count.
+        replicas: u32,
+    },
     /// Deleted: every replica stopped; the actor has stopped.
     Deleted {
         /// The deployment.
@@ -139,6 +147,8 @@ pub enum DeploymentMsg {
     ClusterResync,
     /// Internal: the slow-start timer fired.
     SlowStartCheck,
+    /// Internal: time to sample load and ask the autoscaler (autoscaled only).
+    AutoscaleTick,
     /// Reply with a snapshot.
     Observe(RpcReplyPort<DeploymentSnapshot>),
     /// Stop every replica gracefully, reply when all are gone, then stop.

@@ -75,6 +75,8 @@ pub struct DeploymentState {
     pub(crate) evented_cluster: bool,
     pub(crate) cluster_task: Option<JoinHandle<()>>,
     pub(crate) shutdown: Vec<RpcReplyPort<()>>,
+    /// The autoscaler and its sampling timer, for autoscaled deployments only.
+    pub(crate) autoscaler: Option<(crate::autoscale::Autoscaler, JoinHandle<()>)>,
 }
 
 /// Replica state changes a DeploymentActor may make (`None` = not owned).
@@ -123,6 +125,7 @@ impl DeploymentState {
             evented_cluster: false,
             cluster_task: None,
             shutdown: Vec::new(),
+            autoscaler: None,
         }
     }
 

@@ -1,0 +1,148 @@
+//! Autoscaling: Ray Serve's default policy on the replicas' own load counters,
+//! decisions made durable by the Controller before replicas change.
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::{sync::Arc, time::Duration};
+
+use flotilla::{AutoscalingConfig, DeploymentStatus, Serve, ServeOptions};
+use support::{ProbeArgs, Switches, app_of, no_wait, observe, probe, wait_snapshot};
+use tokio::time::Instant;
+
+fn autoscaled(min: u32, initial: u32, max: u32) -> flotilla::ApplicationSpec {
+    let config = AutoscalingConfig {
+        min_replicas: min,
+        initial_replicas: Some(initial),
+        max_replicas: max,
+        target_ongoing_requests: 1.0,
+        upscale_delay: Duration::from_secs(30),
+        downscale_delay: Duration::from_secs(60),
+        look_back_period: Duration::from_secs(10),
+        ..Default::default()
+    };
+    app_of(
+        "auto",
+        probe(1, &ProbeArgs::default()).with_config(|c| c.with_autoscaling(config)),
+    )
+}
+
+/// Keep `n` requests in flight for a long time.
+fn load(serve: &Serve, n: usize) -> Vec<tokio::task::JoinHandle<()>> {
+    let h = serve.app_handle("auto").unwrap();
+    (0..n)
+        .map(|_| {
+            let h = h.clone();
+            tokio::spawn(async move {
+                let _ = h.call::<_, String>("sleep:100000000").await;
+            })
+        })
+        .collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn two_ongoing_per_replica_with_target_one_doubles_after_the_upscale_delay() {
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Arc::new(Switches::default());
+    let serve = support::start(&dir, &sw).await;
+    serve.run(autoscaled(1, 2, 10)).await.unwrap();
+    let commits = serve.metrics().await.unwrap().store.commits;
+    let start = Instant::now();
+    let calls = load(&serve, 4);
+    tokio::time::sleep(Duration::from_secs(25)).await;
+    assert_eq!(
+        observe(&serve, "auto", "probe").await.target.replicas,
+        2,
+        "no change before the delay"
+    );
+    let s = wait_snapshot(&serve, "auto", "probe", |s| s.target.replicas == 4).await;
+    let waited = start.elapsed();
+    assert!(
+        waited >= Duration::from_secs(30) && waited < Duration::from_secs(35),
+        "{waited:?}"
+    );
+    assert!(matches!(
+        s.status.status,
+        DeploymentStatus::Upscaling | DeploymentStatus::Healthy
+    ));
+    wait_snapshot(&serve, "auto", "probe", |s| {
+        s.count(flotilla::ReplicaState::Running) == 4
+    })
+    .await;
+    // The decision went through one Controller commit before replicas changed.
+    assert_eq!(serve.metrics().await.unwrap().store.commits, commits + 1);
+    for c in calls {
+        c.abort();
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn bounds_hold_under_heavy_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Arc::new(Switches::default());
+    let serve = support::start(&dir, &sw).await;
+    serve.run(autoscaled(3, 3, 3)).await.unwrap();
+    let calls = load(&serve, 15);
+    tokio::time::sleep(Duration::from_secs(300)).await;
+    let s = observe(&serve, "auto", "probe").await;
+    assert_eq!((s.target.replicas, s.live()), (3, 3));
+    for c in calls {
+        c.abort();
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn idle_scales_down_after_the_delay_to_zero_and_back_when_requests_arrive() {
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Arc::new(Switches::default());
+    let serve = support::start(&dir, &sw).await;
+    serve.run(autoscaled(0, 3, 5)).await.unwrap();
+    let start = Instant::now();
+    wait_snapshot(&serve, "auto", "probe", |s| s.target.replicas == 1).await;
+    let first = start.elapsed();
+    assert!(
+        first >= Duration::from_secs(60) && first < Duration::from_secs(65),
+        "{first:?}"
+    );
+    wait_snapshot(&serve, "auto", "probe", |s| {
+        s.target.replicas == 0 && s.live() == 0
+    })
+    .await;
+    assert!(start.elapsed() >= Duration::from_secs(120));
+    assert!(serve.app_handle("auto").unwrap().replicas().is_empty());
+    // A request waits in the handle's queue and triggers the scale-up from zero.
+    let h = serve.app_handle("auto").unwrap();
+    let asked = Instant::now();
+    assert_eq!(h.call::<_, String>("x").await.unwrap(), ":x");
+    assert!(
+        asked.elapsed() < Duration::from_secs(5),
+        "cold start bypasses the delay"
+    );
+    assert_eq!(observe(&serve, "auto", "probe").await.target.replicas, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_recovered_deployment_resumes_from_its_durable_target() {
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Arc::new(Switches::default());
+    let serve = support::start(&dir, &sw).await;
+    serve.run(autoscaled(1, 2, 10)).await.unwrap();
+    let calls = load(&serve, 4);
+    wait_snapshot(&serve, "auto", "probe", |s| s.target.replicas == 4).await;
+    serve.crash_process().await;
+    for c in calls {
+        c.abort();
+    }
+    let serve = Serve::start(
+        ServeOptions::new(support::registry(&sw)).store_path(dir.path().join("f.redb")),
+    )
+    .await
+    .unwrap();
+    serve.run_many(vec![], no_wait()).await.unwrap();
+    let s = wait_snapshot(&serve, "auto", "probe", |s| s.live() == 4).await;
+    assert_eq!(
+        s.target.replicas, 4,
+        "not the initial 2: the decision was durable"
+    );
+}

@@ -218,3 +218,79 @@ async fn user_errors_return_once_and_composition_calls_through_handles() {
     let bad = h.call::<_, String>(&42u32).await.unwrap_err();
     assert!(matches!(bad, CallError::BadRequest(_)), "{bad}");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_handle_prefers_replicas_on_its_own_node_while_they_have_room() {
+    let dir = tempfile::tempdir().unwrap();
+    let peak = Arc::new(AtomicU32::new(0));
+    let p = peak.clone();
+    let registry = Registry::new()
+        .register("dp::Sleeper", move |ctx| {
+            let peak = p.clone();
+            async move {
+                Ok(Sleeper {
+                    id: ctx.replica.0,
+                    now: AtomicU32::new(0),
+                    peak,
+                })
+            }
+        })
+        .unwrap();
+    let node = |n: &str| flotilla::NodeSpec::new(n, flotilla::Resources::default().with_cpus(8.0));
+    let cluster = Arc::new(flotilla::StaticCluster::new([node("n1"), node("n2")]));
+    let serve = Serve::start(
+        ServeOptions::new(registry)
+            .store_path(dir.path().join("f.redb"))
+            .cluster(cluster),
+    )
+    .await
+    .unwrap();
+    let h = serve.run(sleeper("local", 2, 1, None)).await.unwrap();
+    let replicas = h.replicas();
+    let nodes: Vec<&str> = replicas.iter().map(|r| r.node()).collect();
+    assert_ne!(nodes[0], nodes[1], "spread over both nodes");
+    let here = replicas[0].clone();
+    let local = h.clone().prefer_node(here.node());
+    for _ in 0..20 {
+        assert_eq!(local.call::<_, u64>(&1u64).await.unwrap(), here.id().0);
+    }
+    // The local replica is full: the next request goes to the other node.
+    let busy = {
+        let l = local.clone();
+        tokio::spawn(async move { l.call::<_, u64>(&10_000u64).await })
+    };
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert_eq!(
+        local.call::<_, u64>(&1u64).await.unwrap(),
+        replicas[1].id().0
+    );
+    assert_eq!(busy.await.unwrap().unwrap(), here.id().0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_queued_request_never_lands_on_a_replica_that_began_stopping() {
+    let dir = tempfile::tempdir().unwrap();
+    let peak = Arc::new(AtomicU32::new(0));
+    let serve = serve_with(&peak, &dir).await;
+    let h = serve.run(sleeper("stop", 2, 1, None)).await.unwrap();
+    let ids: Vec<u64> = h.replicas().iter().map(|r| r.id().0).collect();
+    let long: Vec<_> = (0..2).map(|_| spawn_call(&h, 3_000)).collect();
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    let queued = spawn_call(&h, 1);
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    // Scale down: the newest replica stops; it finishes its request but takes no more.
+    serve
+        .run_many(vec![sleeper("stop", 1, 1, None)], support::no_wait())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let survivor = h.replicas()[0].id().0;
+    assert_eq!(h.replicas().len(), 1);
+    for c in long {
+        assert!(
+            ids.contains(&c.await.unwrap().unwrap()),
+            "in-flight requests finished"
+        );
+    }
+    assert_eq!(queued.await.unwrap().unwrap(), survivor);
+}

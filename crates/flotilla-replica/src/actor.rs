@@ -284,6 +284,7 @@ impl Actor for ReplicaActor {
                 a.app.clone(),
                 a.deployment.clone(),
                 a.id,
+                a.node.clone(),
             ),
             spec: a.spec.clone(),
         };

@@ -27,6 +27,7 @@ pub struct DeploymentHandle {
     directory: Directory,
     route: Arc<DeploymentRoute>,
     timeout: Option<Duration>,
+    local_node: Option<Arc<str>>,
 }
 
 impl std::fmt::Debug for DeploymentHandle {
@@ -45,7 +46,15 @@ impl DeploymentHandle {
             directory,
             route,
             timeout: None,
+            local_node: None,
         }
+    }
+
+    /// The same handle, preferring replicas on `node` (the caller's) while one of
+    /// them has room; other replicas take the rest.
+    pub fn prefer_node(mut self, node: impl Into<String>) -> Self {
+        self.local_node = Some(Arc::from(node.into()));
+        self
     }
 
     /// The same handle with a per-call timeout (time spent queued included).
@@ -116,7 +125,7 @@ impl DeploymentHandle {
                 return Err(route.not_found());
             }
             let set = rx.borrow_and_update().clone();
-            if let Some(slot) = pick(&route, &set) {
+            if let Some(slot) = self.pick_local(&route, &set).or_else(|| pick(&route, &set)) {
                 drop(queued);
                 let replica = slot.0.id();
                 let result = run(slot, bytes).await;
@@ -134,6 +143,16 @@ impl DeploymentHandle {
                 _ = freed => {}
             }
         }
+    }
+}
+
+impl DeploymentHandle {
+    /// Power of two choices among the replicas on the preferred node, if any.
+    fn pick_local(&self, route: &DeploymentRoute, set: &[Arc<ReplicaEndpoint>]) -> Option<Slot> {
+        let node = self.local_node.as_deref()?;
+        let local: Vec<Arc<ReplicaEndpoint>> =
+            set.iter().filter(|e| e.node() == node).cloned().collect();
+        pick(route, &local)
     }
 }
 

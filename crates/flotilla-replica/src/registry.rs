@@ -23,6 +23,8 @@ pub struct InitContext {
     pub deployment: DeploymentName,
     /// This replica.
     pub replica: ReplicaId,
+    /// The node this replica was placed on; handles made here prefer it.
+    pub node: String,
     directory: Directory,
 }
 
@@ -34,15 +36,19 @@ impl InitContext {
             .map_err(|e| UserError::new(format!("init args: {e}")))
     }
 
-    /// A handle to another deployment of the same application.
+    /// A handle to another deployment of the same application, preferring
+    /// replicas on this replica's node.
     pub fn handle(&self, deployment: &str) -> Result<DeploymentHandle, UserError> {
         let d = DeploymentName::new(deployment).map_err(|e| UserError::new(e.to_string()))?;
-        Ok(self.directory.handle(&self.app, &d))
+        Ok(self.handle_in(&self.app, &d))
     }
 
-    /// A handle to a deployment of any application.
+    /// A handle to a deployment of any application, preferring replicas on this
+    /// replica's node.
     pub fn handle_in(&self, app: &AppName, deployment: &DeploymentName) -> DeploymentHandle {
-        self.directory.handle(app, deployment)
+        self.directory
+            .handle(app, deployment)
+            .prefer_node(self.node.clone())
     }
 }
 
@@ -183,12 +189,14 @@ impl Registry {
         app: AppName,
         deployment: DeploymentName,
         replica: ReplicaId,
+        node: String,
     ) -> InitContext {
         InitContext {
             init_args,
             app,
             deployment,
             replica,
+            node,
             directory: directory.clone(),
         }
     }

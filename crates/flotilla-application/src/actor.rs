@@ -15,7 +15,7 @@ use flotilla_deployment::{
 };
 use flotilla_replica::{
     Directory, Registry,
-    supervision::{RestartLog, RestartPolicy},
+    supervision::{RestartLog, RestartPolicy, child_exit},
 };
 use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, SupervisionEvent, rpc::CallResult};
 use tokio::sync::watch;
@@ -390,15 +390,10 @@ impl Actor for ApplicationActor {
         evt: SupervisionEvent,
         state: &mut AppState,
     ) -> Result<(), ActorProcessingErr> {
-        let (cell, failure) = match &evt {
-            // A kill (fault injection, or a stuck actor) is a crash, not a stop.
-            SupervisionEvent::ActorTerminated(c, _, reason) => {
-                (c, reason.clone().filter(|r| r == "killed"))
-            }
-            SupervisionEvent::ActorFailed(c, e) => (c, Some(e.to_string())),
-            _ => return Ok(()),
+        let Some((id, failure)) = child_exit(&evt) else {
+            return Ok(());
         };
-        let Some(name) = state.by_actor.remove(&cell.get_id()) else {
+        let Some(name) = state.by_actor.remove(&id) else {
             return Ok(());
         };
         let wanted = state.target_of(&name).is_some_and(|t| !t.deleting);

@@ -24,7 +24,7 @@ use tracing::{info, warn};
 
 use crate::{
     Controller, ControllerMsg, ServeError,
-    controller::{ControllerState, fault},
+    controller::{ControllerState, commit, fault},
     validate::validate_batch,
 };
 
@@ -127,12 +127,10 @@ impl Controller {
                 return Ok(());
             }
         };
-        fault(&state.faults, FaultPoint::ControllerBeforeCommit)?;
-        if let Err(e) = state.store.commit(&batch) {
+        if let Err(e) = commit(state, &batch)? {
             let _ = reply.send(Err(e.into()));
             return Ok(());
         }
-        fault(&state.faults, FaultPoint::ControllerAfterCommit)?;
         state.swap_deletions(&changed);
         let unnamed: Vec<AppName> = state
             .config
@@ -316,8 +314,7 @@ impl Controller {
             .is_some_and(|e| e.record.generation == record.generation);
         let mut batch = Batch::new();
         let dropped = state.stage_targets(std::slice::from_ref(&record), &mut batch)?;
-        fault(&state.faults, FaultPoint::ControllerBeforeCommit)?;
-        if let Err(e) = state.store.commit(&batch) {
+        if let Err(e) = commit(state, &batch)? {
             state.publish(
                 &app,
                 ApplicationStatus::DeployFailed,
@@ -325,7 +322,6 @@ impl Controller {
             );
             return Ok(());
         }
-        fault(&state.faults, FaultPoint::ControllerAfterCommit)?;
         state.config.unbuilt.remove(&app);
         if unchanged {
             if let Some(e) = state.apps.get_mut(&app) {

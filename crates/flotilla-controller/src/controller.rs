@@ -15,7 +15,7 @@ use flotilla_core::{
 use flotilla_deployment::Cluster;
 use flotilla_replica::{
     Directory, Registry,
-    supervision::{RestartLog, RestartPolicy},
+    supervision::{RestartLog, RestartPolicy, child_exit},
 };
 use flotilla_store::{Batch, Store};
 use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
@@ -118,6 +118,20 @@ impl std::ops::Deref for ControllerState {
     }
 }
 
+/// Commit `batch` with the fault points around it. `Err` is an injected crash;
+/// `Ok(Err)` is the store's refusal, for the caller to report (nothing changed).
+pub(crate) fn commit(
+    state: &ControllerState,
+    batch: &Batch,
+) -> Result<Result<(), flotilla_store::StoreError>, ActorProcessingErr> {
+    fault(&state.faults, FaultPoint::ControllerBeforeCommit)?;
+    let result = state.store.commit(batch);
+    if result.is_ok() {
+        fault(&state.faults, FaultPoint::ControllerAfterCommit)?;
+    }
+    Ok(result)
+}
+
 /// Crash the Controller here if `point` is armed.
 pub(crate) fn fault(faults: &Faults, point: FaultPoint) -> Result<(), ActorProcessingErr> {
     if faults.hit(point) {
@@ -196,12 +210,10 @@ impl Controller {
                 return Ok(());
             }
         };
-        fault(&state.faults, FaultPoint::ControllerBeforeCommit)?;
-        if let Err(e) = state.store.commit(&batch) {
+        if let Err(e) = commit(state, &batch)? {
             let _ = reply.send(Err(e.into()));
             return Ok(());
         }
-        fault(&state.faults, FaultPoint::ControllerAfterCommit)?;
         let generations = records.iter().map(|r| r.generation).collect();
         let names = state.swap_targets(records, dropped);
         let _ = reply.send(Ok(generations));
@@ -235,12 +247,10 @@ impl Controller {
                 return Ok(());
             }
         };
-        fault(&state.faults, FaultPoint::ControllerBeforeCommit)?;
-        if let Err(e) = state.store.commit(&batch) {
+        if let Err(e) = commit(state, &batch)? {
             let _ = reply.send(Err(e.into()));
             return Ok(());
         }
-        fault(&state.faults, FaultPoint::ControllerAfterCommit)?;
         state.swap_deletions(&changed);
         let _ = reply.send(Ok(result));
         fault(&state.faults, FaultPoint::ControllerAfterReply)?;
@@ -488,15 +498,10 @@ impl Actor for Controller {
         evt: SupervisionEvent,
         state: &mut ControllerState,
     ) -> Result<(), ActorProcessingErr> {
-        let (cell, failure) = match &evt {
-            // A kill (fault injection, or a stuck actor) is a crash, not a stop.
-            SupervisionEvent::ActorTerminated(c, _, reason) => {
-                (c, reason.clone().filter(|r| r == "killed"))
-            }
-            SupervisionEvent::ActorFailed(c, e) => (c, Some(e.to_string())),
-            _ => return Ok(()),
+        let Some((id, failure)) = child_exit(&evt) else {
+            return Ok(());
         };
-        let Some(name) = state.by_actor.remove(&cell.get_id()) else {
+        let Some(name) = state.by_actor.remove(&id) else {
             return Ok(());
         };
         if state.shutting_down {

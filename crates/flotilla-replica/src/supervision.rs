@@ -3,7 +3,21 @@
 
 use std::{collections::VecDeque, time::Duration};
 
+use ractor::{ActorId, SupervisionEvent};
 use tokio::time::Instant;
+
+/// How a watched child exited: its id, and `Some(why)` if it crashed. A kill
+/// (fault injection, or a stuck actor) counts as a crash, a stop does not.
+/// `None` for events that are not an exit.
+pub fn child_exit(evt: &SupervisionEvent) -> Option<(ActorId, Option<String>)> {
+    match evt {
+        SupervisionEvent::ActorTerminated(c, _, reason) => {
+            Some((c.get_id(), reason.clone().filter(|r| r == "killed")))
+        }
+        SupervisionEvent::ActorFailed(c, e) => Some((c.get_id(), Some(e.to_string()))),
+        _ => None,
+    }
+}
 
 /// How a supervisor restarts a crashed child.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

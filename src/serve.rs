@@ -484,16 +484,21 @@ impl Serve {
             let _ = self.kill(naming::application(ns, &app));
         }
         let prefix = format!("{ns}/");
+        let mut killed = Vec::new();
         for group in ractor::pg::which_groups() {
             if group.starts_with(&prefix) {
                 for cell in ractor::pg::get_members(&group) {
                     cell.kill();
+                    killed.push(cell);
                 }
             }
         }
         let _ = self.inner.supervisor.wait(None).await;
         if let Some(c) = ractor::registry::where_is(naming::controller(ns)) {
             let _ = c.wait(None).await;
+        }
+        for cell in killed {
+            let _ = cell.wait(None).await;
         }
         self.inner.store.close();
     }

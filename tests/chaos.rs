@@ -1,7 +1,8 @@
 //! Randomised schedules: from a seed, a random sequence of deploys, redeploys,
 //! scale changes and deletes interleaved with random faults (controller crashes at
-//! each point around the commit, application and deployment actor crashes, commit
-//! failures, whole-process crashes), then the invariants once the system is quiet:
+//! each point around the commit, application and deployment actors crashing in a
+//! reconcile step or killed, replica constructor, handler and health-check faults,
+//! commit failures, whole-process crashes), then the invariants once the system is quiet:
 //! every acknowledged operation is reflected, nothing deleted comes back, replica
 //! counts and versions equal the targets, and no actor is left orphaned.
 //!
@@ -137,12 +138,14 @@ async fn schedule(seed: u64) {
                 settle(&mut model, &names, &[Want::Absent], result);
             }
             60..70 => {
-                let point = [
-                    FaultPoint::ControllerBeforeCommit,
-                    FaultPoint::ControllerAfterCommit,
-                    FaultPoint::ControllerAfterReply,
-                ][rng.below(3) as usize];
-                serve.faults().arm(point, 1);
+                let point = FaultPoint::ALL[rng.below(FaultPoint::ALL.len() as u64) as usize];
+                // Three health-check failures in a row make a replica unhealthy.
+                let times = if point == FaultPoint::ReplicaHealthCheck {
+                    3
+                } else {
+                    1
+                };
+                serve.faults().arm(point, times);
             }
             70..75 => {
                 serve.crash_application(rng.pick(&APPS));

@@ -256,3 +256,76 @@ async fn too_many_controller_crashes_become_a_fatal_error_the_program_can_await(
     let err = serve.run(app("a", 1, tag("v"))).await.unwrap_err();
     assert!(matches!(err, flotilla::ServeError::Unavailable(_)), "{err}");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_deployment_actor_crash_mid_roll_keeps_new_replicas_and_leaks_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Arc::new(Switches::default());
+    let serve = start(&dir, &sw).await;
+    let slow = |t: &str| ProbeArgs {
+        tag: t.into(),
+        start_delay_ms: 5_000,
+        ..Default::default()
+    };
+    serve.run(app("a", 5, slow("old"))).await.unwrap();
+    assert_eq!(sw.constructed.load(Ordering::SeqCst), 5);
+    serve
+        .run_many(vec![app("a", 5, slow("new"))], no_wait())
+        .await
+        .unwrap();
+    // Part-way through the roll: a kill, then a crash inside a reconcile step.
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    assert!(serve.crash_deployment("a", "probe"));
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    serve
+        .faults()
+        .arm(flotilla::FaultPoint::DeploymentReconcile, 1);
+    let s = support::wait_until(&serve, "a", |s| {
+        s.observed_generation == 2 && s.status == A::Running
+    })
+    .await;
+    assert_eq!(s.observed_generation, 2);
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let h = serve.app_handle("a").unwrap();
+    assert_eq!(h.replicas().len(), 5);
+    for _ in 0..10 {
+        assert_eq!(h.call::<_, String>("x").await.unwrap(), "new:x");
+    }
+    assert_eq!(
+        sw.constructed.load(Ordering::SeqCst),
+        10,
+        "every new replica started once, none twice"
+    );
+    let groups = serve.living_groups();
+    let replicas: usize = groups
+        .iter()
+        .filter(|(g, _)| g.contains("/replicas:a/"))
+        .map(|(_, n)| *n)
+        .sum();
+    assert_eq!(replicas, 5, "no replica leaked: {groups:?}");
+    assert!(serve.metrics().await.unwrap().controller.app_actors == 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn whole_process_crash_with_1000_applications_recovers_them_all() {
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Arc::new(Switches::default());
+    let serve = start(&dir, &sw).await;
+    let apps = (0..1000)
+        .map(|i| app(&format!("a{i}"), 1, tag("v")))
+        .collect();
+    serve.run_many(apps, Default::default()).await.unwrap();
+    serve.crash_process().await;
+    assert!(
+        serve.living_groups().is_empty(),
+        "the crash left actors alive"
+    );
+    let serve =
+        Serve::start(ServeOptions::new(registry(&sw)).store_path(dir.path().join("f.redb")))
+            .await
+            .unwrap();
+    for i in 0..1000 {
+        support::wait_status(&serve, &format!("a{i}"), A::Running).await;
+    }
+    assert_eq!(serve.metrics().await.unwrap().running_replicas, 1000);
+}

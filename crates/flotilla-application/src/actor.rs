@@ -115,6 +115,7 @@ impl AppState {
             registry: a.registry.clone(),
             directory: a.directory.clone(),
             cluster: a.cluster.clone(),
+            faults: a.faults.clone(),
             reporter: Arc::new(move |event| {
                 if let Some(app) = ActorRef::<AppMsg>::where_is(me.clone()) {
                     let _ = app.cast(AppMsg::Deployment(event));

@@ -21,16 +21,25 @@ pub enum FaultPoint {
     ApplicationReconcile,
     /// A DeploymentActor crashes inside a reconcile step.
     DeploymentReconcile,
+    /// A replica constructor fails (whatever the user code would do).
+    ReplicaConstructor,
+    /// A request handler panics; the replica is replaced.
+    ReplicaHandler,
+    /// A health check fails.
+    ReplicaHealthCheck,
 }
 
 impl FaultPoint {
     /// Every fault point.
-    pub const ALL: [FaultPoint; 5] = [
+    pub const ALL: [FaultPoint; 8] = [
         FaultPoint::ControllerBeforeCommit,
         FaultPoint::ControllerAfterCommit,
         FaultPoint::ControllerAfterReply,
         FaultPoint::ApplicationReconcile,
         FaultPoint::DeploymentReconcile,
+        FaultPoint::ReplicaConstructor,
+        FaultPoint::ReplicaHandler,
+        FaultPoint::ReplicaHealthCheck,
     ];
 
     fn index(self) -> usize {
@@ -41,7 +50,7 @@ impl FaultPoint {
 /// The armed fault points of one Serve instance; cheap to clone.
 #[derive(Debug, Clone, Default)]
 pub struct Faults {
-    armed: Arc<[AtomicU32; 5]>,
+    armed: Arc<[AtomicU32; FaultPoint::ALL.len()]>,
 }
 
 impl Faults {

@@ -3,7 +3,8 @@
 use std::{sync::Arc, time::Duration};
 
 use flotilla_core::{
-    AppName, DeploymentSpec, DeploymentTrigger, ReplicaCount, ReplicaState, naming,
+    AppName, DeploymentSpec, DeploymentTrigger, FaultPoint, Faults, ReplicaCount, ReplicaState,
+    naming,
 };
 use flotilla_replica::{Directory, Registry, ReplicaEvent, ReplicaId, ReplicaMsg, START_FAILED};
 use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
@@ -35,6 +36,8 @@ pub struct DeploymentArgs {
     pub cluster: Arc<dyn Cluster>,
     /// How it reports to its ApplicationActor.
     pub reporter: DeploymentReporter,
+    /// Armed fault points (fault injection; free when unarmed).
+    pub faults: Faults,
 }
 
 /// The deployment actor.
@@ -403,6 +406,9 @@ impl Actor for DeploymentActor {
                 return Ok(());
             }
             DeploymentMsg::Shutdown(reply) => state.shutdown.push(reply),
+        }
+        if state.args.faults.hit(FaultPoint::DeploymentReconcile) {
+            return Err("injected fault: DeploymentReconcile".into());
         }
         Self::reconcile(&myself, state).await;
         Ok(())

@@ -83,6 +83,7 @@ pub(crate) async fn start_replica(
         reporter: state.reporter_for_replicas(),
         group: naming::replica_group(&a.ns, &a.app, &a.target.spec.name),
         node: node.clone(),
+        faults: a.faults.clone(),
     };
     let name = naming::replica(&a.ns, &a.app, &a.target.spec.name, id.0);
     match Actor::spawn(Some(name), ReplicaActor, args).await {

@@ -69,6 +69,16 @@ pub fn plan(
         .filter(|r| r.state == ReplicaState::Running)
         .count() as u32;
     let (new_live, old_live) = (new.len() as u32, old.len() as u32);
+    // A RECOVERING replica's version is a placeholder until it describes itself:
+    // judging it now could stop a replica that is already at the target. Only
+    // start what is missing until every replica has told us what it runs.
+    if live.iter().any(|r| r.state == ReplicaState::Recovering) {
+        let missing = target.saturating_sub(live.len() as u32);
+        return Plan {
+            start: if can_start { missing } else { 0 },
+            ..Plan::default()
+        };
+    }
     let mut out = Plan {
         reconfigure: new
             .iter()
@@ -174,6 +184,19 @@ mod tests {
     const R: RolloutConfig = RolloutConfig {
         max_changing_fraction: 0.2,
     };
+
+    #[test]
+    fn nothing_is_stopped_while_a_replica_is_still_recovering() {
+        let rs = [
+            r(1, Running, "a"),
+            r(2, Running, "b"),
+            r(3, Recovering, "b"),
+        ];
+        // Two live replicas beyond a target of one, but one has not said what it runs.
+        assert_eq!(plan(1, &v("b"), R, &rs, true), Plan::default());
+        // Missing replicas still start.
+        assert_eq!(plan(5, &v("b"), R, &rs, true).start, 2);
+    }
 
     #[test]
     fn initial_deploy_starts_everything_at_once() {

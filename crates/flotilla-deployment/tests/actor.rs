@@ -73,6 +73,7 @@ async fn spawn_deployment(
         cluster,
         reporter: Arc::new(|_| {}),
         target: target.clone(),
+        faults: flotilla_core::Faults::new(),
     };
     let name = naming::deployment(&ns, &app, &target.spec.name);
     Actor::spawn(Some(name), DeploymentActor, args)

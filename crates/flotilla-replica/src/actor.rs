@@ -4,7 +4,9 @@
 
 use std::{panic::AssertUnwindSafe, sync::Arc};
 
-use flotilla_core::{AppName, DeploymentName, DeploymentSpec, DeploymentVersion};
+use flotilla_core::{
+    AppName, DeploymentName, DeploymentSpec, DeploymentVersion, FaultPoint, Faults,
+};
 use futures::FutureExt;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::task::JoinHandle;
@@ -149,6 +151,8 @@ pub struct ReplicaArgs {
     pub group: String,
     /// The node it was placed on.
     pub node: String,
+    /// Armed fault points (fault injection; free when unarmed).
+    pub faults: Faults,
 }
 
 /// The replica actor.
@@ -220,7 +224,11 @@ async fn initialise(args: InitArgs) -> Result<Arc<dyn ErasedDeployment>, String>
         registry,
         ctx,
         spec,
+        faults,
     } = args;
+    if faults.hit(FaultPoint::ReplicaConstructor) {
+        return Err("constructor failed: injected fault: ReplicaConstructor".to_owned());
+    }
     let user = guarded(registry.construct(&spec.import_path, ctx))
         .await
         .map_err(|g| format!("constructor failed: {g}"))?;
@@ -240,6 +248,7 @@ struct InitArgs {
     registry: Registry,
     ctx: crate::InitContext,
     spec: DeploymentSpec,
+    faults: Faults,
 }
 
 impl Actor for ReplicaActor {
@@ -287,6 +296,7 @@ impl Actor for ReplicaActor {
                 a.node.clone(),
             ),
             spec: a.spec.clone(),
+            faults: a.faults.clone(),
         };
         let me = myself.clone();
         state.constructor = Some(tokio::spawn(async move {
@@ -319,6 +329,7 @@ impl Actor for ReplicaActor {
                             a.spec.config.max_ongoing_requests,
                             a.route.slot_freed.clone(),
                             myself.clone(),
+                            a.faults.clone(),
                         ));
                         state.user = Some(user);
                         state.endpoint = Some(endpoint.clone());
@@ -395,6 +406,14 @@ impl Actor for ReplicaActor {
             }
             ReplicaMsg::HealthTick => {
                 if state.health_outstanding || state.phase == ReplicaPhase::Stopping {
+                    return Ok(());
+                }
+                if state.args.faults.hit(FaultPoint::ReplicaHealthCheck) {
+                    let me = myself.clone();
+                    let _ = me.cast(ReplicaMsg::HealthResult(Err(
+                        "injected fault: ReplicaHealthCheck".to_owned(),
+                    )));
+                    state.health_outstanding = true;
                     return Ok(());
                 }
                 if let Some(user) = state.user.clone() {

@@ -8,6 +8,7 @@ use std::{
     },
 };
 
+use flotilla_core::Faults;
 use ractor::ActorRef;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
@@ -53,6 +54,8 @@ pub struct ReplicaEndpoint {
     /// Wakes callers queued on the deployment when a slot frees.
     slot_freed: Arc<Notify>,
     actor: ActorRef<ReplicaMsg>,
+    /// For the `ReplicaHandler` fault point.
+    pub(crate) faults: Faults,
 }
 
 impl fmt::Debug for ReplicaEndpoint {
@@ -74,6 +77,7 @@ impl ReplicaEndpoint {
         max_ongoing: u32,
         slot_freed: Arc<Notify>,
         actor: ActorRef<ReplicaMsg>,
+        faults: Faults,
     ) -> Self {
         ReplicaEndpoint {
             id,
@@ -85,6 +89,7 @@ impl ReplicaEndpoint {
             kill_signal: Notify::new(),
             slot_freed,
             actor,
+            faults,
         }
     }
 

@@ -184,6 +184,12 @@ fn pick(route: &DeploymentRoute, set: &[Arc<ReplicaEndpoint>]) -> Option<Slot> {
 
 async fn run(slot: Slot, bytes: Vec<u8>) -> Result<Vec<u8>, CallError> {
     let ep = slot.0.clone();
+    if ep.faults.hit(flotilla_core::FaultPoint::ReplicaHandler) {
+        drop(slot);
+        let m = "injected fault: ReplicaHandler".to_owned();
+        ep.report_panic(m.clone());
+        return Err(CallError::Panicked(m));
+    }
     let killed = ep.kill_signal.notified();
     let result = tokio::select! {
         r = ep.user.handle(bytes) => r,

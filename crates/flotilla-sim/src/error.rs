@@ -1,0 +1,61 @@
+//! The simulator's errors.
+
+use std::path::PathBuf;
+
+/// Why a simulation could not run or report. Invariant violations are not errors:
+/// they are in the [`Summary`](crate::Summary).
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    /// A `--faults` entry or a scenario's fault could not be parsed.
+    #[error("fault '{entry}': {why}")]
+    Fault {
+        /// The entry as written.
+        entry: String,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// A duration could not be parsed.
+    #[error("duration '{text}': {why} (write e.g. 90s, 15m, 1h, 250ms)")]
+    Duration {
+        /// The text as written.
+        text: String,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// The scenario is inconsistent (zero nodes, a rate out of range, ...).
+    #[error("scenario: {0}")]
+    Scenario(String),
+    /// A scenario file could not be read.
+    #[error("cannot read scenario file {path}: {source}")]
+    ReadScenario {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A scenario file is not valid YAML for a scenario.
+    #[error("scenario file {path}: {why}")]
+    ParseScenario {
+        /// The file.
+        path: PathBuf,
+        /// The parser's message (with line and column).
+        why: String,
+    },
+    /// The simulation's runtime or store could not be set up.
+    #[error("setting up the simulation: {0}")]
+    Setup(String),
+    /// Flotilla refused to start or failed in a way the simulation cannot go on from.
+    #[error("flotilla: {0}")]
+    Serve(String),
+    /// The report could not be written.
+    #[error("writing report {path}: {why}")]
+    Report {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        why: String,
+    },
+}
+
+/// The simulator's result type.
+pub type Result<T, E = SimError> = std::result::Result<T, E>;

@@ -1,0 +1,538 @@
+//! What to simulate: the cluster, the applications, the traffic and the event
+//! schedule, from defaults, a YAML scenario file, and flags on top.
+//!
+//! A scenario file holds any subset of the fields below; everything left out
+//! keeps its default. Durations are text (`250ms`, `90s`, `15m`, `1h`, `1m30s`).
+//!
+//! ```yaml
+//! seed: 7
+//! duration: 10m
+//! cluster:
+//!   strategy: pack
+//!   groups:
+//!     - { name: std, count: 8, cpus: 16, memory_gib: 64 }
+//!     - { name: big, count: 2, cpus: 64, memory_gib: 256 }
+//! workload: { apps: 500, replicas: 3, constructor_failure_rate: 0.1 }
+//! traffic: { rate: 100 }
+//! faults: ["controller@30s", "node@60s", "process@120s"]
+//! ```
+
+use std::{path::Path, time::Duration};
+
+use serde::{Deserialize, Deserializer, Serialize};
+
+use crate::{
+    Result, SimError,
+    cluster::{NodeGroup, Strategy},
+    faults::{self, Event},
+};
+
+/// Parse a duration written as number-unit pairs: `250ms`, `90s`, `15m`, `1h`,
+/// `1m30s`. A bare number is seconds.
+pub fn parse_duration(text: &str) -> Result<Duration> {
+    let err = |why: &str| SimError::Duration {
+        text: text.to_owned(),
+        why: why.to_owned(),
+    };
+    let t = text.trim();
+    if t.is_empty() {
+        return Err(err("empty"));
+    }
+    if let Ok(secs) = t.parse::<f64>() {
+        return secs_to_duration(secs).ok_or_else(|| err("must be a finite, non-negative number"));
+    }
+    let mut total = 0.0;
+    let mut rest = t;
+    while !rest.is_empty() {
+        let num_len = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .ok_or_else(|| err("a number needs a unit (ms, s, m, h)"))?;
+        if num_len == 0 {
+            return Err(err("expected a number"));
+        }
+        let value: f64 = rest[..num_len]
+            .parse()
+            .map_err(|_| err("not a number"))?;
+        rest = &rest[num_len..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let scale = match &rest[..unit_len] {
+            "ms" => 0.001,
+            "s" => 1.0,
+            "m" | "min" => 60.0,
+            "h" => 3600.0,
+            _ => return Err(err("unknown unit")),
+        };
+        total += value * scale;
+        rest = &rest[unit_len..];
+    }
+    secs_to_duration(total).ok_or_else(|| err("out of range"))
+}
+
+fn secs_to_duration(secs: f64) -> Option<Duration> {
+    (secs.is_finite() && secs >= 0.0 && secs < 1e12).then(|| Duration::from_secs_f64(secs))
+}
+
+/// Format a duration the way [`parse_duration`] reads it back.
+pub fn format_duration(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms % 1000 != 0 {
+        format!("{ms}ms")
+    } else {
+        format!("{}s", ms / 1000)
+    }
+}
+
+fn de_duration<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<Duration, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Raw {
+        Text(String),
+        Secs(f64),
+    }
+    match Raw::deserialize(d)? {
+        Raw::Text(t) => parse_duration(&t).map_err(serde::de::Error::custom),
+        Raw::Secs(s) => secs_to_duration(s)
+            .ok_or_else(|| serde::de::Error::custom("a duration must be finite and >= 0")),
+    }
+}
+
+fn ser_duration<S: serde::Serializer>(d: &Duration, s: S) -> std::result::Result<S::Ok, S::Error> {
+    s.serialize_str(&format_duration(*d))
+}
+
+/// The simulated cluster.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClusterSpec {
+    /// Placement strategy.
+    pub strategy: Strategy,
+    /// Node groups.
+    pub groups: Vec<NodeGroup>,
+}
+
+impl Default for ClusterSpec {
+    fn default() -> Self {
+        let g = |name: &str, count, cpus, memory_gib| NodeGroup {
+            name: name.to_owned(),
+            count,
+            cpus,
+            memory_gib,
+            gpus: 0.0,
+        };
+        ClusterSpec {
+            strategy: Strategy::Spread,
+            groups: vec![
+                g("standard", 12, 16.0, 64.0),
+                g("large", 6, 48.0, 192.0),
+                g("small", 2, 8.0, 32.0),
+            ],
+        }
+    }
+}
+
+impl ClusterSpec {
+    /// Nodes over all groups.
+    pub fn nodes(&self) -> usize {
+        self.groups.iter().map(|g| g.count).sum()
+    }
+
+    /// CPUs over all nodes.
+    pub fn cpus(&self) -> f64 {
+        self.groups.iter().map(|g| g.count as f64 * g.cpus).sum()
+    }
+
+    /// Resize to `n` nodes, keeping the groups' proportions (largest remainder).
+    pub fn scale_to(&mut self, n: usize) {
+        let total = self.nodes().max(1) as f64;
+        let shares: Vec<f64> = self
+            .groups
+            .iter()
+            .map(|g| g.count as f64 * n as f64 / total)
+            .collect();
+        let mut counts: Vec<usize> = shares.iter().map(|s| s.floor() as usize).collect();
+        let mut left = n.saturating_sub(counts.iter().sum());
+        let mut order: Vec<usize> = (0..shares.len()).collect();
+        order.sort_by(|a, b| {
+            let ra = shares[*a] - shares[*a].floor();
+            let rb = shares[*b] - shares[*b].floor();
+            rb.total_cmp(&ra).then(a.cmp(b))
+        });
+        for i in order {
+            if left == 0 {
+                break;
+            }
+            counts[i] += 1;
+            left -= 1;
+        }
+        for (g, c) in self.groups.iter_mut().zip(counts) {
+            g.count = c;
+        }
+    }
+}
+
+/// A replica's start latency: log-normal, capped.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LatencySpec {
+    /// Median.
+    #[serde(deserialize_with = "de_duration", serialize_with = "ser_duration")]
+    pub median: Duration,
+    /// Shape (log-space standard deviation); 0 makes it constant.
+    pub sigma: f64,
+    /// Cap.
+    #[serde(deserialize_with = "de_duration", serialize_with = "ser_duration")]
+    pub max: Duration,
+}
+
+/// The applications.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WorkloadSpec {
+    /// Applications deployed at the start.
+    pub apps: usize,
+    /// Deployments per application (the ingress calls the next, in a chain).
+    pub deployments: usize,
+    /// Replicas per deployment.
+    pub replicas: u32,
+    /// Applications per `run_many` call (one commit each).
+    pub batch: usize,
+    /// Virtual time between two batches.
+    #[serde(deserialize_with = "de_duration", serialize_with = "ser_duration")]
+    pub batch_every: Duration,
+    /// Applications whose code is broken (their constructor always fails): they
+    /// must end DEPLOY_FAILED, and nothing else may.
+    pub broken_apps: usize,
+    /// CPUs each replica reserves.
+    pub replica_cpus: f64,
+    /// Memory each replica reserves, MiB.
+    pub replica_memory_mib: u64,
+    /// Constructor latency.
+    pub start_latency: LatencySpec,
+    /// Chance that a constructor call fails (on top of broken applications).
+    pub constructor_failure_rate: f64,
+    /// Health check period of every deployment.
+    #[serde(deserialize_with = "de_duration", serialize_with = "ser_duration")]
+    pub health_check_period: Duration,
+    /// Chance that one health check fails while its application flaps.
+    pub flap_failure_rate: f64,
+}
+
+impl Default for WorkloadSpec {
+    fn default() -> Self {
+        WorkloadSpec {
+            apps: 2_000,
+            deployments: 1,
+            replicas: 2,
+            batch: 200,
+            batch_every: Duration::from_secs(1),
+            broken_apps: 3,
+            replica_cpus: 0.1,
+            replica_memory_mib: 256,
+            start_latency: LatencySpec {
+                median: Duration::from_millis(1_500),
+                sigma: 0.6,
+                max: Duration::from_secs(20),
+            },
+            constructor_failure_rate: 0.05,
+            health_check_period: Duration::from_secs(10),
+            flap_failure_rate: 0.6,
+        }
+    }
+}
+
+/// One class of request latency in the traffic mix.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LatencyClass {
+    /// Relative weight.
+    pub weight: f64,
+    /// How long the request runs in its replica.
+    #[serde(deserialize_with = "de_duration", serialize_with = "ser_duration")]
+    pub latency: Duration,
+}
+
+/// The traffic through handles.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrafficSpec {
+    /// Requests per (virtual) second over all applications, round-robin.
+    pub rate: f64,
+    /// Per-attempt timeout (queueing included).
+    #[serde(deserialize_with = "de_duration", serialize_with = "ser_duration")]
+    pub timeout: Duration,
+    /// Attempts per request (1 = no retry).
+    pub attempts: u32,
+    /// Wait before a retry.
+    #[serde(deserialize_with = "de_duration", serialize_with = "ser_duration")]
+    pub retry_backoff: Duration,
+    /// The latency mix.
+    pub latencies: Vec<LatencyClass>,
+}
+
+impl Default for TrafficSpec {
+    fn default() -> Self {
+        let c = |weight, ms| LatencyClass {
+            weight,
+            latency: Duration::from_millis(ms),
+        };
+        TrafficSpec {
+            rate: 200.0,
+            timeout: Duration::from_secs(10),
+            attempts: 3,
+            retry_backoff: Duration::from_millis(500),
+            latencies: vec![c(70.0, 2), c(20.0, 20), c(8.0, 200), c(2.0, 2_000)],
+        }
+    }
+}
+
+/// The default event schedule (times from the start of the run).
+pub const DEFAULT_FAULTS: &str = "controller@15s,node@60s,deployment@80s:40,app@100s:40,\
+commit@120s,update@120s:200,controller@150s:after-commit,scale@150s:100,flap@180s:20:60s,\
+node-add@200s,replica@240s:50,process@300s,delete@360s:50,deploy@380s:50,controller@420s,\
+ctor@440s:0.5:40s,node@450s,node-add@500s";
+
+/// A whole simulation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Scenario {
+    /// Everything random derives from this.
+    pub seed: u64,
+    /// How long traffic runs and events are injected (virtual time, from the start).
+    #[serde(deserialize_with = "de_duration", serialize_with = "ser_duration")]
+    pub duration: Duration,
+    /// How often the timeline is sampled (virtual time).
+    #[serde(deserialize_with = "de_duration", serialize_with = "ser_duration")]
+    pub sample_every: Duration,
+    /// How long to wait for convergence after the last event before judging.
+    #[serde(deserialize_with = "de_duration", serialize_with = "ser_duration")]
+    pub settle_timeout: Duration,
+    /// The cluster.
+    pub cluster: ClusterSpec,
+    /// The applications.
+    pub workload: WorkloadSpec,
+    /// The traffic.
+    pub traffic: TrafficSpec,
+    /// The event schedule: faults and operations, each `kind@time[:args]`
+    /// (see [`faults`](crate::faults)).
+    pub faults: Vec<String>,
+}
+
+impl Default for Scenario {
+    fn default() -> Self {
+        Scenario {
+            seed: 1,
+            duration: Duration::from_secs(600),
+            sample_every: Duration::from_secs(1),
+            settle_timeout: Duration::from_secs(900),
+            cluster: ClusterSpec::default(),
+            workload: WorkloadSpec::default(),
+            traffic: TrafficSpec::default(),
+            faults: DEFAULT_FAULTS.split(',').map(str::to_owned).collect(),
+        }
+    }
+}
+
+/// Flags that override a scenario (each `None` keeps the scenario's value).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Overrides {
+    /// Total nodes (groups keep their proportions).
+    pub nodes: Option<usize>,
+    /// Applications.
+    pub apps: Option<usize>,
+    /// Deployments per application.
+    pub deployments: Option<usize>,
+    /// Replicas per deployment.
+    pub replicas: Option<u32>,
+    /// Applications per batch.
+    pub batch: Option<usize>,
+    /// Run length (virtual).
+    pub duration: Option<Duration>,
+    /// Event schedule, comma-separated (`none` for no events).
+    pub faults: Option<String>,
+    /// Seed.
+    pub seed: Option<u64>,
+    /// Placement strategy.
+    pub strategy: Option<Strategy>,
+    /// Requests per second.
+    pub rate: Option<f64>,
+    /// Constructor failure rate.
+    pub constructor_failure_rate: Option<f64>,
+}
+
+impl Scenario {
+    /// Read a YAML scenario file (fields left out keep their defaults).
+    pub fn from_file(path: &Path) -> Result<Scenario> {
+        let text = std::fs::read_to_string(path).map_err(|source| SimError::ReadScenario {
+            path: path.to_owned(),
+            source,
+        })?;
+        Scenario::from_yaml(&text).map_err(|e| SimError::ParseScenario {
+            path: path.to_owned(),
+            why: e.to_string(),
+        })
+    }
+
+    /// Parse a YAML scenario.
+    pub fn from_yaml(text: &str) -> Result<Scenario> {
+        let s: Scenario = serde_saphyr::from_str(text).map_err(|e| SimError::Scenario(e.to_string()))?;
+        s.validate()?;
+        Ok(s)
+    }
+
+    /// Apply flags on top.
+    pub fn apply(&mut self, o: &Overrides) -> Result<()> {
+        if let Some(n) = o.nodes {
+            self.cluster.scale_to(n);
+        }
+        let w = &mut self.workload;
+        if let Some(v) = o.apps {
+            w.apps = v;
+            w.broken_apps = w.broken_apps.min(v);
+        }
+        if let Some(v) = o.deployments {
+            w.deployments = v;
+        }
+        if let Some(v) = o.replicas {
+            w.replicas = v;
+        }
+        if let Some(v) = o.batch {
+            w.batch = v;
+        }
+        if let Some(v) = o.constructor_failure_rate {
+            w.constructor_failure_rate = v;
+        }
+        if let Some(v) = o.duration {
+            self.duration = v;
+        }
+        if let Some(v) = &o.faults {
+            self.faults = faults::split(v);
+        }
+        if let Some(v) = o.seed {
+            self.seed = v;
+        }
+        if let Some(v) = o.strategy {
+            self.cluster.strategy = v;
+        }
+        if let Some(v) = o.rate {
+            self.traffic.rate = v;
+        }
+        self.validate()
+    }
+
+    /// The parsed event schedule, in time order (stable for equal times).
+    pub fn events(&self) -> Result<Vec<Event>> {
+        let mut out = self
+            .faults
+            .iter()
+            .map(|f| faults::parse(f))
+            .collect::<Result<Vec<_>>>()?;
+        out.sort_by_key(|e| e.at);
+        Ok(out)
+    }
+
+    /// Check that the scenario makes sense.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(SimError::Scenario(m));
+        let w = &self.workload;
+        if self.cluster.nodes() == 0 {
+            return bad("the cluster needs at least one node".into());
+        }
+        if let Some(g) = self.cluster.groups.iter().find(|g| {
+            !(g.cpus.is_finite() && g.cpus >= 0.0 && g.memory_gib >= 0.0 && g.gpus >= 0.0)
+        }) {
+            return bad(format!("node group '{}' has a negative or invalid size", g.name));
+        }
+        if w.apps == 0 || w.deployments == 0 || w.replicas == 0 || w.batch == 0 {
+            return bad("apps, deployments, replicas and batch must each be at least 1".into());
+        }
+        if w.broken_apps > w.apps {
+            return bad(format!("broken_apps ({}) exceeds apps ({})", w.broken_apps, w.apps));
+        }
+        for (name, p) in [
+            ("constructor_failure_rate", w.constructor_failure_rate),
+            ("flap_failure_rate", w.flap_failure_rate),
+        ] {
+            if !(0.0..=1.0).contains(&p) {
+                return bad(format!("{name} must be within 0..=1, got {p}"));
+            }
+        }
+        if !(w.replica_cpus.is_finite() && w.replica_cpus >= 0.0) {
+            return bad("replica_cpus must be >= 0".into());
+        }
+        if !(w.start_latency.sigma.is_finite() && w.start_latency.sigma >= 0.0) {
+            return bad("start_latency.sigma must be >= 0".into());
+        }
+        let t = &self.traffic;
+        if !(t.rate.is_finite() && t.rate >= 0.0) {
+            return bad("traffic.rate must be >= 0".into());
+        }
+        if t.attempts == 0 {
+            return bad("traffic.attempts must be at least 1".into());
+        }
+        if t.latencies.is_empty() || t.latencies.iter().any(|c| !(c.weight > 0.0)) {
+            return bad("traffic.latencies needs at least one class, every weight > 0".into());
+        }
+        if self.sample_every.is_zero() {
+            return bad("sample_every must be above zero".into());
+        }
+        if w.health_check_period.is_zero() {
+            return bad("health_check_period must be above zero".into());
+        }
+        self.events().map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn durations_parse_and_print() {
+        assert_eq!(parse_duration("90s").unwrap(), Duration::from_secs(90));
+        assert_eq!(parse_duration("1m30s").unwrap(), Duration::from_secs(90));
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert_eq!(parse_duration("1h").unwrap(), Duration::from_secs(3600));
+        assert_eq!(parse_duration("2.5").unwrap(), Duration::from_millis(2500));
+        assert!(parse_duration("10 parsecs").is_err());
+        assert!(parse_duration("s").is_err());
+        assert!(parse_duration("").is_err());
+        assert_eq!(format_duration(Duration::from_millis(1500)), "1500ms");
+        assert_eq!(format_duration(Duration::from_secs(60)), "60s");
+    }
+
+    #[test]
+    fn defaults_are_valid_and_nodes_scale_by_proportion() {
+        let mut s = Scenario::default();
+        s.validate().unwrap();
+        assert_eq!(s.cluster.nodes(), 20);
+        s.apply(&Overrides {
+            nodes: Some(7),
+            ..Default::default()
+        })
+        .unwrap();
+        let counts: Vec<usize> = s.cluster.groups.iter().map(|g| g.count).collect();
+        assert_eq!(counts, [4, 2, 1]);
+    }
+
+    #[test]
+    fn a_yaml_scenario_overrides_only_what_it_names() {
+        let s = Scenario::from_yaml(
+            "seed: 9\nduration: 2m\ncluster:\n  strategy: pack\nworkload: { apps: 10, replicas: 3 }\nfaults: [\"node@30s\"]\n",
+        )
+        .unwrap();
+        assert_eq!(s.seed, 9);
+        assert_eq!(s.duration, Duration::from_secs(120));
+        assert_eq!(s.cluster.strategy, Strategy::Pack);
+        assert_eq!(s.cluster.nodes(), 20);
+        assert_eq!((s.workload.apps, s.workload.replicas), (10, 3));
+        assert_eq!(s.workload.batch, 200);
+        assert_eq!(s.events().unwrap().len(), 1);
+        let e = Scenario::from_yaml("workload: { apps: 0 }").unwrap_err();
+        assert!(e.to_string().contains("at least 1"), "{e}");
+        let e = Scenario::from_yaml("workload: { appz: 3 }").unwrap_err();
+        assert!(e.to_string().contains("appz"), "{e}");
+    }
+}

@@ -7,7 +7,6 @@ mod common;
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
-use std::time::Duration;
 
 use common::*;
 use flotilla_store::{Batch, Store};
@@ -46,7 +45,7 @@ fn crash_child_commits_until_killed() {
     }
     // Wait to be killed, holding the store open.
     loop {
-        std::thread::sleep(Duration::from_secs(1));
+        std::thread::park();
     }
 }
 

@@ -320,3 +320,56 @@ async fn status_flow_is_deploying_running_deleting_gone() {
     let seen = support::record_statuses(&serve, "a", A::NotStarted).await;
     assert_eq!(seen, [A::Deleting, A::NotStarted]);
 }
+
+#[tokio::test(start_paused = true)]
+async fn zero_replicas_is_a_live_deployment_not_a_deleted_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Arc::new(Switches::default());
+    let serve = start(&dir, &sw).await;
+    serve.run(app("zero", 0, tag("z"))).await.unwrap();
+    let first = support::deployment_actor(&serve, "zero", "probe")
+        .unwrap()
+        .get_id();
+    tokio::time::sleep(Duration::from_secs(120)).await;
+    let later = support::observe(&serve, "zero", "probe").await;
+    assert_eq!(later.target.replicas, 0);
+    assert_eq!(later.live(), 0);
+    assert_eq!(serve.app_status("zero").status, A::Running);
+    assert_eq!(serve.metrics().await.unwrap().controller.app_restarts, 0);
+    let now = support::deployment_actor(&serve, "zero", "probe")
+        .unwrap()
+        .get_id();
+    assert_eq!(first, now, "the same DeploymentActor all along");
+    assert!(serve.app_handle("zero").is_ok());
+}
+
+#[tokio::test(start_paused = true)]
+async fn user_code_that_panics_before_returning_its_future_is_a_startup_failure() {
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Arc::new(Switches::default());
+    let registry = support::registry(&sw)
+        .register(
+            "test::SyncPanic",
+            |_ctx| -> std::future::Ready<Result<support::Probe, flotilla::UserError>> {
+                panic!("panicked before returning a future")
+            },
+        )
+        .unwrap();
+    let serve = flotilla::Serve::start(
+        flotilla::ServeOptions::new(registry).store_path(dir.path().join("f.redb")),
+    )
+    .await
+    .unwrap();
+    let spec = ApplicationSpec::builder("p")
+        .deployment(DeploymentSpec::builder("d", "test::SyncPanic"))
+        .build()
+        .unwrap();
+    let err = serve.run(spec).await.unwrap_err();
+    let ServeError::DeployFailed { message, .. } = err else {
+        panic!("expected DeployFailed, got {err}");
+    };
+    assert!(
+        message.contains("panicked before returning a future"),
+        "{message}"
+    );
+}

@@ -170,7 +170,10 @@ impl DeploymentActor {
         state.update_status();
         Self::arm_slow_timer(myself, state);
         state.report();
-        if target == 0 && state.replicas.is_empty() {
+        // Zero replicas wanted is a live deployment (scaled to zero) unless it is
+        // being deleted or shut down.
+        let leaving = state.args.target.deleting || !state.shutdown.is_empty();
+        if leaving && state.replicas.is_empty() {
             Self::finish(myself, state);
         }
     }

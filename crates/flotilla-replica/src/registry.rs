@@ -158,8 +158,12 @@ impl Registry {
     ) -> BoxFuture<'static, Result<ApplicationSpec, UserError>> {
         match self.builders.get(path.as_str()) {
             Some(b) => {
-                let fut = b(args);
-                Box::pin(async move { crate::user::guarded(fut).await.map_err(Into::into) })
+                let b = b.clone();
+                Box::pin(async move {
+                    crate::user::guarded(async move { b(args).await })
+                        .await
+                        .map_err(Into::into)
+                })
             }
             None => {
                 let msg =
@@ -175,7 +179,12 @@ impl Registry {
         ctx: InitContext,
     ) -> BoxFuture<'static, Result<Arc<dyn ErasedDeployment>, UserError>> {
         match self.constructors.get(path.as_str()) {
-            Some(c) => c(ctx),
+            // The closure itself may panic before returning its future: call it
+            // inside the (guarded) future so that panic is caught too.
+            Some(c) => {
+                let c = c.clone();
+                Box::pin(async move { c(ctx).await })
+            }
             None => {
                 let msg = format!("no deployment is registered under import path '{path}'");
                 Box::pin(async move { Err(UserError(msg)) })

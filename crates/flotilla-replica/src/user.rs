@@ -133,7 +133,7 @@ impl<D: Deployment> ErasedDeployment for Erased<D> {
         Box::pin(async move {
             let req: D::Request = rmp_serde::from_slice(&request)
                 .map_err(|e| CallError::BadRequest(e.to_string()))?;
-            match guarded(self.0.handle(req)).await {
+            match guarded(async { self.0.handle(req).await }).await {
                 Ok(resp) => rmp_serde::to_vec_named(&resp)
                     .map_err(|e| CallError::BadResponse(e.to_string())),
                 Err(Guarded::Failed(e)) => Err(CallError::User(e.0)),
@@ -144,13 +144,17 @@ impl<D: Deployment> ErasedDeployment for Erased<D> {
 
     fn reconfigure(&self, user_config: Args) -> BoxFuture<'_, Result<(), UserError>> {
         Box::pin(async move {
-            guarded(self.0.reconfigure(user_config))
+            guarded(async { self.0.reconfigure(user_config).await })
                 .await
                 .map_err(Into::into)
         })
     }
 
     fn check_health(&self) -> BoxFuture<'_, Result<(), UserError>> {
-        Box::pin(async move { guarded(self.0.check_health()).await.map_err(Into::into) })
+        Box::pin(async move {
+            guarded(async { self.0.check_health().await })
+                .await
+                .map_err(Into::into)
+        })
     }
 }

@@ -477,27 +477,34 @@ impl Serve {
     /// unusable afterwards; `Serve::start` on the same file recovers everything
     /// acknowledged.
     pub async fn crash_process(&self) {
-        let ns = &self.inner.ns;
         self.inner.supervisor.kill();
-        let _ = self.kill(naming::controller(ns));
+        self.stop_everything(true).await;
+    }
+
+    /// Stop (or kill) every actor of this instance that is still alive, wait for
+    /// them, and close the store.
+    async fn stop_everything(&self, kill: bool) {
+        let ns = &self.inner.ns;
+        let mut cells = Vec::new();
+        cells.extend(ractor::registry::where_is(naming::controller(ns)));
         for (app, _) in self.status() {
-            let _ = self.kill(naming::application(ns, &app));
+            cells.extend(ractor::registry::where_is(naming::application(ns, &app)));
         }
         let prefix = format!("{ns}/");
-        let mut killed = Vec::new();
         for group in ractor::pg::which_groups() {
             if group.starts_with(&prefix) {
-                for cell in ractor::pg::get_members(&group) {
-                    cell.kill();
-                    killed.push(cell);
-                }
+                cells.extend(ractor::pg::get_members(&group));
+            }
+        }
+        for cell in &cells {
+            if kill {
+                cell.kill();
+            } else {
+                cell.stop(None);
             }
         }
         let _ = self.inner.supervisor.wait(None).await;
-        if let Some(c) = ractor::registry::where_is(naming::controller(ns)) {
-            let _ = c.wait(None).await;
-        }
-        for cell in killed {
+        for cell in cells {
             let _ = cell.wait(None).await;
         }
         self.inner.store.close();
@@ -550,15 +557,17 @@ impl Serve {
 
     /// Stop every replica gracefully, then stop the actors. Records stay in the
     /// store: a later `start` on the same file brings every application back.
+    ///
+    /// Replicas drain in parallel. Whatever is still alive afterwards (an actor
+    /// waiting out a restart backoff, or everything if the Supervisor had given up)
+    /// is stopped too, so no actor of this instance outlives `shutdown`.
     pub async fn shutdown(&self) -> Result<(), ServeError> {
-        self.ask(ControllerMsg::Shutdown).await?;
-        let controller = ractor::registry::where_is(naming::controller(&self.inner.ns));
+        let drained = self.ask(ControllerMsg::Shutdown).await;
         let _ = self.inner.supervisor.stop_and_wait(None, None).await;
-        if let Some(c) = controller {
-            c.stop(None);
-            let _ = c.wait(None).await;
+        self.stop_everything(false).await;
+        match drained {
+            Ok(()) | Err(ServeError::Unavailable(_)) => Ok(()),
+            Err(e) => Err(e),
         }
-        self.inner.store.close();
-        Ok(())
     }
 }

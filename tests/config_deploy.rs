@@ -369,3 +369,48 @@ async fn apply_config_file_reports_parse_errors_with_line_and_column() {
     );
     assert!(serve.status().is_empty());
 }
+
+#[tokio::test(start_paused = true)]
+async fn delete_and_run_take_an_application_out_of_the_configs_hands() {
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Arc::new(Switches::default());
+    let serve = start(&dir, &sw).await;
+    serve
+        .apply_config(config(
+            "applications:
+  - {name: gone, route_prefix: /gone, import_path: test::app, args: {tag: g}}
+  - {name: mine, route_prefix: /mine, import_path: test::app, args: {tag: slow, sleep_s: 30}}
+",
+        ))
+        .await
+        .unwrap();
+    wait_status(&serve, "gone", A::Running).await;
+    // An acknowledged delete is not undone by the config after a Controller crash.
+    serve.delete_apps(&["gone"], true).await.unwrap();
+    // An imperative run while the config's build is in flight wins over the build.
+    let imperative = ApplicationSpec::builder("mine")
+        .route_prefix("/mine")
+        .deployment(
+            DeploymentSpec::builder("probe", "test::Probe").init_args(&ProbeArgs {
+                tag: "run".into(),
+                ..Default::default()
+            }),
+        )
+        .build()
+        .unwrap();
+    serve.run(imperative).await.unwrap();
+    serve.crash_controller();
+    tokio::time::sleep(Duration::from_secs(120)).await;
+    assert_eq!(
+        serve.app_status("gone").status,
+        A::NotStarted,
+        "no resurrection"
+    );
+    let h = serve.app_handle("mine").unwrap();
+    assert_eq!(
+        h.call::<_, String>("x").await.unwrap(),
+        "run:x",
+        "the build did not land"
+    );
+    assert_eq!(serve.app_status("mine").observed_generation, 1);
+}

@@ -15,7 +15,7 @@ use flotilla_deployment::{
 };
 use flotilla_replica::{
     Directory, Registry,
-    supervision::{RestartLog, RestartPolicy, child_exit},
+    supervision::{RestartLog, RestartPolicy, child_exit, watch},
 };
 use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, SupervisionEvent, rpc::CallResult};
 use tokio::sync::watch;
@@ -159,12 +159,19 @@ impl ApplicationActor {
         let group = naming::deployment_group(&state.args.ns, &state.args.record.spec.name);
         for cell in ractor::pg::get_members(&group) {
             let r: ActorRef<DeploymentMsg> = cell.clone().into();
+            // Watch first: an exit between the answer and the watch would be missed.
+            if !watch(&myself.get_cell(), &cell) {
+                continue;
+            }
             let Ok(CallResult::Success(snap)) =
                 r.call(DeploymentMsg::Observe, Some(OBSERVE_TIMEOUT)).await
             else {
+                // Alive but not answering: replace it (its replicas survive).
+                warn!(app = %state.args.record.spec.name, "deployment actor did not answer; killing it");
+                myself.get_cell().unmonitor(cell.clone());
+                cell.kill();
                 continue;
             };
-            myself.get_cell().monitor(cell.clone());
             let name = snap.target.spec.name.clone();
             info!(app = %state.args.record.spec.name, deployment = %name,
                 "re-adopted living deployment actor");
@@ -214,12 +221,18 @@ impl ApplicationActor {
                 restart_pending: false,
             });
             child.spec = target.spec.clone();
-            match (&child.actor, child.restart_pending) {
-                (Some(a), _) => {
-                    let _ = a.cast(DeploymentMsg::SetTarget(Box::new(target)));
+            if let Some(a) = &child.actor {
+                match a.cast(DeploymentMsg::SetTarget(Box::new(target.clone()))) {
+                    Ok(()) => continue,
+                    // Gone (its exit event may still be queued): start another.
+                    Err(_) => {
+                        state.by_actor.remove(&a.get_id());
+                        child.actor = None;
+                    }
                 }
-                (None, true) => {}
-                (None, false) => Self::spawn_child(myself, state, name, target).await,
+            }
+            if !child.restart_pending {
+                Self::spawn_child(myself, state, name, target).await;
             }
         }
         state.derive_status();
@@ -242,20 +255,36 @@ impl ApplicationActor {
         target: DeploymentTarget,
     ) {
         let actor_name = naming::deployment(&state.args.ns, &state.args.record.spec.name, &name);
-        let args = state.deployment_args(target);
-        match Actor::spawn(Some(actor_name), DeploymentActor, args).await {
-            Ok((actor, _)) => {
-                myself.get_cell().monitor(actor.get_cell());
-                state.by_actor.insert(actor.get_id(), name.clone());
-                if let Some(c) = state.children.get_mut(&name) {
-                    c.actor = Some(actor);
+        let deleting = target.deleting;
+        let args = state.deployment_args(target.clone());
+        let actor = match Actor::spawn(Some(actor_name.clone()), DeploymentActor, args).await {
+            Ok((actor, _)) => actor,
+            // The name is held by a living actor we do not watch: adopt it.
+            Err(e) => match ActorRef::<DeploymentMsg>::where_is(actor_name) {
+                Some(actor) => {
+                    let _ = actor.cast(DeploymentMsg::SetTarget(Box::new(target)));
+                    actor
                 }
-            }
-            Err(e) => {
-                warn!(app = %state.args.record.spec.name, deployment = %name, error = %e,
-                    "could not start deployment actor; retrying");
+                None => {
+                    warn!(app = %state.args.record.spec.name, deployment = %name, error = %e,
+                        "could not start deployment actor; retrying");
+                    Self::restart_later(myself, state, name, NAME_BUSY_RETRY);
+                    return;
+                }
+            },
+        };
+        if !watch(&myself.get_cell(), &actor.get_cell()) {
+            // It finished before we could watch it: a deletion with nothing left.
+            if deleting {
+                state.children.remove(&name);
+            } else {
                 Self::restart_later(myself, state, name, NAME_BUSY_RETRY);
             }
+            return;
+        }
+        state.by_actor.insert(actor.get_id(), name.clone());
+        if let Some(c) = state.children.get_mut(&name) {
+            c.actor = Some(actor);
         }
     }
 
@@ -373,9 +402,12 @@ impl Actor for ApplicationActor {
                     .filter_map(|c| c.actor.clone())
                     .collect();
                 tokio::spawn(async move {
-                    for c in children {
-                        let _ = c.call(DeploymentMsg::Shutdown, None).await;
-                    }
+                    futures::future::join_all(
+                        children
+                            .iter()
+                            .map(|c| c.call(DeploymentMsg::Shutdown, None)),
+                    )
+                    .await;
                     let _ = reply.send(());
                 });
                 return Ok(());
@@ -401,6 +433,10 @@ impl Actor for ApplicationActor {
         let Some(child) = state.children.get_mut(&name) else {
             return Ok(());
         };
+        if child.actor.as_ref().map(|a| a.get_id()) != Some(id) {
+            // A stale exit of an actor that has been replaced since.
+            return Ok(());
+        }
         child.actor = None;
         match failure {
             None if !wanted => {

@@ -58,6 +58,49 @@ impl ConfigState {
         }
     }
 
+    /// The applied config without the applications in `names`, if it names any:
+    /// an imperative deploy or a delete takes an application out of the config's
+    /// hands, in the same commit, so no build or recovery brings it back.
+    pub(crate) fn without<'a>(
+        &self,
+        names: impl IntoIterator<Item = &'a AppName>,
+    ) -> Option<ServeConfig> {
+        let applied = self.applied.as_ref()?;
+        let drop: HashSet<&AppName> = names
+            .into_iter()
+            .filter(|n| applied.application(n.as_str()).is_some())
+            .collect();
+        if drop.is_empty() {
+            return None;
+        }
+        let mut config = applied.clone();
+        config.applications.retain(|a| !drop.contains(&a.name));
+        Some(config)
+    }
+
+    /// After the commit of [`without`](Self::without): take the smaller config and
+    /// cancel what was building for the applications it dropped. Returns those
+    /// that had no record yet (still building, or failed to build).
+    pub(crate) fn release(&mut self, config: ServeConfig) -> Vec<AppName> {
+        let named: HashSet<AppName> = config.applications.iter().map(|a| a.name.clone()).collect();
+        let dropped: Vec<AppName> = self
+            .builds
+            .keys()
+            .chain(self.unbuilt.iter())
+            .filter(|n| !named.contains(*n))
+            .cloned()
+            .collect();
+        let mut unbuilt = Vec::new();
+        for n in dropped {
+            self.cancel(&n);
+            if self.unbuilt.remove(&n) {
+                unbuilt.push(n);
+            }
+        }
+        self.applied = Some(config);
+        unbuilt
+    }
+
     /// Stop every build (shutdown).
     pub(crate) fn cancel_all(&mut self) {
         for (_, (_, _, task)) in self.builds.drain() {

@@ -15,7 +15,7 @@ use flotilla_core::{
 use flotilla_deployment::Cluster;
 use flotilla_replica::{
     Directory, Registry,
-    supervision::{RestartLog, RestartPolicy, child_exit},
+    supervision::{RestartLog, RestartPolicy, child_exit, watch},
 };
 use flotilla_store::{Batch, Store};
 use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
@@ -132,6 +132,30 @@ pub(crate) fn commit(
     Ok(result)
 }
 
+/// After `Shutdown`, mutating calls are refused and internal messages dropped, so
+/// nothing new starts while the tree drains.
+fn refuse_after_shutdown(msg: ControllerMsg) {
+    let gone = || ServeError::Unavailable("flotilla is shutting down".into());
+    match msg {
+        ControllerMsg::Deploy { reply, .. } => {
+            let _ = reply.send(Err(gone()));
+        }
+        ControllerMsg::Delete { reply, .. } => {
+            let _ = reply.send(Err(gone()));
+        }
+        ControllerMsg::ApplyConfig { reply, .. } => {
+            let _ = reply.send(Err(gone()));
+        }
+        ControllerMsg::Observe(reply) => {
+            let _ = reply.send(ControllerSnapshot::default());
+        }
+        ControllerMsg::Shutdown(reply) => {
+            let _ = reply.send(());
+        }
+        ControllerMsg::App(_) | ControllerMsg::BuildDone { .. } | ControllerMsg::RestartApp(_) => {}
+    }
+}
+
 /// Crash the Controller here if `point` is armed.
 pub(crate) fn fault(faults: &Faults, point: FaultPoint) -> Result<(), ActorProcessingErr> {
     if faults.hit(point) {
@@ -147,30 +171,51 @@ impl Controller {
         state: &mut ControllerState,
         name: &AppName,
     ) {
-        let Some(entry) = state.apps.get(name) else {
+        let Some(entry) = state.apps.get_mut(name) else {
             return;
         };
         if let Some(actor) = &entry.actor {
-            let _ = actor.cast(AppMsg::SetTarget(Box::new(entry.record.clone())));
-            return;
+            let target = AppMsg::SetTarget(Box::new(entry.record.clone()));
+            if actor.cast(target).is_ok() {
+                return;
+            }
+            // It is gone (its exit event may still be queued): start another.
+            state.by_actor.remove(&actor.get_id());
+            entry.actor = None;
         }
         if entry.restart_pending {
             return;
         }
-        let args = state.app_args(&entry.record);
+        let record = entry.record.clone();
+        let args = state.app_args(&record);
         let actor_name = naming::application(&state.ns, name);
-        match Actor::spawn(Some(actor_name), ApplicationActor, args).await {
-            Ok((actor, _)) => {
-                myself.get_cell().monitor(actor.get_cell());
-                state.by_actor.insert(actor.get_id(), name.clone());
-                if let Some(e) = state.apps.get_mut(name) {
-                    e.actor = Some(actor);
+        let actor = match Actor::spawn(Some(actor_name.clone()), ApplicationActor, args).await {
+            Ok((actor, _)) => actor,
+            // The name is held by a living actor we do not watch (an adoption that
+            // timed out, or a predecessor still stopping): adopt it if it lives.
+            Err(e) => match ActorRef::<AppMsg>::where_is(actor_name) {
+                Some(actor) => {
+                    let record = state.apps.get(name).map(|e| e.record.clone());
+                    if let Some(r) = record {
+                        let _ = actor.cast(AppMsg::SetTarget(Box::new(r)));
+                    }
+                    actor
                 }
-            }
-            Err(e) => {
-                warn!(app = %name, error = %e, "could not start application actor; retrying");
-                Self::restart_later(myself, state, name.clone(), RETRY);
-            }
+                None => {
+                    warn!(app = %name, error = %e, "could not start application actor; retrying");
+                    Self::restart_later(myself, state, name.clone(), RETRY);
+                    return;
+                }
+            },
+        };
+        if !watch(&myself.get_cell(), &actor.get_cell()) {
+            // Already gone (a finished deletion): its Deleted report is on its way.
+            Self::restart_later(myself, state, name.clone(), RETRY);
+            return;
+        }
+        state.by_actor.insert(actor.get_id(), name.clone());
+        if let Some(e) = state.apps.get_mut(name) {
+            e.actor = Some(actor);
         }
     }
 
@@ -203,7 +248,13 @@ impl Controller {
             .map(|spec| state.next_record(spec, api_type, None))
             .collect();
         let mut batch = Batch::new();
-        let dropped = match state.stage_targets(&records, &mut batch) {
+        let released = state.config.without(records.iter().map(|r| &r.spec.name));
+        let staged = match &released {
+            Some(config) => batch.put_config(config),
+            None => Ok(()),
+        }
+        .and_then(|()| state.stage_targets(&records, &mut batch));
+        let dropped = match staged {
             Ok(d) => d,
             Err(e) => {
                 let _ = reply.send(Err(e.into()));
@@ -215,6 +266,13 @@ impl Controller {
             return Ok(());
         }
         let generations = records.iter().map(|r| r.generation).collect();
+        if let Some(config) = released {
+            for unbuilt in state.config.release(config) {
+                if !state.apps.contains_key(&unbuilt) {
+                    state.board.remove(&unbuilt);
+                }
+            }
+        }
         let names = state.swap_targets(records, dropped);
         let _ = reply.send(Ok(generations));
         fault(&state.faults, FaultPoint::ControllerAfterReply)?;
@@ -240,7 +298,12 @@ impl Controller {
                     .map(|e| e.record.generation + u64::from(!e.record.deleting))
             })
             .collect();
-        let changed = match state.stage_deletions(&names, &mut batch) {
+        let released = state.config.without(names.iter());
+        let staged = match &released {
+            Some(config) => batch.put_config(config),
+            None => Ok(()),
+        };
+        let changed = match staged.and_then(|()| state.stage_deletions(&names, &mut batch)) {
             Ok(c) => c,
             Err(e) => {
                 let _ = reply.send(Err(e.into()));
@@ -250,6 +313,13 @@ impl Controller {
         if let Err(e) = commit(state, &batch)? {
             let _ = reply.send(Err(e.into()));
             return Ok(());
+        }
+        if let Some(config) = released {
+            for unbuilt in state.config.release(config) {
+                if !state.apps.contains_key(&unbuilt) {
+                    state.board.remove(&unbuilt);
+                }
+            }
         }
         state.swap_deletions(&changed);
         let _ = reply.send(Ok(result));
@@ -413,8 +483,9 @@ impl Actor for Controller {
         let names: Vec<AppName> = state.apps.keys().cloned().collect();
         for name in names {
             let actor_name = naming::application(&state.ns, &name);
-            if let Some(actor) = ActorRef::<AppMsg>::where_is(actor_name) {
-                myself.get_cell().monitor(actor.get_cell());
+            if let Some(actor) = ActorRef::<AppMsg>::where_is(actor_name)
+                && watch(&myself.get_cell(), &actor.get_cell())
+            {
                 state.by_actor.insert(actor.get_id(), name.clone());
                 if let Some(e) = state.apps.get_mut(&name) {
                     e.actor = Some(actor);
@@ -433,6 +504,9 @@ impl Actor for Controller {
         msg: ControllerMsg,
         state: &mut ControllerState,
     ) -> Result<(), ActorProcessingErr> {
+        if state.shutting_down {
+            return Ok(refuse_after_shutdown(msg));
+        }
         match msg {
             ControllerMsg::Deploy {
                 apps,
@@ -478,10 +552,12 @@ impl Actor for Controller {
                     .values()
                     .filter_map(|e| e.actor.clone())
                     .collect();
+                // Drain every application at once; each drains its deployments.
                 tokio::spawn(async move {
-                    for a in &actors {
-                        let _ = a.call(AppMsg::Shutdown, None).await;
-                    }
+                    futures::future::join_all(
+                        actors.iter().map(|a| a.call(AppMsg::Shutdown, None)),
+                    )
+                    .await;
                     for a in actors {
                         a.stop(None);
                     }
@@ -511,10 +587,16 @@ impl Actor for Controller {
         let Some(entry) = state.apps.get_mut(&name) else {
             return Ok(());
         };
+        if entry.actor.as_ref().map(|a| a.get_id()) != Some(id) {
+            // A stale exit of an actor that has been replaced since.
+            return Ok(());
+        }
         entry.actor = None;
         match failure {
-            // Stopped after finishing a deletion that a redeploy has since
-            // cancelled: start it again with the current target.
+            // A graceful exit means it finished deleting. If the record still
+            // exists, either its Deleted report is queued behind this event (the
+            // fresh actor reports again, harmlessly) or a redeploy cancelled the
+            // deletion: start it with the current target.
             None => Self::command(&myself, state, &name).await,
             Some(why) => {
                 warn!(app = %name, %why, "application actor crashed");

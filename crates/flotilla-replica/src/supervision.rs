@@ -3,8 +3,16 @@
 
 use std::{collections::VecDeque, time::Duration};
 
-use ractor::{ActorId, SupervisionEvent};
+use ractor::{ActorCell, ActorId, ActorStatus, SupervisionEvent};
 use tokio::time::Instant;
+
+/// Watch `child` from `parent` (a monitor, never a link: the child outlives a crash
+/// of its parent). Returns false when the child is already stopping: a monitor set
+/// that late may never fire, so the caller must handle the exit itself.
+pub fn watch(parent: &ActorCell, child: &ActorCell) -> bool {
+    parent.monitor(child.clone());
+    child.get_status() < ActorStatus::Stopping
+}
 
 /// How a watched child exited: its id, and `Some(why)` if it crashed. A kill
 /// (fault injection, or a stuck actor) counts as a crash, a stop does not.

@@ -505,7 +505,8 @@ impl Actor for Controller {
         state: &mut ControllerState,
     ) -> Result<(), ActorProcessingErr> {
         if state.shutting_down {
-            return Ok(refuse_after_shutdown(msg));
+            refuse_after_shutdown(msg);
+            return Ok(());
         }
         match msg {
             ControllerMsg::Deploy {

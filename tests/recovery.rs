@@ -329,3 +329,34 @@ async fn whole_process_crash_with_1000_applications_recovers_them_all() {
     }
     assert_eq!(serve.metrics().await.unwrap().running_replicas, 1000);
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_unhealthy_report_lost_while_the_deployment_actor_restarts_is_recovered() {
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Arc::new(Switches::default());
+    let mut options = ServeOptions::new(registry(&sw)).store_path(dir.path().join("f.redb"));
+    // Keep the DeploymentActor down for a minute after its crash.
+    options.restart = flotilla::RestartPolicy {
+        first_backoff: Duration::from_secs(60),
+        max_backoff: Duration::from_secs(60),
+        ..Default::default()
+    };
+    let serve = Serve::start(options).await.unwrap();
+    serve.run(app("a", 1, tag("v"))).await.unwrap();
+    let sick = serve.app_handle("a").unwrap().replicas()[0].id();
+    assert!(serve.crash_deployment("a", "probe"));
+    // Three failed checks while nobody listens: the report is lost.
+    sw.unhealthy.store(true, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(45)).await;
+    sw.unhealthy.store(false, Ordering::SeqCst);
+    // The restarted actor learns it from the replica itself and replaces it.
+    support::wait_until(&serve, "a", |s| s.status == A::Running).await;
+    for _ in 0..120 {
+        let set = serve.app_handle("a").unwrap().replicas();
+        if set.len() == 1 && set[0].id() != sick {
+            return;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    panic!("the unhealthy replica was never replaced");
+}

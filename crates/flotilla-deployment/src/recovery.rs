@@ -97,7 +97,13 @@ pub(crate) fn recovered(
         r.endpoint = snap.endpoint;
         r.node = snap.node;
     }
-    if alive {
+    if let Some(why) = &snap.condemned {
+        // It had reported itself unhealthy to our predecessor: replace it now.
+        state.set_state(id, phase_state(snap.phase), "recovered");
+        let at_target = state.at_target_code(id);
+        state.stop(id, true, &format!("recovered as unhealthy: {why}"));
+        state.replica_lost(id, at_target, why);
+    } else if alive {
         state.set_state(id, phase_state(snap.phase), "recovered");
     } else {
         state.stop(id, false, "its node died while the deployment recovered");

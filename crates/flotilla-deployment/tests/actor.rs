@@ -128,6 +128,7 @@ impl Actor for FakeReplica {
                     phase: ReplicaPhase::Running,
                     endpoint: None,
                     node: "local".into(),
+                    condemned: None,
                 };
                 match args.answer_after {
                     Some(d) => {

@@ -89,6 +89,9 @@ pub struct ReplicaSnapshot {
     pub endpoint: Option<Arc<ReplicaEndpoint>>,
     /// The node it was placed on.
     pub node: String,
+    /// Why it must be replaced, if it reported itself unhealthy (the report may
+    /// have been lost while its DeploymentActor restarted).
+    pub condemned: Option<String>,
 }
 
 /// The outcome of a constructor, delivered to the actor by its own task.
@@ -170,7 +173,8 @@ pub struct ReplicaState {
     drain: Option<JoinHandle<()>>,
     health_outstanding: bool,
     health_failures: u32,
-    condemned: bool,
+    /// Why it must be replaced, once it knows.
+    condemned: Option<String>,
     /// A reconfigure that arrived while the constructor ran; applied once running.
     deferred: Option<Box<DeploymentSpec>>,
 }
@@ -190,8 +194,8 @@ impl ReplicaState {
     }
 
     fn condemn(&mut self, reason: String) {
-        if !self.condemned && self.phase != ReplicaPhase::Stopping {
-            self.condemned = true;
+        if self.condemned.is_none() && self.phase != ReplicaPhase::Stopping {
+            self.condemned = Some(reason.clone());
             warn!(app = %self.args.app, deployment = %self.args.deployment,
                 replica = %self.args.id, %reason, "replica unhealthy");
             self.report(ReplicaEvent::Unhealthy { reason });
@@ -213,6 +217,7 @@ impl ReplicaState {
             phase: self.phase,
             endpoint: self.endpoint.clone(),
             node: self.args.node.clone(),
+            condemned: self.condemned.clone(),
         }
     }
 }
@@ -274,7 +279,7 @@ impl Actor for ReplicaActor {
             drain: None,
             health_outstanding: false,
             health_failures: 0,
-            condemned: false,
+            condemned: None,
             deferred: None,
         })
     }
@@ -393,10 +398,10 @@ impl Actor for ReplicaActor {
                         apply_config(&myself, state, *spec);
                     }
                     Err(e) => {
-                        if !state.condemned {
-                            state.condemned = true;
+                        if state.condemned.is_none() {
                             let error =
                                 format!("replica {} failed to reconfigure: {e}", state.args.id);
+                            state.condemned = Some(error.clone());
                             warn!(app = %state.args.app, deployment = %state.args.deployment,
                                 replica = %state.args.id, %error, "reconfigure failed");
                             state.report(ReplicaEvent::ReconfigureFailed { error });

@@ -324,15 +324,24 @@ impl Serve {
             .iter()
             .map(|n| self.inner.board.subscribe(n.as_str()))
             .collect();
-        self.ask(|reply| ControllerMsg::Delete {
-            names: names.clone(),
-            reply,
-        })
-        .await??;
+        let generations = self
+            .ask(|reply| ControllerMsg::Delete {
+                names: names.clone(),
+                reply,
+            })
+            .await??;
         if wait {
-            for mut rx in watchers.into_iter().flatten() {
-                // The board drops the channel once the record is gone.
-                while rx.changed().await.is_ok() {}
+            for (rx, generation) in watchers.into_iter().zip(generations) {
+                let (Some(mut rx), Some(generation)) = (rx, generation) else {
+                    continue;
+                };
+                // Gone when the board drops the channel; a redeploy that cancels the
+                // deletion shows as a newer generation.
+                while rx.changed().await.is_ok() {
+                    if rx.borrow().observed_generation > generation {
+                        break;
+                    }
+                }
             }
         }
         Ok(())

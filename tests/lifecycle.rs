@@ -373,3 +373,28 @@ async fn user_code_that_panics_before_returning_its_future_is_a_startup_failure(
         "{message}"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_delete_waiter_returns_when_a_redeploy_cancels_the_deletion() {
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Arc::new(Switches::default());
+    let serve = start(&dir, &sw).await;
+    serve.run(app("a", 1, tag("v1"))).await.unwrap();
+    // A request that takes long keeps the replica draining while we redeploy.
+    let h = serve.app_handle("a").unwrap();
+    let busy = tokio::spawn(async move { h.call::<_, String>("sleep:15000").await });
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let waiter = {
+        let s = serve.clone();
+        tokio::spawn(async move { s.delete_apps(&["a"], true).await })
+    };
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    serve.run(app("a", 1, tag("v2"))).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(60), waiter)
+        .await
+        .expect("the delete waiter returned")
+        .unwrap()
+        .unwrap();
+    assert_eq!(serve.app_status("a").status, A::Running);
+    let _ = busy.await;
+}

@@ -146,7 +146,12 @@ impl ReplicaEndpoint {
                 Ordering::AcqRel,
                 Ordering::Acquire,
             ) {
-                Ok(_) => return Some(Slot(self.clone())),
+                Ok(_) => {
+                    let slot = Slot(self.clone());
+                    // It may have begun stopping between the check and the increment:
+                    // then give the slot back, and the caller tries another replica.
+                    return self.is_accepting().then_some(slot);
+                }
                 Err(now) => cur = now,
             }
         }

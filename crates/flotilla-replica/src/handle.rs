@@ -124,6 +124,11 @@ impl DeploymentHandle {
             if route.is_closed() {
                 return Err(route.not_found());
             }
+            // Register for a freed slot before looking, so a slot freed between the
+            // look and the wait is not missed.
+            let freed = route.slot_freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
             let set = rx.borrow_and_update().clone();
             if let Some(slot) = self.pick_local(&route, &set).or_else(|| pick(&route, &set)) {
                 drop(queued);
@@ -137,7 +142,6 @@ impl DeploymentHandle {
             if queued.is_none() {
                 queued = Some(route.enqueue()?);
             }
-            let freed = route.slot_freed.notified();
             tokio::select! {
                 changed = rx.changed() => if changed.is_err() { return Err(route.not_found()) },
                 _ = freed => {}

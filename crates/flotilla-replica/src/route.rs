@@ -69,7 +69,7 @@ impl DeploymentRoute {
     /// Publish the replicas routers may use (only running, accepting ones). Sends
     /// only when the set of ids changed.
     pub fn publish(&self, replicas: Vec<Arc<ReplicaEndpoint>>) {
-        self.tx.send_if_modified(|cur| {
+        let changed = self.tx.send_if_modified(|cur| {
             let same = cur.len() == replicas.len()
                 && cur.iter().zip(&replicas).all(|(a, b)| Arc::ptr_eq(a, b));
             if !same {
@@ -77,8 +77,11 @@ impl DeploymentRoute {
             }
             !same
         });
-        // A new replica is a free slot for anyone queued.
-        self.slot_freed.notify_waiters();
+        // Queued callers also watch the set itself; this wakes those waiting on a
+        // slot, since a new replica is free slots.
+        if changed {
+            self.slot_freed.notify_waiters();
+        }
     }
 
     /// The replicas published now.

@@ -17,6 +17,8 @@ use flotilla_replica::ReplicaId;
 use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast;
 
+use crate::rng;
+
 /// Events a slow subscriber may fall behind by before it resynchronises.
 const EVENT_BUFFER: usize = 1024;
 /// Slack for comparing fractional amounts.
@@ -27,12 +29,18 @@ const GIB: f64 = (1u64 << 30) as f64;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Strategy {
-    /// The live node holding the fewest replicas of the deployment, then the fewest
-    /// replicas overall (Ray's SPREAD): a node loss takes few replicas of each.
+    /// The live node holding the fewest replicas of the deployment (so a node loss
+    /// takes few replicas of each), ties broken by weighted rendezvous hashing of
+    /// the deployment's placement count against each node (weight: its CPUs), so
+    /// load spreads in proportion to size. The choice depends on the deployment's
+    /// own history only, not on the order in which deployments ask: a seed
+    /// replays the same placements even if the control plane interleaves
+    /// differently (as long as nodes do not run full).
     #[default]
     Spread,
     /// The live node with the least free CPU that still fits (best fit, Ray's
-    /// PACK): few nodes carry everything, the rest stay free.
+    /// PACK): few nodes carry everything, the rest stay free. Depends on the
+    /// order of requests, so it replays exactly only if that order does.
     Pack,
 }
 
@@ -126,7 +134,9 @@ impl Node {
 
     fn fits(&self, need: &Capacity) -> bool {
         let free = self.free();
-        need.cpus <= free.cpus + EPS && need.memory <= free.memory + EPS && need.gpus <= free.gpus + EPS
+        need.cpus <= free.cpus + EPS
+            && need.memory <= free.memory + EPS
+            && need.gpus <= free.gpus + EPS
     }
 }
 
@@ -170,6 +180,9 @@ pub struct ClusterView {
 
 struct Inner {
     strategy: Strategy,
+    seed: u64,
+    /// Placement requests per deployment so far: the key of its next choice.
+    asked: HashMap<DeploymentKey, u64>,
     groups: Vec<NodeGroup>,
     nodes: Vec<Node>,
     reservations: HashMap<ReplicaId, Reservation>,
@@ -213,7 +226,8 @@ impl Inner {
             };
         }
         let mut missing = String::new();
-        let dims: [(&str, fn(&Capacity) -> f64); 3] = [
+        type Dim = (&'static str, fn(&Capacity) -> f64);
+        let dims: [Dim; 3] = [
             ("cpus", |c| c.cpus),
             ("memory_bytes", |c| c.memory),
             ("gpus", |c| c.gpus),
@@ -246,6 +260,7 @@ impl Inner {
 /// let c = SimCluster::new(
 ///     vec![NodeGroup { name: "std".into(), count: 2, cpus: 4.0, memory_gib: 16.0, gpus: 0.0 }],
 ///     Strategy::Spread,
+///     7,
 /// );
 /// assert_eq!(c.live_nodes(), ["std-00", "std-01"]);
 /// ```
@@ -266,8 +281,9 @@ impl std::fmt::Debug for SimCluster {
 }
 
 impl SimCluster {
-    /// A cluster of every node of `groups`, alive and empty.
-    pub fn new(groups: Vec<NodeGroup>, strategy: Strategy) -> Self {
+    /// A cluster of every node of `groups`, alive and empty; `seed` drives the
+    /// spread strategy's tie-breaking.
+    pub fn new(groups: Vec<NodeGroup>, strategy: Strategy, seed: u64) -> Self {
         let mut nodes = Vec::new();
         for (g, group) in groups.iter().enumerate() {
             for i in 0..group.count {
@@ -285,6 +301,8 @@ impl SimCluster {
         SimCluster {
             inner: Mutex::new(Inner {
                 strategy,
+                seed,
+                asked: HashMap::new(),
                 groups,
                 nodes,
                 reservations: HashMap::new(),
@@ -320,10 +338,7 @@ impl SimCluster {
     pub fn kill_node(&self, name: &str) -> Option<BTreeSet<String>> {
         let apps = {
             let mut inner = self.lock();
-            let idx = inner
-                .nodes
-                .iter()
-                .position(|n| n.alive && n.name == name)?;
+            let idx = inner.nodes.iter().position(|n| n.alive && n.name == name)?;
             let lost: Vec<ReplicaId> = inner
                 .reservations
                 .iter()
@@ -433,6 +448,19 @@ impl Cluster for SimCluster {
         let need = Capacity::of(request.resources);
         let custom = request.resources.custom.values().any(|v| *v > 0.0);
         let key = (request.app.clone(), request.deployment.clone());
+        let asked = {
+            let n = inner.asked.entry(key.clone()).or_insert(0);
+            *n += 1;
+            *n
+        };
+        let stream = rng::key(
+            inner.seed,
+            &[
+                rng::label(request.app.as_str()),
+                rng::label(request.deployment.as_str()),
+                asked,
+            ],
+        );
         let candidates = inner
             .nodes
             .iter()
@@ -440,14 +468,15 @@ impl Cluster for SimCluster {
             .filter(|(_, n)| !custom && n.alive && n.fits(&need));
         let best = match inner.strategy {
             Strategy::Spread => candidates
-                .min_by_key(|(i, n)| {
-                    (
-                        n.per_deployment.get(&key).copied().unwrap_or(0),
-                        n.replicas,
-                        *i,
-                    )
+                .map(|(i, n)| {
+                    // Weighted rendezvous hashing: -ln(u) / weight, smallest wins.
+                    let h = rng::splitmix(stream ^ rng::label(&n.name));
+                    let u = ((h >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+                    let score = -u.ln() / n.capacity.cpus.max(1e-6);
+                    (n.per_deployment.get(&key).copied().unwrap_or(0), score, i)
                 })
-                .map(|(i, _)| i),
+                .min_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)).then(a.2.cmp(&b.2)))
+                .map(|(_, _, i)| i),
             Strategy::Pack => candidates
                 .min_by(|(i, a), (j, b)| {
                     a.free()
@@ -509,6 +538,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use flotilla::Resources;
+    use std::collections::BTreeMap;
 
     fn group(name: &str, count: usize, cpus: f64) -> NodeGroup {
         NodeGroup {
@@ -534,31 +564,44 @@ mod tests {
 
     #[test]
     fn spread_spreads_and_pack_packs() {
-        let c = SimCluster::new(vec![group("a", 3, 4.0)], Strategy::Spread);
-        let nodes: Vec<_> = (0..3).map(|i| place(&c, i, "x", "d", 1.0).unwrap()).collect();
-        assert_eq!(nodes, ["a-00", "a-01", "a-02"]);
-        let c = SimCluster::new(vec![group("a", 3, 4.0)], Strategy::Pack);
-        let nodes: Vec<_> = (0..5).map(|i| place(&c, i, "x", "d", 1.0).unwrap()).collect();
+        let c = SimCluster::new(vec![group("a", 3, 4.0)], Strategy::Spread, 1);
+        let mut nodes: Vec<_> = (0..3)
+            .map(|i| place(&c, i, "x", "d", 1.0).unwrap())
+            .collect();
+        nodes.sort();
+        assert_eq!(
+            nodes,
+            ["a-00", "a-01", "a-02"],
+            "one replica of a deployment per node"
+        );
+        let c = SimCluster::new(vec![group("a", 3, 4.0)], Strategy::Pack, 1);
+        let nodes: Vec<_> = (0..5)
+            .map(|i| place(&c, i, "x", "d", 1.0).unwrap())
+            .collect();
         assert_eq!(nodes, ["a-00", "a-00", "a-00", "a-00", "a-01"]);
     }
 
     #[test]
     fn refusal_wakes_on_release_and_node_loss_frees_room() {
-        let c = SimCluster::new(vec![group("a", 1, 1.0), group("b", 1, 1.0)], Strategy::Spread);
+        let c = SimCluster::new(
+            vec![group("a", 1, 1.0), group("b", 1, 1.0)],
+            Strategy::Spread,
+            1,
+        );
         let mut rx = c.subscribe().unwrap();
         place(&c, 1, "x", "d", 1.0).unwrap();
         c.release(ReplicaId(1));
         assert!(rx.try_recv().is_err(), "nobody waited: no announcement");
         place(&c, 2, "x", "d", 1.0).unwrap();
-        place(&c, 3, "y", "d", 1.0).unwrap();
+        let y = place(&c, 3, "y", "d", 1.0).unwrap();
         let refusal = place(&c, 4, "x", "d", 1.0).unwrap_err();
         assert_eq!(refusal.missing, "cpus: need 1, most free 0");
         c.release(ReplicaId(2));
         assert_eq!(rx.try_recv().unwrap(), ClusterEvent::CapacityFreed);
-        let apps = c.kill_node("b-00").unwrap();
+        let apps = c.kill_node(&y).unwrap();
         assert_eq!(apps.into_iter().collect::<Vec<_>>(), ["y"]);
-        assert_eq!(rx.try_recv().unwrap(), ClusterEvent::NodeDied("b-00".into()));
-        assert!(!c.is_alive("b-00"));
+        assert_eq!(rx.try_recv().unwrap(), ClusterEvent::NodeDied(y.clone()));
+        assert!(!c.is_alive(&y));
         assert_eq!(c.view().reserved, 0);
         assert_eq!(c.add_node(1).as_deref(), Some("b-01"));
         assert_eq!(rx.try_recv().unwrap(), ClusterEvent::CapacityFreed);
@@ -567,5 +610,41 @@ mod tests {
         let k = c.counters();
         assert_eq!((k.placements, k.refusals, k.releases), (4, 1, 2));
         assert_eq!((k.lost_with_nodes, k.lost_with_process), (1, 1));
+    }
+
+    #[test]
+    fn spread_does_not_depend_on_the_order_deployments_ask_in() {
+        let groups = vec![group("a", 3, 8.0), group("b", 2, 32.0)];
+        let one = SimCluster::new(groups.clone(), Strategy::Spread, 9);
+        let two = SimCluster::new(groups, Strategy::Spread, 9);
+        let deps: Vec<String> = (0..20).map(|i| format!("app{i}")).collect();
+        let mut first = BTreeMap::new();
+        let mut id = 0;
+        for app in &deps {
+            for _ in 0..2 {
+                id += 1;
+                first
+                    .entry(app.clone())
+                    .or_insert_with(Vec::new)
+                    .push(place(&one, id, app, "d", 0.5).unwrap());
+            }
+        }
+        let mut second = BTreeMap::new();
+        for app in deps.iter().rev() {
+            for _ in 0..2 {
+                id += 1;
+                second
+                    .entry(app.clone())
+                    .or_insert_with(Vec::new)
+                    .push(place(&two, id, app, "d", 0.5).unwrap());
+            }
+        }
+        assert_eq!(first, second);
+        let on_b = first
+            .values()
+            .flatten()
+            .filter(|n| n.starts_with("b-"))
+            .count();
+        assert!(on_b > 20, "bigger nodes take more: {on_b} of 40 on b");
     }
 }

@@ -109,7 +109,9 @@ impl Event {
             EventKind::Replica(n) => format!("{n} replicas"),
             EventKind::NodeLoss(n) => format!("{n} node lost"),
             EventKind::NodeAdd(n) => format!("{n} node added"),
-            EventKind::ConstructorFailures { rate, .. } => format!("ctor fail {:.0}%", rate * 100.0),
+            EventKind::ConstructorFailures { rate, .. } => {
+                format!("ctor fail {:.0}%", rate * 100.0)
+            }
             EventKind::Flap { apps, .. } => format!("flap {apps} apps"),
             EventKind::CommitFailure => "commit fails".into(),
             EventKind::Process => "process crash".into(),
@@ -141,13 +143,12 @@ impl Event {
     }
 }
 
-fn point_name(p: FaultPoint) -> &'static str {
+fn point_name(p: FaultPoint) -> String {
     match p {
-        FaultPoint::ControllerBeforeCommit => "before-commit",
-        FaultPoint::ControllerAfterCommit => "after-commit",
-        FaultPoint::ControllerAfterReply => "after-reply",
-        FaultPoint::ApplicationReconcile => "app-reconcile",
-        FaultPoint::DeploymentReconcile => "deployment-reconcile",
+        FaultPoint::ControllerBeforeCommit => "before-commit".into(),
+        FaultPoint::ControllerAfterCommit => "after-commit".into(),
+        FaultPoint::ControllerAfterReply => "after-reply".into(),
+        other => format!("{other:?}"),
     }
 }
 
@@ -301,7 +302,15 @@ mod tests {
         );
         assert_eq!(evs[6].kind, EventKind::Update(20));
         assert!(parse_list("none").unwrap().is_empty());
-        for bad in ["node", "node@", "meteor@10s", "node@10s:x", "ctor@1s", "ctor@1s:2", "commit@1s:3"] {
+        for bad in [
+            "node",
+            "node@",
+            "meteor@10s",
+            "node@10s:x",
+            "ctor@1s",
+            "ctor@1s:2",
+            "commit@1s:3",
+        ] {
             let e = parse(bad).unwrap_err();
             assert!(e.to_string().contains(bad), "{e}");
         }

@@ -1,6 +1,39 @@
-//! The cluster simulator: simulated nodes, resources, placement, faults and virtual
-//! time, driving Flotilla at scale.
+//! The cluster simulator: Flotilla driven at scale on virtual time.
 //!
-//! Not built yet (see the cluster simulator issue). It will implement the
-//! `Cluster` trait of `flotilla-deployment`; it must never be a dependency of the
-//! control plane itself.
+//! It owns a simulated cluster ([`cluster::SimCluster`]: node groups of different
+//! sizes, spread or pack placement, node loss and arrival), simulated user code
+//! ([`workload`]: seeded start latencies, constructor failures at a rate, health
+//! checks that flap), an event schedule of faults and operations ([`faults`]),
+//! traffic through handles ([`traffic`]), the driver that plays it all on a paused
+//! tokio clock and checks the invariants of crash recovery ([`mod@run`]), the
+//! [`Summary`] and the report picture ([`report`]). One seed ([`rng`]) decides
+//! everything, so a seed replays the same summary.
+//!
+//! It stands on the facade crate `flotilla` and uses only its public API (plus
+//! `ReplicaId`, which the `Cluster` trait names). It must never be a dependency of
+//! the control plane, must not reach into Flotilla's internals to make a run look
+//! better, and must not read the wall clock except for the figures reported as
+//! wall-clock time and the stall watchdog ([`RunOptions::stall_timeout`]).
+//!
+//! ```no_run
+//! use flotilla_sim::{RunOptions, Scenario};
+//! let outcome = flotilla_sim::run(&Scenario::default(), &RunOptions::default()).unwrap();
+//! println!("{}", outcome.summary);
+//! assert!(outcome.summary.ok());
+//! ```
+
+pub mod cluster;
+mod error;
+pub mod faults;
+pub mod report;
+pub mod rng;
+pub mod run;
+pub mod scenario;
+pub mod summary;
+pub mod traffic;
+pub mod workload;
+
+pub use error::{Result, SimError};
+pub use run::{Outcome, RunOptions, Timeline, run};
+pub use scenario::{Overrides, Scenario};
+pub use summary::Summary;

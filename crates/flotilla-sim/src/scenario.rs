@@ -50,9 +50,7 @@ pub fn parse_duration(text: &str) -> Result<Duration> {
         if num_len == 0 {
             return Err(err("expected a number"));
         }
-        let value: f64 = rest[..num_len]
-            .parse()
-            .map_err(|_| err("not a number"))?;
+        let value: f64 = rest[..num_len].parse().map_err(|_| err("not a number"))?;
         rest = &rest[num_len..];
         let unit_len = rest
             .find(|c: char| c.is_ascii_digit() || c == '.')
@@ -71,13 +69,15 @@ pub fn parse_duration(text: &str) -> Result<Duration> {
 }
 
 fn secs_to_duration(secs: f64) -> Option<Duration> {
-    (secs.is_finite() && secs >= 0.0 && secs < 1e12).then(|| Duration::from_secs_f64(secs))
+    (0.0..1e12)
+        .contains(&secs)
+        .then(|| Duration::from_secs_f64(secs))
 }
 
 /// Format a duration the way [`parse_duration`] reads it back.
 pub fn format_duration(d: Duration) -> String {
     let ms = d.as_millis();
-    if ms % 1000 != 0 {
+    if !ms.is_multiple_of(1000) {
         format!("{ms}ms")
     } else {
         format!("{}s", ms / 1000)
@@ -124,9 +124,9 @@ impl Default for ClusterSpec {
         ClusterSpec {
             strategy: Strategy::Spread,
             groups: vec![
-                g("standard", 12, 16.0, 64.0),
-                g("large", 6, 48.0, 192.0),
-                g("small", 2, 8.0, 32.0),
+                g("standard", 12, 32.0, 128.0),
+                g("large", 6, 64.0, 256.0),
+                g("small", 2, 16.0, 64.0),
             ],
         }
     }
@@ -237,7 +237,7 @@ impl Default for WorkloadSpec {
             },
             constructor_failure_rate: 0.05,
             health_check_period: Duration::from_secs(10),
-            flap_failure_rate: 0.6,
+            flap_failure_rate: 0.7,
         }
     }
 }
@@ -289,7 +289,7 @@ impl Default for TrafficSpec {
 
 /// The default event schedule (times from the start of the run).
 pub const DEFAULT_FAULTS: &str = "controller@15s,node@60s,deployment@80s:40,app@100s:40,\
-commit@120s,update@120s:200,controller@150s:after-commit,scale@150s:100,flap@180s:20:60s,\
+commit@120s,update@120s:200,controller@150s:after-commit,scale@150s:100,flap@180s:50:60s,\
 node-add@200s,replica@240s:50,process@300s,delete@360s:50,deploy@380s:50,controller@420s,\
 ctor@440s:0.5:40s,node@450s,node-add@500s";
 
@@ -315,7 +315,7 @@ pub struct Scenario {
     /// The traffic.
     pub traffic: TrafficSpec,
     /// The event schedule: faults and operations, each `kind@time[:args]`
-    /// (see [`faults`](crate::faults)).
+    /// (see [`crate::faults`]).
     pub faults: Vec<String>,
 }
 
@@ -376,7 +376,8 @@ impl Scenario {
 
     /// Parse a YAML scenario.
     pub fn from_yaml(text: &str) -> Result<Scenario> {
-        let s: Scenario = serde_saphyr::from_str(text).map_err(|e| SimError::Scenario(e.to_string()))?;
+        let s: Scenario =
+            serde_saphyr::from_str(text).map_err(|e| SimError::Scenario(e.to_string()))?;
         s.validate()?;
         Ok(s)
     }
@@ -442,13 +443,19 @@ impl Scenario {
         if let Some(g) = self.cluster.groups.iter().find(|g| {
             !(g.cpus.is_finite() && g.cpus >= 0.0 && g.memory_gib >= 0.0 && g.gpus >= 0.0)
         }) {
-            return bad(format!("node group '{}' has a negative or invalid size", g.name));
+            return bad(format!(
+                "node group '{}' has a negative or invalid size",
+                g.name
+            ));
         }
         if w.apps == 0 || w.deployments == 0 || w.replicas == 0 || w.batch == 0 {
             return bad("apps, deployments, replicas and batch must each be at least 1".into());
         }
         if w.broken_apps > w.apps {
-            return bad(format!("broken_apps ({}) exceeds apps ({})", w.broken_apps, w.apps));
+            return bad(format!(
+                "broken_apps ({}) exceeds apps ({})",
+                w.broken_apps, w.apps
+            ));
         }
         for (name, p) in [
             ("constructor_failure_rate", w.constructor_failure_rate),
@@ -471,7 +478,11 @@ impl Scenario {
         if t.attempts == 0 {
             return bad("traffic.attempts must be at least 1".into());
         }
-        if t.latencies.is_empty() || t.latencies.iter().any(|c| !(c.weight > 0.0)) {
+        if t.latencies.is_empty()
+            || t.latencies
+                .iter()
+                .any(|c| c.weight.is_nan() || c.weight <= 0.0)
+        {
             return bad("traffic.latencies needs at least one class, every weight > 0".into());
         }
         if self.sample_every.is_zero() {
@@ -530,6 +541,9 @@ mod tests {
         assert_eq!((s.workload.apps, s.workload.replicas), (10, 3));
         assert_eq!(s.workload.batch, 200);
         assert_eq!(s.events().unwrap().len(), 1);
+        let example = Scenario::from_yaml(include_str!("../scenarios/example.yaml")).unwrap();
+        assert_eq!(example.workload.deployments, 2);
+        assert_eq!(example.events().unwrap().len(), 18);
         let e = Scenario::from_yaml("workload: { apps: 0 }").unwrap_err();
         assert!(e.to_string().contains("at least 1"), "{e}");
         let e = Scenario::from_yaml("workload: { appz: 3 }").unwrap_err();

@@ -9,7 +9,7 @@ use std::{collections::BTreeMap, fmt};
 
 use serde::Serialize;
 
-use crate::{cluster::ClusterCounters, traffic::RequestCounts, workload::WorldCounters};
+use crate::{cluster::ClusterCounters, traffic::RequestCounts};
 
 /// The scenario, echoed.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -50,8 +50,10 @@ pub struct Convergence {
     pub initial_s: Option<f64>,
     /// From the end of the run to every application as expected again.
     pub final_s: Option<f64>,
-    /// Virtual time simulated, seconds.
+    /// Virtual time simulated up to the final checks, seconds.
     pub total_virtual_s: f64,
+    /// Virtual time the final graceful shutdown took, seconds.
+    pub shutdown_s: f64,
     /// Timeline samples taken.
     pub samples: usize,
 }
@@ -92,7 +94,8 @@ pub struct Restarts {
 pub struct Replicas {
     /// Constructors that succeeded (replicas started).
     pub started: u64,
-    /// Workers dropped (replicas stopped, gracefully or not).
+    /// Started replicas that are gone by the end (stopped gracefully, replaced,
+    /// or lost with a node or the process): started minus running at the end.
     pub stopped: u64,
     /// Constructor calls (each start attempt).
     pub constructor_calls: u64,
@@ -148,7 +151,9 @@ pub struct WallClock {
     pub final_converge_s: Option<f64>,
     /// The whole simulation, wall seconds.
     pub total_s: f64,
-    /// Virtual seconds simulated per wall second.
+    /// The final graceful shutdown, wall seconds.
+    pub shutdown_s: f64,
+    /// Virtual seconds simulated per wall second (up to the final checks).
     pub speedup: f64,
 }
 
@@ -247,7 +252,7 @@ impl fmt::Display for Summary {
         writeln!(f, "  expected        {}", expected.join(", "))?;
         writeln!(
             f,
-            "converged         initially after {} virtual / {} wall; after the last event in {} virtual / {} wall",
+            "converged         initially after {} virtual / {} wall; again after the run in {} virtual / {} wall",
             opt_s(c.initial_s),
             opt_s(w.initial_converge_s),
             opt_s(c.final_s),
@@ -255,8 +260,8 @@ impl fmt::Display for Summary {
         )?;
         writeln!(
             f,
-            "simulated         {:.0}s virtual in {:.1}s wall ({:.0}x), {} samples",
-            c.total_virtual_s, w.total_s, w.speedup, c.samples
+            "simulated         {:.0}s virtual ({:.0}x wall speed), {} samples; graceful shutdown {:.0}s virtual / {:.1}s wall; {:.1}s wall in all",
+            c.total_virtual_s, w.speedup, c.samples, c.shutdown_s, w.shutdown_s, w.total_s
         )?;
         writeln!(f, "events")?;
         for e in &self.events {
@@ -305,7 +310,14 @@ impl fmt::Display for Summary {
         let excused: Vec<String> = q
             .failed_excused
             .iter()
-            .map(|(k, v)| format!("{} {v}", serde_json::to_string(k).unwrap_or_default().trim_matches('"')))
+            .map(|(k, v)| {
+                format!(
+                    "{} {v}",
+                    serde_json::to_string(k)
+                        .unwrap_or_default()
+                        .trim_matches('"')
+                )
+            })
             .collect();
         writeln!(
             f,
@@ -351,10 +363,4 @@ impl fmt::Display for Summary {
             }
         )
     }
-}
-
-/// The counters the run collects on the way, gathered for the summary.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Gathered {
-    pub world: WorldCounters,
 }

@@ -136,6 +136,7 @@ pub struct TrafficStats {
     in_flight: AtomicI64,
     bucket_served: AtomicU64,
     bucket_failed: AtomicU64,
+    bucket_retried: AtomicU64,
     detail: Mutex<FailureDetail>,
 }
 
@@ -192,11 +193,12 @@ impl TrafficStats {
         }
     }
 
-    /// Served and failed since the last call (for requests per second).
-    pub fn take_bucket(&self) -> (u64, u64) {
+    /// Served, failed and retried since the last call (for rates per second).
+    pub fn take_bucket(&self) -> (u64, u64, u64) {
         (
             self.bucket_served.swap(0, Ordering::Relaxed),
             self.bucket_failed.swap(0, Ordering::Relaxed),
+            self.bucket_retried.swap(0, Ordering::Relaxed),
         )
     }
 
@@ -360,6 +362,7 @@ async fn request(ctx: Arc<TrafficCtx>, app: u32, ms: u64) {
     for attempt in 0..ctx.spec.attempts {
         if attempt > 0 {
             ctx.stats.retried.fetch_add(1, Ordering::Relaxed);
+            ctx.stats.bucket_retried.fetch_add(1, Ordering::Relaxed);
             tokio::time::sleep(ctx.spec.retry_backoff).await;
         }
         let Some(h) = ctx.handles.handle(app) else {

@@ -74,8 +74,6 @@ pub struct WorldCounters {
     pub constructor_failures: u64,
     /// Constructors that succeeded: replicas started.
     pub started: u64,
-    /// Workers dropped: replicas stopped (gracefully or killed).
-    pub stopped: u64,
     /// Health checks run.
     pub health_checks: u64,
     /// Health checks that failed (flapping).
@@ -97,11 +95,9 @@ pub struct World {
     flapping: Mutex<BTreeSet<u32>>,
     ordinals: Mutex<HashMap<(u32, u32), u64>>,
     constructing: AtomicI64,
-    alive: AtomicI64,
     constructor_calls: AtomicU64,
     constructor_failures: AtomicU64,
     started: AtomicU64,
-    stopped: AtomicU64,
     health_checks: AtomicU64,
     health_failures: AtomicU64,
     handled: AtomicU64,
@@ -121,11 +117,9 @@ impl World {
             flapping: Mutex::new(BTreeSet::new()),
             ordinals: Mutex::new(HashMap::new()),
             constructing: AtomicI64::new(0),
-            alive: AtomicI64::new(0),
             constructor_calls: AtomicU64::new(0),
             constructor_failures: AtomicU64::new(0),
             started: AtomicU64::new(0),
-            stopped: AtomicU64::new(0),
             health_checks: AtomicU64::new(0),
             health_failures: AtomicU64::new(0),
             handled: AtomicU64::new(0),
@@ -177,18 +171,12 @@ impl World {
         self.constructing.load(Ordering::Relaxed).max(0) as u64
     }
 
-    /// Constructed workers not yet dropped (replicas RUNNING, or stopping).
-    pub fn alive(&self) -> u64 {
-        self.alive.load(Ordering::Relaxed).max(0) as u64
-    }
-
     /// The counters so far.
     pub fn counters(&self) -> WorldCounters {
         WorldCounters {
             constructor_calls: self.constructor_calls.load(Ordering::Relaxed),
             constructor_failures: self.constructor_failures.load(Ordering::Relaxed),
             started: self.started.load(Ordering::Relaxed),
-            stopped: self.stopped.load(Ordering::Relaxed),
             health_checks: self.health_checks.load(Ordering::Relaxed),
             health_failures: self.health_failures.load(Ordering::Relaxed),
             handled: self.handled.load(Ordering::Relaxed),
@@ -215,13 +203,6 @@ pub struct Worker {
     chain: u32,
     checks: AtomicU32,
     downstream: Option<DeploymentHandle>,
-}
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        self.world.alive.fetch_sub(1, Ordering::Relaxed);
-        self.world.stopped.fetch_add(1, Ordering::Relaxed);
-    }
 }
 
 impl Deployment for Worker {
@@ -299,7 +280,6 @@ async fn construct(ctx: InitContext, world: Arc<World>) -> Result<Worker, UserEr
         None
     };
     world.started.fetch_add(1, Ordering::Relaxed);
-    world.alive.fetch_add(1, Ordering::Relaxed);
     Ok(Worker {
         world,
         app: args.app,
@@ -356,7 +336,8 @@ pub fn app_spec(spec: &WorkloadSpec, idx: u32, target: &AppTarget) -> Result<App
                 .replicas(target.replicas)
                 .with_config(move |c| {
                     let timeout = c.health_check_timeout;
-                    c.with_resources(resources).with_health_check(period, timeout)
+                    c.with_resources(resources)
+                        .with_health_check(period, timeout)
                 }),
         );
     }
@@ -387,7 +368,15 @@ mod tests {
         assert_eq!(app.name.as_str(), "app-00007");
         assert_eq!(app.deployments.len(), 3);
         assert_eq!(app.ingress.as_str(), "d0");
-        let other = app_spec(&spec, 7, &AppTarget { tag: "v2".into(), ..t }).unwrap();
+        let other = app_spec(
+            &spec,
+            7,
+            &AppTarget {
+                tag: "v2".into(),
+                ..t
+            },
+        )
+        .unwrap();
         assert_ne!(
             app.deployments[0].version().code,
             other.deployments[0].version().code

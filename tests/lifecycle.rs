@@ -398,3 +398,23 @@ async fn a_delete_waiter_returns_when_a_redeploy_cancels_the_deletion() {
     assert_eq!(serve.app_status("a").status, A::Running);
     let _ = busy.await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn deleting_hundreds_of_applications_in_one_call_completes() {
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Arc::new(Switches::default());
+    let serve = start(&dir, &sw).await;
+    let apps = (0..300)
+        .map(|i| app(&format!("a{i}"), 1, tag("v")))
+        .collect();
+    serve.run_many(apps, Default::default()).await.unwrap();
+    let names: Vec<String> = (0..300).map(|i| format!("a{i}")).collect();
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    tokio::time::timeout(Duration::from_secs(600), serve.delete_apps(&refs, true))
+        .await
+        .expect("the deletion completes")
+        .unwrap();
+    assert!(serve.status().is_empty());
+    assert!(serve.living_groups().is_empty(), "no actor left behind");
+    assert_eq!(serve.metrics().await.unwrap().controller.apps, 0);
+}

@@ -594,10 +594,15 @@ impl Actor for Controller {
         }
         entry.actor = None;
         match failure {
-            // A graceful exit means it finished deleting. If the record still
-            // exists, either its Deleted report is queued behind this event (the
-            // fresh actor reports again, harmlessly) or a redeploy cancelled the
-            // deletion: start it with the current target.
+            // A graceful exit means it finished deleting.
+            None if entry.record.deleting => {
+                // Its Deleted report is queued behind this event (supervision events
+                // come first): let it land before looking again, or every exit would
+                // respawn an actor that reports and exits again, without end. If the
+                // report was lost, the later look starts an actor that sends it anew.
+                Self::restart_later(&myself, state, name, RETRY);
+            }
+            // A redeploy cancelled the deletion since: start it with that target.
             None => Self::command(&myself, state, &name).await,
             Some(why) => {
                 warn!(app = %name, %why, "application actor crashed");

@@ -47,8 +47,8 @@ pub use flotilla_deployment::{
     Refusal, StateCount, StaticCluster,
 };
 pub use flotilla_replica::{
-    CallError, Deployment, DeploymentHandle, InitContext, Registry, ReplicaEndpoint, UserError,
-    supervision::RestartPolicy,
+    CallError, Deployment, DeploymentHandle, InitContext, Registry, ReplicaEndpoint, ReplicaId,
+    UserError, supervision::RestartPolicy,
 };
 pub use flotilla_store::{Store, StoreCounters, StoreError};
 pub use logging::{ACCESS_TARGET, AppLogLayer};

@@ -39,7 +39,7 @@ pub async fn run(args: &Args) -> BenchResult<()> {
     let store = TempStore::new(S)?;
     let serve = store.start().await?;
 
-    let h = deploy(&serve, "lat", 1, 1000).await?;
+    let h = deploy(&serve, "lat", workload::NOOP, 1, 1000).await?;
     for i in 0..1_000u64 {
         call(&h, i).await?;
     }
@@ -59,15 +59,23 @@ pub async fn run(args: &Args) -> BenchResult<()> {
     lat("p99_us", report::percentile(&mut us, 0.99)).emit()?;
     lat("mean_us", mean).emit()?;
 
-    for &max in &args.max_ongoing {
-        for &replicas in &args.replicas {
-            let h = deploy(&serve, &format!("t{replicas}m{max}"), replicas, max).await?;
-            let rps = throughput(&h, args.callers, Duration::from_secs(args.seconds)).await?;
-            Figure::new(S, "req_per_sec", rps, "req/s")
-                .with("replicas", u64::from(replicas))
-                .with("max_ongoing", u64::from(max))
-                .with("callers", args.callers)
-                .emit()?;
+    // Noop answers without ever yielding, so a call holds its slot only while it
+    // runs on one thread; Yield makes requests overlap so the limit binds.
+    for (code, tag, metric) in [
+        (workload::NOOP, "n", "req_per_sec"),
+        (workload::YIELD, "y", "req_per_sec_yield"),
+    ] {
+        for &max in &args.max_ongoing {
+            for &replicas in &args.replicas {
+                let name = format!("t{tag}{replicas}m{max}");
+                let h = deploy(&serve, &name, code, replicas, max).await?;
+                let rps = throughput(&h, args.callers, Duration::from_secs(args.seconds)).await?;
+                Figure::new(S, metric, rps, "req/s")
+                    .with("replicas", u64::from(replicas))
+                    .with("max_ongoing", u64::from(max))
+                    .with("callers", args.callers)
+                    .emit()?;
+            }
         }
     }
     Ok(())
@@ -76,10 +84,12 @@ pub async fn run(args: &Args) -> BenchResult<()> {
 async fn deploy(
     serve: &Serve,
     name: &str,
+    code: &'static str,
     replicas: u32,
     max: u32,
 ) -> BenchResult<DeploymentHandle> {
     let shape = Shape {
+        code,
         replicas,
         max_ongoing: Some(max),
         ..Shape::default()

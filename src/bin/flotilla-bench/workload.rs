@@ -32,30 +32,54 @@ impl Deployment for Noop {
     }
 }
 
-/// A registry holding [`Noop`] with a trivial constructor.
+/// The import path of [`Yield`].
+pub const YIELD: &str = "bench::Yield";
+
+/// Like [`Noop`], but yields to the scheduler once per request, so requests
+/// really overlap and `max_ongoing_requests` binds.
+pub struct Yield;
+
+impl Deployment for Yield {
+    type Request = u64;
+    type Response = u64;
+    async fn handle(&self, request: u64) -> Result<u64, UserError> {
+        tokio::task::yield_now().await;
+        Ok(request)
+    }
+}
+
+/// A registry holding [`Noop`] and [`Yield`], with trivial constructors.
 pub fn registry() -> BenchResult<Registry> {
     Registry::new()
         .register(NOOP, |_ctx| async { Ok(Noop) })
-        .context(|| format!("registering {NOOP}"))
+        .context(|| format!("registering {NOOP}"))?
+        .register(YIELD, |_ctx| async { Ok(Yield) })
+        .context(|| format!("registering {YIELD}"))
 }
 
 /// The shape of each benchmark application: one deployment of [`Noop`].
 #[derive(Debug, Clone, Copy)]
 pub struct Shape {
+    /// The import path of the code ([`NOOP`] or [`YIELD`]).
+    pub code: &'static str,
     /// Replicas of the deployment.
     pub replicas: u32,
     /// `max_ongoing_requests` (`None`: Ray's default, 5).
     pub max_ongoing: Option<u32>,
     /// `graceful_shutdown_wait_loop` (`None`: Ray's default, 2 s).
     pub drain_wait: Option<Duration>,
+    /// `health_check_period` (`None`: Ray's default, 10 s).
+    pub health_period: Option<Duration>,
 }
 
 impl Default for Shape {
     fn default() -> Self {
         Shape {
+            code: NOOP,
             replicas: 1,
             max_ongoing: None,
             drain_wait: None,
+            health_period: None,
         }
     }
 }
@@ -65,11 +89,15 @@ pub fn app(name: &str, shape: Shape) -> BenchResult<ApplicationSpec> {
     ApplicationSpec::builder(name)
         .route_prefix(format!("/{name}"))
         .deployment(
-            DeploymentSpec::builder("noop", NOOP)
+            DeploymentSpec::builder("noop", shape.code)
                 .replicas(shape.replicas)
                 .with_config(|mut c| {
                     if let Some(n) = shape.max_ongoing {
                         c = c.with_max_ongoing_requests(n);
+                    }
+                    if let Some(p) = shape.health_period {
+                        let timeout = c.health_check_timeout;
+                        c = c.with_health_check(p, timeout);
                     }
                     if let Some(w) = shape.drain_wait {
                         let timeout = c.graceful_shutdown_timeout;

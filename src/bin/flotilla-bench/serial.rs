@@ -33,6 +33,12 @@ pub async fn run(args: &Args) -> BenchResult<()> {
         each.push(t.elapsed().as_secs_f64() * 1e6);
     }
     let wall = t0.elapsed().as_secs_f64();
+    let commits = serve
+        .metrics()
+        .await
+        .context(|| "reading metrics".to_owned())?
+        .store
+        .commits;
     let n = args.apps as f64;
     Figure::new(S, "wall_s", wall, "s")
         .with("apps", args.apps)
@@ -44,6 +50,9 @@ pub async fn run(args: &Args) -> BenchResult<()> {
         .with("apps", args.apps)
         .emit()?;
     Figure::new(S, "run_p99_us", report::percentile(&mut each, 0.99), "us")
+        .with("apps", args.apps)
+        .emit()?;
+    Figure::new(S, "commits", commits, "commits")
         .with("apps", args.apps)
         .emit()?;
     Ok(())

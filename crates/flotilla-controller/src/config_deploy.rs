@@ -118,6 +118,16 @@ fn entry_version(app: &AppConfig) -> u64 {
 }
 
 impl ControllerState {
+    /// Take the applied config without some applications (after the commit that
+    /// wrote it); an application it dropped that never got a record leaves the board.
+    pub(crate) fn release_config(&mut self, config: ServeConfig) {
+        for unbuilt in self.config.release(config) {
+            if !self.apps.contains_key(&unbuilt) {
+                self.board.remove(&unbuilt);
+            }
+        }
+    }
+
     fn generation_of(&self, app: &AppName) -> u64 {
         self.apps.get(app).map_or(0, |e| e.record.generation)
     }

@@ -267,11 +267,7 @@ impl Controller {
         }
         let generations = records.iter().map(|r| r.generation).collect();
         if let Some(config) = released {
-            for unbuilt in state.config.release(config) {
-                if !state.apps.contains_key(&unbuilt) {
-                    state.board.remove(&unbuilt);
-                }
-            }
+            state.release_config(config);
         }
         let names = state.swap_targets(records, dropped);
         let _ = reply.send(Ok(generations));
@@ -315,11 +311,7 @@ impl Controller {
             return Ok(());
         }
         if let Some(config) = released {
-            for unbuilt in state.config.release(config) {
-                if !state.apps.contains_key(&unbuilt) {
-                    state.board.remove(&unbuilt);
-                }
-            }
+            state.release_config(config);
         }
         state.swap_deletions(&changed);
         let _ = reply.send(Ok(result));

@@ -28,11 +28,6 @@ pub fn replica_group(ns: &str, app: &AppName, deployment: &DeploymentName) -> St
     format!("{ns}/replicas:{app}/{deployment}")
 }
 
-/// The process group every replica of namespace `ns` joins (for orphan checks).
-pub fn all_replicas_group(ns: &str) -> String {
-    format!("{ns}/replicas")
-}
-
 /// A replica of `app`/`deployment` with process-unique id `id`.
 pub fn replica(ns: &str, app: &AppName, deployment: &DeploymentName, id: u64) -> String {
     format!("{ns}/replica:{app}/{deployment}#{id}")

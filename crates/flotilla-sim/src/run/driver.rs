@@ -1,0 +1,148 @@
+//! The run from start to verdict: the driver's queue of actions (initial
+//! batches, scheduled events, the ends of timed faults), played in virtual-time
+//! order while the traffic and the sampler run; then settling, the final
+//! checks and the summary.
+
+use std::{sync::atomic::Ordering, time::Duration};
+
+use tokio::time::Instant;
+
+use super::{Outcome, setup::Sim, timeline::sample_loop};
+use crate::{Result, faults::Event, traffic};
+
+/// Quiet time after convergence before the invariants are judged: stopping
+/// replicas finish their graceful shutdown.
+const QUIET: Duration = Duration::from_secs(60);
+
+/// An action of the driver's queue.
+#[derive(Debug, Clone)]
+pub(super) enum Action {
+    /// Deploy initial batch `k`.
+    Batch(usize),
+    /// A scheduled event.
+    Event(Event),
+    /// End a constructor failure spike.
+    EndConstructorFailures,
+    /// Stop the flapping of these applications.
+    EndFlap(Vec<u32>),
+}
+
+impl Sim {
+    /// Queue `action` at `at` (after every action queued earlier for that time).
+    pub(super) fn push(&mut self, at: Duration, action: Action) {
+        self.seq += 1;
+        self.queue.push((at, self.seq, action));
+    }
+
+    /// The next action: the earliest, first queued first.
+    fn pop(&mut self) -> Option<(Duration, Action)> {
+        let i = self
+            .queue
+            .iter()
+            .enumerate()
+            .min_by_key(|(_, (at, seq, _))| (*at, *seq))
+            .map(|(i, _)| i)?;
+        let (at, _, a) = self.queue.swap_remove(i);
+        Some((at, a))
+    }
+
+    /// Run the whole simulation and judge it.
+    pub(super) async fn simulate(mut self) -> Result<Outcome> {
+        let serve = self.start_serve().await?;
+        self.shared.handles().set_serve(Some(serve));
+        let sc = self.sc().clone();
+        let w = &sc.workload;
+        let batches = w.apps.div_ceil(w.batch);
+        for k in 0..batches {
+            self.push(w.batch_every * k as u32, Action::Batch(k));
+        }
+        for e in sc.events()? {
+            self.push(e.at, Action::Event(e));
+        }
+        let sampler = tokio::spawn(sample_loop(self.shared.clone(), self.heartbeat.clone()));
+        let end = self.shared.start + sc.duration;
+        let traffic = tokio::spawn(traffic::generate(self.shared.traffic.clone(), end));
+
+        while let Some((at, action)) = self.pop() {
+            if at > sc.duration && !matches!(action, Action::Batch(_)) {
+                // Past the end: only undo what is still switched on.
+                match action {
+                    Action::EndConstructorFailures | Action::EndFlap(_) => {}
+                    _ => continue,
+                }
+            } else {
+                tokio::time::sleep_until(self.shared.start + at).await;
+            }
+            self.act(action).await?;
+        }
+        tokio::time::sleep_until(end).await;
+        if let Some(p) = &self.shared.progress {
+            p.set_prefix("draining");
+        }
+        let _ = traffic.await;
+        let run_end = self.shared.now();
+        self.settle(run_end).await;
+        tokio::time::sleep(QUIET).await;
+        self.shared.stop_sampler.store(true, Ordering::Release);
+        let _ = sampler.await;
+        if let Some(p) = &self.shared.progress {
+            p.set_prefix("checking");
+        }
+        let invariants = self.check().await;
+        self.finish(run_end, invariants).await
+    }
+
+    /// Do one action of the queue.
+    async fn act(&mut self, action: Action) -> Result<()> {
+        match action {
+            Action::Batch(k) => self.deploy_batch(k).await?,
+            Action::Event(e) => self.inject(e).await?,
+            Action::EndConstructorFailures => {
+                self.shared.world.set_failure_rate(self.base_failure_rate);
+            }
+            Action::EndFlap(apps) => self.shared.world.set_flapping(&apps, false),
+        }
+        Ok(())
+    }
+
+    /// Deploy initial batch `k` of the workload.
+    async fn deploy_batch(&mut self, k: usize) -> Result<()> {
+        let w = self.sc().workload.clone();
+        let to = ((k + 1) * w.batch).min(w.apps);
+        let apps = self.initial_batch(k);
+        self.next_app = self.next_app.max(to as u32);
+        self.shared
+            .say(format!("batch {} of {}", k + 1, w.apps.div_ceil(w.batch)));
+        self.deploy(&apps).await?;
+        if to == w.apps {
+            self.shared.observed().initial_acked = true;
+            if let Some(p) = &self.shared.progress {
+                p.set_message("waiting for every application");
+            }
+        }
+        Ok(())
+    }
+
+    /// After the run: let everything converge again.
+    async fn settle(&mut self, run_end: f64) {
+        if let Some(s) = self.shared.handles().serve() {
+            s.faults().clear();
+        }
+        {
+            let wall = self.shared.wall0.elapsed().as_secs_f64();
+            let mut o = self.shared.observed();
+            o.settle_from = Some((run_end, wall));
+        }
+        if let Some(p) = &self.shared.progress {
+            p.set_prefix("settling");
+            p.set_message("waiting for every application");
+        }
+        let deadline = Instant::now() + self.sc().settle_timeout;
+        while Instant::now() < deadline {
+            if self.shared.observed().final_at.is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    }
+}

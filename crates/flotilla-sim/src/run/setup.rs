@@ -1,0 +1,183 @@
+//! Setting the simulation up: its state ([`Sim`]), starting Flotilla on the
+//! simulated cluster, and crashing and restarting the whole process on the same
+//! store.
+
+use std::{
+    path::PathBuf,
+    sync::{Arc, Mutex, atomic::AtomicBool},
+    time::Duration,
+};
+
+use flotilla::{RestartPolicy, Serve, ServeOptions};
+use indicatif::{ProgressBar, ProgressStyle};
+use tokio::time::Instant;
+
+use super::{
+    RunOptions,
+    driver::Action,
+    model::Model,
+    shared::{Observed, ProcessCounters, Shared, record_metrics},
+    watchdog::Heartbeat,
+};
+use crate::{
+    Result, SimError,
+    cluster::SimCluster,
+    rng::{self, Rng},
+    scenario::Scenario,
+    summary::{Operations, Restarts},
+    traffic::{Handles, Ready, TrafficCtx, TrafficStats, Windows},
+    workload::{self, World},
+};
+
+/// The simulation: the shared state, the driver's queue and RNG, and what it
+/// counts itself.
+pub(super) struct Sim {
+    pub(super) shared: Arc<Shared>,
+    pub(super) registry: flotilla::Registry,
+    pub(super) store: PathBuf,
+    pub(super) rng: Rng,
+    pub(super) queue: Vec<(Duration, u64, Action)>,
+    pub(super) seq: u64,
+    pub(super) next_app: u32,
+    pub(super) updates: u64,
+    pub(super) dead: Vec<Serve>,
+    pub(super) ops: Operations,
+    pub(super) restarts: Restarts,
+    pub(super) base_failure_rate: f64,
+    pub(super) heartbeat: Arc<Heartbeat>,
+}
+
+impl Sim {
+    /// The world of `scenario`, its store at `store`, nothing started yet.
+    pub(super) fn new(
+        scenario: Scenario,
+        options: &RunOptions,
+        store: PathBuf,
+        heartbeat: Arc<Heartbeat>,
+    ) -> Result<Sim> {
+        let world = Arc::new(World::new(scenario.seed, &scenario.workload));
+        let cluster = Arc::new(SimCluster::new(
+            scenario.cluster.groups.clone(),
+            scenario.cluster.strategy,
+            scenario.seed,
+        ));
+        let registry = workload::registry(&world)?;
+        let start = Instant::now();
+        let traffic = Arc::new(TrafficCtx {
+            spec: scenario.traffic.clone(),
+            seed: scenario.seed,
+            start,
+            stats: TrafficStats::default(),
+            handles: Handles::default(),
+            ready: Ready::default(),
+            windows: Windows::default(),
+        });
+        let progress = options
+            .progress
+            .then(|| progress_bar(scenario.workload.apps as u64));
+        let base_failure_rate = scenario.workload.constructor_failure_rate;
+        let rng = Rng::keyed(scenario.seed, &[rng::label("driver")]);
+        Ok(Sim {
+            shared: Arc::new(Shared {
+                scenario,
+                start,
+                wall0: std::time::Instant::now(),
+                world,
+                cluster,
+                traffic,
+                model: Mutex::new(Model::default()),
+                observed: Mutex::new(Observed::default()),
+                progress,
+                stop_sampler: AtomicBool::new(false),
+            }),
+            registry,
+            store,
+            rng,
+            queue: Vec::new(),
+            seq: 0,
+            next_app: 0,
+            updates: 0,
+            dead: Vec::new(),
+            ops: Operations::default(),
+            restarts: Restarts::default(),
+            base_failure_rate,
+            heartbeat,
+        })
+    }
+
+    /// The scenario.
+    pub(super) fn sc(&self) -> &Scenario {
+        &self.shared.scenario
+    }
+
+    /// The live Serve instance.
+    pub(super) fn serve(&self) -> Result<Serve> {
+        self.shared
+            .handles()
+            .serve()
+            .ok_or_else(|| SimError::Serve("no live Serve instance".into()))
+    }
+
+    /// Start Flotilla on the store and the simulated cluster, and watch it for a
+    /// fatal escalation.
+    pub(super) async fn start_serve(&self) -> Result<Serve> {
+        let mut options = ServeOptions::new(self.registry.clone())
+            .store_path(&self.store)
+            .cluster(self.shared.cluster.clone());
+        // Scheduled faults come faster than real ones: escalate only on a storm.
+        options.restart = RestartPolicy {
+            max_restarts: 100,
+            ..Default::default()
+        };
+        let serve = Serve::start(options)
+            .await
+            .map_err(|e| SimError::Serve(format!("starting on {}: {e}", self.store.display())))?;
+        let shared = self.shared.clone();
+        let watch = serve.clone();
+        tokio::spawn(async move {
+            let why = watch.fatal().await;
+            if why != "flotilla stopped" {
+                shared.observed().fatal.push(why);
+            }
+        });
+        self.shared
+            .observed()
+            .processes
+            .push(ProcessCounters::default());
+        Ok(serve)
+    }
+
+    /// Read the live instance's metrics into its process counters.
+    pub(super) async fn read_metrics(&self) {
+        if let Some(serve) = self.shared.handles().serve() {
+            record_metrics(&self.shared, &serve).await;
+        }
+    }
+
+    /// Crash the whole process (every actor of the instance dies, the cluster
+    /// loses its reservations), then start again on the same store.
+    pub(super) async fn restart_process(&mut self) -> Result<()> {
+        let old = self.serve()?;
+        self.read_metrics().await;
+        self.shared.handles().set_serve(None);
+        old.crash_process().await;
+        self.shared.cluster.process_crashed();
+        self.dead.push(old);
+        self.restarts.process += 1;
+        let serve = self.start_serve().await?;
+        self.shared.handles().set_serve(Some(serve));
+        Ok(())
+    }
+}
+
+/// The progress bar, `len` applications long to begin with.
+fn progress_bar(len: u64) -> ProgressBar {
+    let pb = ProgressBar::new(len);
+    pb.set_style(
+        ProgressStyle::with_template("{prefix:>9.bold} [{bar:36}] {pos}/{len} {msg} ({elapsed})")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    pb.set_prefix("deploying");
+    pb
+}

@@ -5,7 +5,10 @@
 //! non-zero if an invariant fails.
 //!
 //! Run (from the repository root): `cargo run --release --example cluster_sim -- [FLAGS]`
-//! (`--help` lists them). The simulator itself is the `flotilla-sim` crate.
+//! (`--help` lists them). With `--serve-config FILE` it also deploys a ServeConfig
+//! through `Serve::apply_config_file` (e.g.
+//! `crates/flotilla-sim/scenarios/serve_config.yaml`). The simulator itself is the
+//! `flotilla-sim` crate.
 
 use std::{path::PathBuf, process::ExitCode, time::Duration};
 
@@ -21,7 +24,8 @@ struct Flags {
     /// Nodes (the node groups keep their proportions) [default: 20]
     #[arg(long)]
     nodes: Option<usize>,
-    /// Applications deployed at the start [default: 2000]
+    /// Applications deployed at the start; 0 with --serve-config deploys only
+    /// the config's [default: 2000]
     #[arg(long)]
     apps: Option<usize>,
     /// Deployments per application, called in a chain [default: 1]
@@ -36,10 +40,16 @@ struct Flags {
     /// A YAML scenario file; the other flags override it
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
+    /// A ServeConfig file (Ray Serve's format) to apply at the start, through
+    /// `Serve::apply_config_file`, next to the workload; its import paths name
+    /// the simulator's builders `sim.chain:app` and `sim.failing:app`
+    #[arg(long, value_name = "FILE")]
+    serve_config: Option<PathBuf>,
     /// Virtual time to run traffic and events for, e.g. 10m, 1h [default: 10m]
     #[arg(long, value_parser = duration)]
     duration: Option<Duration>,
-    /// Event schedule, e.g. "controller@60s,node@120s,process@300s" ("none": no events)
+    /// Event schedule, e.g. "controller@60s,node@120s,process@300s,config@400s:next.yaml"
+    /// ("none": no events)
     #[arg(long)]
     faults: Option<String>,
     /// Seed: the same seed gives the same summary [default: 1]
@@ -102,6 +112,7 @@ fn simulate(flags: &Flags) -> Result<bool, flotilla_sim::SimError> {
         strategy: flags.strategy,
         rate: flags.rate,
         constructor_failure_rate: flags.constructor_failure_rate,
+        serve_config: flags.serve_config.clone(),
     })?;
     let need = scenario.workload.apps as f64
         * scenario.workload.deployments as f64

@@ -12,8 +12,9 @@ use std::{
     sync::{Mutex, MutexGuard},
 };
 
-use flotilla::{AppName, Cluster, ClusterEvent, DeploymentName, NodeId, PlacementRequest, Refusal};
-use flotilla_replica::ReplicaId;
+use flotilla::{
+    AppName, Cluster, ClusterEvent, DeploymentName, NodeId, PlacementRequest, Refusal, ReplicaId,
+};
 use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast;
 

@@ -41,6 +41,34 @@ pub enum SimError {
         /// The parser's message (with line and column).
         why: String,
     },
+    /// A ServeConfig file could not be read.
+    #[error("cannot read serve config {path}: {source}")]
+    ReadServeConfig {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A ServeConfig file is not a valid config (Flotilla's parser and checks).
+    #[error("serve config {path}: {source}")]
+    ParseServeConfig {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong, with line and column where known.
+        source: Box<flotilla_core::Error>,
+    },
+    /// An application of a ServeConfig cannot run in the simulation (an import
+    /// path that is not one of the simulator's builders, args the builder does
+    /// not take, a workload name, a deployment no simulated node can hold).
+    #[error("serve config {path}, application '{app}': {why}")]
+    ServeConfigApp {
+        /// The file.
+        path: PathBuf,
+        /// The application.
+        app: String,
+        /// What is wrong.
+        why: String,
+    },
     /// The simulation's runtime or store could not be set up.
     #[error("setting up the simulation: {0}")]
     Setup(String),

@@ -21,8 +21,15 @@
 //! | `scale@T[:N]` | change N applications' replica counts (in place) |
 //! | `delete@T[:N]` | delete N applications |
 //! | `deploy@T[:N]` | deploy N new applications |
+//! | `config@T:PATH` | apply the ServeConfig file at PATH (`Serve::apply_config_file`) |
+//!
+//! A `config@` path in a scenario file is relative to that file; on the command
+//! line, to the working directory.
 
-use std::time::Duration;
+use std::{
+    path::{Path, PathBuf},
+    time::Duration,
+};
 
 use flotilla::FaultPoint;
 use serde::Serialize;
@@ -70,6 +77,8 @@ pub enum EventKind {
     Delete(usize),
     /// Deploy this many new applications.
     Deploy(usize),
+    /// Apply the ServeConfig file at this path.
+    Config(PathBuf),
 }
 
 /// Which part of the system an event hits.
@@ -119,12 +128,18 @@ impl Event {
             EventKind::Scale(n) => format!("scale {n}"),
             EventKind::Delete(n) => format!("delete {n}"),
             EventKind::Deploy(n) => format!("deploy {n}"),
+            EventKind::Config(path) => format!(
+                "config {}",
+                path.file_name()
+                    .unwrap_or(path.as_os_str())
+                    .to_string_lossy()
+            ),
         }
     }
 
     /// Which part of the system it hits.
     pub fn level(&self) -> Level {
-        match self.kind {
+        match &self.kind {
             EventKind::Controller(_)
             | EventKind::Application(_)
             | EventKind::Deployment(_)
@@ -138,7 +153,8 @@ impl Event {
             EventKind::Update(_)
             | EventKind::Scale(_)
             | EventKind::Delete(_)
-            | EventKind::Deploy(_) => Level::Operation,
+            | EventKind::Deploy(_)
+            | EventKind::Config(_) => Level::Operation,
         }
     }
 }
@@ -149,6 +165,25 @@ fn point_name(p: FaultPoint) -> String {
         FaultPoint::ControllerAfterCommit => "after-commit".into(),
         FaultPoint::ControllerAfterReply => "after-reply".into(),
         other => format!("{other:?}"),
+    }
+}
+
+/// `entry` with a relative `config@` path made relative to `dir` instead (a
+/// scenario file's entries are relative to the file); every other entry as is.
+pub fn rebase(entry: &str, dir: &Path) -> String {
+    match parse(entry) {
+        Ok(Event {
+            kind: EventKind::Config(path),
+            ..
+        }) if path.is_relative() => {
+            let time = entry
+                .trim()
+                .split_once('@')
+                .and_then(|(_, rest)| rest.split_once(':'))
+                .map_or("", |(t, _)| t);
+            format!("config@{time}:{}", dir.join(path).display())
+        }
+        _ => entry.to_owned(),
     }
 }
 
@@ -179,6 +214,18 @@ pub fn parse(entry: &str) -> Result<Event> {
     let (kind, rest) = entry
         .split_once('@')
         .ok_or_else(|| err("expected kind@time, e.g. node@120s".into()))?;
+    if kind == "config" {
+        // The path is everything after the time (it may hold ':').
+        let (time, path) = rest
+            .split_once(':')
+            .filter(|(_, p)| !p.trim().is_empty())
+            .ok_or_else(|| err("config needs a file, e.g. config@300s:next.yaml".into()))?;
+        return Ok(Event {
+            at: parse_duration(time).map_err(|e| err(e.to_string()))?,
+            kind: EventKind::Config(PathBuf::from(path.trim())),
+            text: entry.to_owned(),
+        });
+    }
     let mut parts = rest.split(':');
     let at = parse_duration(parts.next().unwrap_or_default()).map_err(|e| err(e.to_string()))?;
     let args: Vec<&str> = parts.collect();
@@ -255,7 +302,7 @@ pub fn parse(entry: &str) -> Result<Event> {
         other => {
             return Err(err(format!(
                 "unknown kind '{other}' (controller, app, deployment, replica, node, node-add, \
-                 ctor, flap, commit, process, update, scale, delete, deploy)"
+                 ctor, flap, commit, process, update, scale, delete, deploy, config)"
             )));
         }
     };
@@ -302,6 +349,15 @@ mod tests {
         );
         assert_eq!(evs[6].kind, EventKind::Update(20));
         assert!(parse_list("none").unwrap().is_empty());
+        let c = parse("config@5m:dir/next:v2.yaml").unwrap();
+        assert_eq!(c.kind, EventKind::Config("dir/next:v2.yaml".into()));
+        assert_eq!(c.at, Duration::from_secs(300));
+        assert_eq!(c.level(), Level::Operation);
+        assert_eq!(
+            rebase("config@10s:next.yaml", Path::new("scenarios")),
+            "config@10s:scenarios/next.yaml"
+        );
+        assert_eq!(rebase("node@10s:2", Path::new("scenarios")), "node@10s:2");
         for bad in [
             "node",
             "node@",
@@ -310,6 +366,8 @@ mod tests {
             "ctor@1s",
             "ctor@1s:2",
             "commit@1s:3",
+            "config@1s",
+            "config@1s:",
         ] {
             let e = parse(bad).unwrap_err();
             assert!(e.to_string().contains(bad), "{e}");

@@ -15,15 +15,17 @@
 //!   what the run has observed, Flotilla's metrics folded per process;
 //! - `operations`: deploys, updates, rescales and deletes, retried until
 //!   acknowledged;
+//! - `declare`: applying ServeConfigs, and the model following them;
 //! - `events`: the event schedule's dispatch, and the record of every event;
 //! - `control_faults`, `data_faults`: the faults, by the plane they hit;
 //! - `timeline`: the sampler and the timeline it writes;
-//! - `invariants`: the final verdicts;
+//! - `targets`, `invariants`: the final verdicts, per application and overall;
 //! - `summarize`: the [`Summary`](crate::Summary) of a finished run;
 //! - `watchdog`: the live-lock guard on the wall clock.
 
 mod control_faults;
 mod data_faults;
+mod declare;
 mod driver;
 mod events;
 mod invariants;
@@ -32,6 +34,7 @@ mod operations;
 mod setup;
 mod shared;
 mod summarize;
+mod targets;
 mod timeline;
 mod watchdog;
 
@@ -42,7 +45,7 @@ use std::{
 
 pub use timeline::{Mark, Sample, Timeline};
 
-use crate::{Result, SimError, scenario::Scenario, summary::Summary};
+use crate::{Result, SimError, scenario::Scenario, serve_config::Configs, summary::Summary};
 
 /// How to run a simulation (what is not part of the scenario).
 #[derive(Debug, Clone, Default)]
@@ -69,6 +72,8 @@ pub struct Outcome {
 /// Run `scenario` on its own current-thread runtime with a paused clock.
 pub fn run(scenario: &Scenario, options: &RunOptions) -> Result<Outcome> {
     scenario.validate()?;
+    // Every config is read and checked before anything runs.
+    let configs = Configs::load(scenario)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .start_paused(true)
@@ -100,7 +105,7 @@ pub fn run(scenario: &Scenario, options: &RunOptions) -> Result<Outcome> {
     // Everything, the start instant included, is made inside the runtime: on its
     // paused clock, virtual time starts at the same instant on every run.
     let out = rt.block_on(async {
-        let sim = setup::Sim::new(scenario.clone(), options, store, heartbeat.clone())?;
+        let sim = setup::Sim::new(scenario.clone(), configs, options, store, heartbeat.clone())?;
         sim.simulate().await
     });
     heartbeat.done.store(true, Ordering::Release);

@@ -15,9 +15,17 @@
 //! workload: { apps: 500, replicas: 3, constructor_failure_rate: 0.1 }
 //! traffic: { rate: 100 }
 //! faults: ["controller@30s", "node@60s", "process@120s"]
+//! serve_config: serve_config.yaml   # also deploy this ServeConfig (see crate::serve_config)
 //! ```
+//!
+//! Paths in a scenario file (`serve_config`, `config@T:PATH` events) are relative
+//! to the file; [`Scenario::from_file`] makes them relative to the working
+//! directory.
 
-use std::{path::Path, time::Duration};
+use std::{
+    path::{Path, PathBuf},
+    time::Duration,
+};
 
 use serde::{Deserialize, Deserializer, Serialize};
 
@@ -190,7 +198,8 @@ pub struct LatencySpec {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct WorkloadSpec {
-    /// Applications deployed at the start.
+    /// Applications deployed at the start (0 is allowed when a ServeConfig
+    /// declares the applications).
     pub apps: usize,
     /// Deployments per application (the ingress calls the next, in a chain).
     pub deployments: usize,
@@ -317,6 +326,9 @@ pub struct Scenario {
     /// The event schedule: faults and operations, each `kind@time[:args]`
     /// (see [`crate::faults`]).
     pub faults: Vec<String>,
+    /// A ServeConfig file to apply at the start, next to the workload (see
+    /// [`crate::serve_config`]).
+    pub serve_config: Option<PathBuf>,
 }
 
 impl Default for Scenario {
@@ -330,6 +342,7 @@ impl Default for Scenario {
             workload: WorkloadSpec::default(),
             traffic: TrafficSpec::default(),
             faults: DEFAULT_FAULTS.split(',').map(str::to_owned).collect(),
+            serve_config: None,
         }
     }
 }
@@ -359,19 +372,37 @@ pub struct Overrides {
     pub rate: Option<f64>,
     /// Constructor failure rate.
     pub constructor_failure_rate: Option<f64>,
+    /// A ServeConfig file to apply at the start (relative to the working directory).
+    pub serve_config: Option<PathBuf>,
 }
 
 impl Scenario {
-    /// Read a YAML scenario file (fields left out keep their defaults).
+    /// Read a YAML scenario file (fields left out keep their defaults). Its
+    /// relative paths are made relative to the working directory.
     pub fn from_file(path: &Path) -> Result<Scenario> {
         let text = std::fs::read_to_string(path).map_err(|source| SimError::ReadScenario {
             path: path.to_owned(),
             source,
         })?;
-        Scenario::from_yaml(&text).map_err(|e| SimError::ParseScenario {
+        let mut s = Scenario::from_yaml(&text).map_err(|e| SimError::ParseScenario {
             path: path.to_owned(),
             why: e.to_string(),
-        })
+        })?;
+        let dir = path.parent().unwrap_or(Path::new(""));
+        s.rebase(dir);
+        Ok(s)
+    }
+
+    /// Make the scenario's relative paths relative to `dir` instead.
+    pub fn rebase(&mut self, dir: &Path) {
+        if let Some(p) = &mut self.serve_config
+            && p.is_relative()
+        {
+            *p = dir.join(&*p);
+        }
+        for f in &mut self.faults {
+            *f = faults::rebase(f, dir);
+        }
     }
 
     /// Parse a YAML scenario.
@@ -419,6 +450,9 @@ impl Scenario {
         if let Some(v) = o.rate {
             self.traffic.rate = v;
         }
+        if let Some(v) = &o.serve_config {
+            self.serve_config = Some(v.clone());
+        }
         self.validate()
     }
 
@@ -448,8 +482,11 @@ impl Scenario {
                 g.name
             ));
         }
-        if w.apps == 0 || w.deployments == 0 || w.replicas == 0 || w.batch == 0 {
-            return bad("apps, deployments, replicas and batch must each be at least 1".into());
+        if w.deployments == 0 || w.replicas == 0 || w.batch == 0 {
+            return bad("deployments, replicas and batch must each be at least 1".into());
+        }
+        if w.apps == 0 && self.serve_config.is_none() {
+            return bad("apps must be at least 1 (or 0 with a serve_config)".into());
         }
         if w.broken_apps > w.apps {
             return bad(format!(
@@ -546,7 +583,34 @@ mod tests {
         assert_eq!(example.events().unwrap().len(), 18);
         let e = Scenario::from_yaml("workload: { apps: 0 }").unwrap_err();
         assert!(e.to_string().contains("at least 1"), "{e}");
+        let only =
+            Scenario::from_yaml("workload: { apps: 0, broken_apps: 0 }\nserve_config: c.yaml")
+                .unwrap();
+        assert_eq!(only.serve_config, Some(PathBuf::from("c.yaml")));
         let e = Scenario::from_yaml("workload: { appz: 3 }").unwrap_err();
         assert!(e.to_string().contains("appz"), "{e}");
+    }
+
+    #[test]
+    fn a_scenario_files_paths_are_relative_to_it() {
+        let path =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/serve_config_scenario.yaml");
+        let s = Scenario::from_file(&path).unwrap();
+        let dir = path.parent().unwrap();
+        assert_eq!(s.serve_config, Some(dir.join("serve_config.yaml")));
+        let config_events: Vec<String> = s
+            .events()
+            .unwrap()
+            .into_iter()
+            .filter_map(|e| match e.kind {
+                faults::EventKind::Config(p) => Some(p.display().to_string()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            config_events,
+            ["serve_config_next.yaml", "serve_config.yaml"]
+                .map(|f| dir.join(f).display().to_string())
+        );
     }
 }

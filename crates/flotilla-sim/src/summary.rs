@@ -40,6 +40,13 @@ pub struct ScenarioEcho {
     pub duration_s: f64,
     /// The event schedule.
     pub events: Vec<String>,
+    /// The ServeConfig applied at the start, if any.
+    pub serve_config: Option<String>,
+    /// Applications it declares.
+    pub declared_apps: usize,
+    /// Of those, the ones that must end DEPLOY_FAILED (their build fails or
+    /// their code is broken).
+    pub declared_failing: usize,
 }
 
 /// Virtual-time convergence figures.
@@ -103,6 +110,8 @@ pub struct Replicas {
     pub constructor_failures: u64,
     /// Health checks that failed (flapping).
     pub health_check_failures: u64,
+    /// User configs taken in place (`reconfigure` calls).
+    pub reconfigures: u64,
     /// Cluster reservations: placements, refusals, releases, losses.
     pub cluster: ClusterCounters,
     /// Replicas serving at the end.
@@ -237,6 +246,13 @@ impl fmt::Display for Summary {
             s.traffic_rate,
             s.duration_s
         )?;
+        if let Some(path) = &s.serve_config {
+            writeln!(
+                f,
+                "  serve config {path}: {} applications, {} of them must end DEPLOY_FAILED",
+                s.declared_apps, s.declared_failing
+            )?;
+        }
         writeln!(f)?;
         let statuses: Vec<String> = self
             .applications
@@ -285,13 +301,14 @@ impl fmt::Display for Summary {
         let p = &self.replicas;
         writeln!(
             f,
-            "replicas          started {}, stopped {}, running at end {}; constructor calls {} ({} failed), health checks failed {}",
+            "replicas          started {}, stopped {}, running at end {}; constructor calls {} ({} failed), health checks failed {}, reconfigured {}",
             p.started,
             p.stopped,
             p.running_at_end,
             p.constructor_calls,
             p.constructor_failures,
-            p.health_check_failures
+            p.health_check_failures,
+            p.reconfigures
         )?;
         let k = &p.cluster;
         writeln!(

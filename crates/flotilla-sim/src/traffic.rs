@@ -19,9 +19,10 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use crate::{
+    names::AppNames,
     rng::{self, Rng},
     scenario::TrafficSpec,
-    workload::{Work, app_name},
+    workload::Work,
 };
 
 /// Why requests to some applications may fail for a while.
@@ -234,12 +235,12 @@ impl Handles {
         self.lock().serve.clone()
     }
 
-    fn handle(&self, app: u32) -> Option<DeploymentHandle> {
+    fn handle(&self, app: u32, names: &AppNames) -> Option<DeploymentHandle> {
         let mut c = self.lock();
         if let Some(h) = c.handles.get(&app) {
             return Some(h.clone());
         }
-        let h = c.serve.as_ref()?.app_handle(&app_name(app)).ok()?;
+        let h = c.serve.as_ref()?.app_handle(&names.name(app)).ok()?;
         c.handles.insert(app, h.clone());
         Some(h)
     }
@@ -294,6 +295,8 @@ pub struct TrafficCtx {
     pub ready: Ready,
     /// Fault windows.
     pub windows: Windows,
+    /// Application names by index.
+    pub names: Arc<AppNames>,
 }
 
 impl TrafficCtx {
@@ -365,7 +368,7 @@ async fn request(ctx: Arc<TrafficCtx>, app: u32, ms: u64) {
             ctx.stats.bucket_retried.fetch_add(1, Ordering::Relaxed);
             tokio::time::sleep(ctx.spec.retry_backoff).await;
         }
-        let Some(h) = ctx.handles.handle(app) else {
+        let Some(h) = ctx.handles.handle(app, &ctx.names) else {
             last = "unavailable".into();
             continue;
         };
@@ -404,7 +407,7 @@ async fn request(ctx: Arc<TrafficCtx>, app: u32, ms: u64) {
         if !matches!(cause, Some(c) if c.excuses()) && d.examples.len() < 5 {
             d.examples.push(format!(
                 "{} issued at {issued:.1}s, failed at {done:.1}s: {last}",
-                app_name(app)
+                ctx.names.name(app)
             ));
         }
     }

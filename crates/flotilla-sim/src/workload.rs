@@ -6,6 +6,12 @@
 //! Its shared [`World`] holds the switches the event schedule flips and the
 //! counters the summary reports (Flotilla's metrics do not count constructor
 //! calls or replicas started, so the code counts itself).
+//!
+//! The same code runs under two import paths: [`WORKER`] for the imperative
+//! workload (its init args name its application's index) and
+//! [`DECLARED_WORKER`] for applications built from a ServeConfig (their builder
+//! is not told the application's name, so the replica finds its index by name
+//! in the world's [`AppNames`]).
 
 use std::{
     collections::{BTreeSet, HashMap},
@@ -17,15 +23,19 @@ use std::{
 };
 
 use flotilla::{
-    ApplicationSpec, Deployment, DeploymentHandle, DeploymentSpec, InitContext, Registry,
+    ApplicationSpec, Args, Deployment, DeploymentHandle, DeploymentSpec, InitContext, Registry,
     Resources, UserError,
 };
 use serde::{Deserialize, Serialize};
 
-use crate::{Result, SimError, rng, scenario::WorkloadSpec};
+use crate::{Result, SimError, names::AppNames, rng, scenario::WorkloadSpec};
 
-/// The import path of [`Worker`].
+/// The import path of [`Worker`] in the imperative workload ([`WorkerArgs`]).
 pub const WORKER: &str = "sim::Worker";
+
+/// The import path of [`Worker`] in applications built from a ServeConfig
+/// ([`DeclaredWorkerArgs`]).
+pub const DECLARED_WORKER: &str = "sim::DeclaredWorker";
 
 /// The name of application `idx`.
 pub fn app_name(idx: u32) -> String {
@@ -57,6 +67,29 @@ pub struct WorkerArgs {
     pub broken: bool,
 }
 
+/// A [`Worker`]'s init args in an application built from a ServeConfig (part of
+/// its code version). Its application is the one it is deployed in.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeclaredWorkerArgs {
+    /// Deployment index within the application.
+    pub deployment: u32,
+    /// Deployments in the chain.
+    pub chain: u32,
+    /// Code tag: changing it is a code change (replicas roll).
+    pub tag: String,
+    /// Broken code: the constructor always fails.
+    pub broken: bool,
+}
+
+/// Who a replica is: its application's index and its place in the chain.
+#[derive(Debug, Clone, Copy)]
+struct Identity {
+    app: u32,
+    deployment: u32,
+    chain: u32,
+    broken: bool,
+}
+
 /// A request: run for `ms` milliseconds (split over the chain).
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]
 pub struct Work {
@@ -80,6 +113,8 @@ pub struct WorldCounters {
     pub health_failures: u64,
     /// Requests handled by a replica (every hop of a chain counts).
     pub handled: u64,
+    /// User configs taken in place (`reconfigure` calls).
+    pub reconfigures: u64,
 }
 
 /// What the simulated code shares with the simulation: switches and counters.
@@ -101,6 +136,8 @@ pub struct World {
     health_checks: AtomicU64,
     health_failures: AtomicU64,
     handled: AtomicU64,
+    reconfigures: AtomicU64,
+    names: Arc<AppNames>,
 }
 
 impl World {
@@ -123,7 +160,14 @@ impl World {
             health_checks: AtomicU64::new(0),
             health_failures: AtomicU64::new(0),
             handled: AtomicU64::new(0),
+            reconfigures: AtomicU64::new(0),
+            names: Arc::new(AppNames::new()),
         }
+    }
+
+    /// The application names and their indexes.
+    pub fn names(&self) -> &Arc<AppNames> {
+        &self.names
     }
 
     /// Set the chance that a constructor call fails.
@@ -180,6 +224,7 @@ impl World {
             health_checks: self.health_checks.load(Ordering::Relaxed),
             health_failures: self.health_failures.load(Ordering::Relaxed),
             handled: self.handled.load(Ordering::Relaxed),
+            reconfigures: self.reconfigures.load(Ordering::Relaxed),
         }
     }
 }
@@ -223,6 +268,11 @@ impl Deployment for Worker {
         Ok(work.ms)
     }
 
+    async fn reconfigure(&self, _user_config: Args) -> Result<(), UserError> {
+        self.world.reconfigures.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
     async fn check_health(&self) -> Result<(), UserError> {
         let w = &self.world;
         w.health_checks.fetch_add(1, Ordering::Relaxed);
@@ -247,17 +297,48 @@ impl Deployment for Worker {
     }
 }
 
+/// Start a replica of the imperative workload.
 async fn construct(ctx: InitContext, world: Arc<World>) -> Result<Worker, UserError> {
     let args: WorkerArgs = ctx.args()?;
+    let id = Identity {
+        app: args.app,
+        deployment: args.deployment,
+        chain: args.chain,
+        broken: args.broken,
+    };
+    start(ctx, world, id).await
+}
+
+/// Start a replica of an application built from a ServeConfig.
+async fn construct_declared(ctx: InitContext, world: Arc<World>) -> Result<Worker, UserError> {
+    let args: DeclaredWorkerArgs = ctx.args()?;
+    let app = world.names.index(ctx.app.as_str()).ok_or_else(|| {
+        UserError::new(format!(
+            "application '{}' has no index in the simulation",
+            ctx.app
+        ))
+    })?;
+    let id = Identity {
+        app,
+        deployment: args.deployment,
+        chain: args.chain,
+        broken: args.broken,
+    };
+    start(ctx, world, id).await
+}
+
+/// The constructor proper: a seeded start latency, then a failure at the
+/// world's rate (always, for broken code), else a replica.
+async fn start(ctx: InitContext, world: Arc<World>, id: Identity) -> Result<Worker, UserError> {
     world.constructing.fetch_add(1, Ordering::Relaxed);
     let guard = Constructing(world.clone());
-    let ordinal = world.next_ordinal(args.app, args.deployment);
+    let ordinal = world.next_ordinal(id.app, id.deployment);
     let mut r = rng::Rng::keyed(
         world.seed,
         &[
             rng::label("constructor"),
-            u64::from(args.app),
-            u64::from(args.deployment),
+            u64::from(id.app),
+            u64::from(id.deployment),
             ordinal,
         ],
     );
@@ -266,37 +347,44 @@ async fn construct(ctx: InitContext, world: Arc<World>) -> Result<Worker, UserEr
     let fail = r.chance(world.failure_rate());
     drop(guard);
     world.constructor_calls.fetch_add(1, Ordering::Relaxed);
-    if args.broken || fail {
+    if id.broken || fail {
         world.constructor_failures.fetch_add(1, Ordering::Relaxed);
-        return Err(UserError::new(if args.broken {
+        return Err(UserError::new(if id.broken {
             "broken code: the model file this version loads does not exist"
         } else {
             "simulated constructor failure"
         }));
     }
-    let downstream = if args.deployment + 1 < args.chain {
-        Some(ctx.handle(&deployment_name(args.deployment + 1))?)
+    let downstream = if id.deployment + 1 < id.chain {
+        Some(ctx.handle(&deployment_name(id.deployment + 1))?)
     } else {
         None
     };
     world.started.fetch_add(1, Ordering::Relaxed);
     Ok(Worker {
         world,
-        app: args.app,
-        deployment: args.deployment,
+        app: id.app,
+        deployment: id.deployment,
         ordinal,
-        chain: args.chain,
+        chain: id.chain,
         checks: AtomicU32::new(0),
         downstream,
     })
 }
 
-/// A registry holding [`Worker`] bound to `world`.
+/// A registry holding [`Worker`] bound to `world`, under [`WORKER`] and
+/// [`DECLARED_WORKER`].
 pub fn registry(world: &Arc<World>) -> Result<Registry> {
     let w = world.clone();
+    let d = world.clone();
     Registry::new()
         .register(WORKER, move |ctx| construct(ctx, w.clone()))
-        .map_err(|e| SimError::Setup(format!("registering {WORKER}: {e}")))
+        .and_then(|r| {
+            r.register(DECLARED_WORKER, move |ctx| {
+                construct_declared(ctx, d.clone())
+            })
+        })
+        .map_err(|e| SimError::Setup(format!("registering the simulated code: {e}")))
 }
 
 /// What an application should be: its code tag, replica count, and whether its
@@ -317,9 +405,6 @@ pub fn app_spec(spec: &WorkloadSpec, idx: u32, target: &AppTarget) -> Result<App
     let name = app_name(idx);
     let chain = spec.deployments as u32;
     let mut b = ApplicationSpec::builder(name.clone()).route_prefix(format!("/{name}"));
-    let resources = Resources::none()
-        .with_cpus(spec.replica_cpus)
-        .with_memory(spec.replica_memory_mib.saturating_mul(1 << 20));
     for d in 0..chain {
         let args = WorkerArgs {
             app: idx,
@@ -328,22 +413,34 @@ pub fn app_spec(spec: &WorkloadSpec, idx: u32, target: &AppTarget) -> Result<App
             tag: target.tag.clone(),
             broken: target.broken,
         };
-        let resources = resources.clone();
-        let period = spec.health_check_period;
-        b = b.deployment(
-            DeploymentSpec::builder(deployment_name(d), WORKER)
-                .init_args(&args)
-                .replicas(target.replicas)
-                .with_config(move |c| {
-                    let timeout = c.health_check_timeout;
-                    c.with_resources(resources)
-                        .with_health_check(period, timeout)
-                }),
-        );
+        b = b.deployment(worker_deployment(spec, d, WORKER, &args, target.replicas));
     }
     b.ingress(deployment_name(0))
         .build()
         .map_err(|e| SimError::Setup(format!("building application {name}: {e}")))
+}
+
+/// Deployment `d` of a chain: `import_path` with `args`, `replicas` replicas,
+/// the workload's resources and health check period.
+pub fn worker_deployment(
+    spec: &WorkloadSpec,
+    d: u32,
+    import_path: &str,
+    args: &impl Serialize,
+    replicas: u32,
+) -> flotilla_core::DeploymentSpecBuilder {
+    let resources = Resources::none()
+        .with_cpus(spec.replica_cpus)
+        .with_memory(spec.replica_memory_mib.saturating_mul(1 << 20));
+    let period = spec.health_check_period;
+    DeploymentSpec::builder(deployment_name(d), import_path)
+        .init_args(args)
+        .replicas(replicas)
+        .with_config(move |c| {
+            let timeout = c.health_check_timeout;
+            c.with_resources(resources)
+                .with_health_check(period, timeout)
+        })
 }
 
 #[cfg(test)]

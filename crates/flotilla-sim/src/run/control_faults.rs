@@ -6,13 +6,10 @@ use flotilla::FaultPoint;
 
 use super::{
     events::{CONTROL_WINDOW, DATA_WINDOW},
+    model::Target,
     setup::Sim,
 };
-use crate::{
-    Result,
-    traffic::Cause,
-    workload::{app_name, deployment_name},
-};
+use crate::{Result, traffic::Cause, workload::deployment_name};
 
 impl Sim {
     /// Crash the Controller now (the Supervisor restarts it).
@@ -39,9 +36,10 @@ impl Sim {
         let present = self.shared.model().present(false);
         let serve = self.serve()?;
         let picked = self.pick(&present, n);
+        let names = self.shared.world.names().clone();
         let killed = picked
             .iter()
-            .filter(|i| serve.crash_application(&app_name(**i)))
+            .filter(|i| serve.crash_application(&names.name(**i)))
             .count();
         self.shared
             .windows()
@@ -52,13 +50,17 @@ impl Sim {
     /// Kill one DeploymentActor in each of `n` applications.
     pub(super) fn kill_deployments(&mut self, n: usize, now: f64) -> Result<String> {
         let present = self.shared.model().present(false);
-        let deps = self.sc().workload.deployments as u64;
         let serve = self.serve()?;
         let picked = self.pick(&present, n);
+        let names = self.shared.world.names().clone();
         let mut killed = 0;
         for i in picked {
-            let d = self.rng.below(deps) as u32;
-            if serve.crash_deployment(&app_name(i), &deployment_name(d)) {
+            let deps = self.deployments_of(i);
+            if deps.is_empty() {
+                continue;
+            }
+            let d = self.rng.below(deps.len() as u64) as usize;
+            if serve.crash_deployment(&names.name(i), &deps[d]) {
                 killed += 1;
             }
         }
@@ -67,6 +69,28 @@ impl Sim {
             .windows()
             .open(now, CONTROL_WINDOW, None, Cause::ControlPlane);
         Ok(format!("killed {killed} DeploymentActors"))
+    }
+
+    /// The names of application `idx`'s deployments, as its target says.
+    fn deployments_of(&self, idx: u32) -> Vec<String> {
+        let m = self.shared.model();
+        match m.target(idx) {
+            Some(Target::Imperative(_)) => (0..self.sc().workload.deployments as u32)
+                .map(deployment_name)
+                .collect(),
+            Some(Target::Declared(d)) => d
+                .runs
+                .as_ref()
+                .and_then(|r| r.built.as_ref().ok())
+                .map(|spec| {
+                    spec.deployments
+                        .iter()
+                        .map(|d| d.name.to_string())
+                        .collect()
+                })
+                .unwrap_or_default(),
+            None => Vec::new(),
+        }
     }
 
     /// Make the next checkpoint commit fail.

@@ -5,7 +5,7 @@
 use std::{collections::BTreeSet, time::Duration};
 
 use super::{driver::Action, events::DATA_WINDOW, setup::Sim};
-use crate::{Result, traffic::Cause, workload::app_index};
+use crate::{Result, traffic::Cause};
 
 impl Sim {
     /// Kill `n` replica actors, drawn from every replica group of the instance.
@@ -22,13 +22,14 @@ impl Sim {
             members.extend(cells.into_iter().map(|c| (g.clone(), c)));
         }
         let picked = self.rng.sample(members.len(), n);
+        let names = self.shared.world.names().clone();
         let mut apps = BTreeSet::new();
         for i in &picked {
             let (g, cell) = &members[*i];
             if let Some(idx) = g
                 .strip_prefix(&prefix)
                 .and_then(|r| r.split('/').next())
-                .and_then(app_index)
+                .and_then(|a| names.index(a))
             {
                 apps.insert(idx);
             }
@@ -50,10 +51,11 @@ impl Sim {
         let mut names = Vec::new();
         let mut apps = BTreeSet::new();
         let before = self.shared.cluster.counters().lost_with_nodes;
+        let app_names = self.shared.world.names().clone();
         for i in picked {
             let name = &live[i as usize];
             if let Some(hit) = self.shared.cluster.kill_node(name) {
-                apps.extend(hit.iter().filter_map(|a| app_index(a)));
+                apps.extend(hit.iter().filter_map(|a| app_names.index(a)));
                 names.push(name.clone());
             }
         }

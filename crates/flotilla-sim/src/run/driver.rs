@@ -3,12 +3,15 @@
 //! order while the traffic and the sampler run; then settling, the final
 //! checks and the summary.
 
-use std::{sync::atomic::Ordering, time::Duration};
+use std::{
+    sync::{Arc, atomic::Ordering},
+    time::Duration,
+};
 
 use tokio::time::Instant;
 
 use super::{Outcome, setup::Sim, timeline::sample_loop};
-use crate::{Result, faults::Event, traffic};
+use crate::{Result, faults::Event, serve_config::LoadedConfig, traffic};
 
 /// Quiet time after convergence before the invariants are judged: stopping
 /// replicas finish their graceful shutdown.
@@ -17,6 +20,8 @@ const QUIET: Duration = Duration::from_secs(60);
 /// An action of the driver's queue.
 #[derive(Debug, Clone)]
 pub(super) enum Action {
+    /// Apply the initial ServeConfig.
+    InitialConfig(Arc<LoadedConfig>),
     /// Deploy initial batch `k`.
     Batch(usize),
     /// A scheduled event.
@@ -52,6 +57,9 @@ impl Sim {
         self.shared.handles().set_serve(Some(serve));
         let sc = self.sc().clone();
         let w = &sc.workload;
+        if let Some(config) = self.configs.initial.clone() {
+            self.push(Duration::ZERO, Action::InitialConfig(config));
+        }
         let batches = w.apps.div_ceil(w.batch);
         for k in 0..batches {
             self.push(w.batch_every * k as u32, Action::Batch(k));
@@ -64,7 +72,7 @@ impl Sim {
         let traffic = tokio::spawn(traffic::generate(self.shared.traffic.clone(), end));
 
         while let Some((at, action)) = self.pop() {
-            if at > sc.duration && !matches!(action, Action::Batch(_)) {
+            if at > sc.duration && !matches!(action, Action::Batch(_) | Action::InitialConfig(_)) {
                 // Past the end: only undo what is still switched on.
                 match action {
                     Action::EndConstructorFailures | Action::EndFlap(_) => {}
@@ -95,6 +103,13 @@ impl Sim {
     /// Do one action of the queue.
     async fn act(&mut self, action: Action) -> Result<()> {
         match action {
+            Action::InitialConfig(config) => {
+                let now = self.shared.now();
+                self.shared
+                    .say(format!("applying {}", config.path.display()));
+                self.apply_config(&config, now).await?;
+                self.initial_done();
+            }
             Action::Batch(k) => self.deploy_batch(k).await?,
             Action::Event(e) => self.inject(e).await?,
             Action::EndConstructorFailures => {
@@ -114,13 +129,19 @@ impl Sim {
         self.shared
             .say(format!("batch {} of {}", k + 1, w.apps.div_ceil(w.batch)));
         self.deploy(&apps).await?;
-        if to == w.apps {
+        self.initial_done();
+        Ok(())
+    }
+
+    /// One initial operation is done; after the last, convergence is measured.
+    fn initial_done(&mut self) {
+        self.initial_pending = self.initial_pending.saturating_sub(1);
+        if self.initial_pending == 0 {
             self.shared.observed().initial_acked = true;
             if let Some(p) = &self.shared.progress {
                 p.set_message("waiting for every application");
             }
         }
-        Ok(())
     }
 
     /// After the run: let everything converge again.

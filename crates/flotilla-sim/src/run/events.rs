@@ -38,6 +38,10 @@ impl Sim {
             EventKind::Scale(n) => self.scale(n).await?,
             EventKind::Delete(n) => self.delete(n, now).await?,
             EventKind::Deploy(n) => self.deploy_new(n).await?,
+            EventKind::Config(path) => {
+                let config = self.configs.scheduled(&path)?;
+                self.apply_config(&config, now).await?
+            }
         };
         self.mark(&e, effect);
         Ok(())

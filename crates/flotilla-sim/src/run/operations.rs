@@ -7,11 +7,15 @@ use std::time::Duration;
 
 use flotilla::{ApplicationSpec, RunManyOptions, Serve, ServeError};
 
-use super::{events::DATA_WINDOW, model::Slot, setup::Sim};
+use super::{
+    events::DATA_WINDOW,
+    model::{Slot, Target},
+    setup::Sim,
+};
 use crate::{
     Result, SimError,
     traffic::Cause,
-    workload::{self, AppTarget, app_name},
+    workload::{self, AppTarget},
 };
 
 /// `run_many` returns once the targets are durable.
@@ -87,7 +91,7 @@ impl Sim {
         if attempts.is_some() {
             let mut m = self.shared.model();
             for (i, t) in apps {
-                m.set(*i, Slot::Present(t.clone()));
+                m.set(*i, Slot::Present(Target::Imperative(t.clone())));
             }
         }
         Ok(attempts)
@@ -115,19 +119,19 @@ impl Sim {
             .collect()
     }
 
-    /// Application `idx`'s acknowledged target, if it is present.
+    /// Application `idx`'s acknowledged target, if it is present and imperative.
     fn target(&self, idx: u32) -> Option<AppTarget> {
-        match self.shared.model().slot(idx) {
-            Slot::Present(t) => Some(t.clone()),
-            _ => None,
-        }
+        self.shared
+            .model()
+            .target(idx)
+            .and_then(|t| t.imperative().cloned())
     }
 
     /// Redeploy `n` healthy applications with new code (a rolling update).
     pub(super) async fn update(&mut self, n: usize) -> Result<String> {
         self.updates += 1;
         let tag = format!("v{}", self.updates + 1);
-        let present = self.shared.model().present(true);
+        let present = self.shared.model().present_imperative(true);
         let picked = self.pick(&present, n);
         let apps: Vec<(u32, AppTarget)> = picked
             .iter()
@@ -154,7 +158,7 @@ impl Sim {
     /// Change `n` healthy applications' replica counts (base <-> base + 1).
     pub(super) async fn scale(&mut self, n: usize) -> Result<String> {
         let base = self.sc().workload.replicas;
-        let present = self.shared.model().present(true);
+        let present = self.shared.model().present_imperative(true);
         let picked = self.pick(&present, n);
         let apps: Vec<(u32, AppTarget)> = picked
             .iter()
@@ -173,8 +177,9 @@ impl Sim {
         ))
     }
 
-    /// Delete `n` applications (`now`: virtual seconds, for the fault window
-    /// that excuses their failed requests).
+    /// Delete `n` applications, imperative or declared (a delete takes a
+    /// declared application out of its config's hands) (`now`: virtual seconds,
+    /// for the fault window that excuses their failed requests).
     pub(super) async fn delete(&mut self, n: usize, now: f64) -> Result<String> {
         let present = self.shared.model().present(false);
         let picked = self.pick(&present, n);
@@ -193,7 +198,10 @@ impl Sim {
             Some(picked.iter().copied().collect()),
             Cause::Deleted,
         );
-        let names: Vec<String> = picked.iter().map(|i| app_name(*i)).collect();
+        let names: Vec<String> = picked
+            .iter()
+            .map(|i| self.shared.world.names().name(*i))
+            .collect();
         let attempts = self
             .until_acked("deleting applications", |serve| {
                 let names = names.clone();

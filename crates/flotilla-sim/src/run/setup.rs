@@ -24,6 +24,7 @@ use crate::{
     cluster::SimCluster,
     rng::{self, Rng},
     scenario::Scenario,
+    serve_config::{Configs, register_builders},
     summary::{Operations, Restarts},
     traffic::{Handles, Ready, TrafficCtx, TrafficStats, Windows},
     workload::{self, World},
@@ -45,12 +46,18 @@ pub(super) struct Sim {
     pub(super) restarts: Restarts,
     pub(super) base_failure_rate: f64,
     pub(super) heartbeat: Arc<Heartbeat>,
+    /// The ServeConfigs of the run, loaded before it started.
+    pub(super) configs: Configs,
+    /// Initial operations (batches, the initial config) not yet done.
+    pub(super) initial_pending: usize,
 }
 
 impl Sim {
-    /// The world of `scenario`, its store at `store`, nothing started yet.
+    /// The world of `scenario` and its `configs`, its store at `store`, nothing
+    /// started yet.
     pub(super) fn new(
         scenario: Scenario,
+        configs: Configs,
         options: &RunOptions,
         store: PathBuf,
         heartbeat: Arc<Heartbeat>,
@@ -61,7 +68,7 @@ impl Sim {
             scenario.cluster.strategy,
             scenario.seed,
         ));
-        let registry = workload::registry(&world)?;
+        let registry = register_builders(workload::registry(&world)?, &scenario.workload)?;
         let start = Instant::now();
         let traffic = Arc::new(TrafficCtx {
             spec: scenario.traffic.clone(),
@@ -71,12 +78,18 @@ impl Sim {
             handles: Handles::default(),
             ready: Ready::default(),
             windows: Windows::default(),
+            names: world.names().clone(),
         });
         let progress = options
             .progress
             .then(|| progress_bar(scenario.workload.apps as u64));
         let base_failure_rate = scenario.workload.constructor_failure_rate;
         let rng = Rng::keyed(scenario.seed, &[rng::label("driver")]);
+        // Workload applications take indexes from 0; later ones (declared, or
+        // deployed by events) follow them.
+        let next_app = scenario.workload.apps as u32;
+        let initial_pending = scenario.workload.apps.div_ceil(scenario.workload.batch)
+            + usize::from(configs.initial.is_some());
         Ok(Sim {
             shared: Arc::new(Shared {
                 scenario,
@@ -95,13 +108,15 @@ impl Sim {
             rng,
             queue: Vec::new(),
             seq: 0,
-            next_app: 0,
+            next_app,
             updates: 0,
             dead: Vec::new(),
             ops: Operations::default(),
             restarts: Restarts::default(),
             base_failure_rate,
             heartbeat,
+            configs,
+            initial_pending,
         })
     }
 

@@ -6,6 +6,8 @@ use std::collections::BTreeMap;
 use super::{Outcome, round3, setup::Sim, shared::record_metrics, timeline::Timeline};
 use crate::{
     Result,
+    scenario::Scenario,
+    serve_config::LoadedConfig,
     summary::{Checkpoint, Convergence, Invariant, Replicas, ScenarioEcho, Summary, WallClock},
 };
 
@@ -68,26 +70,7 @@ impl Sim {
             checkpoint.bytes_written += p.bytes;
         }
         let summary = Summary {
-            scenario: ScenarioEcho {
-                seed: sc.seed,
-                nodes: sc.cluster.nodes(),
-                node_groups: sc
-                    .cluster
-                    .groups
-                    .iter()
-                    .map(|g| format!("{} x{} ({} cpus)", g.name, g.count, g.cpus))
-                    .collect(),
-                strategy: sc.cluster.strategy.to_string(),
-                apps: sc.workload.apps,
-                deployments: sc.workload.deployments,
-                replicas: sc.workload.replicas,
-                batch: sc.workload.batch,
-                broken_apps: sc.workload.broken_apps,
-                constructor_failure_rate: sc.workload.constructor_failure_rate,
-                traffic_rate: sc.traffic.rate,
-                duration_s: sc.duration.as_secs_f64(),
-                events: sc.faults.clone(),
-            },
+            scenario: echo(&sc, self.configs.initial.as_deref()),
             applications,
             expected,
             convergence: Convergence {
@@ -105,6 +88,7 @@ impl Sim {
                 constructor_calls: world.constructor_calls,
                 constructor_failures: world.constructor_failures,
                 health_check_failures: world.health_failures,
+                reconfigures: world.reconfigures,
                 cluster,
                 running_at_end,
             },
@@ -133,5 +117,32 @@ impl Sim {
                 run_end,
             },
         })
+    }
+}
+
+/// The scenario as the summary echoes it, with its initial config.
+fn echo(sc: &Scenario, config: Option<&LoadedConfig>) -> ScenarioEcho {
+    ScenarioEcho {
+        seed: sc.seed,
+        nodes: sc.cluster.nodes(),
+        node_groups: sc
+            .cluster
+            .groups
+            .iter()
+            .map(|g| format!("{} x{} ({} cpus)", g.name, g.count, g.cpus))
+            .collect(),
+        strategy: sc.cluster.strategy.to_string(),
+        apps: sc.workload.apps,
+        deployments: sc.workload.deployments,
+        replicas: sc.workload.replicas,
+        batch: sc.workload.batch,
+        broken_apps: sc.workload.broken_apps,
+        constructor_failure_rate: sc.workload.constructor_failure_rate,
+        traffic_rate: sc.traffic.rate,
+        duration_s: sc.duration.as_secs_f64(),
+        events: sc.faults.clone(),
+        serve_config: config.map(|c| c.path.display().to_string()),
+        declared_apps: config.map_or(0, |c| c.apps.len()),
+        declared_failing: config.map_or(0, LoadedConfig::failing),
     }
 }

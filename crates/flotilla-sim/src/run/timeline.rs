@@ -17,7 +17,7 @@ use super::{
     shared::{Shared, record_metrics},
     watchdog::Heartbeat,
 };
-use crate::{faults::Level, workload::app_index};
+use crate::faults::Level;
 
 /// One timeline sample.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -95,11 +95,12 @@ async fn sample(shared: &Shared, interval: f64) {
     let mut apps: BTreeMap<String, usize> = BTreeMap::new();
     let (as_expected, known, not_as_expected) = {
         let m = shared.model();
+        let names = shared.world.names();
         let mut absent_listed = 0usize;
         let mut matched = 0usize;
         for (name, info) in &statuses {
             *apps.entry(info.status.to_string()).or_insert(0) += 1;
-            let Some(idx) = app_index(name.as_str()) else {
+            let Some(idx) = names.index(name.as_str()) else {
                 continue;
             };
             let expect = m.expect(idx);

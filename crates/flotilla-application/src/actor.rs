@@ -68,7 +68,9 @@ struct Child {
 /// The ApplicationActor's state.
 pub struct AppState {
     args: AppArgs,
-    children: BTreeMap<DeploymentName, Child>,
+    /// Boxed: a B-tree node holds eleven values, so inline children would cost an
+    /// application of one deployment eleven children's worth of memory.
+    children: BTreeMap<DeploymentName, Box<Child>>,
     by_actor: HashMap<ActorId, DeploymentName>,
     derived: ApplicationStatusInfo,
     shutting_down: bool,
@@ -178,13 +180,13 @@ impl ApplicationActor {
             state.by_actor.insert(cell.get_id(), name.clone());
             state.children.insert(
                 name,
-                Child {
+                Box::new(Child {
                     actor: Some(r),
                     spec: snap.target.spec,
                     status: Some((snap.target.generation, snap.status)),
                     restarts: RestartLog::default(),
                     restart_pending: false,
-                },
+                }),
             );
         }
     }
@@ -213,12 +215,14 @@ impl ApplicationActor {
             let Some(target) = state.target_of(&name) else {
                 continue;
             };
-            let child = state.children.entry(name.clone()).or_insert_with(|| Child {
-                actor: None,
-                spec: target.spec.clone(),
-                status: None,
-                restarts: RestartLog::default(),
-                restart_pending: false,
+            let child = state.children.entry(name.clone()).or_insert_with(|| {
+                Box::new(Child {
+                    actor: None,
+                    spec: target.spec.clone(),
+                    status: None,
+                    restarts: RestartLog::default(),
+                    restart_pending: false,
+                })
             });
             child.spec = target.spec.clone();
             if let Some(a) = &child.actor {
@@ -257,7 +261,9 @@ impl ApplicationActor {
         let actor_name = naming::deployment(&state.args.ns, &state.args.record.spec.name, &name);
         let deleting = target.deleting;
         let args = state.deployment_args(target.clone());
-        let actor = match Actor::spawn(Some(actor_name.clone()), DeploymentActor, args).await {
+        // Boxed: inline, the child's start-up future would enlarge this actor's task.
+        let spawn = Box::pin(Actor::spawn(Some(actor_name.clone()), DeploymentActor, args));
+        let actor = match spawn.await {
             Ok((actor, _)) => actor,
             // The name is held by a living actor we do not watch: adopt it.
             Err(e) => match ActorRef::<DeploymentMsg>::where_is(actor_name) {

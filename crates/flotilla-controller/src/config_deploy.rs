@@ -180,7 +180,7 @@ impl Controller {
                 return Ok(());
             }
         };
-        if let Err(e) = commit(state, &batch)? {
+        if let Err(e) = commit(state, batch).await? {
             let _ = reply.send(Err(e.into()));
             return Ok(());
         }
@@ -367,7 +367,7 @@ impl Controller {
             .is_some_and(|e| e.record.generation == record.generation);
         let mut batch = Batch::new();
         let dropped = state.stage_targets(std::slice::from_ref(&record), &mut batch)?;
-        if let Err(e) = commit(state, &batch)? {
+        if let Err(e) = commit(state, batch).await? {
             state.publish(
                 &app,
                 ApplicationStatus::DeployFailed,

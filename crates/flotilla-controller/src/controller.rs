@@ -120,16 +120,30 @@ impl std::ops::Deref for ControllerState {
 
 /// Commit `batch` with the fault points around it. `Err` is an injected crash;
 /// `Ok(Err)` is the store's refusal, for the caller to report (nothing changed).
-pub(crate) fn commit(
+pub(crate) async fn commit(
     state: &ControllerState,
-    batch: &Batch,
+    batch: Batch,
 ) -> Result<Result<(), flotilla_store::StoreError>, ActorProcessingErr> {
     fault(&state.faults, FaultPoint::ControllerBeforeCommit)?;
-    let result = state.store.commit(batch);
+    let result = store_commit(&state.store, batch).await?;
     if result.is_ok() {
         fault(&state.faults, FaultPoint::ControllerAfterCommit)?;
     }
     Ok(result)
+}
+
+/// Commit `batch` on a blocking thread and wait for it: the Controller handles
+/// nothing else meanwhile (the protocol's order holds), but the fsync no longer
+/// holds a runtime worker that its children's actors could use. A panic inside
+/// the store crashes the Controller (`Err`), whose successor recovers.
+pub(crate) async fn store_commit(
+    store: &Arc<Store>,
+    batch: Batch,
+) -> Result<Result<(), flotilla_store::StoreError>, ActorProcessingErr> {
+    let store = store.clone();
+    tokio::task::spawn_blocking(move || store.commit(&batch))
+        .await
+        .map_err(|e| format!("checkpoint commit did not finish: {e}").into())
 }
 
 /// After `Shutdown`, mutating calls are refused and internal messages dropped, so
@@ -189,7 +203,10 @@ impl Controller {
         let record = entry.record.clone();
         let args = state.app_args(&record);
         let actor_name = naming::application(&state.ns, name);
-        let actor = match Actor::spawn(Some(actor_name.clone()), ApplicationActor, args).await {
+        // Boxed: inline, the child's start-up future would sit in every message's
+        // future of this actor (and its task's allocation) for its whole life.
+        let spawn = Box::pin(Actor::spawn(Some(actor_name.clone()), ApplicationActor, args));
+        let actor = match spawn.await {
             Ok((actor, _)) => actor,
             // The name is held by a living actor we do not watch (an adoption that
             // timed out, or a predecessor still stopping): adopt it if it lives.
@@ -261,7 +278,7 @@ impl Controller {
                 return Ok(());
             }
         };
-        if let Err(e) = commit(state, &batch)? {
+        if let Err(e) = commit(state, batch).await? {
             let _ = reply.send(Err(e.into()));
             return Ok(());
         }
@@ -306,7 +323,7 @@ impl Controller {
                 return Ok(());
             }
         };
-        if let Err(e) = commit(state, &batch)? {
+        if let Err(e) = commit(state, batch).await? {
             let _ = reply.send(Err(e.into()));
             return Ok(());
         }
@@ -325,7 +342,7 @@ impl Controller {
     /// Make an autoscaling decision durable (one commit), then hand it to the
     /// application. Decisions for unknown, deleting or no longer autoscaled
     /// deployments are dropped.
-    fn autoscale(
+    async fn autoscale(
         state: &mut ControllerState,
         app: AppName,
         deployment: DeploymentName,
@@ -358,7 +375,7 @@ impl Controller {
                 autoscaled_replicas: Some(replicas),
             },
         )?;
-        if let Err(e) = state.store.commit(&batch) {
+        if let Err(e) = store_commit(&state.store, batch).await? {
             // Not durable, so not applied: the autoscaler decides again next tick.
             warn!(app = %app, deployment = %deployment, error = %e, "autoscaling decision not committed");
             return Ok(());
@@ -376,32 +393,33 @@ impl Controller {
     }
 
     /// The ApplicationActor finished deleting: remove the record (one commit).
-    fn deleted(
+    async fn deleted(
         myself: &ActorRef<ControllerMsg>,
         state: &mut ControllerState,
         name: AppName,
         generation: u64,
-    ) {
+    ) -> Result<(), ActorProcessingErr> {
         let Some(e) = state.apps.get(&name) else {
-            return;
+            return Ok(());
         };
         if !e.record.deleting || e.record.generation != generation {
-            return;
+            return Ok(());
         }
         let mut batch = Batch::new();
         batch.delete_app(&name);
-        if let Err(err) = state.store.commit(&batch) {
+        if let Err(err) = store_commit(&state.store, batch).await? {
             warn!(app = %name, error = %err, "could not remove deleted application; retrying");
             myself.send_after(RETRY, move || {
                 ControllerMsg::App(AppEvent::Deleted { name, generation })
             });
-            return;
+            return Ok(());
         }
         state.apps.remove(&name);
         state.autoscaled.remove(&name);
         state.logging.set_app(&name, None);
         state.board().remove(&name);
         info!(app = %name, "application removed");
+        Ok(())
     }
 }
 
@@ -510,13 +528,13 @@ impl Actor for Controller {
                 Self::delete(&myself, state, names, reply).await?
             }
             ControllerMsg::App(AppEvent::Deleted { name, generation }) => {
-                Self::deleted(&myself, state, name, generation)
+                Self::deleted(&myself, state, name, generation).await?
             }
             ControllerMsg::App(AppEvent::Autoscale {
                 app,
                 deployment,
                 replicas,
-            }) => Self::autoscale(state, app, deployment, replicas)?,
+            }) => Self::autoscale(state, app, deployment, replicas).await?,
             ControllerMsg::ApplyConfig { config, reply } => {
                 Self::apply_config(&myself, state, config, reply).await?
             }

@@ -86,7 +86,8 @@ pub(crate) async fn start_replica(
         faults: a.faults.clone(),
     };
     let name = naming::replica(&a.ns, &a.app, &a.target.spec.name, id.0);
-    match Actor::spawn(Some(name), ReplicaActor, args).await {
+    // Boxed: inline, the child's start-up future would enlarge this actor's task.
+    match Box::pin(Actor::spawn(Some(name), ReplicaActor, args)).await {
         Ok((actor, _)) => {
             myself.get_cell().monitor(actor.get_cell());
             let replica = Replica {

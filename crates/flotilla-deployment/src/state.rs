@@ -54,7 +54,9 @@ pub struct DeploymentState {
     pub(crate) args: DeploymentArgs,
     pub(crate) version: DeploymentVersion,
     pub(crate) route: Arc<DeploymentRoute>,
-    pub(crate) replicas: BTreeMap<ReplicaId, Replica>,
+    /// Boxed: a B-tree node holds eleven values, so inline replicas would cost a
+    /// deployment of one replica eleven replicas' worth of memory.
+    pub(crate) replicas: BTreeMap<ReplicaId, Box<Replica>>,
     pub(crate) by_actor: HashMap<ActorId, ReplicaId>,
     pub(crate) status: DeploymentStatusInfo,
     pub(crate) reported: Option<(u64, DeploymentStatusInfo)>,
@@ -154,7 +156,7 @@ impl DeploymentState {
         debug_assert!(allowed(None, Some(replica.state)));
         self.log_transition(id, None, Some(replica.state), why);
         self.by_actor.insert(replica.actor.get_id(), id);
-        self.replicas.insert(id, replica);
+        self.replicas.insert(id, Box::new(replica));
     }
 
     /// The one place a replica's state changes. Returns whether it changed; a

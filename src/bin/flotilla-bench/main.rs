@@ -29,6 +29,11 @@ mod workload;
 
 use clap::{Parser, Subcommand};
 
+/// The allocator a serving program would choose: glibc's per-thread arenas grow by
+/// `mprotect` in small steps, which dominated bulk-deploy's profile (BENCHMARKS.md).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Flotilla's benchmarks.
 #[derive(Debug, Parser)]
 #[command(

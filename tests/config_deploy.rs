@@ -128,6 +128,30 @@ async fn failing_panicking_and_slow_builds_are_deploy_failed_saying_why() {
     }
 }
 
+/// Found by the simulator: B runs, A's build fails (B's target keeps running,
+/// DEPLOY_FAILED is published), B again is what runs already, so nothing is
+/// built; the stale DEPLOY_FAILED must give way to what runs.
+#[tokio::test(start_paused = true)]
+async fn re_applying_what_runs_after_a_failed_build_ends_running() {
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Arc::new(Switches::default());
+    let serve = start(&dir, &sw).await;
+    let good = config("applications:\n  - {name: a, import_path: test::app, args: {tag: b}}\n");
+    let bad = config("applications:\n  - {name: a, import_path: test::app, args: {fail: true}}\n");
+    serve.apply_config(good.clone()).await.unwrap();
+    wait_status(&serve, "a", A::Running).await;
+    serve.apply_config(bad).await.unwrap();
+    let failed = wait_status(&serve, "a", A::DeployFailed).await;
+    assert!(
+        failed.message.contains("the builder refused"),
+        "{}",
+        failed.message
+    );
+    serve.apply_config(good).await.unwrap();
+    let s = wait_status(&serve, "a", A::Running).await;
+    assert_eq!(s.observed_generation, failed.observed_generation);
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_second_config_deletes_what_it_dropped_adds_what_it_names_and_leaves_imperative_apps() {
     let dir = tempfile::tempdir().unwrap();

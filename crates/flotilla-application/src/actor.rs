@@ -262,7 +262,11 @@ impl ApplicationActor {
         let deleting = target.deleting;
         let args = state.deployment_args(target.clone());
         // Boxed: inline, the child's start-up future would enlarge this actor's task.
-        let spawn = Box::pin(Actor::spawn(Some(actor_name.clone()), DeploymentActor, args));
+        let spawn = Box::pin(Actor::spawn(
+            Some(actor_name.clone()),
+            DeploymentActor,
+            args,
+        ));
         let actor = match spawn.await {
             Ok((actor, _)) => actor,
             // The name is held by a living actor we do not watch: adopt it.
@@ -381,6 +385,10 @@ impl Actor for ApplicationActor {
                     return Ok(());
                 }
                 state.args.autoscaled.insert(name, replicas);
+            }
+            AppMsg::Republish => {
+                state.derive_status();
+                return Ok(());
             }
             AppMsg::RestartDeployment(name) => {
                 if let Some(c) = state.children.get_mut(&name) {

@@ -52,6 +52,9 @@ pub enum AppMsg {
     Deployment(DeploymentEvent),
     /// A durable autoscaling decision for one deployment.
     SetReplicas(DeploymentName, u32),
+    /// Publish its own derived status again: what a failed config build published
+    /// over its running target no longer holds (the config runs what it runs).
+    Republish,
     /// Internal: a crashed deployment's backoff passed; start it again.
     RestartDeployment(DeploymentName),
     /// Reply with a snapshot.

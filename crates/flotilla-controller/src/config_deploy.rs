@@ -12,7 +12,7 @@ use std::{
     time::Duration,
 };
 
-use flotilla_application::publish_status;
+use flotilla_application::{AppMsg, publish_status};
 use flotilla_core::{
     ApiType, AppConfig, AppName, ApplicationSpec, ApplicationStatus, ApplicationStatusInfo, Args,
     FaultPoint, ServeConfig, apply_overrides, stable_hash,
@@ -264,6 +264,12 @@ impl Controller {
                 .and_then(|e| e.record.config_version);
             if running == Some(version) {
                 state.config.cancel(&app.name);
+                // A build of another entry may have failed since and published
+                // DEPLOY_FAILED over this target: the application says again
+                // what it really is.
+                if let Some(actor) = state.apps.get(&app.name).and_then(|e| e.actor.as_ref()) {
+                    let _ = actor.cast(AppMsg::Republish);
+                }
                 continue;
             }
             if state

@@ -229,11 +229,9 @@ fn the_same_seed_gives_the_same_summary_with_a_serve_config() {
 
 /// Applying A, B, A, B: `legacy-reports` builds under B, fails to build under A
 /// (keeping B's target), and under B again its config entry is what runs, so
-/// Flotilla skips the build, and the DEPLOY_FAILED of A's failed build stays
-/// while its deployments run healthy at B's target. Found by the simulator;
-/// the fix belongs in flotilla-controller's `resume_builds`.
+/// Flotilla skips the build; the DEPLOY_FAILED of A's failed build must not stay
+/// while its deployments run healthy at B's target. Found by the simulator.
 #[test]
-#[ignore = "a Flotilla bug: re-applying a config whose entry already runs leaves a stale DEPLOY_FAILED"]
 fn re_applying_what_runs_after_a_failed_build_ends_running() {
     let dir = scenarios();
     let (a, b) = (

@@ -9,8 +9,8 @@ use std::{
 };
 
 use flotilla_controller::{
-    ControllerArgs, ControllerMsg, ControllerSnapshot, LogSettings, ServeError, StatusBoard,
-    Supervisor, SupervisorArgs, SupervisorMsg,
+    ControllerArgs, ControllerMsg, ControllerSnapshot, LogSettings, Preloaded, ServeError,
+    StatusBoard, Supervisor, SupervisorArgs, SupervisorMsg,
 };
 use flotilla_core::{
     ApiType, AppName, ApplicationSpec, ApplicationStatus, ApplicationStatusInfo, Faults,
@@ -138,8 +138,9 @@ impl Serve {
     /// Open (or create) the store, recover what it holds, and start the actor tree.
     pub async fn start(options: ServeOptions) -> Result<Serve, ServeError> {
         let store = Arc::new(Store::open(&options.store_path)?);
-        // Fail before spawning anything if the checkpoint cannot be read.
-        store.load()?;
+        // Fail before spawning anything if the checkpoint cannot be read; the
+        // Controller starts from what was read here.
+        let preloaded = Preloaded::new(store.load()?);
         let ns = options
             .namespace
             .unwrap_or_else(|| format!("flotilla{}", INSTANCE.fetch_add(1, Ordering::Relaxed)));
@@ -157,6 +158,7 @@ impl Serve {
                 restart: options.restart,
                 faults: options.faults.clone(),
                 logging: options.logging.clone(),
+                preloaded,
             },
             fatal: fatal_tx,
         };

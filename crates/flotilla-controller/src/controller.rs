@@ -17,7 +17,7 @@ use flotilla_replica::{
     Directory, Registry,
     supervision::{RestartLog, RestartPolicy, child_exit, watch},
 };
-use flotilla_store::{Batch, Store};
+use flotilla_store::{Batch, Snapshot, Store};
 use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use tracing::{info, warn};
 
@@ -49,6 +49,26 @@ pub struct ControllerArgs {
     pub faults: Faults,
     /// Logging settings, kept current as targets and configs change.
     pub logging: crate::LogSettings,
+    /// The checkpoint as the caller already read it, for the first Controller.
+    pub preloaded: Preloaded,
+}
+
+/// A checkpoint already read (`Serve::start` reads it to fail before spawning
+/// anything): the first Controller takes it instead of reading the file again;
+/// every restart reads the file, the only truth after a crash.
+#[derive(Clone, Default)]
+pub struct Preloaded(Arc<std::sync::Mutex<Option<Snapshot>>>);
+
+impl Preloaded {
+    /// Hand `snapshot` to the first Controller.
+    pub fn new(snapshot: Snapshot) -> Self {
+        Preloaded(Arc::new(std::sync::Mutex::new(Some(snapshot))))
+    }
+
+    /// The snapshot, once; `None` afterwards (or if the lock was poisoned).
+    fn take(&self) -> Option<Snapshot> {
+        self.0.lock().ok().and_then(|mut s| s.take())
+    }
 }
 
 /// The controller actor.
@@ -205,7 +225,11 @@ impl Controller {
         let actor_name = naming::application(&state.ns, name);
         // Boxed: inline, the child's start-up future would sit in every message's
         // future of this actor (and its task's allocation) for its whole life.
-        let spawn = Box::pin(Actor::spawn(Some(actor_name.clone()), ApplicationActor, args));
+        let spawn = Box::pin(Actor::spawn(
+            Some(actor_name.clone()),
+            ApplicationActor,
+            args,
+        ));
         let actor = match spawn.await {
             Ok((actor, _)) => actor,
             // The name is held by a living actor we do not watch (an adoption that
@@ -433,7 +457,10 @@ impl Actor for Controller {
         _myself: ActorRef<ControllerMsg>,
         args: ControllerArgs,
     ) -> Result<ControllerState, ActorProcessingErr> {
-        let snapshot = args.store.load()?;
+        let snapshot = match args.preloaded.take() {
+            Some(snapshot) => snapshot,
+            None => args.store.load()?,
+        };
         let config = snapshot.config::<ServeConfig>()?;
         if let Some(global) = config.as_ref().and_then(|c| c.logging_config.clone()) {
             args.logging.set_global(global);

@@ -23,7 +23,7 @@ mod validate;
 
 pub use board::StatusBoard;
 pub use config_deploy::BUILD_TIMEOUT;
-pub use controller::{Controller, ControllerArgs};
+pub use controller::{Controller, ControllerArgs, Preloaded};
 pub use error::ServeError;
 pub use logging::LogSettings;
 pub use messages::{ControllerMsg, ControllerSnapshot};

@@ -210,6 +210,22 @@ impl ReplicaState {
         self.health_timer = Some(myself.send_interval(period, || ReplicaMsg::HealthTick));
     }
 
+    /// Count a health check's outcome: three failures in a row condemn it.
+    fn health_result(&mut self, result: Result<(), String>) {
+        match result {
+            Ok(()) => self.health_failures = 0,
+            Err(e) => {
+                self.health_failures += 1;
+                if self.health_failures >= UNHEALTHY_THRESHOLD {
+                    self.condemn(format!(
+                        "replica {} failed {} consecutive health checks: {e}",
+                        self.args.id, self.health_failures
+                    ));
+                }
+            }
+        }
+    }
+
     fn snapshot(&self) -> ReplicaSnapshot {
         ReplicaSnapshot {
             id: self.args.id,
@@ -246,6 +262,21 @@ async fn initialise(args: InitArgs) -> Result<Arc<dyn ErasedDeployment>, String>
         Ok(Ok(())) => Ok(user),
         Ok(Err(e)) => Err(format!("initial health check failed: {e}")),
         Err(_) => Err("initial health check timed out".to_owned()),
+    }
+}
+
+/// One health check of user code, bounded by `timeout`. User panics are caught
+/// inside `check_health` already; the outer catch keeps a result coming whatever
+/// happens, so a check can never stay outstanding forever.
+async fn health_check(
+    user: Arc<dyn ErasedDeployment>,
+    timeout: std::time::Duration,
+) -> Result<(), String> {
+    let check = tokio::time::timeout(timeout, user.check_health());
+    match AssertUnwindSafe(check).catch_unwind().await {
+        Ok(Ok(r)) => r.map_err(|e| e.to_string()),
+        Ok(Err(_)) => Err(format!("health check timed out after {timeout:?}")),
+        Err(_) => Err("health check panicked".to_owned()),
     }
 }
 
@@ -422,37 +453,25 @@ impl Actor for ReplicaActor {
                     return Ok(());
                 }
                 if let Some(user) = state.user.clone() {
-                    state.health_outstanding = true;
+                    // Most checks finish at once: run them inline, and spend a task
+                    // (and a timer) only on one that has to wait.
                     let timeout = state.args.spec.config.health_check_timeout;
-                    let me = myself.clone();
-                    tokio::spawn(async move {
-                        // User panics are caught inside `check_health` already; the
-                        // outer catch keeps the result coming whatever happens, so a
-                        // check can never stay outstanding forever.
-                        let check = tokio::time::timeout(timeout, user.check_health());
-                        let result = match AssertUnwindSafe(check).catch_unwind().await {
-                            Ok(Ok(r)) => r.map_err(|e| e.to_string()),
-                            Ok(Err(_)) => Err(format!("health check timed out after {timeout:?}")),
-                            Err(_) => Err("health check panicked".to_owned()),
-                        };
-                        let _ = me.cast(ReplicaMsg::HealthResult(result));
-                    });
+                    let mut check = Box::pin(health_check(user, timeout));
+                    match check.as_mut().now_or_never() {
+                        Some(result) => state.health_result(result),
+                        None => {
+                            state.health_outstanding = true;
+                            let me = myself.clone();
+                            tokio::spawn(async move {
+                                let _ = me.cast(ReplicaMsg::HealthResult(check.await));
+                            });
+                        }
+                    }
                 }
             }
             ReplicaMsg::HealthResult(result) => {
                 state.health_outstanding = false;
-                match result {
-                    Ok(()) => state.health_failures = 0,
-                    Err(e) => {
-                        state.health_failures += 1;
-                        if state.health_failures >= UNHEALTHY_THRESHOLD {
-                            state.condemn(format!(
-                                "replica {} failed {} consecutive health checks: {e}",
-                                state.args.id, state.health_failures
-                            ));
-                        }
-                    }
-                }
+                state.health_result(result);
             }
             ReplicaMsg::Panicked(m) => {
                 state.condemn(format!(

@@ -5,6 +5,7 @@ use std::time::Instant;
 use crate::{
     error::{BenchResult, Context},
     report::Figure,
+    sys,
     workload::{self, Shape, TempStore},
 };
 
@@ -32,11 +33,16 @@ pub async fn run(args: &Args) -> BenchResult<()> {
     let serve = store.start().await?;
     let (names, batches) = workload::batches("a", args.apps, args.batch, Shape::default())?;
 
+    let fresh = sys::fresh_memory_s_per_gib();
+    let rss0 = sys::rss_bytes()?;
+    let (user0, system0) = sys::cpu_split()?;
     let t0 = Instant::now();
     workload::submit(&serve, batches, args.progress).await?;
     let acked = t0.elapsed().as_secs_f64();
     workload::wait_running(&serve, &names, workload::secs(args.timeout_s)).await?;
     let wall = t0.elapsed().as_secs_f64();
+    let (user1, system1) = sys::cpu_split()?;
+    let rss1 = sys::rss_bytes()?;
 
     let m = serve
         .metrics()
@@ -51,6 +57,17 @@ pub async fn run(args: &Args) -> BenchResult<()> {
     fig("acked_s", acked, "s").emit()?;
     fig("wall_s", wall, "s").emit()?;
     fig("apps_per_sec", n / wall, "apps/s").emit()?;
+    fig("user_cpu_s", user1 - user0, "s").emit()?;
+    fig("system_cpu_s", system1 - system0, "s").emit()?;
+    fig(
+        "rss_bytes_per_app",
+        rss1.saturating_sub(rss0) as f64 / n.max(1.0),
+        "bytes",
+    )
+    .emit()?;
+    Figure::new(S, "fresh_memory_s_per_gib", fresh, "s")
+        .with("touched_mib", 256_u64)
+        .emit()?;
     Figure::new(S, "commits", m.store.commits, "commits")
         .with("apps", args.apps)
         .with("batch", args.batch)

@@ -5,10 +5,10 @@
 
 mod support;
 
-use std::{sync::Arc, time::Duration};
+use std::time::Duration;
 
-use flotilla::{AutoscalingConfig, DeploymentStatus, Serve, ServeOptions};
-use support::{ProbeArgs, Switches, app_of, no_wait, observe, probe, wait_snapshot};
+use flotilla::{AutoscalingConfig, DeploymentStatus, Serve};
+use support::{ProbeArgs, app_of, no_wait, observe, probe, wait_snapshot};
 use tokio::time::Instant;
 
 fn autoscaled(min: u32, initial: u32, max: u32) -> flotilla::ApplicationSpec {
@@ -43,9 +43,7 @@ fn load(serve: &Serve, n: usize) -> Vec<tokio::task::JoinHandle<()>> {
 
 #[tokio::test(start_paused = true)]
 async fn two_ongoing_per_replica_with_target_one_doubles_after_the_upscale_delay() {
-    let dir = tempfile::tempdir().unwrap();
-    let sw = Arc::new(Switches::default());
-    let serve = support::start(&dir, &sw).await;
+    let (_dir, _, serve) = support::start_fresh().await;
     serve.run(autoscaled(1, 2, 10)).await.unwrap();
     let commits = serve.metrics().await.unwrap().store.commits;
     let start = Instant::now();
@@ -79,9 +77,7 @@ async fn two_ongoing_per_replica_with_target_one_doubles_after_the_upscale_delay
 
 #[tokio::test(start_paused = true)]
 async fn bounds_hold_under_heavy_load() {
-    let dir = tempfile::tempdir().unwrap();
-    let sw = Arc::new(Switches::default());
-    let serve = support::start(&dir, &sw).await;
+    let (_dir, _, serve) = support::start_fresh().await;
     serve.run(autoscaled(3, 3, 3)).await.unwrap();
     let calls = load(&serve, 15);
     tokio::time::sleep(Duration::from_secs(300)).await;
@@ -94,9 +90,7 @@ async fn bounds_hold_under_heavy_load() {
 
 #[tokio::test(start_paused = true)]
 async fn idle_scales_down_after_the_delay_to_zero_and_back_when_requests_arrive() {
-    let dir = tempfile::tempdir().unwrap();
-    let sw = Arc::new(Switches::default());
-    let serve = support::start(&dir, &sw).await;
+    let (_dir, _, serve) = support::start_fresh().await;
     serve.run(autoscaled(0, 3, 5)).await.unwrap();
     let start = Instant::now();
     wait_snapshot(&serve, "auto", "probe", |s| s.target.replicas == 1).await;
@@ -124,9 +118,7 @@ async fn idle_scales_down_after_the_delay_to_zero_and_back_when_requests_arrive(
 
 #[tokio::test(start_paused = true)]
 async fn a_recovered_deployment_resumes_from_its_durable_target() {
-    let dir = tempfile::tempdir().unwrap();
-    let sw = Arc::new(Switches::default());
-    let serve = support::start(&dir, &sw).await;
+    let (dir, sw, serve) = support::start_fresh().await;
     serve.run(autoscaled(1, 2, 10)).await.unwrap();
     let calls = load(&serve, 4);
     wait_snapshot(&serve, "auto", "probe", |s| s.target.replicas == 4).await;
@@ -134,11 +126,7 @@ async fn a_recovered_deployment_resumes_from_its_durable_target() {
     for c in calls {
         c.abort();
     }
-    let serve = Serve::start(
-        ServeOptions::new(support::registry(&sw)).store_path(dir.path().join("f.redb")),
-    )
-    .await
-    .unwrap();
+    let serve = support::start(&dir, &sw).await;
     serve.run_many(vec![], no_wait()).await.unwrap();
     let s = wait_snapshot(&serve, "auto", "probe", |s| s.live() == 4).await;
     assert_eq!(

@@ -14,8 +14,8 @@ mod support;
 
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
-use flotilla::{ApplicationStatus, FaultPoint, RunManyOptions, Serve, ServeError, ServeOptions};
-use support::{ProbeArgs, Switches};
+use flotilla::{ApplicationStatus, FaultPoint, Serve, ServeError};
+use support::{Switches, no_wait, tag};
 
 const APPS: [&str; 5] = ["a", "b", "c", "d", "e"];
 const TAGS: [&str; 3] = ["x", "y", "z"];
@@ -51,13 +51,6 @@ enum Want {
 
 type Model = BTreeMap<&'static str, Vec<Want>>;
 
-fn no_wait() -> RunManyOptions {
-    RunManyOptions {
-        wait_for_ingress_deployment_creation: false,
-        wait_for_applications_running: false,
-    }
-}
-
 /// Record the outcome of a mutating call: applied, not applied, or unknown.
 fn settle(model: &mut Model, names: &[&'static str], new: &[Want], result: Result<(), ServeError>) {
     for (name, want) in names.iter().zip(new) {
@@ -77,15 +70,13 @@ fn settle(model: &mut Model, names: &[&'static str], new: &[Want], result: Resul
 }
 
 async fn start(dir: &tempfile::TempDir, sw: &Arc<Switches>) -> Serve {
-    let mut options =
-        ServeOptions::new(support::registry(sw)).store_path(dir.path().join("f.redb"));
     // Faults here come far faster than any real failure rate: do not escalate
     // (escalation has its own test in tests/recovery.rs).
-    options.restart = flotilla::RestartPolicy {
+    let restart = flotilla::RestartPolicy {
         max_restarts: 10_000,
         ..Default::default()
     };
-    Serve::start(options).await.unwrap()
+    support::start_restarting(dir, sw, restart).await
 }
 
 async fn schedule(seed: u64) {
@@ -118,14 +109,7 @@ async fn schedule(seed: u64) {
                     .iter()
                     .zip(&wants)
                     .map(|(name, w)| match w {
-                        Want::Present { replicas, tag } => support::app(
-                            name,
-                            *replicas,
-                            ProbeArgs {
-                                tag: tag.clone(),
-                                ..Default::default()
-                            },
-                        ),
+                        Want::Present { replicas, tag: t } => support::app(name, *replicas, tag(t)),
                         Want::Absent => unreachable!(),
                     })
                     .collect();

@@ -12,10 +12,10 @@ use std::{
 
 use flotilla::{
     ApplicationSpec, ApplicationStatus as A, DeploymentSpec, Registry, Serve, ServeConfig,
-    ServeError, ServeOptions, UserError,
+    ServeError, UserError,
 };
 use serde::{Deserialize, Serialize};
-use support::{ProbeArgs, Switches, wait_status};
+use support::{ProbeArgs, Switches, poll_secs, start_fresh_with, wait_status};
 
 /// What the test application builder does, from the config's `args`.
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -57,26 +57,26 @@ fn registry(sw: &Arc<Switches>) -> Registry {
 }
 
 async fn start(dir: &tempfile::TempDir, sw: &Arc<Switches>) -> Serve {
-    Serve::start(ServeOptions::new(registry(sw)).store_path(dir.path().join("f.redb")))
-        .await
-        .unwrap()
+    support::start_with(dir, registry(sw)).await
 }
 
 fn config(yaml: &str) -> ServeConfig {
     ServeConfig::from_yaml(yaml).unwrap()
 }
 
+/// Apply the config `yaml` to `serve`, which accepts it.
+async fn apply(serve: &Serve, yaml: &str) {
+    serve.apply_config(config(yaml)).await.unwrap();
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_successful_build_deploys_with_the_configs_route_prefix() {
-    let dir = tempfile::tempdir().unwrap();
-    let sw = Arc::new(Switches::default());
-    let serve = start(&dir, &sw).await;
-    serve
-        .apply_config(config(
-            "applications:\n  - name: app1\n    route_prefix: /cfg\n    import_path: test::app\n    args: {tag: one, sleep_s: 10}\n",
-        ))
-        .await
-        .unwrap();
+    let (_dir, _, serve) = start_fresh_with(registry).await;
+    apply(
+        &serve,
+        "applications:\n  - name: app1\n    route_prefix: /cfg\n    import_path: test::app\n    args: {tag: one, sleep_s: 10}\n",
+    )
+    .await;
     assert_eq!(serve.app_status("app1").status, A::Deploying);
     let s = wait_status(&serve, "app1", A::Running).await;
     assert_eq!(s.observed_generation, 1);
@@ -96,20 +96,17 @@ async fn a_successful_build_deploys_with_the_configs_route_prefix() {
 
 #[tokio::test(start_paused = true)]
 async fn failing_panicking_and_slow_builds_are_deploy_failed_saying_why() {
-    let dir = tempfile::tempdir().unwrap();
-    let sw = Arc::new(Switches::default());
-    let serve = start(&dir, &sw).await;
-    serve
-        .apply_config(config(
-            "applications:
+    let (_dir, _, serve) = start_fresh_with(registry).await;
+    apply(
+        &serve,
+        "applications:
   - {name: f, import_path: test::app, args: {fail: true}}
   - {name: p, import_path: test::app, args: {panic: true}}
   - {name: t, import_path: test::app, args: {sleep_s: 100000}}
   - {name: u, import_path: test::unknown}
 ",
-        ))
-        .await
-        .unwrap();
+    )
+    .await;
     for (app, why) in [
         ("f", "the builder refused"),
         ("p", "the builder panicked"),
@@ -133,9 +130,7 @@ async fn failing_panicking_and_slow_builds_are_deploy_failed_saying_why() {
 /// built; the stale DEPLOY_FAILED must give way to what runs.
 #[tokio::test(start_paused = true)]
 async fn re_applying_what_runs_after_a_failed_build_ends_running() {
-    let dir = tempfile::tempdir().unwrap();
-    let sw = Arc::new(Switches::default());
-    let serve = start(&dir, &sw).await;
+    let (_dir, _, serve) = start_fresh_with(registry).await;
     let good = config("applications:\n  - {name: a, import_path: test::app, args: {tag: b}}\n");
     let bad = config("applications:\n  - {name: a, import_path: test::app, args: {fail: true}}\n");
     serve.apply_config(good.clone()).await.unwrap();
@@ -154,35 +149,31 @@ async fn re_applying_what_runs_after_a_failed_build_ends_running() {
 
 #[tokio::test(start_paused = true)]
 async fn a_second_config_deletes_what_it_dropped_adds_what_it_names_and_leaves_imperative_apps() {
-    let dir = tempfile::tempdir().unwrap();
-    let sw = Arc::new(Switches::default());
-    let serve = start(&dir, &sw).await;
+    let (_dir, _, serve) = start_fresh_with(registry).await;
     serve
         .run(support::app("imp", 1, ProbeArgs::default()))
         .await
         .unwrap();
-    serve
-        .apply_config(config(
-            "applications:
+    apply(
+        &serve,
+        "applications:
   - {name: app1, route_prefix: /a1, import_path: test::app, args: {tag: one}}
   - {name: app2, route_prefix: /a2, import_path: test::app, args: {tag: two}}
 ",
-        ))
-        .await
-        .unwrap();
+    )
+    .await;
     wait_status(&serve, "app1", A::Running).await;
     wait_status(&serve, "app2", A::Running).await;
     let app2_replica = serve.app_handle("app2").unwrap().replicas()[0].id();
     let commits = serve.metrics().await.unwrap().store.commits;
-    serve
-        .apply_config(config(
-            "applications:
+    apply(
+        &serve,
+        "applications:
   - {name: app2, route_prefix: /a2, import_path: test::app, args: {tag: two}}
   - {name: app3, route_prefix: /a1, import_path: test::app, args: {tag: three, sleep_s: 5}}
 ",
-        ))
-        .await
-        .unwrap();
+    )
+    .await;
     // One commit for the config and the deletion of app1 (app3 is still building).
     assert_eq!(serve.metrics().await.unwrap().store.commits, commits + 1);
     assert_eq!(serve.app_status("app1").status, A::Deleting);
@@ -205,38 +196,32 @@ async fn a_second_config_deletes_what_it_dropped_adds_what_it_names_and_leaves_i
         .unwrap_err();
     assert!(matches!(err, ServeError::ImperativeApp { .. }), "{err}");
     assert_eq!(serve.app_status("app3").status, A::Running);
-    serve
-        .apply_config(config(
-            "applications:\n  - {name: imp, import_path: test::app, take_over: true, args: {tag: cfg}}\n",
-        ))
-        .await
-        .unwrap();
+    apply(
+        &serve,
+        "applications:\n  - {name: imp, import_path: test::app, take_over: true, args: {tag: cfg}}\n",
+    )
+    .await;
     wait_until_tag(&serve, "imp", "cfg").await;
     wait_status(&serve, "app3", A::NotStarted).await;
 }
 
 async fn wait_until_tag(serve: &Serve, app: &str, tag: &str) {
-    for _ in 0..600 {
-        if let Ok(h) = serve.app_handle(app)
-            && let Ok(out) = h
-                .clone()
-                .with_timeout(Duration::from_secs(1))
-                .call::<_, String>("x")
-                .await
-            && out.starts_with(tag)
-        {
-            return;
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
-    panic!("{app} never answered with tag {tag}");
+    let answered = poll_secs(600, async || {
+        let Ok(h) = serve.app_handle(app) else {
+            return false;
+        };
+        h.with_timeout(Duration::from_secs(1))
+            .call::<_, String>("x")
+            .await
+            .is_ok_and(|out| out.starts_with(tag))
+    })
+    .await;
+    assert!(answered, "{app} never answered with tag {tag}");
 }
 
 #[tokio::test(start_paused = true)]
 async fn config_only_changes_reconfigure_in_place_and_code_changes_roll() {
-    let dir = tempfile::tempdir().unwrap();
-    let sw = Arc::new(Switches::default());
-    let serve = start(&dir, &sw).await;
+    let (_dir, sw, serve) = start_fresh_with(registry).await;
     let with = |tag: &str, extra: &str| {
         config(&format!(
             "applications:
@@ -260,12 +245,7 @@ async fn config_only_changes_reconfigure_in_place_and_code_changes_roll() {
         .await
         .unwrap();
     wait_status(&serve, "a", A::Running).await;
-    for _ in 0..100 {
-        if sw.reconfigured.load(Ordering::SeqCst) >= 2 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
+    poll_secs(100, async || sw.reconfigured.load(Ordering::SeqCst) >= 2).await;
     assert_eq!(
         sw.reconfigured.load(Ordering::SeqCst),
         2,
@@ -289,35 +269,28 @@ async fn config_only_changes_reconfigure_in_place_and_code_changes_roll() {
 }
 
 async fn wait_until_replicas(serve: &Serve, app: &str, n: usize) {
-    for _ in 0..600 {
-        if serve.app_handle(app).is_ok_and(|h| h.replicas().len() == n)
+    let reached = poll_secs(600, async || {
+        serve.app_handle(app).is_ok_and(|h| h.replicas().len() == n)
             && serve.app_status(app).status == A::Running
-        {
-            return;
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
-    panic!("{app} never had {n} replicas");
+    })
+    .await;
+    assert!(reached, "{app} never had {n} replicas");
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_newer_config_cancels_a_running_build() {
-    let dir = tempfile::tempdir().unwrap();
-    let sw = Arc::new(Switches::default());
-    let serve = start(&dir, &sw).await;
-    serve
-        .apply_config(config(
-            "applications:\n  - {name: a, import_path: test::app, args: {tag: slow, sleep_s: 60}}\n",
-        ))
-        .await
-        .unwrap();
+    let (_dir, _, serve) = start_fresh_with(registry).await;
+    apply(
+        &serve,
+        "applications:\n  - {name: a, import_path: test::app, args: {tag: slow, sleep_s: 60}}\n",
+    )
+    .await;
     tokio::time::sleep(Duration::from_secs(1)).await;
-    serve
-        .apply_config(config(
-            "applications:\n  - {name: a, import_path: test::app, args: {tag: fast}}\n",
-        ))
-        .await
-        .unwrap();
+    apply(
+        &serve,
+        "applications:\n  - {name: a, import_path: test::app, args: {tag: fast}}\n",
+    )
+    .await;
     wait_status(&serve, "a", A::Running).await;
     tokio::time::sleep(Duration::from_secs(120)).await;
     let h = serve.app_handle("a").unwrap();
@@ -333,17 +306,15 @@ async fn a_newer_config_cancels_a_running_build() {
 async fn the_applied_config_survives_a_restart_and_a_crash_during_a_build_rebuilds() {
     let dir = tempfile::tempdir().unwrap();
     let sw = Arc::new(Switches::default());
-    {
-        let serve = start(&dir, &sw).await;
-        serve
-            .apply_config(config(
-                "applications:
+    let applied = config(
+        "applications:
   - {name: done, route_prefix: /done, import_path: test::app, args: {tag: d}}
   - {name: building, route_prefix: /b, import_path: test::app, args: {tag: b, sleep_s: 30}}
 ",
-            ))
-            .await
-            .unwrap();
+    );
+    {
+        let serve = start(&dir, &sw).await;
+        serve.apply_config(applied.clone()).await.unwrap();
         wait_status(&serve, "done", A::Running).await;
         // "building" is still in its builder: stop everything now.
         assert_eq!(serve.app_status("building").status, A::Deploying);
@@ -356,15 +327,7 @@ async fn the_applied_config_survives_a_restart_and_a_crash_during_a_build_rebuil
     assert_eq!(h.call::<_, String>("x").await.unwrap(), "b:x");
     // Same config again after recovery: nothing to rebuild, nothing changes.
     let commits = serve.metrics().await.unwrap().store.commits;
-    serve
-        .apply_config(config(
-            "applications:
-  - {name: done, route_prefix: /done, import_path: test::app, args: {tag: d}}
-  - {name: building, route_prefix: /b, import_path: test::app, args: {tag: b, sleep_s: 30}}
-",
-        ))
-        .await
-        .unwrap();
+    serve.apply_config(applied).await.unwrap();
     tokio::time::sleep(Duration::from_secs(60)).await;
     assert_eq!(serve.metrics().await.unwrap().store.commits, commits + 1);
     assert_eq!(serve.app_status("building").observed_generation, 1);
@@ -372,9 +335,7 @@ async fn the_applied_config_survives_a_restart_and_a_crash_during_a_build_rebuil
 
 #[tokio::test(start_paused = true)]
 async fn apply_config_file_reports_parse_errors_with_line_and_column() {
-    let dir = tempfile::tempdir().unwrap();
-    let sw = Arc::new(Switches::default());
-    let serve = start(&dir, &sw).await;
+    let (dir, _, serve) = start_fresh_with(registry).await;
     let path = dir.path().join("bad.yaml");
     std::fs::write(
         &path,
@@ -396,32 +357,23 @@ async fn apply_config_file_reports_parse_errors_with_line_and_column() {
 
 #[tokio::test(start_paused = true)]
 async fn delete_and_run_take_an_application_out_of_the_configs_hands() {
-    let dir = tempfile::tempdir().unwrap();
-    let sw = Arc::new(Switches::default());
-    let serve = start(&dir, &sw).await;
-    serve
-        .apply_config(config(
-            "applications:
+    let (_dir, _, serve) = start_fresh_with(registry).await;
+    apply(
+        &serve,
+        "applications:
   - {name: gone, route_prefix: /gone, import_path: test::app, args: {tag: g}}
   - {name: mine, route_prefix: /mine, import_path: test::app, args: {tag: slow, sleep_s: 30}}
 ",
-        ))
-        .await
-        .unwrap();
+    )
+    .await;
     wait_status(&serve, "gone", A::Running).await;
     // An acknowledged delete is not undone by the config after a Controller crash.
     serve.delete_apps(&["gone"], true).await.unwrap();
     // An imperative run while the config's build is in flight wins over the build.
-    let imperative = ApplicationSpec::builder("mine")
-        .route_prefix("/mine")
-        .deployment(
-            DeploymentSpec::builder("probe", "test::Probe").init_args(&ProbeArgs {
-                tag: "run".into(),
-                ..Default::default()
-            }),
-        )
-        .build()
-        .unwrap();
+    let imperative = support::app_of(
+        "mine",
+        DeploymentSpec::builder("probe", "test::Probe").init_args(&support::tag("run")),
+    );
     serve.run(imperative).await.unwrap();
     serve.crash_controller();
     tokio::time::sleep(Duration::from_secs(120)).await;

@@ -14,8 +14,8 @@ use std::{
 };
 
 use flotilla::{
-    ApplicationSpec, CallError, Deployment, DeploymentHandle, DeploymentSpec, Registry,
-    RunManyOptions, Serve, ServeOptions, UserError,
+    ApplicationSpec, CallError, Deployment, DeploymentHandle, DeploymentSpec, Registry, Serve,
+    UserError,
 };
 
 /// Sleeps the requested milliseconds, then answers with its replica id; tracks
@@ -38,7 +38,10 @@ impl Deployment for Sleeper {
     }
 }
 
-async fn serve_with(peak: &Arc<AtomicU32>, dir: &tempfile::TempDir) -> Serve {
+/// A Serve of sleepers on a store in a new directory, and the peak they share.
+async fn start_sleepers() -> (tempfile::TempDir, Arc<AtomicU32>, Serve) {
+    let dir = tempfile::tempdir().unwrap();
+    let peak = Arc::new(AtomicU32::new(0));
     let p = peak.clone();
     let registry = Registry::new()
         .register("dp::Sleeper", move |ctx| {
@@ -54,9 +57,8 @@ async fn serve_with(peak: &Arc<AtomicU32>, dir: &tempfile::TempDir) -> Serve {
             }
         })
         .unwrap();
-    Serve::start(ServeOptions::new(registry).store_path(dir.path().join("f.redb")))
-        .await
-        .unwrap()
+    let serve = support::start_with(&dir, registry).await;
+    (dir, peak, serve)
 }
 
 fn sleeper(
@@ -86,9 +88,7 @@ fn spawn_call(h: &DeploymentHandle, ms: u64) -> tokio::task::JoinHandle<Result<u
 
 #[tokio::test(start_paused = true)]
 async fn back_pressure_rejects_at_once_beyond_max_queued_naming_the_deployment() {
-    let dir = tempfile::tempdir().unwrap();
-    let peak = Arc::new(AtomicU32::new(0));
-    let serve = serve_with(&peak, &dir).await;
+    let (_dir, peak, serve) = start_sleepers().await;
     let h = serve.run(sleeper("bp", 1, 1, Some(1))).await.unwrap();
     let running = spawn_call(&h, 1_000);
     tokio::time::sleep(Duration::from_millis(1)).await;
@@ -116,9 +116,7 @@ async fn back_pressure_rejects_at_once_beyond_max_queued_naming_the_deployment()
 
 #[tokio::test(start_paused = true)]
 async fn a_replica_never_runs_more_than_max_ongoing_requests() {
-    let dir = tempfile::tempdir().unwrap();
-    let peak = Arc::new(AtomicU32::new(0));
-    let serve = serve_with(&peak, &dir).await;
+    let (_dir, peak, serve) = start_sleepers().await;
     let h = serve.run(sleeper("lim", 2, 2, None)).await.unwrap();
     let calls: Vec<_> = (0..20).map(|_| spawn_call(&h, 100)).collect();
     for c in calls {
@@ -130,9 +128,7 @@ async fn a_replica_never_runs_more_than_max_ongoing_requests() {
 
 #[tokio::test(start_paused = true)]
 async fn power_of_two_choices_spreads_load_over_every_replica() {
-    let dir = tempfile::tempdir().unwrap();
-    let peak = Arc::new(AtomicU32::new(0));
-    let serve = serve_with(&peak, &dir).await;
+    let (_dir, _, serve) = start_sleepers().await;
     let h = serve.run(sleeper("p2c", 4, 100, None)).await.unwrap();
     let calls: Vec<_> = (0..40).map(|_| spawn_call(&h, 1_000)).collect();
     tokio::time::sleep(Duration::from_millis(10)).await;
@@ -147,9 +143,7 @@ async fn power_of_two_choices_spreads_load_over_every_replica() {
 
 #[tokio::test(start_paused = true)]
 async fn a_dropped_caller_releases_its_slot_and_a_timeout_fails_cleanly() {
-    let dir = tempfile::tempdir().unwrap();
-    let peak = Arc::new(AtomicU32::new(0));
-    let serve = serve_with(&peak, &dir).await;
+    let (_dir, _, serve) = start_sleepers().await;
     let h = serve.run(sleeper("drop", 1, 1, None)).await.unwrap();
     let abandoned = spawn_call(&h, 60_000);
     tokio::time::sleep(Duration::from_millis(5)).await;
@@ -167,16 +161,14 @@ async fn a_dropped_caller_releases_its_slot_and_a_timeout_fails_cleanly() {
 
 #[tokio::test(start_paused = true)]
 async fn requests_wait_in_the_queue_for_the_first_replica() {
-    let dir = tempfile::tempdir().unwrap();
-    let peak = Arc::new(AtomicU32::new(0));
-    let serve = serve_with(&peak, &dir).await;
+    let (_dir, _, serve) = start_sleepers().await;
     let mut slow = sleeper("q", 1, 5, None);
     slow.deployments[0].init_args = flotilla::Args::encode(&5_000u64).unwrap();
-    let no_wait = RunManyOptions {
-        wait_for_ingress_deployment_creation: false,
-        wait_for_applications_running: false,
-    };
-    let h = serve.run_many(vec![slow], no_wait).await.unwrap().remove(0);
+    let h = serve
+        .run_many(vec![slow], support::no_wait())
+        .await
+        .unwrap()
+        .remove(0);
     assert!(h.replicas().is_empty());
     let started = tokio::time::Instant::now();
     h.call::<_, u64>(&1u64).await.unwrap();
@@ -185,9 +177,7 @@ async fn requests_wait_in_the_queue_for_the_first_replica() {
 
 #[tokio::test(start_paused = true)]
 async fn user_errors_return_once_and_composition_calls_through_handles() {
-    let dir = tempfile::tempdir().unwrap();
-    let sw = Arc::new(support::Switches::default());
-    let serve = support::start(&dir, &sw).await;
+    let (_dir, sw, serve) = support::start_fresh().await;
     let composed = ApplicationSpec::builder("c")
         .deployment(DeploymentSpec::builder("front", "test::Probe").init_args(
             &support::ProbeArgs {
@@ -196,12 +186,7 @@ async fn user_errors_return_once_and_composition_calls_through_handles() {
                 ..Default::default()
             },
         ))
-        .deployment(
-            DeploymentSpec::builder("back", "test::Probe").init_args(&support::ProbeArgs {
-                tag: "back".into(),
-                ..Default::default()
-            }),
-        )
+        .deployment(DeploymentSpec::builder("back", "test::Probe").init_args(&support::tag("back")))
         .ingress("front")
         .build()
         .unwrap();
@@ -238,13 +223,9 @@ async fn a_handle_prefers_replicas_on_its_own_node_while_they_have_room() {
         .unwrap();
     let node = |n: &str| flotilla::NodeSpec::new(n, flotilla::Resources::default().with_cpus(8.0));
     let cluster = Arc::new(flotilla::StaticCluster::new([node("n1"), node("n2")]));
-    let serve = Serve::start(
-        ServeOptions::new(registry)
-            .store_path(dir.path().join("f.redb"))
-            .cluster(cluster),
-    )
-    .await
-    .unwrap();
+    let serve = Serve::start(support::options(&dir, registry).cluster(cluster))
+        .await
+        .unwrap();
     let h = serve.run(sleeper("local", 2, 1, None)).await.unwrap();
     let replicas = h.replicas();
     let nodes: Vec<&str> = replicas.iter().map(|r| r.node()).collect();
@@ -269,9 +250,7 @@ async fn a_handle_prefers_replicas_on_its_own_node_while_they_have_room() {
 
 #[tokio::test(start_paused = true)]
 async fn a_queued_request_never_lands_on_a_replica_that_began_stopping() {
-    let dir = tempfile::tempdir().unwrap();
-    let peak = Arc::new(AtomicU32::new(0));
-    let serve = serve_with(&peak, &dir).await;
+    let (_dir, _, serve) = start_sleepers().await;
     let h = serve.run(sleeper("stop", 2, 1, None)).await.unwrap();
     let ids: Vec<u64> = h.replicas().iter().map(|r| r.id().0).collect();
     let long: Vec<_> = (0..2).map(|_| spawn_call(&h, 3_000)).collect();

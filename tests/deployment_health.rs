@@ -5,25 +5,15 @@
 
 mod support;
 
-use std::{
-    sync::{Arc, atomic::Ordering},
-    time::Duration,
-};
+use std::{sync::atomic::Ordering, time::Duration};
 
 use flotilla::{ApplicationStatus as A, CallError, DeploymentStatus, ReplicaState as R};
 use flotilla_core::DeploymentSpecBuilder;
 use support::{
-    ProbeArgs, Switches, app_of, deployment_actor, no_wait, observe, probe, start, wait_snapshot,
+    ProbeArgs, app_of, deployment_actor, no_wait, observe, probe, start_fresh, tag, wait_snapshot,
     wait_status,
 };
 use tokio::time::Instant;
-
-fn tag(t: &str) -> ProbeArgs {
-    ProbeArgs {
-        tag: t.into(),
-        ..Default::default()
-    }
-}
 
 /// One probe replica with health checks every `period_s`, cut at `timeout_s`.
 fn health(period_s: u64, timeout_s: u64) -> DeploymentSpecBuilder {
@@ -46,9 +36,7 @@ fn first_id(s: &flotilla_deployment::DeploymentSnapshot) -> u64 {
 
 #[tokio::test(start_paused = true)]
 async fn health_checks_run_every_period_and_one_failure_is_not_enough() {
-    let dir = tempfile::tempdir().unwrap();
-    let sw = Arc::new(Switches::default());
-    let serve = start(&dir, &sw).await;
+    let (_dir, sw, serve) = start_fresh().await;
     serve.run(app_of("a", health(2, 1))).await.unwrap();
     let id = first_id(&observe(&serve, "a", "probe").await);
     let before = sw.health_checks.load(Ordering::SeqCst);
@@ -67,9 +55,7 @@ async fn health_checks_run_every_period_and_one_failure_is_not_enough() {
 
 #[tokio::test(start_paused = true)]
 async fn a_health_check_that_hangs_past_its_timeout_fails_and_three_replace_the_replica() {
-    let dir = tempfile::tempdir().unwrap();
-    let sw = Arc::new(Switches::default());
-    let serve = start(&dir, &sw).await;
+    let (_dir, sw, serve) = start_fresh().await;
     serve.run(app_of("a", health(1, 2))).await.unwrap();
     let id = first_id(&observe(&serve, "a", "probe").await);
     let built = sw.constructed.load(Ordering::SeqCst);
@@ -102,9 +88,7 @@ async fn a_health_check_that_hangs_past_its_timeout_fails_and_three_replace_the_
 
 #[tokio::test(start_paused = true)]
 async fn constructor_failures_back_off_then_deploy_failed_retries_slowly_and_recovers() {
-    let dir = tempfile::tempdir().unwrap();
-    let sw = Arc::new(Switches::default());
-    let serve = start(&dir, &sw).await;
+    let (_dir, sw, serve) = start_fresh().await;
     // One replica: retry limit min(20, 3 x 1) = 3. Five failures, then success.
     let flaky = ProbeArgs {
         fail_constructor: 5,
@@ -156,9 +140,7 @@ async fn constructor_failures_back_off_then_deploy_failed_retries_slowly_and_rec
 
 #[tokio::test(start_paused = true)]
 async fn a_request_panic_replaces_the_replica_and_never_the_deployment_actor() {
-    let dir = tempfile::tempdir().unwrap();
-    let sw = Arc::new(Switches::default());
-    let serve = start(&dir, &sw).await;
+    let (_dir, _, serve) = start_fresh().await;
     let h = serve.run(app_of("a", probe(1, &tag("p")))).await.unwrap();
     let actor = deployment_actor(&serve, "a", "probe").unwrap().get_id();
     let id = first_id(&observe(&serve, "a", "probe").await);
@@ -178,9 +160,7 @@ async fn a_request_panic_replaces_the_replica_and_never_the_deployment_actor() {
 
 #[tokio::test(start_paused = true)]
 async fn a_panicking_health_check_is_caught_counts_as_failures_and_replaces_the_replica() {
-    let dir = tempfile::tempdir().unwrap();
-    let sw = Arc::new(Switches::default());
-    let serve = start(&dir, &sw).await;
+    let (_dir, sw, serve) = start_fresh().await;
     serve.run(app_of("a", health(1, 5))).await.unwrap();
     let actor = deployment_actor(&serve, "a", "probe").unwrap().get_id();
     let id = first_id(&observe(&serve, "a", "probe").await);
@@ -214,9 +194,7 @@ fn graceful(wait_loop_s: u64, timeout_s: u64) -> DeploymentSpecBuilder {
 
 #[tokio::test(start_paused = true)]
 async fn in_flight_requests_finish_during_a_delete_after_leaving_the_route() {
-    let dir = tempfile::tempdir().unwrap();
-    let sw = Arc::new(Switches::default());
-    let serve = start(&dir, &sw).await;
+    let (_dir, _, serve) = start_fresh().await;
     let h = serve.run(app_of("a", graceful(1, 20))).await.unwrap();
     let calls: Vec<_> = (0..3)
         .map(|_| {
@@ -247,9 +225,7 @@ async fn in_flight_requests_finish_during_a_delete_after_leaving_the_route() {
 
 #[tokio::test(start_paused = true)]
 async fn a_stuck_request_is_cut_at_the_graceful_timeout() {
-    let dir = tempfile::tempdir().unwrap();
-    let sw = Arc::new(Switches::default());
-    let serve = start(&dir, &sw).await;
+    let (_dir, _, serve) = start_fresh().await;
     let h = serve.run(app_of("a", graceful(1, 5))).await.unwrap();
     let call = {
         let h = h.clone();

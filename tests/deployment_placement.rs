@@ -13,17 +13,10 @@ use std::{
 use flotilla::{ApplicationStatus as A, DeploymentStatus, ReplicaState as R, Resources};
 use flotilla_deployment::{DeploymentSnapshot, NodeSpec, StaticCluster};
 use support::{
-    ProbeArgs, Switches, app_of, no_wait, observe, probe, start, start_on, wait_snapshot,
-    wait_status,
+    ProbeArgs, Switches, app_of, no_wait, observe, probe, start_fresh, start_on, tag,
+    wait_snapshot, wait_status,
 };
 use tokio::time::Instant;
-
-fn tag(t: &str) -> ProbeArgs {
-    ProbeArgs {
-        tag: t.into(),
-        ..Default::default()
-    }
-}
 
 fn cpus(name: &str, n: f64) -> NodeSpec {
     NodeSpec::new(name, Resources::default().with_cpus(n))
@@ -42,9 +35,7 @@ fn nodes(s: &DeploymentSnapshot) -> Vec<String> {
 
 #[tokio::test(start_paused = true)]
 async fn a_constructor_slower_than_30s_is_reported_on_the_status_by_a_timer() {
-    let dir = tempfile::tempdir().unwrap();
-    let sw = Arc::new(Switches::default());
-    let serve = start(&dir, &sw).await;
+    let (_dir, _, serve) = start_fresh().await;
     let slow = ProbeArgs {
         start_delay_ms: 45_000,
         ..tag("s")

@@ -6,27 +6,16 @@
 
 mod support;
 
-use std::{
-    collections::BTreeSet,
-    sync::{Arc, atomic::Ordering},
-    time::Duration,
-};
+use std::{collections::BTreeSet, sync::atomic::Ordering, time::Duration};
 
 use flotilla::{
     ApplicationStatus as A, Args, DeploymentSpec, DeploymentStatus, ReplicaState as R, Resources,
 };
 use flotilla_deployment::{DeploymentMsg, DeploymentSnapshot};
 use support::{
-    ProbeArgs, Switches, app_of, deployment_actor, no_wait, observe, probe, start, wait_snapshot,
+    ProbeArgs, app_of, deployment_actor, no_wait, observe, probe, start_fresh, tag, wait_snapshot,
     wait_status,
 };
-
-fn tag(t: &str) -> ProbeArgs {
-    ProbeArgs {
-        tag: t.into(),
-        ..Default::default()
-    }
-}
 
 fn ids(s: &DeploymentSnapshot) -> BTreeSet<u64> {
     s.replicas.iter().map(|r| r.id.0).collect()
@@ -38,9 +27,7 @@ fn user_config(v: &str) -> Args {
 
 #[tokio::test(start_paused = true)]
 async fn replica_states_and_counts_by_state_and_version_are_observable() {
-    let dir = tempfile::tempdir().unwrap();
-    let sw = Arc::new(Switches::default());
-    let serve = start(&dir, &sw).await;
+    let (_dir, sw, serve) = start_fresh().await;
     let slow = ProbeArgs {
         start_delay_ms: 1_000,
         ..tag("v1")
@@ -92,9 +79,7 @@ async fn replica_states_and_counts_by_state_and_version_are_observable() {
 
 #[tokio::test(start_paused = true)]
 async fn scaling_reaches_the_target_and_stops_not_running_then_newest_first() {
-    let dir = tempfile::tempdir().unwrap();
-    let sw = Arc::new(Switches::default());
-    let serve = start(&dir, &sw).await;
+    let (_dir, sw, serve) = start_fresh().await;
     let args = tag("s");
     serve.run(app_of("a", probe(2, &args))).await.unwrap();
     let first = ids(&observe(&serve, "a", "probe").await);
@@ -129,9 +114,7 @@ async fn scaling_reaches_the_target_and_stops_not_running_then_newest_first() {
 
 #[tokio::test(start_paused = true)]
 async fn a_code_change_rolls_a_fifth_at_a_time_without_dropping_capacity() {
-    let dir = tempfile::tempdir().unwrap();
-    let sw = Arc::new(Switches::default());
-    let serve = start(&dir, &sw).await;
+    let (_dir, sw, serve) = start_fresh().await;
     let h = serve.run(app_of("a", probe(5, &tag("v1")))).await.unwrap();
     let old = ids(&observe(&serve, "a", "probe").await);
     let slow_v2 = ProbeArgs {
@@ -168,9 +151,7 @@ async fn a_code_change_rolls_a_fifth_at_a_time_without_dropping_capacity() {
 
 #[tokio::test(start_paused = true)]
 async fn every_kind_of_code_change_replaces_the_replicas() {
-    let dir = tempfile::tempdir().unwrap();
-    let sw = Arc::new(Switches::default());
-    let serve = start(&dir, &sw).await;
+    let (_dir, sw, serve) = start_fresh().await;
     let base = || probe(2, &tag("a"));
     let changes = [
         (
@@ -204,9 +185,7 @@ async fn every_kind_of_code_change_replaces_the_replicas() {
 
 #[tokio::test(start_paused = true)]
 async fn a_scale_down_finishes_before_the_roll_starts() {
-    let dir = tempfile::tempdir().unwrap();
-    let sw = Arc::new(Switches::default());
-    let serve = start(&dir, &sw).await;
+    let (_dir, _, serve) = start_fresh().await;
     serve.run(app_of("a", probe(4, &tag("v1")))).await.unwrap();
     let v1 = observe(&serve, "a", "probe").await.version;
     serve
@@ -232,9 +211,7 @@ async fn a_scale_down_finishes_before_the_roll_starts() {
 
 #[tokio::test(start_paused = true)]
 async fn a_config_only_change_is_applied_in_place_without_restarts() {
-    let dir = tempfile::tempdir().unwrap();
-    let sw = Arc::new(Switches::default());
-    let serve = start(&dir, &sw).await;
+    let (_dir, sw, serve) = start_fresh().await;
     let args = tag("c");
     let with = |n: u32, uc: &str, limits: bool| {
         probe(n, &args).with_config(|c| {
@@ -282,9 +259,7 @@ async fn a_config_only_change_is_applied_in_place_without_restarts() {
 
 #[tokio::test(start_paused = true)]
 async fn a_replica_whose_reconfigure_fails_is_replaced() {
-    let dir = tempfile::tempdir().unwrap();
-    let sw = Arc::new(Switches::default());
-    let serve = start(&dir, &sw).await;
+    let (_dir, sw, serve) = start_fresh().await;
     let spec = |uc: &str| probe(2, &tag("r")).with_config(|c| c.with_user_config(user_config(uc)));
     serve.run(app_of("a", spec("one"))).await.unwrap();
     let before = ids(&observe(&serve, "a", "probe").await);
@@ -303,9 +278,7 @@ async fn a_replica_whose_reconfigure_fails_is_replaced() {
 
 #[tokio::test(start_paused = true)]
 async fn redeploying_an_unchanged_spec_or_the_same_target_changes_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let sw = Arc::new(Switches::default());
-    let serve = start(&dir, &sw).await;
+    let (_dir, sw, serve) = start_fresh().await;
     let spec = || probe(2, &tag("u")).with_config(|c| c.with_user_config(user_config("x")));
     serve.run(app_of("a", spec())).await.unwrap();
     let before = observe(&serve, "a", "probe").await;

@@ -5,26 +5,17 @@
 
 mod support;
 
-use std::{sync::Arc, sync::atomic::Ordering, time::Duration};
+use std::{sync::atomic::Ordering, time::Duration};
 
 use flotilla::{
     ApplicationSpec, ApplicationStatus as A, DeploymentSpec, DeploymentStatus, RunManyOptions,
     ServeError,
 };
-use support::{ProbeArgs, Switches, app, start, wait_status};
-
-fn tag(t: &str) -> ProbeArgs {
-    ProbeArgs {
-        tag: t.into(),
-        ..Default::default()
-    }
-}
+use support::{ProbeArgs, app, no_wait, numbered_apps, start_fresh, tag, wait_status};
 
 #[tokio::test(start_paused = true)]
 async fn deploy_call_delete_flow() {
-    let dir = tempfile::tempdir().unwrap();
-    let sw = Arc::new(Switches::default());
-    let serve = start(&dir, &sw).await;
+    let (_dir, _, serve) = start_fresh().await;
     let handle = serve.run(app("a1", 2, tag("v1"))).await.unwrap();
     let s = serve.app_status("a1");
     assert_eq!((s.status, s.observed_generation), (A::Running, 1));
@@ -52,9 +43,7 @@ async fn deploy_call_delete_flow() {
 
 #[tokio::test(start_paused = true)]
 async fn constructor_that_always_fails_is_deploy_failed_then_a_redeploy_recovers() {
-    let dir = tempfile::tempdir().unwrap();
-    let sw = Arc::new(Switches::default());
-    let serve = start(&dir, &sw).await;
+    let (_dir, _, serve) = start_fresh().await;
     let broken = ProbeArgs {
         fail_constructor: u32::MAX,
         ..tag("bad")
@@ -77,9 +66,7 @@ async fn constructor_that_always_fails_is_deploy_failed_then_a_redeploy_recovers
 
 #[tokio::test(start_paused = true)]
 async fn constructor_that_fails_a_few_times_recovers_without_a_redeploy() {
-    let dir = tempfile::tempdir().unwrap();
-    let sw = Arc::new(Switches::default());
-    let serve = start(&dir, &sw).await;
+    let (_dir, sw, serve) = start_fresh().await;
     // One replica: retry limit 3. Fail 4 times: DEPLOY_FAILED, then the slow retry
     // succeeds and the application turns RUNNING by itself.
     let flaky = ProbeArgs {
@@ -87,13 +74,7 @@ async fn constructor_that_fails_a_few_times_recovers_without_a_redeploy() {
         ..tag("f")
     };
     serve
-        .run_many(
-            vec![app("a", 1, flaky)],
-            RunManyOptions {
-                wait_for_applications_running: false,
-                wait_for_ingress_deployment_creation: false,
-            },
-        )
+        .run_many(vec![app("a", 1, flaky)], no_wait())
         .await
         .unwrap();
     wait_status(&serve, "a", A::DeployFailed).await;
@@ -104,9 +85,7 @@ async fn constructor_that_fails_a_few_times_recovers_without_a_redeploy() {
 
 #[tokio::test(start_paused = true)]
 async fn failing_health_checks_make_it_unhealthy_until_replaced() {
-    let dir = tempfile::tempdir().unwrap();
-    let sw = Arc::new(Switches::default());
-    let serve = start(&dir, &sw).await;
+    let (_dir, sw, serve) = start_fresh().await;
     serve.run(app("a", 1, tag("h"))).await.unwrap();
     let built = sw.constructed.load(Ordering::SeqCst);
     sw.unhealthy.store(true, Ordering::SeqCst);
@@ -126,9 +105,7 @@ async fn failing_health_checks_make_it_unhealthy_until_replaced() {
 
 #[tokio::test(start_paused = true)]
 async fn redeploy_with_different_deployments_deletes_creates_and_keeps() {
-    let dir = tempfile::tempdir().unwrap();
-    let sw = Arc::new(Switches::default());
-    let serve = start(&dir, &sw).await;
+    let (_dir, _, serve) = start_fresh().await;
     let two = |keep_tag: &str, other: &str| {
         ApplicationSpec::builder("a")
             .deployment(DeploymentSpec::builder("keep", "test::Probe").init_args(&tag(keep_tag)))
@@ -159,9 +136,7 @@ async fn redeploy_with_different_deployments_deletes_creates_and_keeps() {
 
 #[tokio::test(start_paused = true)]
 async fn redeploy_while_deleting_cancels_the_deletion() {
-    let dir = tempfile::tempdir().unwrap();
-    let sw = Arc::new(Switches::default());
-    let serve = start(&dir, &sw).await;
+    let (_dir, _, serve) = start_fresh().await;
     serve.run(app("a", 1, tag("v1"))).await.unwrap();
     serve.delete_apps(&["a"], false).await.unwrap();
     assert_eq!(serve.app_status("a").status, A::Deleting);
@@ -176,9 +151,7 @@ async fn redeploy_while_deleting_cancels_the_deletion() {
 
 #[tokio::test(start_paused = true)]
 async fn a_deleting_application_releases_its_route_prefix() {
-    let dir = tempfile::tempdir().unwrap();
-    let sw = Arc::new(Switches::default());
-    let serve = start(&dir, &sw).await;
+    let (_dir, _, serve) = start_fresh().await;
     let with_prefix = |name: &str| {
         ApplicationSpec::builder(name)
             .route_prefix("/url1")
@@ -197,21 +170,15 @@ async fn a_deleting_application_releases_its_route_prefix() {
 
 #[tokio::test(start_paused = true)]
 async fn run_many_without_waiting_returns_before_any_replica_starts() {
-    let dir = tempfile::tempdir().unwrap();
-    let sw = Arc::new(Switches::default());
-    let serve = start(&dir, &sw).await;
+    let (_dir, sw, serve) = start_fresh().await;
     let slow = ProbeArgs {
         start_delay_ms: 5_000,
         ..tag("s")
     };
-    let apps = (0..20)
-        .map(|i| app(&format!("a{i}"), 1, slow.clone()))
-        .collect();
-    let no_wait = RunManyOptions {
-        wait_for_ingress_deployment_creation: false,
-        wait_for_applications_running: false,
-    };
-    serve.run_many(apps, no_wait).await.unwrap();
+    serve
+        .run_many(numbered_apps(20, &slow), no_wait())
+        .await
+        .unwrap();
     assert_eq!(sw.constructed.load(Ordering::SeqCst), 0);
     assert!(serve.status().iter().all(|(_, s)| s.status == A::Deploying));
 
@@ -229,9 +196,7 @@ async fn run_many_without_waiting_returns_before_any_replica_starts() {
 
 #[tokio::test(start_paused = true)]
 async fn a_waiter_is_never_woken_by_the_previous_generation() {
-    let dir = tempfile::tempdir().unwrap();
-    let sw = Arc::new(Switches::default());
-    let serve = start(&dir, &sw).await;
+    let (_dir, _, serve) = start_fresh().await;
     serve.run(app("a", 1, tag("v1"))).await.unwrap();
     let slow = ProbeArgs {
         start_delay_ms: 30_000,
@@ -247,18 +212,12 @@ async fn a_waiter_is_never_woken_by_the_previous_generation() {
 
 #[tokio::test(start_paused = true)]
 async fn run_many_of_1000_is_exactly_one_commit_and_a_rejected_batch_commits_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let sw = Arc::new(Switches::default());
-    let serve = start(&dir, &sw).await;
+    let (_dir, _, serve) = start_fresh().await;
     let before = serve.metrics().await.unwrap().store.commits;
     let apps: Vec<_> = (0..1000)
         .map(|i| app(&format!("b{i}"), 1, tag("b")))
         .collect();
-    let no_wait = RunManyOptions {
-        wait_for_ingress_deployment_creation: false,
-        wait_for_applications_running: false,
-    };
-    serve.run_many(apps, no_wait).await.unwrap();
+    serve.run_many(apps, no_wait()).await.unwrap();
     let m = serve.metrics().await.unwrap();
     assert_eq!(m.store.commits, before + 1);
     assert_eq!(m.controller.apps, 1000);
@@ -266,13 +225,13 @@ async fn run_many_of_1000_is_exactly_one_commit_and_a_rejected_batch_commits_not
     // Bad batches: a repeated name, a taken prefix, a bad ingress; none commits.
     let dup = vec![app("n1", 1, tag("x")), app("n1", 1, tag("y"))];
     assert!(matches!(
-        serve.run_many(dup, no_wait).await,
+        serve.run_many(dup, no_wait()).await,
         Err(ServeError::DuplicateApp { .. })
     ));
     let mut taken = app("n2", 1, tag("x"));
     taken.route_prefix = Some(flotilla::RoutePrefix::new("/b7").unwrap());
     let batch = vec![app("n3", 1, tag("x")), taken];
-    let err = serve.run_many(batch, no_wait).await.unwrap_err();
+    let err = serve.run_many(batch, no_wait()).await.unwrap_err();
     assert!(
         matches!(&err, ServeError::RouteTaken { app, holder, .. } if app == "n2" && holder == "b7"),
         "{err}"
@@ -280,7 +239,7 @@ async fn run_many_of_1000_is_exactly_one_commit_and_a_rejected_batch_commits_not
     let mut bad_ingress = app("n4", 1, tag("x"));
     bad_ingress.ingress = flotilla::DeploymentName::new("nope").unwrap();
     let err = serve
-        .run_many(vec![bad_ingress], no_wait)
+        .run_many(vec![bad_ingress], no_wait())
         .await
         .unwrap_err();
     assert!(err.to_string().contains("application 'n4'"), "{err}");
@@ -299,19 +258,13 @@ async fn run_many_of_1000_is_exactly_one_commit_and_a_rejected_batch_commits_not
 
 #[tokio::test(start_paused = true)]
 async fn status_flow_is_deploying_running_deleting_gone() {
-    let dir = tempfile::tempdir().unwrap();
-    let sw = Arc::new(Switches::default());
-    let serve = start(&dir, &sw).await;
+    let (_dir, _, serve) = start_fresh().await;
     let slow = ProbeArgs {
         start_delay_ms: 1_000,
         ..tag("s")
     };
-    let no_wait = RunManyOptions {
-        wait_for_ingress_deployment_creation: false,
-        wait_for_applications_running: false,
-    };
     serve
-        .run_many(vec![app("a", 1, slow)], no_wait)
+        .run_many(vec![app("a", 1, slow)], no_wait())
         .await
         .unwrap();
     let seen = support::record_statuses(&serve, "a", A::Running).await;
@@ -323,9 +276,7 @@ async fn status_flow_is_deploying_running_deleting_gone() {
 
 #[tokio::test(start_paused = true)]
 async fn zero_replicas_is_a_live_deployment_not_a_deleted_one() {
-    let dir = tempfile::tempdir().unwrap();
-    let sw = Arc::new(Switches::default());
-    let serve = start(&dir, &sw).await;
+    let (_dir, _, serve) = start_fresh().await;
     serve.run(app("zero", 0, tag("z"))).await.unwrap();
     let first = support::deployment_actor(&serve, "zero", "probe")
         .unwrap()
@@ -345,21 +296,17 @@ async fn zero_replicas_is_a_live_deployment_not_a_deleted_one() {
 
 #[tokio::test(start_paused = true)]
 async fn user_code_that_panics_before_returning_its_future_is_a_startup_failure() {
-    let dir = tempfile::tempdir().unwrap();
-    let sw = Arc::new(Switches::default());
-    let registry = support::registry(&sw)
-        .register(
-            "test::SyncPanic",
-            |_ctx| -> std::future::Ready<Result<support::Probe, flotilla::UserError>> {
-                panic!("panicked before returning a future")
-            },
-        )
-        .unwrap();
-    let serve = flotilla::Serve::start(
-        flotilla::ServeOptions::new(registry).store_path(dir.path().join("f.redb")),
-    )
-    .await
-    .unwrap();
+    let (_dir, _, serve) = support::start_fresh_with(|sw| {
+        support::registry(sw)
+            .register(
+                "test::SyncPanic",
+                |_ctx| -> std::future::Ready<Result<support::Probe, flotilla::UserError>> {
+                    panic!("panicked before returning a future")
+                },
+            )
+            .unwrap()
+    })
+    .await;
     let spec = ApplicationSpec::builder("p")
         .deployment(DeploymentSpec::builder("d", "test::SyncPanic"))
         .build()
@@ -376,9 +323,7 @@ async fn user_code_that_panics_before_returning_its_future_is_a_startup_failure(
 
 #[tokio::test(start_paused = true)]
 async fn a_delete_waiter_returns_when_a_redeploy_cancels_the_deletion() {
-    let dir = tempfile::tempdir().unwrap();
-    let sw = Arc::new(Switches::default());
-    let serve = start(&dir, &sw).await;
+    let (_dir, _, serve) = start_fresh().await;
     serve.run(app("a", 1, tag("v1"))).await.unwrap();
     // A request that takes long keeps the replica draining while we redeploy.
     let h = serve.app_handle("a").unwrap();
@@ -401,13 +346,11 @@ async fn a_delete_waiter_returns_when_a_redeploy_cancels_the_deletion() {
 
 #[tokio::test(start_paused = true)]
 async fn deleting_hundreds_of_applications_in_one_call_completes() {
-    let dir = tempfile::tempdir().unwrap();
-    let sw = Arc::new(Switches::default());
-    let serve = start(&dir, &sw).await;
-    let apps = (0..300)
-        .map(|i| app(&format!("a{i}"), 1, tag("v")))
-        .collect();
-    serve.run_many(apps, Default::default()).await.unwrap();
+    let (_dir, _, serve) = start_fresh().await;
+    serve
+        .run_many(numbered_apps(300, &tag("v")), Default::default())
+        .await
+        .unwrap();
     let names: Vec<String> = (0..300).map(|i| format!("a{i}")).collect();
     let refs: Vec<&str> = names.iter().map(String::as_str).collect();
     tokio::time::timeout(Duration::from_secs(600), serve.delete_apps(&refs, true))

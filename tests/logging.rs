@@ -8,7 +8,7 @@ mod support;
 
 use std::sync::Arc;
 
-use flotilla::{ApplicationStatus as A, Registry, Serve, ServeConfig, ServeOptions};
+use flotilla::{ApplicationStatus as A, Registry, Serve, ServeConfig};
 use support::{Switches, wait_status};
 
 fn registry(sw: &Arc<Switches>) -> Registry {
@@ -60,7 +60,7 @@ async fn each_application_logs_by_its_own_logging_config() {
     use tracing_subscriber::layer::SubscriberExt;
     let dir = tempfile::tempdir().unwrap();
     let sw = Arc::new(Switches::default());
-    let options = ServeOptions::new(registry(&sw)).store_path(dir.path().join("f.redb"));
+    let options = support::options(&dir, registry(&sw));
     let out = Captured::default();
     let layer = flotilla::AppLogLayer::new(options.logging.clone(), out.clone());
     let _guard = tracing::subscriber::set_default(tracing_subscriber::registry().with(layer));

@@ -14,7 +14,7 @@ use std::{
     time::Duration,
 };
 
-use flotilla::{ApplicationStatus, RunManyOptions, Serve, ServeOptions};
+use flotilla::{ApplicationStatus, Serve};
 use support::{ProbeArgs, Switches};
 
 const CHILD_ENV: &str = "FLOTILLA_KILL_CHILD_DIR";
@@ -29,22 +29,15 @@ fn child_deploys_until_killed() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async move {
         let sw = Arc::new(Switches::default());
-        let serve = Serve::start(
-            ServeOptions::new(support::registry(&sw))
-                .store_path(std::path::Path::new(&dir).join("f.redb")),
-        )
-        .await
-        .unwrap();
-        let no_wait = RunManyOptions {
-            wait_for_ingress_deployment_creation: false,
-            wait_for_applications_running: false,
-        };
+        let serve = Serve::start(support::options(&dir, support::registry(&sw)))
+            .await
+            .unwrap();
         let mut out = std::io::stdout();
         for batch in 0..100_000 {
             let apps = (0..10)
                 .map(|j| support::app(&format!("b{batch}-{j}"), 1, ProbeArgs::default()))
                 .collect();
-            serve.run_many(apps, no_wait).await.unwrap();
+            serve.run_many(apps, support::no_wait()).await.unwrap();
             writeln!(out, "ack {batch}").unwrap();
             out.flush().unwrap();
         }
@@ -103,11 +96,7 @@ fn every_acknowledged_application_survives_sigkill() {
         .unwrap();
     rt.block_on(async {
         let sw = Arc::new(Switches::default());
-        let serve = Serve::start(
-            ServeOptions::new(support::registry(&sw)).store_path(dir.path().join("f.redb")),
-        )
-        .await
-        .unwrap();
+        let serve = support::start(&dir, &sw).await;
         for batch in &acked {
             for j in 0..10 {
                 let name = format!("b{batch}-{j}");

@@ -6,21 +6,15 @@ mod support;
 
 use std::{sync::Arc, sync::atomic::Ordering, time::Duration};
 
-use flotilla::{ApplicationStatus as A, Serve, ServeOptions};
-use support::{ProbeArgs, Switches, app, registry, start};
-
-fn tag(t: &str) -> ProbeArgs {
-    ProbeArgs {
-        tag: t.into(),
-        ..Default::default()
-    }
-}
+use flotilla::{ApplicationStatus as A, FaultPoint, RestartPolicy, Serve, ServeError};
+use support::{
+    ProbeArgs, Switches, app, no_wait, numbered_apps, poll_secs, start, start_fresh,
+    start_restarting, tag,
+};
 
 #[tokio::test(start_paused = true)]
 async fn controller_crash_keeps_apps_running_replicas_alive_and_handles_serving() {
-    let dir = tempfile::tempdir().unwrap();
-    let sw = Arc::new(Switches::default());
-    let serve = start(&dir, &sw).await;
+    let (_dir, sw, serve) = start_fresh().await;
     let handles = serve
         .run_many(
             (0..3).map(|i| app(&format!("a{i}"), 2, tag("v"))).collect(),
@@ -63,22 +57,14 @@ async fn whole_process_restart_brings_every_acknowledged_app_back() {
     {
         let serve = start(&dir, &sw).await;
         serve
-            .run_many(
-                (0..50)
-                    .map(|i| app(&format!("a{i}"), 1, tag("v")))
-                    .collect(),
-                Default::default(),
-            )
+            .run_many(numbered_apps(50, &tag("v")), Default::default())
             .await
             .unwrap();
         serve.delete_apps(&["a7"], true).await.unwrap();
         serve.shutdown().await.unwrap();
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let serve =
-        Serve::start(ServeOptions::new(registry(&sw)).store_path(dir.path().join("f.redb")))
-            .await
-            .unwrap();
+    let serve = start(&dir, &sw).await;
     for i in 0..50 {
         let name = format!("a{i}");
         if i == 7 {
@@ -96,41 +82,34 @@ async fn whole_process_restart_brings_every_acknowledged_app_back() {
     }
 }
 
-fn no_wait() -> flotilla::RunManyOptions {
-    flotilla::RunManyOptions {
-        wait_for_ingress_deployment_creation: false,
-        wait_for_applications_running: false,
+/// Wait until the applications of `numbered_apps(n, _)` are all RUNNING.
+async fn all_running(serve: &Serve, n: usize) {
+    for i in 0..n {
+        support::wait_status(serve, &format!("a{i}"), A::Running).await;
     }
 }
 
-async fn all_running(serve: &Serve, names: impl Iterator<Item = String>) {
-    for n in names {
-        support::wait_status(serve, &n, A::Running).await;
-    }
+/// Arm `point` once, then deploy 500 applications without waiting: the
+/// Controller crashes and the call says so.
+async fn run_500_into_a_crash(serve: &Serve, point: FaultPoint) {
+    serve.faults().arm(point, 1);
+    let err = serve
+        .run_many(numbered_apps(500, &tag("v")), no_wait())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ServeError::ControllerCrashed), "{err}");
 }
 
 #[tokio::test(start_paused = true)]
 async fn controller_crash_before_the_commit_loses_nothing_acknowledged_and_applies_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let sw = Arc::new(Switches::default());
-    let serve = start(&dir, &sw).await;
-    serve
-        .faults()
-        .arm(flotilla::FaultPoint::ControllerBeforeCommit, 1);
-    let apps = (0..500)
-        .map(|i| app(&format!("a{i}"), 1, tag("v")))
-        .collect();
-    let err = serve.run_many(apps, no_wait()).await.unwrap_err();
-    assert!(
-        matches!(err, flotilla::ServeError::ControllerCrashed),
-        "{err}"
-    );
+    let (_dir, _, serve) = start_fresh().await;
+    run_500_into_a_crash(&serve, FaultPoint::ControllerBeforeCommit).await;
     // Retry after the restart: accepted once, nothing duplicated.
-    let apps = (0..500)
-        .map(|i| app(&format!("a{i}"), 1, tag("v")))
-        .collect();
-    serve.run_many(apps, no_wait()).await.unwrap();
-    all_running(&serve, (0..500).map(|i| format!("a{i}"))).await;
+    serve
+        .run_many(numbered_apps(500, &tag("v")), no_wait())
+        .await
+        .unwrap();
+    all_running(&serve, 500).await;
     let m = serve.metrics().await.unwrap();
     assert_eq!((m.controller.apps, m.controller_restarts), (500, 1));
     assert_eq!(serve.app_status("a0").observed_generation, 1);
@@ -138,39 +117,23 @@ async fn controller_crash_before_the_commit_loses_nothing_acknowledged_and_appli
 
 #[tokio::test(start_paused = true)]
 async fn controller_crash_after_the_commit_keeps_the_batch_and_converges() {
-    let dir = tempfile::tempdir().unwrap();
-    let sw = Arc::new(Switches::default());
-    let serve = start(&dir, &sw).await;
-    serve
-        .faults()
-        .arm(flotilla::FaultPoint::ControllerAfterCommit, 1);
-    let apps = (0..500)
-        .map(|i| app(&format!("a{i}"), 1, tag("v")))
-        .collect();
-    let err = serve.run_many(apps, no_wait()).await.unwrap_err();
-    assert!(
-        matches!(err, flotilla::ServeError::ControllerCrashed),
-        "{err}"
-    );
+    let (_dir, _, serve) = start_fresh().await;
+    run_500_into_a_crash(&serve, FaultPoint::ControllerAfterCommit).await;
     // The commit happened: the restarted Controller recovers and starts them all.
     tokio::time::sleep(Duration::from_secs(1)).await;
-    all_running(&serve, (0..500).map(|i| format!("a{i}"))).await;
+    all_running(&serve, 500).await;
     assert_eq!(serve.metrics().await.unwrap().controller.apps, 500);
 }
 
 #[tokio::test(start_paused = true)]
 async fn controller_crash_after_the_reply_still_starts_every_application() {
-    let dir = tempfile::tempdir().unwrap();
-    let sw = Arc::new(Switches::default());
-    let serve = start(&dir, &sw).await;
+    let (_dir, sw, serve) = start_fresh().await;
+    serve.faults().arm(FaultPoint::ControllerAfterReply, 1);
     serve
-        .faults()
-        .arm(flotilla::FaultPoint::ControllerAfterReply, 1);
-    let apps = (0..500)
-        .map(|i| app(&format!("a{i}"), 1, tag("v")))
-        .collect();
-    serve.run_many(apps, no_wait()).await.unwrap();
-    all_running(&serve, (0..500).map(|i| format!("a{i}"))).await;
+        .run_many(numbered_apps(500, &tag("v")), no_wait())
+        .await
+        .unwrap();
+    all_running(&serve, 500).await;
     let m = serve.metrics().await.unwrap();
     assert_eq!((m.controller.apps, m.controller_restarts), (500, 1));
     assert_eq!(
@@ -182,12 +145,8 @@ async fn controller_crash_after_the_reply_still_starts_every_application() {
 
 #[tokio::test(start_paused = true)]
 async fn application_actor_crash_mid_reconcile_converges() {
-    let dir = tempfile::tempdir().unwrap();
-    let sw = Arc::new(Switches::default());
-    let serve = start(&dir, &sw).await;
-    serve
-        .faults()
-        .arm(flotilla::FaultPoint::ApplicationReconcile, 2);
+    let (_dir, _, serve) = start_fresh().await;
+    serve.faults().arm(FaultPoint::ApplicationReconcile, 2);
     serve.run(app("a", 2, tag("v"))).await.unwrap();
     let m = serve.metrics().await.unwrap();
     assert_eq!(m.controller.app_restarts, 2);
@@ -196,9 +155,7 @@ async fn application_actor_crash_mid_reconcile_converges() {
 
 #[tokio::test(start_paused = true)]
 async fn requests_keep_succeeding_while_every_control_level_crashes() {
-    let dir = tempfile::tempdir().unwrap();
-    let sw = Arc::new(Switches::default());
-    let serve = start(&dir, &sw).await;
+    let (_dir, sw, serve) = start_fresh().await;
     let h = serve.run(app("a", 2, tag("v"))).await.unwrap();
     let built = sw.constructed.load(Ordering::SeqCst);
     let caller = {
@@ -237,12 +194,11 @@ async fn requests_keep_succeeding_while_every_control_level_crashes() {
 async fn too_many_controller_crashes_become_a_fatal_error_the_program_can_await() {
     let dir = tempfile::tempdir().unwrap();
     let sw = Arc::new(Switches::default());
-    let mut options = ServeOptions::new(registry(&sw)).store_path(dir.path().join("f.redb"));
-    options.restart = flotilla::RestartPolicy {
+    let restart = RestartPolicy {
         max_restarts: 2,
         ..Default::default()
     };
-    let serve = Serve::start(options).await.unwrap();
+    let serve = start_restarting(&dir, &sw, restart).await;
     let fatal = {
         let s = serve.clone();
         tokio::spawn(async move { s.fatal().await })
@@ -254,18 +210,15 @@ async fn too_many_controller_crashes_become_a_fatal_error_the_program_can_await(
     let why = fatal.await.unwrap();
     assert!(why.contains("crashed too often"), "{why}");
     let err = serve.run(app("a", 1, tag("v"))).await.unwrap_err();
-    assert!(matches!(err, flotilla::ServeError::Unavailable(_)), "{err}");
+    assert!(matches!(err, ServeError::Unavailable(_)), "{err}");
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_deployment_actor_crash_mid_roll_keeps_new_replicas_and_leaks_none() {
-    let dir = tempfile::tempdir().unwrap();
-    let sw = Arc::new(Switches::default());
-    let serve = start(&dir, &sw).await;
+    let (_dir, sw, serve) = start_fresh().await;
     let slow = |t: &str| ProbeArgs {
-        tag: t.into(),
         start_delay_ms: 5_000,
-        ..Default::default()
+        ..tag(t)
     };
     serve.run(app("a", 5, slow("old"))).await.unwrap();
     assert_eq!(sw.constructed.load(Ordering::SeqCst), 5);
@@ -277,9 +230,7 @@ async fn a_deployment_actor_crash_mid_roll_keeps_new_replicas_and_leaks_none() {
     tokio::time::sleep(Duration::from_secs(7)).await;
     assert!(serve.crash_deployment("a", "probe"));
     tokio::time::sleep(Duration::from_secs(6)).await;
-    serve
-        .faults()
-        .arm(flotilla::FaultPoint::DeploymentReconcile, 1);
+    serve.faults().arm(FaultPoint::DeploymentReconcile, 1);
     let s = support::wait_until(&serve, "a", |s| {
         s.observed_generation == 2 && s.status == A::Running
     })
@@ -308,25 +259,18 @@ async fn a_deployment_actor_crash_mid_roll_keeps_new_replicas_and_leaks_none() {
 
 #[tokio::test(start_paused = true)]
 async fn whole_process_crash_with_1000_applications_recovers_them_all() {
-    let dir = tempfile::tempdir().unwrap();
-    let sw = Arc::new(Switches::default());
-    let serve = start(&dir, &sw).await;
-    let apps = (0..1000)
-        .map(|i| app(&format!("a{i}"), 1, tag("v")))
-        .collect();
-    serve.run_many(apps, Default::default()).await.unwrap();
+    let (dir, sw, serve) = start_fresh().await;
+    serve
+        .run_many(numbered_apps(1000, &tag("v")), Default::default())
+        .await
+        .unwrap();
     serve.crash_process().await;
     assert!(
         serve.living_groups().is_empty(),
         "the crash left actors alive"
     );
-    let serve =
-        Serve::start(ServeOptions::new(registry(&sw)).store_path(dir.path().join("f.redb")))
-            .await
-            .unwrap();
-    for i in 0..1000 {
-        support::wait_status(&serve, &format!("a{i}"), A::Running).await;
-    }
+    let serve = start(&dir, &sw).await;
+    all_running(&serve, 1000).await;
     assert_eq!(serve.metrics().await.unwrap().running_replicas, 1000);
 }
 
@@ -334,14 +278,13 @@ async fn whole_process_crash_with_1000_applications_recovers_them_all() {
 async fn an_unhealthy_report_lost_while_the_deployment_actor_restarts_is_recovered() {
     let dir = tempfile::tempdir().unwrap();
     let sw = Arc::new(Switches::default());
-    let mut options = ServeOptions::new(registry(&sw)).store_path(dir.path().join("f.redb"));
     // Keep the DeploymentActor down for a minute after its crash.
-    options.restart = flotilla::RestartPolicy {
+    let restart = RestartPolicy {
         first_backoff: Duration::from_secs(60),
         max_backoff: Duration::from_secs(60),
         ..Default::default()
     };
-    let serve = Serve::start(options).await.unwrap();
+    let serve = start_restarting(&dir, &sw, restart).await;
     serve.run(app("a", 1, tag("v"))).await.unwrap();
     let sick = serve.app_handle("a").unwrap().replicas()[0].id();
     assert!(serve.crash_deployment("a", "probe"));
@@ -351,12 +294,10 @@ async fn an_unhealthy_report_lost_while_the_deployment_actor_restarts_is_recover
     sw.unhealthy.store(false, Ordering::SeqCst);
     // The restarted actor learns it from the replica itself and replaces it.
     support::wait_until(&serve, "a", |s| s.status == A::Running).await;
-    for _ in 0..120 {
+    let replaced = poll_secs(120, async || {
         let set = serve.app_handle("a").unwrap().replicas();
-        if set.len() == 1 && set[0].id() != sick {
-            return;
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
-    panic!("the unhealthy replica was never replaced");
+        set.len() == 1 && set[0].id() != sick
+    })
+    .await;
+    assert!(replaced, "the unhealthy replica was never replaced");
 }

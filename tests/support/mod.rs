@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 use std::{
+    path::Path,
     sync::{
         Arc, Mutex,
         atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering},
@@ -13,7 +14,7 @@ use std::{
 
 use flotilla::{
     ApplicationSpec, ApplicationStatus, ApplicationStatusInfo, Cluster, Deployment, DeploymentSpec,
-    InitContext, Registry, RunManyOptions, Serve, ServeOptions, UserError,
+    InitContext, Registry, RestartPolicy, RunManyOptions, Serve, ServeOptions, UserError,
 };
 use flotilla_core::{AppName, DeploymentName, DeploymentSpecBuilder};
 use flotilla_deployment::{DeploymentMsg, DeploymentSnapshot};
@@ -32,6 +33,14 @@ pub struct ProbeArgs {
     pub tag: String,
     /// Call this deployment of the same application and append its answer.
     pub downstream: Option<String>,
+}
+
+/// Probe args that only set the tag.
+pub fn tag(t: &str) -> ProbeArgs {
+    ProbeArgs {
+        tag: t.into(),
+        ..Default::default()
+    }
 }
 
 /// Switches shared by a test and its probes.
@@ -185,15 +194,14 @@ pub fn registry(switches: &Arc<Switches>) -> Registry {
 
 /// A one-deployment application of probes.
 pub fn app(name: &str, replicas: u32, args: ProbeArgs) -> ApplicationSpec {
-    ApplicationSpec::builder(name)
-        .route_prefix(format!("/{name}"))
-        .deployment(
-            DeploymentSpec::builder("probe", "test::Probe")
-                .init_args(&args)
-                .replicas(replicas),
-        )
-        .build()
-        .expect("valid app")
+    app_of(name, probe(replicas, &args))
+}
+
+/// `n` one-replica applications of probes with `args`, named `a0`, `a1`, ...
+pub fn numbered_apps(n: usize, args: &ProbeArgs) -> Vec<ApplicationSpec> {
+    (0..n)
+        .map(|i| app(&format!("a{i}"), 1, args.clone()))
+        .collect()
 }
 
 /// A one-deployment application named `name` (route `/{name}`) of `deployment`.
@@ -220,19 +228,74 @@ pub fn no_wait() -> RunManyOptions {
     }
 }
 
+/// Options for a Serve of `registry` on the store `f.redb` in `dir`.
+pub fn options(dir: impl AsRef<Path>, registry: Registry) -> ServeOptions {
+    ServeOptions::new(registry).store_path(dir.as_ref().join("f.redb"))
+}
+
+/// A Serve of `registry` on a fresh store in `dir`.
+pub async fn start_with(dir: &tempfile::TempDir, registry: Registry) -> Serve {
+    Serve::start(options(dir, registry))
+        .await
+        .expect("serve starts")
+}
+
+/// A Serve on a fresh store in `dir`.
+pub async fn start(dir: &tempfile::TempDir, switches: &Arc<Switches>) -> Serve {
+    start_with(dir, registry(switches)).await
+}
+
 /// A Serve on a fresh store in `dir`, placing replicas on `cluster`.
 pub async fn start_on(
     dir: &tempfile::TempDir,
     switches: &Arc<Switches>,
     cluster: Arc<dyn Cluster>,
 ) -> Serve {
-    Serve::start(
-        ServeOptions::new(registry(switches))
-            .store_path(dir.path().join("f.redb"))
-            .cluster(cluster),
-    )
+    Serve::start(options(dir, registry(switches)).cluster(cluster))
+        .await
+        .expect("serve starts")
+}
+
+/// A Serve on a fresh store in `dir` whose crashed actors restart by `restart`.
+pub async fn start_restarting(
+    dir: &tempfile::TempDir,
+    switches: &Arc<Switches>,
+    restart: RestartPolicy,
+) -> Serve {
+    Serve::start(ServeOptions {
+        restart,
+        ..options(dir, registry(switches))
+    })
     .await
     .expect("serve starts")
+}
+
+/// A new temporary directory, new switches, and a Serve of
+/// `registry_of(&switches)` on a store in that directory (keep the directory
+/// alive as long as the Serve).
+pub async fn start_fresh_with(
+    registry_of: impl FnOnce(&Arc<Switches>) -> Registry,
+) -> (tempfile::TempDir, Arc<Switches>, Serve) {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let switches = Arc::new(Switches::default());
+    let serve = start_with(&dir, registry_of(&switches)).await;
+    (dir, switches, serve)
+}
+
+/// [`start_fresh_with`] the probe [`registry`].
+pub async fn start_fresh() -> (tempfile::TempDir, Arc<Switches>, Serve) {
+    start_fresh_with(registry).await
+}
+
+/// Poll `ready` once a virtual second, at most `tries` times; whether it held.
+pub async fn poll_secs(tries: u32, mut ready: impl AsyncFnMut() -> bool) -> bool {
+    for _ in 0..tries {
+        if ready().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    false
 }
 
 /// The DeploymentActor of `app`/`deployment`, by its registered name.
@@ -279,13 +342,6 @@ pub async fn wait_snapshot(
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-}
-
-/// A Serve on a fresh store in `dir`.
-pub async fn start(dir: &tempfile::TempDir, switches: &Arc<Switches>) -> Serve {
-    Serve::start(ServeOptions::new(registry(switches)).store_path(dir.path().join("f.redb")))
-        .await
-        .expect("serve starts")
 }
 
 /// Wait (in virtual time, at most 10 virtual minutes) until `pred` holds.

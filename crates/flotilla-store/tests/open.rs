@@ -3,7 +3,7 @@
 
 mod common;
 
-use std::path::Path;
+use std::{borrow::Borrow, path::Path};
 
 use common::*;
 use flotilla_store::{Batch, SCHEMA_VERSION, Store, StoreError};
@@ -24,6 +24,19 @@ fn refused(path: &Path) -> StoreError {
         "the message does not name the file: {err}"
     );
     err
+}
+
+/// Insert `key` -> `value` into `table` of `db` directly, behind the Store's back,
+/// in one committed transaction; then close `db`.
+fn insert_raw<'k, 'v, K: redb::Key + 'static, V: redb::Value + 'static>(
+    db: redb::Database,
+    table: redb::TableDefinition<K, V>,
+    key: impl Borrow<K::SelfType<'k>>,
+    value: impl Borrow<V::SelfType<'v>>,
+) {
+    let txn = db.begin_write().unwrap();
+    txn.open_table(table).unwrap().insert(key, value).unwrap();
+    txn.commit().unwrap();
 }
 
 /// A checkpoint with one application in it, closed cleanly.
@@ -162,15 +175,8 @@ fn a_truncated_checkpoint_is_refused_and_untouched() {
 fn a_newer_schema_is_refused_and_untouched() {
     let (_dir, path) = temp_checkpoint();
     written_checkpoint(&path);
-    {
-        let db = redb::Database::open(&path).unwrap();
-        let txn = db.begin_write().unwrap();
-        txn.open_table(META)
-            .unwrap()
-            .insert("schema_version", SCHEMA_VERSION + 1)
-            .unwrap();
-        txn.commit().unwrap();
-    }
+    let db = redb::Database::open(&path).unwrap();
+    insert_raw(db, META, "schema_version", SCHEMA_VERSION + 1);
     let err = refused(&path);
     match err {
         StoreError::SchemaTooNew {
@@ -189,30 +195,17 @@ fn a_newer_schema_is_refused_and_untouched() {
 #[test]
 fn a_redb_file_that_is_not_a_checkpoint_is_corrupt_and_untouched() {
     let (dir, path) = temp_checkpoint();
-    {
-        let db = redb::Database::create(&path).unwrap();
-        let txn = db.begin_write().unwrap();
-        txn.open_table(redb::TableDefinition::<u64, u64>::new("other"))
-            .unwrap()
-            .insert(1, 2)
-            .unwrap();
-        txn.commit().unwrap();
-    }
+    let db = redb::Database::create(&path).unwrap();
+    insert_raw(db, redb::TableDefinition::<u64, u64>::new("other"), 1, 2);
     let err = refused(&path);
     assert!(matches!(err, StoreError::Corrupt { .. }), "{err:?}");
     assert!(err.to_string().contains("meta"), "{err}");
 
     // A `meta` table of another type is no checkpoint either.
     let other = dir.path().join("other.redb");
-    {
-        let db = redb::Database::create(&other).unwrap();
-        let txn = db.begin_write().unwrap();
-        txn.open_table(redb::TableDefinition::<&str, &str>::new("meta"))
-            .unwrap()
-            .insert("schema_version", "1")
-            .unwrap();
-        txn.commit().unwrap();
-    }
+    let db = redb::Database::create(&other).unwrap();
+    let meta = redb::TableDefinition::<&str, &str>::new("meta");
+    insert_raw(db, meta, "schema_version", "1");
     let err = refused(&other);
     assert!(matches!(err, StoreError::Corrupt { .. }), "{err:?}");
 }
@@ -221,15 +214,9 @@ fn a_redb_file_that_is_not_a_checkpoint_is_corrupt_and_untouched() {
 fn an_undecodable_record_is_corrupt_naming_table_and_key() {
     let (_dir, path) = temp_checkpoint();
     written_checkpoint(&path);
-    {
-        let db = redb::Database::open(&path).unwrap();
-        let txn = db.begin_write().unwrap();
-        txn.open_table(redb::TableDefinition::<&str, &[u8]>::new("apps"))
-            .unwrap()
-            .insert("broken", [0xc1u8].as_slice())
-            .unwrap();
-        txn.commit().unwrap();
-    }
+    let db = redb::Database::open(&path).unwrap();
+    let apps = redb::TableDefinition::<&str, &[u8]>::new("apps");
+    insert_raw(db, apps, "broken", [0xc1u8].as_slice());
     let store = Store::open(&path).unwrap();
     let err = store.load().unwrap_err();
     assert!(matches!(err, StoreError::Corrupt { .. }), "{err:?}");

@@ -5,15 +5,21 @@
 mod common;
 
 use common::*;
+use flotilla_core::AppRecord;
 use flotilla_store::{Batch, Snapshot, Store};
+
+/// "search", being deleted.
+fn deleting_search() -> AppRecord {
+    let mut deleting = app_record("search", 9);
+    deleting.deleting = true;
+    deleting.api_type = flotilla_core::ApiType::Imperative;
+    deleting
+}
 
 fn everything() -> Batch {
     let mut batch = Batch::new();
     batch.put_app(&app_record("shop", 3)).unwrap();
-    let mut deleting = app_record("search", 9);
-    deleting.deleting = true;
-    deleting.api_type = flotilla_core::ApiType::Imperative;
-    batch.put_app(&deleting).unwrap();
+    batch.put_app(&deleting_search()).unwrap();
     batch
         .put_deployment(&app("shop"), &dep("model"), &dep_record(Some(4)))
         .unwrap();
@@ -29,10 +35,10 @@ fn everything() -> Batch {
 
 fn assert_everything(snapshot: &Snapshot) {
     // Sorted by name, whatever the order of the batch.
-    let mut deleting = app_record("search", 9);
-    deleting.deleting = true;
-    deleting.api_type = flotilla_core::ApiType::Imperative;
-    assert_eq!(snapshot.apps, vec![deleting, app_record("shop", 3)]);
+    assert_eq!(
+        snapshot.apps,
+        vec![deleting_search(), app_record("shop", 3)]
+    );
     assert_eq!(
         snapshot.deployments,
         vec![
@@ -51,6 +57,27 @@ fn assert_everything(snapshot: &Snapshot) {
     );
 }
 
+/// After a second batch: shop at `generation` with only `deployment`, deciding
+/// `replicas`; search as it was.
+fn assert_shop_now(snapshot: &Snapshot, generation: u64, deployment: &str, replicas: Option<u32>) {
+    assert_eq!(snapshot.apps[1], app_record("shop", generation));
+    assert_eq!(
+        snapshot.deployments,
+        vec![
+            (app("search"), dep("front"), dep_record(Some(0))),
+            (app("shop"), dep(deployment), dep_record(replicas)),
+        ]
+    );
+}
+
+/// A new store with [`everything`] committed (and the directory holding it).
+fn store_with_everything() -> (tempfile::TempDir, Store) {
+    let (dir, path) = temp_checkpoint();
+    let store = Store::open(&path).unwrap();
+    store.commit(&everything()).unwrap();
+    (dir, store)
+}
+
 #[test]
 fn a_new_store_is_empty() {
     let (_dir, path) = temp_checkpoint();
@@ -66,9 +93,7 @@ fn a_new_store_is_empty() {
 
 #[test]
 fn every_record_type_round_trips_through_commit_and_load() {
-    let (_dir, path) = temp_checkpoint();
-    let store = Store::open(&path).unwrap();
-    store.commit(&everything()).unwrap();
+    let (_dir, store) = store_with_everything();
     assert_everything(&store.load().unwrap());
 }
 
@@ -90,9 +115,7 @@ fn every_record_type_survives_close_and_reopen() {
 
 #[test]
 fn puts_replace_and_deletes_remove() {
-    let (_dir, path) = temp_checkpoint();
-    let store = Store::open(&path).unwrap();
-    store.commit(&everything()).unwrap();
+    let (_dir, store) = store_with_everything();
 
     let mut batch = Batch::new();
     batch.put_app(&app_record("shop", 4)).unwrap();
@@ -106,22 +129,13 @@ fn puts_replace_and_deletes_remove() {
     store.commit(&batch).unwrap();
 
     let snapshot = store.load().unwrap();
-    assert_eq!(snapshot.apps[1], app_record("shop", 4));
-    assert_eq!(
-        snapshot.deployments,
-        vec![
-            (app("search"), dep("front"), dep_record(Some(0))),
-            (app("shop"), dep("model"), dep_record(Some(6))),
-        ]
-    );
+    assert_shop_now(&snapshot, 4, "model", Some(6));
     assert_eq!(snapshot.config, None);
 }
 
 #[test]
 fn operations_apply_in_batch_order() {
-    let (_dir, path) = temp_checkpoint();
-    let store = Store::open(&path).unwrap();
-    store.commit(&everything()).unwrap();
+    let (_dir, store) = store_with_everything();
 
     // Delete the application and recreate it with one deployment, in one batch.
     let mut batch = Batch::new();
@@ -136,14 +150,7 @@ fn operations_apply_in_batch_order() {
     store.commit(&batch).unwrap();
 
     let snapshot = store.load().unwrap();
-    assert_eq!(snapshot.apps[1], app_record("shop", 5));
-    assert_eq!(
-        snapshot.deployments,
-        vec![
-            (app("search"), dep("front"), dep_record(Some(0))),
-            (app("shop"), dep("front"), dep_record(Some(1))),
-        ]
-    );
+    assert_shop_now(&snapshot, 5, "front", Some(1));
     assert_eq!(
         snapshot.config::<TestConfig>().unwrap(),
         Some(test_config())

@@ -365,7 +365,10 @@ pub async fn wait_until(
                 }
             }
             if rx.changed().await.is_err() {
-                return serve.app_status(app);
+                // Removed meanwhile: what it is now must still be what was awaited.
+                let s = serve.app_status(app);
+                assert!(pred(&s), "{app} was removed while awaited: {s:?}");
+                return s;
             }
         }
     };

@@ -445,11 +445,7 @@ impl Actor for ReplicaActor {
                     return Ok(());
                 }
                 if state.args.faults.hit(FaultPoint::ReplicaHealthCheck) {
-                    let me = myself.clone();
-                    let _ = me.cast(ReplicaMsg::HealthResult(Err(
-                        "injected fault: ReplicaHealthCheck".to_owned(),
-                    )));
-                    state.health_outstanding = true;
+                    state.health_result(Err("injected fault: ReplicaHealthCheck".to_owned()));
                     return Ok(());
                 }
                 if let Some(user) = state.user.clone() {

@@ -147,6 +147,37 @@ async fn re_applying_what_runs_after_a_failed_build_ends_running() {
     assert_eq!(s.observed_generation, failed.observed_generation);
 }
 
+/// Ray: DEPLOY_FAILED from a failed build sticks until a new config. Over the
+/// target that keeps running, it holds whatever the deployments report and
+/// through a restart of the application's actor; a config whose entry is what
+/// runs clears it.
+#[tokio::test(start_paused = true)]
+async fn a_failed_builds_deploy_failed_sticks_over_the_running_target() {
+    let (_dir, sw, serve) = start_fresh_with(registry).await;
+    let good = config("applications:\n  - {name: a, import_path: test::app, args: {tag: b}}\n");
+    let bad = config("applications:\n  - {name: a, import_path: test::app, args: {fail: true}}\n");
+    serve.apply_config(good.clone()).await.unwrap();
+    wait_status(&serve, "a", A::Running).await;
+    serve.apply_config(bad).await.unwrap();
+    let failed = wait_status(&serve, "a", A::DeployFailed).await;
+    // Its replica fails health checks and is replaced: the deployment goes
+    // UNHEALTHY and back to HEALTHY underneath.
+    sw.unhealthy.store(true, Ordering::SeqCst);
+    let replaced = poll_secs(300, async || sw.constructed.load(Ordering::SeqCst) >= 2).await;
+    assert!(replaced, "the unhealthy replica was not replaced");
+    sw.unhealthy.store(false, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert_eq!(serve.app_status("a").status, A::DeployFailed);
+    assert_eq!(serve.app_status("a").message, failed.message);
+    // A restarted application actor shows it too.
+    assert!(serve.crash_application("a"));
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert_eq!(serve.app_status("a").status, A::DeployFailed);
+    assert_eq!(serve.app_status("a").message, failed.message);
+    serve.apply_config(good).await.unwrap();
+    wait_status(&serve, "a", A::Running).await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_second_config_deletes_what_it_dropped_adds_what_it_names_and_leaves_imperative_apps() {
     let (_dir, _, serve) = start_fresh_with(registry).await;

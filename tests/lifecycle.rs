@@ -361,3 +361,26 @@ async fn deleting_hundreds_of_applications_in_one_call_completes() {
     assert!(serve.living_groups().is_empty(), "no actor left behind");
     assert_eq!(serve.metrics().await.unwrap().controller.apps, 0);
 }
+
+/// Finished deletions are removed from the checkpoint together: the reports
+/// that arrive while one removal waits its turn share its commit, so deleting
+/// many applications does not cost a commit each.
+#[tokio::test(start_paused = true)]
+async fn deleting_many_applications_removes_their_records_together() {
+    let (_dir, _, serve) = start_fresh().await;
+    serve
+        .run_many(
+            numbered_apps(20, &ProbeArgs::default()),
+            RunManyOptions::default(),
+        )
+        .await
+        .unwrap();
+    let before = serve.metrics().await.unwrap().store.commits;
+    let names: Vec<String> = (0..20).map(|i| format!("a{i}")).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    serve.delete_apps(&names, true).await.unwrap();
+    let commits = serve.metrics().await.unwrap().store.commits - before;
+    // One for the deletion, then the removals: one each would be 21.
+    assert!(commits <= 3, "{commits} commits to delete 20 applications");
+    assert!(serve.status().is_empty());
+}

@@ -7,8 +7,8 @@ use std::{
 };
 
 use flotilla_core::{
-    AppRecord, ApplicationStatusInfo, DeploymentName, DeploymentSpec, DeploymentStatusInfo,
-    FaultPoint, Faults, ReplicaCount, naming,
+    AppRecord, ApplicationStatus, ApplicationStatusInfo, DeploymentName, DeploymentSpec,
+    DeploymentStatusInfo, FaultPoint, Faults, ReplicaCount, naming,
 };
 use flotilla_deployment::{
     Cluster, DeploymentActor, DeploymentArgs, DeploymentEvent, DeploymentMsg, DeploymentTarget,
@@ -50,6 +50,9 @@ pub struct AppArgs {
     pub faults: Faults,
     /// Durable autoscaling decisions by deployment.
     pub autoscaled: BTreeMap<DeploymentName, u32>,
+    /// A failed config build standing over `record`'s generation (see
+    /// [`AppMsg::BuildFailure`]), so a restarted actor keeps showing it.
+    pub build_failure: Option<String>,
 }
 
 /// The application actor.
@@ -73,6 +76,8 @@ pub struct AppState {
     children: BTreeMap<DeploymentName, Box<Child>>,
     by_actor: HashMap<ActorId, DeploymentName>,
     derived: ApplicationStatusInfo,
+    /// A failed config build and the generation it stands over.
+    build_failure: Option<(u64, String)>,
     shutting_down: bool,
 }
 
@@ -140,12 +145,19 @@ impl AppState {
                 }
             })
             .collect();
-        let info = ApplicationStatusInfo::derive(
+        let mut info = ApplicationStatusInfo::derive(
             r.deleting,
             r.generation,
             r.spec.deployments.len(),
             statuses,
         );
+        if let Some((generation, message)) = &self.build_failure
+            && *generation == r.generation
+            && !r.deleting
+        {
+            info.status = ApplicationStatus::DeployFailed;
+            info.message = message.clone();
+        }
         if info.status != self.derived.status || info.message != self.derived.message {
             info!(app = %r.spec.name, generation = r.generation, from = %self.derived.status,
                 to = %info.status, detail = %info.message, "application status");
@@ -322,11 +334,16 @@ impl Actor for ApplicationActor {
         args: AppArgs,
     ) -> Result<AppState, ActorProcessingErr> {
         let derived = ApplicationStatusInfo::deploying(args.record.generation);
+        let build_failure = args
+            .build_failure
+            .clone()
+            .map(|m| (args.record.generation, m));
         Ok(AppState {
             args,
             children: BTreeMap::new(),
             by_actor: HashMap::new(),
             derived,
+            build_failure,
             shutting_down: false,
         })
     }
@@ -386,7 +403,11 @@ impl Actor for ApplicationActor {
                 }
                 state.args.autoscaled.insert(name, replicas);
             }
-            AppMsg::Republish => {
+            AppMsg::BuildFailure {
+                generation,
+                message,
+            } => {
+                state.build_failure = message.map(|m| (generation, m));
                 state.derive_status();
                 return Ok(());
             }

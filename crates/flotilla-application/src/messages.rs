@@ -52,9 +52,16 @@ pub enum AppMsg {
     Deployment(DeploymentEvent),
     /// A durable autoscaling decision for one deployment.
     SetReplicas(DeploymentName, u32),
-    /// Publish its own derived status again: what a failed config build published
-    /// over its running target no longer holds (the config runs what it runs).
-    Republish,
+    /// The config's latest build of this application failed while `generation`
+    /// runs: DEPLOY_FAILED with `message` sticks over that target (Ray: until a
+    /// new config), whatever its deployments report. `None`: the config's entry
+    /// is what runs again, the application's own status holds.
+    BuildFailure {
+        /// The target generation the failure stands over (a newer one voids it).
+        generation: u64,
+        /// Why, or `None` to clear.
+        message: Option<String>,
+    },
     /// Internal: a crashed deployment's backoff passed; start it again.
     RestartDeployment(DeploymentName),
     /// Reply with a snapshot.

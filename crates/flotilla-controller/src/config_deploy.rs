@@ -24,7 +24,7 @@ use tracing::{info, warn};
 
 use crate::{
     Controller, ControllerMsg, ServeError,
-    controller::{ControllerState, commit, fault},
+    controller::{ControllerState, commit, fault, stage_and_commit},
     validate::validate_batch,
 };
 
@@ -38,6 +38,10 @@ pub(crate) struct ConfigState {
     builds: HashMap<AppName, (u64, u64, JoinHandle<()>)>,
     /// Applications the config names that have no record yet (building or failed).
     unbuilt: HashSet<AppName>,
+    /// Failed builds of applications that have a record: the generation the
+    /// failure stands over and its message (volatile, as Ray's; a Controller
+    /// restart rebuilds and fails again).
+    failed: HashMap<AppName, (u64, String)>,
     next_build: u64,
 }
 
@@ -47,6 +51,7 @@ impl ConfigState {
             applied,
             builds: HashMap::new(),
             unbuilt: HashSet::new(),
+            failed: HashMap::new(),
             next_build: 1,
         }
     }
@@ -101,6 +106,19 @@ impl ConfigState {
         unbuilt
     }
 
+    /// The failed build standing over `app` at `generation`, if any.
+    pub(crate) fn build_failure(&self, app: &AppName, generation: u64) -> Option<String> {
+        self.failed
+            .get(app)
+            .filter(|(g, _)| *g == generation)
+            .map(|(_, m)| m.clone())
+    }
+
+    /// `app` is gone: forget its failed build.
+    pub(crate) fn forget_failure(&mut self, app: &AppName) {
+        self.failed.remove(app);
+    }
+
     /// Stop every build (shutdown).
     pub(crate) fn cancel_all(&mut self) {
         for (_, (_, _, task)) in self.builds.drain() {
@@ -130,6 +148,41 @@ impl ControllerState {
 
     fn generation_of(&self, app: &AppName) -> u64 {
         self.apps.get(app).map_or(0, |e| e.record.generation)
+    }
+
+    /// A build of `app` failed. An application that has a target keeps running it,
+    /// and its actor shows DEPLOY_FAILED over it until a new target or a config
+    /// whose entry is what runs; one without a target shows it on the board.
+    fn build_failed(&mut self, app: &AppName, why: &str) {
+        let message = format!("Deploying app '{app}' failed: {why}");
+        match self.apps.get(app).filter(|e| !e.record.deleting) {
+            Some(e) => {
+                let generation = e.record.generation;
+                if let Some(actor) = &e.actor {
+                    let _ = actor.cast(AppMsg::BuildFailure {
+                        generation,
+                        message: Some(message.clone()),
+                    });
+                }
+                self.config
+                    .failed
+                    .insert(app.clone(), (generation, message));
+            }
+            None => self.publish(app, ApplicationStatus::DeployFailed, message),
+        }
+    }
+
+    /// What runs for `app` is the config's entry: no failed build stands over it.
+    fn build_current(&mut self, app: &AppName) {
+        self.config.forget_failure(app);
+        if let Some(e) = self.apps.get(app)
+            && let Some(actor) = &e.actor
+        {
+            let _ = actor.cast(AppMsg::BuildFailure {
+                generation: e.record.generation,
+                message: None,
+            });
+        }
     }
 
     fn publish(&self, app: &AppName, status: ApplicationStatus, message: String) {
@@ -169,21 +222,18 @@ impl Controller {
             })
             .map(|(n, _)| n.clone())
             .collect();
-        let mut batch = Batch::new();
-        let staged = batch
-            .put_config(&config)
-            .and_then(|()| state.stage_deletions(&gone, &mut batch));
+        let staged = stage_and_commit(state, |s, batch| {
+            batch.put_config(&config)?;
+            s.stage_deletions(&gone, batch)
+        })
+        .await?;
         let changed = match staged {
             Ok(c) => c,
             Err(e) => {
-                let _ = reply.send(Err(e.into()));
+                let _ = reply.send(Err(e));
                 return Ok(());
             }
         };
-        if let Err(e) = commit(state, batch).await? {
-            let _ = reply.send(Err(e.into()));
-            return Ok(());
-        }
         state.swap_deletions(&changed);
         let unnamed: Vec<AppName> = state
             .config
@@ -264,12 +314,9 @@ impl Controller {
                 .and_then(|e| e.record.config_version);
             if running == Some(version) {
                 state.config.cancel(&app.name);
-                // A build of another entry may have failed since and published
-                // DEPLOY_FAILED over this target: the application says again
-                // what it really is.
-                if let Some(actor) = state.apps.get(&app.name).and_then(|e| e.actor.as_ref()) {
-                    let _ = actor.cast(AppMsg::Republish);
-                }
+                // A build of another entry may have failed over this target since
+                // (perhaps before a Controller restart).
+                state.build_current(&app.name);
                 continue;
             }
             if state
@@ -347,11 +394,7 @@ impl Controller {
             Ok(s) => s,
             Err(why) => {
                 warn!(app = %app, %why, "build failed");
-                state.publish(
-                    &app,
-                    ApplicationStatus::DeployFailed,
-                    format!("Deploying app '{app}' failed: {why}"),
-                );
+                state.build_failed(&app, &why);
                 return Ok(());
             }
         };
@@ -374,11 +417,7 @@ impl Controller {
         let mut batch = Batch::new();
         let dropped = state.stage_targets(std::slice::from_ref(&record), &mut batch)?;
         if let Err(e) = commit(state, batch).await? {
-            state.publish(
-                &app,
-                ApplicationStatus::DeployFailed,
-                format!("Deploying app '{app}' failed: the checkpoint could not be written: {e}"),
-            );
+            state.build_failed(&app, &format!("the checkpoint could not be written: {e}"));
             return Ok(());
         }
         state.config.unbuilt.remove(&app);
@@ -386,8 +425,10 @@ impl Controller {
             if let Some(e) = state.apps.get_mut(&app) {
                 e.record = record;
             }
+            state.build_current(&app);
             return Ok(());
         }
+        state.config.forget_failure(&app);
         info!(app = %app, build, "build succeeded");
         let names = state.swap_targets(vec![record], dropped);
         for n in &names {

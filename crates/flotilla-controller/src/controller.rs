@@ -90,6 +90,8 @@ pub struct ControllerState {
     /// Durable autoscaling decisions, by application then deployment.
     pub(crate) autoscaled: HashMap<AppName, BTreeMap<DeploymentName, u32>>,
     by_actor: HashMap<ActorId, AppName>,
+    /// Finished deletions (name, generation) whose records await removal.
+    removals: Vec<(AppName, u64)>,
     app_restarts: u64,
     shutting_down: bool,
     /// The last applied config (durable) and the builds it started (volatile).
@@ -123,6 +125,9 @@ impl ControllerState {
                 .get(&record.spec.name)
                 .cloned()
                 .unwrap_or_default(),
+            build_failure: self
+                .config
+                .build_failure(&record.spec.name, record.generation),
         }
     }
 
@@ -150,6 +155,24 @@ pub(crate) async fn commit(
         fault(&state.faults, FaultPoint::ControllerAfterCommit)?;
     }
     Ok(result)
+}
+
+/// Stage with `stage`, then commit what it wrote: `Ok(Ok(staged))` once durable,
+/// `Ok(Err)` when refused (nothing changed; the caller replies it), `Err` an
+/// injected crash.
+pub(crate) async fn stage_and_commit<T>(
+    state: &ControllerState,
+    stage: impl FnOnce(&ControllerState, &mut Batch) -> Result<T, flotilla_store::StoreError>,
+) -> Result<Result<T, ServeError>, ActorProcessingErr> {
+    let mut batch = Batch::new();
+    let staged = match stage(state, &mut batch) {
+        Ok(s) => s,
+        Err(e) => return Ok(Err(e.into())),
+    };
+    Ok(commit(state, batch)
+        .await?
+        .map(|()| staged)
+        .map_err(ServeError::from))
 }
 
 /// Commit `batch` on a blocking thread and wait for it: the Controller handles
@@ -186,7 +209,10 @@ fn refuse_after_shutdown(msg: ControllerMsg) {
         ControllerMsg::Shutdown(reply) => {
             let _ = reply.send(());
         }
-        ControllerMsg::App(_) | ControllerMsg::BuildDone { .. } | ControllerMsg::RestartApp(_) => {}
+        ControllerMsg::App(_)
+        | ControllerMsg::BuildDone { .. }
+        | ControllerMsg::RestartApp(_)
+        | ControllerMsg::RemoveDeleted => {}
     }
 }
 
@@ -288,24 +314,22 @@ impl Controller {
             .into_iter()
             .map(|spec| state.next_record(spec, api_type, None))
             .collect();
-        let mut batch = Batch::new();
+        // An imperative deploy takes its applications out of the config's hands.
         let released = state.config.without(records.iter().map(|r| &r.spec.name));
-        let staged = match &released {
-            Some(config) => batch.put_config(config),
-            None => Ok(()),
-        }
-        .and_then(|()| state.stage_targets(&records, &mut batch));
+        let staged = stage_and_commit(state, |s, batch| {
+            if let Some(config) = &released {
+                batch.put_config(config)?;
+            }
+            s.stage_targets(&records, batch)
+        })
+        .await?;
         let dropped = match staged {
             Ok(d) => d,
             Err(e) => {
-                let _ = reply.send(Err(e.into()));
+                let _ = reply.send(Err(e));
                 return Ok(());
             }
         };
-        if let Err(e) = commit(state, batch).await? {
-            let _ = reply.send(Err(e.into()));
-            return Ok(());
-        }
         let generations = records.iter().map(|r| r.generation).collect();
         if let Some(config) = released {
             state.release_config(config);
@@ -325,7 +349,6 @@ impl Controller {
         names: Vec<AppName>,
         reply: RpcReplyPort<Result<Vec<Option<u64>>, ServeError>>,
     ) -> Result<(), ActorProcessingErr> {
-        let mut batch = Batch::new();
         let result = names
             .iter()
             .map(|n| {
@@ -335,22 +358,22 @@ impl Controller {
                     .map(|e| e.record.generation + u64::from(!e.record.deleting))
             })
             .collect();
+        // A delete takes its applications out of the config's hands.
         let released = state.config.without(names.iter());
-        let staged = match &released {
-            Some(config) => batch.put_config(config),
-            None => Ok(()),
-        };
-        let changed = match staged.and_then(|()| state.stage_deletions(&names, &mut batch)) {
+        let staged = stage_and_commit(state, |s, batch| {
+            if let Some(config) = &released {
+                batch.put_config(config)?;
+            }
+            s.stage_deletions(&names, batch)
+        })
+        .await?;
+        let changed = match staged {
             Ok(c) => c,
             Err(e) => {
-                let _ = reply.send(Err(e.into()));
+                let _ = reply.send(Err(e));
                 return Ok(());
             }
         };
-        if let Err(e) = commit(state, batch).await? {
-            let _ = reply.send(Err(e.into()));
-            return Ok(());
-        }
         if let Some(config) = released {
             state.release_config(config);
         }
@@ -416,33 +439,64 @@ impl Controller {
         Ok(())
     }
 
-    /// The ApplicationActor finished deleting: remove the record (one commit).
-    async fn deleted(
+    /// The ApplicationActor finished deleting: its record is removed with the
+    /// other deletions finished by then, in one commit ([`Self::remove_deleted`]).
+    fn deleted(
         myself: &ActorRef<ControllerMsg>,
         state: &mut ControllerState,
         name: AppName,
         generation: u64,
+    ) {
+        if state.removals.is_empty() {
+            let _ = myself.cast(ControllerMsg::RemoveDeleted);
+        }
+        state.removals.push((name, generation));
+    }
+
+    /// Remove the records of the finished deletions that still stand (a redeploy
+    /// may have cancelled one since): one commit for them all.
+    async fn remove_deleted(
+        myself: &ActorRef<ControllerMsg>,
+        state: &mut ControllerState,
     ) -> Result<(), ActorProcessingErr> {
-        let Some(e) = state.apps.get(&name) else {
-            return Ok(());
-        };
-        if !e.record.deleting || e.record.generation != generation {
+        let mut done: Vec<AppName> = std::mem::take(&mut state.removals)
+            .into_iter()
+            .filter(|(name, generation)| {
+                state
+                    .apps
+                    .get(name)
+                    .is_some_and(|e| e.record.deleting && e.record.generation == *generation)
+            })
+            .map(|(name, _)| name)
+            .collect();
+        done.sort();
+        done.dedup();
+        if done.is_empty() {
             return Ok(());
         }
         let mut batch = Batch::new();
-        batch.delete_app(&name);
+        for name in &done {
+            batch.delete_app(name);
+        }
         if let Err(err) = store_commit(&state.store, batch).await? {
-            warn!(app = %name, error = %err, "could not remove deleted application; retrying");
-            myself.send_after(RETRY, move || {
-                ControllerMsg::App(AppEvent::Deleted { name, generation })
-            });
+            warn!(apps = done.len(), error = %err, "could not remove deleted applications; retrying");
+            for name in done {
+                if let Some(e) = state.apps.get(&name) {
+                    let generation = e.record.generation;
+                    state.removals.push((name, generation));
+                }
+            }
+            myself.send_after(RETRY, || ControllerMsg::RemoveDeleted);
             return Ok(());
         }
-        state.apps.remove(&name);
-        state.autoscaled.remove(&name);
-        state.logging.set_app(&name, None);
-        state.board().remove(&name);
-        info!(app = %name, "application removed");
+        for name in &done {
+            state.apps.remove(name);
+            state.autoscaled.remove(name);
+            state.config.forget_failure(name);
+            state.logging.set_app(name, None);
+            state.board().remove(name);
+            info!(app = %name, "application removed");
+        }
         Ok(())
     }
 }
@@ -505,6 +559,7 @@ impl Actor for Controller {
             routes,
             autoscaled,
             by_actor: HashMap::new(),
+            removals: Vec::new(),
             app_restarts: 0,
             shutting_down: false,
             config: ConfigState::recovered(config),
@@ -555,7 +610,7 @@ impl Actor for Controller {
                 Self::delete(&myself, state, names, reply).await?
             }
             ControllerMsg::App(AppEvent::Deleted { name, generation }) => {
-                Self::deleted(&myself, state, name, generation).await?
+                Self::deleted(&myself, state, name, generation)
             }
             ControllerMsg::App(AppEvent::Autoscale {
                 app,
@@ -568,6 +623,7 @@ impl Actor for Controller {
             ControllerMsg::BuildDone { app, build, result } => {
                 Self::build_done(&myself, state, app, build, result).await?
             }
+            ControllerMsg::RemoveDeleted => Self::remove_deleted(&myself, state).await?,
             ControllerMsg::RestartApp(name) => {
                 if let Some(e) = state.apps.get_mut(&name) {
                     e.restart_pending = false;

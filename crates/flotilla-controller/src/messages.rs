@@ -62,6 +62,9 @@ pub enum ControllerMsg {
     App(AppEvent),
     /// Internal: a crashed ApplicationActor's backoff passed.
     RestartApp(AppName),
+    /// Internal: remove the records of the deletions finished since the last
+    /// removal, in one commit (the reports queued before it are batched).
+    RemoveDeleted,
     /// Reply with a snapshot.
     Observe(RpcReplyPort<ControllerSnapshot>),
     /// Stop every replica gracefully; reply when done.

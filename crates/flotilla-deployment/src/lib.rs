@@ -20,6 +20,7 @@ mod actor;
 pub mod autoscale;
 mod cluster;
 mod messages;
+mod node_pool;
 mod observe;
 mod placement;
 pub mod plan;
@@ -34,10 +35,11 @@ pub use messages::{
     DeploymentEvent, DeploymentMsg, DeploymentReporter, DeploymentSnapshot, DeploymentTarget,
     ReplicaInfo, StateCount,
 };
+pub use node_pool::{DeploymentKey, NodePool, NodeSpec, PoolNode};
 pub use observe::observe;
 pub use placement::PLACEMENT_RETRY;
 pub use recovery::RECOVER_TIMEOUT;
-pub use static_cluster::{NodeSpec, StaticCluster};
+pub use static_cluster::StaticCluster;
 pub use status::{
     FAILED_BACKOFF, FIRST_BACKOFF, MAX_BACKOFF, MAX_CONSTRUCTOR_RETRIES, SLOW_START, backoff,
 };

@@ -4,17 +4,19 @@
 //! It implements Flotilla's [`Cluster`] trait, so DeploymentActors place their
 //! replicas on it exactly as on a real cluster: a reservation per replica, a
 //! refusal naming what is missing, and events (capacity freed, node died) by
-//! broadcast subscription.
+//! broadcast subscription. The bookkeeping of nodes and reservations is
+//! Flotilla's [`NodePool`] (as in `StaticCluster`); what is the simulator's
+//! own is the choice of node, node groups, whole-process loss and the counters.
 
 use std::{
     collections::{BTreeSet, HashMap},
-    fmt::Write as _,
     sync::{Mutex, MutexGuard},
 };
 
 use flotilla::{
-    AppName, Cluster, ClusterEvent, DeploymentName, NodeId, PlacementRequest, Refusal, ReplicaId,
+    Cluster, ClusterEvent, NodeId, NodeSpec, PlacementRequest, Refusal, ReplicaId, Resources,
 };
+use flotilla_deployment::{DeploymentKey, NodePool};
 use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast;
 
@@ -22,8 +24,6 @@ use crate::rng;
 
 /// Events a slow subscriber may fall behind by before it resynchronises.
 const EVENT_BUFFER: usize = 1024;
-/// Slack for comparing fractional amounts.
-const EPS: f64 = 1e-9;
 const GIB: f64 = (1u64 << 30) as f64;
 
 /// How a replica picks its node.
@@ -84,67 +84,25 @@ pub struct NodeGroup {
 }
 
 impl NodeGroup {
-    fn capacity(&self) -> Capacity {
-        Capacity {
-            cpus: self.cpus,
-            memory: self.memory_gib * GIB,
-            gpus: self.gpus,
-        }
-    }
-}
-
-/// What a node offers or a replica reserves (custom resources are not simulated:
-/// a request for one is refused).
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-struct Capacity {
-    cpus: f64,
-    memory: f64,
-    gpus: f64,
-}
-
-impl Capacity {
-    fn of(r: &flotilla::Resources) -> Self {
-        Capacity {
-            cpus: r.cpus,
-            memory: r.memory_bytes as f64,
-            gpus: r.gpus,
-        }
-    }
-}
-
-type DeploymentKey = (AppName, DeploymentName);
-
-struct Node {
-    name: NodeId,
-    group: usize,
-    capacity: Capacity,
-    used: Capacity,
-    alive: bool,
-    replicas: usize,
-    per_deployment: HashMap<DeploymentKey, u32>,
-}
-
-impl Node {
-    fn free(&self) -> Capacity {
-        Capacity {
-            cpus: self.capacity.cpus - self.used.cpus,
-            memory: self.capacity.memory - self.used.memory,
-            gpus: self.capacity.gpus - self.used.gpus,
-        }
+    /// What one node of the group offers (no custom resources: the simulated
+    /// cluster offers none).
+    fn capacity(&self) -> Resources {
+        Resources::none()
+            .with_cpus(self.cpus)
+            .with_memory((self.memory_gib * GIB) as u64)
+            .with_gpus(self.gpus)
     }
 
-    fn fits(&self, need: &Capacity) -> bool {
-        let free = self.free();
-        need.cpus <= free.cpus + EPS
-            && need.memory <= free.memory + EPS
-            && need.gpus <= free.gpus + EPS
+    /// Whether an empty node of the group takes a replica reserving `need` (the
+    /// placement's own test).
+    pub fn holds(&self, need: &Resources) -> bool {
+        self.node(0).holds(need)
     }
-}
 
-struct Reservation {
-    node: usize,
-    need: Capacity,
-    key: DeploymentKey,
+    /// Node `i` of the group.
+    fn node(&self, i: usize) -> NodeSpec {
+        NodeSpec::new(format!("{}-{i:02}", self.name), self.capacity())
+    }
 }
 
 /// The cluster's counters (cumulative since it was built).
@@ -185,8 +143,9 @@ struct Inner {
     /// Placement requests per deployment so far: the key of its next choice.
     asked: HashMap<DeploymentKey, u64>,
     groups: Vec<NodeGroup>,
-    nodes: Vec<Node>,
-    reservations: HashMap<ReplicaId, Reservation>,
+    /// Nodes made of each group so far (the next one's index).
+    made: Vec<usize>,
+    pool: NodePool,
     /// A placement was refused since the last capacity announcement: only then is
     /// anybody waiting for room (DeploymentActors also filter, but a broadcast to
     /// thousands of subscribers per released replica is work for nothing).
@@ -195,62 +154,66 @@ struct Inner {
 }
 
 impl Inner {
-    fn unreserve(&mut self, replica: ReplicaId) -> bool {
-        let Some(r) = self.reservations.remove(&replica) else {
-            return false;
+    /// The node `strategy` picks for `request` (`None`: none fits). Counts the
+    /// deployment's request.
+    fn choose(&mut self, request: &PlacementRequest<'_>, key: &DeploymentKey) -> Option<usize> {
+        let asked = {
+            let n = self.asked.entry(key.clone()).or_insert(0);
+            *n += 1;
+            *n
         };
-        if let Some(node) = self.nodes.get_mut(r.node) {
-            node.used.cpus -= r.need.cpus;
-            node.used.memory -= r.need.memory;
-            node.used.gpus -= r.need.gpus;
-            node.replicas = node.replicas.saturating_sub(1);
-            if let Some(n) = node.per_deployment.get_mut(&r.key) {
-                *n = n.saturating_sub(1);
-                if *n == 0 {
-                    node.per_deployment.remove(&r.key);
-                }
-            }
+        if asks_custom(request.resources) {
+            return None;
         }
-        true
+        let candidates = self.pool.fitting(request.resources);
+        match self.strategy {
+            Strategy::Spread => {
+                let stream = rng::key(
+                    self.seed,
+                    &[
+                        rng::label(request.app.as_str()),
+                        rng::label(request.deployment.as_str()),
+                        asked,
+                    ],
+                );
+                candidates
+                    .map(|(i, n)| {
+                        // Weighted rendezvous hashing: -ln(u) / weight, smallest wins.
+                        let h = rng::splitmix(stream ^ rng::label(n.name()));
+                        let u = ((h >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+                        let score = -u.ln() / n.capacity().cpus.max(1e-6);
+                        (n.replicas_of(key), score, i)
+                    })
+                    .min_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)).then(a.2.cmp(&b.2)))
+                    .map(|(_, _, i)| i)
+            }
+            Strategy::Pack => candidates
+                .min_by(|(i, a), (j, b)| {
+                    a.free()
+                        .cpus
+                        .total_cmp(&b.free().cpus)
+                        .then_with(|| i.cmp(j))
+                })
+                .map(|(i, _)| i),
+        }
     }
 
-    fn refusal(&self, need: &Capacity, custom: bool) -> Refusal {
-        if custom {
-            return Refusal {
-                missing: "the simulated cluster offers no custom resources".to_owned(),
-            };
-        }
-        let live: Vec<&Node> = self.nodes.iter().filter(|n| n.alive).collect();
-        if live.is_empty() {
-            return Refusal {
-                missing: "the cluster has no live node".to_owned(),
-            };
-        }
-        let mut missing = String::new();
-        type Dim = (&'static str, fn(&Capacity) -> f64);
-        let dims: [Dim; 3] = [
-            ("cpus", |c| c.cpus),
-            ("memory_bytes", |c| c.memory),
-            ("gpus", |c| c.gpus),
-        ];
-        for (name, get) in dims {
-            let want = get(need);
-            if want <= 0.0 {
-                continue;
-            }
-            let most = live.iter().map(|n| get(&n.free())).fold(f64::MIN, f64::max);
-            if want > most + EPS {
-                if !missing.is_empty() {
-                    missing.push_str("; ");
-                }
-                let _ = write!(missing, "{name}: need {want}, most free {}", most.max(0.0));
-            }
-        }
-        if missing.is_empty() {
-            missing = "no single node has every resource free at once".to_owned();
-        }
+    /// Why `need` fits no node.
+    fn refusal(&self, need: &Resources) -> Refusal {
+        let missing = if asks_custom(need) {
+            "the simulated cluster offers no custom resources".to_owned()
+        } else {
+            self.pool
+                .shortfall(need)
+                .unwrap_or_else(|| "no single node has every resource free at once".to_owned())
+        };
         Refusal { missing }
     }
+}
+
+/// Whether `need` asks for a custom resource, which no simulated node offers.
+fn asks_custom(need: &Resources) -> bool {
+    need.custom.values().any(|v| *v > 0.0)
 }
 
 /// Simulated nodes in groups, with spread or pack placement, node loss and
@@ -275,8 +238,8 @@ impl std::fmt::Debug for SimCluster {
         let inner = self.lock();
         f.debug_struct("SimCluster")
             .field("strategy", &inner.strategy)
-            .field("nodes", &inner.nodes.len())
-            .field("reservations", &inner.reservations.len())
+            .field("nodes", &inner.pool.nodes().len())
+            .field("reservations", &inner.pool.reserved())
             .finish()
     }
 }
@@ -285,28 +248,19 @@ impl SimCluster {
     /// A cluster of every node of `groups`, alive and empty; `seed` drives the
     /// spread strategy's tie-breaking.
     pub fn new(groups: Vec<NodeGroup>, strategy: Strategy, seed: u64) -> Self {
-        let mut nodes = Vec::new();
-        for (g, group) in groups.iter().enumerate() {
-            for i in 0..group.count {
-                nodes.push(Node {
-                    name: format!("{}-{i:02}", group.name),
-                    group: g,
-                    capacity: group.capacity(),
-                    used: Capacity::default(),
-                    alive: true,
-                    replicas: 0,
-                    per_deployment: HashMap::new(),
-                });
-            }
-        }
+        let pool = NodePool::new(
+            groups
+                .iter()
+                .flat_map(|g| (0..g.count).map(move |i| g.node(i))),
+        );
         SimCluster {
             inner: Mutex::new(Inner {
                 strategy,
                 seed,
                 asked: HashMap::new(),
+                made: groups.iter().map(|g| g.count).collect(),
                 groups,
-                nodes,
-                reservations: HashMap::new(),
+                pool,
                 refused_since_announce: false,
                 counters: ClusterCounters::default(),
             }),
@@ -325,12 +279,7 @@ impl SimCluster {
 
     /// Names of the live nodes, in declaration order.
     pub fn live_nodes(&self) -> Vec<NodeId> {
-        self.lock()
-            .nodes
-            .iter()
-            .filter(|n| n.alive)
-            .map(|n| n.name.clone())
-            .collect()
+        self.lock().pool.live_names()
     }
 
     /// Kill node `name`: its reservations are dropped and subscribers learn that
@@ -339,25 +288,10 @@ impl SimCluster {
     pub fn kill_node(&self, name: &str) -> Option<BTreeSet<String>> {
         let apps = {
             let mut inner = self.lock();
-            let idx = inner.nodes.iter().position(|n| n.alive && n.name == name)?;
-            let lost: Vec<ReplicaId> = inner
-                .reservations
-                .iter()
-                .filter(|(_, r)| r.node == idx)
-                .map(|(id, _)| *id)
-                .collect();
-            let apps: BTreeSet<String> = inner.nodes[idx]
-                .per_deployment
-                .keys()
-                .map(|(a, _)| a.to_string())
-                .collect();
-            for id in &lost {
-                inner.unreserve(*id);
-            }
+            let lost = inner.pool.kill(name)?;
             inner.counters.lost_with_nodes += lost.len() as u64;
             inner.counters.nodes_killed += 1;
-            inner.nodes[idx].alive = false;
-            apps
+            lost.into_iter().map(|(app, _)| app.to_string()).collect()
         };
         self.announce(ClusterEvent::NodeDied(name.to_owned()));
         Some(apps)
@@ -368,18 +302,10 @@ impl SimCluster {
     pub fn add_node(&self, group: usize) -> Option<NodeId> {
         let name = {
             let mut inner = self.lock();
-            let g = inner.groups.get(group)?.clone();
-            let taken = inner.nodes.iter().filter(|n| n.group == group).count();
-            let name = format!("{}-{taken:02}", g.name);
-            inner.nodes.push(Node {
-                name: name.clone(),
-                group,
-                capacity: g.capacity(),
-                used: Capacity::default(),
-                alive: true,
-                replicas: 0,
-                per_deployment: HashMap::new(),
-            });
+            let spec = inner.groups.get(group)?.node(inner.made[group]);
+            let name = spec.name.clone();
+            inner.made[group] += 1;
+            inner.pool.add(spec);
             inner.counters.nodes_added += 1;
             inner.refused_since_announce = false;
             name
@@ -397,13 +323,10 @@ impl SimCluster {
     /// is gone (nobody is left to release them). Returns how many were dropped.
     pub fn process_crashed(&self) -> usize {
         let mut inner = self.lock();
-        let ids: Vec<ReplicaId> = inner.reservations.keys().copied().collect();
-        for id in &ids {
-            inner.unreserve(*id);
-        }
-        inner.counters.lost_with_process += ids.len() as u64;
+        let dropped = inner.pool.release_all();
+        inner.counters.lost_with_process += dropped as u64;
         inner.refused_since_announce = false;
-        ids.len()
+        dropped
     }
 
     /// The counters so far.
@@ -414,16 +337,15 @@ impl SimCluster {
     /// Live nodes, reservations and CPUs now.
     pub fn view(&self) -> ClusterView {
         let inner = self.lock();
-        let live = inner.nodes.iter().filter(|n| n.alive);
         let (mut nodes, mut cpus, mut used) = (0, 0.0, 0.0);
-        for n in live {
+        for n in inner.pool.live() {
             nodes += 1;
-            cpus += n.capacity.cpus;
-            used += n.used.cpus;
+            cpus += n.capacity().cpus;
+            used += n.used().cpus;
         }
         ClusterView {
             live_nodes: nodes,
-            reserved: inner.reservations.len(),
+            reserved: inner.pool.reserved(),
             cpus,
             cpus_used: used,
         }
@@ -431,90 +353,31 @@ impl SimCluster {
 
     /// Reservations held by replicas of `app` (all its deployments).
     pub fn reserved_by(&self, app: &str) -> usize {
-        self.lock()
-            .reservations
-            .values()
-            .filter(|r| r.key.0.as_str() == app)
-            .count()
+        self.lock().pool.reserved_by(app)
     }
 }
 
 impl Cluster for SimCluster {
     fn place(&self, request: &PlacementRequest<'_>) -> Result<NodeId, Refusal> {
         let mut inner = self.lock();
-        if let Some(r) = inner.reservations.get(&request.replica) {
+        if let Some(node) = inner.pool.node_of(request.replica) {
             // Placing twice is idempotent.
-            return Ok(inner.nodes[r.node].name.clone());
+            return Ok(node.name().to_owned());
         }
-        let need = Capacity::of(request.resources);
-        let custom = request.resources.custom.values().any(|v| *v > 0.0);
         let key = (request.app.clone(), request.deployment.clone());
-        let asked = {
-            let n = inner.asked.entry(key.clone()).or_insert(0);
-            *n += 1;
-            *n
-        };
-        let stream = rng::key(
-            inner.seed,
-            &[
-                rng::label(request.app.as_str()),
-                rng::label(request.deployment.as_str()),
-                asked,
-            ],
-        );
-        let candidates = inner
-            .nodes
-            .iter()
-            .enumerate()
-            .filter(|(_, n)| !custom && n.alive && n.fits(&need));
-        let best = match inner.strategy {
-            Strategy::Spread => candidates
-                .map(|(i, n)| {
-                    // Weighted rendezvous hashing: -ln(u) / weight, smallest wins.
-                    let h = rng::splitmix(stream ^ rng::label(&n.name));
-                    let u = ((h >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
-                    let score = -u.ln() / n.capacity.cpus.max(1e-6);
-                    (n.per_deployment.get(&key).copied().unwrap_or(0), score, i)
-                })
-                .min_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)).then(a.2.cmp(&b.2)))
-                .map(|(_, _, i)| i),
-            Strategy::Pack => candidates
-                .min_by(|(i, a), (j, b)| {
-                    a.free()
-                        .cpus
-                        .total_cmp(&b.free().cpus)
-                        .then_with(|| i.cmp(j))
-                })
-                .map(|(i, _)| i),
-        };
-        let Some(idx) = best else {
+        let Some(idx) = inner.choose(request, &key) else {
             inner.counters.refusals += 1;
             inner.refused_since_announce = true;
-            return Err(inner.refusal(&need, custom));
+            return Err(inner.refusal(request.resources));
         };
-        let node = &mut inner.nodes[idx];
-        node.used.cpus += need.cpus;
-        node.used.memory += need.memory;
-        node.used.gpus += need.gpus;
-        node.replicas += 1;
-        *node.per_deployment.entry(key.clone()).or_insert(0) += 1;
-        let name = node.name.clone();
-        inner.reservations.insert(
-            request.replica,
-            Reservation {
-                node: idx,
-                need,
-                key,
-            },
-        );
         inner.counters.placements += 1;
-        Ok(name)
+        Ok(inner.pool.reserve(idx, request))
     }
 
     fn release(&self, replica: ReplicaId) {
         let wake = {
             let mut inner = self.lock();
-            if !inner.unreserve(replica) {
+            if !inner.pool.release(replica) {
                 return;
             }
             inner.counters.releases += 1;
@@ -530,7 +393,7 @@ impl Cluster for SimCluster {
     }
 
     fn is_alive(&self, node: &str) -> bool {
-        self.lock().nodes.iter().any(|n| n.alive && n.name == node)
+        self.lock().pool.is_alive(node)
     }
 }
 
@@ -538,7 +401,7 @@ impl Cluster for SimCluster {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use flotilla::Resources;
+    use flotilla::{AppName, DeploymentName};
     use std::collections::BTreeMap;
 
     fn group(name: &str, count: usize, cpus: f64) -> NodeGroup {
@@ -619,27 +482,22 @@ mod tests {
         let one = SimCluster::new(groups.clone(), Strategy::Spread, 9);
         let two = SimCluster::new(groups, Strategy::Spread, 9);
         let deps: Vec<String> = (0..20).map(|i| format!("app{i}")).collect();
-        let mut first = BTreeMap::new();
+        // Two replicas of each app's deployment, the apps asking in `order`.
         let mut id = 0;
-        for app in &deps {
-            for _ in 0..2 {
-                id += 1;
-                first
-                    .entry(app.clone())
-                    .or_insert_with(Vec::new)
-                    .push(place(&one, id, app, "d", 0.5).unwrap());
+        let mut placements = |c: &SimCluster, order: Vec<&String>| {
+            let mut out = BTreeMap::new();
+            for app in order {
+                for _ in 0..2 {
+                    id += 1;
+                    out.entry(app.clone())
+                        .or_insert_with(Vec::new)
+                        .push(place(c, id, app, "d", 0.5).unwrap());
+                }
             }
-        }
-        let mut second = BTreeMap::new();
-        for app in deps.iter().rev() {
-            for _ in 0..2 {
-                id += 1;
-                second
-                    .entry(app.clone())
-                    .or_insert_with(Vec::new)
-                    .push(place(&two, id, app, "d", 0.5).unwrap());
-            }
-        }
+            out
+        };
+        let first = placements(&one, deps.iter().collect());
+        let second = placements(&two, deps.iter().rev().collect());
         assert_eq!(first, second);
         let on_b = first
             .values()

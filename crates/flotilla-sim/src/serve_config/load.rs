@@ -15,9 +15,6 @@ use crate::{
     workload::app_index,
 };
 
-/// Bytes in a GiB.
-const GIB: f64 = (1u64 << 30) as f64;
-
 /// One application of a config, and what it must become.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DeclaredApp {
@@ -151,10 +148,7 @@ fn placeable(r: &flotilla::Resources, groups: &[NodeGroup]) -> std::result::Resu
             names.join(", ")
         ));
     }
-    let fits = groups.iter().any(|g| {
-        r.cpus <= g.cpus && r.memory_bytes as f64 <= g.memory_gib * GIB && r.gpus <= g.gpus
-    });
-    if fits {
+    if groups.iter().any(|g| g.holds(r)) {
         Ok(())
     } else {
         Err(format!(

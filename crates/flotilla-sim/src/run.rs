@@ -38,10 +38,7 @@ mod targets;
 mod timeline;
 mod watchdog;
 
-use std::{
-    path::{Path, PathBuf},
-    sync::{Arc, atomic::Ordering},
-};
+use std::path::{Path, PathBuf};
 
 pub use timeline::{Mark, Sample, Timeline};
 
@@ -98,21 +95,20 @@ pub fn run(scenario: &Scenario, options: &RunOptions) -> Result<Outcome> {
         std::fs::remove_file(&store)
             .map_err(|e| SimError::Setup(format!("removing old {}: {e}", store.display())))?;
     }
-    let heartbeat = Arc::new(watchdog::Heartbeat::default());
-    let guard = options
-        .stall_timeout
-        .map(|limit| watchdog::watchdog(heartbeat.clone(), limit));
+    // Ends its thread when dropped, at the end of the run however it ends.
+    let watchdog = watchdog::Watchdog::start(options.stall_timeout);
     // Everything, the start instant included, is made inside the runtime: on its
     // paused clock, virtual time starts at the same instant on every run.
-    let out = rt.block_on(async {
-        let sim = setup::Sim::new(scenario.clone(), configs, options, store, heartbeat.clone())?;
+    rt.block_on(async {
+        let sim = setup::Sim::new(
+            scenario.clone(),
+            configs,
+            options,
+            store,
+            watchdog.heartbeat(),
+        )?;
         sim.simulate().await
-    });
-    heartbeat.done.store(true, Ordering::Release);
-    if let Some(w) = guard {
-        let _ = w.join();
-    }
-    out
+    })
 }
 
 /// Round to milliseconds (seconds with three decimals), for stable figures.

@@ -341,7 +341,7 @@ impl Default for Scenario {
             cluster: ClusterSpec::default(),
             workload: WorkloadSpec::default(),
             traffic: TrafficSpec::default(),
-            faults: DEFAULT_FAULTS.split(',').map(str::to_owned).collect(),
+            faults: faults::split(DEFAULT_FAULTS),
             serve_config: None,
         }
     }

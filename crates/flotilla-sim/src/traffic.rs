@@ -361,7 +361,8 @@ pub async fn generate(ctx: Arc<TrafficCtx>, until: Instant) {
 
 async fn request(ctx: Arc<TrafficCtx>, app: u32, ms: u64) {
     let issued = ctx.now();
-    let mut last = String::from("unavailable");
+    // The last attempt's error: its kind, and the whole of it.
+    let (mut kind, mut last) = ("unavailable", String::from("unavailable"));
     for attempt in 0..ctx.spec.attempts {
         if attempt > 0 {
             ctx.stats.retried.fetch_add(1, Ordering::Relaxed);
@@ -369,7 +370,7 @@ async fn request(ctx: Arc<TrafficCtx>, app: u32, ms: u64) {
             tokio::time::sleep(ctx.spec.retry_backoff).await;
         }
         let Some(h) = ctx.handles.handle(app, &ctx.names) else {
-            last = "unavailable".into();
+            (kind, last) = ("unavailable", "unavailable".into());
             continue;
         };
         match h
@@ -387,7 +388,8 @@ async fn request(ctx: Arc<TrafficCtx>, app: u32, ms: u64) {
                 if matches!(e, CallError::NotFound { .. }) {
                     ctx.handles.forget(app);
                 }
-                last = format!("{}: {e}", error_kind(&e));
+                kind = error_kind(&e);
+                last = format!("{kind}: {e}");
             }
         }
     }
@@ -397,8 +399,7 @@ async fn request(ctx: Arc<TrafficCtx>, app: u32, ms: u64) {
     let cause = ctx.windows.classify(app, issued, done);
     {
         let mut d = ctx.stats.detail.lock().unwrap_or_else(|p| p.into_inner());
-        let kind = last.split(':').next().unwrap_or("unknown").to_owned();
-        *d.by_error.entry(kind).or_insert(0) += 1;
+        *d.by_error.entry(kind.to_owned()).or_insert(0) += 1;
         match cause {
             Some(Cause::ControlPlane) => d.control_plane += 1,
             Some(c) => *d.excused.entry(c).or_insert(0) += 1,

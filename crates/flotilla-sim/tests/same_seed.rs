@@ -4,32 +4,19 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::time::Duration;
 
-use flotilla_sim::{
-    RunOptions, Scenario,
-    cluster::NodeGroup,
-    faults,
-    scenario::{ClusterSpec, TrafficSpec, WorkloadSpec},
-};
+use common::{group, replays, scenario};
+use flotilla_sim::{Scenario, scenario::WorkloadSpec};
 
 fn tiny(seed: u64) -> Scenario {
-    let group = |name: &str, count, cpus| NodeGroup {
-        name: name.into(),
-        count,
-        cpus,
-        memory_gib: 16.0,
-        gpus: 0.0,
-    };
-    Scenario {
+    scenario(
         seed,
-        duration: Duration::from_secs(90),
-        settle_timeout: Duration::from_secs(300),
-        cluster: ClusterSpec {
-            groups: vec![group("a", 2, 4.0), group("b", 1, 8.0)],
-            ..Default::default()
-        },
-        workload: WorkloadSpec {
+        Duration::from_secs(90),
+        vec![group("a", 2, 4.0, 16.0), group("b", 1, 8.0, 16.0)],
+        WorkloadSpec {
             apps: 8,
             deployments: 2,
             replicas: 2,
@@ -38,33 +25,16 @@ fn tiny(seed: u64) -> Scenario {
             constructor_failure_rate: 0.1,
             ..Default::default()
         },
-        traffic: TrafficSpec {
-            rate: 20.0,
-            ..Default::default()
-        },
-        faults: faults::split(
-            "controller@10s,node@20s,app@25s:2,deployment@28s:2,commit@30s,update@30s:3,\
-             controller@35s:after-commit,scale@35s:2,replica@40s:2,process@50s,delete@60s:2,\
-             deploy@62s:2,flap@65s:2:20s,ctor@70s:0.5:10s,node-add@72s",
-        ),
-        ..Default::default()
-    }
+        20.0,
+        "controller@10s,node@20s,app@25s:2,deployment@28s:2,commit@30s,update@30s:3,\
+         controller@35s:after-commit,scale@35s:2,replica@40s:2,process@50s,delete@60s:2,\
+         deploy@62s:2,flap@65s:2:20s,ctor@70s:0.5:10s,node-add@72s",
+    )
 }
 
 #[test]
 fn the_same_seed_gives_the_same_summary() {
-    let scenario = tiny(11);
-    let one = flotilla_sim::run(&scenario, &RunOptions::default()).unwrap();
-    let two = flotilla_sim::run(&scenario, &RunOptions::default()).unwrap();
-    assert!(one.summary.ok(), "{}", one.summary);
-    assert_eq!(
-        one.summary.without_wall_clock(),
-        two.summary.without_wall_clock(),
-        "\n{}\n---\n{}",
-        one.summary,
-        two.summary
-    );
-    assert_eq!(one.timeline, two.timeline);
+    let one = replays(&tiny(11));
     let s = &one.summary;
     assert_eq!(s.events.len(), 15);
     assert_eq!(s.restarts.process, 1);

@@ -5,17 +5,15 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::{
     path::{Path, PathBuf},
     time::Duration,
 };
 
-use flotilla_sim::{
-    RunOptions, Scenario, SimError,
-    cluster::NodeGroup,
-    faults,
-    scenario::{ClusterSpec, TrafficSpec, WorkloadSpec},
-};
+use common::{group, replays, scenario};
+use flotilla_sim::{RunOptions, Scenario, SimError, scenario::WorkloadSpec};
 
 fn scenarios() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios")
@@ -24,35 +22,22 @@ fn scenarios() -> PathBuf {
 /// A small scenario: `apps` workload applications, `config` applied at the
 /// start, then `faults`.
 fn small(seed: u64, apps: usize, config: &Path, faults: &str) -> Scenario {
-    let group = |name: &str, count, cpus| NodeGroup {
-        name: name.into(),
-        count,
-        cpus,
-        memory_gib: 32.0,
-        gpus: 0.0,
-    };
     Scenario {
-        seed,
-        duration: Duration::from_secs(120),
-        settle_timeout: Duration::from_secs(300),
-        cluster: ClusterSpec {
-            groups: vec![group("a", 3, 8.0), group("b", 1, 16.0)],
-            ..Default::default()
-        },
-        workload: WorkloadSpec {
-            apps,
-            batch: 3,
-            broken_apps: 0,
-            constructor_failure_rate: 0.1,
-            ..Default::default()
-        },
-        traffic: TrafficSpec {
-            rate: 40.0,
-            ..Default::default()
-        },
-        faults: faults::split(faults),
         serve_config: Some(config.to_owned()),
-        ..Default::default()
+        ..scenario(
+            seed,
+            Duration::from_secs(120),
+            vec![group("a", 3, 8.0, 32.0), group("b", 1, 16.0, 32.0)],
+            WorkloadSpec {
+                apps,
+                batch: 3,
+                broken_apps: 0,
+                constructor_failure_rate: 0.1,
+                ..Default::default()
+            },
+            40.0,
+            faults,
+        )
     }
 }
 
@@ -213,18 +198,7 @@ fn the_same_seed_gives_the_same_summary_with_a_serve_config() {
         "node@20s,config@30s:{},process@40s,replica@50s:3",
         dir.join("serve_config_next.yaml").display()
     );
-    let s = small(9, 3, &dir.join("serve_config.yaml"), &faults);
-    let one = flotilla_sim::run(&s, &RunOptions::default()).unwrap();
-    let two = flotilla_sim::run(&s, &RunOptions::default()).unwrap();
-    assert!(one.summary.ok(), "{}", one.summary);
-    assert_eq!(
-        one.summary.without_wall_clock(),
-        two.summary.without_wall_clock(),
-        "\n{}\n---\n{}",
-        one.summary,
-        two.summary
-    );
-    assert_eq!(one.timeline, two.timeline);
+    replays(&small(9, 3, &dir.join("serve_config.yaml"), &faults));
 }
 
 /// Applying A, B, A, B: `legacy-reports` builds under B, fails to build under A

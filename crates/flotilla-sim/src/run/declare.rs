@@ -10,7 +10,6 @@
 use std::{collections::BTreeSet, sync::Arc};
 
 use super::{
-    events::DATA_WINDOW,
     model::{Declared, Slot, Target},
     operations::attempts_note,
     setup::Sim,
@@ -18,7 +17,6 @@ use super::{
 use crate::{
     Result,
     serve_config::{DeclaredApp, LoadedConfig},
-    traffic::Cause,
 };
 
 impl Sim {
@@ -53,22 +51,8 @@ impl Sim {
             .map(|(i, _)| i)
             .filter(|i| !keep.contains(i))
             .collect();
-        {
-            let mut m = self.shared.model();
-            for i in &gone {
-                if let Slot::Present(t) = m.slot(*i).clone() {
-                    m.set(*i, Slot::Deleting(t));
-                }
-                self.shared.ready().set(*i, false);
-            }
-        }
         if !gone.is_empty() {
-            self.shared.windows().open(
-                now,
-                DATA_WINDOW,
-                Some(gone.iter().copied().collect()),
-                Cause::Deleted,
-            );
+            self.deleting(&gone, now);
         }
         let path = config.path.clone();
         let what = format!("applying {}", path.display());

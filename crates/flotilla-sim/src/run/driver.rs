@@ -122,12 +122,10 @@ impl Sim {
 
     /// Deploy initial batch `k` of the workload.
     async fn deploy_batch(&mut self, k: usize) -> Result<()> {
-        let w = self.sc().workload.clone();
-        let to = ((k + 1) * w.batch).min(w.apps);
+        let w = &self.sc().workload;
+        let batches = w.apps.div_ceil(w.batch);
         let apps = self.initial_batch(k);
-        self.next_app = self.next_app.max(to as u32);
-        self.shared
-            .say(format!("batch {} of {}", k + 1, w.apps.div_ceil(w.batch)));
+        self.shared.say(format!("batch {} of {batches}", k + 1));
         self.deploy(&apps).await?;
         self.initial_done();
         Ok(())

@@ -102,21 +102,23 @@ impl Sim {
         let w = &self.sc().workload;
         let from = k * w.batch;
         let to = ((k + 1) * w.batch).min(w.apps);
+        // Spread the broken ones over the batches: every `every`-th is broken.
+        let every = (w.apps / w.broken_apps.max(1)).max(1);
         (from..to)
             .map(|i| {
-                (
-                    i as u32,
-                    AppTarget {
-                        tag: "v1".into(),
-                        replicas: w.replicas,
-                        // Spread the broken ones over the batches.
-                        broken: w.broken_apps > 0
-                            && i % (w.apps / w.broken_apps).max(1) == 0
-                            && i / (w.apps / w.broken_apps).max(1) < w.broken_apps,
-                    },
-                )
+                let broken = w.broken_apps > 0 && i % every == 0 && i / every < w.broken_apps;
+                (i as u32, self.first_target(broken))
             })
             .collect()
+    }
+
+    /// A new application's first target.
+    fn first_target(&self, broken: bool) -> AppTarget {
+        AppTarget {
+            tag: "v1".into(),
+            replicas: self.sc().workload.replicas,
+            broken,
+        }
     }
 
     /// Application `idx`'s acknowledged target, if it is present and imperative.
@@ -127,30 +129,35 @@ impl Sim {
             .and_then(|t| t.imperative().cloned())
     }
 
-    /// Redeploy `n` healthy applications with new code (a rolling update).
-    pub(super) async fn update(&mut self, n: usize) -> Result<String> {
-        self.updates += 1;
-        let tag = format!("v{}", self.updates + 1);
+    /// Redeploy `n` healthy imperative applications, each at `change` of its
+    /// acknowledged target; returns how many and the attempts.
+    async fn redeploy(
+        &mut self,
+        n: usize,
+        change: impl Fn(AppTarget) -> AppTarget,
+    ) -> Result<(usize, Option<u32>)> {
         let present = self.shared.model().present_imperative(true);
         let picked = self.pick(&present, n);
         let apps: Vec<(u32, AppTarget)> = picked
             .iter()
-            .filter_map(|i| {
-                self.target(*i).map(|t| {
-                    (
-                        *i,
-                        AppTarget {
-                            tag: tag.clone(),
-                            ..t
-                        },
-                    )
-                })
-            })
+            .filter_map(|i| self.target(*i).map(|t| (*i, change(t))))
             .collect();
         let attempts = self.deploy(&apps).await?;
+        Ok((apps.len(), attempts))
+    }
+
+    /// Redeploy `n` healthy applications with new code (a rolling update).
+    pub(super) async fn update(&mut self, n: usize) -> Result<String> {
+        self.updates += 1;
+        let tag = format!("v{}", self.updates + 1);
+        let (count, attempts) = self
+            .redeploy(n, |t| AppTarget {
+                tag: tag.clone(),
+                ..t
+            })
+            .await?;
         Ok(format!(
-            "redeployed {} apps with code {tag}{}",
-            apps.len(),
+            "redeployed {count} apps with code {tag}{}",
             attempts_note(attempts)
         ))
     }
@@ -158,23 +165,13 @@ impl Sim {
     /// Change `n` healthy applications' replica counts (base <-> base + 1).
     pub(super) async fn scale(&mut self, n: usize) -> Result<String> {
         let base = self.sc().workload.replicas;
-        let present = self.shared.model().present_imperative(true);
-        let picked = self.pick(&present, n);
-        let apps: Vec<(u32, AppTarget)> = picked
-            .iter()
-            .filter_map(|i| {
-                self.target(*i).map(|t| {
-                    let replicas = if t.replicas == base { base + 1 } else { base };
-                    (*i, AppTarget { replicas, ..t })
-                })
+        let (count, attempts) = self
+            .redeploy(n, |t| {
+                let replicas = if t.replicas == base { base + 1 } else { base };
+                AppTarget { replicas, ..t }
             })
-            .collect();
-        let attempts = self.deploy(&apps).await?;
-        Ok(format!(
-            "rescaled {} apps{}",
-            apps.len(),
-            attempts_note(attempts)
-        ))
+            .await?;
+        Ok(format!("rescaled {count} apps{}", attempts_note(attempts)))
     }
 
     /// Delete `n` applications, imperative or declared (a delete takes a
@@ -183,21 +180,7 @@ impl Sim {
     pub(super) async fn delete(&mut self, n: usize, now: f64) -> Result<String> {
         let present = self.shared.model().present(false);
         let picked = self.pick(&present, n);
-        {
-            let mut m = self.shared.model();
-            for i in &picked {
-                if let Slot::Present(t) = m.slot(*i).clone() {
-                    m.set(*i, Slot::Deleting(t));
-                }
-                self.shared.ready().set(*i, false);
-            }
-        }
-        self.shared.windows().open(
-            now,
-            DATA_WINDOW,
-            Some(picked.iter().copied().collect()),
-            Cause::Deleted,
-        );
+        self.deleting(&picked, now);
         let names: Vec<String> = picked
             .iter()
             .map(|i| self.shared.world.names().name(*i))
@@ -224,22 +207,32 @@ impl Sim {
         ))
     }
 
+    /// `apps` are about to be deleted: they take no more traffic, and a window
+    /// opening at `now` (virtual seconds) excuses their failed requests.
+    pub(super) fn deleting(&self, apps: &[u32], now: f64) {
+        {
+            let mut m = self.shared.model();
+            for i in apps {
+                if let Slot::Present(t) = m.slot(*i).clone() {
+                    m.set(*i, Slot::Deleting(t));
+                }
+                self.shared.ready().set(*i, false);
+            }
+        }
+        self.shared.windows().open(
+            now,
+            DATA_WINDOW,
+            Some(apps.iter().copied().collect()),
+            Cause::Deleted,
+        );
+    }
+
     /// Deploy `n` new healthy applications.
     pub(super) async fn deploy_new(&mut self, n: usize) -> Result<String> {
-        let w = self.sc().workload.clone();
         let first = self.next_app;
         self.next_app += n as u32;
         let apps: Vec<(u32, AppTarget)> = (first..first + n as u32)
-            .map(|i| {
-                (
-                    i,
-                    AppTarget {
-                        tag: "v1".into(),
-                        replicas: w.replicas,
-                        broken: false,
-                    },
-                )
-            })
+            .map(|i| (i, self.first_target(false)))
             .collect();
         let attempts = self.deploy(&apps).await?;
         Ok(format!("deployed {n} new apps{}", attempts_note(attempts)))

@@ -52,7 +52,6 @@ pub(super) struct Observed {
     pub(super) records: Vec<EventRecord>,
     pub(super) follows: Vec<Follow>,
     pub(super) processes: Vec<ProcessCounters>,
-    pub(super) converged: bool,
     pub(super) initial_acked: bool,
     pub(super) initial_at: Option<(f64, f64)>,
     pub(super) settle_from: Option<(f64, f64)>,

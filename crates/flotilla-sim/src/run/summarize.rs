@@ -21,12 +21,7 @@ impl Sim {
         let sc = self.sc().clone();
         // Final readings, then a graceful shutdown that must leave nothing behind.
         let serve = self.serve()?;
-        record_metrics(&self.shared, &serve).await;
-        let running_at_end = serve
-            .metrics()
-            .await
-            .map(|m| m.running_replicas)
-            .unwrap_or(0);
+        let running_at_end = record_metrics(&self.shared, &serve).await.unwrap_or(0);
         let statuses = serve.status();
         let total_virtual = self.shared.now();
         let wall_run = self.shared.wall0.elapsed().as_secs_f64();

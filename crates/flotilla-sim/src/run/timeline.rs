@@ -78,8 +78,7 @@ pub(super) async fn sample_loop(shared: Arc<Shared>, beat: Arc<Heartbeat>) {
         if shared.stop_sampler.load(Ordering::Acquire) {
             return;
         }
-        beat.virtual_ms
-            .store(shared.start.elapsed().as_millis() as u64, Ordering::Release);
+        beat.sampled(shared.start.elapsed().as_millis() as u64);
         sample(&shared, every.as_secs_f64()).await;
     }
 }
@@ -141,7 +140,6 @@ async fn sample(shared: &Shared, interval: f64) {
         retried_per_s: retried as f64 / interval,
         live_nodes: view.live_nodes,
     });
-    o.converged = converged;
     if converged {
         shared.windows().converged(t);
         if o.initial_acked && o.initial_at.is_none() {
@@ -177,16 +175,15 @@ async fn sample(shared: &Shared, interval: f64) {
     let settling = o.settle_from.is_some();
     drop(o);
     if let Some(p) = &shared.progress {
-        if !initial_done {
-            p.set_length(known.max(1) as u64);
-            p.set_position(as_expected as u64);
-        } else if !settling {
+        if initial_done && !settling {
+            // During the event schedule: virtual seconds of it.
             if p.length() != Some(shared.scenario.duration.as_secs()) {
                 p.set_prefix("faults");
                 p.set_length(shared.scenario.duration.as_secs());
             }
             p.set_position(t as u64);
         } else {
+            // Deploying or settling: applications as expected.
             p.set_length(known.max(1) as u64);
             p.set_position(as_expected as u64);
         }

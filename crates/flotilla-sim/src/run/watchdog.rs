@@ -1,54 +1,130 @@
 //! The live-lock guard: the simulation's sign of life, and a wall-clock thread
 //! that ends the process when virtual time stops advancing.
+//!
+//! The thread sleeps in `recv_timeout` on a channel of beats: each beat (a
+//! sample at a new virtual instant, a step of the final checks) starts its wait
+//! again, a wait that runs out is a live-lock, and the run closing the channel
+//! ends the thread at once. It never polls.
 
-use std::sync::{
-    Arc,
-    atomic::{AtomicBool, AtomicU64, Ordering},
+use std::{
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+        mpsc::{self, RecvTimeoutError, SyncSender},
+    },
+    thread::JoinHandle,
+    time::Duration,
 };
 
-/// The simulation's sign of life: the virtual millisecond the sampler last
-/// sampled, and steps of the final checks (which run at one virtual instant).
+/// The simulation's sign of life, given to the watchdog (if there is one).
 #[derive(Debug, Default)]
 pub(super) struct Heartbeat {
-    pub(super) virtual_ms: AtomicU64,
-    pub(super) steps: AtomicU64,
-    pub(super) done: AtomicBool,
+    /// The virtual millisecond the sampler last sampled (for the message).
+    virtual_ms: AtomicU64,
+    /// Where beats go; `None` without a watchdog, or once the run ended.
+    beats: Mutex<Option<SyncSender<()>>>,
 }
 
 impl Heartbeat {
+    /// The sampler sampled at virtual millisecond `ms`.
+    pub(super) fn sampled(&self, ms: u64) {
+        self.virtual_ms.store(ms, Ordering::Release);
+        self.beat();
+    }
+
     /// One more step of work at the current virtual instant.
     pub(super) fn step(&self) {
-        self.steps.fetch_add(1, Ordering::Relaxed);
+        self.beat();
+    }
+
+    fn beat(&self) {
+        if let Some(tx) = self.lock().as_ref() {
+            // Full: a beat is already on its way, which says as much.
+            let _ = tx.try_send(());
+        }
+    }
+
+    /// Close the channel: the watchdog ends.
+    fn close(&self) {
+        self.lock().take();
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<SyncSender<()>>> {
+        self.beats.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
-/// A wall-clock thread that ends the process if virtual time stops (the only
-/// way out of a live-lock on the runtime's one thread).
-pub(super) fn watchdog(
-    beat: Arc<Heartbeat>,
-    limit: std::time::Duration,
-) -> std::thread::JoinHandle<()> {
-    std::thread::spawn(move || {
-        let mut last = (u64::MAX, 0);
-        let mut since = std::time::Instant::now();
-        while !beat.done.load(Ordering::Acquire) {
-            std::thread::sleep(std::time::Duration::from_millis(200));
-            let now = (
-                beat.virtual_ms.load(Ordering::Acquire),
-                beat.steps.load(Ordering::Relaxed),
-            );
-            if now != last {
-                last = now;
-                since = std::time::Instant::now();
-            } else if since.elapsed() > limit {
-                eprintln!(
-                    "\nflotilla-sim: virtual time has been stuck at {:.1}s for {:.0}s of wall time: \
-                     the system under test is busy at one instant without end (a live-lock). Giving up.",
-                    now.0 as f64 / 1000.0,
-                    since.elapsed().as_secs_f64()
-                );
-                std::process::exit(3);
-            }
+/// The watchdog of a run: its heartbeat, and the thread that ends the process
+/// if no beat comes for the stall limit. Dropping it ends the thread (and waits
+/// for it), whichever way the run ended.
+#[derive(Debug)]
+pub(super) struct Watchdog {
+    heartbeat: Arc<Heartbeat>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Watchdog {
+    /// A watchdog giving up after `limit` of wall time without a beat; `None`:
+    /// a heartbeat nobody listens to.
+    pub(super) fn start(limit: Option<Duration>) -> Watchdog {
+        let heartbeat = Arc::new(Heartbeat::default());
+        let thread = limit.map(|limit| {
+            let (tx, rx) = mpsc::sync_channel(1);
+            *heartbeat.lock() = Some(tx);
+            let beat = heartbeat.clone();
+            std::thread::spawn(move || {
+                loop {
+                    match rx.recv_timeout(limit) {
+                        Ok(()) => {}
+                        Err(RecvTimeoutError::Disconnected) => return,
+                        Err(RecvTimeoutError::Timeout) => {
+                            let ms = beat.virtual_ms.load(Ordering::Acquire);
+                            eprintln!(
+                                "\nflotilla-sim: virtual time has been stuck at {:.1}s for {:.0}s of wall time: \
+                                 the system under test is busy at one instant without end (a live-lock). Giving up.",
+                                ms as f64 / 1000.0,
+                                limit.as_secs_f64()
+                            );
+                            std::process::exit(3);
+                        }
+                    }
+                }
+            })
+        });
+        Watchdog { heartbeat, thread }
+    }
+
+    /// The heartbeat to give the simulation.
+    pub(super) fn heartbeat(&self) -> Arc<Heartbeat> {
+        self.heartbeat.clone()
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        self.heartbeat.close();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
         }
-    })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn beats_keep_it_quiet_and_the_end_of_the_run_ends_it_at_once() {
+        // An hour's limit: dropping must not wait for it (else this test hangs).
+        let watchdog = Watchdog::start(Some(Duration::from_secs(3600)));
+        let beat = watchdog.heartbeat();
+        beat.sampled(1_000);
+        beat.step();
+        beat.step();
+        drop(watchdog);
+        // Beats after the end go nowhere.
+        beat.step();
+        // Without a limit nobody listens.
+        Watchdog::start(None).heartbeat().step();
+    }
 }

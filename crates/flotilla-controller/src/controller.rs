@@ -175,14 +175,22 @@ pub(crate) async fn stage_and_commit<T>(
         .map_err(ServeError::from))
 }
 
-/// Commit `batch` on a blocking thread and wait for it: the Controller handles
-/// nothing else meanwhile (the protocol's order holds), but the fsync no longer
-/// holds a runtime worker that its children's actors could use. A panic inside
-/// the store crashes the Controller (`Err`), whose successor recovers.
+/// Commit `batch` and wait for it; the Controller handles nothing else
+/// meanwhile (the protocol's order holds). On a multi-thread runtime the fsync
+/// runs on a blocking thread, so it does not hold a worker its children's actors
+/// could use. On a current-thread runtime there is no other worker to free, and
+/// committing inline keeps a paused-time run (tests, the simulator) a pure
+/// function of its seed: a blocking thread would finish at a wall-clock moment.
+/// A panic inside the store crashes the Controller (`Err`), whose successor
+/// recovers.
 pub(crate) async fn store_commit(
     store: &Arc<Store>,
     batch: Batch,
 ) -> Result<Result<(), flotilla_store::StoreError>, ActorProcessingErr> {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    if Handle::current().runtime_flavor() == RuntimeFlavor::CurrentThread {
+        return Ok(store.commit(&batch));
+    }
     let store = store.clone();
     tokio::task::spawn_blocking(move || store.commit(&batch))
         .await

@@ -43,8 +43,8 @@ pub use flotilla_core::{
     ReplicaState, Resources, RoutePrefix, ServeConfig,
 };
 pub use flotilla_deployment::{
-    Cluster, ClusterEvent, DeploymentSnapshot, LocalCluster, NodeId, NodeSpec, PlacementRequest,
-    Refusal, StateCount, StaticCluster,
+    Cluster, ClusterEvent, DeploymentKey, DeploymentSnapshot, LocalCluster, NodeId, NodePool,
+    NodeSpec, PlacementRequest, PoolNode, Refusal, StateCount, StaticCluster,
 };
 pub use flotilla_replica::{
     CallError, Deployment, DeploymentHandle, InitContext, Registry, ReplicaEndpoint, ReplicaId,

@@ -14,9 +14,9 @@ use std::{
 };
 
 use flotilla::{
-    Cluster, ClusterEvent, NodeId, NodeSpec, PlacementRequest, Refusal, ReplicaId, Resources,
+    Cluster, ClusterEvent, DeploymentKey, NodeId, NodePool, NodeSpec, PlacementRequest, Refusal,
+    ReplicaId, Resources,
 };
-use flotilla_deployment::{DeploymentKey, NodePool};
 use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast;
 

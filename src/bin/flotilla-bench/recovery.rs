@@ -9,6 +9,7 @@ use flotilla::{Serve, ServeError, StoreError};
 use crate::{
     error::{BenchError, BenchResult, Context},
     report::Figure,
+    sys,
     workload::{self, Shape, TempStore},
 };
 
@@ -66,12 +67,18 @@ pub async fn run(args: &Args) -> BenchResult<()> {
     fig("shutdown_s", t0.elapsed().as_secs_f64()).emit()?;
     drop(serve);
 
+    let (user0, system0) = sys::cpu_split()?;
     let t0 = Instant::now();
     let serve = reopen(&store, timeout).await?;
     let reopened = t0.elapsed().as_secs_f64();
     workload::wait_running(&serve, &names, timeout).await?;
-    fig("wall_s", t0.elapsed().as_secs_f64()).emit()?;
+    let wall = t0.elapsed().as_secs_f64();
+    let (user1, system1) = sys::cpu_split()?;
+    fig("wall_s", wall).emit()?;
     fig("start_s", reopened).emit()?;
+    // Both cores busy means the restart is bound by its CPU, not by a serial step.
+    fig("restart_user_cpu_s", user1 - user0).emit()?;
+    fig("restart_system_cpu_s", system1 - system0).emit()?;
     Ok(())
 }
 

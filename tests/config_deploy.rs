@@ -11,8 +11,8 @@ use std::{
 };
 
 use flotilla::{
-    ApplicationSpec, ApplicationStatus as A, DeploymentSpec, Registry, Serve, ServeConfig,
-    ServeError, UserError,
+    ApplicationSpec, ApplicationStatus as A, ApplicationStatusInfo, DeploymentSpec, Registry,
+    Serve, ServeConfig, ServeError, UserError,
 };
 use serde::{Deserialize, Serialize};
 use support::{ProbeArgs, Switches, poll_secs, start_fresh_with, wait_status};
@@ -125,18 +125,24 @@ async fn failing_panicking_and_slow_builds_are_deploy_failed_saying_why() {
     }
 }
 
+/// App `a` runs from a config, then a config whose build fails is applied over
+/// it: the config that runs, and the DEPLOY_FAILED status.
+async fn running_then_failed_build(serve: &Serve) -> (ServeConfig, ApplicationStatusInfo) {
+    let good = config("applications:\n  - {name: a, import_path: test::app, args: {tag: b}}\n");
+    let bad = config("applications:\n  - {name: a, import_path: test::app, args: {fail: true}}\n");
+    serve.apply_config(good.clone()).await.unwrap();
+    wait_status(serve, "a", A::Running).await;
+    serve.apply_config(bad).await.unwrap();
+    (good, wait_status(serve, "a", A::DeployFailed).await)
+}
+
 /// Found by the simulator: B runs, A's build fails (B's target keeps running,
 /// DEPLOY_FAILED is published), B again is what runs already, so nothing is
 /// built; the stale DEPLOY_FAILED must give way to what runs.
 #[tokio::test(start_paused = true)]
 async fn re_applying_what_runs_after_a_failed_build_ends_running() {
     let (_dir, _, serve) = start_fresh_with(registry).await;
-    let good = config("applications:\n  - {name: a, import_path: test::app, args: {tag: b}}\n");
-    let bad = config("applications:\n  - {name: a, import_path: test::app, args: {fail: true}}\n");
-    serve.apply_config(good.clone()).await.unwrap();
-    wait_status(&serve, "a", A::Running).await;
-    serve.apply_config(bad).await.unwrap();
-    let failed = wait_status(&serve, "a", A::DeployFailed).await;
+    let (good, failed) = running_then_failed_build(&serve).await;
     assert!(
         failed.message.contains("the builder refused"),
         "{}",
@@ -154,12 +160,7 @@ async fn re_applying_what_runs_after_a_failed_build_ends_running() {
 #[tokio::test(start_paused = true)]
 async fn a_failed_builds_deploy_failed_sticks_over_the_running_target() {
     let (_dir, sw, serve) = start_fresh_with(registry).await;
-    let good = config("applications:\n  - {name: a, import_path: test::app, args: {tag: b}}\n");
-    let bad = config("applications:\n  - {name: a, import_path: test::app, args: {fail: true}}\n");
-    serve.apply_config(good.clone()).await.unwrap();
-    wait_status(&serve, "a", A::Running).await;
-    serve.apply_config(bad).await.unwrap();
-    let failed = wait_status(&serve, "a", A::DeployFailed).await;
+    let (good, failed) = running_then_failed_build(&serve).await;
     // Its replica fails health checks and is replaced: the deployment goes
     // UNHEALTHY and back to HEALTHY underneath.
     sw.unhealthy.store(true, Ordering::SeqCst);

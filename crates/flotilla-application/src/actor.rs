@@ -61,7 +61,7 @@ pub struct ApplicationActor;
 struct Child {
     actor: Option<ActorRef<DeploymentMsg>>,
     /// The spec last sent (kept to delete a deployment no longer in the target).
-    spec: DeploymentSpec,
+    spec: Arc<DeploymentSpec>,
     /// The last status, with the generation it describes.
     status: Option<(u64, DeploymentStatusInfo)>,
     restarts: RestartLog,
@@ -99,7 +99,11 @@ impl AppState {
                         .get(name)
                         .map_or(a.initial(), |n| (*n).clamp(a.min_replicas, a.max_replicas)),
                 },
-                spec: spec.clone(),
+                // Share the spec already sent when it has not changed.
+                spec: match self.children.get(name) {
+                    Some(c) if *c.spec == *spec => c.spec.clone(),
+                    _ => Arc::new(spec.clone()),
+                },
                 deleting: false,
                 generation: r.generation,
             }),
@@ -205,7 +209,19 @@ impl ApplicationActor {
 
     /// One reconcile step: every target deployment has an actor with the current
     /// target; every other one is being deleted.
+    ///
+    /// Boxed: ractor keeps one loop future per actor, sized for the largest
+    /// message handler, and this step's frame (targets, names, a child's spawn)
+    /// would make every application's loop future kilobytes larger. It runs only
+    /// when the target or a child changes, so the allocation is rare.
     async fn reconcile(
+        myself: &ActorRef<AppMsg>,
+        state: &mut AppState,
+    ) -> Result<(), ActorProcessingErr> {
+        Box::pin(Self::reconcile_step(myself, state)).await
+    }
+
+    async fn reconcile_step(
         myself: &ActorRef<AppMsg>,
         state: &mut AppState,
     ) -> Result<(), ActorProcessingErr> {
@@ -273,13 +289,8 @@ impl ApplicationActor {
         let actor_name = naming::deployment(&state.args.ns, &state.args.record.spec.name, &name);
         let deleting = target.deleting;
         let args = state.deployment_args(target.clone());
-        // Boxed: inline, the child's start-up future would enlarge this actor's task.
-        let spawn = Box::pin(Actor::spawn(
-            Some(actor_name.clone()),
-            DeploymentActor,
-            args,
-        ));
-        let actor = match spawn.await {
+        // Inline: reconcile boxes the whole step, spawn included.
+        let actor = match Actor::spawn(Some(actor_name.clone()), DeploymentActor, args).await {
             Ok((actor, _)) => actor,
             // The name is held by a living actor we do not watch: adopt it.
             Err(e) => match ActorRef::<DeploymentMsg>::where_is(actor_name) {

@@ -110,9 +110,9 @@ impl DeploymentActor {
         );
         for id in p.reconfigure {
             if let Some(r) = state.replicas.get(&id) {
-                let _ = r.actor.cast(ReplicaMsg::Reconfigure(Box::new(
-                    state.args.target.spec.clone(),
-                )));
+                let _ = r
+                    .actor
+                    .cast(ReplicaMsg::Reconfigure(state.args.target.spec.clone()));
             }
             state.set_state(
                 id,
@@ -136,7 +136,9 @@ impl DeploymentActor {
         }
         let mut refused = None;
         for i in 0..p.start {
-            match placement::start_replica(myself, state).await {
+            // Boxed: inline, a replica's placement and spawn would enlarge the
+            // loop future every message of this actor runs in.
+            match Box::pin(placement::start_replica(myself, state)).await {
                 Ok(()) => {}
                 Err(StartError::NoRoom(refusal)) => {
                     refused = Some((p.start - i, refusal.to_string()));

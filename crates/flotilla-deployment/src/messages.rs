@@ -13,8 +13,9 @@ use crate::ClusterEvent;
 /// A deployment's target, as its ApplicationActor sets it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DeploymentTarget {
-    /// The spec (code, args, config).
-    pub spec: DeploymentSpec,
+    /// The spec (code, args, config), shared by the ApplicationActor, the
+    /// DeploymentActor and every replica rather than copied into each.
+    pub spec: Arc<DeploymentSpec>,
     /// How many replicas (the spec's count, or the durable autoscaled one).
     pub replicas: u32,
     /// The deployment is being deleted.

@@ -77,6 +77,7 @@ pub(crate) async fn start_replica(
         app: a.app.clone(),
         deployment: a.target.spec.name.clone(),
         spec: a.target.spec.clone(),
+        version: state.version.clone(),
         registry: a.registry.clone(),
         directory: a.directory.clone(),
         route: state.route.clone(),
@@ -86,8 +87,8 @@ pub(crate) async fn start_replica(
         faults: a.faults.clone(),
     };
     let name = naming::replica(&a.ns, &a.app, &a.target.spec.name, id.0);
-    // Boxed: inline, the child's start-up future would enlarge this actor's task.
-    match Box::pin(Actor::spawn(Some(name), ReplicaActor, args)).await {
+    // (The caller boxes this whole future: the spawn stays out of the actor's loop future.)
+    match Actor::spawn(Some(name), ReplicaActor, args).await {
         Ok((actor, _)) => {
             myself.get_cell().monitor(actor.get_cell());
             let replica = Replica {

@@ -49,7 +49,8 @@ fn target(replicas: u32) -> DeploymentTarget {
         spec: DeploymentSpec::builder("d", "t::Echo")
             .replicas(replicas)
             .build()
-            .unwrap(),
+            .unwrap()
+            .into(),
         replicas,
         deleting: false,
         generation: 1,

@@ -114,9 +114,9 @@ pub enum ReplicaMsg {
     /// Reply with a snapshot of the replica.
     Observe(RpcReplyPort<ReplicaSnapshot>),
     /// Take `spec`'s config in place (its code version must be the running one).
-    Reconfigure(Box<DeploymentSpec>),
+    Reconfigure(Arc<DeploymentSpec>),
     /// Internal: a reconfigure finished.
-    Reconfigured(Box<DeploymentSpec>, Result<(), String>),
+    Reconfigured(Arc<DeploymentSpec>, Result<(), String>),
     /// Internal: time for a health check.
     HealthTick,
     /// Internal: a health check finished.
@@ -140,8 +140,11 @@ pub struct ReplicaArgs {
     pub app: AppName,
     /// Its deployment.
     pub deployment: DeploymentName,
-    /// The spec it runs.
-    pub spec: DeploymentSpec,
+    /// The spec it runs (shared with its DeploymentActor).
+    pub spec: Arc<DeploymentSpec>,
+    /// `spec`'s version, as its DeploymentActor computed it (not hashed again
+    /// per replica).
+    pub version: DeploymentVersion,
     /// Where its code is registered.
     pub registry: Registry,
     /// For handles given to the constructor.
@@ -176,7 +179,7 @@ pub struct ReplicaState {
     /// Why it must be replaced, once it knows.
     condemned: Option<String>,
     /// A reconfigure that arrived while the constructor ran; applied once running.
-    deferred: Option<Box<DeploymentSpec>>,
+    deferred: Option<Arc<DeploymentSpec>>,
 }
 
 impl ReplicaState {
@@ -283,7 +286,7 @@ async fn health_check(
 struct InitArgs {
     registry: Registry,
     ctx: crate::InitContext,
-    spec: DeploymentSpec,
+    spec: Arc<DeploymentSpec>,
     faults: Faults,
 }
 
@@ -298,7 +301,7 @@ impl Actor for ReplicaActor {
         args: ReplicaArgs,
     ) -> Result<ReplicaState, ActorProcessingErr> {
         ractor::pg::join(args.group.clone(), vec![myself.get_cell()]);
-        let version = args.spec.version();
+        let version = args.version.clone();
         Ok(ReplicaState {
             args,
             version,
@@ -406,7 +409,7 @@ impl Actor for ReplicaActor {
                 let user_config_changed =
                     spec.config.user_config != state.args.spec.config.user_config;
                 if !user_config_changed {
-                    apply_config(&myself, state, *spec);
+                    apply_config(&myself, state, spec);
                     return Ok(());
                 }
                 state.set_phase(ReplicaPhase::Updating);
@@ -426,7 +429,7 @@ impl Actor for ReplicaActor {
                 match result {
                     Ok(()) => {
                         state.set_phase(ReplicaPhase::Running);
-                        apply_config(&myself, state, *spec);
+                        apply_config(&myself, state, spec);
                     }
                     Err(e) => {
                         if state.condemned.is_none() {
@@ -506,7 +509,11 @@ impl Actor for ReplicaActor {
 }
 
 /// Swap a config in place: the router limit and health timer follow it.
-fn apply_config(myself: &ActorRef<ReplicaMsg>, state: &mut ReplicaState, spec: DeploymentSpec) {
+fn apply_config(
+    myself: &ActorRef<ReplicaMsg>,
+    state: &mut ReplicaState,
+    spec: Arc<DeploymentSpec>,
+) {
     let period_changed =
         spec.config.health_check_period != state.args.spec.config.health_check_period;
     if let Some(ep) = &state.endpoint {

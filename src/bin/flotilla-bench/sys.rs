@@ -51,15 +51,3 @@ pub fn cpu_split() -> BenchResult<(f64, f64)> {
     };
     Ok((tick(11)?, tick(12)?))
 }
-
-/// Seconds this machine takes to bring one GiB of fresh memory into use (page
-/// faults and the kernel's zeroing, then one write per byte): the price of every
-/// byte a deploy allocates for the first time. Measured on 256 MiB.
-pub fn fresh_memory_s_per_gib() -> f64 {
-    const N: usize = 256 << 20;
-    let t0 = std::time::Instant::now();
-    let touched = vec![1u8; N];
-    let secs = t0.elapsed().as_secs_f64();
-    std::hint::black_box(&touched);
-    secs * f64::from(1u32 << 30) / N as f64
-}

@@ -48,7 +48,7 @@ pub use flotilla_deployment::{
 };
 pub use flotilla_replica::{
     CallError, Deployment, DeploymentHandle, InitContext, Registry, ReplicaEndpoint, ReplicaId,
-    UserError, supervision::RestartPolicy,
+    UserError, groups, supervision::RestartPolicy,
 };
 pub use flotilla_store::{Store, StoreCounters, StoreError};
 pub use logging::{ACCESS_TARGET, AppLogLayer};

@@ -17,7 +17,7 @@ use flotilla_core::{
     ServeConfig, naming,
 };
 use flotilla_deployment::{Cluster, LocalCluster};
-use flotilla_replica::{DeploymentHandle, Directory, Registry, supervision::RestartPolicy};
+use flotilla_replica::{DeploymentHandle, Directory, Registry, groups, supervision::RestartPolicy};
 use flotilla_store::{Store, StoreCounters};
 use ractor::{Actor, ActorRef, RpcReplyPort, rpc::CallResult};
 use tokio::sync::watch;
@@ -501,11 +501,8 @@ impl Serve {
         for (app, _) in self.status() {
             cells.extend(ractor::registry::where_is(naming::application(ns, &app)));
         }
-        let prefix = format!("{ns}/");
-        for group in ractor::pg::which_groups() {
-            if group.starts_with(&prefix) {
-                cells.extend(ractor::pg::get_members(&group));
-            }
+        for (_, members) in groups::with_prefix(&format!("{ns}/")) {
+            cells.extend(members);
         }
         for cell in &cells {
             if kill {
@@ -524,18 +521,10 @@ impl Serve {
     /// Actors of this instance still alive in process groups (deployment actors and
     /// replicas), by group: for orphan checks.
     pub fn living_groups(&self) -> Vec<(String, usize)> {
-        let prefix = format!("{}/", self.inner.ns);
-        let mut v: Vec<_> = ractor::pg::which_groups()
+        groups::with_prefix(&format!("{}/", self.inner.ns))
             .into_iter()
-            .filter(|g| g.starts_with(&prefix))
-            .map(|g| {
-                let n = ractor::pg::get_members(&g).len();
-                (g, n)
-            })
-            .filter(|(_, n)| *n > 0)
-            .collect();
-        v.sort();
-        v
+            .map(|(g, members)| (g, members.len()))
+            .collect()
     }
 
     /// The fault points of this instance, to arm (fault injection).

@@ -14,7 +14,7 @@ use flotilla_deployment::{
     Cluster, DeploymentActor, DeploymentArgs, DeploymentEvent, DeploymentMsg, DeploymentTarget,
 };
 use flotilla_replica::{
-    Directory, Registry,
+    Directory, Registry, groups,
     supervision::{RestartLog, RestartPolicy, child_exit, watch},
 };
 use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, SupervisionEvent, rpc::CallResult};
@@ -175,7 +175,7 @@ impl ApplicationActor {
     /// Find living DeploymentActors of this application and learn their targets.
     async fn adopt(myself: &ActorRef<AppMsg>, state: &mut AppState) {
         let group = naming::deployment_group(&state.args.ns, &state.args.record.spec.name);
-        for cell in ractor::pg::get_members(&group) {
+        for cell in groups::members(&group) {
             let r: ActorRef<DeploymentMsg> = cell.clone().into();
             // Watch first: an exit between the answer and the watch would be missed.
             if !watch(&myself.get_cell(), &cell) {

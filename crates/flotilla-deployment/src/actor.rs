@@ -6,7 +6,9 @@ use flotilla_core::{
     AppName, DeploymentSpec, DeploymentTrigger, FaultPoint, Faults, ReplicaCount, ReplicaState,
     naming,
 };
-use flotilla_replica::{Directory, Registry, ReplicaEvent, ReplicaId, ReplicaMsg, START_FAILED};
+use flotilla_replica::{
+    Directory, Registry, ReplicaEvent, ReplicaId, ReplicaMsg, START_FAILED, groups,
+};
 use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
 use tokio::time::Instant;
 use tracing::{info, warn};
@@ -351,13 +353,13 @@ impl Actor for DeploymentActor {
         myself: ActorRef<DeploymentMsg>,
         args: DeploymentArgs,
     ) -> Result<DeploymentState, ActorProcessingErr> {
-        ractor::pg::join(
+        let membership = groups::join(
             naming::deployment_group(&args.ns, &args.app),
-            vec![myself.get_cell()],
+            myself.get_cell(),
         );
         let route = args.directory.route(&args.app, &args.target.spec.name);
         route.set_max_queued(args.target.spec.config.max_queued_requests);
-        Ok(DeploymentState::new(args, route))
+        Ok(DeploymentState::new(args, route, membership))
     }
 
     async fn post_start(

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use flotilla_core::{ReplicaState, naming};
-use flotilla_replica::{ReplicaId, ReplicaMsg, ReplicaPhase, ReplicaSnapshot};
+use flotilla_replica::{ReplicaId, ReplicaMsg, ReplicaPhase, ReplicaSnapshot, groups};
 use ractor::{ActorCell, ActorRef, rpc::CallResult};
 use tokio::time::Instant;
 
@@ -36,7 +36,7 @@ fn replica_id_of(cell: &ActorCell) -> Option<ReplicaId> {
 pub(crate) fn adopt_all(myself: &ActorRef<DeploymentMsg>, state: &mut DeploymentState) {
     let a = &state.args;
     let group = naming::replica_group(&a.ns, &a.app, &a.target.spec.name);
-    for cell in ractor::pg::get_members(&group) {
+    for cell in groups::members(&group) {
         if let Some(id) = replica_id_of(&cell) {
             adopt(myself, state, id, cell);
         }

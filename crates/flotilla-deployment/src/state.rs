@@ -11,7 +11,9 @@ use std::{
 use flotilla_core::{
     DeploymentStatusInfo, DeploymentTrigger, DeploymentVersion, ReplicaState, naming,
 };
-use flotilla_replica::{DeploymentRoute, ReplicaEndpoint, ReplicaId, ReplicaMsg, ReplicaReporter};
+use flotilla_replica::{
+    DeploymentRoute, ReplicaEndpoint, ReplicaId, ReplicaMsg, ReplicaReporter, groups::Membership,
+};
 use ractor::{ActorId, ActorRef, RpcReplyPort};
 use tokio::{task::JoinHandle, time::Instant};
 use tracing::{info, warn};
@@ -79,6 +81,8 @@ pub struct DeploymentState {
     pub(crate) shutdown: Vec<RpcReplyPort<()>>,
     /// The autoscaler and its sampling timer, for autoscaled deployments only.
     pub(crate) autoscaler: Option<(crate::autoscale::Autoscaler, JoinHandle<()>)>,
+    /// Its place in its application's group, left when this state is dropped.
+    _membership: Membership,
 }
 
 /// Replica state changes a DeploymentActor may make (`None` = not owned).
@@ -104,7 +108,11 @@ fn name(s: Option<ReplicaState>) -> String {
 
 impl DeploymentState {
     /// A fresh state for `args` (no replicas yet).
-    pub(crate) fn new(args: DeploymentArgs, route: Arc<DeploymentRoute>) -> Self {
+    pub(crate) fn new(
+        args: DeploymentArgs,
+        route: Arc<DeploymentRoute>,
+        membership: Membership,
+    ) -> Self {
         let mut status = DeploymentStatusInfo::default();
         if args.target.deleting {
             status.handle(DeploymentTrigger::Delete, "");
@@ -128,6 +136,7 @@ impl DeploymentState {
             cluster_task: None,
             shutdown: Vec::new(),
             autoscaler: None,
+            _membership: membership,
         }
     }
 

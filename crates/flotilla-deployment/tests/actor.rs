@@ -22,7 +22,7 @@ use flotilla_deployment::{
 };
 use flotilla_replica::{
     Deployment, Directory, Registry, ReplicaId, ReplicaMsg, ReplicaPhase, ReplicaSnapshot,
-    UserError,
+    UserError, groups,
 };
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, rpc::CallResult};
 
@@ -103,7 +103,11 @@ struct FakeArgs {
 
 impl Actor for FakeReplica {
     type Msg = ReplicaMsg;
-    type State = (FakeArgs, Vec<RpcReplyPort<ReplicaSnapshot>>);
+    type State = (
+        FakeArgs,
+        Vec<RpcReplyPort<ReplicaSnapshot>>,
+        groups::Membership,
+    );
     type Arguments = FakeArgs;
 
     async fn pre_start(
@@ -111,15 +115,15 @@ impl Actor for FakeReplica {
         myself: ActorRef<ReplicaMsg>,
         args: FakeArgs,
     ) -> Result<Self::State, ActorProcessingErr> {
-        ractor::pg::join(args.group.clone(), vec![myself.get_cell()]);
-        Ok((args, Vec::new()))
+        let membership = groups::join(args.group.clone(), myself.get_cell());
+        Ok((args, Vec::new(), membership))
     }
 
     async fn handle(
         &self,
         myself: ActorRef<ReplicaMsg>,
         msg: ReplicaMsg,
-        (args, held): &mut Self::State,
+        (args, held, _): &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             ReplicaMsg::Observe(reply) => {

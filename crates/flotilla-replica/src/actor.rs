@@ -14,6 +14,7 @@ use tracing::{info, warn};
 
 use crate::{
     DeploymentRoute, Directory, Registry, ReplicaEndpoint, ReplicaId,
+    groups::{self, Membership},
     user::{ErasedDeployment, guarded},
 };
 
@@ -153,7 +154,7 @@ pub struct ReplicaArgs {
     pub route: Arc<DeploymentRoute>,
     /// How it reports to its DeploymentActor.
     pub reporter: ReplicaReporter,
-    /// The process group of its deployment, joined at start.
+    /// The process group of its deployment, joined at start (see [`crate::groups`]).
     pub group: String,
     /// The node it was placed on.
     pub node: String,
@@ -180,6 +181,8 @@ pub struct ReplicaState {
     condemned: Option<String>,
     /// A reconfigure that arrived while the constructor ran; applied once running.
     deferred: Option<Arc<DeploymentSpec>>,
+    /// Its place in its deployment's group, left when this state is dropped.
+    _membership: Membership,
 }
 
 impl ReplicaState {
@@ -300,7 +303,7 @@ impl Actor for ReplicaActor {
         myself: ActorRef<ReplicaMsg>,
         args: ReplicaArgs,
     ) -> Result<ReplicaState, ActorProcessingErr> {
-        ractor::pg::join(args.group.clone(), vec![myself.get_cell()]);
+        let membership = groups::join(args.group.clone(), myself.get_cell());
         let version = args.version.clone();
         Ok(ReplicaState {
             args,
@@ -315,6 +318,7 @@ impl Actor for ReplicaActor {
             health_failures: 0,
             condemned: None,
             deferred: None,
+            _membership: membership,
         })
     }
 

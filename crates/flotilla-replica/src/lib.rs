@@ -18,6 +18,7 @@
 mod actor;
 mod endpoint;
 mod error;
+pub mod groups;
 mod handle;
 mod registry;
 mod route;

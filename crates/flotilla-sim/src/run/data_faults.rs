@@ -13,11 +13,7 @@ impl Sim {
         let serve = self.serve()?;
         let prefix = format!("{}/replicas:", serve.namespace());
         let mut members: Vec<(String, ractor::ActorCell)> = Vec::new();
-        let mut groups = ractor::pg::which_groups();
-        groups.retain(|g| g.starts_with(&prefix));
-        groups.sort();
-        for g in groups {
-            let mut cells = ractor::pg::get_members(&g);
+        for (g, mut cells) in flotilla::groups::with_prefix(&prefix) {
             cells.sort_by_key(|c| c.get_id());
             members.extend(cells.into_iter().map(|c| (g.clone(), c)));
         }

@@ -11,11 +11,12 @@ use flotilla_core::{
     DeploymentStatusInfo, FaultPoint, Faults, ReplicaCount, naming,
 };
 use flotilla_deployment::{
-    Cluster, DeploymentActor, DeploymentArgs, DeploymentEvent, DeploymentMsg, DeploymentTarget,
+    Cluster, DeploymentActor, DeploymentArgs, DeploymentEvent, DeploymentMsg, DeploymentReporter,
+    DeploymentTarget,
 };
 use flotilla_replica::{
     Directory, Registry, groups,
-    supervision::{RestartLog, RestartPolicy, child_exit, watch},
+    supervision::{Parent, RestartLog, RestartPolicy, child_exit, watch},
 };
 use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, SupervisionEvent, rpc::CallResult};
 use tokio::sync::watch;
@@ -79,6 +80,8 @@ pub struct AppState {
     /// A failed config build and the generation it stands over.
     build_failure: Option<(u64, String)>,
     shutting_down: bool,
+    /// How its DeploymentActors report here (one, shared by all of them).
+    deployment_reporter: DeploymentReporter,
 }
 
 impl AppState {
@@ -118,7 +121,6 @@ impl AppState {
 
     fn deployment_args(&self, target: DeploymentTarget) -> DeploymentArgs {
         let a = &self.args;
-        let me = naming::application(&a.ns, &a.record.spec.name);
         DeploymentArgs {
             ns: a.ns.clone(),
             app: a.record.spec.name.clone(),
@@ -127,11 +129,7 @@ impl AppState {
             directory: a.directory.clone(),
             cluster: a.cluster.clone(),
             faults: a.faults.clone(),
-            reporter: Arc::new(move |event| {
-                if let Some(app) = ActorRef::<AppMsg>::where_is(me.clone()) {
-                    let _ = app.cast(AppMsg::Deployment(event));
-                }
-            }),
+            reporter: self.deployment_reporter.clone(),
         }
     }
 
@@ -165,6 +163,11 @@ impl AppState {
         if info.status != self.derived.status || info.message != self.derived.message {
             info!(app = %r.spec.name, generation = r.generation, from = %self.derived.status,
                 to = %info.status, detail = %info.message, "application status");
+        }
+        if *self.args.status.borrow() == info {
+            // Published already: no copy, no watcher woken.
+            self.derived = info;
+            return;
         }
         self.derived = info.clone();
         publish_status(&self.args.status, info);
@@ -349,6 +352,7 @@ impl Actor for ApplicationActor {
             .build_failure
             .clone()
             .map(|m| (args.record.generation, m));
+        let me = Parent::new(naming::application(&args.ns, &args.record.spec.name));
         Ok(AppState {
             args,
             children: BTreeMap::new(),
@@ -356,6 +360,7 @@ impl Actor for ApplicationActor {
             derived,
             build_failure,
             shutting_down: false,
+            deployment_reporter: Arc::new(move |event| me.cast(AppMsg::Deployment(event))),
         })
     }
 

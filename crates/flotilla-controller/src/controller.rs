@@ -7,7 +7,7 @@ use std::{
     time::Duration,
 };
 
-use flotilla_application::{AppArgs, AppEvent, AppMsg, ApplicationActor};
+use flotilla_application::{AppArgs, AppEvent, AppMsg, AppReporter, ApplicationActor};
 use flotilla_core::{
     ApiType, AppName, AppRecord, ApplicationSpec, ApplicationStatusInfo, DeploymentName,
     DeploymentRecord, FaultPoint, Faults, ReplicaCount, RoutePrefix, ServeConfig, naming,
@@ -15,7 +15,7 @@ use flotilla_core::{
 use flotilla_deployment::Cluster;
 use flotilla_replica::{
     Directory, Registry,
-    supervision::{RestartLog, RestartPolicy, child_exit, watch},
+    supervision::{Parent, RestartLog, RestartPolicy, child_exit, watch},
 };
 use flotilla_store::{Batch, Snapshot, Store};
 use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
@@ -96,12 +96,13 @@ pub struct ControllerState {
     shutting_down: bool,
     /// The last applied config (durable) and the builds it started (volatile).
     pub(crate) config: ConfigState,
+    /// How every ApplicationActor reports here (one, shared by all of them).
+    app_reporter: AppReporter,
 }
 
 impl ControllerState {
     fn app_args(&self, record: &AppRecord) -> AppArgs {
         let a = &self.args;
-        let name = naming::controller(&a.ns);
         AppArgs {
             ns: a.ns.clone(),
             record: record.clone(),
@@ -113,11 +114,7 @@ impl ControllerState {
                 .sender(&record.spec.name, Some(&record.spec.ingress), || {
                     ApplicationStatusInfo::deploying(record.generation)
                 }),
-            reporter: Arc::new(move |event| {
-                if let Some(c) = ActorRef::<ControllerMsg>::where_is(name.clone()) {
-                    let _ = c.cast(ControllerMsg::App(event));
-                }
-            }),
+            reporter: self.app_reporter.clone(),
             restart: a.restart,
             faults: a.faults.clone(),
             autoscaled: self
@@ -561,7 +558,9 @@ impl Actor for Controller {
             apps = apps.len(),
             "controller recovered targets from the checkpoint"
         );
+        let controller = Parent::new(naming::controller(&args.ns));
         Ok(ControllerState {
+            app_reporter: Arc::new(move |event| controller.cast(ControllerMsg::App(event))),
             args,
             apps,
             routes,

@@ -13,6 +13,7 @@ use flotilla_core::{
 };
 use flotilla_replica::{
     DeploymentRoute, ReplicaEndpoint, ReplicaId, ReplicaMsg, ReplicaReporter, groups::Membership,
+    supervision::Parent,
 };
 use ractor::{ActorId, ActorRef, RpcReplyPort};
 use tokio::{task::JoinHandle, time::Instant};
@@ -81,6 +82,8 @@ pub struct DeploymentState {
     pub(crate) shutdown: Vec<RpcReplyPort<()>>,
     /// The autoscaler and its sampling timer, for autoscaled deployments only.
     pub(crate) autoscaler: Option<(crate::autoscale::Autoscaler, JoinHandle<()>)>,
+    /// How its replicas report here (one, shared by all of them).
+    replica_reporter: ReplicaReporter,
     /// Its place in its application's group, left when this state is dropped.
     _membership: Membership,
 }
@@ -113,6 +116,13 @@ impl DeploymentState {
         route: Arc<DeploymentRoute>,
         membership: Membership,
     ) -> Self {
+        let me = Parent::new(naming::deployment(
+            &args.ns,
+            &args.app,
+            &args.target.spec.name,
+        ));
+        let replica_reporter: ReplicaReporter =
+            Arc::new(move |id, event| me.cast(DeploymentMsg::Replica(id, event)));
         let mut status = DeploymentStatusInfo::default();
         if args.target.deleting {
             status.handle(DeploymentTrigger::Delete, "");
@@ -136,6 +146,7 @@ impl DeploymentState {
             cluster_task: None,
             shutdown: Vec::new(),
             autoscaler: None,
+            replica_reporter,
             _membership: membership,
         }
     }
@@ -250,9 +261,13 @@ impl DeploymentState {
 
     /// Tell the ApplicationActor about a status it has not seen.
     pub(crate) fn report(&mut self) {
-        let cur = (self.args.target.generation, self.status.clone());
-        if self.reported.as_ref() != Some(&cur) {
-            self.reported = Some(cur);
+        let generation = self.args.target.generation;
+        let unchanged = self
+            .reported
+            .as_ref()
+            .is_some_and(|(g, s)| *g == generation && *s == self.status);
+        if !unchanged {
+            self.reported = Some((generation, self.status.clone()));
             (self.args.reporter)(DeploymentEvent::Status {
                 name: self.args.target.spec.name.clone(),
                 generation: self.args.target.generation,
@@ -331,12 +346,7 @@ impl DeploymentState {
 
     /// How replicas reach this deployment: by name, so a restarted actor hears them.
     pub(crate) fn reporter_for_replicas(&self) -> ReplicaReporter {
-        let name = naming::deployment(&self.args.ns, &self.args.app, &self.args.target.spec.name);
-        Arc::new(move |id, event| {
-            if let Some(me) = ActorRef::<DeploymentMsg>::where_is(name.clone()) {
-                let _ = me.cast(DeploymentMsg::Replica(id, event));
-            }
-        })
+        self.replica_reporter.clone()
     }
 }
 

@@ -14,6 +14,7 @@
 //! it removes when done. How to read the figures: BENCHMARKS.md.
 
 mod all;
+mod allocator;
 mod bulk;
 mod checkpoint;
 mod child;
@@ -31,6 +32,7 @@ use clap::{Parser, Subcommand};
 
 /// The allocator a serving program would choose: glibc's per-thread arenas grow by
 /// `mprotect` in small steps, which dominated bulk-deploy's profile (BENCHMARKS.md).
+/// Its settings: [`allocator`].
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -63,11 +65,30 @@ enum Scenario {
     Handle(handle::Args),
     /// Every scenario at moderate sizes, side by side.
     All(all::Args),
+    /// `recovery`'s restart in a new process (run by `recovery`).
+    #[command(hide = true)]
+    RestartChild(recovery::ChildArgs),
 }
 
-#[tokio::main]
-async fn main() {
+fn main() {
     let cli = Cli::parse();
+    if let Some(code) = allocator::rerun_configured() {
+        std::process::exit(code);
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("flotilla-bench: could not start the tokio runtime: {e}");
+            std::process::exit(1);
+        }
+    };
+    runtime.block_on(run(cli));
+}
+
+async fn run(cli: Cli) {
     let result = match &cli.scenario {
         Scenario::BulkDeploy(a) => bulk::run(a).await,
         Scenario::SerialDeploy(a) => serial::run(a).await,
@@ -77,6 +98,7 @@ async fn main() {
         Scenario::Memory(a) => memory::run(a).await,
         Scenario::Handle(a) => handle::run(a).await,
         Scenario::All(a) => all::run(a).await,
+        Scenario::RestartChild(a) => recovery::restart_child(a).await,
     };
     // Exit at once: tearing down a tree of 100,000 actors measures nothing, and the
     // scenario has already removed its store directory.

@@ -1,12 +1,13 @@
 //! `recovery`: a Controller crash (re-adoption of living actors), then a whole
 //! restart: shut down, start again on the same store file, and wait until every
-//! application is RUNNING again.
+//! application is RUNNING again; then the same restart in a new process.
 
 use std::time::{Duration, Instant};
 
 use flotilla::{Serve, ServeError, StoreError};
 
 use crate::{
+    child,
     error::{BenchError, BenchResult, Context},
     report::Figure,
     sys,
@@ -14,6 +15,8 @@ use crate::{
 };
 
 const S: &str = "recovery";
+/// The applications' name prefix.
+const PREFIX: &str = "r";
 
 /// Flags of `recovery`.
 #[derive(Debug, Clone, clap::Args)]
@@ -43,7 +46,7 @@ pub async fn run(args: &Args) -> BenchResult<()> {
         ..Shape::default()
     };
     let (names, _) =
-        workload::deploy_running(&serve, "r", args.apps, args.batch, shape, timeout).await?;
+        workload::deploy_running(&serve, PREFIX, args.apps, args.batch, shape, timeout).await?;
     let fig = |metric: &str, v: f64| {
         Figure::new(S, metric, v, "s")
             .with("apps", args.apps)
@@ -69,7 +72,7 @@ pub async fn run(args: &Args) -> BenchResult<()> {
 
     let (user0, system0) = sys::cpu_split()?;
     let t0 = Instant::now();
-    let serve = reopen(&store, timeout).await?;
+    let serve = reopen(store.file(), timeout).await?;
     let reopened = t0.elapsed().as_secs_f64();
     workload::wait_running(&serve, &names, timeout).await?;
     let wall = t0.elapsed().as_secs_f64();
@@ -79,6 +82,60 @@ pub async fn run(args: &Args) -> BenchResult<()> {
     // Both cores busy means the restart is bound by its CPU, not by a serial step.
     fig("restart_user_cpu_s", user1 - user0).emit()?;
     fig("restart_system_cpu_s", system1 - system0).emit()?;
+
+    // 3. The same restart in a new process, as after a crash of the whole
+    // program: it also pays for its memory afresh (see BENCHMARKS.md).
+    serve
+        .shutdown()
+        .await
+        .context(|| "shutting down after the restart".to_owned())?;
+    drop(serve);
+    child::run(vec![
+        "restart-child".to_owned(),
+        format!("--store={}", store.file().display()),
+        format!("--apps={}", args.apps),
+        format!("--drain-wait-ms={}", args.drain_wait_ms),
+        format!("--timeout-s={}", args.timeout_s),
+    ])
+    .await?;
+    Ok(())
+}
+
+/// Flags of the hidden `restart-child` scenario (run by `recovery`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct ChildArgs {
+    /// The store file `recovery` deployed to.
+    #[arg(long)]
+    pub store: std::path::PathBuf,
+    /// Applications it holds (named `r0`, `r1`, ...).
+    #[arg(long)]
+    pub apps: usize,
+    /// Echoed in the figures.
+    #[arg(long)]
+    pub drain_wait_ms: u64,
+    /// Give up after this many seconds.
+    #[arg(long, default_value_t = 1_800)]
+    pub timeout_s: u64,
+}
+
+/// Start on `--store` in this fresh process and wait until every application is
+/// RUNNING: `new_process_wall_s`, with this process's CPU.
+pub async fn restart_child(args: &ChildArgs) -> BenchResult<()> {
+    let names = workload::names(PREFIX, args.apps);
+    let (user0, system0) = sys::cpu_split()?;
+    let t0 = Instant::now();
+    let serve = reopen(args.store.clone(), workload::secs(args.timeout_s)).await?;
+    workload::wait_running(&serve, &names, workload::secs(args.timeout_s)).await?;
+    let wall = t0.elapsed().as_secs_f64();
+    let (user1, system1) = sys::cpu_split()?;
+    let fig = |metric: &str, v: f64| {
+        Figure::new(S, metric, v, "s")
+            .with("apps", args.apps)
+            .with("drain_wait_ms", args.drain_wait_ms)
+    };
+    fig("new_process_wall_s", wall).emit()?;
+    fig("new_process_user_cpu_s", user1 - user0).emit()?;
+    fig("new_process_system_cpu_s", system1 - system0).emit()?;
     Ok(())
 }
 
@@ -108,10 +165,10 @@ async fn readopted(serve: &Serve, apps: usize, timeout: Duration) -> BenchResult
 
 /// Start on the store again; the old instance releases the file lock when its
 /// last actor has dropped it, so a locked file is retried.
-async fn reopen(store: &TempStore, timeout: Duration) -> BenchResult<Serve> {
+async fn reopen(file: std::path::PathBuf, timeout: Duration) -> BenchResult<Serve> {
     let deadline = Instant::now() + timeout;
     loop {
-        match store.start().await {
+        match workload::start_on(file.clone()).await {
             Ok(s) => return Ok(s),
             Err(e) if Instant::now() < deadline && is_locked(&e) => {
                 tokio::time::sleep(Duration::from_millis(1)).await;

@@ -148,7 +148,7 @@ pub fn batches(
     batch: usize,
     shape: Shape,
 ) -> BenchResult<(Vec<String>, Vec<Vec<ApplicationSpec>>)> {
-    let names: Vec<String> = (0..n).map(|i| format!("{prefix}{i}")).collect();
+    let names = names(prefix, n);
     let mut out = Vec::with_capacity(n.div_ceil(batch.max(1)));
     for chunk in names.chunks(batch.max(1)) {
         out.push(
@@ -279,11 +279,22 @@ impl TempStore {
 
     /// Start Flotilla on this store.
     pub async fn start(&self) -> BenchResult<Serve> {
-        let registry = registry()?;
-        Serve::start(ServeOptions::new(registry).store_path(self.file()))
-            .await
-            .context(|| format!("starting flotilla on {}", self.file().display()))
+        start_on(self.file()).await
     }
+}
+
+/// The names of `n` applications deployed with `prefix`.
+pub fn names(prefix: &str, n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("{prefix}{i}")).collect()
+}
+
+/// Start Flotilla on the store file `file`, with the bench's registry.
+pub async fn start_on(file: PathBuf) -> BenchResult<Serve> {
+    let registry = registry()?;
+    let shown = file.display().to_string();
+    Serve::start(ServeOptions::new(registry).store_path(file))
+        .await
+        .context(|| format!("starting flotilla on {shown}"))
 }
 
 impl Drop for TempStore {

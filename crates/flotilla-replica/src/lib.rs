@@ -7,7 +7,10 @@
 //!   health-checks its user code, reconfigures it in place, and drains gracefully;
 //! - the data plane: a [`ReplicaEndpoint`] per running replica, the shared
 //!   [`Directory`] of routes per deployment (published by subscription, `watch`), and
-//!   the [`DeploymentHandle`] that routes requests by power-of-two-choices.
+//!   the [`DeploymentHandle`] that routes requests by power-of-two-choices;
+//! - the plumbing every supervising actor shares ([`supervision`]: restart policy,
+//!   watching children, the [`Parent`](supervision::Parent) children report to) and
+//!   the process [`groups`] a restarted parent re-adopts its children from.
 //!
 //! Handles live here (and not in the controller) because a deployment's constructor
 //! receives them through its [`InitContext`] to call other deployments.

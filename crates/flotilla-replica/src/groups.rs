@@ -63,13 +63,18 @@ pub fn join(group: String, actor: ActorCell) -> Membership {
 
 /// The members of `group` that are not stopping, oldest first.
 pub fn members(group: &str) -> Vec<ActorCell> {
-    groups().get(group).map_or_else(Vec::new, |members| {
-        members
-            .iter()
-            .filter(|c| c.get_status() < ActorStatus::Stopping)
-            .cloned()
-            .collect()
-    })
+    groups()
+        .get(group)
+        .map_or_else(Vec::new, |members| living(members))
+}
+
+/// Those of `members` that are not stopping.
+fn living(members: &[ActorCell]) -> Vec<ActorCell> {
+    members
+        .iter()
+        .filter(|c| c.get_status() < ActorStatus::Stopping)
+        .cloned()
+        .collect()
 }
 
 /// Every non-empty group whose name starts with `prefix`, with its living
@@ -79,14 +84,7 @@ pub fn with_prefix(prefix: &str) -> Vec<(String, Vec<ActorCell>)> {
     let mut found: Vec<(String, Vec<ActorCell>)> = groups
         .iter()
         .filter(|(name, _)| name.starts_with(prefix))
-        .map(|(name, members)| {
-            let living: Vec<ActorCell> = members
-                .iter()
-                .filter(|c| c.get_status() < ActorStatus::Stopping)
-                .cloned()
-                .collect();
-            (name.clone(), living)
-        })
+        .map(|(name, members)| (name.clone(), living(members)))
         .filter(|(_, living)| !living.is_empty())
         .collect();
     drop(groups);

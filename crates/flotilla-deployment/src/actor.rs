@@ -100,7 +100,15 @@ impl DeploymentActor {
     }
 
     /// One reconcile step (level-triggered: safe to run after any event).
+    ///
+    /// Boxed: ractor keeps one loop future per actor, sized for its largest
+    /// handler, and this step's frame would stay in it for the actor's whole life;
+    /// a small allocation per message costs less than that resident memory.
     async fn reconcile(myself: &ActorRef<DeploymentMsg>, state: &mut DeploymentState) {
+        Box::pin(Self::reconcile_step(myself, state)).await;
+    }
+
+    async fn reconcile_step(myself: &ActorRef<DeploymentMsg>, state: &mut DeploymentState) {
         let target = state.target_count();
         let can_start = state.backoff.is_none();
         let p = plan(

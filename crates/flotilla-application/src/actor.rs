@@ -22,7 +22,7 @@ use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, SupervisionEvent, rpc
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use crate::{AppEvent, AppMsg, AppReporter, AppSnapshot, publish_status};
+use crate::{AppEvent, AppMsg, AppReporter, publish_status};
 
 const OBSERVE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Delay before retrying a spawn whose name is still held by a stopping actor.
@@ -76,7 +76,6 @@ pub struct AppState {
     /// application of one deployment eleven children's worth of memory.
     children: BTreeMap<DeploymentName, Box<Child>>,
     by_actor: HashMap<ActorId, DeploymentName>,
-    derived: ApplicationStatusInfo,
     /// A failed config build and the generation it stands over.
     build_failure: Option<(u64, String)>,
     shutting_down: bool,
@@ -133,7 +132,7 @@ impl AppState {
         }
     }
 
-    fn derive_status(&mut self) {
+    fn derive_status(&self) {
         let r = &self.args.record;
         let statuses = r
             .spec
@@ -160,17 +159,23 @@ impl AppState {
             info.status = ApplicationStatus::DeployFailed;
             info.message = message.clone();
         }
-        if info.status != self.derived.status || info.message != self.derived.message {
-            info!(app = %r.spec.name, generation = r.generation, from = %self.derived.status,
-                to = %info.status, detail = %info.message, "application status");
+        // The published status is the only copy: what watchers see is what a
+        // change is logged against.
+        let from = {
+            let published = self.args.status.borrow();
+            if *published == info {
+                return;
+            }
+            (published.status != info.status || published.message != info.message)
+                .then_some(published.status)
+        };
+        let (to, detail) = (info.status, info.message.clone());
+        if publish_status(&self.args.status, info)
+            && let Some(from) = from
+        {
+            info!(app = %r.spec.name, generation = r.generation, %from, %to, %detail,
+                "application status");
         }
-        if *self.args.status.borrow() == info {
-            // Published already: no copy, no watcher woken.
-            self.derived = info;
-            return;
-        }
-        self.derived = info.clone();
-        publish_status(&self.args.status, info);
     }
 }
 
@@ -347,7 +352,6 @@ impl Actor for ApplicationActor {
         _myself: ActorRef<AppMsg>,
         args: AppArgs,
     ) -> Result<AppState, ActorProcessingErr> {
-        let derived = ApplicationStatusInfo::deploying(args.record.generation);
         let build_failure = args
             .build_failure
             .clone()
@@ -357,7 +361,6 @@ impl Actor for ApplicationActor {
             args,
             children: BTreeMap::new(),
             by_actor: HashMap::new(),
-            derived,
             build_failure,
             shutting_down: false,
             deployment_reporter: Arc::new(move |event| me.cast(AppMsg::Deployment(event))),
@@ -431,19 +434,6 @@ impl Actor for ApplicationActor {
                 if let Some(c) = state.children.get_mut(&name) {
                     c.restart_pending = false;
                 }
-            }
-            AppMsg::Observe(reply) => {
-                let _ = reply.send(AppSnapshot {
-                    record: state.args.record.clone(),
-                    status: state.derived.clone(),
-                    deployments: state
-                        .children
-                        .iter()
-                        .filter(|(_, c)| c.actor.is_some())
-                        .map(|(n, _)| n.clone())
-                        .collect(),
-                });
-                return Ok(());
             }
             AppMsg::Shutdown(reply) => {
                 state.shutting_down = true;

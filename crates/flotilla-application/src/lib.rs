@@ -14,5 +14,5 @@ mod messages;
 mod status;
 
 pub use actor::{AppArgs, ApplicationActor};
-pub use messages::{AppEvent, AppMsg, AppReporter, AppSnapshot};
+pub use messages::{AppEvent, AppMsg, AppReporter};
 pub use status::publish_status;

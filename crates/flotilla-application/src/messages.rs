@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use flotilla_core::{AppName, AppRecord, ApplicationStatusInfo, DeploymentName};
+use flotilla_core::{AppName, AppRecord, DeploymentName};
 use flotilla_deployment::DeploymentEvent;
 use ractor::RpcReplyPort;
 
@@ -32,17 +32,6 @@ pub enum AppEvent {
 /// How an ApplicationActor reports to the Controller (looked up by name).
 pub type AppReporter = Arc<dyn Fn(AppEvent) + Send + Sync>;
 
-/// An ApplicationActor's state, for tests.
-#[derive(Debug, Clone)]
-pub struct AppSnapshot {
-    /// The target it works toward.
-    pub record: AppRecord,
-    /// The status it last derived.
-    pub status: ApplicationStatusInfo,
-    /// Its living deployment actors.
-    pub deployments: Vec<DeploymentName>,
-}
-
 /// Messages to an ApplicationActor.
 #[derive(Debug)]
 pub enum AppMsg {
@@ -64,8 +53,6 @@ pub enum AppMsg {
     },
     /// Internal: a crashed deployment's backoff passed; start it again.
     RestartDeployment(DeploymentName),
-    /// Reply with a snapshot.
-    Observe(RpcReplyPort<AppSnapshot>),
     /// Stop every replica gracefully; reply when done.
     Shutdown(RpcReplyPort<()>),
 }

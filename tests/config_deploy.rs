@@ -95,6 +95,27 @@ async fn a_successful_build_deploys_with_the_configs_route_prefix() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_new_application_is_deploying_when_apply_config_returns() {
+    let (_dir, _, serve) = start_fresh_with(registry).await;
+    // The Controller crashes right after its reply, before it starts any build:
+    // what the caller sees then must already include the new application.
+    serve
+        .faults()
+        .arm(flotilla::FaultPoint::ControllerAfterReply, 1);
+    apply(
+        &serve,
+        "applications:\n  - {name: fresh, import_path: test::app, args: {tag: f, sleep_s: 5}}\n",
+    )
+    .await;
+    let rx = serve.watch_status("fresh").expect("on the board at once");
+    assert_eq!(rx.borrow().status, A::Deploying);
+    assert_eq!(serve.app_status("fresh").status, A::Deploying);
+    // The restarted Controller builds it from the durable config.
+    let s = wait_status(&serve, "fresh", A::Running).await;
+    assert_eq!(s.observed_generation, 1);
+}
+
+#[tokio::test(start_paused = true)]
 async fn failing_panicking_and_slow_builds_are_deploy_failed_saying_why() {
     let (_dir, _, serve) = start_fresh_with(registry).await;
     apply(

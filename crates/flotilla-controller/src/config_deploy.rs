@@ -146,6 +146,12 @@ impl ControllerState {
         }
     }
 
+    /// `app` has no target yet: it shows DEPLOYING until its build lands.
+    fn show_unbuilt(&mut self, app: &AppName) {
+        self.config.unbuilt.insert(app.clone());
+        self.publish(app, ApplicationStatus::Deploying, String::new());
+    }
+
     fn generation_of(&self, app: &AppName) -> u64 {
         self.apps.get(app).map_or(0, |e| e.record.generation)
     }
@@ -255,6 +261,13 @@ impl Controller {
             deleted = changed.len(),
             "config applied"
         );
+        // A new application is on the board, DEPLOYING, when the call returns
+        // (Ray creates its state in the call), not only once its build starts.
+        for app in &config.applications {
+            if !state.apps.contains_key(&app.name) {
+                state.show_unbuilt(&app.name);
+            }
+        }
         state.config.applied = Some(config);
         let _ = reply.send(Ok(()));
         fault(&state.faults, FaultPoint::ControllerAfterReply)?;
@@ -350,8 +363,7 @@ impl Controller {
             // A new application shows DEPLOYING while it builds; a running one keeps
             // its status until the build changes its target.
             if !state.apps.contains_key(&app.name) {
-                state.config.unbuilt.insert(app.name.clone());
-                state.publish(&app.name, ApplicationStatus::Deploying, String::new());
+                state.show_unbuilt(&app.name);
             }
             info!(app = %app.name, build, "build started");
             state

@@ -116,6 +116,38 @@ async fn a_new_application_is_deploying_when_apply_config_returns() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn an_application_named_again_while_its_old_record_is_deleted_stays_on_the_board() {
+    let (_dir, _, serve) = start_fresh_with(registry).await;
+    let x = |args: &str| {
+        format!("applications:\n  - {{name: x, import_path: test::app, args: {args}}}\n")
+    };
+    apply(&serve, &x("{tag: old}")).await;
+    wait_status(&serve, "x", A::Running).await;
+    // Dropped (its record is DELETING while its replicas drain), then named again
+    // at once, with a build that outlasts the drain.
+    apply(&serve, "applications: []\n").await;
+    apply(&serve, &x("{tag: new, sleep_s: 30}")).await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert_eq!(
+        serve.app_status("x").status,
+        A::Deploying,
+        "the old record is gone, the new build runs"
+    );
+    wait_status(&serve, "x", A::Running).await;
+    let h = serve.app_handle("x").unwrap();
+    assert_eq!(h.call::<_, String>("q").await.unwrap(), "new:q");
+
+    // The same with a build that fails before the old record is gone: it is
+    // built again once it is, and a config that drops it takes it off the board.
+    apply(&serve, "applications: []\n").await;
+    apply(&serve, &x("{tag: bad, fail: true}")).await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert_eq!(serve.app_status("x").status, A::DeployFailed);
+    apply(&serve, "applications: []\n").await;
+    wait_status(&serve, "x", A::NotStarted).await;
+}
+
+#[tokio::test(start_paused = true)]
 async fn failing_panicking_and_slow_builds_are_deploy_failed_saying_why() {
     let (_dir, _, serve) = start_fresh_with(registry).await;
     apply(

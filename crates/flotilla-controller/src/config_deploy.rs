@@ -319,58 +319,90 @@ impl Controller {
             return;
         };
         for app in &config.applications {
-            let version = entry_version(app);
-            let running = state
-                .apps
-                .get(&app.name)
-                .filter(|e| !e.record.deleting && e.record.api_type == ApiType::Declarative)
-                .and_then(|e| e.record.config_version);
-            if running == Some(version) {
-                state.config.cancel(&app.name);
-                // A build of another entry may have failed over this target since
-                // (perhaps before a Controller restart).
-                state.build_current(&app.name);
-                continue;
+            Self::resume_build(myself, state, app);
+        }
+    }
+
+    /// The finished deletions `removed` are gone from the board; an application
+    /// the applied config still names (it was dropped, then named again while its
+    /// old record was being deleted) is unbuilt now: back on the board, DEPLOYING,
+    /// and built if no build runs (one that failed over the old record included).
+    pub(crate) fn resume_removed(
+        myself: &ActorRef<ControllerMsg>,
+        state: &mut ControllerState,
+        removed: &[AppName],
+    ) {
+        let Some(config) = state.config.applied.clone() else {
+            return;
+        };
+        for name in removed {
+            if let Some(app) = config.application(name.as_str()) {
+                Self::resume_build(myself, state, app);
             }
-            if state
-                .config
-                .builds
-                .get(&app.name)
-                .is_some_and(|(_, v, _)| *v == version)
-            {
-                continue;
-            }
+        }
+    }
+
+    /// Start a build of `app` unless its entry is what runs or is being built.
+    fn resume_build(
+        myself: &ActorRef<ControllerMsg>,
+        state: &mut ControllerState,
+        app: &AppConfig,
+    ) {
+        let version = entry_version(app);
+        let running = state
+            .apps
+            .get(&app.name)
+            .filter(|e| !e.record.deleting && e.record.api_type == ApiType::Declarative)
+            .and_then(|e| e.record.config_version);
+        if running == Some(version) {
             state.config.cancel(&app.name);
-            let build = state.config.next_build;
-            state.config.next_build += 1;
-            let fut = state.registry.build_app(&app.import_path, app.args.clone());
-            let me = myself.clone();
-            let name = app.name.clone();
-            let task = tokio::spawn(async move {
-                let result = match tokio::time::timeout(BUILD_TIMEOUT, fut).await {
-                    Ok(Ok(spec)) => Ok(spec),
-                    Ok(Err(e)) => Err(e.to_string()),
-                    Err(_) => Err(format!(
-                        "the builder did not finish within {BUILD_TIMEOUT:?}"
-                    )),
-                };
-                let _ = me.cast(ControllerMsg::BuildDone {
-                    app: name,
-                    build,
-                    result,
-                });
-            });
-            // A new application shows DEPLOYING while it builds; a running one keeps
-            // its status until the build changes its target.
-            if !state.apps.contains_key(&app.name) {
+            // A build of another entry may have failed over this target since
+            // (perhaps before a Controller restart).
+            state.build_current(&app.name);
+            return;
+        }
+        // A new application shows DEPLOYING while it builds; a running one keeps
+        // its status until the build changes its target.
+        let unbuilt = !state.apps.contains_key(&app.name);
+        if state
+            .config
+            .builds
+            .get(&app.name)
+            .is_some_and(|(_, v, _)| *v == version)
+        {
+            if unbuilt {
                 state.show_unbuilt(&app.name);
             }
-            info!(app = %app.name, build, "build started");
-            state
-                .config
-                .builds
-                .insert(app.name.clone(), (build, version, task));
+            return;
         }
+        state.config.cancel(&app.name);
+        let build = state.config.next_build;
+        state.config.next_build += 1;
+        let fut = state.registry.build_app(&app.import_path, app.args.clone());
+        let me = myself.clone();
+        let name = app.name.clone();
+        let task = tokio::spawn(async move {
+            let result = match tokio::time::timeout(BUILD_TIMEOUT, fut).await {
+                Ok(Ok(spec)) => Ok(spec),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(_) => Err(format!(
+                    "the builder did not finish within {BUILD_TIMEOUT:?}"
+                )),
+            };
+            let _ = me.cast(ControllerMsg::BuildDone {
+                app: name,
+                build,
+                result,
+            });
+        });
+        if unbuilt {
+            state.show_unbuilt(&app.name);
+        }
+        info!(app = %app.name, build, "build started");
+        state
+            .config
+            .builds
+            .insert(app.name.clone(), (build, version, task));
     }
 
     /// A build finished: apply the config's overrides, validate, commit the target.

@@ -502,6 +502,7 @@ impl Controller {
             state.board().remove(name);
             info!(app = %name, "application removed");
         }
+        Self::resume_removed(myself, state, &done);
         Ok(())
     }
 }

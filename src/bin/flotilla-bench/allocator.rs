@@ -10,7 +10,7 @@
 //! the bench runs itself again with the setting in place; a value already set in
 //! the environment is kept (`MIMALLOC_PURGE_DELAY=10` measures the default).
 
-use std::process::Command;
+use std::{os::unix::process::ExitStatusExt, process::Command};
 
 /// The environment variable mimalloc reads.
 const PURGE_DELAY: &str = "MIMALLOC_PURGE_DELAY";
@@ -28,7 +28,12 @@ pub fn rerun_configured() -> Option<i32> {
             .status()
     });
     match result {
-        Ok(status) => Some(status.code().unwrap_or(1)),
+        // Killed by a signal: exit as a shell reports it (128 + the signal).
+        Ok(status) => Some(
+            status
+                .code()
+                .unwrap_or_else(|| 128 + status.signal().unwrap_or(0)),
+        ),
         Err(e) => {
             eprintln!("flotilla-bench: could not run itself with {PURGE_DELAY}=-1: {e}");
             Some(1)

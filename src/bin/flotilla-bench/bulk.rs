@@ -62,12 +62,14 @@ pub async fn run(args: &Args) -> BenchResult<()> {
     fig("rss_bytes_per_app", grown / n.max(1.0), "bytes").emit()?;
     // What fresh memory cost in this very run: on a VM whose memory the host
     // backs lazily, the kernel's first touch of a page dominates system CPU.
-    fig(
-        "system_s_per_gib",
-        (system1 - system0) / (grown / f64::from(1u32 << 30)).max(1e-9),
-        "s/GiB",
-    )
-    .emit()?;
+    if grown > 0.0 {
+        fig(
+            "system_s_per_gib",
+            (system1 - system0) / (grown / f64::from(1u32 << 30)),
+            "s/GiB",
+        )
+        .emit()?;
+    }
     Figure::new(S, "commits", m.store.commits, "commits")
         .with("apps", args.apps)
         .with("batch", args.batch)

@@ -384,3 +384,30 @@ async fn deleting_many_applications_removes_their_records_together() {
     assert!(commits <= 3, "{commits} commits to delete 20 applications");
     assert!(serve.status().is_empty());
 }
+
+#[tokio::test(start_paused = true)]
+async fn while_shutting_down_metrics_tell_the_truth_and_calls_are_refused() {
+    let (_dir, _, serve) = start_fresh().await;
+    serve
+        .run_many(numbered_apps(3, &tag("v")), RunManyOptions::default())
+        .await
+        .unwrap();
+    // Asked while the tree drains (replicas wait their graceful loop): the
+    // Controller refuses changes but still reports what it holds.
+    let during = async {
+        tokio::task::yield_now().await;
+        let m = serve.metrics().await;
+        let late = serve.run(app("late", 1, tag("v"))).await;
+        (m, late)
+    };
+    let (stopped, (m, late)) = tokio::join!(serve.shutdown(), during);
+    stopped.unwrap();
+    let m = m.unwrap();
+    assert_eq!((m.controller.apps, m.controller.deleting), (3, 0));
+    assert!(matches!(late, Err(ServeError::Unavailable(_))), "{late:?}");
+    // Once stopped, every call says so.
+    assert!(matches!(
+        serve.metrics().await,
+        Err(ServeError::Unavailable(_))
+    ));
+}

@@ -101,6 +101,16 @@ pub struct ControllerState {
 }
 
 impl ControllerState {
+    /// What `Serve::metrics` reports of the Controller.
+    fn snapshot(&self) -> ControllerSnapshot {
+        ControllerSnapshot {
+            apps: self.apps.len(),
+            deleting: self.apps.values().filter(|e| e.record.deleting).count(),
+            app_actors: self.apps.values().filter(|e| e.actor.is_some()).count(),
+            app_restarts: self.app_restarts,
+        }
+    }
+
     fn app_args(&self, record: &AppRecord) -> AppArgs {
         let a = &self.args;
         AppArgs {
@@ -195,8 +205,8 @@ pub(crate) async fn store_commit(
 }
 
 /// After `Shutdown`, mutating calls are refused and internal messages dropped, so
-/// nothing new starts while the tree drains.
-fn refuse_after_shutdown(msg: ControllerMsg) {
+/// nothing new starts while the tree drains; `Observe` still tells the truth.
+fn refuse_after_shutdown(state: &ControllerState, msg: ControllerMsg) {
     let gone = || ServeError::Unavailable("flotilla is shutting down".into());
     match msg {
         ControllerMsg::Deploy { reply, .. } => {
@@ -209,7 +219,7 @@ fn refuse_after_shutdown(msg: ControllerMsg) {
             let _ = reply.send(Err(gone()));
         }
         ControllerMsg::Observe(reply) => {
-            let _ = reply.send(ControllerSnapshot::default());
+            let _ = reply.send(state.snapshot());
         }
         ControllerMsg::Shutdown(reply) => {
             let _ = reply.send(());
@@ -605,7 +615,7 @@ impl Actor for Controller {
         state: &mut ControllerState,
     ) -> Result<(), ActorProcessingErr> {
         if state.shutting_down {
-            refuse_after_shutdown(msg);
+            refuse_after_shutdown(state, msg);
             return Ok(());
         }
         match msg {
@@ -639,12 +649,7 @@ impl Actor for Controller {
                 Self::command(&myself, state, &name).await;
             }
             ControllerMsg::Observe(reply) => {
-                let _ = reply.send(ControllerSnapshot {
-                    apps: state.apps.len(),
-                    deleting: state.apps.values().filter(|e| e.record.deleting).count(),
-                    app_actors: state.apps.values().filter(|e| e.actor.is_some()).count(),
-                    app_restarts: state.app_restarts,
-                });
+                let _ = reply.send(state.snapshot());
             }
             ControllerMsg::Shutdown(reply) => {
                 state.shutting_down = true;

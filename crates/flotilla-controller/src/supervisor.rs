@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use flotilla_core::naming;
-use flotilla_replica::supervision::{RestartLog, RestartPolicy};
+use flotilla_replica::supervision::RestartLog;
 use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
 use tokio::sync::watch;
 use tracing::{error, warn};
@@ -112,7 +112,7 @@ impl Actor for Supervisor {
                     && let Err(e) = Self::start_controller(&myself, state).await
                 {
                     warn!(error = %e, "controller failed to start; retrying");
-                    match state.log.on_crash(&RestartPolicy::default()) {
+                    match state.log.on_crash(&state.args.controller.restart) {
                         Some(d) => {
                             myself.send_after(d, || SupervisorMsg::Restart);
                         }

@@ -261,6 +261,14 @@ impl DeploymentConfig {
         if self.max_ongoing_requests == 0 {
             return Err(Error::field("max_ongoing_requests", "must be at least 1"));
         }
+        if self.max_queued_requests == Some(0) {
+            // Ray: -1 (here `None`) or at least 1. Zero would refuse every request
+            // before it queued, so a deployment scaled to zero could never wake.
+            return Err(Error::field(
+                "max_queued_requests",
+                "must be at least 1 (or unset: unbounded)",
+            ));
+        }
         if self.health_check_period.is_zero() {
             return Err(Error::field(
                 "health_check_period",
@@ -323,6 +331,11 @@ mod tests {
             field_of(d().with_max_ongoing_requests(0)),
             "max_ongoing_requests"
         );
+        let no_queue = DeploymentConfig {
+            max_queued_requests: Some(0),
+            ..d()
+        };
+        assert_eq!(field_of(no_queue), "max_queued_requests");
         assert_eq!(
             field_of(d().with_health_check(Duration::ZERO, Duration::from_secs(1))),
             "health_check_period"

@@ -129,6 +129,11 @@ impl Store {
                         ),
                     ));
                 }
+                // Decoded is not valid: a record no API call could have written
+                // (autoscaling bounds crossed, say) would fail the actors that run it.
+                record.spec.validate().map_err(|e| {
+                    StoreError::corrupt(path, format!("table `apps`, key {name:?}: {e}"))
+                })?;
                 snapshot.apps.push(record);
             }
         }

@@ -229,6 +229,32 @@ fn an_undecodable_record_is_corrupt_naming_table_and_key() {
 }
 
 #[test]
+fn a_decodable_but_invalid_record_is_corrupt_naming_table_key_and_field() {
+    let (_dir, path) = temp_checkpoint();
+    written_checkpoint(&path);
+    // Autoscaling bounds crossed: no API call could have written this.
+    let mut record = app_record("crossed", 1);
+    for d in &mut record.spec.deployments {
+        if let flotilla_core::ReplicaCount::Auto(a) = &mut d.config.num_replicas {
+            a.min_replicas = 9;
+        }
+    }
+    let bytes = rmp_serde::to_vec_named(&record).unwrap();
+    let db = redb::Database::open(&path).unwrap();
+    let apps = redb::TableDefinition::<&str, &[u8]>::new("apps");
+    insert_raw(db, apps, "crossed", bytes.as_slice());
+    let err = Store::open(&path).unwrap().load().unwrap_err();
+    assert!(matches!(err, StoreError::Corrupt { .. }), "{err:?}");
+    let message = err.to_string();
+    assert!(
+        message.contains("`apps`")
+            && message.contains("\"crossed\"")
+            && message.contains("min_replicas"),
+        "{message}"
+    );
+}
+
+#[test]
 fn a_missing_directory_is_an_io_error_naming_the_file() {
     let (dir, _) = temp_checkpoint();
     let path = dir.path().join("no-such-dir").join("checkpoint.redb");

@@ -40,7 +40,7 @@ pub use flotilla_core::{
     ApiType, AppConfig, AppName, ApplicationSpec, ApplicationStatus, ApplicationStatusInfo, Args,
     AutoscalingConfig, DeploymentConfig, DeploymentName, DeploymentSpec, DeploymentStatus,
     DeploymentStatusInfo, FaultPoint, Faults, LogEncoding, LogLevel, LoggingConfig, ReplicaCount,
-    ReplicaState, Resources, RoutePrefix, ServeConfig,
+    ReplicaState, Resources, RoutePrefix, ServeConfig, StatusTrigger,
 };
 pub use flotilla_deployment::{
     Cluster, ClusterEvent, DeploymentKey, DeploymentSnapshot, LocalCluster, NodeId, NodePool,

@@ -301,3 +301,19 @@ async fn an_unhealthy_report_lost_while_the_deployment_actor_restarts_is_recover
     .await;
     assert!(replaced, "the unhealthy replica was never replaced");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_crashed_deployment_actor_is_unhealthy_until_its_successor_reports() {
+    let (_dir, _, serve) = start_fresh().await;
+    serve.run(app("a", 1, tag("v"))).await.unwrap();
+    assert!(serve.crash_deployment("a", "probe"));
+    // Ray's INTERNAL_ERROR: the deployment (and so the application) is UNHEALTHY,
+    // saying why, until the restarted actor reports what it found.
+    let s = support::wait_until(&serve, "a", |s| s.status == A::Unhealthy).await;
+    let d = s.deployments.values().next().unwrap();
+    assert_eq!(d.status, flotilla::DeploymentStatus::Unhealthy);
+    assert_eq!(d.trigger, flotilla::StatusTrigger::InternalError);
+    assert!(d.message.contains("actor crashed"), "{}", d.message);
+    assert!(s.message.contains("UNHEALTHY"), "{}", s.message);
+    support::wait_status(&serve, "a", A::Running).await;
+}

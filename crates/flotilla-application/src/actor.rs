@@ -8,7 +8,7 @@ use std::{
 
 use flotilla_core::{
     AppRecord, ApplicationStatus, ApplicationStatusInfo, DeploymentName, DeploymentSpec,
-    DeploymentStatusInfo, FaultPoint, Faults, ReplicaCount, naming,
+    DeploymentStatusInfo, DeploymentTrigger, FaultPoint, Faults, ReplicaCount, naming,
 };
 use flotilla_deployment::{
     Cluster, DeploymentActor, DeploymentArgs, DeploymentEvent, DeploymentMsg, DeploymentReporter,
@@ -487,9 +487,17 @@ impl Actor for ApplicationActor {
             Some(why) => {
                 warn!(app = %state.args.record.spec.name, deployment = %name, %why,
                     "deployment actor crashed");
+                // Ray's INTERNAL_ERROR: UNHEALTHY until its successor reports.
+                if let Some((_, status)) = child.status.as_mut() {
+                    status.handle(
+                        DeploymentTrigger::InternalError,
+                        format!("The deployment's actor crashed ({why}); restarting it."),
+                    );
+                }
                 match child.restarts.on_crash(&state.args.restart) {
                     Some(delay) => {
                         Self::restart_later(&myself, state, name, delay);
+                        state.derive_status();
                         return Ok(());
                     }
                     None => {

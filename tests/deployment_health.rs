@@ -236,6 +236,7 @@ async fn a_stuck_request_is_cut_at_the_graceful_timeout() {
     serve.delete_apps(&["a"], false).await.unwrap();
     let err = call.await.unwrap().unwrap_err();
     let took = t0.elapsed();
+    assert!(matches!(err, CallError::Killed { .. }), "{err:?}");
     assert!(
         err.to_string()
             .contains("killed at its graceful shutdown timeout"),

@@ -404,6 +404,7 @@ async fn while_shutting_down_metrics_tell_the_truth_and_calls_are_refused() {
     stopped.unwrap();
     let m = m.unwrap();
     assert_eq!((m.controller.apps, m.controller.deleting), (3, 0));
+    assert_eq!(m.deployments, 3);
     assert!(matches!(late, Err(ServeError::Unavailable(_))), "{late:?}");
     // Once stopped, every call says so.
     assert!(matches!(

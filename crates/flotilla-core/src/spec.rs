@@ -308,7 +308,16 @@ impl ApplicationSpecBuilder {
         self
     }
 
-    /// Add an already built deployment.
+    /// Add an already built deployment (one taken from another application, say).
+    ///
+    /// ```
+    /// use flotilla_core::{ApplicationSpec, DeploymentSpec};
+    /// let front = DeploymentSpec::builder("front", "shop::Front").replicas(2).build()?;
+    /// let app = ApplicationSpec::builder("shop").deployment_spec(front.clone()).build()?;
+    /// assert_eq!(app.deployments, vec![front]);
+    /// assert_eq!(app.ingress.as_str(), "front");
+    /// # Ok::<(), flotilla_core::Error>(())
+    /// ```
     pub fn deployment_spec(mut self, d: DeploymentSpec) -> Self {
         self.deployments.push(Ok(d));
         self

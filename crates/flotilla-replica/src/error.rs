@@ -9,6 +9,13 @@ pub enum CallError {
     /// The user's handler panicked; the replica is being replaced.
     #[error("the deployment panicked: {0}")]
     Panicked(String),
+    /// The replica was killed while the request ran (its graceful shutdown timed
+    /// out): the handler may have run in part. Not retried.
+    #[error("replica {replica} was killed at its graceful shutdown timeout while the request ran")]
+    Killed {
+        /// The replica.
+        replica: String,
+    },
     /// The request could not be decoded as the deployment's request type.
     #[error("bad request: {0}")]
     BadRequest(String),

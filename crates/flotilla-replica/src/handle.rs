@@ -197,10 +197,9 @@ async fn run(slot: Slot, bytes: Vec<u8>) -> Result<Vec<u8>, CallError> {
     let killed = ep.kill_signal.notified();
     let result = tokio::select! {
         r = ep.user.handle(bytes) => r,
-        _ = killed => Err(CallError::User(format!(
-            "replica {} was killed at its graceful shutdown timeout while the request ran",
-            ep.id()
-        ))),
+        _ = killed => Err(CallError::Killed {
+            replica: ep.id().to_string(),
+        }),
     };
     drop(slot);
     if let Err(CallError::Panicked(m)) = &result {

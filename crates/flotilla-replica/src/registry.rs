@@ -144,7 +144,24 @@ impl Registry {
         Ok(self)
     }
 
-    /// Whether an application builder is registered under `path`.
+    /// Whether an application builder is registered under `path` (deployment
+    /// constructors and application builders are separate name spaces).
+    ///
+    /// ```
+    /// use flotilla_core::{ApplicationSpec, DeploymentSpec};
+    /// use flotilla_replica::Registry;
+    /// let registry = Registry::new()
+    ///     .register_app("shop:app", |_args| async {
+    ///         Ok(ApplicationSpec::builder("shop")
+    ///             .deployment(DeploymentSpec::builder("front", "shop::Front"))
+    ///             .build()
+    ///             .map_err(|e| e.to_string())?)
+    ///     })
+    ///     .unwrap();
+    /// assert!(registry.contains_app("shop:app"));
+    /// assert!(!registry.contains("shop:app"));
+    /// assert!(!registry.contains_app("shop:other"));
+    /// ```
     pub fn contains_app(&self, path: &str) -> bool {
         self.builders.contains_key(path)
     }

@@ -309,6 +309,7 @@ fn error_kind(e: &CallError) -> &'static str {
     match e {
         CallError::User(_) => "user",
         CallError::Panicked(_) => "panicked",
+        CallError::Killed { .. } => "killed",
         CallError::BadRequest(_) => "bad_request",
         CallError::BadResponse(_) => "bad_response",
         CallError::BackPressure { .. } => "back_pressure",

@@ -40,6 +40,12 @@ fn the_same_seed_gives_the_same_summary() {
     assert_eq!(s.restarts.process, 1);
     assert!(s.requests.served > 0 && s.checkpoint.commits > 0);
     assert_eq!(s.applications.get("DEPLOY_FAILED"), Some(&1));
+    // The timeline follows the cluster's CPUs: 2 x 4 + 1 x 8 offered at first,
+    // some of them held by replicas, never more than offered.
+    let samples = &one.timeline.samples;
+    assert_eq!(samples[0].cpus, 16.0);
+    assert!(samples.iter().any(|x| x.cpus_used > 0.0));
+    assert!(samples.iter().all(|x| x.cpus_used <= x.cpus + 1e-9));
 
     let dir = tempfile::tempdir().unwrap();
     let files = flotilla_sim::report::write(dir.path(), &one).unwrap();

@@ -44,6 +44,10 @@ pub struct Sample {
     pub retried_per_s: f64,
     /// Live nodes.
     pub live_nodes: usize,
+    /// CPUs the live nodes offer.
+    pub cpus: f64,
+    /// CPUs reserved by replicas.
+    pub cpus_used: f64,
 }
 
 /// An event on the timeline.
@@ -139,6 +143,10 @@ async fn sample(shared: &Shared, interval: f64) {
         failed_per_s: failed as f64 / interval,
         retried_per_s: retried as f64 / interval,
         live_nodes: view.live_nodes,
+        // Rounded: float sums of reservations differ in their last bits with the
+        // order replicas were placed and released in.
+        cpus: round3(view.cpus),
+        cpus_used: round3(view.cpus_used),
     });
     if converged {
         shared.windows().converged(t);

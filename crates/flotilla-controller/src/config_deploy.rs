@@ -332,13 +332,17 @@ impl Controller {
         state: &mut ControllerState,
         removed: &[AppName],
     ) {
-        let Some(config) = state.config.applied.clone() else {
-            return;
+        // Only the entries named again: most removals are of applications the
+        // config no longer names, and the config may hold thousands.
+        let named: Vec<AppConfig> = match &state.config.applied {
+            Some(config) => removed
+                .iter()
+                .filter_map(|n| config.application(n.as_str()).cloned())
+                .collect(),
+            None => return,
         };
-        for name in removed {
-            if let Some(app) = config.application(name.as_str()) {
-                Self::resume_build(myself, state, app);
-            }
+        for app in &named {
+            Self::resume_build(myself, state, app);
         }
     }
 

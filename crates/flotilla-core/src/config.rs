@@ -6,6 +6,12 @@ use serde::{Deserialize, Serialize};
 
 use crate::{Args, Resources, error::Error};
 
+/// Most replicas one deployment may ask for: `num_replicas`, and the
+/// autoscaling bounds (`max_replicas`, hence `min_replicas` and
+/// `initial_replicas`). A target above it is refused at the call; the cluster's
+/// capacity bounds what actually runs (a target beyond it is pending).
+pub const MAX_REPLICAS: u32 = 10_000;
+
 /// How many replicas a deployment wants.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum ReplicaCount {
@@ -66,10 +72,13 @@ impl AutoscalingConfig {
                 ),
             ));
         }
-        if self.max_replicas == 0 {
+        if self.max_replicas == 0 || self.max_replicas > MAX_REPLICAS {
             return Err(Error::field(
                 "autoscaling_config.max_replicas",
-                "must be at least 1",
+                format!(
+                    "must be from 1 to {MAX_REPLICAS}, got {}",
+                    self.max_replicas
+                ),
             ));
         }
         if let Some(init) = self.initial_replicas
@@ -255,8 +264,15 @@ impl DeploymentConfig {
 
     /// Every field in range. The error names the field; callers add the location.
     pub fn validate(&self) -> Result<(), Error> {
-        if let ReplicaCount::Auto(a) = &self.num_replicas {
-            a.validate()?;
+        match &self.num_replicas {
+            ReplicaCount::Auto(a) => a.validate()?,
+            ReplicaCount::Fixed(n) if *n > MAX_REPLICAS => {
+                return Err(Error::field(
+                    "num_replicas",
+                    format!("must be at most {MAX_REPLICAS}, got {n}"),
+                ));
+            }
+            ReplicaCount::Fixed(_) => {}
         }
         if self.max_ongoing_requests == 0 {
             return Err(Error::field("max_ongoing_requests", "must be at least 1"));
@@ -330,6 +346,16 @@ mod tests {
         assert_eq!(
             field_of(d().with_max_ongoing_requests(0)),
             "max_ongoing_requests"
+        );
+        assert_eq!(field_of(d().with_replicas(u32::MAX)), "num_replicas");
+        assert!(d().with_replicas(MAX_REPLICAS).validate().is_ok());
+        let too_many = AutoscalingConfig {
+            max_replicas: MAX_REPLICAS + 1,
+            ..Default::default()
+        };
+        assert_eq!(
+            field_of(d().with_autoscaling(too_many)),
+            "autoscaling_config.max_replicas"
         );
         let no_queue = DeploymentConfig {
             max_queued_requests: Some(0),

@@ -2,6 +2,23 @@
 
 use std::fmt;
 
+/// Longest piece of an offending value an error quotes, in bytes.
+pub const MAX_QUOTED: usize = 200;
+
+/// `value` as an error quotes it: whole if short, else its first
+/// [`MAX_QUOTED`] bytes (cut at a character boundary) and how long it was, so a
+/// 10 MB name makes a short error.
+pub fn shown(value: &str) -> String {
+    if value.len() <= MAX_QUOTED {
+        return value.to_owned();
+    }
+    let mut end = MAX_QUOTED;
+    while !value.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}... ({} bytes in all)", &value[..end], value.len())
+}
+
 /// Where a validation error was found: the application, and the deployment if any.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Location {
@@ -107,10 +124,10 @@ impl Error {
         | Error::Codec { at, .. } = &mut this
         {
             if at.app.is_none() {
-                at.app = app.map(str::to_owned);
+                at.app = app.map(shown);
             }
             if at.deployment.is_none() {
-                at.deployment = deployment.map(str::to_owned);
+                at.deployment = deployment.map(shown);
             }
         }
         this

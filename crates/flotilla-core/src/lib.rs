@@ -24,10 +24,10 @@ mod status;
 mod version;
 
 pub use args::Args;
-pub use config::{AutoscalingConfig, DeploymentConfig, ReplicaCount, RolloutConfig};
-pub use error::{Error, Result};
+pub use config::{AutoscalingConfig, DeploymentConfig, MAX_REPLICAS, ReplicaCount, RolloutConfig};
+pub use error::{Error, Location, MAX_QUOTED, Result, shown};
 pub use fault::{FaultPoint, Faults};
-pub use names::{AppName, DeploymentName, ImportPath, RoutePrefix};
+pub use names::{AppName, DeploymentName, ImportPath, MAX_NAME_LEN, MAX_PATH_LEN, RoutePrefix};
 pub use record::{ApiType, AppRecord, DeploymentRecord};
 pub use resources::Resources;
 pub use serve_config::{
@@ -36,7 +36,7 @@ pub use serve_config::{
 };
 pub use spec::{
     ApplicationSpec, ApplicationSpecBuilder, DeploymentSpec, DeploymentSpecBuilder, LogEncoding,
-    LogLevel, LoggingConfig,
+    LogLevel, LoggingConfig, MAX_VERSION_LEN,
 };
 pub use status::{
     ApplicationStatus, ApplicationStatusInfo, DeploymentStatus, DeploymentStatusInfo,

@@ -8,7 +8,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Location};
+use crate::error::{Error, Location, shown};
 
 /// Longest application or deployment name, in bytes.
 pub const MAX_NAME_LEN: usize = 128;
@@ -19,7 +19,7 @@ fn invalid(what: &'static str, value: &str, reason: &'static str) -> Error {
     Error::InvalidName {
         at: Location::default(),
         what,
-        value: value.to_owned(),
+        value: shown(value),
         reason,
     }
 }
@@ -116,6 +116,10 @@ fn plain_name(what: &'static str, s: String) -> Result<String, Error> {
     Ok(s)
 }
 
+/// Ray's rules (`schema.py`), checked, never normalised: a leading `/`, no
+/// trailing `/` but for the root, no wildcard braces; and, since a prefix is
+/// matched against request paths, nothing a path cannot hold (whitespace, control
+/// characters, `?`, `#`).
 fn route_prefix(what: &'static str, s: String) -> Result<String, Error> {
     if !s.starts_with('/') {
         return Err(invalid(what, &s, "must start with '/'"));
@@ -123,24 +127,32 @@ fn route_prefix(what: &'static str, s: String) -> Result<String, Error> {
     if s.len() > MAX_PATH_LEN {
         return Err(invalid(what, &s, "must be at most 512 bytes"));
     }
-    if s.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        return Err(invalid(what, &s, "must not contain whitespace"));
-    }
-    if s.contains(['?', '#']) {
-        return Err(invalid(what, &s, "must not contain '?' or '#'"));
-    }
-    if s.contains("//") {
-        return Err(invalid(
-            what,
-            &s,
-            "must not contain an empty segment ('//')",
-        ));
-    }
     if s.len() > 1 && s.ends_with('/') {
         return Err(invalid(
             what,
             &s,
             "must not end with '/' (except the root \"/\")",
+        ));
+    }
+    if s.contains(['{', '}']) {
+        return Err(invalid(
+            what,
+            &s,
+            "must not contain wildcards ('{' and '}')",
+        ));
+    }
+    if s.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(invalid(
+            what,
+            &s,
+            "must not contain whitespace or control characters",
+        ));
+    }
+    if s.contains(['?', '#']) {
+        return Err(invalid(
+            what,
+            &s,
+            "must not contain '?' or '#' (a request path never holds them)",
         ));
     }
     Ok(s)
@@ -185,8 +197,9 @@ validated_name!(
     plain_name
 );
 validated_name!(
-    /// An HTTP route prefix: starts with `/`, no trailing `/` except the root `/`, no
-    /// whitespace, `?`, `#` or empty segment.
+    /// An HTTP route prefix, validated as Ray Serve validates it (never normalised):
+    /// starts with `/`, no trailing `/` except the root `/`, no `{` or `}`, and no
+    /// whitespace, control characters, `?` or `#`.
     ///
     /// ```
     /// use flotilla_core::RoutePrefix;
@@ -203,24 +216,6 @@ validated_name!(
     "import path",
     import_path
 );
-
-impl RoutePrefix {
-    /// Build a prefix from user input, normalising what is unambiguous first:
-    /// surrounding whitespace is trimmed, a missing leading `/` is added, and a
-    /// trailing `/` is removed (except for the root).
-    pub fn normalised(s: &str) -> Result<Self, Error> {
-        let t = s.trim();
-        let mut owned = if t.starts_with('/') {
-            t.to_owned()
-        } else {
-            format!("/{t}")
-        };
-        while owned.len() > 1 && owned.ends_with('/') {
-            owned.pop();
-        }
-        Self::new(owned)
-    }
-}
 
 #[cfg(test)]
 mod tests {
@@ -253,20 +248,15 @@ mod tests {
 
     #[test]
     fn route_prefix_rules() {
-        for ok in ["/", "/a", "/a/b-c", "/v1.2"] {
+        for ok in ["/", "/a", "/a/b-c", "/v1.2", "/a//b", "/%7Bx%7D"] {
             assert!(RoutePrefix::new(ok).is_ok(), "{ok}");
         }
-        for bad in ["", "a", "/a/", "/a b", "/a?x", "/a#x", "//", "/a//b"] {
-            assert!(RoutePrefix::new(bad).is_err(), "{bad}");
+        for bad in [
+            "", "a", "api/", " /a", "/a/", "//", "/a b", "/a\tb", "/a\u{7}", "/a?x", "/a#x",
+            "/{id}", "/a}",
+        ] {
+            assert!(RoutePrefix::new(bad).is_err(), "{bad:?}");
         }
-    }
-
-    #[test]
-    fn route_prefix_normalisation() {
-        assert_eq!(RoutePrefix::normalised(" api/ ").unwrap().as_str(), "/api");
-        assert_eq!(RoutePrefix::normalised("/").unwrap().as_str(), "/");
-        assert_eq!(RoutePrefix::normalised("///").unwrap().as_str(), "/");
-        assert!(RoutePrefix::normalised("/a b").is_err());
     }
 
     #[test]

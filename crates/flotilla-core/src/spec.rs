@@ -9,6 +9,9 @@ use crate::{
     version::hash_value,
 };
 
+/// Longest explicit deployment `version`, in bytes.
+pub const MAX_VERSION_LEN: usize = 256;
+
 /// Log levels, as Ray Serve names them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "UPPERCASE")]
@@ -125,19 +128,21 @@ impl DeploymentSpec {
         }
     }
 
-    /// Validate the config and the explicit version.
+    /// Validate the config and the explicit version; errors name the deployment.
     pub fn validate(&self) -> Result<(), Error> {
+        let at = |e: Error| e.at(None, Some(self.name.as_str()));
         if let Some(v) = &self.version
-            && (v.is_empty() || v.len() > 256)
+            && (v.is_empty() || v.len() > MAX_VERSION_LEN)
         {
-            return Err(Error::field(
+            return Err(at(Error::field(
                 "version",
-                "an explicit version must be 1 to 256 bytes",
-            ));
+                format!(
+                    "an explicit version must be 1 to {MAX_VERSION_LEN} bytes, got {} bytes",
+                    v.len()
+                ),
+            )));
         }
-        self.config
-            .validate()
-            .map_err(|e| e.at(None, Some(self.name.as_str())))
+        self.config.validate().map_err(at)
     }
 }
 
@@ -289,8 +294,8 @@ pub struct ApplicationSpecBuilder {
 }
 
 impl ApplicationSpecBuilder {
-    /// The route prefix (normalised: a missing leading `/` is added, a trailing one
-    /// dropped).
+    /// The route prefix, validated as Ray validates it (see [`RoutePrefix`]):
+    /// `"/api"` or `"/"`; `"api"` and `"/api/"` are errors, never rewritten.
     pub fn route_prefix(mut self, prefix: impl Into<String>) -> Self {
         self.route_prefix = Some(prefix.into());
         self
@@ -337,7 +342,7 @@ impl ApplicationSpecBuilder {
         let route_prefix = self
             .route_prefix
             .as_deref()
-            .map(RoutePrefix::normalised)
+            .map(RoutePrefix::new)
             .transpose()
             .map_err(at)?;
         let deployments = self
@@ -436,6 +441,57 @@ mod tests {
     }
 
     #[test]
+    fn route_prefixes_are_validated_never_rewritten() {
+        for bad in ["a", "/a/", "/a b", "/{x}"] {
+            let err = ApplicationSpec::builder("shop")
+                .route_prefix(bad)
+                .deployment(dep("x"))
+                .build()
+                .unwrap_err();
+            assert!(
+                matches!(
+                    err,
+                    Error::InvalidName {
+                        what: "route prefix",
+                        ..
+                    }
+                ),
+                "{bad}"
+            );
+            assert_eq!(err.app(), Some("shop"), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_bad_explicit_version_names_its_application_and_deployment() {
+        for v in [String::new(), "v".repeat(MAX_VERSION_LEN + 1)] {
+            let err = ApplicationSpec::builder("shop")
+                .deployment(dep("front").version(v))
+                .build()
+                .unwrap_err();
+            assert_eq!((err.app(), err.deployment()), (Some("shop"), Some("front")));
+            assert_eq!(err.field_name(), Some("version"));
+        }
+    }
+
+    #[test]
+    fn errors_quote_at_most_a_few_hundred_bytes_of_a_value() {
+        let huge = "x".repeat(10 << 20);
+        let err = ApplicationSpec::builder(huge.clone())
+            .deployment(dep("front"))
+            .build()
+            .unwrap_err();
+        let text = err.to_string();
+        assert!(text.len() < 1_000, "{} bytes", text.len());
+        assert!(text.contains("10485760 bytes in all"), "{text}");
+        let err = ApplicationSpec::builder("shop")
+            .deployment(dep(&huge))
+            .build()
+            .unwrap_err();
+        assert!(err.to_string().len() < 1_000);
+    }
+
+    #[test]
     fn code_version_is_stable_and_tracks_code_args_and_resources() {
         let a = dep("x").init_args(&1u32).build().unwrap();
         let same = dep("x").init_args(&1u32).build().unwrap();
@@ -482,7 +538,7 @@ mod tests {
     #[test]
     fn spec_round_trips_through_msgpack() {
         let app = ApplicationSpec::builder("a")
-            .route_prefix("a/")
+            .route_prefix("/a")
             .deployment(dep("x").init_args(&("q", 1)).replicas(3))
             .logging(LoggingConfig::default())
             .build()

@@ -88,7 +88,7 @@ pub struct AppConfig {
     /// Unique within the config.
     pub name: AppName,
     /// Replaces the route prefix the builder chose; unique within the config.
-    /// Normalised as [`RoutePrefix::normalised`] does (`api/` reads as `/api`).
+    /// Validated as Ray validates it (see [`RoutePrefix`]), never rewritten.
     #[serde(default, deserialize_with = "route_prefix_option")]
     pub route_prefix: Option<RoutePrefix>,
     /// The application builder's name in the `Registry`.
@@ -490,7 +490,7 @@ fn null_as_empty<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result
 
 fn route_prefix_option<'de, D: Deserializer<'de>>(d: D) -> Result<Option<RoutePrefix>, D::Error> {
     Option::<String>::deserialize(d)?
-        .map(|s| RoutePrefix::normalised(&s))
+        .map(RoutePrefix::new)
         .transpose()
         .map_err(serde::de::Error::custom)
 }

@@ -277,7 +277,7 @@ applications:
         num_replicas: 3
         max_queued_requests: 7
   - name: app2
-    route_prefix: app2/
+    route_prefix: /app2
     import_path: other:app
 "#;
 
@@ -370,7 +370,7 @@ applications:
         assert_eq!(back.max_queued_requests, Some(7));
         assert_eq!(back.user_config, None);
         let b = &c.applications[1];
-        // Route prefixes are normalised; missing optional fields take their defaults.
+        // Missing optional fields take their defaults.
         assert_eq!(b.route_prefix.as_ref().map(|p| p.as_str()), Some("/app2"));
         assert_eq!(b.args, Args::encode(&serde_json_like::empty_map()).unwrap());
         assert_eq!(b.logging_config, None);
@@ -641,9 +641,20 @@ applications:
     }
 
     #[test]
-    fn duplicate_route_prefixes_are_rejected_after_normalising() {
+    fn route_prefixes_are_validated_as_ray_does_never_rewritten() {
+        for bad in ["api", "/api/", "/{x}"] {
+            let e = err(&apps(&format!(
+                "  - name: a\n    import_path: x\n    route_prefix: \"{bad}\"\n"
+            )));
+            assert_eq!(e.position().map(|p| p.0), Some(4), "{bad}: {e}");
+            assert!(e.to_string().contains("route prefix"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn duplicate_route_prefixes_are_rejected() {
         let e = err(&apps(
-            "  - name: a\n    import_path: x\n    route_prefix: /api\n  - name: b\n    import_path: x\n    route_prefix: api/\n",
+            "  - name: a\n    import_path: x\n    route_prefix: /api\n  - name: b\n    import_path: x\n    route_prefix: /api\n",
         ));
         assert_eq!(e.app(), Some("b"));
         assert_eq!(e.field_name(), Some("route_prefix"));

@@ -35,16 +35,21 @@ mod logging;
 mod serve;
 
 pub use flotilla_controller::LogSettings;
-pub use flotilla_controller::{ControllerSnapshot, ServeError, StatusBoard};
+pub use flotilla_controller::{
+    BUILD_TIMEOUT, BuildError, ControllerSnapshot, ServeError, StatusBoard, WallClock,
+};
 pub use flotilla_core::{
-    ApiType, AppConfig, AppName, ApplicationSpec, ApplicationStatus, ApplicationStatusInfo, Args,
-    AutoscalingConfig, DeploymentConfig, DeploymentName, DeploymentSpec, DeploymentStatus,
-    DeploymentStatusInfo, FaultPoint, Faults, LogEncoding, LogLevel, LoggingConfig, ReplicaCount,
-    ReplicaState, Resources, RoutePrefix, ServeConfig, StatusTrigger,
+    ApiType, AppConfig, AppName, ApplicationSpec, ApplicationSpecBuilder, ApplicationStatus,
+    ApplicationStatusInfo, Args, AutoscalingConfig, CodeVersion, ConfigVersion, DeploymentConfig,
+    DeploymentName, DeploymentSpec, DeploymentSpecBuilder, DeploymentStatus, DeploymentStatusInfo,
+    DeploymentVersion, Error as SpecError, FaultPoint, Faults, Location, LogEncoding, LogLevel,
+    LoggingConfig, MAX_REPLICAS, ReplicaCount, ReplicaState, Resources, RolloutConfig, RoutePrefix,
+    ServeConfig, StatusTrigger,
 };
 pub use flotilla_deployment::{
-    Cluster, ClusterEvent, DeploymentKey, DeploymentSnapshot, LocalCluster, NodeId, NodePool,
-    NodeSpec, PlacementRequest, PoolNode, Refusal, StateCount, StaticCluster,
+    Cluster, ClusterEvent, DEFAULT_LOCAL_CAPACITY, DeploymentKey, DeploymentSnapshot,
+    DeploymentTarget, LOCAL_NODE, LocalCluster, NodeId, NodePool, NodeSpec, PlacementRequest,
+    PoolNode, Refusal, ReplicaInfo, StateCount, StaticCluster,
 };
 pub use flotilla_replica::{
     CallError, Deployment, DeploymentHandle, InitContext, Registry, ReplicaEndpoint, ReplicaId,

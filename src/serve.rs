@@ -4,20 +4,23 @@ use std::{
     path::PathBuf,
     sync::{
         Arc,
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
     },
+    time::SystemTime,
 };
 
 use flotilla_controller::{
     ControllerArgs, ControllerMsg, ControllerSnapshot, LogSettings, Preloaded, ServeError,
-    StatusBoard, Supervisor, SupervisorArgs, SupervisorMsg,
+    StatusBoard, Supervisor, SupervisorArgs, SupervisorMsg, WallClock,
 };
 use flotilla_core::{
     ApiType, AppName, ApplicationSpec, ApplicationStatus, ApplicationStatusInfo, Faults,
     ServeConfig, naming,
 };
 use flotilla_deployment::{Cluster, LocalCluster};
-use flotilla_replica::{DeploymentHandle, Directory, Registry, groups, supervision::RestartPolicy};
+use flotilla_replica::{
+    DeploymentHandle, Directory, Registry, ReplicaId, groups, supervision::RestartPolicy,
+};
 use flotilla_store::{Store, StoreCounters};
 use ractor::{Actor, ActorRef, RpcReplyPort, rpc::CallResult};
 use tokio::sync::watch;
@@ -42,6 +45,9 @@ pub struct ServeOptions {
     /// Logging settings, kept current by the Controller; give the same to
     /// [`AppLogLayer`](crate::AppLogLayer).
     pub logging: LogSettings,
+    /// The wall clock that stamps each accepted target (a status's
+    /// `last_deployed`); `SystemTime::now` by default.
+    pub clock: WallClock,
 }
 
 impl ServeOptions {
@@ -50,11 +56,12 @@ impl ServeOptions {
         ServeOptions {
             store_path: PathBuf::from("flotilla.redb"),
             registry,
-            cluster: Arc::new(LocalCluster),
+            cluster: Arc::new(LocalCluster::new()),
             namespace: None,
             restart: RestartPolicy::default(),
             faults: Faults::new(),
             logging: LogSettings::new(),
+            clock: Arc::new(SystemTime::now),
         }
     }
 
@@ -70,9 +77,16 @@ impl ServeOptions {
         self
     }
 
-    /// Name this instance's actors under `ns`.
+    /// Name this instance's actors under `ns`: 1 to 128 bytes of letters,
+    /// digits, `_`, `.` and `-` ([`Serve::start`] refuses anything else).
     pub fn namespace(mut self, ns: impl Into<String>) -> Self {
         self.namespace = Some(ns.into());
+        self
+    }
+
+    /// Stamp accepted targets with `clock` instead of the system's.
+    pub fn clock(mut self, clock: WallClock) -> Self {
+        self.clock = clock;
         self
     }
 }
@@ -118,6 +132,54 @@ struct Inner {
     directory: Directory,
     fatal: watch::Receiver<Option<String>>,
     faults: Faults,
+    /// Set by `shutdown` and `crash_process`: the instance serves no more.
+    stopped: AtomicBool,
+}
+
+impl Inner {
+    /// Every actor of this instance still alive: the Controller, the
+    /// ApplicationActors of the applications on the board, and the members of
+    /// its process groups (DeploymentActors and replicas). Only names under
+    /// this instance's namespace segment are matched.
+    fn living_actors(&self) -> Vec<ractor::ActorCell> {
+        let ns = &self.ns;
+        let mut cells = Vec::new();
+        cells.extend(ractor::registry::where_is(naming::controller(ns)));
+        for (app, _) in self.board.all() {
+            cells.extend(ractor::registry::where_is(naming::application(ns, &app)));
+        }
+        for (_, members) in groups::with_prefix(&naming::namespace_prefix(ns)) {
+            cells.extend(members);
+        }
+        cells
+    }
+
+    /// Kill every actor at once (no drain), close every route and the store.
+    /// Returns the actors killed, to wait for.
+    fn kill_all(&self) -> Vec<ractor::ActorCell> {
+        self.stopped.store(true, Ordering::Release);
+        self.supervisor.kill();
+        let cells = self.living_actors();
+        for cell in &cells {
+            cell.kill();
+        }
+        self.directory.shut_down();
+        self.store.close();
+        cells
+    }
+}
+
+/// Dropping the last `Serve` of an instance that was not shut down stops it
+/// at once, as a crash would (no drain; acknowledged work is in the store): its
+/// store is closed, so another `Serve::start` on the same file may open it.
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if !self.stopped.load(Ordering::Acquire) {
+            tracing::warn!(namespace = %self.ns,
+                "the last Serve handle was dropped without shutdown(): stopping at once, without draining");
+            self.kill_all();
+        }
+    }
 }
 
 /// A running Flotilla instance: cheap to clone.
@@ -137,6 +199,14 @@ impl std::fmt::Debug for Serve {
 impl Serve {
     /// Open (or create) the store, recover what it holds, and start the actor tree.
     pub async fn start(options: ServeOptions) -> Result<Serve, ServeError> {
+        if let Some(ns) = &options.namespace {
+            naming::validate_namespace(ns)?;
+            if ractor::registry::where_is(format!("{ns}/supervisor")).is_some() {
+                return Err(ServeError::NamespaceInUse {
+                    namespace: ns.clone(),
+                });
+            }
+        }
         let store = Arc::new(Store::open(&options.store_path)?);
         // Fail before spawning anything if the checkpoint cannot be read; the
         // Controller starts from what was read here.
@@ -159,6 +229,7 @@ impl Serve {
                 faults: options.faults.clone(),
                 logging: options.logging.clone(),
                 preloaded,
+                clock: options.clock,
             },
             fatal: fatal_tx,
         };
@@ -174,8 +245,19 @@ impl Serve {
                 directory,
                 fatal,
                 faults: options.faults,
+                stopped: AtomicBool::new(false),
             }),
         })
+    }
+
+    /// `Unavailable` once the instance was shut down or crashed.
+    fn check_running(&self) -> Result<(), ServeError> {
+        if self.inner.stopped.load(Ordering::Acquire) {
+            return Err(ServeError::Unavailable(
+                "flotilla was shut down (or crashed)".into(),
+            ));
+        }
+        Ok(())
     }
 
     async fn ask<T: Send + 'static>(
@@ -253,6 +335,7 @@ impl Serve {
                 .subscribe(name.as_str())
                 .ok_or_else(|| ServeError::NotFound {
                     app: name.to_string(),
+                    deployment: None,
                 })?;
         loop {
             {
@@ -264,6 +347,7 @@ impl Serve {
             if rx.changed().await.is_err() {
                 return Err(ServeError::NotFound {
                     app: name.to_string(),
+                    deployment: None,
                 });
             }
         }
@@ -315,12 +399,17 @@ impl Serve {
         self.apply_config(ServeConfig::from_yaml(&text)?).await
     }
 
-    /// Delete applications (unknown names are ignored). With `wait`, return once
-    /// they are gone.
-    pub async fn delete_apps(&self, names: &[&str], wait: bool) -> Result<(), ServeError> {
+    /// Delete applications (unknown names are ignored), given as any iterator of
+    /// names (`["a", "b"]`, a `Vec<String>`, the keys of a status list...). With
+    /// `wait`, return once they are gone.
+    pub async fn delete_apps<I>(&self, names: I, wait: bool) -> Result<(), ServeError>
+    where
+        I: IntoIterator,
+        I::Item: AsRef<str>,
+    {
         let names = names
-            .iter()
-            .map(|n| AppName::new(*n))
+            .into_iter()
+            .map(|n| AppName::new(n.as_ref()))
             .collect::<Result<Vec<_>, _>>()?;
         let watchers: Vec<_> = names
             .iter()
@@ -365,33 +454,48 @@ impl Serve {
         self.inner.board.subscribe(name)
     }
 
-    /// A handle to an application's ingress deployment.
+    /// A handle to an application's ingress deployment: `NotFound` for an
+    /// unknown application, `Unavailable` after `shutdown`.
     pub fn app_handle(&self, name: &str) -> Result<DeploymentHandle, ServeError> {
-        let ingress = self
-            .inner
-            .board
-            .ingress(name)
-            .ok_or_else(|| ServeError::NotFound {
-                app: name.to_owned(),
-            })?;
-        let app = AppName::new(name)?;
+        self.check_running()?;
+        let not_found = || ServeError::NotFound {
+            app: flotilla_core::shown(name),
+            deployment: None,
+        };
+        let ingress = self.inner.board.ingress(name).ok_or_else(not_found)?;
+        let app = AppName::new(name).map_err(|_| not_found())?;
         Ok(self.inner.directory.handle(&app, &ingress))
     }
 
-    /// A handle to any deployment of a live application.
+    /// A handle to a deployment of a live application: `NotFound` unless the
+    /// application's target has that deployment, `Unavailable` after `shutdown`.
     pub fn deployment_handle(
         &self,
         app: &str,
         deployment: &str,
     ) -> Result<DeploymentHandle, ServeError> {
-        if self.inner.board.ingress(app).is_none() {
+        self.check_running()?;
+        let status = self
+            .inner
+            .board
+            .subscribe(app)
+            .ok_or_else(|| ServeError::NotFound {
+                app: flotilla_core::shown(app),
+                deployment: None,
+            })?;
+        let dep = status
+            .borrow()
+            .deployments
+            .get_key_value(deployment)
+            .map(|(d, _)| d.clone());
+        let Some(dep) = dep else {
             return Err(ServeError::NotFound {
-                app: app.to_owned(),
+                app: flotilla_core::shown(app),
+                deployment: Some(flotilla_core::shown(deployment)),
             });
-        }
+        };
         let a = AppName::new(app)?;
-        let d = flotilla_core::DeploymentName::new(deployment)?;
-        Ok(self.inner.directory.handle(&a, &d))
+        Ok(self.inner.directory.handle(&a, &dep))
     }
 
     /// One deployment's state as its DeploymentActor sees it: target, status, and
@@ -473,6 +577,20 @@ impl Serve {
         self.kill(naming::deployment(&self.inner.ns, &app, &dep))
     }
 
+    /// Kill one replica (fault injection), as if its process died: requests it
+    /// runs fail with `CallError::Killed`, and its DeploymentActor replaces it.
+    /// `replica` is an id from [`deployment_snapshot`](Self::deployment_snapshot).
+    /// Returns whether it was alive.
+    pub fn crash_replica(&self, app: &str, deployment: &str, replica: ReplicaId) -> bool {
+        let (Ok(app), Ok(dep)) = (
+            AppName::new(app),
+            flotilla_core::DeploymentName::new(deployment),
+        ) else {
+            return false;
+        };
+        self.kill(naming::replica(&self.inner.ns, &app, &dep, replica.0))
+    }
+
     fn kill(&self, name: String) -> bool {
         match ractor::registry::where_is(name) {
             Some(cell) => {
@@ -485,43 +603,37 @@ impl Serve {
 
     /// Kill every actor of this instance at once, without draining, and close the
     /// store: what a process crash leaves behind (fault injection). This handle is
-    /// unusable afterwards; `Serve::start` on the same file recovers everything
+    /// unusable afterwards (its calls, and those of every handle, are
+    /// `Unavailable`); `Serve::start` on the same file recovers everything
     /// acknowledged.
     pub async fn crash_process(&self) {
-        self.inner.supervisor.kill();
-        self.stop_everything(true).await;
+        let cells = self.inner.kill_all();
+        let _ = self.inner.supervisor.wait(None).await;
+        for cell in cells {
+            let _ = cell.wait(None).await;
+        }
     }
 
-    /// Stop (or kill) every actor of this instance that is still alive, wait for
-    /// them, and close the store.
-    async fn stop_everything(&self, kill: bool) {
-        let ns = &self.inner.ns;
-        let mut cells = Vec::new();
-        cells.extend(ractor::registry::where_is(naming::controller(ns)));
-        for (app, _) in self.status() {
-            cells.extend(ractor::registry::where_is(naming::application(ns, &app)));
-        }
-        for (_, members) in groups::with_prefix(&format!("{ns}/")) {
-            cells.extend(members);
-        }
+    /// Stop every actor of this instance that is still alive, wait for them,
+    /// then close every route and the store.
+    async fn stop_everything(&self) {
+        self.inner.stopped.store(true, Ordering::Release);
+        let cells = self.inner.living_actors();
         for cell in &cells {
-            if kill {
-                cell.kill();
-            } else {
-                cell.stop(None);
-            }
+            cell.stop(None);
         }
         let _ = self.inner.supervisor.wait(None).await;
         for cell in cells {
             let _ = cell.wait(None).await;
         }
+        self.inner.directory.shut_down();
         self.inner.store.close();
     }
 
     /// Actors of this instance still alive in process groups (deployment actors and
     /// replicas), by group: for orphan checks.
     pub fn living_groups(&self) -> Vec<(String, usize)> {
-        groups::with_prefix(&format!("{}/", self.inner.ns))
+        groups::with_prefix(&naming::namespace_prefix(&self.inner.ns))
             .into_iter()
             .map(|(g, members)| (g, members.len()))
             .collect()
@@ -564,7 +676,7 @@ impl Serve {
     pub async fn shutdown(&self) -> Result<(), ServeError> {
         let drained = self.ask(ControllerMsg::Shutdown).await;
         let _ = self.inner.supervisor.stop_and_wait(None, None).await;
-        self.stop_everything(false).await;
+        self.stop_everything().await;
         match drained {
             Ok(()) | Err(ServeError::Unavailable(_)) => Ok(()),
             Err(e) => Err(e),

@@ -8,7 +8,7 @@ mod support;
 use std::time::Duration;
 
 use flotilla::{AutoscalingConfig, DeploymentStatus, Serve};
-use support::{ProbeArgs, app_of, no_wait, observe, probe, wait_snapshot};
+use support::{ProbeArgs, app_of, observe, probe, wait_snapshot};
 use tokio::time::Instant;
 
 fn autoscaled(min: u32, initial: u32, max: u32) -> flotilla::ApplicationSpec {
@@ -127,7 +127,8 @@ async fn a_recovered_deployment_resumes_from_its_durable_target() {
         c.abort();
     }
     let serve = support::start(&dir, &sw).await;
-    serve.run_many(vec![], no_wait()).await.unwrap();
+    // One Controller round trip: the recovered targets are in place.
+    serve.metrics().await.unwrap();
     let s = wait_snapshot(&serve, "auto", "probe", |s| s.live() == 4).await;
     assert_eq!(
         s.target.replicas, 4,

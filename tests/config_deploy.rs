@@ -156,7 +156,6 @@ async fn failing_panicking_and_slow_builds_are_deploy_failed_saying_why() {
   - {name: f, import_path: test::app, args: {fail: true}}
   - {name: p, import_path: test::app, args: {panic: true}}
   - {name: t, import_path: test::app, args: {sleep_s: 100000}}
-  - {name: u, import_path: test::unknown}
 ",
     )
     .await;
@@ -164,10 +163,6 @@ async fn failing_panicking_and_slow_builds_are_deploy_failed_saying_why() {
         ("f", "the builder refused"),
         ("p", "the builder panicked"),
         ("t", "did not finish within"),
-        (
-            "u",
-            "no application builder is registered under import path 'test::unknown'",
-        ),
     ] {
         let s = wait_status(&serve, app, A::DeployFailed).await;
         assert!(

@@ -146,8 +146,9 @@ async fn a_request_panic_replaces_the_replica_and_never_the_deployment_actor() {
     let id = first_id(&observe(&serve, "a", "probe").await);
     let err = h.call::<_, String>("panic").await.unwrap_err();
     assert!(matches!(err, CallError::Panicked(_)), "{err}");
+    // HEALTHY once the replacement runs and the panicked replica has drained.
     let s = wait_snapshot(&serve, "a", "probe", |s| {
-        first_id(s) != id && s.count(R::Running) == 1
+        first_id(s) != id && s.count(R::Running) == 1 && s.replicas.len() == 1
     })
     .await;
     assert_eq!(s.status.status, DeploymentStatus::Healthy);

@@ -51,14 +51,16 @@ async fn replica_states_and_counts_by_state_and_version_are_observable() {
     assert_eq!(s.status.status, DeploymentStatus::Healthy);
 
     // UPDATING: a config-only change with a slow reconfigure, still at the old
-    // version until the reconfigure finishes.
+    // version until the reconfigure finishes; paced like a roll (one at a time
+    // of two).
     sw.reconfigure_delay_ms.store(1_000, Ordering::SeqCst);
     serve
         .run_many(vec![app_of("a", spec("two"))], no_wait())
         .await
         .unwrap();
-    let s = wait_snapshot(&serve, "a", "probe", |s| s.count(R::Updating) == 2).await;
-    assert_eq!(s.count_at(R::Updating, &v1), 2);
+    let s = wait_snapshot(&serve, "a", "probe", |s| s.count(R::Updating) == 1).await;
+    assert_eq!(s.count_at(R::Updating, &v1), 1);
+    assert_eq!(s.count_at(R::Running, &v1), 1);
     assert_ne!(s.version, v1);
     assert_eq!(s.version.code, v1.code, "config-only: same code version");
     let v2 = s.version.clone();

@@ -7,7 +7,7 @@ use std::{
 };
 
 use flotilla_core::{
-    AppRecord, ApplicationStatus, ApplicationStatusInfo, DeploymentName, DeploymentSpec,
+    AppRecord, AppStatusInputs, ApplicationStatusInfo, DeploymentName, DeploymentSpec,
     DeploymentStatusInfo, DeploymentTrigger, FaultPoint, Faults, ReplicaCount, naming,
 };
 use flotilla_deployment::{
@@ -134,31 +134,23 @@ impl AppState {
 
     fn derive_status(&self) {
         let r = &self.args.record;
-        let statuses = r
-            .spec
-            .deployments
+        let reported = self
+            .children
             .iter()
-            .filter_map(|d| {
-                let c = self.children.get(&d.name)?;
-                match &c.status {
-                    Some((g, s)) if *g == r.generation => Some((d.name.clone(), s.clone())),
-                    _ => None,
-                }
+            .filter_map(|(name, c)| match &c.status {
+                Some((g, s)) if *g == r.generation => Some((name.clone(), s.clone())),
+                _ => None,
             })
             .collect();
-        let mut info = ApplicationStatusInfo::derive(
-            r.deleting,
-            r.generation,
-            r.spec.deployments.len(),
-            statuses,
-        );
-        if let Some((generation, message)) = &self.build_failure
-            && *generation == r.generation
-            && !r.deleting
-        {
-            info.status = ApplicationStatus::DeployFailed;
-            info.message = message.clone();
-        }
+        let build_failure = match &self.build_failure {
+            Some((generation, message)) if *generation == r.generation => Some(message.as_str()),
+            _ => None,
+        };
+        let info = ApplicationStatusInfo::derive(AppStatusInputs {
+            record: Some(r),
+            reported: &reported,
+            build_failure,
+        });
         // The published status is the only copy: what watchers see is what a
         // change is logged against.
         let from = {

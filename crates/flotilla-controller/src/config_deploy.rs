@@ -1,22 +1,32 @@
-//! Declarative deploys: `apply_config` and the build tasks it starts.
+//! Declarative deploys: `apply_config` and the builds it starts.
 //!
 //! Applying a config is one controller message and one commit: the config itself
 //! and the deletion of the declarative applications it no longer names. Each
-//! application whose config entry changed is then built by its registered builder
-//! in a task off the Controller (with a timeout); the result, with the config's
-//! overrides applied, becomes the application's target in a commit of its own.
-//! A newer config cancels a build still running for the same application.
+//! application whose config entry is not what runs is then built:
+//! - its import path and args changed (or it has no target yet): its registered
+//!   builder runs in a task off the Controller (with a timeout);
+//! - only its overrides changed: the builder's last output, kept in the record,
+//!   is used again at once, without calling the builder (Ray's lightweight update).
+//!
+//! Either way the result, with the config's overrides laid over it, *lands*: it
+//! waits (parked) while its route prefix is still held by another application of
+//! the config whose own build is under way, and the builds that can land together
+//! (two applications swapping prefixes, say) become targets in one commit. A
+//! prefix held by an application that will keep it fails the build. A newer
+//! config cancels a build still running or parked for the same application.
 
 use std::{
-    collections::{HashMap, HashSet},
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     time::Duration,
 };
 
 use flotilla_application::{AppMsg, publish_status};
 use flotilla_core::{
-    ApiType, AppConfig, AppName, ApplicationSpec, ApplicationStatus, ApplicationStatusInfo, Args,
-    FaultPoint, ServeConfig, apply_overrides, stable_hash,
+    ApiType, AppConfig, AppName, AppRecord, AppStatusInputs, ApplicationSpec,
+    ApplicationStatusInfo, Args, ConfigSource, FaultPoint, ServeConfig, apply_overrides,
+    stable_hash,
 };
+use flotilla_replica::UserError;
 use flotilla_store::Batch;
 use ractor::{ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::task::JoinHandle;
@@ -25,17 +35,45 @@ use tracing::{info, warn};
 use crate::{
     Controller, ControllerMsg, ServeError,
     controller::{ControllerState, commit, fault, stage_and_commit},
-    validate::validate_batch,
+    validate::validate_app,
 };
 
 /// How long an application builder may run before its build fails.
 pub const BUILD_TIMEOUT: Duration = Duration::from_secs(120);
 
+/// Why a build produced no application.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    /// The builder returned an error (or panicked).
+    #[error("{0}")]
+    Failed(#[source] UserError),
+    /// The builder ran past [`BUILD_TIMEOUT`].
+    #[error("the builder did not finish within {0:?}")]
+    TimedOut(Duration),
+}
+
+/// A build under way: its id, the entry version it builds, and its task
+/// (`None` for a lightweight update, whose result is already in the mailbox).
+struct Build {
+    id: u64,
+    version: u64,
+    task: Option<JoinHandle<()>>,
+}
+
+/// A finished build waiting to land: its target spec (overrides applied) and
+/// where it came from.
+struct Parked {
+    version: u64,
+    spec: ApplicationSpec,
+    source: ConfigSource,
+}
+
 /// The last applied config and its builds.
 pub(crate) struct ConfigState {
     applied: Option<ServeConfig>,
-    /// Running builds: id, the entry version being built, the task.
-    builds: HashMap<AppName, (u64, u64, JoinHandle<()>)>,
+    builds: HashMap<AppName, Build>,
+    /// Finished builds whose route prefix is still held (see the module docs).
+    parked: BTreeMap<AppName, Parked>,
     /// Applications the config names that have no record yet (building or failed).
     unbuilt: HashSet<AppName>,
     /// Failed builds of applications that have a record: the generation the
@@ -50,17 +88,27 @@ impl ConfigState {
         ConfigState {
             applied,
             builds: HashMap::new(),
+            parked: BTreeMap::new(),
             unbuilt: HashSet::new(),
             failed: HashMap::new(),
             next_build: 1,
         }
     }
 
+    /// Forget what is built or building for `app`.
     fn cancel(&mut self, app: &AppName) {
-        if let Some((_, _, task)) = self.builds.remove(app) {
-            task.abort();
+        if let Some(b) = self.builds.remove(app) {
+            if let Some(task) = b.task {
+                task.abort();
+            }
             info!(app = %app, "build cancelled");
         }
+        self.parked.remove(app);
+    }
+
+    /// Whether `app` has a build that has not landed (running or parked).
+    fn in_flight(&self, app: &AppName) -> bool {
+        self.builds.contains_key(app) || self.parked.contains_key(app)
     }
 
     /// The applied config without the applications in `names`, if it names any:
@@ -91,6 +139,7 @@ impl ConfigState {
         let dropped: Vec<AppName> = self
             .builds
             .keys()
+            .chain(self.parked.keys())
             .chain(self.unbuilt.iter())
             .filter(|n| !named.contains(*n))
             .cloned()
@@ -121,9 +170,12 @@ impl ConfigState {
 
     /// Stop every build (shutdown).
     pub(crate) fn cancel_all(&mut self) {
-        for (_, (_, _, task)) in self.builds.drain() {
-            task.abort();
+        for (_, b) in self.builds.drain() {
+            if let Some(task) = b.task {
+                task.abort();
+            }
         }
+        self.parked.clear();
     }
 }
 
@@ -149,17 +201,14 @@ impl ControllerState {
     /// `app` has no target yet: it shows DEPLOYING until its build lands.
     fn show_unbuilt(&mut self, app: &AppName) {
         self.config.unbuilt.insert(app.clone());
-        self.publish(app, ApplicationStatus::Deploying, String::new());
-    }
-
-    fn generation_of(&self, app: &AppName) -> u64 {
-        self.apps.get(app).map_or(0, |e| e.record.generation)
+        self.publish_unbuilt(app, None);
     }
 
     /// A build of `app` failed. An application that has a target keeps running it,
     /// and its actor shows DEPLOY_FAILED over it until a new target or a config
     /// whose entry is what runs; one without a target shows it on the board.
     fn build_failed(&mut self, app: &AppName, why: &str) {
+        warn!(app = %app, %why, "build failed");
         let message = format!("Deploying app '{app}' failed: {why}");
         match self.apps.get(app).filter(|e| !e.record.deleting) {
             Some(e) => {
@@ -174,7 +223,7 @@ impl ControllerState {
                     .failed
                     .insert(app.clone(), (generation, message));
             }
-            None => self.publish(app, ApplicationStatus::DeployFailed, message),
+            None => self.publish_unbuilt(app, Some(&message)),
         }
     }
 
@@ -191,16 +240,36 @@ impl ControllerState {
         }
     }
 
-    fn publish(&self, app: &AppName, status: ApplicationStatus, message: String) {
-        let generation = self.generation_of(app);
-        let tx = self
-            .board
-            .sender(app, None, || ApplicationStatusInfo::deploying(generation));
-        let mut info = tx.borrow().clone();
-        info.status = status;
-        info.message = message;
-        info.observed_generation = generation;
+    /// Publish the status of an application that has no target yet.
+    fn publish_unbuilt(&self, app: &AppName, failure: Option<&str>) {
+        let info = ApplicationStatusInfo::derive(AppStatusInputs {
+            record: None,
+            reported: &BTreeMap::new(),
+            build_failure: failure,
+        });
+        let tx = self.board.sender(app, None, || info.clone());
         publish_status(&tx, info);
+    }
+
+    /// The record `parked` lands as: the running target with its new source when
+    /// the spec is unchanged (no new generation), else the next generation.
+    fn landing_record(&self, app: &AppName, parked: Parked) -> (AppRecord, bool) {
+        let source = Some(Box::new(parked.source));
+        match self.apps.get(app) {
+            Some(e)
+                if !e.record.deleting
+                    && e.record.spec == parked.spec
+                    && e.record.api_type == ApiType::Declarative =>
+            {
+                let mut r = e.record.clone();
+                r.config = source;
+                (r, true)
+            }
+            _ => (
+                self.next_record(parked.spec, ApiType::Declarative, source),
+                false,
+            ),
+        }
     }
 }
 
@@ -275,14 +344,23 @@ impl Controller {
             Self::command(myself, state, &r.spec.name).await;
         }
         Self::resume_builds(myself, state);
-        Ok(())
+        // The deletions released prefixes parked builds may wait for.
+        Self::settle_parked(myself, state).await
     }
 
-    /// Whole-config checks against the live applications: imperative ones are
-    /// taken over only when asked, and route prefixes stay unique.
+    /// Whole-config checks against the registry and the live applications: every
+    /// builder registered, imperative applications taken over only when asked,
+    /// and no prefix taken from an application the config does not manage.
     fn check_config(state: &ControllerState, config: &ServeConfig) -> Result<(), ServeError> {
         config.validate()?;
         for app in &config.applications {
+            if !state.registry.contains_app(app.import_path.as_str()) {
+                return Err(ServeError::NotRegistered {
+                    app: app.name.to_string(),
+                    deployment: None,
+                    import_path: app.import_path.to_string(),
+                });
+            }
             if let Some(e) = state.apps.get(&app.name)
                 && e.record.api_type == ApiType::Imperative
                 && !e.record.deleting
@@ -346,19 +424,21 @@ impl Controller {
         }
     }
 
-    /// Start a build of `app` unless its entry is what runs or is being built.
+    /// Start a build of `app` unless its entry is what runs or is being built:
+    /// a lightweight one (the builder's last output again) when only its
+    /// overrides changed, else a build task.
     fn resume_build(
         myself: &ActorRef<ControllerMsg>,
         state: &mut ControllerState,
         app: &AppConfig,
     ) {
         let version = entry_version(app);
-        let running = state
+        let source = state
             .apps
             .get(&app.name)
             .filter(|e| !e.record.deleting && e.record.api_type == ApiType::Declarative)
-            .and_then(|e| e.record.config_version);
-        if running == Some(version) {
+            .and_then(|e| e.record.config.as_deref());
+        if source.is_some_and(|s| s.entry == version) {
             state.config.cancel(&app.name);
             // A build of another entry may have failed over this target since
             // (perhaps before a Controller restart).
@@ -368,57 +448,73 @@ impl Controller {
         // A new application shows DEPLOYING while it builds; a running one keeps
         // its status until the build changes its target.
         let unbuilt = !state.apps.contains_key(&app.name);
-        if state
+        let building = state
             .config
             .builds
             .get(&app.name)
-            .is_some_and(|(_, v, _)| *v == version)
-        {
+            .map(|b| b.version)
+            .or(state.config.parked.get(&app.name).map(|p| p.version));
+        if building == Some(version) {
             if unbuilt {
                 state.show_unbuilt(&app.name);
             }
             return;
         }
         state.config.cancel(&app.name);
-        let build = state.config.next_build;
+        let id = state.config.next_build;
         state.config.next_build += 1;
-        let fut = state.registry.build_app(&app.import_path, app.args.clone());
-        let me = myself.clone();
         let name = app.name.clone();
-        let task = tokio::spawn(async move {
-            let result = match tokio::time::timeout(BUILD_TIMEOUT, fut).await {
-                Ok(Ok(spec)) => Ok(spec),
-                Ok(Err(e)) => Err(e.to_string()),
-                Err(_) => Err(format!(
-                    "the builder did not finish within {BUILD_TIMEOUT:?}"
-                )),
-            };
-            let _ = me.cast(ControllerMsg::BuildDone {
-                app: name,
-                build,
-                result,
-            });
-        });
+        let task = match source.filter(|s| s.code == app.code_version()) {
+            Some(s) => {
+                // Same import path and args: the builder's last output is the
+                // build; only the overrides are laid over it again.
+                info!(app = %name, build = id, "overrides changed: updating without a rebuild");
+                let _ = myself.cast(ControllerMsg::BuildDone {
+                    app: name.clone(),
+                    build: id,
+                    result: Ok(s.built.clone()),
+                });
+                None
+            }
+            None => {
+                let fut = state.registry.build_app(&app.import_path, app.args.clone());
+                let me = myself.clone();
+                let app = name.clone();
+                info!(app = %name, build = id, "build started");
+                Some(tokio::spawn(async move {
+                    let result = match tokio::time::timeout(BUILD_TIMEOUT, fut).await {
+                        Ok(Ok(spec)) => Ok(spec),
+                        Ok(Err(e)) => Err(BuildError::Failed(e)),
+                        Err(_) => Err(BuildError::TimedOut(BUILD_TIMEOUT)),
+                    };
+                    let _ = me.cast(ControllerMsg::BuildDone {
+                        app,
+                        build: id,
+                        result,
+                    });
+                }))
+            }
+        };
         if unbuilt {
             state.show_unbuilt(&app.name);
         }
-        info!(app = %app.name, build, "build started");
         state
             .config
             .builds
-            .insert(app.name.clone(), (build, version, task));
+            .insert(name, Build { id, version, task });
     }
 
-    /// A build finished: apply the config's overrides, validate, commit the target.
+    /// A build finished: lay the config's overrides over it, validate, and let
+    /// it land (see [`Self::settle_parked`]).
     pub(crate) async fn build_done(
         myself: &ActorRef<ControllerMsg>,
         state: &mut ControllerState,
         app: AppName,
         build: u64,
-        result: Result<ApplicationSpec, String>,
+        result: Result<ApplicationSpec, BuildError>,
     ) -> Result<(), ActorProcessingErr> {
         let version = match state.config.builds.get(&app) {
-            Some((id, v, _)) if *id == build => *v,
+            Some(b) if b.id == build => b.version,
             _ => return Ok(()),
         };
         state.config.builds.remove(&app);
@@ -431,54 +527,124 @@ impl Controller {
         else {
             return Ok(());
         };
-        let spec = result.and_then(|mut spec| {
-            spec.name = app.clone();
-            let spec = apply_overrides(spec, &entry).map_err(|e| e.to_string())?;
-            validate_batch(std::slice::from_ref(&spec), &state.routes)
-                .map_err(|e| e.to_string())?;
-            Ok(spec)
+        let landed = result.map_err(|e| e.to_string()).and_then(|mut built| {
+            built.name = app.clone();
+            let spec = apply_overrides(built.clone(), &entry).map_err(|e| e.to_string())?;
+            validate_app(&spec, &state.registry).map_err(|e| e.to_string())?;
+            let source = ConfigSource {
+                code: entry.code_version(),
+                entry: version,
+                built,
+            };
+            Ok(Parked {
+                version,
+                spec,
+                source,
+            })
         });
-        let spec = match spec {
-            Ok(s) => s,
-            Err(why) => {
-                warn!(app = %app, %why, "build failed");
-                state.build_failed(&app, &why);
-                return Ok(());
+        match landed {
+            Ok(parked) => {
+                state.config.parked.insert(app, parked);
             }
-        };
-        let record = match state.apps.get(&app) {
-            Some(e)
-                if !e.record.deleting
-                    && e.record.spec == spec
-                    && e.record.api_type == ApiType::Declarative =>
-            {
-                let mut r = e.record.clone();
-                r.config_version = Some(version);
-                r
+            Err(why) => state.build_failed(&app, &why),
+        }
+        Self::settle_parked(myself, state).await
+    }
+
+    /// Land the parked builds that can land now, in one commit. A parked build
+    /// whose prefix is held by an application outside the landing set waits if
+    /// that holder's own build is in flight (it may be moving away), and fails if
+    /// the holder will keep it. Builds that want each other's prefixes land
+    /// together, so a swap never fails on the order builds finish in.
+    pub(crate) async fn settle_parked(
+        myself: &ActorRef<ControllerMsg>,
+        state: &mut ControllerState,
+    ) -> Result<(), ActorProcessingErr> {
+        if state.config.parked.is_empty() {
+            return Ok(());
+        }
+        let mut landing: BTreeSet<AppName> = state.config.parked.keys().cloned().collect();
+        let mut failed = Vec::new();
+        loop {
+            let mut wanted: HashMap<&str, &AppName> = HashMap::new();
+            let mut out = None;
+            for name in &landing {
+                let Some(prefix) = state.config.parked[name].spec.route_prefix.as_ref() else {
+                    continue;
+                };
+                if let Some(first) = wanted.insert(prefix.as_str(), name) {
+                    // Two builders chose the same prefix: the later name fails.
+                    out = Some((name.clone(), Some(first.clone())));
+                    break;
+                }
+                let Some(holder) = state.routes.get(prefix) else {
+                    continue;
+                };
+                if holder == name || landing.contains(holder) {
+                    continue;
+                }
+                let waits = state.config.in_flight(holder);
+                out = Some((name.clone(), (!waits).then(|| holder.clone())));
+                break;
             }
-            _ => state.next_record(spec, ApiType::Declarative, Some(version)),
-        };
-        let unchanged = state
-            .apps
-            .get(&app)
-            .is_some_and(|e| e.record.generation == record.generation);
+            let Some((name, holder)) = out else { break };
+            landing.remove(&name);
+            if let Some(holder) = holder {
+                failed.push((name, holder));
+            }
+        }
+        for (name, holder) in failed {
+            if let Some(p) = state.config.parked.remove(&name) {
+                let prefix = p
+                    .spec
+                    .route_prefix
+                    .map(|p| p.to_string())
+                    .unwrap_or_default();
+                state.build_failed(
+                    &name,
+                    &ServeError::RouteTaken {
+                        app: name.to_string(),
+                        prefix,
+                        holder: holder.to_string(),
+                    }
+                    .to_string(),
+                );
+            }
+        }
+        if landing.is_empty() {
+            return Ok(());
+        }
+        let mut records = Vec::with_capacity(landing.len());
+        for name in &landing {
+            if let Some(p) = state.config.parked.remove(name) {
+                records.push(state.landing_record(name, p));
+            }
+        }
         let mut batch = Batch::new();
-        let dropped = state.stage_targets(std::slice::from_ref(&record), &mut batch)?;
+        let all: Vec<AppRecord> = records.iter().map(|(r, _)| r.clone()).collect();
+        let dropped = state.stage_targets(&all, &mut batch)?;
         if let Err(e) = commit(state, batch).await? {
-            state.build_failed(&app, &format!("the checkpoint could not be written: {e}"));
-            return Ok(());
-        }
-        state.config.unbuilt.remove(&app);
-        if unchanged {
-            if let Some(e) = state.apps.get_mut(&app) {
-                e.record = record;
+            for name in &landing {
+                state.build_failed(name, &format!("the checkpoint could not be written: {e}"));
             }
-            state.build_current(&app);
             return Ok(());
         }
-        state.config.forget_failure(&app);
-        info!(app = %app, build, "build succeeded");
-        let names = state.swap_targets(vec![record], dropped);
+        let mut new_targets = Vec::new();
+        for (record, unchanged) in records {
+            let name = record.spec.name.clone();
+            state.config.unbuilt.remove(&name);
+            if unchanged {
+                if let Some(e) = state.apps.get_mut(&name) {
+                    e.record = record;
+                }
+                state.build_current(&name);
+            } else {
+                state.config.forget_failure(&name);
+                info!(app = %name, "build landed");
+                new_targets.push(record);
+            }
+        }
+        let names = state.swap_targets(new_targets, dropped);
         for n in &names {
             Self::command(myself, state, n).await;
         }

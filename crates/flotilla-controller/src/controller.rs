@@ -9,8 +9,8 @@ use std::{
 
 use flotilla_application::{AppArgs, AppEvent, AppMsg, AppReporter, ApplicationActor};
 use flotilla_core::{
-    ApiType, AppName, AppRecord, ApplicationSpec, ApplicationStatusInfo, DeploymentName,
-    DeploymentRecord, FaultPoint, Faults, ReplicaCount, RoutePrefix, ServeConfig, naming,
+    ApiType, AppName, AppRecord, ApplicationSpec, DeploymentName, DeploymentRecord, FaultPoint,
+    Faults, ReplicaCount, RoutePrefix, ServeConfig, naming,
 };
 use flotilla_deployment::Cluster;
 use flotilla_replica::{
@@ -22,6 +22,7 @@ use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, Supervi
 use tracing::{info, warn};
 
 use crate::config_deploy::ConfigState;
+use crate::targets::accepted_status;
 use crate::{ControllerMsg, ControllerSnapshot, ServeError, StatusBoard, validate::validate_batch};
 
 /// Delay before retrying a spawn whose name is still held by a stopping actor, or a
@@ -51,7 +52,13 @@ pub struct ControllerArgs {
     pub logging: crate::LogSettings,
     /// The checkpoint as the caller already read it, for the first Controller.
     pub preloaded: Preloaded,
+    /// The wall clock that stamps accepted targets (`last_deployed`).
+    pub clock: WallClock,
 }
+
+/// A wall clock: [`SystemTime::now`](std::time::SystemTime::now) by default; a
+/// test or the simulator gives one of its own so its runs stay reproducible.
+pub type WallClock = Arc<dyn Fn() -> std::time::SystemTime + Send + Sync>;
 
 /// A checkpoint already read (`Serve::start` reads it to fail before spawning
 /// anything): the first Controller takes it instead of reading the file again;
@@ -122,7 +129,7 @@ impl ControllerState {
             status: self
                 .board
                 .sender(&record.spec.name, Some(&record.spec.ingress), || {
-                    ApplicationStatusInfo::deploying(record.generation)
+                    accepted_status(record)
                 }),
             reporter: self.app_reporter.clone(),
             restart: a.restart,
@@ -321,7 +328,7 @@ impl Controller {
         api_type: ApiType,
         reply: RpcReplyPort<Result<Vec<u64>, ServeError>>,
     ) -> Result<(), ActorProcessingErr> {
-        if let Err(e) = validate_batch(&apps, &state.routes) {
+        if let Err(e) = validate_batch(&apps, &state.registry, &state.routes) {
             let _ = reply.send(Err(e));
             return Ok(());
         }
@@ -355,7 +362,8 @@ impl Controller {
         for name in &names {
             Self::command(myself, state, name).await;
         }
-        Ok(())
+        // A config build parked behind a prefix this deploy took now fails.
+        Self::settle_parked(myself, state).await
     }
 
     async fn delete(
@@ -398,7 +406,8 @@ impl Controller {
         for r in &changed {
             Self::command(myself, state, &r.spec.name).await;
         }
-        Ok(())
+        // The deletions released prefixes parked config builds may wait for.
+        Self::settle_parked(myself, state).await
     }
 
     /// Make an autoscaling decision durable (one commit), then hand it to the
@@ -538,11 +547,12 @@ impl Actor for Controller {
         let mut apps = HashMap::with_capacity(snapshot.apps.len());
         let mut routes = HashMap::new();
         for record in snapshot.apps {
-            // Statuses are volatile: publish DEPLOYING at the recovered generation
-            // now, so callers see every application as soon as `start` returns.
+            // Statuses are volatile: publish the recovered target's now (DEPLOYING,
+            // or DELETING for a deletion), so callers see every application as
+            // soon as `start` returns.
             args.board
                 .sender(&record.spec.name, Some(&record.spec.ingress), || {
-                    ApplicationStatusInfo::deploying(record.generation)
+                    accepted_status(&record)
                 });
             if !record.deleting
                 && let Some(p) = &record.spec.route_prefix

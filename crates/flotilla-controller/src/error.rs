@@ -8,6 +8,25 @@ pub enum ServeError {
     /// A spec, name or config is invalid.
     #[error(transparent)]
     Invalid(#[from] flotilla_core::Error),
+    /// `run_many` (or `deploy`) was given no application (Ray: "No applications
+    /// provided").
+    #[error("no applications provided")]
+    NoApplications,
+    /// Code a call names is not in the `Registry`: a deployment's import path
+    /// (then `deployment` names it) or a config's application builder.
+    #[error(
+        "application '{app}'{}: nothing is registered under import path '{import_path}' \
+         (register it in the Registry before naming it)",
+        deployment.as_ref().map(|d| format!(", deployment '{d}'")).unwrap_or_default()
+    )]
+    NotRegistered {
+        /// The application.
+        app: String,
+        /// The deployment whose code is missing; `None` for an application builder.
+        deployment: Option<String>,
+        /// The import path nothing is registered under.
+        import_path: String,
+    },
     /// The same application name appears twice in one batch.
     #[error("application '{app}' appears more than once in the batch")]
     DuplicateApp {
@@ -54,11 +73,25 @@ pub enum ServeError {
         /// Its status message.
         message: String,
     },
-    /// No such application.
-    #[error("application '{app}' doesn't exist")]
+    /// Another running Flotilla instance of this process has the namespace.
+    #[error(
+        "namespace '{namespace}' is in use by another running Flotilla instance of this process"
+    )]
+    NamespaceInUse {
+        /// The namespace.
+        namespace: String,
+    },
+    /// No such application, or (`deployment` given) the application's target
+    /// has no such deployment.
+    #[error("{}", match deployment {
+        None => format!("application '{app}' doesn't exist"),
+        Some(d) => format!("application '{app}' has no deployment '{d}'"),
+    })]
     NotFound {
         /// The application.
         app: String,
+        /// The deployment asked for, when the application exists.
+        deployment: Option<String>,
     },
     /// The Controller crashed while handling the call: it may or may not have been
     /// applied (as in Ray Serve); calls are idempotent, so retry.

@@ -22,8 +22,8 @@ mod targets;
 mod validate;
 
 pub use board::StatusBoard;
-pub use config_deploy::BUILD_TIMEOUT;
-pub use controller::{Controller, ControllerArgs, Preloaded};
+pub use config_deploy::{BUILD_TIMEOUT, BuildError};
+pub use controller::{Controller, ControllerArgs, Preloaded, WallClock};
 pub use error::ServeError;
 pub use logging::LogSettings;
 pub use messages::{ControllerMsg, ControllerSnapshot};

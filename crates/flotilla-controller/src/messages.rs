@@ -56,7 +56,7 @@ pub enum ControllerMsg {
         /// Which build (a newer config cancels older builds).
         build: u64,
         /// The built spec, or why the build failed.
-        result: Result<ApplicationSpec, String>,
+        result: Result<ApplicationSpec, crate::BuildError>,
     },
     /// An event from an ApplicationActor.
     App(AppEvent),

@@ -4,9 +4,11 @@
 //! the commit succeeded. A failed commit therefore leaves memory unchanged.
 
 use flotilla_application::publish_status;
+use std::collections::BTreeMap;
+
 use flotilla_core::{
-    ApiType, AppName, AppRecord, ApplicationSpec, ApplicationStatus, ApplicationStatusInfo,
-    DeploymentName, ReplicaCount,
+    ApiType, AppName, AppRecord, AppStatusInputs, ApplicationSpec, ApplicationStatusInfo,
+    ConfigSource, DeploymentName, ReplicaCount,
 };
 use flotilla_replica::supervision::RestartLog;
 use flotilla_store::{Batch, StoreError};
@@ -15,12 +17,13 @@ use tracing::info;
 use crate::controller::{AppEntry, ControllerState};
 
 impl ControllerState {
-    /// The record of a new target for `spec`: the next generation of its name.
+    /// The record of a new target for `spec`: the next generation of its name,
+    /// accepted now (by the wall clock).
     pub(crate) fn next_record(
         &self,
         spec: ApplicationSpec,
         api_type: ApiType,
-        config_version: Option<u64>,
+        config: Option<Box<ConfigSource>>,
     ) -> AppRecord {
         AppRecord {
             generation: self
@@ -30,7 +33,8 @@ impl ControllerState {
             spec,
             deleting: false,
             api_type,
-            config_version,
+            config,
+            deployed_at: Some((self.clock)()),
         }
     }
 
@@ -90,10 +94,11 @@ impl ControllerState {
                 self.routes.insert(p.clone(), name.clone());
             }
             self.logging.set_app(&name, r.spec.logging.clone());
-            let tx = self.board.sender(&name, Some(&r.spec.ingress), || {
-                ApplicationStatusInfo::deploying(r.generation)
-            });
-            publish_status(&tx, ApplicationStatusInfo::deploying(r.generation));
+            let accepted = accepted_status(&r);
+            let tx = self
+                .board
+                .sender(&name, Some(&r.spec.ingress), || accepted.clone());
+            publish_status(&tx, accepted);
             info!(app = %name, generation = r.generation, "application target accepted");
             match self.apps.get_mut(&name) {
                 Some(e) => e.record = r,
@@ -145,13 +150,16 @@ impl ControllerState {
             {
                 self.routes.remove(p);
             }
-            let tx = self.board.sender(name, Some(&r.spec.ingress), || {
-                ApplicationStatusInfo::deploying(r.generation)
+            let tx = self
+                .board
+                .sender(name, Some(&r.spec.ingress), || accepted_status(r));
+            // What the deployments last said stays shown while they are removed.
+            let reported = tx.borrow().deployments.clone();
+            let deleting = ApplicationStatusInfo::derive(AppStatusInputs {
+                record: Some(r),
+                reported: &reported,
+                build_failure: None,
             });
-            let mut deleting = tx.borrow().clone();
-            deleting.status = ApplicationStatus::Deleting;
-            deleting.message = String::new();
-            deleting.observed_generation = r.generation;
             publish_status(&tx, deleting);
             info!(app = %name, generation = r.generation, "application deletion accepted");
             if let Some(e) = self.apps.get_mut(name) {
@@ -159,4 +167,15 @@ impl ControllerState {
             }
         }
     }
+}
+
+/// The status of a target just accepted (or recovered): nothing reported yet,
+/// so every deployment is UPDATING and the application DEPLOYING (DELETING if
+/// the target is its deletion).
+pub(crate) fn accepted_status(record: &AppRecord) -> ApplicationStatusInfo {
+    ApplicationStatusInfo::derive(AppStatusInputs {
+        record: Some(record),
+        reported: &BTreeMap::new(),
+        build_failure: None,
+    })
 }

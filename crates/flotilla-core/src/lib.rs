@@ -28,7 +28,7 @@ pub use config::{AutoscalingConfig, DeploymentConfig, MAX_REPLICAS, ReplicaCount
 pub use error::{Error, Location, MAX_QUOTED, Result, shown};
 pub use fault::{FaultPoint, Faults};
 pub use names::{AppName, DeploymentName, ImportPath, MAX_NAME_LEN, MAX_PATH_LEN, RoutePrefix};
-pub use record::{ApiType, AppRecord, DeploymentRecord};
+pub use record::{ApiType, AppRecord, ConfigSource, DeploymentRecord};
 pub use resources::Resources;
 pub use serve_config::{
     AppConfig, AutoscalingOverride, DeploymentOverride, NumReplicas, RayActorOptions, ServeConfig,
@@ -39,7 +39,7 @@ pub use spec::{
     LogLevel, LoggingConfig, MAX_VERSION_LEN,
 };
 pub use status::{
-    ApplicationStatus, ApplicationStatusInfo, DeploymentStatus, DeploymentStatusInfo,
-    DeploymentTrigger, ReplicaState, StatusTrigger,
+    AppStatusInputs, ApplicationStatus, ApplicationStatusInfo, DeploymentStatus,
+    DeploymentStatusInfo, DeploymentTrigger, ReplicaState, StatusTrigger,
 };
 pub use version::{CodeVersion, ConfigVersion, DeploymentVersion, stable_hash};

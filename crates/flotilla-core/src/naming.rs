@@ -1,7 +1,43 @@
 //! Actor and process-group names. Every name carries the Serve instance's namespace:
 //! ractor's registry is process-global, and two instances must never collide.
 
-use crate::{AppName, DeploymentName};
+use crate::{AppName, DeploymentName, error::Error, names::MAX_NAME_LEN};
+
+/// Check a Serve instance's namespace: 1 to 128 bytes of letters, digits, `_`,
+/// `.` and `-`. No `/`, so the names of one instance (`{ns}/...`) are never a
+/// prefix of another's, and no control characters.
+///
+/// ```
+/// use flotilla_core::naming::validate_namespace;
+/// assert!(validate_namespace("prod-1").is_ok());
+/// assert!(validate_namespace("prod/inner").is_err());
+/// ```
+pub fn validate_namespace(ns: &str) -> Result<(), Error> {
+    let reason = if ns.is_empty() {
+        "must not be empty"
+    } else if ns.len() > MAX_NAME_LEN {
+        "must be at most 128 bytes"
+    } else if !ns
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+    {
+        "may hold only letters, digits, '_', '.' and '-' (no '/': names are matched by namespace segment)"
+    } else {
+        return Ok(());
+    };
+    Err(Error::InvalidName {
+        at: crate::error::Location::default(),
+        what: "namespace",
+        value: crate::error::shown(ns),
+        reason,
+    })
+}
+
+/// What every actor and group name of namespace `ns` starts with: the whole
+/// namespace segment, `{ns}/`.
+pub fn namespace_prefix(ns: &str) -> String {
+    format!("{ns}/")
+}
 
 /// The Controller of namespace `ns`.
 pub fn controller(ns: &str) -> String {

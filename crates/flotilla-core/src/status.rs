@@ -3,11 +3,11 @@
 //! All deployment status transitions live in [`DeploymentStatusInfo::handle`], and the
 //! application status is derived in one place, [`ApplicationStatusInfo::derive`].
 
-use std::{collections::BTreeMap, fmt};
+use std::{collections::BTreeMap, fmt, time::SystemTime};
 
 use serde::{Deserialize, Serialize};
 
-use crate::DeploymentName;
+use crate::{ApiType, AppRecord, DeploymentName};
 
 /// An application's status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -254,8 +254,30 @@ pub struct ApplicationStatusInfo {
     pub message: String,
     /// The target generation this status describes.
     pub observed_generation: u64,
-    /// Each deployment's status.
+    /// Each deployment of the target and its status: from the moment the target
+    /// is accepted (a deployment that has not reported yet is UPDATING).
     pub deployments: BTreeMap<DeploymentName, DeploymentStatusInfo>,
+    /// How the application was deployed (Ray's `source`); `None` while it does
+    /// not exist.
+    pub api_type: Option<ApiType>,
+    /// When its current target was accepted (Ray's `last_deployed_time_s`);
+    /// `None` while a config build of a new application has produced no target.
+    pub last_deployed: Option<SystemTime>,
+}
+
+/// What an application's status is derived from, all of it: the one place that
+/// decides an application status is [`ApplicationStatusInfo::derive`].
+#[derive(Debug, Clone, Copy)]
+pub struct AppStatusInputs<'a> {
+    /// The durable target; `None` while a config build of an application that
+    /// has no target yet runs (or failed).
+    pub record: Option<&'a AppRecord>,
+    /// What its deployments reported for `record`'s generation (reports of
+    /// other generations must be left out by the caller).
+    pub reported: &'a BTreeMap<DeploymentName, DeploymentStatusInfo>,
+    /// A failed config build standing over this generation: DEPLOY_FAILED with
+    /// this message, whatever the deployments say (Ray: until a new config).
+    pub build_failure: Option<&'a str>,
 }
 
 impl ApplicationStatusInfo {
@@ -266,68 +288,99 @@ impl ApplicationStatusInfo {
             message: format!("Application {name} doesn't exist"),
             observed_generation: 0,
             deployments: BTreeMap::new(),
+            api_type: None,
+            last_deployed: None,
         }
     }
 
-    /// Status of a freshly accepted target at `generation`.
-    pub fn deploying(generation: u64) -> Self {
-        ApplicationStatusInfo {
-            status: ApplicationStatus::Deploying,
-            message: String::new(),
-            observed_generation: generation,
-            deployments: BTreeMap::new(),
-        }
-    }
-
-    /// Derive the application status from its deployments' (Ray's
-    /// `_determine_app_status`). `expected` is how many deployments the target has: a
-    /// deployment that has not reported yet counts as UPDATING.
-    pub fn derive(
-        deleting: bool,
-        generation: u64,
-        expected: usize,
-        deployments: BTreeMap<DeploymentName, DeploymentStatusInfo>,
-    ) -> Self {
-        let (status, message) = if deleting {
-            (ApplicationStatus::Deleting, String::new())
-        } else {
-            let worst = deployments.values().map(DeploymentStatusInfo::rank).min();
-            let names_with = |s: DeploymentStatus| {
-                deployments
+    /// Derive the application status (Ray's `_determine_app_status`):
+    /// - being deleted: DELETING;
+    /// - a failed config build over this target (or over no target): DEPLOY_FAILED;
+    /// - no target yet (a config build runs): DEPLOYING;
+    /// - else the worst deployment decides: DEPLOY_FAILED, UNHEALTHY, DEPLOYING
+    ///   (updating, or scaling for a config change), RUNNING. A target deployment
+    ///   that has not reported counts as UPDATING.
+    ///
+    /// ```
+    /// use std::collections::BTreeMap;
+    /// use flotilla_core::{AppStatusInputs, ApplicationStatus, ApplicationStatusInfo};
+    /// let building = ApplicationStatusInfo::derive(AppStatusInputs {
+    ///     record: None,
+    ///     reported: &BTreeMap::new(),
+    ///     build_failure: None,
+    /// });
+    /// assert_eq!(building.status, ApplicationStatus::Deploying);
+    /// ```
+    pub fn derive(inputs: AppStatusInputs<'_>) -> Self {
+        let AppStatusInputs {
+            record,
+            reported,
+            build_failure,
+        } = inputs;
+        let deployments: BTreeMap<DeploymentName, DeploymentStatusInfo> = record
+            .map(|r| {
+                r.spec
+                    .deployments
                     .iter()
-                    .filter(|(_, d)| d.status == s)
-                    .map(|(n, _)| format!("'{n}'"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            };
-            match worst {
-                Some(0) => (
-                    ApplicationStatus::DeployFailed,
-                    format!(
-                        "Failed to update the deployments [{}]: {}",
-                        names_with(DeploymentStatus::DeployFailed),
-                        first_message(&deployments, DeploymentStatus::DeployFailed)
-                    ),
-                ),
-                Some(1) => (
-                    ApplicationStatus::Unhealthy,
-                    format!(
-                        "The deployments [{}] are UNHEALTHY: {}",
-                        names_with(DeploymentStatus::Unhealthy),
-                        first_message(&deployments, DeploymentStatus::Unhealthy)
-                    ),
-                ),
-                Some(2) => (ApplicationStatus::Deploying, String::new()),
-                _ if deployments.len() < expected => (ApplicationStatus::Deploying, String::new()),
-                _ => (ApplicationStatus::Running, String::new()),
-            }
+                    .map(|d| {
+                        let s = reported.get(&d.name).cloned().unwrap_or_default();
+                        (d.name.clone(), s)
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let deleting = record.is_some_and(|r| r.deleting);
+        let (status, message) = match (deleting, build_failure, record) {
+            (true, _, _) => (ApplicationStatus::Deleting, String::new()),
+            (false, Some(why), _) => (ApplicationStatus::DeployFailed, why.to_owned()),
+            (false, None, None) => (ApplicationStatus::Deploying, String::new()),
+            (false, None, Some(_)) => from_deployments(&deployments),
         };
         ApplicationStatusInfo {
             status,
             message,
-            observed_generation: generation,
+            observed_generation: record.map_or(0, |r| r.generation),
             deployments,
+            api_type: record
+                .map(|r| r.api_type)
+                .or(build_failure.map(|_| ApiType::Declarative)),
+            last_deployed: record.and_then(|r| r.deployed_at),
         }
+    }
+}
+
+/// The application status its deployments' statuses give (the worst decides).
+fn from_deployments(
+    deployments: &BTreeMap<DeploymentName, DeploymentStatusInfo>,
+) -> (ApplicationStatus, String) {
+    let worst = deployments.values().map(DeploymentStatusInfo::rank).min();
+    let names_with = |s: DeploymentStatus| {
+        deployments
+            .iter()
+            .filter(|(_, d)| d.status == s)
+            .map(|(n, _)| format!("'{n}'"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    match worst {
+        Some(0) => (
+            ApplicationStatus::DeployFailed,
+            format!(
+                "Failed to update the deployments [{}]: {}",
+                names_with(DeploymentStatus::DeployFailed),
+                first_message(deployments, DeploymentStatus::DeployFailed)
+            ),
+        ),
+        Some(1) => (
+            ApplicationStatus::Unhealthy,
+            format!(
+                "The deployments [{}] are UNHEALTHY: {}",
+                names_with(DeploymentStatus::Unhealthy),
+                first_message(deployments, DeploymentStatus::Unhealthy)
+            ),
+        ),
+        Some(2) => (ApplicationStatus::Deploying, String::new()),
+        _ => (ApplicationStatus::Running, String::new()),
     }
 }
 
@@ -421,45 +474,115 @@ mod tests {
             .collect()
     }
 
+    fn record(names: &[&str], deleting: bool) -> AppRecord {
+        let mut b = crate::ApplicationSpec::builder("app");
+        for n in names {
+            b = b.deployment(crate::DeploymentSpec::builder(*n, "x::X"));
+        }
+        AppRecord {
+            spec: b.build().unwrap(),
+            generation: 3,
+            deleting,
+            api_type: ApiType::Imperative,
+            config: None,
+            deployed_at: Some(SystemTime::UNIX_EPOCH),
+        }
+    }
+
+    fn derive(
+        r: &AppRecord,
+        reported: &[(&str, S, StatusTrigger)],
+        failure: Option<&str>,
+    ) -> ApplicationStatusInfo {
+        ApplicationStatusInfo::derive(AppStatusInputs {
+            record: Some(r),
+            reported: &deps(reported),
+            build_failure: failure,
+        })
+    }
+
     #[test]
     fn application_status_takes_the_worst_deployment() {
         use ApplicationStatus as A;
         let u = StatusTrigger::Unspecified;
-        let derive = |l: &[(&str, S, StatusTrigger)], expected| {
-            ApplicationStatusInfo::derive(false, 3, expected, deps(l)).status
-        };
+        let ab = record(&["a", "b"], false);
+        let status = |l: &[(&str, S, StatusTrigger)]| derive(&ab, l, None).status;
         assert_eq!(
-            derive(&[("a", S::Healthy, u), ("b", S::Healthy, u)], 2),
+            status(&[("a", S::Healthy, u), ("b", S::Healthy, u)]),
             A::Running
         );
-        assert_eq!(derive(&[("a", S::Healthy, u)], 2), A::Deploying);
+        assert_eq!(status(&[("a", S::Healthy, u)]), A::Deploying);
         assert_eq!(
-            derive(&[("a", S::Healthy, u), ("b", S::Updating, u)], 2),
+            status(&[("a", S::Healthy, u), ("b", S::Updating, u)]),
             A::Deploying
         );
         assert_eq!(
-            derive(&[("a", S::Unhealthy, u), ("b", S::Updating, u)], 2),
+            status(&[("a", S::Unhealthy, u), ("b", S::Updating, u)]),
             A::Unhealthy
         );
         assert_eq!(
-            derive(&[("a", S::Unhealthy, u), ("b", S::DeployFailed, u)], 2),
+            status(&[("a", S::Unhealthy, u), ("b", S::DeployFailed, u)]),
             A::DeployFailed
         );
+        let a = record(&["a"], false);
         assert_eq!(
-            derive(&[("a", S::Upscaling, StatusTrigger::Autoscaling)], 1),
+            derive(&a, &[("a", S::Upscaling, StatusTrigger::Autoscaling)], None).status,
             A::Running
         );
         assert_eq!(
             derive(
+                &a,
                 &[("a", S::Upscaling, StatusTrigger::ConfigUpdateStarted)],
-                1
-            ),
+                None
+            )
+            .status,
             A::Deploying
         );
-        let info = ApplicationStatusInfo::derive(true, 9, 1, deps(&[("a", S::Healthy, u)]));
-        assert_eq!((info.status, info.observed_generation), (A::Deleting, 9));
-        let failed = ApplicationStatusInfo::derive(false, 1, 1, deps(&[("a", S::DeployFailed, u)]));
+        let info = derive(&record(&["a"], true), &[("a", S::Healthy, u)], None);
+        assert_eq!((info.status, info.observed_generation), (A::Deleting, 3));
+        let failed = derive(&a, &[("a", S::DeployFailed, u)], None);
         assert!(failed.message.contains("'a'") && failed.message.contains("old"));
+    }
+
+    #[test]
+    fn every_target_deployment_shows_from_the_start_and_reports_of_others_do_not() {
+        let ab = record(&["a", "b"], false);
+        let info = derive(
+            &ab,
+            &[("gone", S::Healthy, StatusTrigger::Unspecified)],
+            None,
+        );
+        let names: Vec<&str> = info.deployments.keys().map(|d| d.as_str()).collect();
+        assert_eq!(names, ["a", "b"]);
+        assert!(info.deployments.values().all(|d| d.status == S::Updating));
+        assert_eq!(info.api_type, Some(ApiType::Imperative));
+        assert_eq!(info.last_deployed, Some(SystemTime::UNIX_EPOCH));
+    }
+
+    #[test]
+    fn a_failed_build_stands_over_the_deployments_but_not_over_a_deletion() {
+        let u = StatusTrigger::Unspecified;
+        let a = record(&["a"], false);
+        let info = derive(&a, &[("a", S::Healthy, u)], Some("builder broke"));
+        assert_eq!(
+            (info.status, info.message.as_str()),
+            (ApplicationStatus::DeployFailed, "builder broke")
+        );
+        let deleting = derive(&record(&["a"], true), &[], Some("builder broke"));
+        assert_eq!(deleting.status, ApplicationStatus::Deleting);
+        let building = ApplicationStatusInfo::derive(AppStatusInputs {
+            record: None,
+            reported: &BTreeMap::new(),
+            build_failure: None,
+        });
+        assert_eq!(
+            (
+                building.status,
+                building.observed_generation,
+                building.api_type
+            ),
+            (ApplicationStatus::Deploying, 0, None)
+        );
     }
 
     #[test]

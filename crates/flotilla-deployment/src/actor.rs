@@ -194,6 +194,8 @@ impl DeploymentActor {
     fn finish(myself: &ActorRef<DeploymentMsg>, state: &mut DeploymentState) {
         let a = &state.args;
         if !state.shutdown.is_empty() {
+            // Shut down, not deleted: the route stays until the instance closes
+            // every route at once (its callers then hear `Unavailable`).
             for reply in state.shutdown.drain(..) {
                 let _ = reply.send(());
             }
@@ -203,8 +205,8 @@ impl DeploymentActor {
                 name: a.target.spec.name.clone(),
                 generation: a.target.generation,
             });
+            a.directory.remove(&a.app, &a.target.spec.name);
         }
-        a.directory.remove(&a.app, &a.target.spec.name);
         myself.stop(None);
     }
 

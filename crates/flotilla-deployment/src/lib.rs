@@ -30,7 +30,10 @@ mod static_cluster;
 mod status;
 
 pub use actor::{DeploymentActor, DeploymentArgs};
-pub use cluster::{Cluster, ClusterEvent, LocalCluster, NodeId, PlacementRequest, Refusal};
+pub use cluster::{
+    Cluster, ClusterEvent, DEFAULT_LOCAL_CAPACITY, LOCAL_NODE, LocalCluster, NodeId,
+    PlacementRequest, Refusal,
+};
 pub use messages::{
     DeploymentEvent, DeploymentMsg, DeploymentReporter, DeploymentSnapshot, DeploymentTarget,
     ReplicaInfo, StateCount,

@@ -42,8 +42,9 @@ pub struct Plan {
 ///   `rollout.step(target)` above the target (surge); an outdated replica stops only
 ///   once enough new ones RUNNING replace it, so serving capacity never drops below
 ///   the target.
-/// - Only RUNNING replicas take a config change in place (`reconfigure`); a STARTING
-///   one is reconfigured once it runs.
+/// - Only RUNNING replicas take a config change in place (`reconfigure`), at most
+///   `rollout.step(target)` UPDATING at once; a STARTING one is reconfigured once
+///   it runs.
 /// - `can_start` false (constructor backoff) holds starts back.
 pub fn plan(
     target: u32,
@@ -79,11 +80,19 @@ pub fn plan(
             ..Plan::default()
         };
     }
+    // Config changes are paced like rolls (Ray's S39): at most a roll step of
+    // replicas take a new config at once, so a bad reconfigure cannot take every
+    // replica down together.
+    let updating = new
+        .iter()
+        .filter(|r| r.state == ReplicaState::Updating)
+        .count();
     let mut out = Plan {
         reconfigure: new
             .iter()
             .filter(|r| r.version.config != version.config && r.state == ReplicaState::Running)
             .map(|r| r.id)
+            .take((rollout.step(target) as usize).saturating_sub(updating))
             .collect(),
         ..Plan::default()
     };
@@ -327,6 +336,24 @@ mod tests {
         let p = plan(2, &target, R, &rs, true);
         assert_eq!(p.reconfigure, vec![ReplicaId(1)]);
         assert_eq!((p.start, p.stop.len()), (0, 0));
+    }
+
+    #[test]
+    fn config_changes_are_paced_by_the_roll_step() {
+        let mut target = v("a");
+        target.config = ConfigVersion(2);
+        let rs: Vec<_> = (1..=10).map(|i| r(i, Running, "a")).collect();
+        // A step of max(1, 20% of 10) = 2 at once.
+        assert_eq!(plan(10, &target, R, &rs, true).reconfigure.len(), 2);
+        let mut rs = rs;
+        rs[0].state = Updating;
+        assert_eq!(
+            plan(10, &target, R, &rs, true).reconfigure.len(),
+            1,
+            "one already updating leaves room for one more"
+        );
+        rs[1].state = Updating;
+        assert!(plan(10, &target, R, &rs, true).reconfigure.is_empty());
     }
 
     #[test]

@@ -39,8 +39,9 @@ impl DeploymentState {
         self.args.target.spec.name.to_string()
     }
 
-    /// HEALTHY once exactly the target count runs at the target version, nothing
-    /// else is live (starting, updating, recovering) and nothing waits for a node.
+    /// HEALTHY once exactly the target count runs at the target version, no other
+    /// replica exists (starting, updating, recovering or still stopping) and
+    /// nothing waits for a node.
     pub(crate) fn update_status(&mut self) {
         if self.args.target.deleting || !self.shutdown.is_empty() {
             return;
@@ -50,15 +51,13 @@ impl DeploymentState {
             .values()
             .filter(|r| r.state == ReplicaState::Running && r.version == self.version)
             .count() as u32;
-        let live = self
-            .replicas
-            .values()
-            .filter(|r| r.state != ReplicaState::Stopping)
-            .count() as u32;
+        // Every replica counts, STOPPING ones too: a scale-down (or a roll) is not
+        // done while a replica it stops still drains (Ray's S42).
+        let all = self.replicas.len() as u32;
         if at_target > 0 {
             self.has_started = true;
         }
-        if at_target == self.args.target.replicas && live == at_target && self.pending.count == 0 {
+        if at_target == self.args.target.replicas && all == at_target && self.pending.count == 0 {
             self.failures = 0;
             self.transition(DeploymentTrigger::Healthy, String::new(), None);
         }

@@ -168,7 +168,7 @@ async fn living_replicas_are_recovering_until_they_describe_themselves() {
         fakes.push(Actor::spawn(Some(name), FakeReplica, args).await.unwrap());
     }
 
-    let actor = spawn_deployment(&ns, 2, Arc::new(LocalCluster)).await;
+    let actor = spawn_deployment(&ns, 2, Arc::new(LocalCluster::new())).await;
     let s = observe(&actor).await;
     assert_eq!(s.count_at(ReplicaState::Recovering, &version), 2);
     assert_eq!(s.live(), 2, "recovering replicas count: nothing new starts");

@@ -44,6 +44,17 @@ pub enum CallError {
         /// The deployment.
         deployment: String,
     },
+    /// The Serve instance the handle belongs to was shut down (or crashed):
+    /// nothing will serve this deployment through this handle again.
+    #[error(
+        "deployment '{deployment}' of application '{app}' is unavailable: its Flotilla instance was shut down"
+    )]
+    Unavailable {
+        /// The application.
+        app: String,
+        /// The deployment.
+        deployment: String,
+    },
     /// No replica took the request within the caller's timeout.
     #[error("request to deployment '{deployment}' of application '{app}' timed out")]
     Timeout {

@@ -112,7 +112,8 @@ impl DeploymentHandle {
             .get(self.route.app(), self.route.deployment())
         {
             Some(r) if !r.is_closed() => Ok(r),
-            _ => Err(self.route.not_found()),
+            Some(r) => Err(r.not_found()),
+            None => Err(self.route.not_found()),
         }
     }
 

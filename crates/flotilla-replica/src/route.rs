@@ -23,6 +23,8 @@ pub struct DeploymentRoute {
     deployment: DeploymentName,
     tx: watch::Sender<ReplicaSet>,
     closed: AtomicBool,
+    /// Closed because its Serve instance stopped (not because it was deleted).
+    shut: AtomicBool,
     pub(crate) slot_freed: Arc<Notify>,
     queued: AtomicUsize,
     /// `u32::MAX` means unbounded.
@@ -49,6 +51,7 @@ impl DeploymentRoute {
             deployment,
             tx: watch::Sender::new(empty),
             closed: AtomicBool::new(false),
+            shut: AtomicBool::new(false),
             slot_freed: Arc::new(Notify::new()),
             queued: AtomicUsize::new(0),
             max_queued: AtomicU32::new(u32::MAX),
@@ -115,6 +118,12 @@ impl DeploymentRoute {
         self.slot_freed.notify_waiters();
     }
 
+    /// Close because the instance stopped: callers get `Unavailable`.
+    fn shut_down(&self) {
+        self.shut.store(true, Ordering::Release);
+        self.close();
+    }
+
     pub(crate) fn next_random(&self) -> u64 {
         // xorshift64*, shared by the route's callers; determinism per sequence of calls.
         let mut x = self.rng.load(Ordering::Relaxed);
@@ -139,10 +148,14 @@ impl DeploymentRoute {
         Ok(QueueSlot(self.clone()))
     }
 
+    /// What a call through this closed route gets: `Unavailable` once its
+    /// instance stopped, `NotFound` once its deployment was deleted.
     pub(crate) fn not_found(&self) -> CallError {
-        CallError::NotFound {
-            app: self.app.to_string(),
-            deployment: self.deployment.to_string(),
+        let (app, deployment) = (self.app.to_string(), self.deployment.to_string());
+        if self.shut.load(Ordering::Acquire) {
+            CallError::Unavailable { app, deployment }
+        } else {
+            CallError::NotFound { app, deployment }
         }
     }
 }
@@ -163,6 +176,8 @@ type Key = (AppName, DeploymentName);
 #[derive(Clone, Default)]
 pub struct Directory {
     routes: Arc<RwLock<HashMap<Key, Arc<DeploymentRoute>>>>,
+    /// Set once its instance stopped: new routes are born closed.
+    shut: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for Directory {
@@ -189,8 +204,36 @@ impl Directory {
         let mut routes = self.routes.write().unwrap_or_else(|p| p.into_inner());
         routes
             .entry(key)
-            .or_insert_with(|| Arc::new(DeploymentRoute::new(app.clone(), deployment.clone())))
+            .or_insert_with(|| {
+                let route = DeploymentRoute::new(app.clone(), deployment.clone());
+                if self.shut.load(Ordering::Acquire) {
+                    route.shut_down();
+                }
+                Arc::new(route)
+            })
             .clone()
+    }
+
+    /// The instance stopped (shut down or crashed): close every route, so each
+    /// call waiting in a handle and every later call fails with
+    /// [`CallError::Unavailable`] instead of waiting for a replica forever.
+    pub fn shut_down(&self) {
+        self.shut.store(true, Ordering::Release);
+        let routes: Vec<_> = self
+            .routes
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        for r in routes {
+            r.shut_down();
+        }
+    }
+
+    /// Whether [`shut_down`](Self::shut_down) was called.
+    pub fn is_shut_down(&self) -> bool {
+        self.shut.load(Ordering::Acquire)
     }
 
     /// The route of a live deployment, if it has one.

@@ -314,6 +314,7 @@ fn error_kind(e: &CallError) -> &'static str {
         CallError::BadResponse(_) => "bad_response",
         CallError::BackPressure { .. } => "back_pressure",
         CallError::NotFound { .. } => "not_found",
+        CallError::Unavailable { .. } => "unavailable",
         CallError::Timeout { .. } => "timeout",
     }
 }

@@ -185,7 +185,8 @@ mod tests {
             generation: 1,
             deleting: false,
             api_type: ApiType::Imperative,
-            config_version: None,
+            config: None,
+            deployed_at: None,
         }
     }
 

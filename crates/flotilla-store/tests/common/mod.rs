@@ -5,8 +5,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use flotilla_core::{
-    ApiType, AppName, AppRecord, ApplicationSpec, Args, AutoscalingConfig, DeploymentName,
-    DeploymentRecord, DeploymentSpec, LogEncoding, LogLevel, LoggingConfig, Resources,
+    ApiType, AppName, AppRecord, ApplicationSpec, Args, AutoscalingConfig, CodeVersion,
+    ConfigSource, DeploymentName, DeploymentRecord, DeploymentSpec, LogEncoding, LogLevel,
+    LoggingConfig, Resources,
 };
 use serde::{Deserialize, Serialize};
 
@@ -51,11 +52,16 @@ pub fn app_record(name: &str, generation: u64) -> AppRecord {
         .build()
         .unwrap();
     AppRecord {
-        spec,
+        spec: spec.clone(),
         generation,
         deleting: false,
         api_type: ApiType::Declarative,
-        config_version: Some(7),
+        config: Some(Box::new(ConfigSource {
+            code: CodeVersion::hashed(7),
+            entry: 7,
+            built: spec.clone(),
+        })),
+        deployed_at: Some(std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(7)),
     }
 }
 

@@ -36,7 +36,8 @@ mod serve;
 
 pub use flotilla_controller::LogSettings;
 pub use flotilla_controller::{
-    BUILD_TIMEOUT, BuildError, ControllerSnapshot, ServeError, StatusBoard, WallClock,
+    BUILD_TIMEOUT, BuildError, ControllerSnapshot, Route, RouteTable, ServeError, StatusBoard,
+    WallClock,
 };
 pub use flotilla_core::{
     ApiType, AppConfig, AppName, ApplicationSpec, ApplicationSpecBuilder, ApplicationStatus,

@@ -10,8 +10,8 @@ use std::{
 };
 
 use flotilla_controller::{
-    ControllerArgs, ControllerMsg, ControllerSnapshot, LogSettings, Preloaded, ServeError,
-    StatusBoard, Supervisor, SupervisorArgs, SupervisorMsg, WallClock,
+    ControllerArgs, ControllerMsg, ControllerSnapshot, LogSettings, Preloaded, RouteTable,
+    ServeError, StatusBoard, Supervisor, SupervisorArgs, SupervisorMsg, WallClock,
 };
 use flotilla_core::{
     ApiType, AppName, ApplicationSpec, ApplicationStatus, ApplicationStatusInfo, Faults,
@@ -129,6 +129,7 @@ struct Inner {
     supervisor: ActorRef<SupervisorMsg>,
     store: Arc<Store>,
     board: StatusBoard,
+    route_table: RouteTable,
     directory: Directory,
     fatal: watch::Receiver<Option<String>>,
     faults: Faults,
@@ -215,6 +216,7 @@ impl Serve {
             .namespace
             .unwrap_or_else(|| format!("flotilla{}", INSTANCE.fetch_add(1, Ordering::Relaxed)));
         let board = StatusBoard::new();
+        let route_table = RouteTable::new();
         let directory = Directory::new();
         let (fatal_tx, fatal) = watch::channel(None);
         let args = SupervisorArgs {
@@ -230,6 +232,7 @@ impl Serve {
                 logging: options.logging.clone(),
                 preloaded,
                 clock: options.clock,
+                route_table: route_table.clone(),
             },
             fatal: fatal_tx,
         };
@@ -242,6 +245,7 @@ impl Serve {
                 supervisor,
                 store,
                 board,
+                route_table,
                 directory,
                 fatal,
                 faults: options.faults,
@@ -436,6 +440,13 @@ impl Serve {
             }
         }
         Ok(())
+    }
+
+    /// The route index: which application's ingress serves which route prefix
+    /// (applications being deleted hold none), kept current by the Controller;
+    /// [`RouteTable::subscribe`] wakes on every change.
+    pub fn routes(&self) -> &RouteTable {
+        &self.inner.route_table
     }
 
     /// Every application's status, sorted by name.

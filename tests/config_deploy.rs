@@ -6,7 +6,10 @@
 mod support;
 
 use std::{
-    sync::{Arc, atomic::Ordering},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU32, Ordering},
+    },
     time::Duration,
 };
 
@@ -469,4 +472,234 @@ async fn delete_and_run_take_an_application_out_of_the_configs_hands() {
         "the build did not land"
     );
     assert_eq!(serve.app_status("mine").observed_generation, 1);
+}
+
+/// A registry whose `test::counted` builder counts its calls and fails while
+/// `broken` is set (otherwise it builds as `test::app`).
+fn counted(sw: &Arc<Switches>, calls: &Arc<AtomicU32>, broken: &Arc<AtomicBool>) -> Registry {
+    let (calls, broken) = (calls.clone(), broken.clone());
+    registry(sw)
+        .register_app("test::counted", move |args| {
+            let (calls, broken) = (calls.clone(), broken.clone());
+            async move {
+                calls.fetch_add(1, Ordering::SeqCst);
+                if broken.load(Ordering::SeqCst) {
+                    return Err(UserError::new("the builder broke"));
+                }
+                build(args).await
+            }
+        })
+        .unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_overrides_only_change_is_applied_without_calling_the_builder_again() {
+    let (calls, broken) = (
+        Arc::new(AtomicU32::new(0)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let (c, b) = (calls.clone(), broken.clone());
+    let (dir, sw, serve) = start_fresh_with(move |sw| counted(sw, &c, &b)).await;
+    let with = |tag: &str, overrides: &str| {
+        config(&format!(
+            "applications:
+  - name: x
+    import_path: test::counted
+    args: {{tag: {tag}}}
+    deployments:
+      - {{name: probe, {overrides}}}
+"
+        ))
+    };
+    serve
+        .apply_config(with("t", "num_replicas: 1"))
+        .await
+        .unwrap();
+    wait_until_replicas(&serve, "x", 1).await;
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    // The builder would fail now: a pure scale and config change must not care.
+    broken.store(true, Ordering::SeqCst);
+    let scaled = with(
+        "t",
+        "num_replicas: 3, max_ongoing_requests: 7, user_config: {k: 1}",
+    );
+    serve.apply_config(scaled).await.unwrap();
+    wait_until_replicas(&serve, "x", 3).await;
+    let s = serve.app_status("x");
+    assert_eq!((s.status, s.observed_generation), (A::Running, 2));
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "the builder was not called"
+    );
+    // The lightweight update is durable: a restart owes no build.
+    serve.crash_process().await;
+    let serve = support::start_with(&dir, counted(&sw, &calls, &broken)).await;
+    wait_until_replicas(&serve, "x", 3).await;
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "nothing rebuilt after a restart"
+    );
+    // New args are a new build: the broken builder fails it over the running target.
+    serve
+        .apply_config(with("u", "num_replicas: 3"))
+        .await
+        .unwrap();
+    let failed = wait_status(&serve, "x", A::DeployFailed).await;
+    assert!(failed.message.contains("the builder broke"), "{failed:?}");
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    assert_eq!(serve.app_handle("x").unwrap().replicas().len(), 3);
+}
+
+/// Two applications and their route prefixes.
+fn pair(a: (&str, &str, u64), b: (&str, &str, u64)) -> ServeConfig {
+    let entry = |name: &str, (prefix, tag, sleep): (&str, &str, u64)| {
+        format!(
+            "  - {{name: {name}, route_prefix: {prefix}, import_path: test::app, args: {{tag: {tag}, sleep_s: {sleep}}}}}\n"
+        )
+    };
+    config(&format!(
+        "applications:\n{}{}",
+        entry("a", a),
+        entry("b", b)
+    ))
+}
+
+/// Which application holds each prefix.
+fn holders(serve: &Serve) -> Vec<(String, String)> {
+    serve
+        .routes()
+        .routes()
+        .into_iter()
+        .map(|r| (r.prefix.to_string(), r.app.to_string()))
+        .collect()
+}
+
+/// Wait until `a` and `b` run generations `generations` and answer `tags`.
+async fn both_running(serve: &Serve, generations: (u64, u64), tags: (&str, &str)) {
+    for (app, generation, tag) in [("a", generations.0, tags.0), ("b", generations.1, tags.1)] {
+        let s = support::wait_until(serve, app, |s| {
+            s.observed_generation >= generation && s.status != A::Deploying
+        })
+        .await;
+        assert_eq!(s.status, A::Running, "{app}: {s:?}");
+        wait_until_tag(serve, app, tag).await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_config_may_swap_its_own_applications_prefixes_whatever_order_builds_end_in() {
+    let (_dir, _, serve) = start_fresh_with(registry).await;
+    let pairs = [
+        ("/one".to_owned(), "a".to_owned()),
+        ("/two".to_owned(), "b".to_owned()),
+    ];
+    serve
+        .apply_config(pair(("/one", "a1", 0), ("/two", "b1", 0)))
+        .await
+        .unwrap();
+    both_running(&serve, (1, 1), ("a1", "b1")).await;
+    assert_eq!(holders(&serve), pairs);
+    // Swap, b's build finishing first (it waits for a, which holds /one).
+    serve
+        .apply_config(pair(("/two", "a2", 10), ("/one", "b2", 1)))
+        .await
+        .unwrap();
+    both_running(&serve, (2, 2), ("a2", "b2")).await;
+    let swapped = [
+        ("/one".to_owned(), "b".to_owned()),
+        ("/two".to_owned(), "a".to_owned()),
+    ];
+    assert_eq!(holders(&serve), swapped);
+    // Swap back, a's build finishing first.
+    serve
+        .apply_config(pair(("/one", "a3", 1), ("/two", "b3", 10)))
+        .await
+        .unwrap();
+    both_running(&serve, (3, 3), ("a3", "b3")).await;
+    assert_eq!(holders(&serve), pairs);
+    // Swap by the prefixes alone: both updates are lightweight, no builder runs.
+    serve
+        .apply_config(pair(("/two", "a3", 1), ("/one", "b3", 10)))
+        .await
+        .unwrap();
+    both_running(&serve, (4, 4), ("a3", "b3")).await;
+    assert_eq!(holders(&serve), swapped);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_new_application_may_take_the_prefix_another_moves_off() {
+    let (_dir, _, serve) = start_fresh_with(registry).await;
+    apply(
+        &serve,
+        "applications:\n  - {name: a, route_prefix: /one, import_path: test::app, args: {tag: a1}}\n",
+    )
+    .await;
+    wait_status(&serve, "a", A::Running).await;
+    // b (new, quick build) takes /one while a (slow rebuild) moves to /two.
+    serve
+        .apply_config(pair(("/two", "a2", 10), ("/one", "b1", 1)))
+        .await
+        .unwrap();
+    both_running(&serve, (2, 1), ("a2", "b1")).await;
+    assert_eq!(
+        holders(&serve),
+        [
+            ("/one".to_owned(), "b".to_owned()),
+            ("/two".to_owned(), "a".to_owned())
+        ]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_build_whose_prefix_another_keeps_fails_naming_the_holder() {
+    let (_dir, _, serve) = start_fresh_with(registry).await;
+    apply(
+        &serve,
+        "applications:\n  - {name: a, route_prefix: /one, import_path: test::app, args: {tag: a1}}\n",
+    )
+    .await;
+    wait_status(&serve, "a", A::Running).await;
+    // The builder of b picks `/from-code`, which `a` takes and keeps.
+    apply(
+        &serve,
+        "applications:
+  - {name: a, route_prefix: /from-code, import_path: test::app, args: {tag: a1}}
+  - {name: b, import_path: test::app, args: {tag: b1, sleep_s: 5}}
+",
+    )
+    .await;
+    let s = wait_status(&serve, "b", A::DeployFailed).await;
+    assert!(
+        s.message.contains("'/from-code'") && s.message.contains("application 'a'"),
+        "{s:?}"
+    );
+    assert_eq!(serve.app_status("a").status, A::Running);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_config_naming_an_unregistered_builder_is_refused_and_changes_nothing() {
+    let (_dir, _, serve) = start_fresh_with(registry).await;
+    let before = serve.metrics().await.unwrap().store.commits;
+    let err = serve
+        .apply_config(config(
+            "applications:\n  - {name: ok, import_path: test::app}\n  - {name: u, import_path: test::unknown}\n",
+        ))
+        .await
+        .unwrap_err();
+    let ServeError::NotRegistered {
+        app,
+        deployment,
+        import_path,
+    } = &err
+    else {
+        panic!("expected NotRegistered, got {err}");
+    };
+    assert_eq!(
+        (app.as_str(), deployment.as_deref(), import_path.as_str()),
+        ("u", None, "test::unknown")
+    );
+    assert_eq!(serve.metrics().await.unwrap().store.commits, before);
+    assert!(serve.status().is_empty());
 }

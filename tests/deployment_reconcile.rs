@@ -309,3 +309,72 @@ async fn redeploying_an_unchanged_spec_or_the_same_target_changes_nothing() {
     assert_eq!(again.counts, s.counts);
     assert_eq!(sw.constructed.load(Ordering::SeqCst), 2);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_scale_down_is_downscaling_until_the_stopped_replicas_are_gone() {
+    let (_dir, _, serve) = start_fresh().await;
+    let h = serve.run(app_of("a", probe(3, &tag("v")))).await.unwrap();
+    // Requests in flight keep the replicas that stop draining for a while.
+    let calls: Vec<_> = (0..6)
+        .map(|_| {
+            let h = h.clone();
+            tokio::spawn(async move { h.call::<_, String>("sleep:3000").await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let run = {
+        let serve = serve.clone();
+        tokio::spawn(async move { serve.run(app_of("a", probe(1, &tag("v")))).await })
+    };
+    let s = wait_snapshot(&serve, "a", "probe", |s| s.count(R::Stopping) == 2).await;
+    assert_eq!(
+        (s.status.status, s.status.trigger),
+        (
+            DeploymentStatus::Downscaling,
+            flotilla::StatusTrigger::ConfigUpdateStarted
+        )
+    );
+    assert_eq!(serve.app_status("a").status, A::Deploying);
+    assert!(!run.is_finished(), "run waits for the drain");
+    run.await.unwrap().unwrap();
+    let s = observe(&serve, "a", "probe").await;
+    assert_eq!(s.replicas.len(), 1, "the stopped replicas are gone");
+    assert_eq!(
+        (s.status.status, s.status.trigger),
+        (
+            DeploymentStatus::Healthy,
+            flotilla::StatusTrigger::DownscaleCompleted
+        )
+    );
+    for c in calls {
+        c.await.unwrap().unwrap();
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_user_config_change_reconfigures_at_most_a_roll_step_at_a_time() {
+    let (_dir, sw, serve) = start_fresh().await;
+    let spec = |uc: &str| probe(5, &tag("v")).with_config(|c| c.with_user_config(user_config(uc)));
+    serve.run(app_of("a", spec("one"))).await.unwrap();
+    sw.reconfigure_delay_ms.store(500, Ordering::SeqCst);
+    let before = sw.reconfigured.load(Ordering::SeqCst);
+    serve
+        .run_many(vec![app_of("a", spec("two"))], no_wait())
+        .await
+        .unwrap();
+    // The roll step of 5 replicas is one: never two UPDATING at once, and the
+    // other four keep serving meanwhile.
+    let mut most = 0;
+    loop {
+        let s = observe(&serve, "a", "probe").await;
+        most = most.max(s.count(R::Updating));
+        assert!(s.count(R::Running) >= 4, "{:?}", s.counts);
+        if s.count_at(R::Running, &s.version) == 5 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(most, 1);
+    assert_eq!(sw.reconfigured.load(Ordering::SeqCst), before + 5);
+    wait_status(&serve, "a", A::Running).await;
+}

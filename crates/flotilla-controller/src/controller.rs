@@ -54,6 +54,8 @@ pub struct ControllerArgs {
     pub preloaded: Preloaded,
     /// The wall clock that stamps accepted targets (`last_deployed`).
     pub clock: WallClock,
+    /// The published route index (the Controller keeps it current).
+    pub route_table: crate::RouteTable,
 }
 
 /// A wall clock: [`SystemTime::now`](std::time::SystemTime::now) by default; a
@@ -575,6 +577,14 @@ impl Actor for Controller {
                 autoscaled.entry(app).or_default().insert(dep, n);
             }
         }
+        args.route_table
+            .replace_all(routes.iter().filter_map(|(prefix, app)| {
+                apps.get(app).map(|e: &AppEntry| crate::Route {
+                    prefix: prefix.clone(),
+                    app: app.clone(),
+                    ingress: e.record.spec.ingress.clone(),
+                })
+            }));
         info!(
             apps = apps.len(),
             "controller recovered targets from the checkpoint"

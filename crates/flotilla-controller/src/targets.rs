@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use flotilla_core::{
     ApiType, AppName, AppRecord, AppStatusInputs, ApplicationSpec, ApplicationStatusInfo,
-    ConfigSource, DeploymentName, ReplicaCount,
+    ConfigSource, DeploymentName, ReplicaCount, RoutePrefix,
 };
 use flotilla_replica::supervision::RestartLog;
 use flotilla_store::{Batch, StoreError};
@@ -17,6 +17,14 @@ use tracing::info;
 use crate::controller::{AppEntry, ControllerState};
 
 impl ControllerState {
+    /// `app` no longer holds `prefix` (if it did).
+    fn release_route(&mut self, prefix: &RoutePrefix, app: &AppName) {
+        if self.routes.get(prefix) == Some(app) {
+            self.routes.remove(prefix);
+            self.route_table.remove(prefix, app);
+        }
+    }
+
     /// The record of a new target for `spec`: the next generation of its name,
     /// accepted now (by the wall clock).
     pub(crate) fn next_record(
@@ -86,12 +94,13 @@ impl ControllerState {
                 .apps
                 .get(&name)
                 .and_then(|e| e.record.spec.route_prefix.clone())
-                && self.routes.get(&old) == Some(&name)
             {
-                self.routes.remove(&old);
+                self.release_route(&old, &name);
             }
             if let Some(p) = &r.spec.route_prefix {
                 self.routes.insert(p.clone(), name.clone());
+                self.route_table
+                    .insert(p.clone(), name.clone(), r.spec.ingress.clone());
             }
             self.logging.set_app(&name, r.spec.logging.clone());
             let accepted = accepted_status(&r);
@@ -145,10 +154,8 @@ impl ControllerState {
     pub(crate) fn swap_deletions(&mut self, changed: &[AppRecord]) {
         for r in changed {
             let name = &r.spec.name;
-            if let Some(p) = &r.spec.route_prefix
-                && self.routes.get(p) == Some(name)
-            {
-                self.routes.remove(p);
+            if let Some(p) = &r.spec.route_prefix {
+                self.release_route(p, name);
             }
             let tx = self
                 .board

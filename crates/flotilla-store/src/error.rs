@@ -3,6 +3,11 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
+/// The error behind a [`StoreError::Corrupt`] finding, when one is behind it: a
+/// [`redb::Error`], an [`io::Error`], an [`rmp_serde::decode::Error`] or a
+/// [`flotilla_core::Error`]; downcast it to see which.
+pub type CorruptCause = Box<dyn std::error::Error + Send + Sync + 'static>;
+
 /// Why the store refused or failed an operation.
 ///
 /// Every variant that concerns the file names its path. None of them is returned after
@@ -28,6 +33,10 @@ pub enum StoreError {
         path: PathBuf,
         /// What is wrong, naming the table and key where there is one.
         reason: String,
+        /// The error that revealed it (redb's, rmp-serde's, a failed validation), if an
+        /// error did; `None` when the finding is the store's own (a missing table, say).
+        #[source]
+        source: Option<CorruptCause>,
     },
     /// The file was written by a newer Flotilla with a schema this build cannot read.
     #[error(
@@ -65,20 +74,22 @@ pub enum StoreError {
         path: PathBuf,
     },
     /// A value could not be encoded as MessagePack; the batch was not changed.
-    #[error("cannot encode {what} as MessagePack: {reason}")]
+    #[error("cannot encode {what} as MessagePack: {source}")]
     Encode {
         /// What was being encoded, e.g. "application record 'shop'".
         what: String,
-        /// rmp-serde's message.
-        reason: String,
+        /// rmp-serde's error.
+        #[source]
+        source: rmp_serde::encode::Error,
     },
-    /// Any other error from redb, with its message.
-    #[error("checkpoint {}: storage error: {reason}", path.display())]
+    /// Any other error from redb.
+    #[error("checkpoint {}: storage error: {source}", path.display())]
     Storage {
         /// The checkpoint file.
         path: PathBuf,
-        /// redb's message.
-        reason: String,
+        /// redb's error.
+        #[source]
+        source: redb::Error,
     },
 }
 
@@ -92,10 +103,25 @@ fn shown(path: &Path) -> String {
 }
 
 impl StoreError {
+    /// A finding of the store's own, with no error behind it.
     pub(crate) fn corrupt(path: &Path, reason: impl Into<String>) -> Self {
         StoreError::Corrupt {
             path: path.to_path_buf(),
             reason: reason.into(),
+            source: None,
+        }
+    }
+
+    /// A finding revealed by `source`, which it keeps.
+    pub(crate) fn corrupt_because(
+        path: &Path,
+        reason: impl Into<String>,
+        source: impl Into<CorruptCause>,
+    ) -> Self {
+        StoreError::Corrupt {
+            path: path.to_path_buf(),
+            reason: reason.into(),
+            source: Some(source.into()),
         }
     }
 
@@ -106,25 +132,29 @@ impl StoreError {
         }
     }
 
-    fn storage(path: &Path, reason: impl ToString) -> Self {
+    fn storage(path: &Path, source: impl Into<redb::Error>) -> Self {
         StoreError::Storage {
             path: path.to_path_buf(),
-            reason: reason.to_string(),
+            source: source.into(),
         }
     }
 
     /// redb's storage-layer error.
     pub(crate) fn from_redb_storage(path: &Path, err: redb::StorageError) -> Self {
         match err {
-            redb::StorageError::Corrupted(reason) => Self::corrupt(path, reason),
+            redb::StorageError::Corrupted(ref reason) => {
+                let reason = reason.clone();
+                Self::corrupt_because(path, reason, redb::Error::from(err))
+            }
             // redb reports "not a redb file" and short reads as I/O errors of these kinds.
-            redb::StorageError::Io(e)
+            redb::StorageError::Io(ref e)
                 if matches!(
                     e.kind(),
                     io::ErrorKind::InvalidData | io::ErrorKind::UnexpectedEof
                 ) =>
             {
-                Self::corrupt(path, format!("not a readable redb database: {e}"))
+                let reason = format!("not a readable redb database: {e}");
+                Self::corrupt_because(path, reason, redb::Error::from(err))
             }
             redb::StorageError::Io(source) => Self::io(path, source),
             other => Self::storage(path, other),
@@ -159,7 +189,9 @@ impl StoreError {
             e @ (redb::TableError::TableTypeMismatch { .. }
             | redb::TableError::TableIsMultimap(_)
             | redb::TableError::TableIsNotMultimap(_)
-            | redb::TableError::TypeDefinitionChanged { .. }) => Self::corrupt(path, e.to_string()),
+            | redb::TableError::TypeDefinitionChanged { .. }) => {
+                Self::corrupt_because(path, e.to_string(), redb::Error::from(e))
+            }
             other => Self::storage(path, other),
         }
     }
@@ -200,7 +232,7 @@ mod tests {
             StoreError::Injected {
                 path: path.to_path_buf(),
             },
-            StoreError::storage(path, "odd"),
+            StoreError::storage(path, redb::Error::WouldBlock),
         ];
         for e in errors {
             assert!(
@@ -237,6 +269,62 @@ mod tests {
             StoreError::from_redb_storage(path, redb::StorageError::ValueTooLarge(1 << 40)),
             StoreError::Storage { .. }
         ));
+    }
+
+    /// The redb error an error keeps as its source, if it keeps one.
+    fn redb_source(e: &StoreError) -> Option<&redb::Error> {
+        std::error::Error::source(e)?.downcast_ref::<redb::Error>()
+    }
+
+    #[test]
+    fn redb_errors_are_kept_as_sources() {
+        let path = Path::new("c.redb");
+        let storage =
+            StoreError::from_redb_storage(path, redb::StorageError::ValueTooLarge(1 << 40));
+        assert!(matches!(storage, StoreError::Storage { .. }), "{storage:?}");
+        assert!(
+            matches!(redb_source(&storage), Some(redb::Error::ValueTooLarge(_))),
+            "{storage:?}"
+        );
+        assert!(storage.to_string().contains("c.redb"), "{storage}");
+
+        let corrupted =
+            StoreError::from_redb_storage(path, redb::StorageError::Corrupted("bad page".into()));
+        assert!(
+            matches!(corrupted, StoreError::Corrupt { .. }),
+            "{corrupted:?}"
+        );
+        assert!(
+            matches!(redb_source(&corrupted), Some(redb::Error::Corrupted(m)) if m == "bad page"),
+            "{corrupted:?}"
+        );
+
+        let not_redb = io::Error::new(io::ErrorKind::InvalidData, "magic number mismatch");
+        let not_redb = StoreError::from_redb_database(
+            path,
+            redb::DatabaseError::Storage(redb::StorageError::Io(not_redb)),
+        );
+        assert!(
+            matches!(not_redb, StoreError::Corrupt { .. }),
+            "{not_redb:?}"
+        );
+        assert!(
+            matches!(redb_source(&not_redb), Some(redb::Error::Io(e)) if e.kind() == io::ErrorKind::InvalidData),
+            "{not_redb:?}"
+        );
+
+        let busy = StoreError::from_redb_transaction(path, redb::TransactionError::WouldBlock);
+        assert!(matches!(busy, StoreError::Storage { .. }), "{busy:?}");
+        assert!(
+            matches!(redb_source(&busy), Some(redb::Error::WouldBlock)),
+            "{busy:?}"
+        );
+    }
+
+    #[test]
+    fn our_own_findings_have_no_source() {
+        let e = StoreError::corrupt(Path::new("c.redb"), "bad");
+        assert!(std::error::Error::source(&e).is_none());
     }
 
     #[test]

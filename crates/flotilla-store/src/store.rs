@@ -132,7 +132,8 @@ impl Store {
                 // Decoded is not valid: a record no API call could have written
                 // (autoscaling bounds crossed, say) would fail the actors that run it.
                 record.spec.validate().map_err(|e| {
-                    StoreError::corrupt(path, format!("table `apps`, key {name:?}: {e}"))
+                    let reason = format!("table `apps`, key {name:?}: {e}");
+                    StoreError::corrupt_because(path, reason, e)
                 })?;
                 snapshot.apps.push(record);
             }
@@ -144,7 +145,8 @@ impl Store {
                 let (app, dep) = key.value();
                 let key_shown = format_args!("({app:?}, {dep:?})");
                 let bad_key = |e: flotilla_core::Error| {
-                    StoreError::corrupt(path, format!("table `deployments`, key {key_shown}: {e}"))
+                    let reason = format!("table `deployments`, key {key_shown}: {e}");
+                    StoreError::corrupt_because(path, reason, e)
                 };
                 let app_name = AppName::new(app).map_err(bad_key)?;
                 let dep_name = DeploymentName::new(dep).map_err(bad_key)?;

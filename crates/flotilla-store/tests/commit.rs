@@ -218,13 +218,38 @@ fn an_encoding_error_is_reported_by_the_batch_and_leaves_it_unchanged() {
     batch.put_config(&1u32).unwrap();
     let err = batch.put_config(&Unencodable).unwrap_err();
     match &err {
-        StoreError::Encode { what, reason } => {
+        StoreError::Encode { what, source } => {
             assert!(what.contains("config"), "{what}");
+            let reason = source.to_string();
             assert!(reason.contains("refuses to be encoded"), "{reason}");
         }
         other => panic!("{other:?}"),
     }
     assert_eq!(batch.len(), 1);
+}
+
+#[test]
+fn an_encoding_error_keeps_rmp_serde_s_error_as_its_source() {
+    struct Unencodable;
+    impl serde::Serialize for Unencodable {
+        fn serialize<S: serde::Serializer>(&self, _: S) -> Result<S::Ok, S::Error> {
+            Err(serde::ser::Error::custom("refuses to be encoded"))
+        }
+    }
+    let err = Batch::new().put_config(&Unencodable).unwrap_err();
+    let source = std::error::Error::source(&err)
+        .and_then(|s| s.downcast_ref::<rmp_serde::encode::Error>())
+        .unwrap_or_else(|| panic!("no rmp-serde source: {err:?}"));
+    assert!(
+        source.to_string().contains("refuses to be encoded"),
+        "{source}"
+    );
+    // The message still says what was being encoded, and why it failed.
+    let message = err.to_string();
+    assert!(
+        message.contains("config") && message.contains("refuses to be encoded"),
+        "{message}"
+    );
 }
 
 #[test]

@@ -175,3 +175,16 @@ fn a_config_of_the_wrong_type_is_corrupt_naming_the_slot() {
         "{message}"
     );
 }
+
+#[test]
+fn a_config_that_does_not_decode_keeps_rmp_serde_s_error_as_its_source() {
+    let (_dir, path) = temp_checkpoint();
+    let store = Store::open(&path).unwrap();
+    let mut batch = Batch::new();
+    batch.put_config(&"just a string").unwrap();
+    store.commit(&batch).unwrap();
+    let err = store.load().unwrap().config::<TestConfig>().unwrap_err();
+    let source =
+        std::error::Error::source(&err).and_then(|s| s.downcast_ref::<rmp_serde::decode::Error>());
+    assert!(source.is_some(), "no rmp-serde source: {err:?}");
+}

@@ -51,6 +51,15 @@ pub enum StoreError {
         /// [`SCHEMA_VERSION`](crate::SCHEMA_VERSION).
         supported: u32,
     },
+    /// The path names something other than a regular file (a FIFO, a socket, a device, a
+    /// directory); it was not opened, so a FIFO cannot block the open.
+    #[error("checkpoint {}: is {kind}, not a regular file", path.display())]
+    NotAFile {
+        /// The checkpoint path.
+        path: PathBuf,
+        /// What the path names instead.
+        kind: FileKind,
+    },
     /// The operating system refused an operation on the file.
     #[error("checkpoint {}: I/O error: {source}", path.display())]
     Io {
@@ -99,6 +108,65 @@ fn shown(path: &Path) -> String {
         "(loaded snapshot)".to_owned()
     } else {
         path.display().to_string()
+    }
+}
+
+/// What a checkpoint path names when it is not a regular file ([`StoreError::NotAFile`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileKind {
+    /// A directory.
+    Directory,
+    /// A FIFO (named pipe): opening it would wait for a writer.
+    Fifo,
+    /// A Unix domain socket.
+    Socket,
+    /// A character device, such as `/dev/null`.
+    CharDevice,
+    /// A block device.
+    BlockDevice,
+    /// Anything else that is not a regular file.
+    Other,
+}
+
+impl FileKind {
+    /// What `file_type` is, or `None` for a regular file.
+    pub(crate) fn of(file_type: std::fs::FileType) -> Option<FileKind> {
+        if file_type.is_file() {
+            return None;
+        }
+        if file_type.is_dir() {
+            return Some(FileKind::Directory);
+        }
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::FileTypeExt;
+            if file_type.is_fifo() {
+                return Some(FileKind::Fifo);
+            }
+            if file_type.is_socket() {
+                return Some(FileKind::Socket);
+            }
+            if file_type.is_char_device() {
+                return Some(FileKind::CharDevice);
+            }
+            if file_type.is_block_device() {
+                return Some(FileKind::BlockDevice);
+            }
+        }
+        Some(FileKind::Other)
+    }
+}
+
+impl std::fmt::Display for FileKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            FileKind::Directory => "a directory",
+            FileKind::Fifo => "a FIFO (named pipe)",
+            FileKind::Socket => "a socket",
+            FileKind::CharDevice => "a character device",
+            FileKind::BlockDevice => "a block device",
+            FileKind::Other => "a special file",
+        })
     }
 }
 
@@ -229,6 +297,10 @@ mod tests {
                 supported: 1,
             },
             StoreError::io(path, io::Error::other("disk on fire")),
+            StoreError::NotAFile {
+                path: path.to_path_buf(),
+                kind: FileKind::Fifo,
+            },
             StoreError::Injected {
                 path: path.to_path_buf(),
             },

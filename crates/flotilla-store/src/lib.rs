@@ -20,7 +20,7 @@ mod store;
 mod tables;
 
 pub use batch::Batch;
-pub use error::{CorruptCause, StoreError};
+pub use error::{CorruptCause, FileKind, StoreError};
 pub use snapshot::Snapshot;
 pub use store::{Store, StoreCounters};
 

@@ -19,7 +19,7 @@ use redb::{
 use crate::batch::{Batch, Op};
 use crate::codec::decode;
 use crate::tables::{APPS, CONFIG, CONFIG_KEY, DEPLOYMENTS, META, SCHEMA_KEY};
-use crate::{SCHEMA_VERSION, Snapshot, StoreError};
+use crate::{FileKind, SCHEMA_VERSION, Snapshot, StoreError};
 
 /// What the store has written since it was opened.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -66,7 +66,9 @@ impl Store {
     /// version checked: a file that is not a redb file (garbage, empty, truncated), is not
     /// a Flotilla checkpoint, or has a newer schema is refused ([`StoreError::Corrupt`],
     /// [`StoreError::SchemaTooNew`]) and left byte-for-byte as it was. Only then is it
-    /// opened for writing. A file another instance holds is [`StoreError::Locked`].
+    /// opened for writing. A file another instance holds is [`StoreError::Locked`]. A path
+    /// that names a FIFO, a socket, a device or a directory is [`StoreError::NotAFile`],
+    /// found from its metadata before anything opens it.
     ///
     /// The one exception to "nothing is written before the check" is a file that was not
     /// closed cleanly (its writer crashed): redb cannot read it without recovering it
@@ -87,8 +89,13 @@ impl Store {
     /// ```
     pub fn open(path: impl AsRef<Path>) -> Result<Store, StoreError> {
         let path = path.as_ref().to_path_buf();
+        // Looked at before anything opens it: opening a FIFO would wait for a writer.
         match fs::metadata(&path) {
-            Ok(_) => {}
+            Ok(meta) => {
+                if let Some(kind) = FileKind::of(meta.file_type()) {
+                    return Err(StoreError::NotAFile { path, kind });
+                }
+            }
             Err(e) if e.kind() == io::ErrorKind::NotFound => create(&path)?,
             Err(e) => return Err(StoreError::io(&path, e)),
         }

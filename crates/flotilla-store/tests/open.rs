@@ -272,7 +272,13 @@ fn a_directory_is_refused() {
     let (dir, _) = temp_checkpoint();
     let err = Store::open(dir.path()).unwrap_err();
     assert!(
-        matches!(err, StoreError::Io { .. } | StoreError::Corrupt { .. }),
+        matches!(
+            err,
+            StoreError::NotAFile {
+                kind: flotilla_store::FileKind::Directory,
+                ..
+            }
+        ),
         "{err:?}"
     );
 }

@@ -56,7 +56,8 @@ impl fmt::Debug for Store {
 impl Store {
     /// Open the checkpoint at `path`, creating it if it is missing.
     ///
-    /// A missing file is built under a temporary name in the same directory, stamped with
+    /// A missing file is built under a temporary name in the same directory (on Unix with
+    /// mode 0600, readable by its owner only, from its creation), stamped with
     /// [`SCHEMA_VERSION`] in one write transaction, and then hard-linked into place, so
     /// `path` never names a half-made checkpoint (on a file system without hard links it
     /// is built in place). A crash while creating may leave the temporary
@@ -333,12 +334,7 @@ fn create(path: &Path) -> Result<(), StoreError> {
         NEXT.fetch_add(1, Ordering::Relaxed)
     ));
     let tmp = dir.join(tmp_name);
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .open(&tmp)
-        .map_err(|e| StoreError::io(path, e))?;
+    let file = create_new(&tmp).map_err(|e| StoreError::io(path, e))?;
     let linked = initialise(path, file).map(|()| fs::hard_link(&tmp, path));
     if let Err(e) = fs::remove_file(&tmp) {
         tracing::warn!(file = %tmp.display(), error = %e, "cannot remove the temporary checkpoint");
@@ -353,12 +349,7 @@ fn create(path: &Path) -> Result<(), StoreError> {
         // A file system without hard links: create the file in place instead.
         Err(e) => {
             tracing::debug!(error = %e, "cannot link the new checkpoint into place; creating it in place");
-            match OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create_new(true)
-                .open(path)
-            {
+            match create_new(path) {
                 Ok(file) => {
                     initialise(path, file)?;
                     sync_dir(path, dir)
@@ -368,6 +359,17 @@ fn create(path: &Path) -> Result<(), StoreError> {
             }
         }
     }
+}
+
+/// Create a file that must not exist yet, for reading and writing. On Unix it is made
+/// with mode 0600 (before the umask) from the start, before anything is written: a
+/// checkpoint holds init args and user configs.
+fn create_new(path: &Path) -> io::Result<File> {
+    let mut options = OpenOptions::new();
+    options.read(true).write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    options.open(path)
 }
 
 /// The directory holding `path`: its parent, or "." for a bare file name.

@@ -84,3 +84,13 @@ fn a_directory_is_not_a_file() {
     std::fs::create_dir(&path).unwrap();
     refused_in_own_dir(&path, FileKind::Directory, "directory");
 }
+
+#[cfg(unix)]
+#[test]
+fn a_new_checkpoint_is_private_to_its_owner() {
+    use std::os::unix::fs::PermissionsExt;
+    let (_dir, path) = temp_checkpoint();
+    drop(Store::open(&path).unwrap());
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "mode {mode:o}");
+}

@@ -11,9 +11,10 @@ pub type CorruptCause = Box<dyn std::error::Error + Send + Sync + 'static>;
 /// Why the store refused or failed an operation.
 ///
 /// Every variant that concerns the file names its path. None of them is returned after
-/// the file was modified: an open that fails wrote nothing before failing (except redb's
-/// own crash recovery, see [`Store::open`](crate::Store::open)), and a commit that fails
-/// is rolled back.
+/// the file was modified by the failed call: an open that refuses a file (as `Corrupt`,
+/// `SchemaTooNew`, `NotAFile`, `Locked`) wrote nothing, not even to a file that was not
+/// closed cleanly (see [`Store::open`](crate::Store::open)), and a commit that fails is
+/// rolled back.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// Another Flotilla instance (or another `Store` in this process) has the file open.
@@ -22,8 +23,9 @@ pub enum StoreError {
         /// The checkpoint file.
         path: PathBuf,
     },
-    /// The file is not a redb file, is corrupt, is not a Flotilla checkpoint, or holds a
-    /// record that does not decode (the reason names the table and key).
+    /// The file is not a redb file, is corrupt (redb failed or panicked reading it), is not
+    /// a Flotilla checkpoint, or holds a record that does not decode or is not valid (the
+    /// reason names the table and key).
     #[error(
         "checkpoint {}: corrupt or not a Flotilla checkpoint: {reason}; the file was left as it is",
         shown(path)

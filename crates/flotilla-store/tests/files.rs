@@ -16,7 +16,7 @@ fn open_promptly(path: &Path) -> Result<Store, StoreError> {
     let (tx, rx) = mpsc::channel();
     let path = path.to_path_buf();
     std::thread::spawn(move || {
-        let _ = tx.send(Store::open(&path));
+        let _ = tx.send(Store::open(&path).map(|(store, _)| store));
     });
     rx.recv_timeout(Duration::from_secs(10))
         .unwrap_or_else(|e| panic!("Store::open did not return: {e}"))
@@ -90,7 +90,7 @@ fn a_directory_is_not_a_file() {
 fn a_new_checkpoint_is_private_to_its_owner() {
     use std::os::unix::fs::PermissionsExt;
     let (_dir, path) = temp_checkpoint();
-    drop(Store::open(&path).unwrap());
+    drop(Store::open(&path).unwrap().0);
     let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600, "mode {mode:o}");
 }

@@ -56,6 +56,6 @@ pub use flotilla_replica::{
     CallError, Deployment, DeploymentHandle, InitContext, Registry, ReplicaEndpoint, ReplicaId,
     UserError, groups, supervision::RestartPolicy,
 };
-pub use flotilla_store::{Store, StoreCounters, StoreError};
+pub use flotilla_store::{FileKind, Store, StoreCounters, StoreError};
 pub use logging::{ACCESS_TARGET, AppLogLayer};
 pub use serve::{Metrics, RunManyOptions, Serve, ServeOptions};

@@ -208,10 +208,11 @@ impl Serve {
                 });
             }
         }
-        let store = Arc::new(Store::open(&options.store_path)?);
-        // Fail before spawning anything if the checkpoint cannot be read; the
-        // Controller starts from what was read here.
-        let preloaded = Preloaded::new(store.load()?);
+        // Fail before spawning anything if the checkpoint cannot be read; the open reads
+        // and checks all of it, and the Controller starts from what it read.
+        let (store, snapshot) = Store::open(&options.store_path)?;
+        let store = Arc::new(store);
+        let preloaded = Preloaded::new(snapshot);
         let ns = options
             .namespace
             .unwrap_or_else(|| format!("flotilla{}", INSTANCE.fetch_add(1, Ordering::Relaxed)));

@@ -13,9 +13,9 @@ pub(crate) fn encode<T: Serialize + ?Sized>(
     what: impl FnOnce() -> String,
     value: &T,
 ) -> Result<Vec<u8>, StoreError> {
-    rmp_serde::to_vec_named(value).map_err(|e| StoreError::Encode {
+    rmp_serde::to_vec_named(value).map_err(|source| StoreError::Encode {
         what: what(),
-        reason: e.to_string(),
+        source,
     })
 }
 
@@ -26,8 +26,8 @@ pub(crate) fn decode<T: DeserializeOwned>(
     key: &dyn Display,
     bytes: &[u8],
 ) -> Result<T, StoreError> {
-    rmp_serde::from_slice(bytes).map_err(|e| StoreError::Corrupt {
-        path: path.to_path_buf(),
-        reason: format!("table `{table}`, key {key}: cannot decode the value: {e}"),
+    rmp_serde::from_slice(bytes).map_err(|e| {
+        let reason = format!("table `{table}`, key {key}: cannot decode the value: {e}");
+        StoreError::corrupt_because(path, reason, e)
     })
 }

@@ -9,18 +9,28 @@
 //!
 //! It must not do anything else: no actors, no tasks, no decisions. It stores what the
 //! Controller gives it, in the order given, and reads back what was stored; only the
-//! Controller calls it. A file it cannot trust (a newer schema, not a redb file, corrupt)
-//! is reported as an error and is never overwritten.
+//! Controller calls it.
+//!
+//! A file it cannot trust is reported as an error and is never written, not by a byte:
+//! [`Store::open`] reads the whole file and checks it (schema version, every record
+//! decoded and validated) before it opens it for writing, through a read-only open, or,
+//! for a file not closed cleanly, through a recovery in memory; the checked snapshot is
+//! what it returns. A path that is not a regular file (a FIFO, a socket, a device) is
+//! refused before it is opened. Nothing panics on a damaged file: a panic of redb on one,
+//! at open, load or commit, is caught and reported as [`StoreError::Corrupt`]. A new
+//! checkpoint is created readable by its owner only (mode 0600 on Unix): it holds init
+//! args and user configs.
 
 mod batch;
 mod codec;
 mod error;
+mod scratch;
 mod snapshot;
 mod store;
 mod tables;
 
 pub use batch::Batch;
-pub use error::StoreError;
+pub use error::{CorruptCause, FileKind, StoreError};
 pub use snapshot::Snapshot;
 pub use store::{Store, StoreCounters};
 

@@ -1,4 +1,5 @@
-//! The store: a safe open, one read transaction per load, one write transaction per commit.
+//! The store: an open that checks before it writes, one read transaction per load, one
+//! write transaction per commit.
 
 use std::ffi::OsString;
 use std::fmt;
@@ -15,11 +16,13 @@ use redb::{
     Builder, Database, Durability, ReadOnlyTable, ReadTransaction, ReadableDatabase, ReadableTable,
     TableDefinition, TableError, TableHandle, WriteTransaction,
 };
+use serde::de::IgnoredAny;
 
 use crate::batch::{Batch, Op};
 use crate::codec::decode;
+use crate::scratch::Scratch;
 use crate::tables::{APPS, CONFIG, CONFIG_KEY, DEPLOYMENTS, META, SCHEMA_KEY};
-use crate::{SCHEMA_VERSION, Snapshot, StoreError};
+use crate::{FileKind, SCHEMA_VERSION, Snapshot, StoreError};
 
 /// What the store has written since it was opened.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -54,41 +57,71 @@ impl fmt::Debug for Store {
 }
 
 impl Store {
-    /// Open the checkpoint at `path`, creating it if it is missing.
+    /// Open the checkpoint at `path`, creating it if it is missing, and return it with
+    /// everything it holds, read and checked (what [`load`](Self::load) would return now).
     ///
-    /// A missing file is built under a temporary name in the same directory, stamped with
+    /// A path that names a FIFO, a socket, a device or a directory is
+    /// [`StoreError::NotAFile`], found from its metadata before anything opens it (opening
+    /// a FIFO would wait for a writer).
+    ///
+    /// A missing file is built under a temporary name in the same directory (on Unix with
+    /// mode 0600, readable by its owner only, from its creation), stamped with
     /// [`SCHEMA_VERSION`] in one write transaction, and then hard-linked into place, so
     /// `path` never names a half-made checkpoint (on a file system without hard links it
     /// is built in place). A crash while creating may leave the temporary
     /// `.<name>.creating-<pid>-<n>` behind; it is never read.
     ///
-    /// An existing file is first opened read-only, which writes nothing, and its schema
-    /// version checked: a file that is not a redb file (garbage, empty, truncated), is not
-    /// a Flotilla checkpoint, or has a newer schema is refused ([`StoreError::Corrupt`],
-    /// [`StoreError::SchemaTooNew`]) and left byte-for-byte as it was. Only then is it
-    /// opened for writing. A file another instance holds is [`StoreError::Locked`].
+    /// **A damaged file is never written.** An existing file is first opened read-only,
+    /// which writes nothing, and read whole in one read transaction: its schema version is
+    /// checked and every record decoded and validated, as [`load`](Self::load) does (the
+    /// config slot, whose type is the Controller's, is checked to be one MessagePack
+    /// value). A file that is not a redb file (garbage, empty, truncated), is not a
+    /// Flotilla checkpoint, has a page redb cannot read (it fails or panics on it), or
+    /// holds a record that does not decode or is not valid ([`StoreError::Corrupt`]), or
+    /// has a newer schema ([`StoreError::SchemaTooNew`]) is refused and left byte-for-byte
+    /// as it was. Only a file that passed every check is opened for writing, and the
+    /// snapshot the check read is the one returned: no record is read or validated twice.
+    /// A file another instance holds is [`StoreError::Locked`].
     ///
-    /// The one exception to "nothing is written before the check" is a file that was not
-    /// closed cleanly (its writer crashed): redb cannot read it without recovering it
-    /// first, which rewrites its header and allocator state, never its committed records.
-    /// Every commit records the allocator state (redb's quick repair), so that recovery
-    /// is quick.
+    /// A file that was not closed cleanly (its writer crashed) cannot be opened read-only:
+    /// redb refuses to read it before recovering it, and recovery writes. It is recovered
+    /// in memory instead, over the file (redb's writes are kept in memory and its reads
+    /// see them over the file's bytes; the file is not written), and checked there as
+    /// above. Only if it passes is it opened for writing, which recovers it on disk: redb
+    /// rewrites its header and allocator state (and may shorten the file's free tail),
+    /// never a committed record. Every commit records the allocator state (redb's quick
+    /// repair), so that recovery is quick; for such a file it runs twice, in memory and on
+    /// disk.
+    ///
+    /// The file is not locked between the check and the writable open, which checks the
+    /// schema version again but not the records: another instance that opened, changed and
+    /// closed the file in that moment would go unseen by the returned snapshot (two
+    /// instances on one file are otherwise refused with [`StoreError::Locked`]).
+    ///
+    /// A panic of redb on a damaged file, here or in any later call of the store, is
+    /// caught and is [`StoreError::Corrupt`].
     ///
     /// ```
     /// use flotilla_store::{Batch, Store};
     ///
     /// let dir = tempfile::tempdir().unwrap();
-    /// let store = Store::open(dir.path().join("checkpoint.redb")).unwrap();
+    /// let (store, snapshot) = Store::open(dir.path().join("checkpoint.redb")).unwrap();
+    /// assert!(snapshot.apps.is_empty());
     /// let mut batch = Batch::new();
     /// batch.put_config(&("my", "config")).unwrap();
     /// store.commit(&batch).unwrap();
     /// let config: Option<(String, String)> = store.load().unwrap().config().unwrap();
     /// assert_eq!(config.unwrap().0, "my");
     /// ```
-    pub fn open(path: impl AsRef<Path>) -> Result<Store, StoreError> {
+    pub fn open(path: impl AsRef<Path>) -> Result<(Store, Snapshot), StoreError> {
         let path = path.as_ref().to_path_buf();
+        // Looked at before anything opens it: opening a FIFO would wait for a writer.
         match fs::metadata(&path) {
-            Ok(_) => {}
+            Ok(meta) => {
+                if let Some(kind) = FileKind::of(meta.file_type()) {
+                    return Err(StoreError::NotAFile { path, kind });
+                }
+            }
             Err(e) if e.kind() == io::ErrorKind::NotFound => create(&path)?,
             Err(e) => return Err(StoreError::io(&path, e)),
         }
@@ -100,74 +133,23 @@ impl Store {
         &self.path
     }
 
-    /// Read everything the checkpoint holds, in one read transaction.
+    /// Read everything the checkpoint holds, in one read transaction, checked as
+    /// [`open`](Self::open) checks it (for a Controller that restarts on an open store).
     ///
-    /// A record that does not decode, or whose key does not match its content, is
-    /// [`StoreError::Corrupt`] naming the table and key.
+    /// A record that does not decode, is not valid, or whose key does not match its
+    /// content is [`StoreError::Corrupt`] naming the table and key; so is a damaged page
+    /// (on which redb may panic; the panic is caught).
     pub fn load(&self) -> Result<Snapshot, StoreError> {
-        let path = self.path.as_path();
-        let db = self.open_db();
-        let db = db.as_ref().ok_or_else(|| self.closed())?;
-        let txn = db
-            .begin_read()
-            .map_err(|e| StoreError::from_redb_transaction(path, e))?;
-        let storage = |e| StoreError::from_redb_storage(path, e);
-        let mut snapshot = Snapshot::default();
-
-        if let Some(apps) = open_read(path, &txn, APPS)? {
-            for entry in apps.iter().map_err(storage)? {
-                let (key, value) = entry.map_err(storage)?;
-                let name = key.value();
-                let key_shown = format_args!("{name:?}");
-                let record: AppRecord = decode(path, APPS.name(), &key_shown, value.value())?;
-                if record.spec.name.as_str() != name {
-                    return Err(StoreError::corrupt(
-                        path,
-                        format!(
-                            "table `apps`, key {name:?}: holds the record of application {:?}",
-                            record.spec.name.as_str()
-                        ),
-                    ));
-                }
-                // Decoded is not valid: a record no API call could have written
-                // (autoscaling bounds crossed, say) would fail the actors that run it.
-                record.spec.validate().map_err(|e| {
-                    StoreError::corrupt(path, format!("table `apps`, key {name:?}: {e}"))
-                })?;
-                snapshot.apps.push(record);
-            }
-        }
-
-        if let Some(deployments) = open_read(path, &txn, DEPLOYMENTS)? {
-            for entry in deployments.iter().map_err(storage)? {
-                let (key, value) = entry.map_err(storage)?;
-                let (app, dep) = key.value();
-                let key_shown = format_args!("({app:?}, {dep:?})");
-                let bad_key = |e: flotilla_core::Error| {
-                    StoreError::corrupt(path, format!("table `deployments`, key {key_shown}: {e}"))
-                };
-                let app_name = AppName::new(app).map_err(bad_key)?;
-                let dep_name = DeploymentName::new(dep).map_err(bad_key)?;
-                let record: DeploymentRecord =
-                    decode(path, DEPLOYMENTS.name(), &key_shown, value.value())?;
-                snapshot.deployments.push((app_name, dep_name, record));
-            }
-        }
-
-        if let Some(config) = open_read(path, &txn, CONFIG)? {
-            snapshot.config = config
-                .get(CONFIG_KEY)
-                .map_err(storage)?
-                .map(|v| v.value().to_vec());
-        }
-        Ok(snapshot)
+        self.with_db("reading", read_snapshot)
     }
 
     /// Write `batch` in one redb write transaction with immediate durability: when this
     /// returns `Ok`, the batch survives a crash. On `Err` nothing of it was written.
     ///
     /// An empty batch is a no-op: it opens no transaction and does not count as a commit
-    /// (nor does it consume a [`fail_next_commit`](Self::fail_next_commit)).
+    /// (nor does it consume a [`fail_next_commit`](Self::fail_next_commit)). A damaged
+    /// page met on the way is [`StoreError::Corrupt`] (a panic of redb is caught), and
+    /// the transaction is not committed.
     pub fn commit(&self, batch: &Batch) -> Result<(), StoreError> {
         if batch.is_empty() {
             return Ok(());
@@ -177,14 +159,13 @@ impl Store {
                 path: self.path.clone(),
             });
         }
-        let path = self.path.as_path();
-        let db = self.open_db();
-        let db = db.as_ref().ok_or_else(|| self.closed())?;
-        let txn = begin_write(path, db)?;
-        // On an error the transaction is dropped, which aborts it: nothing is written.
-        apply(path, &txn, batch)?;
-        txn.commit()
-            .map_err(|e| StoreError::from_redb_commit(path, e))?;
+        self.with_db("writing", |path, db| {
+            let txn = begin_write(path, db)?;
+            // On an error the transaction is dropped, which aborts it: nothing is written.
+            apply(path, &txn, batch)?;
+            txn.commit()
+                .map_err(|e| StoreError::from_redb_commit(path, e))
+        })?;
 
         let mut counters = self.counters.lock().unwrap_or_else(PoisonError::into_inner);
         counters.commits = counters.commits.saturating_add(1);
@@ -201,12 +182,41 @@ impl Store {
     }
 
     /// Close the file and release its lock now (later calls fail with
-    /// [`StoreError::Closed`]). Waits for a commit in progress to finish.
+    /// [`StoreError::Closed`]). Waits for a commit in progress to finish. Dropping the
+    /// store does the same.
     pub fn close(&self) {
         let mut db = self.db.write().unwrap_or_else(PoisonError::into_inner);
-        if db.take().is_some() {
-            tracing::debug!(path = %self.path.display(), "checkpoint closed");
+        if let Some(db) = db.take() {
+            match unpanicking(&self.path, "closing", || db.close()) {
+                Ok(Ok(())) => tracing::debug!(path = %self.path.display(), "checkpoint closed"),
+                Ok(Err(e)) => {
+                    let e = StoreError::from_redb_database(&self.path, e);
+                    tracing::warn!(error = %e, "closing the checkpoint");
+                }
+                Err(e) => tracing::warn!(error = %e, "closing the checkpoint"),
+            }
         }
+    }
+
+    /// The store over `db`, the open checkpoint at `path`.
+    fn with_database(path: PathBuf, db: Database) -> Store {
+        Store {
+            db: RwLock::new(Some(db)),
+            path,
+            fail_next: AtomicBool::new(false),
+            counters: Mutex::new(StoreCounters::default()),
+        }
+    }
+
+    /// Run `f` on the open database, turning a panic of redb into [`StoreError::Corrupt`].
+    fn with_db<T>(
+        &self,
+        doing: &str,
+        f: impl FnOnce(&Path, &Database) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let db = self.open_db();
+        let db = db.as_ref().ok_or_else(|| self.closed())?;
+        unpanicking(&self.path, doing, || f(&self.path, db))?
     }
 
     fn open_db(&self) -> RwLockReadGuard<'_, Option<Database>> {
@@ -230,6 +240,77 @@ impl Store {
     pub fn fail_next_commit(&self) {
         self.fail_next.store(true, Ordering::Relaxed);
     }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+/// Read the whole checkpoint in one read transaction, checking it: the schema version,
+/// and every record decoded and valid. What [`Store::open`] checks before it writes, and
+/// [`Store::load`] returns.
+fn read_snapshot(path: &Path, db: &impl ReadableDatabase) -> Result<Snapshot, StoreError> {
+    let txn = db
+        .begin_read()
+        .map_err(|e| StoreError::from_redb_transaction(path, e))?;
+    check_schema(path, schema_version(path, &txn)?)?;
+    let storage = |e| StoreError::from_redb_storage(path, e);
+    let mut snapshot = Snapshot::default();
+
+    if let Some(apps) = open_read(path, &txn, APPS)? {
+        for entry in apps.iter().map_err(storage)? {
+            let (key, value) = entry.map_err(storage)?;
+            let name = key.value();
+            let key_shown = format_args!("{name:?}");
+            let record: AppRecord = decode(path, APPS.name(), &key_shown, value.value())?;
+            if record.spec.name.as_str() != name {
+                return Err(StoreError::corrupt(
+                    path,
+                    format!(
+                        "table `apps`, key {name:?}: holds the record of application {:?}",
+                        record.spec.name.as_str()
+                    ),
+                ));
+            }
+            // Decoded is not valid: a record no API call could have written
+            // (autoscaling bounds crossed, say) would fail the actors that run it.
+            record.spec.validate().map_err(|e| {
+                let reason = format!("table `apps`, key {name:?}: {e}");
+                StoreError::corrupt_because(path, reason, e)
+            })?;
+            snapshot.apps.push(record);
+        }
+    }
+
+    if let Some(deployments) = open_read(path, &txn, DEPLOYMENTS)? {
+        for entry in deployments.iter().map_err(storage)? {
+            let (key, value) = entry.map_err(storage)?;
+            let (app, dep) = key.value();
+            let key_shown = format_args!("({app:?}, {dep:?})");
+            let bad_key = |e: flotilla_core::Error| {
+                let reason = format!("table `deployments`, key {key_shown}: {e}");
+                StoreError::corrupt_because(path, reason, e)
+            };
+            let app_name = AppName::new(app).map_err(bad_key)?;
+            let dep_name = DeploymentName::new(dep).map_err(bad_key)?;
+            let record: DeploymentRecord =
+                decode(path, DEPLOYMENTS.name(), &key_shown, value.value())?;
+            snapshot.deployments.push((app_name, dep_name, record));
+        }
+    }
+
+    if let Some(config) = open_read(path, &txn, CONFIG)?
+        && let Some(value) = config.get(CONFIG_KEY).map_err(storage)?
+    {
+        let bytes = value.value();
+        // Its type is the Controller's (Snapshot::config decodes it), but whatever the
+        // type, the value is one MessagePack value.
+        let _: IgnoredAny = decode(path, CONFIG.name(), &format_args!("{CONFIG_KEY:?}"), bytes)?;
+        snapshot.config = Some(bytes.to_vec());
+    }
+    Ok(snapshot)
 }
 
 /// Apply the batch's operations, in order, inside `txn`.
@@ -324,13 +405,10 @@ fn create(path: &Path) -> Result<(), StoreError> {
         NEXT.fetch_add(1, Ordering::Relaxed)
     ));
     let tmp = dir.join(tmp_name);
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .open(&tmp)
-        .map_err(|e| StoreError::io(path, e))?;
-    let linked = initialise(path, file).map(|()| fs::hard_link(&tmp, path));
+    let file = create_new(&tmp).map_err(|e| StoreError::io(path, e))?;
+    let linked = unpanicking(path, "creating", || initialise(path, file))
+        .and_then(|r| r)
+        .map(|()| fs::hard_link(&tmp, path));
     if let Err(e) = fs::remove_file(&tmp) {
         tracing::warn!(file = %tmp.display(), error = %e, "cannot remove the temporary checkpoint");
     }
@@ -344,14 +422,9 @@ fn create(path: &Path) -> Result<(), StoreError> {
         // A file system without hard links: create the file in place instead.
         Err(e) => {
             tracing::debug!(error = %e, "cannot link the new checkpoint into place; creating it in place");
-            match OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create_new(true)
-                .open(path)
-            {
+            match create_new(path) {
                 Ok(file) => {
-                    initialise(path, file)?;
+                    unpanicking(path, "creating", || initialise(path, file))??;
                     sync_dir(path, dir)
                 }
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
@@ -359,6 +432,17 @@ fn create(path: &Path) -> Result<(), StoreError> {
             }
         }
     }
+}
+
+/// Create a file that must not exist yet, for reading and writing. On Unix it is made
+/// with mode 0600 (before the umask) from the start, before anything is written: a
+/// checkpoint holds init args and user configs.
+fn create_new(path: &Path) -> io::Result<File> {
+    let mut options = OpenOptions::new();
+    options.read(true).write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    options.open(path)
 }
 
 /// The directory holding `path`: its parent, or "." for a bare file name.
@@ -403,26 +487,10 @@ fn initialise(path: &Path, file: File) -> Result<(), StoreError> {
     db.close().map_err(db_err)
 }
 
-/// Open an existing checkpoint: check it read-only, then open it for writing.
-fn open_existing(path: PathBuf) -> Result<Store, StoreError> {
-    match unpanicking(&path, || Builder::new().open_read_only(&path))? {
-        Ok(read_only) => {
-            let found = schema_version(&path, &read_only);
-            if let Err(e) = read_only.close() {
-                tracing::debug!(error = %e, "closing the read-only look at the checkpoint");
-            }
-            check_schema(&path, found?)?;
-        }
-        // The file needs recovery, which only a writable open does; the schema is checked
-        // right after it.
-        Err(redb::DatabaseError::RepairAborted) => {
-            tracing::warn!(
-                checkpoint = %path.display(),
-                "the checkpoint was not closed cleanly; recovering it"
-            );
-        }
-        Err(e) => return Err(StoreError::from_redb_database(&path, e)),
-    }
+/// Open an existing checkpoint: read and check it without writing, then open it for
+/// writing.
+fn open_existing(path: PathBuf) -> Result<(Store, Snapshot), StoreError> {
+    let snapshot = check_without_writing(&path)?;
 
     let mut builder = Builder::new();
     let shown = path.display().to_string();
@@ -433,37 +501,84 @@ fn open_existing(path: PathBuf) -> Result<Store, StoreError> {
             "repairing the checkpoint"
         );
     });
-    let db = unpanicking(&path, || builder.open(&path))?
+    let db = unpanicking(&path, "opening", || builder.open(&path))?
         .map_err(|e| StoreError::from_redb_database(&path, e))?;
-    // Checked again: this covers a recovered file, and any change between the two opens.
-    check_schema(&path, schema_version(&path, &db)?)?;
-    Ok(Store {
-        db: RwLock::new(Some(db)),
-        path,
-        fail_next: AtomicBool::new(false),
-        counters: Mutex::new(StoreCounters::default()),
-    })
+    let store = Store::with_database(path, db);
+    // Checked again (one key): this covers a change between the two opens.
+    store.with_db("reading", |path, db| {
+        let txn = db
+            .begin_read()
+            .map_err(|e| StoreError::from_redb_transaction(path, e))?;
+        check_schema(path, schema_version(path, &txn)?)
+    })?;
+    Ok((store, snapshot))
 }
 
-/// Run a redb open, turning a panic (redb may panic on a file damaged outside redb) into
-/// [`StoreError::Corrupt`].
-fn unpanicking<T>(path: &Path, f: impl FnOnce() -> T) -> Result<T, StoreError> {
+/// Read and check the whole file ([`read_snapshot`]) without writing a byte of it: through
+/// a read-only open, or, for a file that needs recovery (which a read-only open refuses),
+/// through a recovery in memory.
+fn check_without_writing(path: &Path) -> Result<Snapshot, StoreError> {
+    match unpanicking(path, "opening", || Builder::new().open_read_only(path))? {
+        Ok(read_only) => {
+            let snapshot = unpanicking(path, "reading", || read_snapshot(path, &read_only));
+            let closed = unpanicking(path, "closing", || read_only.close())
+                .and_then(|r| r.map_err(|e| StoreError::from_redb_database(path, e)));
+            if let Err(e) = closed {
+                tracing::debug!(error = %e, "closing the read-only look at the checkpoint");
+            }
+            snapshot?
+        }
+        Err(redb::DatabaseError::RepairAborted) => {
+            tracing::warn!(
+                checkpoint = %path.display(),
+                "the checkpoint was not closed cleanly; checking it before recovering it"
+            );
+            check_unclean(path)
+        }
+        Err(e) => Err(StoreError::from_redb_database(path, e)),
+    }
+}
+
+/// [`check_without_writing`] for a file that was not closed cleanly: redb recovers it over
+/// a [`Scratch`], which keeps every write in memory, and it is read there.
+fn check_unclean(path: &Path) -> Result<Snapshot, StoreError> {
+    // Opened for writing, never written: redb's exclusive lock on it needs a writable
+    // handle (and a writable open would follow anyway).
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .map_err(|e| StoreError::io(path, e))?;
+    let scratch = Scratch::new(file).map_err(|e| StoreError::io(path, e))?;
+    let db = unpanicking(path, "recovering", || {
+        Builder::new().create_with_backend(scratch)
+    })?
+    .map_err(|e| StoreError::from_redb_database(path, e))?;
+    let snapshot = unpanicking(path, "reading", || read_snapshot(path, &db));
+    if let Err(e) = unpanicking(path, "closing", || drop(db)) {
+        tracing::debug!(error = %e, "closing the in-memory recovery of the checkpoint");
+    }
+    snapshot?
+}
+
+/// Run `f`, a call into redb, turning a panic (redb may panic on a file damaged outside
+/// redb) into [`StoreError::Corrupt`]; `doing` says what it was doing ("reading").
+///
+/// redb stays usable after a panic (it marks what it could not finish for repair).
+fn unpanicking<T>(path: &Path, doing: &str, f: impl FnOnce() -> T) -> Result<T, StoreError> {
     panic::catch_unwind(AssertUnwindSafe(f)).map_err(|payload| {
         let message = payload
             .downcast_ref::<&str>()
             .map(|s| (*s).to_owned())
             .or_else(|| payload.downcast_ref::<String>().cloned())
             .unwrap_or_else(|| "unknown panic".to_owned());
-        StoreError::corrupt(path, format!("redb failed reading the file: {message}"))
+        StoreError::corrupt(path, format!("redb failed {doing} the file: {message}"))
     })
 }
 
 /// The schema version stamped in the file.
-fn schema_version(path: &Path, db: &impl ReadableDatabase) -> Result<u32, StoreError> {
-    let txn = db
-        .begin_read()
-        .map_err(|e| StoreError::from_redb_transaction(path, e))?;
-    let Some(meta) = open_read(path, &txn, META)? else {
+fn schema_version(path: &Path, txn: &ReadTransaction) -> Result<u32, StoreError> {
+    let Some(meta) = open_read(path, txn, META)? else {
         return Err(StoreError::corrupt(
             path,
             "a redb file without table `meta`, so not a Flotilla checkpoint",
@@ -500,8 +615,102 @@ fn check_schema(path: &Path, found: u32) -> Result<(), StoreError> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
+    use flotilla_core::{ApiType, ApplicationSpec, DeploymentSpec};
+
     use super::*;
+
+    const NEEDLE: &str = "needle-app";
+
+    fn record(name: &str, generation: u64) -> AppRecord {
+        AppRecord {
+            spec: ApplicationSpec::builder(name)
+                .deployment(DeploymentSpec::builder("front", "test::Echo"))
+                .build()
+                .unwrap(),
+            generation,
+            deleting: false,
+            api_type: ApiType::Imperative,
+            config: None,
+            deployed_at: None,
+        }
+    }
+
+    /// A checkpoint holding application [`NEEDLE`], whose leaf page (the one leaf holding
+    /// the name) is then damaged by writing `patch` at `offset` of the page; and a store
+    /// opened on it for writing without the open's checks, as if the damage had happened
+    /// after the open (through the API, the open's checks read every page first).
+    fn store_on_a_damaged_leaf(offset: usize, patch: &[u8]) -> (tempfile::TempDir, Store) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.redb");
+        let (store, _) = Store::open(&path).unwrap();
+        let mut batch = Batch::new();
+        batch.put_app(&record(NEEDLE, 1)).unwrap();
+        store.commit(&batch).unwrap();
+        drop(store);
+
+        let mut bytes = fs::read(&path).unwrap();
+        let leaves: Vec<usize> = (0..bytes.len() / 4096)
+            .map(|i| i * 4096)
+            .filter(|&at| {
+                bytes[at] == 1
+                    && bytes[at..at + 4096]
+                        .windows(NEEDLE.len())
+                        .any(|w| w == NEEDLE.as_bytes())
+            })
+            .collect();
+        assert_eq!(leaves.len(), 1, "{leaves:?}");
+        bytes[leaves[0] + offset..][..patch.len()].copy_from_slice(patch);
+        fs::write(&path, &bytes).unwrap();
+
+        let db = Builder::new().open(&path).unwrap();
+        (dir, Store::with_database(path, db))
+    }
+
+    /// Damage to a leaf page on which redb panics: (what, offset in the page, bytes).
+    const LEAF_DAMAGE: [(&str, usize, &[u8]); 3] = [
+        ("entry count", 2, &[0xff, 0xff]),
+        ("first key's end", 4, &[0xff, 0xff, 0, 0]),
+        ("first value's end", 8, &[0xff, 0xff, 0xff, 0x7f]),
+    ];
+
+    #[test]
+    fn a_damaged_page_met_by_load_is_corrupt_not_a_panic() {
+        for (what, offset, patch) in LEAF_DAMAGE {
+            let (_dir, store) = store_on_a_damaged_leaf(offset, patch);
+            let err = store.load().unwrap_err();
+            assert!(matches!(err, StoreError::Corrupt { .. }), "{what}: {err:?}");
+            let message = err.to_string();
+            assert!(
+                message.contains(&store.path().display().to_string())
+                    && message.contains("redb failed reading the file"),
+                "{what}: {message}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_damaged_page_met_by_commit_is_corrupt_not_a_panic() {
+        for (what, offset, patch) in LEAF_DAMAGE {
+            let (_dir, store) = store_on_a_damaged_leaf(offset, patch);
+            let mut batch = Batch::new();
+            batch.put_app(&record(NEEDLE, 2)).unwrap();
+            batch.put_app(&record("another", 1)).unwrap();
+            let err = store.commit(&batch).unwrap_err();
+            assert!(matches!(err, StoreError::Corrupt { .. }), "{what}: {err:?}");
+            assert!(
+                err.to_string().contains("redb failed writing the file"),
+                "{what}: {err}"
+            );
+            assert_eq!(store.counters().commits, 0, "{what}");
+            // The store is still usable, and says so again.
+            assert!(
+                matches!(store.load(), Err(StoreError::Corrupt { .. })),
+                "{what}"
+            );
+        }
+    }
 
     #[test]
     fn the_directory_of_a_bare_file_name_is_the_current_one() {

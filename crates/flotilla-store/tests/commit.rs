@@ -9,7 +9,7 @@ use flotilla_store::{Batch, Store, StoreCounters, StoreError};
 #[test]
 fn a_commit_counts_exactly_its_keys_and_bytes() {
     let (_dir, path) = temp_checkpoint();
-    let store = Store::open(&path).unwrap();
+    let store = Store::open(&path).unwrap().0;
 
     let shop = app_record("shop", 1);
     let shop_bytes = rmp_serde::to_vec_named(&shop).unwrap().len() as u64;
@@ -62,7 +62,7 @@ fn a_commit_counts_exactly_its_keys_and_bytes() {
 #[test]
 fn an_empty_batch_is_not_a_commit() {
     let (_dir, path) = temp_checkpoint();
-    let store = Store::open(&path).unwrap();
+    let store = Store::open(&path).unwrap().0;
     let empty = Batch::new();
     assert!(empty.is_empty());
     assert_eq!(empty.len(), 0);
@@ -73,7 +73,7 @@ fn an_empty_batch_is_not_a_commit() {
 #[test]
 fn a_thousand_applications_are_one_commit() {
     let (_dir, path) = temp_checkpoint();
-    let store = Store::open(&path).unwrap();
+    let store = Store::open(&path).unwrap().0;
     let mut batch = Batch::new();
     let mut expected_bytes = 0u64;
     for i in 0..1000 {
@@ -101,7 +101,7 @@ fn a_thousand_applications_are_one_commit() {
 #[test]
 fn delete_app_removes_its_deployments_and_no_one_elses() {
     let (_dir, path) = temp_checkpoint();
-    let store = Store::open(&path).unwrap();
+    let store = Store::open(&path).unwrap().0;
     // Names that sort right around "a": prefixes, extensions and neighbours.
     let apps = ["-", "A", "_", "a", "a-b", "a.", "a0", "aa", "ab", "b"];
     let mut batch = Batch::new();
@@ -158,7 +158,7 @@ fn delete_app_removes_its_deployments_and_no_one_elses() {
 #[test]
 fn an_injected_failure_writes_nothing_and_the_next_commit_works() {
     let (_dir, path) = temp_checkpoint();
-    let store = Store::open(&path).unwrap();
+    let store = Store::open(&path).unwrap().0;
     let mut first = Batch::new();
     first.put_app(&app_record("shop", 1)).unwrap();
     first
@@ -202,7 +202,7 @@ fn an_injected_failure_writes_nothing_and_the_next_commit_works() {
 
     // And it survives a reopen exactly as loaded.
     drop(store);
-    let reopened = Store::open(&path).unwrap().load().unwrap();
+    let reopened = Store::open(&path).unwrap().0.load().unwrap();
     assert_eq!(reopened.apps, done.apps);
 }
 
@@ -218,8 +218,9 @@ fn an_encoding_error_is_reported_by_the_batch_and_leaves_it_unchanged() {
     batch.put_config(&1u32).unwrap();
     let err = batch.put_config(&Unencodable).unwrap_err();
     match &err {
-        StoreError::Encode { what, reason } => {
+        StoreError::Encode { what, source } => {
             assert!(what.contains("config"), "{what}");
+            let reason = source.to_string();
             assert!(reason.contains("refuses to be encoded"), "{reason}");
         }
         other => panic!("{other:?}"),
@@ -228,12 +229,36 @@ fn an_encoding_error_is_reported_by_the_batch_and_leaves_it_unchanged() {
 }
 
 #[test]
+fn an_encoding_error_keeps_rmp_serde_s_error_as_its_source() {
+    struct Unencodable;
+    impl serde::Serialize for Unencodable {
+        fn serialize<S: serde::Serializer>(&self, _: S) -> Result<S::Ok, S::Error> {
+            Err(serde::ser::Error::custom("refuses to be encoded"))
+        }
+    }
+    let err = Batch::new().put_config(&Unencodable).unwrap_err();
+    let source = std::error::Error::source(&err)
+        .and_then(|s| s.downcast_ref::<rmp_serde::encode::Error>())
+        .unwrap_or_else(|| panic!("no rmp-serde source: {err:?}"));
+    assert!(
+        source.to_string().contains("refuses to be encoded"),
+        "{source}"
+    );
+    // The message still says what was being encoded, and why it failed.
+    let message = err.to_string();
+    assert!(
+        message.contains("config") && message.contains("refuses to be encoded"),
+        "{message}"
+    );
+}
+
+#[test]
 fn the_store_is_shared_across_threads() {
     fn assert_send_sync<T: Send + Sync>() {}
     assert_send_sync::<Store>();
 
     let (_dir, path) = temp_checkpoint();
-    let store = std::sync::Arc::new(Store::open(&path).unwrap());
+    let store = std::sync::Arc::new(Store::open(&path).unwrap().0);
     let handles: Vec<_> = (0..4)
         .map(|t| {
             let store = store.clone();
@@ -257,7 +282,7 @@ fn the_store_is_shared_across_threads() {
 fn a_closed_store_releases_its_file_and_refuses_calls() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("c.redb");
-    let store = flotilla_store::Store::open(&path).unwrap();
+    let store = flotilla_store::Store::open(&path).unwrap().0;
     store.close();
     assert!(matches!(
         store.load(),
@@ -270,6 +295,6 @@ fn a_closed_store_releases_its_file_and_refuses_calls() {
         Err(flotilla_store::StoreError::Closed { .. })
     ));
     // The lock is gone: the same file opens again while `store` is still alive.
-    let again = flotilla_store::Store::open(&path).unwrap();
+    let again = flotilla_store::Store::open(&path).unwrap().0;
     again.load().unwrap();
 }

@@ -41,7 +41,7 @@ fn insert_raw<'k, 'v, K: redb::Key + 'static, V: redb::Value + 'static>(
 
 /// A checkpoint with one application in it, closed cleanly.
 fn written_checkpoint(path: &Path) {
-    let store = Store::open(path).unwrap();
+    let store = Store::open(path).unwrap().0;
     let mut batch = Batch::new();
     batch.put_app(&app_record("shop", 1)).unwrap();
     store.commit(&batch).unwrap();
@@ -50,7 +50,7 @@ fn written_checkpoint(path: &Path) {
 #[test]
 fn open_creates_the_file_and_leaves_nothing_else() {
     let (dir, path) = temp_checkpoint();
-    let store = Store::open(&path).unwrap();
+    let store = Store::open(&path).unwrap().0;
     assert!(path.is_file());
     assert_eq!(dir_listing(dir.path()), vec!["checkpoint.redb"]);
     drop(store);
@@ -78,7 +78,7 @@ fn concurrent_opens_of_a_new_file_give_one_store() {
                 .map(|_| {
                     s.spawn(|| {
                         barrier.wait();
-                        Store::open(&path)
+                        Store::open(&path).map(|(store, _)| store)
                     })
                 })
                 .collect();
@@ -99,7 +99,7 @@ fn concurrent_opens_of_a_new_file_give_one_store() {
 #[test]
 fn a_second_open_is_locked_and_names_the_file() {
     let (_dir, path) = temp_checkpoint();
-    let store = Store::open(&path).unwrap();
+    let store = Store::open(&path).unwrap().0;
     let err = Store::open(&path).unwrap_err();
     assert!(
         matches!(&err, StoreError::Locked { path: p } if *p == path),
@@ -116,7 +116,7 @@ fn a_second_open_is_locked_and_names_the_file() {
     batch.put_app(&app_record("shop", 1)).unwrap();
     store.commit(&batch).unwrap();
     drop(store);
-    assert_eq!(Store::open(&path).unwrap().load().unwrap().apps.len(), 1);
+    assert_eq!(Store::open(&path).unwrap().0.load().unwrap().apps.len(), 1);
 }
 
 #[test]
@@ -128,7 +128,7 @@ fn a_file_open_in_redb_elsewhere_is_locked_and_untouched() {
     assert!(matches!(err, StoreError::Locked { .. }), "{err:?}");
     // The holder's file was not touched by the refused open.
     drop(holder);
-    assert_eq!(Store::open(&path).unwrap().load().unwrap().apps.len(), 1);
+    assert_eq!(Store::open(&path).unwrap().0.load().unwrap().apps.len(), 1);
 }
 
 #[test]
@@ -217,8 +217,8 @@ fn an_undecodable_record_is_corrupt_naming_table_and_key() {
     let db = redb::Database::open(&path).unwrap();
     let apps = redb::TableDefinition::<&str, &[u8]>::new("apps");
     insert_raw(db, apps, "broken", [0xc1u8].as_slice());
-    let store = Store::open(&path).unwrap();
-    let err = store.load().unwrap_err();
+    // Found by the open, which reads every record before it writes anything.
+    let err = refused(&path);
     assert!(matches!(err, StoreError::Corrupt { .. }), "{err:?}");
     let message = err.to_string();
     assert!(
@@ -243,7 +243,8 @@ fn a_decodable_but_invalid_record_is_corrupt_naming_table_key_and_field() {
     let db = redb::Database::open(&path).unwrap();
     let apps = redb::TableDefinition::<&str, &[u8]>::new("apps");
     insert_raw(db, apps, "crossed", bytes.as_slice());
-    let err = Store::open(&path).unwrap().load().unwrap_err();
+    // Found by the open, which validates every record before it writes anything.
+    let err = refused(&path);
     assert!(matches!(err, StoreError::Corrupt { .. }), "{err:?}");
     let message = err.to_string();
     assert!(
@@ -272,7 +273,13 @@ fn a_directory_is_refused() {
     let (dir, _) = temp_checkpoint();
     let err = Store::open(dir.path()).unwrap_err();
     assert!(
-        matches!(err, StoreError::Io { .. } | StoreError::Corrupt { .. }),
+        matches!(
+            err,
+            StoreError::NotAFile {
+                kind: flotilla_store::FileKind::Directory,
+                ..
+            }
+        ),
         "{err:?}"
     );
 }

@@ -73,7 +73,7 @@ fn assert_shop_now(snapshot: &Snapshot, generation: u64, deployment: &str, repli
 /// A new store with [`everything`] committed (and the directory holding it).
 fn store_with_everything() -> (tempfile::TempDir, Store) {
     let (dir, path) = temp_checkpoint();
-    let store = Store::open(&path).unwrap();
+    let store = Store::open(&path).unwrap().0;
     store.commit(&everything()).unwrap();
     (dir, store)
 }
@@ -81,7 +81,7 @@ fn store_with_everything() -> (tempfile::TempDir, Store) {
 #[test]
 fn a_new_store_is_empty() {
     let (_dir, path) = temp_checkpoint();
-    let store = Store::open(&path).unwrap();
+    let store = Store::open(&path).unwrap().0;
     assert_eq!(store.path(), path.as_path());
     let snapshot = store.load().unwrap();
     assert!(snapshot.apps.is_empty());
@@ -101,16 +101,16 @@ fn every_record_type_round_trips_through_commit_and_load() {
 fn every_record_type_survives_close_and_reopen() {
     let (_dir, path) = temp_checkpoint();
     {
-        let store = Store::open(&path).unwrap();
+        let store = Store::open(&path).unwrap().0;
         store.commit(&everything()).unwrap();
     }
-    let store = Store::open(&path).unwrap();
+    let store = Store::open(&path).unwrap().0;
     assert_everything(&store.load().unwrap());
     // A reopened store counts from zero.
     assert_eq!(store.counters().commits, 0);
     drop(store);
     // And once more, after a reopen that wrote nothing.
-    assert_everything(&Store::open(&path).unwrap().load().unwrap());
+    assert_everything(&Store::open(&path).unwrap().0.load().unwrap());
 }
 
 #[test]
@@ -160,7 +160,7 @@ fn operations_apply_in_batch_order() {
 #[test]
 fn a_config_of_the_wrong_type_is_corrupt_naming_the_slot() {
     let (_dir, path) = temp_checkpoint();
-    let store = Store::open(&path).unwrap();
+    let store = Store::open(&path).unwrap().0;
     let mut batch = Batch::new();
     batch.put_config(&"just a string").unwrap();
     store.commit(&batch).unwrap();
@@ -174,4 +174,32 @@ fn a_config_of_the_wrong_type_is_corrupt_naming_the_slot() {
         message.contains("`config`") && message.contains("last_applied"),
         "{message}"
     );
+}
+
+#[test]
+fn a_config_that_does_not_decode_keeps_rmp_serde_s_error_as_its_source() {
+    let (_dir, path) = temp_checkpoint();
+    let store = Store::open(&path).unwrap().0;
+    let mut batch = Batch::new();
+    batch.put_config(&"just a string").unwrap();
+    store.commit(&batch).unwrap();
+    let err = store.load().unwrap().config::<TestConfig>().unwrap_err();
+    let source =
+        std::error::Error::source(&err).and_then(|s| s.downcast_ref::<rmp_serde::decode::Error>());
+    assert!(source.is_some(), "no rmp-serde source: {err:?}");
+}
+
+#[test]
+fn the_open_returns_what_load_reads() {
+    let (_dir, path) = temp_checkpoint();
+    {
+        let (store, _) = Store::open(&path).unwrap();
+        store.commit(&everything()).unwrap();
+    }
+    let (store, snapshot) = Store::open(&path).unwrap();
+    assert_everything(&snapshot);
+    let loaded = store.load().unwrap();
+    assert_eq!(snapshot.apps, loaded.apps);
+    assert_eq!(snapshot.deployments, loaded.deployments);
+    assert_eq!(snapshot.config, loaded.config);
 }

@@ -34,10 +34,14 @@
 mod logging;
 mod serve;
 
+pub use flotilla_cluster::{
+    Cluster, ClusterEvent, DEFAULT_LOCAL_CAPACITY, DeploymentKey, LOCAL_NODE, LocalCluster, NodeId,
+    NodePool, NodeSpec, PLACEMENT_RETRY, PlacementRequest, PoolNode, Refusal, StaticCluster,
+};
 pub use flotilla_controller::LogSettings;
 pub use flotilla_controller::{
-    BUILD_TIMEOUT, BuildError, ControllerSnapshot, Route, RouteTable, ServeError, StatusBoard,
-    WallClock,
+    BUILD_TIMEOUT, BuildError, ControllerSnapshot, FileKind, Route, RouteTable, ServeError,
+    StatusBoard, StoreCounters, StoreError, WallClock,
 };
 pub use flotilla_core::{
     ApiType, AppConfig, AppName, ApplicationSpec, ApplicationSpecBuilder, ApplicationStatus,
@@ -47,15 +51,11 @@ pub use flotilla_core::{
     LoggingConfig, MAX_REPLICAS, ReplicaCount, ReplicaState, Resources, RolloutConfig, RoutePrefix,
     ServeConfig, StatusTrigger,
 };
-pub use flotilla_deployment::{
-    Cluster, ClusterEvent, DEFAULT_LOCAL_CAPACITY, DeploymentKey, DeploymentSnapshot,
-    DeploymentTarget, LOCAL_NODE, LocalCluster, NodeId, NodePool, NodeSpec, PlacementRequest,
-    PoolNode, Refusal, ReplicaInfo, StateCount, StaticCluster,
-};
+pub use flotilla_deployment::{DeploymentSnapshot, DeploymentTarget, ReplicaInfo, StateCount};
 pub use flotilla_replica::{
     CallError, Deployment, DeploymentHandle, InitContext, Registry, ReplicaEndpoint, ReplicaId,
-    UserError, groups, supervision::RestartPolicy,
+    UserError,
 };
-pub use flotilla_store::{FileKind, Store, StoreCounters, StoreError};
+pub use flotilla_supervision::RestartPolicy;
 pub use logging::{ACCESS_TARGET, AppLogLayer};
-pub use serve::{Metrics, RunManyOptions, Serve, ServeOptions};
+pub use serve::{LivingReplica, Metrics, RunManyOptions, Serve, ServeOptions};

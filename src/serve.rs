@@ -9,19 +9,18 @@ use std::{
     time::SystemTime,
 };
 
+use flotilla_cluster::{Cluster, LocalCluster};
 use flotilla_controller::{
-    ControllerArgs, ControllerMsg, ControllerSnapshot, LogSettings, Preloaded, RouteTable,
-    ServeError, StatusBoard, Supervisor, SupervisorArgs, SupervisorMsg, WallClock,
+    Checkpoint, CheckpointCloser, ControllerArgs, ControllerMsg, ControllerSnapshot, LogSettings,
+    Preloaded, RouteTable, ServeError, StatusBoard, StoreCounters, Supervisor, SupervisorArgs,
+    SupervisorMsg, WallClock,
 };
 use flotilla_core::{
     ApiType, AppName, ApplicationSpec, ApplicationStatus, ApplicationStatusInfo, Faults,
     ServeConfig, naming,
 };
-use flotilla_deployment::{Cluster, LocalCluster};
-use flotilla_replica::{
-    DeploymentHandle, Directory, Registry, ReplicaId, groups, supervision::RestartPolicy,
-};
-use flotilla_store::{Store, StoreCounters};
+use flotilla_replica::{DeploymentHandle, Directory, Registry, ReplicaId};
+use flotilla_supervision::{RestartPolicy, groups};
 use ractor::{Actor, ActorRef, RpcReplyPort, rpc::CallResult};
 use tokio::sync::watch;
 
@@ -109,6 +108,17 @@ impl Default for RunManyOptions {
     }
 }
 
+/// One living replica actor, as [`Serve::living_replicas`] lists it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct LivingReplica {
+    /// Its application.
+    pub app: AppName,
+    /// Its deployment.
+    pub deployment: flotilla_core::DeploymentName,
+    /// Its id (for [`Serve::crash_replica`]).
+    pub id: ReplicaId,
+}
+
 /// Counters for tests, benchmarks and operators.
 #[derive(Debug, Clone, Default)]
 pub struct Metrics {
@@ -127,7 +137,9 @@ pub struct Metrics {
 struct Inner {
     ns: String,
     supervisor: ActorRef<SupervisorMsg>,
-    store: Arc<Store>,
+    /// Closes the checkpoint when the instance dies without the Controller's
+    /// goodbye; the Controller alone reads and writes it.
+    checkpoint: CheckpointCloser,
     board: StatusBoard,
     route_table: RouteTable,
     directory: Directory,
@@ -165,7 +177,7 @@ impl Inner {
             cell.kill();
         }
         self.directory.shut_down();
-        self.store.close();
+        self.checkpoint.close();
         cells
     }
 }
@@ -210,8 +222,8 @@ impl Serve {
         }
         // Fail before spawning anything if the checkpoint cannot be read; the open reads
         // and checks all of it, and the Controller starts from what it read.
-        let (store, snapshot) = Store::open(&options.store_path)?;
-        let store = Arc::new(store);
+        let (checkpoint, snapshot) = Checkpoint::open(&options.store_path)?;
+        let closer = checkpoint.closer();
         let preloaded = Preloaded::new(snapshot);
         let ns = options
             .namespace
@@ -223,7 +235,7 @@ impl Serve {
         let args = SupervisorArgs {
             controller: ControllerArgs {
                 ns: ns.clone(),
-                store: store.clone(),
+                checkpoint,
                 registry: options.registry,
                 directory: directory.clone(),
                 cluster: options.cluster,
@@ -244,7 +256,7 @@ impl Serve {
             inner: Arc::new(Inner {
                 ns,
                 supervisor,
-                store,
+                checkpoint: closer,
                 board,
                 route_table,
                 directory,
@@ -555,7 +567,7 @@ impl Serve {
             }
         }
         Ok(Metrics {
-            store: self.inner.store.counters(),
+            store: controller.store,
             controller,
             controller_restarts: restarts,
             deployments,
@@ -639,7 +651,27 @@ impl Serve {
             let _ = cell.wait(None).await;
         }
         self.inner.directory.shut_down();
-        self.inner.store.close();
+        self.inner.checkpoint.close();
+    }
+
+    /// Every living replica of this instance, sorted (for fault injection with
+    /// [`crash_replica`](Self::crash_replica), and orphan checks).
+    pub fn living_replicas(&self) -> Vec<LivingReplica> {
+        let ns = &self.inner.ns;
+        let mut found: Vec<LivingReplica> = groups::with_prefix(&naming::namespace_prefix(ns))
+            .into_iter()
+            .flat_map(|(_, members)| members)
+            .filter_map(|cell| {
+                let (app, deployment, id) = naming::parse_replica(ns, &cell.get_name()?)?;
+                Some(LivingReplica {
+                    app,
+                    deployment,
+                    id: ReplicaId(id),
+                })
+            })
+            .collect();
+        found.sort();
+        found
     }
 
     /// Actors of this instance still alive in process groups (deployment actors and
@@ -661,9 +693,12 @@ impl Serve {
         &self.inner.ns
     }
 
-    /// Make the next store commit fail (fault injection).
+    /// Make the next checkpoint commit fail (fault injection): the call that
+    /// needed it answers the store's error, and nothing of it is written.
     pub fn fail_next_commit(&self) {
-        self.inner.store.fail_next_commit();
+        self.inner
+            .faults
+            .arm(flotilla_core::FaultPoint::CommitFails, 1);
     }
 
     /// Resolves when the Supervisor gives up (restarts came too fast), with why.

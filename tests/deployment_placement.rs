@@ -11,7 +11,7 @@ use std::{
 };
 
 use flotilla::{ApplicationStatus as A, DeploymentStatus, ReplicaState as R, Resources};
-use flotilla_deployment::{DeploymentSnapshot, NodeSpec, StaticCluster};
+use flotilla::{DeploymentSnapshot, NodeSpec, StaticCluster};
 use support::{
     ProbeArgs, Switches, app_of, no_wait, observe, probe, start_fresh, start_on, tag,
     wait_snapshot, wait_status,

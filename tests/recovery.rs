@@ -9,7 +9,7 @@ use std::{sync::Arc, sync::atomic::Ordering, time::Duration};
 use flotilla::{ApplicationStatus as A, FaultPoint, RestartPolicy, Serve, ServeError};
 use support::{
     ProbeArgs, Switches, app, no_wait, numbered_apps, poll_secs, start, start_fresh,
-    start_restarting, tag,
+    start_restarting, tag, wait_status,
 };
 
 #[tokio::test(start_paused = true)]
@@ -316,4 +316,19 @@ async fn a_crashed_deployment_actor_is_unhealthy_until_its_successor_reports() {
     assert!(d.message.contains("actor crashed"), "{}", d.message);
     assert!(s.message.contains("UNHEALTHY"), "{}", s.message);
     support::wait_status(&serve, "a", A::Running).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_crash_right_after_a_deletion_is_removed_leaves_no_stale_status() {
+    let (_dir, _, serve) = start_fresh().await;
+    serve.run(app("a", 1, tag("old"))).await.unwrap();
+    serve.delete_apps(["a"], false).await.unwrap();
+    // The next commit is the removal of the finished deletion: crash right after it.
+    serve.faults().arm(FaultPoint::ControllerAfterCommit, 1);
+    wait_status(&serve, "a", A::NotStarted).await;
+    assert!(serve.watch_status("a").is_none(), "gone from the board");
+    let h = serve.run(app("a", 1, tag("new"))).await.unwrap();
+    assert_eq!(serve.app_status("a").observed_generation, 1);
+    assert_eq!(h.call::<_, String>("x").await.unwrap(), "new:x");
+    assert_eq!(serve.metrics().await.unwrap().controller_restarts, 1);
 }

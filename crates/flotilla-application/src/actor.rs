@@ -1,28 +1,29 @@
 //! The ApplicationActor itself.
 
-use std::{
-    collections::{BTreeMap, HashMap},
-    sync::Arc,
-    time::Duration,
-};
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
+use flotilla_cluster::Cluster;
 use flotilla_core::{
     AppRecord, AppStatusInputs, ApplicationStatusInfo, DeploymentName, DeploymentSpec,
     DeploymentStatusInfo, DeploymentTrigger, FaultPoint, Faults, ReplicaCount, naming,
 };
 use flotilla_deployment::{
-    Cluster, DeploymentActor, DeploymentArgs, DeploymentEvent, DeploymentMsg, DeploymentReporter,
+    DeploymentActor, DeploymentArgs, DeploymentEvent, DeploymentMsg, DeploymentReporter,
     DeploymentTarget,
 };
-use flotilla_replica::{
-    Directory, Registry, groups,
-    supervision::{Parent, RestartLog, RestartPolicy, child_exit, watch},
+use flotilla_replica::{Directory, Registry};
+use flotilla_supervision::{
+    ChildExit, Children, Escalation, Parent, RestartPolicy, StartError, Started, groups,
 };
-use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, SupervisionEvent, rpc::CallResult};
+use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent, rpc::CallResult};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use crate::{AppEvent, AppMsg, AppReporter, publish_status};
+use crate::{
+    AppEvent, AppMsg, AppReporter,
+    messages::{Internal, InternalMsg},
+    publish_status,
+};
 
 const OBSERVE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Delay before retrying a spawn whose name is still held by a stopping actor.
@@ -59,14 +60,13 @@ pub struct AppArgs {
 /// The application actor.
 pub struct ApplicationActor;
 
+/// What the ApplicationActor knows of one deployment (its actor is in
+/// [`AppState::actors`]).
 struct Child {
-    actor: Option<ActorRef<DeploymentMsg>>,
     /// The spec last sent (kept to delete a deployment no longer in the target).
     spec: Arc<DeploymentSpec>,
     /// The last status, with the generation it describes.
     status: Option<(u64, DeploymentStatusInfo)>,
-    restarts: RestartLog,
-    restart_pending: bool,
 }
 
 /// The ApplicationActor's state.
@@ -75,7 +75,8 @@ pub struct AppState {
     /// Boxed: a B-tree node holds eleven values, so inline children would cost an
     /// application of one deployment eleven children's worth of memory.
     children: BTreeMap<DeploymentName, Box<Child>>,
-    by_actor: HashMap<ActorId, DeploymentName>,
+    /// The DeploymentActors, supervised.
+    actors: Children<DeploymentName, DeploymentMsg>,
     /// A failed config build and the generation it stands over.
     build_failure: Option<(u64, String)>,
     shutting_down: bool,
@@ -177,31 +178,26 @@ impl ApplicationActor {
         let group = naming::deployment_group(&state.args.ns, &state.args.record.spec.name);
         for cell in groups::members(&group) {
             let r: ActorRef<DeploymentMsg> = cell.clone().into();
-            // Watch first: an exit between the answer and the watch would be missed.
-            if !watch(&myself.get_cell(), &cell) {
-                continue;
-            }
             let Ok(CallResult::Success(snap)) =
                 r.call(DeploymentMsg::Observe, Some(OBSERVE_TIMEOUT)).await
             else {
                 // Alive but not answering: replace it (its replicas survive).
                 warn!(app = %state.args.record.spec.name, "deployment actor did not answer; killing it");
-                myself.get_cell().unmonitor(cell.clone());
                 cell.kill();
                 continue;
             };
             let name = snap.target.spec.name.clone();
+            // An exit after its answer shows as a failed adoption (it is gone).
+            if !state.actors.adopt(&myself.get_cell(), name.clone(), r) {
+                continue;
+            }
             info!(app = %state.args.record.spec.name, deployment = %name,
                 "re-adopted living deployment actor");
-            state.by_actor.insert(cell.get_id(), name.clone());
             state.children.insert(
                 name,
                 Box::new(Child {
-                    actor: Some(r),
                     spec: snap.target.spec,
                     status: Some((snap.target.generation, snap.status)),
-                    restarts: RestartLog::default(),
-                    restart_pending: false,
                 }),
             );
         }
@@ -245,25 +241,19 @@ impl ApplicationActor {
             };
             let child = state.children.entry(name.clone()).or_insert_with(|| {
                 Box::new(Child {
-                    actor: None,
                     spec: target.spec.clone(),
                     status: None,
-                    restarts: RestartLog::default(),
-                    restart_pending: false,
                 })
             });
             child.spec = target.spec.clone();
-            if let Some(a) = &child.actor {
+            if let Some(a) = state.actors.actor(&name) {
                 match a.cast(DeploymentMsg::SetTarget(Box::new(target.clone()))) {
                     Ok(()) => continue,
                     // Gone (its exit event may still be queued): start another.
-                    Err(_) => {
-                        state.by_actor.remove(&a.get_id());
-                        child.actor = None;
-                    }
+                    Err(_) => state.actors.lost(&name),
                 }
             }
-            if !child.restart_pending {
+            if !state.actors.is_waiting(&name) {
                 Self::spawn_child(myself, state, name, target).await;
             }
         }
@@ -289,35 +279,26 @@ impl ApplicationActor {
         let actor_name = naming::deployment(&state.args.ns, &state.args.record.spec.name, &name);
         let deleting = target.deleting;
         let args = state.deployment_args(target.clone());
-        // Inline: reconcile boxes the whole step, spawn included.
-        let actor = match Actor::spawn(Some(actor_name.clone()), DeploymentActor, args).await {
-            Ok((actor, _)) => actor,
-            // The name is held by a living actor we do not watch: adopt it.
-            Err(e) => match ActorRef::<DeploymentMsg>::where_is(actor_name) {
-                Some(actor) => {
-                    let _ = actor.cast(DeploymentMsg::SetTarget(Box::new(target)));
-                    actor
-                }
-                None => {
-                    warn!(app = %state.args.record.spec.name, deployment = %name, error = %e,
-                        "could not start deployment actor; retrying");
-                    Self::restart_later(myself, state, name, NAME_BUSY_RETRY);
-                    return;
-                }
-            },
-        };
-        if !watch(&myself.get_cell(), &actor.get_cell()) {
+        let parent = myself.get_cell();
+        match state
+            .actors
+            .start(&parent, name.clone(), actor_name, DeploymentActor, args)
+            .await
+        {
+            Ok(Started::Spawned(_)) => {}
+            // A living actor we did not watch held the name: it is ours now.
+            Ok(Started::Adopted(actor)) => {
+                let _ = actor.cast(DeploymentMsg::SetTarget(Box::new(target)));
+            }
             // It finished before we could watch it: a deletion with nothing left.
-            if deleting {
+            Err(StartError::Exited) if deleting => {
                 state.children.remove(&name);
-            } else {
+            }
+            Err(e) => {
+                warn!(app = %state.args.record.spec.name, deployment = %name, error = %e,
+                    "could not start deployment actor; retrying");
                 Self::restart_later(myself, state, name, NAME_BUSY_RETRY);
             }
-            return;
-        }
-        state.by_actor.insert(actor.get_id(), name.clone());
-        if let Some(c) = state.children.get_mut(&name) {
-            c.actor = Some(actor);
         }
     }
 
@@ -327,10 +308,38 @@ impl ApplicationActor {
         name: DeploymentName,
         after: Duration,
     ) {
-        if let Some(c) = state.children.get_mut(&name) {
-            c.restart_pending = true;
+        state.actors.retry_later(name, after, myself, |n| {
+            InternalMsg::RestartDeployment(n).into()
+        });
+    }
+
+    /// An event from one of its deployments.
+    fn on_deployment_event(state: &mut AppState, event: DeploymentEvent) {
+        match event {
+            DeploymentEvent::Status {
+                name,
+                generation,
+                status,
+            } => {
+                if let Some(c) = state.children.get_mut(&name) {
+                    c.status = Some((generation, status));
+                }
+                state.derive_status();
+            }
+            DeploymentEvent::Autoscale { name, replicas } => {
+                (state.args.reporter)(AppEvent::Autoscale {
+                    app: state.args.record.spec.name.clone(),
+                    deployment: name,
+                    replicas,
+                });
+            }
+            DeploymentEvent::Deleted { name, .. } => {
+                // The actor stops right after; its termination removes the child.
+                if let Some(c) = state.children.get_mut(&name) {
+                    c.status = None;
+                }
+            }
         }
-        myself.send_after(after, move || AppMsg::RestartDeployment(name));
     }
 }
 
@@ -348,14 +357,16 @@ impl Actor for ApplicationActor {
             .build_failure
             .clone()
             .map(|m| (args.record.generation, m));
-        let me = Parent::new(naming::application(&args.ns, &args.record.spec.name));
+        let me: Parent<AppMsg> = Parent::new(naming::application(&args.ns, &args.record.spec.name));
         Ok(AppState {
             args,
             children: BTreeMap::new(),
-            by_actor: HashMap::new(),
+            actors: Children::new(),
             build_failure,
             shutting_down: false,
-            deployment_reporter: Arc::new(move |event| me.cast(AppMsg::Deployment(event))),
+            deployment_reporter: Arc::new(move |event| {
+                me.cast(InternalMsg::Deployment(event).into())
+            }),
         })
     }
 
@@ -382,30 +393,8 @@ impl Actor for ApplicationActor {
                 }
                 state.args.record = *record;
             }
-            AppMsg::Deployment(DeploymentEvent::Status {
-                name,
-                generation,
-                status,
-            }) => {
-                if let Some(c) = state.children.get_mut(&name) {
-                    c.status = Some((generation, status));
-                }
-                state.derive_status();
-                return Ok(());
-            }
-            AppMsg::Deployment(DeploymentEvent::Autoscale { name, replicas }) => {
-                (state.args.reporter)(AppEvent::Autoscale {
-                    app: state.args.record.spec.name.clone(),
-                    deployment: name,
-                    replicas,
-                });
-                return Ok(());
-            }
-            AppMsg::Deployment(DeploymentEvent::Deleted { name, .. }) => {
-                // The actor stops right after; its termination removes the child.
-                if let Some(c) = state.children.get_mut(&name) {
-                    c.status = None;
-                }
+            AppMsg::Internal(Internal(InternalMsg::Deployment(event))) => {
+                Self::on_deployment_event(state, event);
                 return Ok(());
             }
             AppMsg::SetReplicas(name, replicas) => {
@@ -422,18 +411,12 @@ impl Actor for ApplicationActor {
                 state.derive_status();
                 return Ok(());
             }
-            AppMsg::RestartDeployment(name) => {
-                if let Some(c) = state.children.get_mut(&name) {
-                    c.restart_pending = false;
-                }
+            AppMsg::Internal(Internal(InternalMsg::RestartDeployment(name))) => {
+                state.actors.retry_due(&name);
             }
             AppMsg::Shutdown(reply) => {
                 state.shutting_down = true;
-                let children: Vec<_> = state
-                    .children
-                    .values()
-                    .filter_map(|c| c.actor.clone())
-                    .collect();
+                let children: Vec<_> = state.actors.actors().map(|(_, a)| a.clone()).collect();
                 tokio::spawn(async move {
                     futures::future::join_all(
                         children
@@ -456,48 +439,38 @@ impl Actor for ApplicationActor {
         evt: SupervisionEvent,
         state: &mut AppState,
     ) -> Result<(), ActorProcessingErr> {
-        let Some((id, failure)) = child_exit(&evt) else {
-            return Ok(());
-        };
-        let Some(name) = state.by_actor.remove(&id) else {
+        let Some((name, how)) = state.actors.exited(&evt) else {
             return Ok(());
         };
         let wanted = state.target_of(&name).is_some_and(|t| !t.deleting);
         let Some(child) = state.children.get_mut(&name) else {
             return Ok(());
         };
-        if child.actor.as_ref().map(|a| a.get_id()) != Some(id) {
-            // A stale exit of an actor that has been replaced since.
-            return Ok(());
-        }
-        child.actor = None;
-        match failure {
-            None if !wanted => {
+        match how {
+            ChildExit::Stopped if !wanted => {
                 state.children.remove(&name);
+                state.actors.remove(&name);
             }
-            None => {}
-            Some(why) => {
-                warn!(app = %state.args.record.spec.name, deployment = %name, %why,
+            ChildExit::Stopped => {}
+            how @ (ChildExit::Killed | ChildExit::Failed { .. }) => {
+                warn!(app = %state.args.record.spec.name, deployment = %name, %how,
                     "deployment actor crashed");
                 // Ray's INTERNAL_ERROR: UNHEALTHY until its successor reports.
                 if let Some((_, status)) = child.status.as_mut() {
                     status.handle(
                         DeploymentTrigger::InternalError,
-                        format!("The deployment's actor crashed ({why}); restarting it."),
+                        format!("The deployment's actor crashed ({how}); restarting it."),
                     );
                 }
-                match child.restarts.on_crash(&state.args.restart) {
+                let policy = state.args.restart;
+                match state.actors.on_crash(&name, &policy) {
                     Some(delay) => {
                         Self::restart_later(&myself, state, name, delay);
                         state.derive_status();
                         return Ok(());
                     }
                     None => {
-                        return Err(format!(
-                            "deployment '{name}' crashed more than {} times in {:?}: escalating",
-                            state.args.restart.max_restarts, state.args.restart.window
-                        )
-                        .into());
+                        return Err(Escalation::of(format!("deployment '{name}'"), &policy).into());
                     }
                 }
             }

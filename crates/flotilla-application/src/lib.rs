@@ -14,5 +14,5 @@ mod messages;
 mod status;
 
 pub use actor::{AppArgs, ApplicationActor};
-pub use messages::{AppEvent, AppMsg, AppReporter};
+pub use messages::{AppEvent, AppMsg, AppReporter, Internal};
 pub use status::publish_status;

@@ -32,13 +32,12 @@ pub enum AppEvent {
 /// How an ApplicationActor reports to the Controller (looked up by name).
 pub type AppReporter = Arc<dyn Fn(AppEvent) + Send + Sync>;
 
-/// Messages to an ApplicationActor.
+/// Messages to an ApplicationActor: the Controller's requests, and its own
+/// internal ones.
 #[derive(Debug)]
 pub enum AppMsg {
     /// A new target (idempotent).
     SetTarget(Box<AppRecord>),
-    /// An event from one of its deployments.
-    Deployment(DeploymentEvent),
     /// A durable autoscaling decision for one deployment.
     SetReplicas(DeploymentName, u32),
     /// The config's latest build of this application failed while `generation`
@@ -51,8 +50,27 @@ pub enum AppMsg {
         /// Why, or `None` to clear.
         message: Option<String>,
     },
-    /// Internal: a crashed deployment's backoff passed; start it again.
-    RestartDeployment(DeploymentName),
     /// Stop every replica gracefully; reply when done.
     Shutdown(RpcReplyPort<()>),
+    /// The actor's own messages (its deployments' reports, restart timers);
+    /// only this crate makes one.
+    Internal(Internal),
+}
+
+/// An ApplicationActor's message to itself; opaque outside this crate.
+#[derive(Debug)]
+pub struct Internal(pub(crate) InternalMsg);
+
+#[derive(Debug)]
+pub(crate) enum InternalMsg {
+    /// An event from one of its deployments.
+    Deployment(DeploymentEvent),
+    /// A crashed deployment's backoff passed; start it again.
+    RestartDeployment(DeploymentName),
+}
+
+impl From<InternalMsg> for AppMsg {
+    fn from(m: InternalMsg) -> Self {
+        AppMsg::Internal(Internal(m))
+    }
 }

@@ -102,6 +102,22 @@ impl StatusBoard {
         }
     }
 
+    /// Remove (as [`remove`](Self::remove) does) every application `keep`
+    /// refuses; returns how many were removed.
+    pub fn retain(&self, keep: impl Fn(&AppName, &ApplicationStatusInfo) -> bool) -> usize {
+        let gone: Vec<AppName> = {
+            let m = self.entries.read().unwrap_or_else(|p| p.into_inner());
+            m.iter()
+                .filter(|(n, e)| !keep(n, &e.tx.borrow()))
+                .map(|(n, _)| n.clone())
+                .collect()
+        };
+        for name in &gone {
+            self.remove(name);
+        }
+        gone.len()
+    }
+
     /// How many applications are on the board.
     pub fn len(&self) -> usize {
         self.entries.read().unwrap_or_else(|p| p.into_inner()).len()

@@ -33,9 +33,8 @@ use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 use crate::{
-    Controller, ControllerMsg, ServeError,
-    controller::{ControllerState, commit, fault, stage_and_commit},
-    validate::validate_app,
+    Controller, ControllerMsg, ServeError, checkpoint::crash_if, messages::InternalMsg,
+    state::ControllerState, validate::validate_app,
 };
 
 /// How long an application builder may run before its build fails.
@@ -213,7 +212,7 @@ impl ControllerState {
         match self.apps.get(app).filter(|e| !e.record.deleting) {
             Some(e) => {
                 let generation = e.record.generation;
-                if let Some(actor) = &e.actor {
+                if let Some(actor) = self.actors.actor(app) {
                     let _ = actor.cast(AppMsg::BuildFailure {
                         generation,
                         message: Some(message.clone()),
@@ -231,7 +230,7 @@ impl ControllerState {
     fn build_current(&mut self, app: &AppName) {
         self.config.forget_failure(app);
         if let Some(e) = self.apps.get(app)
-            && let Some(actor) = &e.actor
+            && let Some(actor) = self.actors.actor(app)
         {
             let _ = actor.cast(AppMsg::BuildFailure {
                 generation: e.record.generation,
@@ -297,11 +296,12 @@ impl Controller {
             })
             .map(|(n, _)| n.clone())
             .collect();
-        let staged = stage_and_commit(state, |s, batch| {
-            batch.put_config(&config)?;
-            s.stage_deletions(&gone, batch)
-        })
-        .await?;
+        let staged = state
+            .stage_and_commit(|s, batch| {
+                batch.put_config(&config)?;
+                s.stage_deletions(&gone, batch)
+            })
+            .await?;
         let changed = match staged {
             Ok(c) => c,
             Err(e) => {
@@ -339,7 +339,7 @@ impl Controller {
         }
         state.config.applied = Some(config);
         let _ = reply.send(Ok(()));
-        fault(&state.faults, FaultPoint::ControllerAfterReply)?;
+        crash_if(&state.faults, FaultPoint::ControllerAfterReply)?;
         for r in &changed {
             Self::command(myself, state, &r.spec.name).await;
         }
@@ -469,11 +469,14 @@ impl Controller {
                 // Same import path and args: the builder's last output is the
                 // build; only the overrides are laid over it again.
                 info!(app = %name, build = id, "overrides changed: updating without a rebuild");
-                let _ = myself.cast(ControllerMsg::BuildDone {
-                    app: name.clone(),
-                    build: id,
-                    result: Ok(s.built.clone()),
-                });
+                let _ = myself.cast(
+                    InternalMsg::BuildDone {
+                        app: name.clone(),
+                        build: id,
+                        result: Ok(s.built.clone()),
+                    }
+                    .into(),
+                );
                 None
             }
             None => {
@@ -487,11 +490,14 @@ impl Controller {
                         Ok(Err(e)) => Err(BuildError::Failed(e)),
                         Err(_) => Err(BuildError::TimedOut(BUILD_TIMEOUT)),
                     };
-                    let _ = me.cast(ControllerMsg::BuildDone {
-                        app,
-                        build: id,
-                        result,
-                    });
+                    let _ = me.cast(
+                        InternalMsg::BuildDone {
+                            app,
+                            build: id,
+                            result,
+                        }
+                        .into(),
+                    );
                 }))
             }
         };
@@ -623,7 +629,7 @@ impl Controller {
         let mut batch = Batch::new();
         let all: Vec<AppRecord> = records.iter().map(|(r, _)| r.clone()).collect();
         let dropped = state.stage_targets(&all, &mut batch)?;
-        if let Err(e) = commit(state, batch).await? {
+        if let Err(e) = state.checkpoint.commit(&state.faults, batch).await? {
             for name in &landing {
                 state.build_failed(name, &format!("the checkpoint could not be written: {e}"));
             }

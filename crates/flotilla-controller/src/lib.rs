@@ -11,22 +11,30 @@
 //! It is the only writer of the store. It must not touch replicas directly, and
 //! must not hold its children by a link: they survive its crash and are re-adopted.
 
+mod apps;
 mod board;
+mod checkpoint;
 mod config_deploy;
 mod controller;
+mod deploy;
 mod error;
 mod logging;
 mod messages;
+mod removal;
 mod route_table;
+mod state;
 mod supervisor;
 mod targets;
 mod validate;
 
 pub use board::StatusBoard;
+pub use checkpoint::{Checkpoint, CheckpointCloser};
 pub use config_deploy::{BUILD_TIMEOUT, BuildError};
-pub use controller::{Controller, ControllerArgs, Preloaded, WallClock};
+pub use controller::Controller;
 pub use error::ServeError;
+pub use flotilla_store::{FileKind, StoreCounters, StoreError};
 pub use logging::LogSettings;
-pub use messages::{ControllerMsg, ControllerSnapshot};
+pub use messages::{ControllerMsg, ControllerSnapshot, Internal};
 pub use route_table::{Route, RouteTable};
+pub use state::{ControllerArgs, Preloaded, WallClock};
 pub use supervisor::{Supervisor, SupervisorArgs, SupervisorMsg};

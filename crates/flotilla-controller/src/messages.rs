@@ -4,7 +4,9 @@ use flotilla_application::AppEvent;
 use flotilla_core::{ApiType, AppName, ApplicationSpec, ServeConfig};
 use ractor::RpcReplyPort;
 
-use crate::ServeError;
+use flotilla_store::StoreCounters;
+
+use crate::{BuildError, ServeError};
 
 /// A snapshot of the Controller, for tests and metrics.
 #[derive(Debug, Clone, Default)]
@@ -17,9 +19,12 @@ pub struct ControllerSnapshot {
     pub app_actors: usize,
     /// ApplicationActor restarts since this Controller started.
     pub app_restarts: u64,
+    /// The checkpoint's commits, keys and bytes written since it was opened.
+    pub store: StoreCounters,
 }
 
-/// Messages to the Controller.
+/// Messages to the Controller: the public API's requests, and its own internal
+/// ones.
 #[derive(Debug)]
 pub enum ControllerMsg {
     /// Deploy (or redeploy) a batch of applications: one validation, one commit.
@@ -41,7 +46,7 @@ pub enum ControllerMsg {
         reply: RpcReplyPort<Result<Vec<Option<u64>>, ServeError>>,
     },
     /// Apply a declarative config: one validation, one commit (the config and the
-    /// deletion of declarative applications it no longer names), then a build task
+    /// deletion of declarative applications it no longer names), then a build
     /// per application whose entry changed.
     ApplyConfig {
         /// The config.
@@ -49,24 +54,42 @@ pub enum ControllerMsg {
         /// The reply.
         reply: RpcReplyPort<Result<(), ServeError>>,
     },
-    /// Internal: a build task finished (or failed, panicked or timed out).
+    /// Reply with a snapshot.
+    Observe(RpcReplyPort<ControllerSnapshot>),
+    /// Stop every replica gracefully; reply when done. The checkpoint is closed
+    /// once the Controller stops.
+    Shutdown(RpcReplyPort<()>),
+    /// The Controller's own messages (its children's reports, build results,
+    /// timers); only this crate makes one.
+    Internal(Internal),
+}
+
+/// A Controller's message to itself; opaque outside this crate.
+#[derive(Debug)]
+pub struct Internal(pub(crate) InternalMsg);
+
+#[derive(Debug)]
+pub(crate) enum InternalMsg {
+    /// An event from an ApplicationActor.
+    App(AppEvent),
+    /// A build finished (or failed, panicked or timed out).
     BuildDone {
         /// The application.
         app: AppName,
         /// Which build (a newer config cancels older builds).
         build: u64,
         /// The built spec, or why the build failed.
-        result: Result<ApplicationSpec, crate::BuildError>,
+        result: Result<ApplicationSpec, BuildError>,
     },
-    /// An event from an ApplicationActor.
-    App(AppEvent),
-    /// Internal: a crashed ApplicationActor's backoff passed.
+    /// A crashed (or not yet startable) ApplicationActor's delay passed.
     RestartApp(AppName),
-    /// Internal: remove the records of the deletions finished since the last
-    /// removal, in one commit (the reports queued before it are batched).
+    /// Remove the records of the deletions finished since the last removal, in
+    /// one commit (the reports queued before it are batched).
     RemoveDeleted,
-    /// Reply with a snapshot.
-    Observe(RpcReplyPort<ControllerSnapshot>),
-    /// Stop every replica gracefully; reply when done.
-    Shutdown(RpcReplyPort<()>),
+}
+
+impl From<InternalMsg> for ControllerMsg {
+    fn from(m: InternalMsg) -> Self {
+        ControllerMsg::Internal(Internal(m))
+    }
 }

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use flotilla_core::naming;
-use flotilla_replica::supervision::RestartLog;
+use flotilla_supervision::{Children, Escalation};
 use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
 use tokio::sync::watch;
 use tracing::{error, warn};
@@ -24,13 +24,21 @@ pub struct SupervisorArgs {
 pub enum SupervisorMsg {
     /// Forward to the current Controller (queued while it restarts).
     Forward(ControllerMsg),
-    /// Internal: the restart backoff passed.
-    Restart,
     /// Crash the Controller now (fault injection).
     CrashController,
     /// Reply with how many times the Controller was restarted.
     Restarts(ractor::RpcReplyPort<u64>),
+    /// The Supervisor's own message; only this crate makes one.
+    Internal(SupervisorInternal),
 }
+
+/// The Supervisor's message to itself; opaque outside this crate.
+#[derive(Debug)]
+pub struct SupervisorInternal(Restart);
+
+/// The restart backoff passed: start the Controller again.
+#[derive(Debug)]
+struct Restart;
 
 /// The supervisor actor.
 pub struct Supervisor;
@@ -38,10 +46,9 @@ pub struct Supervisor;
 /// The Supervisor's state.
 pub struct SupervisorState {
     args: SupervisorArgs,
-    controller: Option<ActorRef<ControllerMsg>>,
+    /// The one child: the Controller.
+    controller: Children<(), ControllerMsg>,
     queued: Vec<ControllerMsg>,
-    log: RestartLog,
-    restarts: u64,
 }
 
 impl Supervisor {
@@ -50,24 +57,49 @@ impl Supervisor {
         state: &mut SupervisorState,
     ) -> Result<(), ActorProcessingErr> {
         let name = naming::controller(&state.args.controller.ns);
-        let (c, _) = Actor::spawn_linked(
-            Some(name),
-            Controller,
-            state.args.controller.clone(),
-            myself.get_cell(),
-        )
-        .await?;
+        let started = state
+            .controller
+            .start(
+                &myself.get_cell(),
+                (),
+                name,
+                Controller,
+                state.args.controller.clone(),
+            )
+            .await?;
         for m in state.queued.drain(..) {
-            let _ = c.cast(m);
+            let _ = started.actor().cast(m);
         }
-        state.controller = Some(c);
         Ok(())
     }
 
     fn give_up(myself: &ActorRef<SupervisorMsg>, state: &SupervisorState, why: String) {
         error!(%why, "supervisor gives up");
         state.args.fatal.send_replace(Some(why.clone()));
-        myself.stop(Some(why));
+        myself.stop(None);
+    }
+
+    /// Count a failure to (re)start: retry after the policy's backoff, or give up.
+    fn restart_later(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState, why: &str) {
+        let policy = state.args.controller.restart;
+        match state.controller.on_crash(&(), &policy) {
+            Some(delay) => {
+                state.controller.retry_later(
+                    (),
+                    delay.max(Duration::from_millis(1)),
+                    myself,
+                    |()| SupervisorMsg::Internal(SupervisorInternal(Restart)),
+                );
+            }
+            None => {
+                let escalation = Escalation::of("the controller", &policy);
+                Self::give_up(
+                    myself,
+                    state,
+                    format!("the controller crashed too often: {escalation} (last: {why})"),
+                );
+            }
+        }
     }
 }
 
@@ -83,10 +115,8 @@ impl Actor for Supervisor {
     ) -> Result<SupervisorState, ActorProcessingErr> {
         let mut state = SupervisorState {
             args,
-            controller: None,
+            controller: Children::new(),
             queued: Vec::new(),
-            log: RestartLog::default(),
-            restarts: 0,
         };
         Self::start_controller(&myself, &mut state).await?;
         Ok(state)
@@ -99,7 +129,7 @@ impl Actor for Supervisor {
         state: &mut SupervisorState,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            SupervisorMsg::Forward(m) => match &state.controller {
+            SupervisorMsg::Forward(m) => match state.controller.actor(&()) {
                 Some(c) => {
                     if let Err(ractor::MessagingErr::SendErr(m)) = c.cast(m) {
                         state.queued.push(m);
@@ -107,28 +137,22 @@ impl Actor for Supervisor {
                 }
                 None => state.queued.push(m),
             },
-            SupervisorMsg::Restart => {
-                if state.controller.is_none()
+            SupervisorMsg::Internal(SupervisorInternal(Restart)) => {
+                state.controller.retry_due(&());
+                if state.controller.actor(&()).is_none()
                     && let Err(e) = Self::start_controller(&myself, state).await
                 {
                     warn!(error = %e, "controller failed to start; retrying");
-                    match state.log.on_crash(&state.args.controller.restart) {
-                        Some(d) => {
-                            myself.send_after(d, || SupervisorMsg::Restart);
-                        }
-                        None => {
-                            Self::give_up(&myself, state, format!("controller cannot start: {e}"))
-                        }
-                    }
+                    Self::restart_later(&myself, state, &e.to_string());
                 }
             }
             SupervisorMsg::CrashController => {
-                if let Some(c) = &state.controller {
+                if let Some(c) = state.controller.actor(&()) {
                     c.kill();
                 }
             }
             SupervisorMsg::Restarts(reply) => {
-                let _ = reply.send(state.restarts);
+                let _ = reply.send(state.controller.restarts());
             }
         }
         Ok(())
@@ -140,28 +164,11 @@ impl Actor for Supervisor {
         evt: SupervisionEvent,
         state: &mut SupervisorState,
     ) -> Result<(), ActorProcessingErr> {
-        let why = match evt {
-            SupervisionEvent::ActorFailed(_, e) => e.to_string(),
-            SupervisionEvent::ActorTerminated(_, _, reason) => {
-                reason.unwrap_or_else(|| "killed".to_owned())
-            }
-            _ => return Ok(()),
+        let Some(((), how)) = state.controller.exited(&evt) else {
+            return Ok(());
         };
-        state.controller = None;
-        warn!(%why, "controller exited; restarting");
-        state.restarts += 1;
-        match state.log.on_crash(&state.args.controller.restart) {
-            Some(delay) => {
-                myself.send_after(delay.max(Duration::from_millis(1)), || {
-                    SupervisorMsg::Restart
-                });
-            }
-            None => Self::give_up(
-                &myself,
-                state,
-                format!("the controller crashed too often (last: {why})"),
-            ),
-        }
+        warn!(%how, "controller exited; restarting");
+        Self::restart_later(&myself, state, &how.to_string());
         Ok(())
     }
 }

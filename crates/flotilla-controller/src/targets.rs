@@ -10,11 +10,10 @@ use flotilla_core::{
     ApiType, AppName, AppRecord, AppStatusInputs, ApplicationSpec, ApplicationStatusInfo,
     ConfigSource, DeploymentName, ReplicaCount, RoutePrefix,
 };
-use flotilla_replica::supervision::RestartLog;
 use flotilla_store::{Batch, StoreError};
 use tracing::info;
 
-use crate::controller::{AppEntry, ControllerState};
+use crate::state::{AppEntry, ControllerState};
 
 impl ControllerState {
     /// `app` no longer holds `prefix` (if it did).
@@ -112,15 +111,7 @@ impl ControllerState {
             match self.apps.get_mut(&name) {
                 Some(e) => e.record = r,
                 None => {
-                    self.apps.insert(
-                        name.clone(),
-                        AppEntry {
-                            record: r,
-                            actor: None,
-                            restarts: RestartLog::default(),
-                            restart_pending: false,
-                        },
-                    );
+                    self.apps.insert(name.clone(), AppEntry { record: r });
                 }
             }
             names.push(name);

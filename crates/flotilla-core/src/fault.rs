@@ -27,11 +27,14 @@ pub enum FaultPoint {
     ReplicaHandler,
     /// A health check fails.
     ReplicaHealthCheck,
+    /// The next checkpoint commit fails (nothing is written; the call that
+    /// needed it answers the store's error).
+    CommitFails,
 }
 
 impl FaultPoint {
     /// Every fault point.
-    pub const ALL: [FaultPoint; 8] = [
+    pub const ALL: [FaultPoint; 9] = [
         FaultPoint::ControllerBeforeCommit,
         FaultPoint::ControllerAfterCommit,
         FaultPoint::ControllerAfterReply,
@@ -40,6 +43,7 @@ impl FaultPoint {
         FaultPoint::ReplicaConstructor,
         FaultPoint::ReplicaHandler,
         FaultPoint::ReplicaHealthCheck,
+        FaultPoint::CommitFails,
     ];
 
     fn index(self) -> usize {

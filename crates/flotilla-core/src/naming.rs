@@ -68,3 +68,24 @@ pub fn replica_group(ns: &str, app: &AppName, deployment: &DeploymentName) -> St
 pub fn replica(ns: &str, app: &AppName, deployment: &DeploymentName, id: u64) -> String {
     format!("{ns}/replica:{app}/{deployment}#{id}")
 }
+
+/// The application, deployment and id in a replica's name (the inverse of
+/// [`replica`]); `None` for any other name, or one of another namespace.
+///
+/// ```
+/// use flotilla_core::{AppName, DeploymentName, naming};
+/// let (a, d) = (AppName::new("shop").unwrap(), DeploymentName::new("front").unwrap());
+/// let name = naming::replica("ns", &a, &d, 7);
+/// assert_eq!(naming::parse_replica("ns", &name), Some((a, d, 7)));
+/// assert_eq!(naming::parse_replica("other", &name), None);
+/// ```
+pub fn parse_replica(ns: &str, name: &str) -> Option<(AppName, DeploymentName, u64)> {
+    let rest = name.strip_prefix(ns)?.strip_prefix("/replica:")?;
+    let (app, rest) = rest.split_once('/')?;
+    let (deployment, id) = rest.rsplit_once('#')?;
+    Some((
+        AppName::new(app).ok()?,
+        DeploymentName::new(deployment).ok()?,
+        id.parse().ok()?,
+    ))
+}

@@ -2,22 +2,23 @@
 
 use std::{sync::Arc, time::Duration};
 
+use flotilla_cluster::{Cluster, ClusterEvent, PLACEMENT_RETRY};
 use flotilla_core::{
     AppName, DeploymentSpec, DeploymentTrigger, FaultPoint, Faults, ReplicaCount, ReplicaState,
     naming,
 };
-use flotilla_replica::{
-    Directory, Registry, ReplicaEvent, ReplicaId, ReplicaMsg, START_FAILED, groups,
-};
+use flotilla_replica::{Directory, Registry, ReplicaEvent, ReplicaId, ReplicaMsg};
+use flotilla_supervision::{ChildExit, groups};
 use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
 use tokio::time::Instant;
 use tracing::{info, warn};
 
 use crate::{
-    Cluster, ClusterEvent, DeploymentEvent, DeploymentMsg, DeploymentReporter, DeploymentTarget,
-    placement::{self, PLACEMENT_RETRY, StartError},
+    DeploymentEvent, DeploymentMsg, DeploymentReporter, DeploymentTarget,
+    messages::{Internal, InternalMsg},
+    placement::{self, StartError},
     plan::plan,
-    recovery,
+    recovery::{self, Recovered},
     state::DeploymentState,
 };
 
@@ -70,7 +71,7 @@ impl DeploymentActor {
             let me = myself.clone();
             state.backoff = Some(tokio::spawn(async move {
                 tokio::time::sleep(after).await;
-                let _ = me.cast(DeploymentMsg::Retry);
+                let _ = me.cast(InternalMsg::Retry.into());
             }));
         }
     }
@@ -94,7 +95,7 @@ impl DeploymentActor {
         let me = myself.clone();
         let timer = tokio::spawn(async move {
             tokio::time::sleep_until(due).await;
-            let _ = me.cast(DeploymentMsg::SlowStartCheck);
+            let _ = me.cast(InternalMsg::SlowStartCheck.into());
         });
         state.slow.timer = Some((due, timer));
     }
@@ -119,11 +120,7 @@ impl DeploymentActor {
             can_start,
         );
         for id in p.reconfigure {
-            if let Some(r) = state.replicas.get(&id) {
-                let _ = r
-                    .actor
-                    .cast(ReplicaMsg::Reconfigure(state.args.target.spec.clone()));
-            }
+            state.cast(id, ReplicaMsg::Reconfigure(state.args.target.spec.clone()));
             state.set_state(
                 id,
                 ReplicaState::Updating,
@@ -157,7 +154,7 @@ impl DeploymentActor {
                 Err(StartError::Spawn(id, error)) => {
                     warn!(app = %state.args.app, deployment = %state.args.target.spec.name,
                         replica = %id, %error, "replica not started");
-                    let delay = state.record_startup_failure(id, &error);
+                    let delay = state.record_startup_failure(id, &error.to_string());
                     Self::schedule_retry(myself, state, delay);
                     break;
                 }
@@ -171,7 +168,7 @@ impl DeploymentActor {
                         let me = myself.clone();
                         state.placement_timer = Some(tokio::spawn(async move {
                             tokio::time::sleep(PLACEMENT_RETRY).await;
-                            let _ = me.cast(DeploymentMsg::PlacementRetry);
+                            let _ = me.cast(InternalMsg::PlacementRetry.into());
                         }));
                     }
                 }
@@ -267,8 +264,8 @@ impl DeploymentActor {
         }
     }
 
-    /// A replica failed to start: forget it, count it (unless it was outdated) and
-    /// back off before starting another.
+    /// A replica failed to start: stop and forget it, count it (unless it was
+    /// outdated) and back off before starting another.
     fn on_start_failed(
         myself: &ActorRef<DeploymentMsg>,
         state: &mut DeploymentState,
@@ -276,6 +273,7 @@ impl DeploymentActor {
         error: String,
     ) {
         let stale = !state.at_target_code(id);
+        state.cast(id, ReplicaMsg::Stop { graceful: false });
         state.forget(id, &format!("failed to start: {error}"));
         if stale || state.target_count() == 0 {
             return;
@@ -399,30 +397,36 @@ impl Actor for DeploymentActor {
                 Self::set_target(state, *target);
                 crate::autoscale::arm(&myself, state);
             }
-            DeploymentMsg::Replica(id, event) => {
-                Self::on_replica_event(&myself, state, id, event);
-            }
-            DeploymentMsg::Retry => state.backoff = None,
-            DeploymentMsg::PlacementRetry => state.placement_timer = None,
-            DeploymentMsg::Recovered(id, snap) => recovery::recovered(state, id, snap),
-            DeploymentMsg::Cluster(ClusterEvent::CapacityFreed) => {}
-            DeploymentMsg::Cluster(ClusterEvent::NodeDied(node)) => {
-                placement::node_died(state, &node);
-            }
-            DeploymentMsg::ClusterResync => placement::resync(state),
-            DeploymentMsg::SlowStartCheck => {
-                state.slow.timer = None;
-                state.check_slow_start(Instant::now());
-            }
-            DeploymentMsg::AutoscaleTick => {
-                crate::autoscale::tick(state);
-                return Ok(());
-            }
             DeploymentMsg::Observe(reply) => {
                 let _ = reply.send(state.snapshot());
                 return Ok(());
             }
             DeploymentMsg::Shutdown(reply) => state.shutdown.push(reply),
+            DeploymentMsg::Internal(Internal(m)) => match m {
+                InternalMsg::Replica(id, event) => {
+                    Self::on_replica_event(&myself, state, id, event);
+                }
+                InternalMsg::Retry => state.backoff = None,
+                InternalMsg::PlacementRetry => state.placement_timer = None,
+                InternalMsg::Recovered(id, snap) => {
+                    if let Recovered::StartFailed(error) = recovery::recovered(state, id, snap) {
+                        Self::on_start_failed(&myself, state, id, error);
+                    }
+                }
+                InternalMsg::Cluster(ClusterEvent::CapacityFreed) => {}
+                InternalMsg::Cluster(ClusterEvent::NodeDied(node)) => {
+                    placement::node_died(state, &node);
+                }
+                InternalMsg::ClusterResync => placement::resync(state),
+                InternalMsg::SlowStartCheck => {
+                    state.slow.timer = None;
+                    state.check_slow_start(Instant::now());
+                }
+                InternalMsg::AutoscaleTick => {
+                    crate::autoscale::tick(state);
+                    return Ok(());
+                }
+            },
         }
         if state.args.faults.hit(FaultPoint::DeploymentReconcile) {
             return Err("injected fault: DeploymentReconcile".into());
@@ -437,31 +441,28 @@ impl Actor for DeploymentActor {
         evt: SupervisionEvent,
         state: &mut DeploymentState,
     ) -> Result<(), ActorProcessingErr> {
-        let (cell, why) = match &evt {
-            SupervisionEvent::ActorTerminated(c, _, reason) => (c, reason.clone()),
-            SupervisionEvent::ActorFailed(c, e) => (c, Some(format!("replica actor crashed: {e}"))),
-            _ => return Ok(()),
-        };
-        let Some(id) = state.by_actor.get(&cell.get_id()).copied() else {
+        let Some((id, how)) = state.children.exited(&evt) else {
             return Ok(());
         };
         let was = state.replicas.get(&id).map(|r| r.state);
-        match why {
-            // It died before it ever ran: a startup failure, counted and backed off.
-            Some(why) if was == Some(ReplicaState::Starting) || why.starts_with(START_FAILED) => {
-                let error = why.strip_prefix(START_FAILED).unwrap_or(&why).to_owned();
-                Self::on_start_failed(&myself, state, id, error);
+        match how {
+            // Gone before it ever ran (killed or failed while constructing): a
+            // startup failure, counted and backed off.
+            how @ (ChildExit::Killed | ChildExit::Failed { .. })
+                if was == Some(ReplicaState::Starting) =>
+            {
+                Self::on_start_failed(&myself, state, id, format!("replica actor {how}"));
             }
-            Some(why) => {
+            ChildExit::Stopped => state.forget(id, "stopped"),
+            how @ (ChildExit::Killed | ChildExit::Failed { .. }) => {
                 warn!(app = %state.args.app, deployment = %state.args.target.spec.name,
-                    replica = %id, %why, "replica exited");
+                    replica = %id, %how, "replica exited");
                 let at_target = state.at_target_code(id);
-                state.forget(id, &why);
+                state.forget(id, &how.to_string());
                 if was != Some(ReplicaState::Stopping) {
-                    state.replica_lost(id, at_target, &format!("Replica {id} crashed: {why}"));
+                    state.replica_lost(id, at_target, &format!("Replica {id} crashed: {how}"));
                 }
             }
-            None => state.forget(id, "stopped"),
         }
         Self::reconcile(&myself, state).await;
         Ok(())

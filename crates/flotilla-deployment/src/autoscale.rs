@@ -11,7 +11,7 @@ use flotilla_core::{AutoscalingConfig, ReplicaCount, ReplicaState};
 use ractor::ActorRef;
 use tokio::time::Instant;
 
-use crate::{DeploymentEvent, DeploymentMsg, state::DeploymentState};
+use crate::{DeploymentEvent, DeploymentMsg, messages::InternalMsg, state::DeploymentState};
 
 /// How often an autoscaled deployment samples its load.
 pub const SAMPLE_PERIOD: Duration = Duration::from_secs(1);
@@ -137,7 +137,8 @@ pub(crate) fn arm(myself: &ActorRef<DeploymentMsg>, state: &mut DeploymentState)
         ReplicaCount::Auto(config) if !state.args.target.deleting => match &mut state.autoscaler {
             Some((a, _)) => a.set_config(config.clone()),
             None => {
-                let timer = myself.send_interval(SAMPLE_PERIOD, || DeploymentMsg::AutoscaleTick);
+                let timer =
+                    myself.send_interval(SAMPLE_PERIOD, || InternalMsg::AutoscaleTick.into());
                 state.autoscaler = Some((Autoscaler::new(config.clone()), timer));
             }
         },

@@ -8,7 +8,7 @@ use flotilla_core::{
 use flotilla_replica::{ReplicaEvent, ReplicaId, ReplicaSnapshot};
 use ractor::RpcReplyPort;
 
-use crate::ClusterEvent;
+use flotilla_cluster::ClusterEvent;
 
 /// A deployment's target, as its ApplicationActor sets it.
 #[derive(Debug, Clone, PartialEq)]
@@ -129,29 +129,47 @@ impl DeploymentSnapshot {
     }
 }
 
-/// Messages to a DeploymentActor.
+/// Messages to a DeploymentActor: its ApplicationActor's requests, and its own
+/// internal ones.
 #[derive(Debug)]
 pub enum DeploymentMsg {
     /// A new target (idempotent: the same target twice changes nothing).
     SetTarget(Box<DeploymentTarget>),
-    /// An event from one of its replicas.
-    Replica(ReplicaId, ReplicaEvent),
-    /// Internal: the constructor backoff timer fired.
-    Retry,
-    /// Internal: the placement retry timer fired (clusters without events only).
-    PlacementRetry,
-    /// Internal: a RECOVERING replica described itself (`None`: it did not answer).
-    Recovered(ReplicaId, Option<Box<ReplicaSnapshot>>),
-    /// Internal: an event of the cluster (capacity freed, node died).
-    Cluster(ClusterEvent),
-    /// Internal: the cluster subscription lagged; re-check every replica's node.
-    ClusterResync,
-    /// Internal: the slow-start timer fired.
-    SlowStartCheck,
-    /// Internal: time to sample load and ask the autoscaler (autoscaled only).
-    AutoscaleTick,
     /// Reply with a snapshot.
     Observe(RpcReplyPort<DeploymentSnapshot>),
     /// Stop every replica gracefully, reply when all are gone, then stop.
     Shutdown(RpcReplyPort<()>),
+    /// The actor's own messages (replica reports, timers, cluster events); only
+    /// this crate makes one.
+    Internal(Internal),
+}
+
+/// A DeploymentActor's message to itself; opaque outside this crate.
+#[derive(Debug)]
+pub struct Internal(pub(crate) InternalMsg);
+
+#[derive(Debug)]
+pub(crate) enum InternalMsg {
+    /// An event from one of its replicas.
+    Replica(ReplicaId, ReplicaEvent),
+    /// The constructor backoff timer fired.
+    Retry,
+    /// The placement retry timer fired (clusters without events only).
+    PlacementRetry,
+    /// A RECOVERING replica described itself (`None`: it did not answer).
+    Recovered(ReplicaId, Option<Box<ReplicaSnapshot>>),
+    /// An event of the cluster (capacity freed, node died).
+    Cluster(ClusterEvent),
+    /// The cluster subscription lagged; re-check every replica's node.
+    ClusterResync,
+    /// The slow-start timer fired.
+    SlowStartCheck,
+    /// Time to sample load and ask the autoscaler (autoscaled only).
+    AutoscaleTick,
+}
+
+impl From<InternalMsg> for DeploymentMsg {
+    fn from(m: InternalMsg) -> Self {
+        DeploymentMsg::Internal(Internal(m))
+    }
 }

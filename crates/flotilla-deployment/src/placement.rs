@@ -3,28 +3,27 @@
 //! that were on the node). No polling: events arrive by a broadcast subscription,
 //! forwarded into the actor's mailbox by one small task.
 
-use std::{sync::atomic::Ordering, time::Duration};
+use std::sync::atomic::Ordering;
 
 use flotilla_core::{ReplicaState, naming};
 use flotilla_replica::{ReplicaActor, ReplicaArgs, ReplicaId};
-use ractor::{Actor, ActorRef};
+use ractor::ActorRef;
 use tokio::{sync::broadcast::error::RecvError, time::Instant};
 
+use flotilla_cluster::{ClusterEvent, PlacementRequest, Refusal};
+
 use crate::{
-    ClusterEvent, DeploymentMsg, PlacementRequest, Refusal,
+    DeploymentMsg,
+    messages::InternalMsg,
     state::{DeploymentState, Replica},
 };
-
-/// Placement retry period for a cluster that announces nothing
-/// ([`Cluster::subscribe`](crate::Cluster::subscribe) is `None`).
-pub const PLACEMENT_RETRY: Duration = Duration::from_secs(1);
 
 /// Why a replica did not start.
 pub(crate) enum StartError {
     /// No node has room: it stays pending.
     NoRoom(Refusal),
     /// The replica actor could not be spawned.
-    Spawn(ReplicaId, String),
+    Spawn(ReplicaId, flotilla_supervision::StartError),
 }
 
 /// Subscribe to the cluster's events: capacity events are forwarded only while
@@ -43,13 +42,13 @@ pub(crate) fn subscribe(myself: &ActorRef<DeploymentMsg>, state: &mut Deployment
                     if !wants.swap(false, Ordering::AcqRel) {
                         continue;
                     }
-                    DeploymentMsg::Cluster(ClusterEvent::CapacityFreed)
+                    InternalMsg::Cluster(ClusterEvent::CapacityFreed)
                 }
-                Ok(event) => DeploymentMsg::Cluster(event),
-                Err(RecvError::Lagged(_)) => DeploymentMsg::ClusterResync,
+                Ok(event) => InternalMsg::Cluster(event),
+                Err(RecvError::Lagged(_)) => InternalMsg::ClusterResync,
                 Err(RecvError::Closed) => return,
             };
-            if me.cast(msg).is_err() {
+            if me.cast(msg.into()).is_err() {
                 return;
             }
         }
@@ -88,11 +87,14 @@ pub(crate) async fn start_replica(
     };
     let name = naming::replica(&a.ns, &a.app, &a.target.spec.name, id.0);
     // (The caller boxes this whole future: the spawn stays out of the actor's loop future.)
-    match Actor::spawn(Some(name), ReplicaActor, args).await {
-        Ok((actor, _)) => {
-            myself.get_cell().monitor(actor.get_cell());
+    let parent = myself.get_cell();
+    match state
+        .children
+        .start(&parent, id, name, ReplicaActor, args)
+        .await
+    {
+        Ok(_) => {
             let replica = Replica {
-                actor,
                 state: ReplicaState::Starting,
                 version: state.version.clone(),
                 endpoint: None,
@@ -104,10 +106,7 @@ pub(crate) async fn start_replica(
         }
         Err(e) => {
             state.args.cluster.release(id);
-            Err(StartError::Spawn(
-                id,
-                format!("could not spawn replica actor: {e}"),
-            ))
+            Err(StartError::Spawn(id, e))
         }
     }
 }

@@ -4,12 +4,14 @@
 use std::time::Duration;
 
 use flotilla_core::{ReplicaState, naming};
-use flotilla_replica::{ReplicaId, ReplicaMsg, ReplicaPhase, ReplicaSnapshot, groups};
+use flotilla_replica::{ReplicaId, ReplicaMsg, ReplicaPhase, ReplicaSnapshot};
+use flotilla_supervision::groups;
 use ractor::{ActorCell, ActorRef, rpc::CallResult};
 use tokio::time::Instant;
 
 use crate::{
     DeploymentMsg,
+    messages::InternalMsg,
     state::{DeploymentState, Replica},
 };
 
@@ -18,26 +20,26 @@ pub const RECOVER_TIMEOUT: Duration = Duration::from_secs(5);
 
 fn phase_state(p: ReplicaPhase) -> ReplicaState {
     match p {
-        ReplicaPhase::Starting => ReplicaState::Starting,
+        ReplicaPhase::Starting | ReplicaPhase::StartFailed => ReplicaState::Starting,
         ReplicaPhase::Running => ReplicaState::Running,
         ReplicaPhase::Updating => ReplicaState::Updating,
         ReplicaPhase::Stopping => ReplicaState::Stopping,
     }
 }
 
-/// The replica id in a replica actor's name (`...#{id}`).
-fn replica_id_of(cell: &ActorCell) -> Option<ReplicaId> {
-    let name = cell.get_name()?;
-    let (_, id) = name.rsplit_once('#')?;
-    id.parse().ok().map(ReplicaId)
+/// The replica id in a replica actor's name.
+fn replica_id_of(ns: &str, cell: &ActorCell) -> Option<ReplicaId> {
+    let (_, _, id) = naming::parse_replica(ns, &cell.get_name()?)?;
+    Some(ReplicaId(id))
 }
 
 /// Adopt every living member of this deployment's replica group.
 pub(crate) fn adopt_all(myself: &ActorRef<DeploymentMsg>, state: &mut DeploymentState) {
     let a = &state.args;
     let group = naming::replica_group(&a.ns, &a.app, &a.target.spec.name);
+    let ns = a.ns.clone();
     for cell in groups::members(&group) {
-        if let Some(id) = replica_id_of(&cell) {
+        if let Some(id) = replica_id_of(&ns, &cell) {
             adopt(myself, state, id, cell);
         }
     }
@@ -53,12 +55,14 @@ pub(crate) fn adopt(
     if state.replicas.contains_key(&id) {
         return;
     }
-    myself.get_cell().monitor(cell.clone());
     let actor: ActorRef<ReplicaMsg> = cell.into();
+    if !state.children.adopt(&myself.get_cell(), id, actor.clone()) {
+        // Already stopping: it is no replica of ours any more.
+        return;
+    }
     state.add(
         id,
         Replica {
-            actor: actor.clone(),
             state: ReplicaState::Recovering,
             version: state.version.clone(),
             endpoint: None,
@@ -73,8 +77,17 @@ pub(crate) fn adopt(
             Ok(CallResult::Success(s)) => Some(Box::new(s)),
             _ => None,
         };
-        let _ = me.cast(DeploymentMsg::Recovered(id, snap));
+        let _ = me.cast(InternalMsg::Recovered(id, snap).into());
     });
+}
+
+/// What a recovered replica leaves for the actor to do.
+pub(crate) enum Recovered {
+    /// Nothing more: it is known now (or stopped).
+    Known,
+    /// Its start had failed, and its predecessor may not have heard: handle it
+    /// as a start failure now.
+    StartFailed(String),
 }
 
 /// A RECOVERING replica described itself (or did not answer in time).
@@ -82,20 +95,25 @@ pub(crate) fn recovered(
     state: &mut DeploymentState,
     id: ReplicaId,
     snap: Option<Box<ReplicaSnapshot>>,
-) {
+) -> Recovered {
     if state.replicas.get(&id).map(|r| r.state) != Some(ReplicaState::Recovering) {
         // An event from the replica already told us.
-        return;
+        return Recovered::Known;
     }
     let Some(snap) = snap else {
         state.stop(id, false, "did not describe itself while recovering");
-        return;
+        return Recovered::Known;
     };
     let alive = state.args.cluster.is_alive(&snap.node);
     if let Some(r) = state.replicas.get_mut(&id) {
         r.version = snap.version;
         r.endpoint = snap.endpoint;
         r.node = snap.node;
+    }
+    if snap.phase == ReplicaPhase::StartFailed {
+        state.set_state(id, ReplicaState::Starting, "recovered");
+        let why = snap.condemned.unwrap_or_default();
+        return Recovered::StartFailed(why);
     }
     if let Some(why) = &snap.condemned {
         // It had reported itself unhealthy to our predecessor: replace it now.
@@ -108,4 +126,5 @@ pub(crate) fn recovered(
     } else {
         state.stop(id, false, "its node died while the deployment recovered");
     }
+    Recovered::Known
 }

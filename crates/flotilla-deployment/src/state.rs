@@ -11,22 +11,20 @@ use std::{
 use flotilla_core::{
     DeploymentStatusInfo, DeploymentTrigger, DeploymentVersion, ReplicaState, naming,
 };
-use flotilla_replica::{
-    DeploymentRoute, ReplicaEndpoint, ReplicaId, ReplicaMsg, ReplicaReporter, groups::Membership,
-    supervision::Parent,
-};
-use ractor::{ActorId, ActorRef, RpcReplyPort};
+use flotilla_replica::{DeploymentRoute, ReplicaEndpoint, ReplicaId, ReplicaMsg, ReplicaReporter};
+use flotilla_supervision::{Children, Parent, groups::Membership};
+use ractor::RpcReplyPort;
 use tokio::{task::JoinHandle, time::Instant};
 use tracing::{info, warn};
 
 use crate::{
-    DeploymentArgs, DeploymentEvent, DeploymentMsg, DeploymentSnapshot, ReplicaInfo, StateCount,
-    plan::ReplicaView,
+    DeploymentArgs, DeploymentEvent, DeploymentSnapshot, ReplicaInfo, StateCount,
+    messages::InternalMsg, plan::ReplicaView,
 };
 
-/// One replica the DeploymentActor owns.
+/// What the DeploymentActor knows of one replica it owns (its actor is in
+/// [`DeploymentState::children`]).
 pub(crate) struct Replica {
-    pub(crate) actor: ActorRef<ReplicaMsg>,
     pub(crate) state: ReplicaState,
     pub(crate) version: DeploymentVersion,
     pub(crate) endpoint: Option<Arc<ReplicaEndpoint>>,
@@ -60,7 +58,9 @@ pub struct DeploymentState {
     /// Boxed: a B-tree node holds eleven values, so inline replicas would cost a
     /// deployment of one replica eleven replicas' worth of memory.
     pub(crate) replicas: BTreeMap<ReplicaId, Box<Replica>>,
-    pub(crate) by_actor: HashMap<ActorId, ReplicaId>,
+    /// The replica actors, watched (never restarted: a lost replica is replaced
+    /// by a new one under a new id).
+    pub(crate) children: Children<ReplicaId, ReplicaMsg>,
     pub(crate) status: DeploymentStatusInfo,
     pub(crate) reported: Option<(u64, DeploymentStatusInfo)>,
     /// Consecutive startup failures (reset on a new spec and on HEALTHY).
@@ -116,13 +116,13 @@ impl DeploymentState {
         route: Arc<DeploymentRoute>,
         membership: Membership,
     ) -> Self {
-        let me = Parent::new(naming::deployment(
+        let me: Parent<crate::DeploymentMsg> = Parent::new(naming::deployment(
             &args.ns,
             &args.app,
             &args.target.spec.name,
         ));
         let replica_reporter: ReplicaReporter =
-            Arc::new(move |id, event| me.cast(DeploymentMsg::Replica(id, event)));
+            Arc::new(move |id, event| me.cast(InternalMsg::Replica(id, event).into()));
         let mut status = DeploymentStatusInfo::default();
         if args.target.deleting {
             status.handle(DeploymentTrigger::Delete, "");
@@ -132,7 +132,7 @@ impl DeploymentState {
             args,
             route,
             replicas: BTreeMap::new(),
-            by_actor: HashMap::new(),
+            children: Children::new(),
             status,
             reported: None,
             failures: 0,
@@ -175,7 +175,6 @@ impl DeploymentState {
     pub(crate) fn add(&mut self, id: ReplicaId, replica: Replica, why: &str) {
         debug_assert!(allowed(None, Some(replica.state)));
         self.log_transition(id, None, Some(replica.state), why);
-        self.by_actor.insert(replica.actor.get_id(), id);
         self.replicas.insert(id, Box::new(replica));
     }
 
@@ -203,17 +202,23 @@ impl DeploymentState {
 
     /// Tell replica `id` to stop and mark it STOPPING.
     pub(crate) fn stop(&mut self, id: ReplicaId, graceful: bool, why: &str) {
-        if let Some(r) = self.replicas.get(&id) {
-            let _ = r.actor.cast(ReplicaMsg::Stop { graceful });
-        }
+        self.cast(id, ReplicaMsg::Stop { graceful });
         self.set_state(id, ReplicaState::Stopping, why);
+    }
+
+    /// Send `msg` to replica `id`'s actor (dropped if it is gone: its exit is
+    /// on its way).
+    pub(crate) fn cast(&self, id: ReplicaId, msg: ReplicaMsg) {
+        if let Some(actor) = self.children.actor(&id) {
+            let _ = actor.cast(msg);
+        }
     }
 
     /// Drop a replica that is gone, and give its resources back.
     pub(crate) fn forget(&mut self, id: ReplicaId, why: &str) {
         if let Some(r) = self.replicas.remove(&id) {
             self.log_transition(id, Some(r.state), None, why);
-            self.by_actor.remove(&r.actor.get_id());
+            self.children.remove(&id);
             self.args.cluster.release(id);
         }
     }

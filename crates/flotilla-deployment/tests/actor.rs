@@ -12,18 +12,20 @@ use std::{
     time::Duration,
 };
 
+use flotilla_cluster::{Cluster, LocalCluster, NodeId, PLACEMENT_RETRY, PlacementRequest, Refusal};
 use flotilla_core::{
     AppName, DeploymentName, DeploymentSpec, DeploymentStatus, DeploymentVersion, ReplicaState,
     naming,
 };
 use flotilla_deployment::{
-    Cluster, DeploymentActor, DeploymentArgs, DeploymentMsg, DeploymentSnapshot, DeploymentTarget,
-    LocalCluster, NodeId, PLACEMENT_RETRY, PlacementRequest, RECOVER_TIMEOUT, Refusal,
+    DeploymentActor, DeploymentArgs, DeploymentMsg, DeploymentSnapshot, DeploymentTarget,
+    RECOVER_TIMEOUT,
 };
 use flotilla_replica::{
     Deployment, Directory, Registry, ReplicaId, ReplicaMsg, ReplicaPhase, ReplicaSnapshot,
-    UserError, groups,
+    UserError,
 };
+use flotilla_supervision::groups;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, rpc::CallResult};
 
 struct Echo;

@@ -1,6 +1,11 @@
 //! The ReplicaActor: one per replica. Runs the constructor off its mailbox, health
 //! checks its user code, reconfigures in place, drains gracefully, and reports to
 //! its DeploymentActor through a [`ReplicaReporter`].
+//!
+//! A replica never stops itself: when its start fails it reports
+//! [`ReplicaEvent::StartFailed`] and waits for its owner to stop it, so the owner
+//! learns why from a typed report (or, after its own restart, from the replica's
+//! [`ReplicaSnapshot`]), never from an exit reason.
 
 use std::{panic::AssertUnwindSafe, sync::Arc};
 
@@ -12,15 +17,12 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
+use flotilla_supervision::groups::{self, Membership};
+
 use crate::{
-    DeploymentRoute, Directory, Registry, ReplicaEndpoint, ReplicaId,
-    groups::{self, Membership},
+    DeploymentRoute, Directory, Registry, ReplicaEndpoint, ReplicaId, UserError,
     user::{ErasedDeployment, guarded},
 };
-
-/// Prefix of the stop reason of a replica whose start failed; its owner may see
-/// the termination before the [`ReplicaEvent::StartFailed`] report.
-pub const START_FAILED: &str = "start failed: ";
 
 /// Consecutive failed health checks that make a replica unhealthy (Ray's threshold).
 pub const UNHEALTHY_THRESHOLD: u32 = 3;
@@ -40,7 +42,7 @@ pub enum ReplicaEvent {
         version: DeploymentVersion,
     },
     /// The constructor (or the first reconfigure or health check) failed; the
-    /// replica has stopped itself.
+    /// replica serves nothing and waits to be stopped.
     StartFailed {
         /// Why.
         error: String,
@@ -75,6 +77,9 @@ pub enum ReplicaPhase {
     Updating,
     /// Draining, then gone.
     Stopping,
+    /// Its start failed ([`ReplicaSnapshot::condemned`] says why): it serves
+    /// nothing and waits for its owner to stop it.
+    StartFailed,
 }
 
 /// A replica's own account of itself, for a DeploymentActor re-adopting it.
@@ -90,47 +95,81 @@ pub struct ReplicaSnapshot {
     pub endpoint: Option<Arc<ReplicaEndpoint>>,
     /// The node it was placed on.
     pub node: String,
-    /// Why it must be replaced, if it reported itself unhealthy (the report may
-    /// have been lost while its DeploymentActor restarted).
+    /// Why it must be replaced, if it reported itself unhealthy or failed to
+    /// start (the report may have been lost while its DeploymentActor restarted).
     pub condemned: Option<String>,
 }
 
-/// The outcome of a constructor, delivered to the actor by its own task.
-pub struct Startup(Result<Arc<dyn ErasedDeployment>, String>);
-
-impl std::fmt::Debug for Startup {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match &self.0 {
-            Ok(_) => f.write_str("Startup(Ok)"),
-            Err(e) => write!(f, "Startup(Err({e}))"),
-        }
-    }
+/// Why a health check failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HealthError {
+    /// The user's `check_health` returned an error.
+    #[error("{0}")]
+    Unhealthy(#[source] UserError),
+    /// It did not answer within the health check timeout.
+    #[error("health check timed out after {0:?}")]
+    TimedOut(std::time::Duration),
+    /// It panicked.
+    #[error("health check panicked")]
+    Panicked,
+    /// A fault point failed it (fault injection).
+    #[error("injected fault: ReplicaHealthCheck")]
+    Injected,
 }
 
-/// Messages to a ReplicaActor.
+/// Messages to a ReplicaActor: its owner's requests, and its own internal ones.
 #[derive(Debug)]
 pub enum ReplicaMsg {
-    /// Internal: the constructor task finished.
-    Started(Startup),
     /// Reply with a snapshot of the replica.
     Observe(RpcReplyPort<ReplicaSnapshot>),
     /// Take `spec`'s config in place (its code version must be the running one).
     Reconfigure(Arc<DeploymentSpec>),
-    /// Internal: a reconfigure finished.
-    Reconfigured(Arc<DeploymentSpec>, Result<(), String>),
-    /// Internal: time for a health check.
-    HealthTick,
-    /// Internal: a health check finished.
-    HealthResult(Result<(), String>),
     /// Stop: gracefully (drain, then kill at the graceful timeout) or at once.
     Stop {
         /// Drain first.
         graceful: bool,
     },
-    /// Internal: draining finished (idle, or the timeout passed).
+    /// The replica's own messages (timers, task results); only this crate
+    /// makes one.
+    Internal(Internal),
+}
+
+/// A ReplicaActor's message to itself; opaque outside this crate.
+#[derive(Debug)]
+pub struct Internal(pub(crate) InternalMsg);
+
+pub(crate) enum InternalMsg {
+    /// The constructor task finished.
+    Started(Result<Arc<dyn ErasedDeployment>, String>),
+    /// A reconfigure finished.
+    Reconfigured(Arc<DeploymentSpec>, Result<(), UserError>),
+    /// Time for a health check.
+    HealthTick,
+    /// A health check finished.
+    HealthResult(Result<(), HealthError>),
+    /// Draining finished (idle, or the timeout passed).
     Drained,
     /// A request panicked in user code: the replica must be replaced.
     Panicked(String),
+}
+
+impl std::fmt::Debug for InternalMsg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            InternalMsg::Started(r) => write!(f, "Started(ok: {})", r.is_ok()),
+            InternalMsg::Reconfigured(_, r) => write!(f, "Reconfigured({r:?})"),
+            InternalMsg::HealthTick => f.write_str("HealthTick"),
+            InternalMsg::HealthResult(r) => write!(f, "HealthResult({r:?})"),
+            InternalMsg::Drained => f.write_str("Drained"),
+            InternalMsg::Panicked(m) => write!(f, "Panicked({m})"),
+        }
+    }
+}
+
+impl From<InternalMsg> for ReplicaMsg {
+    fn from(m: InternalMsg) -> Self {
+        ReplicaMsg::Internal(Internal(m))
+    }
 }
 
 /// Everything a replica needs to start.
@@ -166,7 +205,7 @@ pub struct ReplicaArgs {
 pub struct ReplicaActor;
 
 /// The replica's state.
-pub struct ReplicaState {
+pub struct ReplicaActorState {
     args: ReplicaArgs,
     version: DeploymentVersion,
     phase: ReplicaPhase,
@@ -185,7 +224,7 @@ pub struct ReplicaState {
     _membership: Membership,
 }
 
-impl ReplicaState {
+impl ReplicaActorState {
     fn report(&self, event: ReplicaEvent) {
         (self.args.reporter)(self.args.id, event);
     }
@@ -213,11 +252,11 @@ impl ReplicaState {
             t.abort();
         }
         let period = self.args.spec.config.health_check_period;
-        self.health_timer = Some(myself.send_interval(period, || ReplicaMsg::HealthTick));
+        self.health_timer = Some(myself.send_interval(period, || InternalMsg::HealthTick.into()));
     }
 
     /// Count a health check's outcome: three failures in a row condemn it.
-    fn health_result(&mut self, result: Result<(), String>) {
+    fn health_result(&mut self, result: Result<(), HealthError>) {
         match result {
             Ok(()) => self.health_failures = 0,
             Err(e) => {
@@ -277,12 +316,12 @@ async fn initialise(args: InitArgs) -> Result<Arc<dyn ErasedDeployment>, String>
 async fn health_check(
     user: Arc<dyn ErasedDeployment>,
     timeout: std::time::Duration,
-) -> Result<(), String> {
+) -> Result<(), HealthError> {
     let check = tokio::time::timeout(timeout, user.check_health());
     match AssertUnwindSafe(check).catch_unwind().await {
-        Ok(Ok(r)) => r.map_err(|e| e.to_string()),
-        Ok(Err(_)) => Err(format!("health check timed out after {timeout:?}")),
-        Err(_) => Err("health check panicked".to_owned()),
+        Ok(Ok(r)) => r.map_err(HealthError::Unhealthy),
+        Ok(Err(_)) => Err(HealthError::TimedOut(timeout)),
+        Err(_) => Err(HealthError::Panicked),
     }
 }
 
@@ -295,17 +334,17 @@ struct InitArgs {
 
 impl Actor for ReplicaActor {
     type Msg = ReplicaMsg;
-    type State = ReplicaState;
+    type State = ReplicaActorState;
     type Arguments = ReplicaArgs;
 
     async fn pre_start(
         &self,
         myself: ActorRef<ReplicaMsg>,
         args: ReplicaArgs,
-    ) -> Result<ReplicaState, ActorProcessingErr> {
+    ) -> Result<ReplicaActorState, ActorProcessingErr> {
         let membership = groups::join(args.group.clone(), myself.get_cell());
         let version = args.version.clone();
-        Ok(ReplicaState {
+        Ok(ReplicaActorState {
             args,
             version,
             phase: ReplicaPhase::Starting,
@@ -325,7 +364,7 @@ impl Actor for ReplicaActor {
     async fn post_start(
         &self,
         myself: ActorRef<ReplicaMsg>,
-        state: &mut ReplicaState,
+        state: &mut ReplicaActorState,
     ) -> Result<(), ActorProcessingErr> {
         let a = &state.args;
         let init = InitArgs {
@@ -344,7 +383,7 @@ impl Actor for ReplicaActor {
         let me = myself.clone();
         state.constructor = Some(tokio::spawn(async move {
             let result = initialise(init).await;
-            let _ = me.cast(ReplicaMsg::Started(Startup(result)));
+            let _ = me.cast(InternalMsg::Started(result).into());
         }));
         Ok(())
     }
@@ -353,137 +392,15 @@ impl Actor for ReplicaActor {
         &self,
         myself: ActorRef<ReplicaMsg>,
         msg: ReplicaMsg,
-        state: &mut ReplicaState,
+        state: &mut ReplicaActorState,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            ReplicaMsg::Started(Startup(result)) => {
-                state.constructor = None;
-                if state.phase == ReplicaPhase::Stopping {
-                    myself.stop(None);
-                    return Ok(());
-                }
-                match result {
-                    Ok(user) => {
-                        let a = &state.args;
-                        let endpoint = Arc::new(ReplicaEndpoint::new(
-                            a.id,
-                            a.node.clone(),
-                            user.clone(),
-                            a.spec.config.max_ongoing_requests,
-                            a.route.slot_freed.clone(),
-                            myself.clone(),
-                            a.faults.clone(),
-                        ));
-                        state.user = Some(user);
-                        state.endpoint = Some(endpoint.clone());
-                        state.set_phase(ReplicaPhase::Running);
-                        state.start_health_timer(&myself);
-                        state.report(ReplicaEvent::Ready {
-                            endpoint,
-                            version: state.version.clone(),
-                        });
-                        if let Some(spec) = state.deferred.take() {
-                            let _ = myself.cast(ReplicaMsg::Reconfigure(spec));
-                        }
-                    }
-                    Err(error) => {
-                        warn!(app = %state.args.app, deployment = %state.args.deployment,
-                            replica = %state.args.id, %error, "replica failed to start");
-                        state.set_phase(ReplicaPhase::Stopping);
-                        state.report(ReplicaEvent::StartFailed {
-                            error: error.clone(),
-                        });
-                        myself.stop(Some(format!("{START_FAILED}{error}")));
-                    }
-                }
-            }
             ReplicaMsg::Observe(reply) => {
                 let _ = reply.send(state.snapshot());
             }
-            ReplicaMsg::Reconfigure(spec) => {
-                let Some(user) = state.user.clone() else {
-                    // Still starting: the constructor runs the old config; apply the
-                    // new one (user reconfigure included) once it runs.
-                    state.deferred = Some(spec);
-                    return Ok(());
-                };
-                if state.phase == ReplicaPhase::Stopping {
-                    return Ok(());
-                }
-                let user_config_changed =
-                    spec.config.user_config != state.args.spec.config.user_config;
-                if !user_config_changed {
-                    apply_config(&myself, state, spec);
-                    return Ok(());
-                }
-                state.set_phase(ReplicaPhase::Updating);
-                let me = myself.clone();
-                tokio::spawn(async move {
-                    let result = match spec.config.user_config.clone() {
-                        Some(uc) => user.reconfigure(uc).await.map_err(|e| e.to_string()),
-                        None => Ok(()),
-                    };
-                    let _ = me.cast(ReplicaMsg::Reconfigured(spec, result));
-                });
-            }
-            ReplicaMsg::Reconfigured(spec, result) => {
-                if state.phase == ReplicaPhase::Stopping {
-                    return Ok(());
-                }
-                match result {
-                    Ok(()) => {
-                        state.set_phase(ReplicaPhase::Running);
-                        apply_config(&myself, state, spec);
-                    }
-                    Err(e) => {
-                        if state.condemned.is_none() {
-                            let error =
-                                format!("replica {} failed to reconfigure: {e}", state.args.id);
-                            state.condemned = Some(error.clone());
-                            warn!(app = %state.args.app, deployment = %state.args.deployment,
-                                replica = %state.args.id, %error, "reconfigure failed");
-                            state.report(ReplicaEvent::ReconfigureFailed { error });
-                        }
-                    }
-                }
-            }
-            ReplicaMsg::HealthTick => {
-                if state.health_outstanding || state.phase == ReplicaPhase::Stopping {
-                    return Ok(());
-                }
-                if state.args.faults.hit(FaultPoint::ReplicaHealthCheck) {
-                    state.health_result(Err("injected fault: ReplicaHealthCheck".to_owned()));
-                    return Ok(());
-                }
-                if let Some(user) = state.user.clone() {
-                    // Most checks finish at once: run them inline, and spend a task
-                    // (and a timer) only on one that has to wait.
-                    let timeout = state.args.spec.config.health_check_timeout;
-                    let mut check = Box::pin(health_check(user, timeout));
-                    match check.as_mut().now_or_never() {
-                        Some(result) => state.health_result(result),
-                        None => {
-                            state.health_outstanding = true;
-                            let me = myself.clone();
-                            tokio::spawn(async move {
-                                let _ = me.cast(ReplicaMsg::HealthResult(check.await));
-                            });
-                        }
-                    }
-                }
-            }
-            ReplicaMsg::HealthResult(result) => {
-                state.health_outstanding = false;
-                state.health_result(result);
-            }
-            ReplicaMsg::Panicked(m) => {
-                state.condemn(format!(
-                    "replica {} panicked handling a request: {m}",
-                    state.args.id
-                ));
-            }
+            ReplicaMsg::Reconfigure(spec) => reconfigure(&myself, state, spec),
             ReplicaMsg::Stop { graceful } => begin_stop(&myself, state, graceful),
-            ReplicaMsg::Drained => myself.stop(None),
+            ReplicaMsg::Internal(Internal(m)) => internal(&myself, state, m),
         }
         Ok(())
     }
@@ -491,7 +408,7 @@ impl Actor for ReplicaActor {
     async fn post_stop(
         &self,
         _myself: ActorRef<ReplicaMsg>,
-        state: &mut ReplicaState,
+        state: &mut ReplicaActorState,
     ) -> Result<(), ActorProcessingErr> {
         for t in [
             state.constructor.take(),
@@ -512,10 +429,150 @@ impl Actor for ReplicaActor {
     }
 }
 
+/// The constructor finished: serve, or report the failure and wait to be
+/// stopped (the owner decides; an exit reason never carries the error).
+fn started(
+    myself: &ActorRef<ReplicaMsg>,
+    state: &mut ReplicaActorState,
+    result: Result<Arc<dyn ErasedDeployment>, String>,
+) {
+    state.constructor = None;
+    if state.phase == ReplicaPhase::Stopping {
+        myself.stop(None);
+        return;
+    }
+    match result {
+        Ok(user) => {
+            let a = &state.args;
+            let endpoint = Arc::new(ReplicaEndpoint::new(
+                a.id,
+                a.node.clone(),
+                user.clone(),
+                a.spec.config.max_ongoing_requests,
+                a.route.slot_freed.clone(),
+                myself.clone(),
+                a.faults.clone(),
+            ));
+            state.user = Some(user);
+            state.endpoint = Some(endpoint.clone());
+            state.set_phase(ReplicaPhase::Running);
+            state.start_health_timer(myself);
+            state.report(ReplicaEvent::Ready {
+                endpoint,
+                version: state.version.clone(),
+            });
+            if let Some(spec) = state.deferred.take() {
+                let _ = myself.cast(ReplicaMsg::Reconfigure(spec));
+            }
+        }
+        Err(error) => {
+            warn!(app = %state.args.app, deployment = %state.args.deployment,
+                replica = %state.args.id, %error, "replica failed to start");
+            state.set_phase(ReplicaPhase::StartFailed);
+            state.condemned = Some(error.clone());
+            state.report(ReplicaEvent::StartFailed { error });
+        }
+    }
+}
+
+/// Take a new config: at once if the user config is unchanged, else through
+/// the user's `reconfigure` in a task.
+fn reconfigure(
+    myself: &ActorRef<ReplicaMsg>,
+    state: &mut ReplicaActorState,
+    spec: Arc<DeploymentSpec>,
+) {
+    let Some(user) = state.user.clone() else {
+        // Still starting: the constructor runs the old config; apply the
+        // new one (user reconfigure included) once it runs.
+        state.deferred = Some(spec);
+        return;
+    };
+    if state.phase == ReplicaPhase::Stopping {
+        return;
+    }
+    if spec.config.user_config == state.args.spec.config.user_config {
+        apply_config(myself, state, spec);
+        return;
+    }
+    state.set_phase(ReplicaPhase::Updating);
+    let me = myself.clone();
+    tokio::spawn(async move {
+        let result = match spec.config.user_config.clone() {
+            Some(uc) => user.reconfigure(uc).await,
+            None => Ok(()),
+        };
+        let _ = me.cast(InternalMsg::Reconfigured(spec, result).into());
+    });
+}
+
+/// The replica's own messages.
+fn internal(myself: &ActorRef<ReplicaMsg>, state: &mut ReplicaActorState, msg: InternalMsg) {
+    match msg {
+        InternalMsg::Started(result) => started(myself, state, result),
+        InternalMsg::Reconfigured(spec, result) => {
+            if state.phase == ReplicaPhase::Stopping {
+                return;
+            }
+            match result {
+                Ok(()) => {
+                    state.set_phase(ReplicaPhase::Running);
+                    apply_config(myself, state, spec);
+                }
+                Err(e) => {
+                    if state.condemned.is_none() {
+                        let error = format!("replica {} failed to reconfigure: {e}", state.args.id);
+                        state.condemned = Some(error.clone());
+                        warn!(app = %state.args.app, deployment = %state.args.deployment,
+                            replica = %state.args.id, %error, "reconfigure failed");
+                        state.report(ReplicaEvent::ReconfigureFailed { error });
+                    }
+                }
+            }
+        }
+        InternalMsg::HealthTick => {
+            if state.health_outstanding || state.phase == ReplicaPhase::Stopping {
+                return;
+            }
+            if state.args.faults.hit(FaultPoint::ReplicaHealthCheck) {
+                state.health_result(Err(HealthError::Injected));
+                return;
+            }
+            if let Some(user) = state.user.clone() {
+                // Most checks finish at once: run them inline, and spend a task
+                // (and a timer) only on one that has to wait.
+                let timeout = state.args.spec.config.health_check_timeout;
+                let mut check = Box::pin(health_check(user, timeout));
+                match check.as_mut().now_or_never() {
+                    Some(result) => state.health_result(result),
+                    None => {
+                        state.health_outstanding = true;
+                        let me = myself.clone();
+                        tokio::spawn(async move {
+                            let _ = me.cast(InternalMsg::HealthResult(check.await).into());
+                        });
+                    }
+                }
+            }
+        }
+        InternalMsg::HealthResult(result) => {
+            state.health_outstanding = false;
+            state.health_result(result);
+        }
+        InternalMsg::Panicked(m) => {
+            state.condemn(format!(
+                "replica {} panicked handling a request: {m}",
+                state.args.id
+            ));
+        }
+        InternalMsg::Drained => myself.stop(None),
+    }
+}
+
 /// Swap a config in place: the router limit and health timer follow it.
 fn apply_config(
     myself: &ActorRef<ReplicaMsg>,
-    state: &mut ReplicaState,
+    state: &mut ReplicaActorState,
     spec: Arc<DeploymentSpec>,
 ) {
     let period_changed =
@@ -535,7 +592,7 @@ fn apply_config(
 
 /// Stop taking requests at once; drain (checking every wait loop) and stop when
 /// idle, or kill at the graceful timeout. A replica still starting stops at once.
-fn begin_stop(myself: &ActorRef<ReplicaMsg>, state: &mut ReplicaState, graceful: bool) {
+fn begin_stop(myself: &ActorRef<ReplicaMsg>, state: &mut ReplicaActorState, graceful: bool) {
     if state.phase == ReplicaPhase::Stopping && state.drain.is_some() {
         if !graceful {
             myself.stop(None);
@@ -573,6 +630,6 @@ fn begin_stop(myself: &ActorRef<ReplicaMsg>, state: &mut ReplicaState, graceful:
         if drained.is_err() {
             ep.kill();
         }
-        let _ = me.cast(ReplicaMsg::Drained);
+        let _ = me.cast(InternalMsg::Drained.into());
     }));
 }

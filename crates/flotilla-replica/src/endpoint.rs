@@ -129,7 +129,9 @@ impl ReplicaEndpoint {
 
     pub(crate) fn report_panic(&self, message: String) {
         // The replica may already be gone; then there is nobody left to tell.
-        let _ = self.actor.cast(ReplicaMsg::Panicked(message));
+        let _ = self
+            .actor
+            .cast(crate::actor::InternalMsg::Panicked(message).into());
     }
 
     /// Take a request slot if the replica accepts and is below its limit.

@@ -8,9 +8,6 @@
 //! - the data plane: a [`ReplicaEndpoint`] per running replica, the shared
 //!   [`Directory`] of routes per deployment (published by subscription, `watch`), and
 //!   the [`DeploymentHandle`] that routes requests by power-of-two-choices;
-//! - the plumbing every supervising actor shares ([`supervision`]: restart policy,
-//!   watching children, the [`Parent`](supervision::Parent) children report to) and
-//!   the process [`groups`] a restarted parent re-adopts its children from.
 //!
 //! Handles live here (and not in the controller) because a deployment's constructor
 //! receives them through its [`InitContext`] to call other deployments.
@@ -21,16 +18,14 @@
 mod actor;
 mod endpoint;
 mod error;
-pub mod groups;
 mod handle;
 mod registry;
 mod route;
-pub mod supervision;
 mod user;
 
 pub use actor::{
-    ReplicaActor, ReplicaArgs, ReplicaEvent, ReplicaMsg, ReplicaPhase, ReplicaReporter,
-    ReplicaSnapshot, START_FAILED,
+    HealthError, Internal, ReplicaActor, ReplicaActorState, ReplicaArgs, ReplicaEvent, ReplicaMsg,
+    ReplicaPhase, ReplicaReporter, ReplicaSnapshot,
 };
 pub use endpoint::{ReplicaEndpoint, ReplicaId};
 pub use error::CallError;

@@ -11,25 +11,16 @@ impl Sim {
     /// Kill `n` replica actors, drawn from every replica group of the instance.
     pub(super) fn kill_replicas(&mut self, n: usize, now: f64) -> Result<String> {
         let serve = self.serve()?;
-        let prefix = format!("{}/replicas:", serve.namespace());
-        let mut members: Vec<(String, ractor::ActorCell)> = Vec::new();
-        for (g, mut cells) in flotilla::groups::with_prefix(&prefix) {
-            cells.sort_by_key(|c| c.get_id());
-            members.extend(cells.into_iter().map(|c| (g.clone(), c)));
-        }
-        let picked = self.rng.sample(members.len(), n);
+        let replicas = serve.living_replicas();
+        let picked = self.rng.sample(replicas.len(), n);
         let names = self.shared.world.names().clone();
         let mut apps = BTreeSet::new();
         for i in &picked {
-            let (g, cell) = &members[*i];
-            if let Some(idx) = g
-                .strip_prefix(&prefix)
-                .and_then(|r| r.split('/').next())
-                .and_then(|a| names.index(a))
-            {
+            let r = &replicas[*i];
+            if let Some(idx) = names.index(r.app.as_str()) {
                 apps.insert(idx);
             }
-            cell.kill();
+            serve.crash_replica(r.app.as_str(), r.deployment.as_str(), r.id);
         }
         self.restarts.replicas_killed += picked.len() as u64;
         let count = apps.len();

@@ -85,7 +85,7 @@ pub const DEFAULT_LOCAL_CAPACITY: usize = 200_000;
 /// task, for an event that only a full node needs).
 ///
 /// ```
-/// use flotilla_deployment::{Cluster, LocalCluster};
+/// use flotilla_cluster::{Cluster, LocalCluster};
 /// let c = LocalCluster::with_capacity(100);
 /// assert_eq!((c.capacity(), c.placed()), (100, 0));
 /// ```

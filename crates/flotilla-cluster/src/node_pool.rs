@@ -190,7 +190,7 @@ struct Reservation {
 ///
 /// ```
 /// use flotilla_core::{AppName, DeploymentName, Resources};
-/// use flotilla_deployment::{NodePool, NodeSpec, PlacementRequest};
+/// use flotilla_cluster::{NodePool, NodeSpec, PlacementRequest};
 /// use flotilla_replica::ReplicaId;
 /// let mut pool = NodePool::new([NodeSpec::new("n1", Resources::default().with_cpus(1.0))]);
 /// let (app, dep) = (AppName::new("a").unwrap(), DeploymentName::new("d").unwrap());

@@ -23,7 +23,7 @@ const EVENT_BUFFER: usize = 256;
 ///
 /// ```
 /// use flotilla_core::Resources;
-/// use flotilla_deployment::{NodeSpec, StaticCluster};
+/// use flotilla_cluster::{NodeSpec, StaticCluster};
 /// let c = StaticCluster::new([
 ///     NodeSpec::new("n1", Resources::default().with_cpus(2.0)),
 ///     NodeSpec::new("n2", Resources::default().with_gpus(1.0)),

@@ -1,0 +1,137 @@
+//! The Controller's children: one ApplicationActor per application with a
+//! record, started, adopted, restarted and escalated through [`Children`].
+//!
+//! [`Children`]: flotilla_supervision::Children
+
+use std::time::Duration;
+
+use flotilla_application::{AppMsg, ApplicationActor};
+use flotilla_core::{AppName, naming};
+use flotilla_supervision::{ChildExit, Escalation, StartError, Started};
+use ractor::{ActorProcessingErr, ActorRef};
+use tracing::warn;
+
+use crate::{Controller, ControllerMsg, messages::InternalMsg, state::ControllerState};
+
+/// Delay before retrying a spawn whose name is still held by a stopping actor,
+/// or a failed commit of a finished deletion.
+pub(crate) const RETRY: Duration = Duration::from_millis(10);
+
+impl Controller {
+    /// Start or update the ApplicationActor of `name` with its current record.
+    pub(crate) async fn command(
+        myself: &ActorRef<ControllerMsg>,
+        state: &mut ControllerState,
+        name: &AppName,
+    ) {
+        let Some(record) = state.apps.get(name).map(|e| e.record.clone()) else {
+            return;
+        };
+        if let Some(actor) = state.actors.actor(name) {
+            if actor
+                .cast(AppMsg::SetTarget(Box::new(record.clone())))
+                .is_ok()
+            {
+                return;
+            }
+            // It is gone (its exit event may still be queued): start another.
+            state.actors.lost(name);
+        }
+        Self::start_app(myself, state, name, record).await;
+    }
+
+    async fn start_app(
+        myself: &ActorRef<ControllerMsg>,
+        state: &mut ControllerState,
+        name: &AppName,
+        record: flotilla_core::AppRecord,
+    ) {
+        if state.actors.is_waiting(name) {
+            return;
+        }
+        let args = state.app_args(&record);
+        let actor_name = naming::application(&state.ns, name);
+        let parent = myself.get_cell();
+        match state
+            .actors
+            .start(&parent, name.clone(), actor_name, ApplicationActor, args)
+            .await
+        {
+            Ok(Started::Spawned(_)) => {}
+            // A living actor we did not watch held the name: it is ours now.
+            Ok(Started::Adopted(actor)) => {
+                let _ = actor.cast(AppMsg::SetTarget(Box::new(record)));
+            }
+            // Already gone (a finished deletion): its Deleted report is on its way.
+            Err(StartError::Exited) => Self::restart_later(myself, state, name.clone(), RETRY),
+            Err(e) => {
+                warn!(app = %name, error = %e, "could not start application actor; retrying");
+                Self::restart_later(myself, state, name.clone(), RETRY);
+            }
+        }
+    }
+
+    /// Look at `name` again after `after`.
+    pub(crate) fn restart_later(
+        myself: &ActorRef<ControllerMsg>,
+        state: &mut ControllerState,
+        name: AppName,
+        after: Duration,
+    ) {
+        state
+            .actors
+            .retry_later(name, after, myself, |n| InternalMsg::RestartApp(n).into());
+    }
+
+    /// Re-adopt the ApplicationActors a predecessor left running, then start the
+    /// missing ones (a restarted Controller).
+    pub(crate) async fn adopt_apps(myself: &ActorRef<ControllerMsg>, state: &mut ControllerState) {
+        let names: Vec<AppName> = state.apps.keys().cloned().collect();
+        for name in names {
+            if let Some(actor) = ActorRef::<AppMsg>::where_is(naming::application(&state.ns, &name))
+            {
+                state.actors.adopt(&myself.get_cell(), name.clone(), actor);
+            }
+            Self::command(myself, state, &name).await;
+        }
+    }
+
+    /// An ApplicationActor exited: a finished deletion, a cancelled one, or a
+    /// crash to restart from (escalated past the restart policy).
+    pub(crate) async fn app_exited(
+        myself: &ActorRef<ControllerMsg>,
+        state: &mut ControllerState,
+        name: AppName,
+        how: ChildExit,
+    ) -> Result<(), ActorProcessingErr> {
+        if state.shutting_down {
+            return Ok(());
+        }
+        let Some(entry) = state.apps.get(&name) else {
+            return Ok(());
+        };
+        match how {
+            // A graceful exit means it finished deleting. Its Deleted report is
+            // queued behind this event (supervision events come first): let it
+            // land before looking again, or every exit would respawn an actor
+            // that reports and exits again, without end. If the report was lost,
+            // the later look starts an actor that sends it anew.
+            ChildExit::Stopped if entry.record.deleting => {
+                Self::restart_later(myself, state, name, RETRY);
+            }
+            // A redeploy cancelled the deletion since: start it with that target.
+            ChildExit::Stopped => Self::command(myself, state, &name).await,
+            how @ (ChildExit::Killed | ChildExit::Failed { .. }) => {
+                warn!(app = %name, %how, "application actor crashed");
+                let policy = state.restart;
+                match state.actors.on_crash(&name, &policy) {
+                    Some(delay) => Self::restart_later(myself, state, name, delay),
+                    None => {
+                        return Err(Escalation::of(format!("application '{name}'"), &policy).into());
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,134 @@
+//! The checkpoint, as only the Controller holds it: opening it (read and checked
+//! whole before anything runs), and the one commit path with its fault points.
+
+use std::{
+    path::Path,
+    sync::{Arc, Weak},
+};
+
+use flotilla_core::{FaultPoint, Faults};
+use flotilla_store::{Batch, Snapshot, Store, StoreCounters, StoreError};
+use ractor::ActorProcessingErr;
+
+use crate::ServeError;
+
+/// The open checkpoint store. [`Checkpoint::open`] gives it to the embedding
+/// program only to hand to the Controller ([`ControllerArgs`](crate::ControllerArgs)):
+/// everything that reads or writes the store goes through the Controller, the
+/// only writer. Counters come with [`ControllerMsg::Observe`](crate::ControllerMsg),
+/// a failing commit is a fault point ([`FaultPoint::CommitFails`]).
+#[derive(Clone)]
+pub struct Checkpoint {
+    store: Arc<Store>,
+}
+
+impl std::fmt::Debug for Checkpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Checkpoint")
+            .field("path", &self.store.path())
+            .finish()
+    }
+}
+
+/// Closes the checkpoint when its instance dies without the Controller's
+/// goodbye (a crash, or the last `Serve` dropped): the file's lock is released
+/// at once, so another instance may open it. It holds no reference that keeps
+/// the store open.
+#[derive(Clone, Debug)]
+pub struct CheckpointCloser {
+    store: Weak<Store>,
+}
+
+impl CheckpointCloser {
+    /// Close the store if it is still open; later reads and commits fail with
+    /// `StoreError::Closed`.
+    pub fn close(&self) {
+        if let Some(store) = self.store.upgrade() {
+            store.close();
+        }
+    }
+}
+
+impl Checkpoint {
+    /// Open (or create) the checkpoint at `path` and read all of it: a file that
+    /// is locked, damaged, from a newer schema or not a regular file is refused
+    /// here, before anything runs, and left as it was. The snapshot is what the
+    /// first Controller starts from ([`Preloaded`](crate::Preloaded)).
+    pub fn open(path: impl AsRef<Path>) -> Result<(Checkpoint, Snapshot), ServeError> {
+        let (store, snapshot) = Store::open(path)?;
+        Ok((
+            Checkpoint {
+                store: Arc::new(store),
+            },
+            snapshot,
+        ))
+    }
+
+    /// A handle that can only close the store.
+    pub fn closer(&self) -> CheckpointCloser {
+        CheckpointCloser {
+            store: Arc::downgrade(&self.store),
+        }
+    }
+
+    pub(crate) fn load(&self) -> Result<Snapshot, StoreError> {
+        self.store.load()
+    }
+
+    pub(crate) fn counters(&self) -> StoreCounters {
+        self.store.counters()
+    }
+
+    pub(crate) fn close(&self) {
+        self.store.close();
+    }
+
+    /// Commit `batch` with the fault points around it. `Err` is an injected
+    /// crash; `Ok(Err)` is the store's refusal, for the caller to report
+    /// (nothing changed).
+    pub(crate) async fn commit(
+        &self,
+        faults: &Faults,
+        batch: Batch,
+    ) -> Result<Result<(), StoreError>, ActorProcessingErr> {
+        crash_if(faults, FaultPoint::ControllerBeforeCommit)?;
+        if faults.hit(FaultPoint::CommitFails) {
+            self.store.fail_next_commit();
+        }
+        let result = self.write(batch).await?;
+        if result.is_ok() {
+            crash_if(faults, FaultPoint::ControllerAfterCommit)?;
+        }
+        Ok(result)
+    }
+
+    /// Commit `batch` and wait for it; the Controller handles nothing else
+    /// meanwhile (the protocol's order holds). On a multi-thread runtime the
+    /// fsync runs on a blocking thread, so it does not hold a worker its
+    /// children's actors could use. On a current-thread runtime there is no
+    /// other worker to free, and committing inline keeps a paused-time run
+    /// (tests, the simulator) a pure function of its seed: a blocking thread
+    /// would finish at a wall-clock moment. A panic inside the store crashes the
+    /// Controller (`Err`), whose successor recovers.
+    async fn write(&self, batch: Batch) -> Result<Result<(), StoreError>, ActorProcessingErr> {
+        use tokio::runtime::{Handle, RuntimeFlavor};
+        if Handle::current().runtime_flavor() == RuntimeFlavor::CurrentThread {
+            return Ok(self.store.commit(&batch));
+        }
+        let store = self.store.clone();
+        Ok(tokio::task::spawn_blocking(move || store.commit(&batch)).await?)
+    }
+}
+
+/// Crash the Controller here if `point` is armed (fault injection).
+pub(crate) fn crash_if(faults: &Faults, point: FaultPoint) -> Result<(), ActorProcessingErr> {
+    if faults.hit(point) {
+        return Err(Box::new(InjectedCrash(point)));
+    }
+    Ok(())
+}
+
+/// A crash injected at a fault point.
+#[derive(Debug, thiserror::Error)]
+#[error("injected fault: {0:?}")]
+pub(crate) struct InjectedCrash(pub(crate) FaultPoint);

@@ -1,0 +1,76 @@
+//! Removing the records of finished deletions: batched, one commit for every
+//! deletion finished by then.
+
+use flotilla_core::AppName;
+use flotilla_store::Batch;
+use ractor::{ActorProcessingErr, ActorRef};
+use tracing::{info, warn};
+
+use crate::{
+    Controller, ControllerMsg, apps::RETRY, messages::InternalMsg, state::ControllerState,
+};
+
+impl Controller {
+    /// The ApplicationActor finished deleting: its record is removed with the
+    /// other deletions finished by then, in one commit ([`Self::remove_deleted`]).
+    pub(crate) fn deleted(
+        myself: &ActorRef<ControllerMsg>,
+        state: &mut ControllerState,
+        name: AppName,
+        generation: u64,
+    ) {
+        if state.removals.is_empty() {
+            let _ = myself.cast(InternalMsg::RemoveDeleted.into());
+        }
+        state.removals.push((name, generation));
+    }
+
+    /// Remove the records of the finished deletions that still stand (a redeploy
+    /// may have cancelled one since): one commit for them all.
+    pub(crate) async fn remove_deleted(
+        myself: &ActorRef<ControllerMsg>,
+        state: &mut ControllerState,
+    ) -> Result<(), ActorProcessingErr> {
+        let mut done: Vec<AppName> = std::mem::take(&mut state.removals)
+            .into_iter()
+            .filter(|(name, generation)| {
+                state
+                    .apps
+                    .get(name)
+                    .is_some_and(|e| e.record.deleting && e.record.generation == *generation)
+            })
+            .map(|(name, _)| name)
+            .collect();
+        done.sort();
+        done.dedup();
+        if done.is_empty() {
+            return Ok(());
+        }
+        let mut batch = Batch::new();
+        for name in &done {
+            batch.delete_app(name);
+        }
+        if let Err(err) = state.checkpoint.commit(&state.faults, batch).await? {
+            warn!(apps = done.len(), error = %err, "could not remove deleted applications; retrying");
+            for name in done {
+                if let Some(e) = state.apps.get(&name) {
+                    let generation = e.record.generation;
+                    state.removals.push((name, generation));
+                }
+            }
+            myself.send_after(RETRY, || InternalMsg::RemoveDeleted.into());
+            return Ok(());
+        }
+        for name in &done {
+            state.apps.remove(name);
+            state.actors.remove(name);
+            state.autoscaled.remove(name);
+            state.config.forget_failure(name);
+            state.logging.set_app(name, None);
+            state.board.remove(name);
+            info!(app = %name, "application removed");
+        }
+        Self::resume_removed(myself, state, &done);
+        Ok(())
+    }
+}

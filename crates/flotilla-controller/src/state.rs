@@ -1,0 +1,245 @@
+//! The Controller's arguments and state, and recovering the state from the
+//! checkpoint.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::Arc,
+};
+
+use flotilla_application::{AppArgs, AppMsg, AppReporter};
+use flotilla_cluster::Cluster;
+use flotilla_core::{AppName, AppRecord, DeploymentName, Faults, RoutePrefix, ServeConfig, naming};
+use flotilla_replica::{Directory, Registry};
+use flotilla_store::{Batch, Snapshot, StoreError};
+use flotilla_supervision::{Children, Parent, RestartPolicy};
+use ractor::ActorProcessingErr;
+use tracing::info;
+
+use crate::{
+    Checkpoint, ControllerMsg, ControllerSnapshot, LogSettings, Route, RouteTable, ServeError,
+    StatusBoard, config_deploy::ConfigState, messages::InternalMsg, targets::accepted_status,
+};
+
+/// A wall clock: [`SystemTime::now`](std::time::SystemTime::now) by default; a
+/// test or the simulator gives one of its own so its runs stay reproducible.
+pub type WallClock = Arc<dyn Fn() -> std::time::SystemTime + Send + Sync>;
+
+/// Everything a Controller needs; the Supervisor gives the same to each restart.
+#[derive(Clone)]
+pub struct ControllerArgs {
+    /// The Serve instance's namespace.
+    pub ns: String,
+    /// The checkpoint (the Controller is its only reader and writer).
+    pub checkpoint: Checkpoint,
+    /// Where code is registered.
+    pub registry: Registry,
+    /// Routes, shared with handles.
+    pub directory: Directory,
+    /// Where replicas run.
+    pub cluster: Arc<dyn Cluster>,
+    /// Published statuses, shared with callers.
+    pub board: StatusBoard,
+    /// How crashed children restart.
+    pub restart: RestartPolicy,
+    /// Armed fault points (fault injection; free when unarmed).
+    pub faults: Faults,
+    /// Logging settings, kept current as targets and configs change.
+    pub logging: LogSettings,
+    /// The checkpoint as [`Checkpoint::open`] already read it, for the first
+    /// Controller.
+    pub preloaded: Preloaded,
+    /// The wall clock that stamps accepted targets (`last_deployed`).
+    pub clock: WallClock,
+    /// The published route index (the Controller keeps it current).
+    pub route_table: RouteTable,
+}
+
+/// A checkpoint already read (the open reads it, to fail before spawning
+/// anything): the first Controller takes it instead of reading the file again;
+/// every restart reads the file, the only truth after a crash.
+#[derive(Clone, Default)]
+pub struct Preloaded(Arc<std::sync::Mutex<Option<Snapshot>>>);
+
+impl Preloaded {
+    /// Hand `snapshot` to the first Controller.
+    pub fn new(snapshot: Snapshot) -> Self {
+        Preloaded(Arc::new(std::sync::Mutex::new(Some(snapshot))))
+    }
+
+    /// The snapshot, once; `None` afterwards (or if the lock was poisoned).
+    fn take(&self) -> Option<Snapshot> {
+        self.0.lock().ok().and_then(|mut s| s.take())
+    }
+}
+
+/// One application's durable target, as last committed.
+pub(crate) struct AppEntry {
+    pub(crate) record: AppRecord,
+}
+
+/// The Controller's state: the durable targets (as last committed) and the
+/// living children.
+pub struct ControllerState {
+    pub(crate) args: ControllerArgs,
+    pub(crate) apps: HashMap<AppName, AppEntry>,
+    /// The ApplicationActors, supervised.
+    pub(crate) actors: Children<AppName, AppMsg>,
+    pub(crate) routes: HashMap<RoutePrefix, AppName>,
+    /// Durable autoscaling decisions, by application then deployment.
+    pub(crate) autoscaled: HashMap<AppName, BTreeMap<DeploymentName, u32>>,
+    /// Finished deletions (name, generation) whose records await removal.
+    pub(crate) removals: Vec<(AppName, u64)>,
+    pub(crate) shutting_down: bool,
+    /// The last applied config (durable) and the builds it started (volatile).
+    pub(crate) config: ConfigState,
+    /// How every ApplicationActor reports here (one, shared by all of them).
+    app_reporter: AppReporter,
+}
+
+impl std::ops::Deref for ControllerState {
+    type Target = ControllerArgs;
+    fn deref(&self) -> &ControllerArgs {
+        &self.args
+    }
+}
+
+impl ControllerState {
+    /// The state recovered from the checkpoint (the preloaded snapshot for the
+    /// first Controller, the file for every restart). Statuses are volatile:
+    /// every recovered target's is published now (DEPLOYING, or DELETING for a
+    /// deletion), so callers see every application as soon as `start` returns.
+    pub(crate) fn recover(args: ControllerArgs) -> Result<ControllerState, ActorProcessingErr> {
+        let snapshot = match args.preloaded.take() {
+            Some(snapshot) => snapshot,
+            None => args.checkpoint.load()?,
+        };
+        let config = snapshot.config::<ServeConfig>()?;
+        if let Some(global) = config.as_ref().and_then(|c| c.logging_config.clone()) {
+            args.logging.set_global(global);
+        }
+        let mut apps = HashMap::with_capacity(snapshot.apps.len());
+        let mut routes = HashMap::new();
+        let mut table = Vec::new();
+        for record in snapshot.apps {
+            let name = record.spec.name.clone();
+            args.board.sender(&name, Some(&record.spec.ingress), || {
+                accepted_status(&record)
+            });
+            if !record.deleting
+                && let Some(p) = &record.spec.route_prefix
+            {
+                routes.insert(p.clone(), name.clone());
+                table.push(Route {
+                    prefix: p.clone(),
+                    app: name.clone(),
+                    ingress: record.spec.ingress.clone(),
+                });
+            }
+            apps.insert(name, AppEntry { record });
+        }
+        args.route_table.replace_all(table);
+        // The board outlives Controller crashes: an application whose record a
+        // predecessor removed just before it crashed must not linger on it (its
+        // stale generation would also hide a new application of the same name).
+        // An application the config names but has not built yet stays: the
+        // builds resume at once.
+        let stale = args.board.retain(|name, status| {
+            apps.contains_key(name)
+                || (status.observed_generation == 0
+                    && config
+                        .as_ref()
+                        .is_some_and(|c| c.application(name.as_str()).is_some()))
+        });
+        if stale > 0 {
+            info!(
+                stale,
+                "removed applications whose records are gone from the board"
+            );
+        }
+        let mut autoscaled: HashMap<AppName, BTreeMap<DeploymentName, u32>> = HashMap::new();
+        for (app, dep, rec) in snapshot.deployments {
+            if let Some(n) = rec.autoscaled_replicas {
+                autoscaled.entry(app).or_default().insert(dep, n);
+            }
+        }
+        info!(
+            apps = apps.len(),
+            "controller recovered targets from the checkpoint"
+        );
+        let controller: Parent<ControllerMsg> = Parent::new(naming::controller(&args.ns));
+        Ok(ControllerState {
+            app_reporter: Arc::new(move |event| {
+                controller.cast(InternalMsg::App(event).into());
+            }),
+            args,
+            apps,
+            actors: Children::new(),
+            routes,
+            autoscaled,
+            removals: Vec::new(),
+            shutting_down: false,
+            config: ConfigState::recovered(config),
+        })
+    }
+
+    /// What `Serve::metrics` reports of the Controller.
+    pub(crate) fn snapshot(&self) -> ControllerSnapshot {
+        ControllerSnapshot {
+            apps: self.apps.len(),
+            deleting: self.apps.values().filter(|e| e.record.deleting).count(),
+            app_actors: self.actors.living(),
+            app_restarts: self.actors.restarts(),
+            store: self.checkpoint.counters(),
+        }
+    }
+
+    /// What a (re)started ApplicationActor of `record` gets.
+    pub(crate) fn app_args(&self, record: &AppRecord) -> AppArgs {
+        let a = &self.args;
+        AppArgs {
+            ns: a.ns.clone(),
+            record: record.clone(),
+            registry: a.registry.clone(),
+            directory: a.directory.clone(),
+            cluster: a.cluster.clone(),
+            status: self
+                .board
+                .sender(&record.spec.name, Some(&record.spec.ingress), || {
+                    accepted_status(record)
+                }),
+            reporter: self.app_reporter.clone(),
+            restart: a.restart,
+            faults: a.faults.clone(),
+            autoscaled: self
+                .autoscaled
+                .get(&record.spec.name)
+                .cloned()
+                .unwrap_or_default(),
+            build_failure: self
+                .config
+                .build_failure(&record.spec.name, record.generation),
+        }
+    }
+}
+
+impl ControllerState {
+    /// Stage with `stage`, then commit what it wrote: `Ok(Ok(staged))` once
+    /// durable, `Ok(Err)` when refused (nothing changed; the caller replies it),
+    /// `Err` an injected crash.
+    pub(crate) async fn stage_and_commit<T>(
+        &self,
+        stage: impl FnOnce(&ControllerState, &mut Batch) -> Result<T, StoreError>,
+    ) -> Result<Result<T, ServeError>, ActorProcessingErr> {
+        let mut batch = Batch::new();
+        let staged = match stage(self, &mut batch) {
+            Ok(s) => s,
+            Err(e) => return Ok(Err(e.into())),
+        };
+        Ok(self
+            .checkpoint
+            .commit(&self.faults, batch)
+            .await?
+            .map(|()| staged)
+            .map_err(ServeError::from))
+    }
+}

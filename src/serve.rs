@@ -17,7 +17,7 @@ use flotilla_controller::{
 };
 use flotilla_core::{
     ApiType, AppName, ApplicationSpec, ApplicationStatus, ApplicationStatusInfo, Faults,
-    ServeConfig, naming,
+    ServeConfig, actor_names,
 };
 use flotilla_replica::{DeploymentHandle, Directory, Registry, ReplicaId};
 use flotilla_supervision::{RestartPolicy, groups};
@@ -157,11 +157,13 @@ impl Inner {
     fn living_actors(&self) -> Vec<ractor::ActorCell> {
         let ns = &self.ns;
         let mut cells = Vec::new();
-        cells.extend(ractor::registry::where_is(naming::controller(ns)));
+        cells.extend(ractor::registry::where_is(actor_names::controller(ns)));
         for (app, _) in self.board.all() {
-            cells.extend(ractor::registry::where_is(naming::application(ns, &app)));
+            cells.extend(ractor::registry::where_is(actor_names::application(
+                ns, &app,
+            )));
         }
-        for (_, members) in groups::with_prefix(&naming::namespace_prefix(ns)) {
+        for (_, members) in groups::with_prefix(&actor_names::namespace_prefix(ns)) {
             cells.extend(members);
         }
         cells
@@ -213,7 +215,7 @@ impl Serve {
     /// Open (or create) the store, recover what it holds, and start the actor tree.
     pub async fn start(options: ServeOptions) -> Result<Serve, ServeError> {
         if let Some(ns) = &options.namespace {
-            naming::validate_namespace(ns)?;
+            actor_names::validate_namespace(ns)?;
             if ractor::registry::where_is(format!("{ns}/supervisor")).is_some() {
                 return Err(ServeError::NamespaceInUse {
                     namespace: ns.clone(),
@@ -586,7 +588,7 @@ impl Serve {
         let Ok(app) = AppName::new(app) else {
             return false;
         };
-        self.kill(naming::application(&self.inner.ns, &app))
+        self.kill(actor_names::application(&self.inner.ns, &app))
     }
 
     /// Kill a DeploymentActor (fault injection); its ApplicationActor restarts it.
@@ -598,7 +600,7 @@ impl Serve {
         ) else {
             return false;
         };
-        self.kill(naming::deployment(&self.inner.ns, &app, &dep))
+        self.kill(actor_names::deployment(&self.inner.ns, &app, &dep))
     }
 
     /// Kill one replica (fault injection), as if its process died: requests it
@@ -612,7 +614,7 @@ impl Serve {
         ) else {
             return false;
         };
-        self.kill(naming::replica(&self.inner.ns, &app, &dep, replica.0))
+        self.kill(actor_names::replica(&self.inner.ns, &app, &dep, replica.0))
     }
 
     fn kill(&self, name: String) -> bool {
@@ -658,11 +660,11 @@ impl Serve {
     /// [`crash_replica`](Self::crash_replica), and orphan checks).
     pub fn living_replicas(&self) -> Vec<LivingReplica> {
         let ns = &self.inner.ns;
-        let mut found: Vec<LivingReplica> = groups::with_prefix(&naming::namespace_prefix(ns))
+        let mut found: Vec<LivingReplica> = groups::with_prefix(&actor_names::namespace_prefix(ns))
             .into_iter()
             .flat_map(|(_, members)| members)
             .filter_map(|cell| {
-                let (app, deployment, id) = naming::parse_replica(ns, &cell.get_name()?)?;
+                let (app, deployment, id) = actor_names::parse_replica(ns, &cell.get_name()?)?;
                 Some(LivingReplica {
                     app,
                     deployment,
@@ -677,7 +679,7 @@ impl Serve {
     /// Actors of this instance still alive in process groups (deployment actors and
     /// replicas), by group: for orphan checks.
     pub fn living_groups(&self) -> Vec<(String, usize)> {
-        groups::with_prefix(&naming::namespace_prefix(&self.inner.ns))
+        groups::with_prefix(&actor_names::namespace_prefix(&self.inner.ns))
             .into_iter()
             .map(|(g, members)| (g, members.len()))
             .collect()

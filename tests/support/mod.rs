@@ -306,7 +306,7 @@ pub fn deployment_actor(
 ) -> Option<ractor::ActorRef<DeploymentMsg>> {
     let app = AppName::new(app).expect("valid app name");
     let dep = DeploymentName::new(deployment).expect("valid deployment name");
-    ractor::ActorRef::<DeploymentMsg>::where_is(flotilla_core::naming::deployment(
+    ractor::ActorRef::<DeploymentMsg>::where_is(flotilla_core::actor_names::deployment(
         serve.namespace(),
         &app,
         &dep,

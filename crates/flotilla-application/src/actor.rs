@@ -5,7 +5,7 @@ use std::{collections::BTreeMap, sync::Arc, time::Duration};
 use flotilla_cluster::Cluster;
 use flotilla_core::{
     AppRecord, AppStatusInputs, ApplicationStatusInfo, DeploymentName, DeploymentSpec,
-    DeploymentStatusInfo, DeploymentTrigger, FaultPoint, Faults, ReplicaCount, naming,
+    DeploymentStatusInfo, DeploymentTrigger, FaultPoint, Faults, ReplicaCount, actor_names,
 };
 use flotilla_deployment::{
     DeploymentActor, DeploymentArgs, DeploymentEvent, DeploymentMsg, DeploymentReporter,
@@ -175,7 +175,7 @@ impl AppState {
 impl ApplicationActor {
     /// Find living DeploymentActors of this application and learn their targets.
     async fn adopt(myself: &ActorRef<AppMsg>, state: &mut AppState) {
-        let group = naming::deployment_group(&state.args.ns, &state.args.record.spec.name);
+        let group = actor_names::deployment_group(&state.args.ns, &state.args.record.spec.name);
         for cell in groups::members(&group) {
             let r: ActorRef<DeploymentMsg> = cell.clone().into();
             let Ok(CallResult::Success(snap)) =
@@ -276,7 +276,8 @@ impl ApplicationActor {
         name: DeploymentName,
         target: DeploymentTarget,
     ) {
-        let actor_name = naming::deployment(&state.args.ns, &state.args.record.spec.name, &name);
+        let actor_name =
+            actor_names::deployment(&state.args.ns, &state.args.record.spec.name, &name);
         let deleting = target.deleting;
         let args = state.deployment_args(target.clone());
         let parent = myself.get_cell();
@@ -357,7 +358,8 @@ impl Actor for ApplicationActor {
             .build_failure
             .clone()
             .map(|m| (args.record.generation, m));
-        let me: Parent<AppMsg> = Parent::new(naming::application(&args.ns, &args.record.spec.name));
+        let me: Parent<AppMsg> =
+            Parent::new(actor_names::application(&args.ns, &args.record.spec.name));
         Ok(AppState {
             args,
             children: BTreeMap::new(),

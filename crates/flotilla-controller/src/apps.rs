@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use flotilla_application::{AppMsg, ApplicationActor};
-use flotilla_core::{AppName, naming};
+use flotilla_core::{AppName, actor_names};
 use flotilla_supervision::{ChildExit, Escalation, StartError, Started};
 use ractor::{ActorProcessingErr, ActorRef};
 use tracing::warn;
@@ -50,7 +50,7 @@ impl Controller {
             return;
         }
         let args = state.app_args(&record);
-        let actor_name = naming::application(&state.ns, name);
+        let actor_name = actor_names::application(&state.ns, name);
         let parent = myself.get_cell();
         match state
             .actors
@@ -88,7 +88,8 @@ impl Controller {
     pub(crate) async fn adopt_apps(myself: &ActorRef<ControllerMsg>, state: &mut ControllerState) {
         let names: Vec<AppName> = state.apps.keys().cloned().collect();
         for name in names {
-            if let Some(actor) = ActorRef::<AppMsg>::where_is(naming::application(&state.ns, &name))
+            if let Some(actor) =
+                ActorRef::<AppMsg>::where_is(actor_names::application(&state.ns, &name))
             {
                 state.actors.adopt(&myself.get_cell(), name.clone(), actor);
             }

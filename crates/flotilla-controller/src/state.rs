@@ -8,7 +8,9 @@ use std::{
 
 use flotilla_application::{AppArgs, AppMsg, AppReporter};
 use flotilla_cluster::Cluster;
-use flotilla_core::{AppName, AppRecord, DeploymentName, Faults, RoutePrefix, ServeConfig, naming};
+use flotilla_core::{
+    AppName, AppRecord, DeploymentName, Faults, RoutePrefix, ServeConfig, actor_names,
+};
 use flotilla_replica::{Directory, Registry};
 use flotilla_store::{Batch, Snapshot, StoreError};
 use flotilla_supervision::{Children, Parent, RestartPolicy};
@@ -166,7 +168,7 @@ impl ControllerState {
             apps = apps.len(),
             "controller recovered targets from the checkpoint"
         );
-        let controller: Parent<ControllerMsg> = Parent::new(naming::controller(&args.ns));
+        let controller: Parent<ControllerMsg> = Parent::new(actor_names::controller(&args.ns));
         Ok(ControllerState {
             app_reporter: Arc::new(move |event| {
                 controller.cast(InternalMsg::App(event).into());

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use flotilla_core::naming;
+use flotilla_core::actor_names;
 use flotilla_supervision::{Children, Escalation};
 use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
 use tokio::sync::watch;
@@ -56,7 +56,7 @@ impl Supervisor {
         myself: &ActorRef<SupervisorMsg>,
         state: &mut SupervisorState,
     ) -> Result<(), ActorProcessingErr> {
-        let name = naming::controller(&state.args.controller.ns);
+        let name = actor_names::controller(&state.args.controller.ns);
         let started = state
             .controller
             .start(

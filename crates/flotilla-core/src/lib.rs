@@ -10,12 +10,12 @@
 //! everything here is a pure function of its input, so it can be tested exhaustively
 //! and used from any layer.
 
+pub mod actor_names;
 mod args;
 mod config;
 mod error;
 mod fault;
 mod names;
-pub mod naming;
 mod record;
 mod resources;
 mod serve_config;

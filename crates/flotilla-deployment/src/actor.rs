@@ -5,7 +5,7 @@ use std::{sync::Arc, time::Duration};
 use flotilla_cluster::{Cluster, ClusterEvent, PLACEMENT_RETRY};
 use flotilla_core::{
     AppName, DeploymentSpec, DeploymentTrigger, FaultPoint, Faults, ReplicaCount, ReplicaState,
-    naming,
+    actor_names,
 };
 use flotilla_replica::{Directory, Registry, ReplicaEvent, ReplicaId, ReplicaMsg};
 use flotilla_supervision::{ChildExit, groups};
@@ -292,7 +292,7 @@ impl DeploymentActor {
             // A replica we never heard of: started by a predecessor that crashed
             // between spawn and group join; adopt it by name.
             let a = &state.args;
-            let name = naming::replica(&a.ns, &a.app, &a.target.spec.name, id.0);
+            let name = actor_names::replica(&a.ns, &a.app, &a.target.spec.name, id.0);
             match ractor::registry::where_is(name) {
                 Some(cell) => recovery::adopt(myself, state, id, cell),
                 None => return,
@@ -362,7 +362,7 @@ impl Actor for DeploymentActor {
         args: DeploymentArgs,
     ) -> Result<DeploymentState, ActorProcessingErr> {
         let membership = groups::join(
-            naming::deployment_group(&args.ns, &args.app),
+            actor_names::deployment_group(&args.ns, &args.app),
             myself.get_cell(),
         );
         let route = args.directory.route(&args.app, &args.target.spec.name);

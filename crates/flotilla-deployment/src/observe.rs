@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use flotilla_core::{AppName, DeploymentName, naming};
+use flotilla_core::{AppName, DeploymentName, actor_names};
 use ractor::{ActorRef, rpc::CallResult};
 
 use crate::{DeploymentMsg, DeploymentSnapshot};
@@ -17,7 +17,7 @@ pub async fn observe(
     deployment: &DeploymentName,
     timeout: Duration,
 ) -> Option<DeploymentSnapshot> {
-    let actor = ActorRef::<DeploymentMsg>::where_is(naming::deployment(ns, app, deployment))?;
+    let actor = ActorRef::<DeploymentMsg>::where_is(actor_names::deployment(ns, app, deployment))?;
     match actor.call(DeploymentMsg::Observe, Some(timeout)).await {
         Ok(CallResult::Success(snapshot)) => Some(snapshot),
         _ => None,

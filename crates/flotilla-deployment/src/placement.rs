@@ -5,7 +5,7 @@
 
 use std::sync::atomic::Ordering;
 
-use flotilla_core::{ReplicaState, naming};
+use flotilla_core::{ReplicaState, actor_names};
 use flotilla_replica::{ReplicaActor, ReplicaArgs, ReplicaId};
 use ractor::ActorRef;
 use tokio::{sync::broadcast::error::RecvError, time::Instant};
@@ -81,11 +81,11 @@ pub(crate) async fn start_replica(
         directory: a.directory.clone(),
         route: state.route.clone(),
         reporter: state.reporter_for_replicas(),
-        group: naming::replica_group(&a.ns, &a.app, &a.target.spec.name),
+        group: actor_names::replica_group(&a.ns, &a.app, &a.target.spec.name),
         node: node.clone(),
         faults: a.faults.clone(),
     };
-    let name = naming::replica(&a.ns, &a.app, &a.target.spec.name, id.0);
+    let name = actor_names::replica(&a.ns, &a.app, &a.target.spec.name, id.0);
     // (The caller boxes this whole future: the spawn stays out of the actor's loop future.)
     let parent = myself.get_cell();
     match state

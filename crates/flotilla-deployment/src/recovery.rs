@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use flotilla_core::{ReplicaState, naming};
+use flotilla_core::{ReplicaState, actor_names};
 use flotilla_replica::{ReplicaId, ReplicaMsg, ReplicaPhase, ReplicaSnapshot};
 use flotilla_supervision::groups;
 use ractor::{ActorCell, ActorRef, rpc::CallResult};
@@ -29,14 +29,14 @@ fn phase_state(p: ReplicaPhase) -> ReplicaState {
 
 /// The replica id in a replica actor's name.
 fn replica_id_of(ns: &str, cell: &ActorCell) -> Option<ReplicaId> {
-    let (_, _, id) = naming::parse_replica(ns, &cell.get_name()?)?;
+    let (_, _, id) = actor_names::parse_replica(ns, &cell.get_name()?)?;
     Some(ReplicaId(id))
 }
 
 /// Adopt every living member of this deployment's replica group.
 pub(crate) fn adopt_all(myself: &ActorRef<DeploymentMsg>, state: &mut DeploymentState) {
     let a = &state.args;
-    let group = naming::replica_group(&a.ns, &a.app, &a.target.spec.name);
+    let group = actor_names::replica_group(&a.ns, &a.app, &a.target.spec.name);
     let ns = a.ns.clone();
     for cell in groups::members(&group) {
         if let Some(id) = replica_id_of(&ns, &cell) {

@@ -9,7 +9,7 @@ use std::{
 };
 
 use flotilla_core::{
-    DeploymentStatusInfo, DeploymentTrigger, DeploymentVersion, ReplicaState, naming,
+    DeploymentStatusInfo, DeploymentTrigger, DeploymentVersion, ReplicaState, actor_names,
 };
 use flotilla_replica::{DeploymentRoute, ReplicaEndpoint, ReplicaId, ReplicaMsg, ReplicaReporter};
 use flotilla_supervision::{Children, Parent, groups::Membership};
@@ -116,7 +116,7 @@ impl DeploymentState {
         route: Arc<DeploymentRoute>,
         membership: Membership,
     ) -> Self {
-        let me: Parent<crate::DeploymentMsg> = Parent::new(naming::deployment(
+        let me: Parent<crate::DeploymentMsg> = Parent::new(actor_names::deployment(
             &args.ns,
             &args.app,
             &args.target.spec.name,

@@ -15,7 +15,7 @@ use std::{
 use flotilla_cluster::{Cluster, LocalCluster, NodeId, PLACEMENT_RETRY, PlacementRequest, Refusal};
 use flotilla_core::{
     AppName, DeploymentName, DeploymentSpec, DeploymentStatus, DeploymentVersion, ReplicaState,
-    naming,
+    actor_names,
 };
 use flotilla_deployment::{
     DeploymentActor, DeploymentArgs, DeploymentMsg, DeploymentSnapshot, DeploymentTarget,
@@ -78,7 +78,7 @@ async fn spawn_deployment(
         target: target.clone(),
         faults: flotilla_core::Faults::new(),
     };
-    let name = naming::deployment(&ns, &app, &target.spec.name);
+    let name = actor_names::deployment(&ns, &app, &target.spec.name);
     Actor::spawn(Some(name), DeploymentActor, args)
         .await
         .unwrap()
@@ -163,10 +163,10 @@ async fn living_replicas_are_recovering_until_they_describe_themselves() {
         let args = FakeArgs {
             id: ReplicaId(id),
             version: version.clone(),
-            group: naming::replica_group(&ns, &app, &dep),
+            group: actor_names::replica_group(&ns, &app, &dep),
             answer_after,
         };
-        let name = naming::replica(&ns, &app, &dep, id);
+        let name = actor_names::replica(&ns, &app, &dep, id);
         fakes.push(Actor::spawn(Some(name), FakeReplica, args).await.unwrap());
     }
 

@@ -33,7 +33,7 @@ pub enum StoreError {
     Corrupt {
         /// The checkpoint file.
         path: PathBuf,
-        /// What is wrong, naming the table and key where there is one.
+        /// What is wrong, actor_names the table and key where there is one.
         reason: String,
         /// The error that revealed it (redb's, rmp-serde's, a failed validation), if an
         /// error did; `None` when the finding is the store's own (a missing table, say).

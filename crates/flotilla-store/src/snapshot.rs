@@ -27,7 +27,7 @@ impl Snapshot {
     /// Decode the "last applied config" slot as the Controller's type `T`; `Ok(None)` if
     /// the slot is empty.
     ///
-    /// A value that does not decode as `T` is [`StoreError::Corrupt`], naming the table
+    /// A value that does not decode as `T` is [`StoreError::Corrupt`], actor_names the table
     /// and key. A snapshot does not know which file it was read from, so the error's
     /// path is empty (it reads "(loaded snapshot)").
     pub fn config<T: DeserializeOwned>(&self) -> Result<Option<T>, StoreError> {

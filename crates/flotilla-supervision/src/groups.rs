@@ -11,7 +11,7 @@
 //! failure, a kill, or its runtime going away.
 //!
 //! Group names are process-wide, as ractor's are: they start with the Serve
-//! instance's namespace (see `flotilla_core::naming`).
+//! instance's namespace (see `flotilla_core::actor_names`).
 
 use std::{
     collections::HashMap,

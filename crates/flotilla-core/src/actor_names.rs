@@ -8,7 +8,7 @@ use crate::{AppName, DeploymentName, error::Error, names::MAX_NAME_LEN};
 /// prefix of another's, and no control characters.
 ///
 /// ```
-/// use flotilla_core::naming::validate_namespace;
+/// use flotilla_core::actor_names::validate_namespace;
 /// assert!(validate_namespace("prod-1").is_ok());
 /// assert!(validate_namespace("prod/inner").is_err());
 /// ```
@@ -73,11 +73,11 @@ pub fn replica(ns: &str, app: &AppName, deployment: &DeploymentName, id: u64) ->
 /// [`replica`]); `None` for any other name, or one of another namespace.
 ///
 /// ```
-/// use flotilla_core::{AppName, DeploymentName, naming};
+/// use flotilla_core::{AppName, DeploymentName, actor_names};
 /// let (a, d) = (AppName::new("shop").unwrap(), DeploymentName::new("front").unwrap());
-/// let name = naming::replica("ns", &a, &d, 7);
-/// assert_eq!(naming::parse_replica("ns", &name), Some((a, d, 7)));
-/// assert_eq!(naming::parse_replica("other", &name), None);
+/// let name = actor_names::replica("ns", &a, &d, 7);
+/// assert_eq!(actor_names::parse_replica("ns", &name), Some((a, d, 7)));
+/// assert_eq!(actor_names::parse_replica("other", &name), None);
 /// ```
 pub fn parse_replica(ns: &str, name: &str) -> Option<(AppName, DeploymentName, u64)> {
     let rest = name.strip_prefix(ns)?.strip_prefix("/replica:")?;

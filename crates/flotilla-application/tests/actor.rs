@@ -1,0 +1,272 @@
+//! The ApplicationActor on its own (with real DeploymentActors and replicas
+//! below it, no Controller above): its own decisions, heard through its status
+//! channel and its reporter, on paused time.
+
+#![allow(clippy::unwrap_used)]
+
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
+
+use flotilla_application::{AppArgs, AppEvent, AppMsg, ApplicationActor};
+use flotilla_cluster::LocalCluster;
+use flotilla_core::{
+    ApiType, AppName, AppRecord, ApplicationSpec, ApplicationStatus as A, ApplicationStatusInfo,
+    DeploymentName, DeploymentSpec, DeploymentStatus, Faults, StatusTrigger, actor_names,
+};
+use flotilla_deployment::DeploymentMsg;
+use flotilla_replica::{Deployment, Directory, Registry, UserError};
+use flotilla_supervision::RestartPolicy;
+use ractor::{Actor, ActorRef, ActorStatus};
+use tokio::sync::{mpsc, watch};
+
+struct Echo;
+
+impl Deployment for Echo {
+    type Request = String;
+    type Response = String;
+    async fn handle(&self, r: String) -> Result<String, UserError> {
+        Ok(r)
+    }
+}
+
+fn record(generation: u64, deployments: &[&str], deleting: bool) -> AppRecord {
+    let mut b = ApplicationSpec::builder("app");
+    for d in deployments {
+        b = b.deployment(DeploymentSpec::builder(*d, "test::Echo"));
+    }
+    AppRecord {
+        spec: b.build().unwrap(),
+        generation,
+        deleting,
+        api_type: ApiType::Imperative,
+        config: None,
+        deployed_at: None,
+    }
+}
+
+struct Rig {
+    ns: String,
+    args: AppArgs,
+    status: watch::Receiver<ApplicationStatusInfo>,
+    events: mpsc::UnboundedReceiver<AppEvent>,
+}
+
+impl Rig {
+    fn new(ns: &str, record: AppRecord, restart: RestartPolicy) -> Rig {
+        let registry = Registry::new()
+            .register("test::Echo", |_ctx| async { Ok(Echo) })
+            .unwrap();
+        let (tx, events) = mpsc::unbounded_channel();
+        let status = watch::Sender::new(ApplicationStatusInfo::not_started("app"));
+        let rx = status.subscribe();
+        Rig {
+            ns: ns.to_owned(),
+            args: AppArgs {
+                ns: ns.to_owned(),
+                record,
+                registry,
+                directory: Directory::new(),
+                cluster: Arc::new(LocalCluster::new()),
+                status,
+                reporter: Arc::new(move |e| {
+                    let _ = tx.send(e);
+                }),
+                restart,
+                faults: Faults::new(),
+                autoscaled: BTreeMap::new(),
+                build_failure: None,
+            },
+            status: rx,
+            events,
+        }
+    }
+
+    async fn spawn(&self) -> ActorRef<AppMsg> {
+        let name = actor_names::application(&self.ns, &AppName::new("app").unwrap());
+        Actor::spawn(Some(name), ApplicationActor, self.args.clone())
+            .await
+            .unwrap()
+            .0
+    }
+
+    async fn wait(
+        &mut self,
+        pred: impl Fn(&ApplicationStatusInfo) -> bool,
+    ) -> ApplicationStatusInfo {
+        let rx = &mut self.status;
+        tokio::time::timeout(Duration::from_secs(600), async {
+            loop {
+                {
+                    let s = rx.borrow_and_update();
+                    if pred(&s) {
+                        return s.clone();
+                    }
+                }
+                rx.changed().await.unwrap();
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("timed out: {:?}", self.status.borrow()))
+    }
+
+    fn deployment(&self, name: &str) -> Option<ActorRef<DeploymentMsg>> {
+        ActorRef::where_is(actor_names::deployment(
+            &self.ns,
+            &AppName::new("app").unwrap(),
+            &DeploymentName::new(name).unwrap(),
+        ))
+    }
+}
+
+fn running(generation: u64) -> impl Fn(&ApplicationStatusInfo) -> bool {
+    move |s| s.observed_generation == generation && s.status == A::Running
+}
+
+#[tokio::test(start_paused = true)]
+async fn it_starts_a_deployment_actor_per_target_deployment_and_runs() {
+    let mut rig = Rig::new(
+        "app-test-run",
+        record(1, &["a", "b"], false),
+        RestartPolicy::default(),
+    );
+    let _app = rig.spawn().await;
+    let s = rig.wait(running(1)).await;
+    assert_eq!(s.deployments.len(), 2);
+    assert!(rig.deployment("a").is_some() && rig.deployment("b").is_some());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_deployment_dropped_from_the_target_is_deleted_and_a_deletion_is_reported() {
+    let mut rig = Rig::new(
+        "app-test-drop",
+        record(1, &["a", "b"], false),
+        RestartPolicy::default(),
+    );
+    let app = rig.spawn().await;
+    rig.wait(running(1)).await;
+    app.cast(AppMsg::SetTarget(Box::new(record(2, &["a"], false))))
+        .unwrap();
+    let s = rig.wait(running(2)).await;
+    assert_eq!(
+        s.deployments.keys().map(|d| d.as_str()).collect::<Vec<_>>(),
+        ["a"]
+    );
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert!(rig.deployment("b").is_none(), "b was deleted");
+    app.cast(AppMsg::SetTarget(Box::new(record(3, &["a"], true))))
+        .unwrap();
+    let event = tokio::time::timeout(Duration::from_secs(600), rig.events.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        matches!(event, AppEvent::Deleted { generation: 3, .. }),
+        "{event:?}"
+    );
+    app.drain_and_wait(None).await.ok();
+    assert!(
+        app.get_status() >= ActorStatus::Stopping,
+        "it stops once deleted"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_crashed_deployment_actor_is_restarted_and_unhealthy_until_it_reports() {
+    let mut rig = Rig::new(
+        "app-test-crash",
+        record(1, &["a"], false),
+        RestartPolicy::default(),
+    );
+    let _app = rig.spawn().await;
+    rig.wait(running(1)).await;
+    let first = rig.deployment("a").unwrap();
+    first.kill();
+    let s = rig.wait(|s| s.status == A::Unhealthy).await;
+    assert_eq!(
+        s.deployments.values().next().unwrap().trigger,
+        StatusTrigger::InternalError
+    );
+    rig.wait(running(1)).await;
+    let second = rig.deployment("a").unwrap();
+    assert_ne!(first.get_id(), second.get_id(), "a new DeploymentActor");
+}
+
+#[tokio::test(start_paused = true)]
+async fn deployments_that_crash_too_often_escalate() {
+    let policy = RestartPolicy {
+        max_restarts: 1,
+        ..RestartPolicy::default()
+    };
+    let mut rig = Rig::new("app-test-escalate", record(1, &["a"], false), policy);
+    let app = rig.spawn().await;
+    rig.wait(running(1)).await;
+    rig.deployment("a").unwrap().kill();
+    rig.wait(running(1)).await;
+    rig.deployment("a").unwrap().kill();
+    app.drain_and_wait(None).await.ok();
+    tokio::time::timeout(Duration::from_secs(60), async {
+        while app.get_status() < ActorStatus::Stopped {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the application actor fails (escalates) on the second crash");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_build_stands_over_the_target_until_cleared() {
+    let mut rig = Rig::new(
+        "app-test-build",
+        record(1, &["a"], false),
+        RestartPolicy::default(),
+    );
+    let app = rig.spawn().await;
+    rig.wait(running(1)).await;
+    app.cast(AppMsg::BuildFailure {
+        generation: 1,
+        message: Some("the builder broke".into()),
+    })
+    .unwrap();
+    let s = rig.wait(|s| s.status == A::DeployFailed).await;
+    assert_eq!(s.message, "the builder broke");
+    // A new target voids it.
+    app.cast(AppMsg::SetTarget(Box::new(record(2, &["a"], false))))
+        .unwrap();
+    rig.wait(running(2)).await;
+    app.cast(AppMsg::BuildFailure {
+        generation: 2,
+        message: Some("again".into()),
+    })
+    .unwrap();
+    rig.wait(|s| s.status == A::DeployFailed).await;
+    // Cleared: the application's own status holds again.
+    app.cast(AppMsg::BuildFailure {
+        generation: 2,
+        message: None,
+    })
+    .unwrap();
+    rig.wait(running(2)).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_restarted_application_actor_adopts_the_living_deployment_actors() {
+    let mut rig = Rig::new(
+        "app-test-adopt",
+        record(1, &["a", "b"], false),
+        RestartPolicy::default(),
+    );
+    let first = rig.spawn().await;
+    rig.wait(running(1)).await;
+    let (a, b) = (rig.deployment("a").unwrap(), rig.deployment("b").unwrap());
+    first.kill();
+    first.drain_and_wait(None).await.ok();
+    let _second = rig.spawn().await;
+    rig.wait(running(1)).await;
+    assert_eq!(rig.deployment("a").unwrap().get_id(), a.get_id());
+    assert_eq!(rig.deployment("b").unwrap().get_id(), b.get_id());
+    let s = rig.status.borrow().clone();
+    assert!(
+        s.deployments
+            .values()
+            .all(|d| d.status == DeploymentStatus::Healthy)
+    );
+}

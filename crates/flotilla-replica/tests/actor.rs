@@ -1,0 +1,260 @@
+//! The ReplicaActor on its own, driven by its messages and heard through its
+//! reporter, on paused time: what it reports when it starts, fails to start,
+//! fails its health checks, reconfigures and drains.
+
+#![allow(clippy::unwrap_used)]
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU32, Ordering},
+    },
+    time::Duration,
+};
+
+use flotilla_core::{AppName, Args, DeploymentName, DeploymentSpec, Faults, actor_names};
+use flotilla_replica::{
+    CallError, Deployment, Directory, Registry, ReplicaActor, ReplicaArgs, ReplicaEvent, ReplicaId,
+    ReplicaMsg, ReplicaPhase, UserError,
+};
+use ractor::{Actor, ActorRef, rpc::CallResult};
+use tokio::sync::mpsc;
+
+/// What the test's user code does.
+#[derive(Default)]
+struct Knobs {
+    fail_start: AtomicBool,
+    unhealthy: AtomicBool,
+    fail_reconfigure: AtomicBool,
+    reconfigured: AtomicU32,
+}
+
+struct Sleeper(Arc<Knobs>);
+
+impl Deployment for Sleeper {
+    type Request = u64;
+    type Response = u64;
+
+    async fn handle(&self, ms: u64) -> Result<u64, UserError> {
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+        Ok(ms)
+    }
+
+    async fn reconfigure(&self, _: Args) -> Result<(), UserError> {
+        self.0.reconfigured.fetch_add(1, Ordering::SeqCst);
+        if self.0.fail_reconfigure.load(Ordering::SeqCst) {
+            return Err(UserError::new("bad config"));
+        }
+        Ok(())
+    }
+
+    async fn check_health(&self) -> Result<(), UserError> {
+        if self.0.unhealthy.load(Ordering::SeqCst) {
+            return Err(UserError::new("sick"));
+        }
+        Ok(())
+    }
+}
+
+struct Rig {
+    knobs: Arc<Knobs>,
+    actor: ActorRef<ReplicaMsg>,
+    events: mpsc::UnboundedReceiver<ReplicaEvent>,
+    directory: Directory,
+    app: AppName,
+    deployment: DeploymentName,
+}
+
+fn spec(user_config: Option<&str>) -> Arc<DeploymentSpec> {
+    Arc::new(
+        DeploymentSpec::builder("d", "test::Sleeper")
+            .with_config(|c| {
+                let c = c.with_graceful_shutdown(Duration::from_secs(1), Duration::from_secs(5));
+                match user_config {
+                    Some(u) => c.with_user_config(Args::encode(u).unwrap()),
+                    None => c,
+                }
+            })
+            .build()
+            .unwrap(),
+    )
+}
+
+impl Rig {
+    async fn start(ns: &str, fail_start: bool) -> Rig {
+        let knobs = Arc::new(Knobs::default());
+        knobs.fail_start.store(fail_start, Ordering::SeqCst);
+        let k = knobs.clone();
+        let registry = Registry::new()
+            .register("test::Sleeper", move |_ctx| {
+                let k = k.clone();
+                async move {
+                    if k.fail_start.load(Ordering::SeqCst) {
+                        return Err(UserError::new("no luck"));
+                    }
+                    Ok(Sleeper(k))
+                }
+            })
+            .unwrap();
+        let (tx, events) = mpsc::unbounded_channel();
+        let (app, deployment) = (
+            AppName::new("a").unwrap(),
+            DeploymentName::new("d").unwrap(),
+        );
+        let directory = Directory::new();
+        let spec = spec(None);
+        let args = ReplicaArgs {
+            id: ReplicaId(1),
+            app: app.clone(),
+            deployment: deployment.clone(),
+            version: spec.version(),
+            spec,
+            registry,
+            directory: directory.clone(),
+            route: directory.route(&app, &deployment),
+            reporter: Arc::new(move |_, e| {
+                let _ = tx.send(e);
+            }),
+            group: actor_names::replica_group(ns, &app, &deployment),
+            node: "local".into(),
+            faults: Faults::new(),
+        };
+        let (actor, _) = Actor::spawn(None, ReplicaActor, args).await.unwrap();
+        Rig {
+            knobs,
+            actor,
+            events,
+            directory,
+            app,
+            deployment,
+        }
+    }
+
+    async fn event(&mut self) -> ReplicaEvent {
+        tokio::time::timeout(Duration::from_secs(600), self.events.recv())
+            .await
+            .expect("an event in time")
+            .expect("the reporter lives")
+    }
+
+    async fn phase(&self) -> ReplicaPhase {
+        match self.actor.call(ReplicaMsg::Observe, None).await.unwrap() {
+            CallResult::Success(s) => s.phase,
+            other => panic!("no snapshot: {other:?}"),
+        }
+    }
+
+    /// Publish the replica's endpoint on its route, as its DeploymentActor would.
+    fn serve(&self, event: &ReplicaEvent) {
+        let ReplicaEvent::Ready { endpoint, .. } = event else {
+            panic!("not ready: {event:?}");
+        };
+        self.directory
+            .route(&self.app, &self.deployment)
+            .publish(vec![endpoint.clone()]);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn it_reports_ready_with_an_endpoint_that_serves() {
+    let mut rig = Rig::start("replica-test-ready", false).await;
+    let ready = rig.event().await;
+    rig.serve(&ready);
+    assert_eq!(rig.phase().await, ReplicaPhase::Running);
+    let h = rig.directory.handle(&rig.app, &rig.deployment);
+    assert_eq!(h.call::<_, u64>(&7u64).await.unwrap(), 7);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_start_is_reported_and_waits_to_be_stopped() {
+    let mut rig = Rig::start("replica-test-fail", true).await;
+    match rig.event().await {
+        ReplicaEvent::StartFailed { error } => assert!(error.contains("no luck"), "{error}"),
+        other => panic!("expected StartFailed, got {other:?}"),
+    }
+    // It does not stop itself: its owner decides, and a restarted owner can
+    // still learn why from its snapshot.
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let snap = match rig.actor.call(ReplicaMsg::Observe, None).await.unwrap() {
+        CallResult::Success(s) => s,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(snap.phase, ReplicaPhase::StartFailed);
+    assert!(snap.condemned.unwrap().contains("no luck"));
+    assert!(snap.endpoint.is_none());
+    rig.actor.cast(ReplicaMsg::Stop { graceful: true }).unwrap();
+    rig.actor.drain_and_wait(None).await.ok();
+    assert!(rig.actor.get_status() >= ractor::ActorStatus::Stopping);
+}
+
+#[tokio::test(start_paused = true)]
+async fn three_failed_health_checks_in_a_row_make_it_unhealthy() {
+    let mut rig = Rig::start("replica-test-health", false).await;
+    let _ready = rig.event().await;
+    rig.knobs.unhealthy.store(true, Ordering::SeqCst);
+    let at = tokio::time::Instant::now();
+    match rig.event().await {
+        ReplicaEvent::Unhealthy { reason } => {
+            assert!(reason.contains("3 consecutive health checks"), "{reason}");
+            assert!(reason.contains("sick"), "{reason}");
+        }
+        other => panic!("expected Unhealthy, got {other:?}"),
+    }
+    // Three periods of 10 s.
+    assert!(
+        at.elapsed() >= Duration::from_secs(30),
+        "{:?}",
+        at.elapsed()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_user_config_change_reconfigures_in_place_and_a_failing_one_is_reported() {
+    let mut rig = Rig::start("replica-test-reconf", false).await;
+    let ready = rig.event().await;
+    let ReplicaEvent::Ready { version: v1, .. } = &ready else {
+        panic!("{ready:?}");
+    };
+    let two = spec(Some("two"));
+    rig.actor
+        .cast(ReplicaMsg::Reconfigure(two.clone()))
+        .unwrap();
+    match rig.event().await {
+        ReplicaEvent::Reconfigured { version } => {
+            assert_eq!(version, two.version());
+            assert_ne!(&version, v1);
+        }
+        other => panic!("expected Reconfigured, got {other:?}"),
+    }
+    assert_eq!(rig.knobs.reconfigured.load(Ordering::SeqCst), 1);
+    rig.knobs.fail_reconfigure.store(true, Ordering::SeqCst);
+    rig.actor
+        .cast(ReplicaMsg::Reconfigure(spec(Some("three"))))
+        .unwrap();
+    match rig.event().await {
+        ReplicaEvent::ReconfigureFailed { error } => {
+            assert!(error.contains("bad config"), "{error}");
+        }
+        other => panic!("expected ReconfigureFailed, got {other:?}"),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_graceful_stop_drains_and_the_timeout_kills_what_is_left() {
+    let mut rig = Rig::start("replica-test-drain", false).await;
+    let ready = rig.event().await;
+    rig.serve(&ready);
+    let h = rig.directory.handle(&rig.app, &rig.deployment);
+    let quick = tokio::spawn({
+        let h = h.clone();
+        async move { h.call::<_, u64>(&1_500u64).await }
+    });
+    let slow = tokio::spawn(async move { h.call::<_, u64>(&60_000u64).await });
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    rig.actor.cast(ReplicaMsg::Stop { graceful: true }).unwrap();
+    // The quick one finishes inside the drain; the slow one is cut at the
+    // graceful timeout (5 s).
+    assert_eq!(quick.await.unwrap().unwrap(), 1_500);
+    let cut = slow.await.unwrap().unwrap_err();
+    assert!(matches!(cut, CallError::Killed { .. }), "{cut}");
+}

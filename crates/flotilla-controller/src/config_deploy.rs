@@ -23,8 +23,7 @@ use std::{
 use flotilla_application::{AppMsg, publish_status};
 use flotilla_core::{
     ApiType, AppConfig, AppName, AppRecord, AppStatusInputs, ApplicationSpec,
-    ApplicationStatusInfo, Args, ConfigSource, FaultPoint, ServeConfig, apply_overrides,
-    stable_hash,
+    ApplicationStatusInfo, Args, ConfigSource, ServeConfig, apply_overrides, stable_hash,
 };
 use flotilla_replica::UserError;
 use flotilla_store::Batch;
@@ -33,8 +32,8 @@ use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 use crate::{
-    Controller, ControllerMsg, ServeError, checkpoint::crash_if, messages::InternalMsg,
-    state::ControllerState, validate::validate_app,
+    Controller, ControllerMsg, ServeError, messages::InternalMsg, state::ControllerState,
+    validate::validate_app,
 };
 
 /// How long an application builder may run before its build fails.
@@ -187,6 +186,34 @@ fn entry_version(app: &AppConfig) -> u64 {
 }
 
 impl ControllerState {
+    /// After the commit of a newly applied `config` (which deleted `deleted`
+    /// applications): forget the builds of applications it no longer names, take
+    /// its logging, and put the applications it adds on the board, DEPLOYING,
+    /// before the reply (Ray creates their state in the call).
+    fn take_config(&mut self, config: ServeConfig, deleted: usize) {
+        let unnamed: Vec<AppName> = self
+            .config
+            .unbuilt
+            .iter()
+            .filter(|n| config.application(n.as_str()).is_none())
+            .cloned()
+            .collect();
+        for n in unnamed {
+            self.config.cancel(&n);
+            self.config.unbuilt.remove(&n);
+            self.board.remove(&n);
+        }
+        self.logging
+            .set_global(config.logging_config.clone().unwrap_or_default());
+        info!(apps = config.applications.len(), deleted, "config applied");
+        for app in &config.applications {
+            if !self.apps.contains_key(&app.name) {
+                self.show_unbuilt(&app.name);
+            }
+        }
+        self.config.applied = Some(config);
+    }
+
     /// Take the applied config without some applications (after the commit that
     /// wrote it); an application it dropped that never got a record leaves the board.
     pub(crate) fn release_config(&mut self, config: ServeConfig) {
@@ -273,8 +300,9 @@ impl ControllerState {
 }
 
 impl Controller {
-    /// Validate the whole config -> one commit (config + deletions) -> reply ->
-    /// command deletions -> start builds.
+    /// Validate the whole config -> one commit (the config, and the deletion of
+    /// the declarative applications it no longer names) -> reply -> command the
+    /// deletions -> start the builds it owes.
     pub(crate) async fn apply_config(
         myself: &ActorRef<ControllerMsg>,
         state: &mut ControllerState,
@@ -282,70 +310,33 @@ impl Controller {
         reply: RpcReplyPort<Result<(), ServeError>>,
     ) -> Result<(), ActorProcessingErr> {
         let config = config.inherit_logging();
-        if let Err(e) = Self::check_config(state, &config) {
-            let _ = reply.send(Err(e));
-            return Ok(());
-        }
-        let gone: Vec<AppName> = state
-            .apps
-            .iter()
-            .filter(|(n, e)| {
-                e.record.api_type == ApiType::Declarative
-                    && !e.record.deleting
-                    && config.application(n.as_str()).is_none()
-            })
-            .map(|(n, _)| n.clone())
-            .collect();
-        let staged = state
-            .stage_and_commit(|s, batch| {
-                batch.put_config(&config)?;
-                s.stage_deletions(&gone, batch)
-            })
-            .await?;
-        let changed = match staged {
-            Ok(c) => c,
-            Err(e) => {
-                let _ = reply.send(Err(e));
-                return Ok(());
-            }
+        let stage = move |s: &ControllerState, batch: &mut Batch| {
+            Self::check_config(s, &config)?;
+            let gone: Vec<AppName> = s
+                .apps
+                .iter()
+                .filter(|(n, e)| {
+                    e.record.api_type == ApiType::Declarative
+                        && !e.record.deleting
+                        && config.application(n.as_str()).is_none()
+                })
+                .map(|(n, _)| n.clone())
+                .collect();
+            batch.put_config(&config)?;
+            let changed = s.stage_deletions(&gone, batch)?;
+            Ok((config, changed))
         };
-        state.swap_deletions(&changed);
-        let unnamed: Vec<AppName> = state
-            .config
-            .unbuilt
-            .iter()
-            .filter(|n| config.application(n.as_str()).is_none())
-            .cloned()
-            .collect();
-        for n in unnamed {
-            state.config.cancel(&n);
-            state.config.unbuilt.remove(&n);
-            state.board.remove(&n);
+        let swap = |s: &mut ControllerState, (config, changed): (ServeConfig, Vec<AppRecord>)| {
+            s.swap_deletions(&changed);
+            s.take_config(config, changed.len());
+            ((), changed.into_iter().map(|r| r.spec.name).collect())
+        };
+        if Self::transact(myself, state, reply, stage, swap).await? {
+            Self::resume_builds(myself, state);
+            // The deletions released prefixes parked builds may wait for.
+            Self::settle_parked(myself, state).await?;
         }
-        state
-            .logging
-            .set_global(config.logging_config.clone().unwrap_or_default());
-        info!(
-            apps = config.applications.len(),
-            deleted = changed.len(),
-            "config applied"
-        );
-        // A new application is on the board, DEPLOYING, when the call returns
-        // (Ray creates its state in the call), not only once its build starts.
-        for app in &config.applications {
-            if !state.apps.contains_key(&app.name) {
-                state.show_unbuilt(&app.name);
-            }
-        }
-        state.config.applied = Some(config);
-        let _ = reply.send(Ok(()));
-        crash_if(&state.faults, FaultPoint::ControllerAfterReply)?;
-        for r in &changed {
-            Self::command(myself, state, &r.spec.name).await;
-        }
-        Self::resume_builds(myself, state);
-        // The deletions released prefixes parked builds may wait for.
-        Self::settle_parked(myself, state).await
+        Ok(())
     }
 
     /// Whole-config checks against the registry and the live applications: every

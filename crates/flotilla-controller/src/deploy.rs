@@ -5,20 +5,18 @@
 
 use flotilla_application::AppMsg;
 use flotilla_core::{
-    ApiType, AppName, AppRecord, ApplicationSpec, DeploymentName, DeploymentRecord, FaultPoint,
-    ReplicaCount,
+    ApiType, AppName, AppRecord, ApplicationSpec, DeploymentName, DeploymentRecord, ReplicaCount,
 };
 use flotilla_store::Batch;
 use ractor::{ActorProcessingErr, ActorRef, RpcReplyPort};
 use tracing::{info, warn};
 
 use crate::{
-    Controller, ControllerMsg, ServeError, checkpoint::crash_if, state::ControllerState,
-    validate::validate_batch,
+    Controller, ControllerMsg, ServeError, state::ControllerState, validate::validate_batch,
 };
 
 impl Controller {
-    /// Validate -> apply to a copy -> one commit -> swap in -> reply -> command.
+    /// Deploy (or redeploy) `apps`, all or nothing, in one commit.
     pub(crate) async fn deploy(
         myself: &ActorRef<ControllerMsg>,
         state: &mut ControllerState,
@@ -26,88 +24,75 @@ impl Controller {
         api_type: ApiType,
         reply: RpcReplyPort<Result<Vec<u64>, ServeError>>,
     ) -> Result<(), ActorProcessingErr> {
-        if let Err(e) = validate_batch(&apps, &state.registry, &state.routes) {
-            let _ = reply.send(Err(e));
-            return Ok(());
-        }
-        let records: Vec<AppRecord> = apps
-            .into_iter()
-            .map(|spec| state.next_record(spec, api_type, None))
-            .collect();
-        // An imperative deploy takes its applications out of the config's hands.
-        let released = state.config.without(records.iter().map(|r| &r.spec.name));
-        let staged = state
-            .stage_and_commit(|s, batch| {
-                if let Some(config) = &released {
-                    batch.put_config(config)?;
-                }
-                s.stage_targets(&records, batch)
-            })
-            .await?;
-        let dropped = match staged {
-            Ok(d) => d,
-            Err(e) => {
-                let _ = reply.send(Err(e));
-                return Ok(());
+        let stage = |s: &ControllerState, batch: &mut Batch| {
+            validate_batch(&apps, &s.registry, &s.routes)?;
+            let records: Vec<AppRecord> = apps
+                .into_iter()
+                .map(|spec| s.next_record(spec, api_type, None))
+                .collect();
+            // An imperative deploy takes its applications out of the config's hands.
+            let released = s.config.without(records.iter().map(|r| &r.spec.name));
+            if let Some(config) = &released {
+                batch.put_config(config)?;
             }
+            let dropped = s.stage_targets(&records, batch)?;
+            Ok((records, released, dropped))
         };
-        let generations = records.iter().map(|r| r.generation).collect();
-        if let Some(config) = released {
-            state.release_config(config);
+        let swap = |s: &mut ControllerState,
+                    (records, released, dropped): (Vec<AppRecord>, _, _)| {
+            let generations = records.iter().map(|r| r.generation).collect();
+            if let Some(config) = released {
+                s.release_config(config);
+            }
+            (generations, s.swap_targets(records, dropped))
+        };
+        if Self::transact(myself, state, reply, stage, swap).await? {
+            // A config build parked behind a prefix this deploy took now fails.
+            Self::settle_parked(myself, state).await?;
         }
-        let names = state.swap_targets(records, dropped);
-        let _ = reply.send(Ok(generations));
-        crash_if(&state.faults, FaultPoint::ControllerAfterReply)?;
-        for name in &names {
-            Self::command(myself, state, name).await;
-        }
-        // A config build parked behind a prefix this deploy took now fails.
-        Self::settle_parked(myself, state).await
+        Ok(())
     }
 
+    /// Delete `names` (unknown ones are ignored) in one commit.
     pub(crate) async fn delete(
         myself: &ActorRef<ControllerMsg>,
         state: &mut ControllerState,
         names: Vec<AppName>,
         reply: RpcReplyPort<Result<Vec<Option<u64>>, ServeError>>,
     ) -> Result<(), ActorProcessingErr> {
-        let result = names
-            .iter()
-            .map(|n| {
-                state
-                    .apps
-                    .get(n)
-                    .map(|e| e.record.generation + u64::from(!e.record.deleting))
-            })
-            .collect();
-        // A delete takes its applications out of the config's hands.
-        let released = state.config.without(names.iter());
-        let staged = state
-            .stage_and_commit(|s, batch| {
-                if let Some(config) = &released {
-                    batch.put_config(config)?;
-                }
-                s.stage_deletions(&names, batch)
-            })
-            .await?;
-        let changed = match staged {
-            Ok(c) => c,
-            Err(e) => {
-                let _ = reply.send(Err(e));
-                return Ok(());
+        let stage = |s: &ControllerState, batch: &mut Batch| {
+            let generations: Vec<Option<u64>> = names
+                .iter()
+                .map(|n| {
+                    s.apps
+                        .get(n)
+                        .map(|e| e.record.generation + u64::from(!e.record.deleting))
+                })
+                .collect();
+            // A delete takes its applications out of the config's hands.
+            let released = s.config.without(names.iter());
+            if let Some(config) = &released {
+                batch.put_config(config)?;
             }
+            let changed = s.stage_deletions(&names, batch)?;
+            Ok((generations, released, changed))
         };
-        if let Some(config) = released {
-            state.release_config(config);
+        let swap = |s: &mut ControllerState,
+                    (generations, released, changed): (_, _, Vec<AppRecord>)| {
+            if let Some(config) = released {
+                s.release_config(config);
+            }
+            s.swap_deletions(&changed);
+            (
+                generations,
+                changed.into_iter().map(|r| r.spec.name).collect(),
+            )
+        };
+        if Self::transact(myself, state, reply, stage, swap).await? {
+            // The deletions released prefixes parked config builds may wait for.
+            Self::settle_parked(myself, state).await?;
         }
-        state.swap_deletions(&changed);
-        let _ = reply.send(Ok(result));
-        crash_if(&state.faults, FaultPoint::ControllerAfterReply)?;
-        for r in &changed {
-            Self::command(myself, state, &r.spec.name).await;
-        }
-        // The deletions released prefixes parked config builds may wait for.
-        Self::settle_parked(myself, state).await
+        Ok(())
     }
 
     /// Make an autoscaling decision durable (one commit), then hand it to the

@@ -20,6 +20,7 @@ mod deploy;
 mod error;
 mod logging;
 mod messages;
+mod protocol;
 mod removal;
 mod route_table;
 mod state;

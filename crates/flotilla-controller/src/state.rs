@@ -12,14 +12,14 @@ use flotilla_core::{
     AppName, AppRecord, DeploymentName, Faults, RoutePrefix, ServeConfig, actor_names,
 };
 use flotilla_replica::{Directory, Registry};
-use flotilla_store::{Batch, Snapshot, StoreError};
+use flotilla_store::Snapshot;
 use flotilla_supervision::{Children, Parent, RestartPolicy};
 use ractor::ActorProcessingErr;
 use tracing::info;
 
 use crate::{
-    Checkpoint, ControllerMsg, ControllerSnapshot, LogSettings, Route, RouteTable, ServeError,
-    StatusBoard, config_deploy::ConfigState, messages::InternalMsg, targets::accepted_status,
+    Checkpoint, ControllerMsg, ControllerSnapshot, LogSettings, Route, RouteTable, StatusBoard,
+    config_deploy::ConfigState, messages::InternalMsg, targets::accepted_status,
 };
 
 /// A wall clock: [`SystemTime::now`](std::time::SystemTime::now) by default; a
@@ -221,27 +221,5 @@ impl ControllerState {
                 .config
                 .build_failure(&record.spec.name, record.generation),
         }
-    }
-}
-
-impl ControllerState {
-    /// Stage with `stage`, then commit what it wrote: `Ok(Ok(staged))` once
-    /// durable, `Ok(Err)` when refused (nothing changed; the caller replies it),
-    /// `Err` an injected crash.
-    pub(crate) async fn stage_and_commit<T>(
-        &self,
-        stage: impl FnOnce(&ControllerState, &mut Batch) -> Result<T, StoreError>,
-    ) -> Result<Result<T, ServeError>, ActorProcessingErr> {
-        let mut batch = Batch::new();
-        let staged = match stage(self, &mut batch) {
-            Ok(s) => s,
-            Err(e) => return Ok(Err(e.into())),
-        };
-        Ok(self
-            .checkpoint
-            .commit(&self.faults, batch)
-            .await?
-            .map(|()| staged)
-            .map_err(ServeError::from))
     }
 }

@@ -392,6 +392,74 @@ mod tests {
     }
 
     #[test]
+    fn the_newer_settings_have_builders_and_the_config_files_validation() {
+        use crate::{BackpressureStatus, LogAttr, PlacementStrategy, error::Error as E};
+        let field_of = |c: DeploymentConfig| c.validate().unwrap_err().field_name();
+        let d = DeploymentConfig::default;
+        let pg = |cpus: f64| {
+            PlacementGroup::new(
+                vec![Resources::none().with_cpus(cpus)],
+                PlacementStrategy::Spread,
+            )
+        };
+        let c = d()
+            .with_max_replicas_per_node(3)
+            .with_request_router(RequestRouterConfig {
+                backoff_multiplier: 4.0,
+                ..RequestRouterConfig::default()
+            })
+            .with_backpressure(BackpressureConfig {
+                status_code: BackpressureStatus::TooManyRequests,
+                retry_after: Some(Duration::from_secs(1)),
+            })
+            .with_logging(LoggingConfig::default().with_logs_dir("/logs"));
+        c.validate().unwrap();
+        assert_eq!(c.max_replicas_per_node, Some(3));
+        d().with_placement_group(pg(1.0)).validate().unwrap();
+        assert_eq!(
+            field_of(d().with_max_replicas_per_node(0)),
+            Some("max_replicas_per_node")
+        );
+        assert_eq!(
+            field_of(
+                d().with_max_replicas_per_node(2)
+                    .with_placement_group(pg(1.0))
+            ),
+            Some("max_replicas_per_node")
+        );
+        assert_eq!(
+            field_of(d().with_placement_group(pg(0.5))),
+            Some("placement_group_bundles")
+        );
+        assert_eq!(
+            field_of(d().with_request_router(RequestRouterConfig {
+                initial_backoff: Duration::ZERO,
+                ..RequestRouterConfig::default()
+            })),
+            Some("request_router_config.initial_backoff_s")
+        );
+        assert_eq!(
+            field_of(d().with_logging(LoggingConfig::default().with_logs_dir(""))),
+            Some("logging_config.logs_dir")
+        );
+        let attrs = LoggingConfig {
+            additional_log_standard_attrs: vec![LogAttr::Thread, LogAttr::Name],
+            ..LoggingConfig::default()
+        };
+        assert!(matches!(
+            d().with_logging(attrs).validate(),
+            Err(E::InvalidField { .. })
+        ));
+        assert_eq!(
+            field_of(d().with_rollout(RolloutConfig {
+                max_surge_percent: 101,
+                ..RolloutConfig::default()
+            })),
+            Some("rollout.max_surge_percent")
+        );
+    }
+
+    #[test]
     fn rollout_step_is_a_fifth_and_at_least_one() {
         let r = RolloutConfig::default();
         assert_eq!(r.step(1), 1);

@@ -161,6 +161,18 @@ impl<'de> Deserialize<'de> for BackpressureStatus {
                     Err(_) => Err(E::custom(format!("Input should be 503 or 429, got {v}"))),
                 }
             }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<BackpressureStatus, E> {
+                Err(E::custom(format!(
+                    "Input should be 503 or 429 (an integer, as Ray's Literal[503, 429]), got {v}"
+                )))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<BackpressureStatus, E> {
+                Err(E::custom(format!(
+                    "Input should be 503 or 429 (an integer, as Ray's Literal[503, 429]), got \
+                     the text {:?}",
+                    crate::shown(v)
+                )))
+            }
         }
         d.deserialize_any(V)
     }

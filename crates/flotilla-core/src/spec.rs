@@ -564,6 +564,69 @@ mod tests {
     }
 
     #[test]
+    fn an_external_scaler_refuses_autoscaling_and_an_app_policy_reaches_every_autoscaler() {
+        use crate::{AutoscalingConfig, AutoscalingPolicy, ReplicaCount};
+        let auto = || {
+            dep("auto").with_config(|c| {
+                c.with_autoscaling(AutoscalingConfig {
+                    max_replicas: 3,
+                    ..AutoscalingConfig::default()
+                })
+            })
+        };
+        let e = ApplicationSpec::builder("a")
+            .deployment(dep("fixed"))
+            .deployment(auto())
+            .external_scaler_enabled(true)
+            .build()
+            .unwrap_err();
+        assert_eq!((e.app(), e.deployment()), (Some("a"), Some("auto")));
+        assert_eq!(e.field_name(), Some("num_replicas"));
+        let ok = ApplicationSpec::builder("a")
+            .deployment(dep("fixed").replicas(2))
+            .external_scaler_enabled(true)
+            .build()
+            .unwrap();
+        assert!(ok.external_scaler_enabled);
+        let policy = AutoscalingPolicy::named("a:policy".try_into().unwrap());
+        let app = ApplicationSpec::builder("a")
+            .deployment(dep("fixed"))
+            .deployment(auto())
+            .autoscaling_policy(policy.clone())
+            .build()
+            .unwrap();
+        let ReplicaCount::Auto(a) = &app.deployment("auto").unwrap().config.num_replicas else {
+            panic!("autoscaled");
+        };
+        assert_eq!(a.policy, policy);
+    }
+
+    #[test]
+    fn placement_is_code_and_unset_it_leaves_the_version_as_it_was() {
+        use crate::{PlacementGroup, PlacementStrategy};
+        let plain = dep("x").init_args(&1u32).build().unwrap();
+        assert_eq!(plain.code_version().as_str(), "heddbbbcac1fd726a");
+        let pg = dep("x")
+            .init_args(&1u32)
+            .with_config(|c| {
+                c.with_placement_group(PlacementGroup::new(
+                    vec![Resources::default()],
+                    PlacementStrategy::Pack,
+                ))
+            })
+            .build()
+            .unwrap();
+        assert_ne!(pg.code_version(), plain.code_version());
+        assert_eq!(pg.config_version(), plain.config_version());
+        let explicit = dep("x")
+            .version("v1")
+            .with_config(|c| c.with_max_replicas_per_node(2))
+            .build()
+            .unwrap();
+        assert!(explicit.code_version().as_str().starts_with("v1+p"));
+    }
+
+    #[test]
     fn spec_round_trips_through_msgpack() {
         let app = ApplicationSpec::builder("a")
             .route_prefix("/a")

@@ -233,6 +233,8 @@ pub(super) fn opt_f64_maps<'de, D: Deserializer<'de>>(
 /// An optional integer read strictly, as Ray's `StrictInt` (`max_queued_requests`):
 /// an integer, never text, a float or a boolean.
 pub(super) fn opt_strict_i64<'de, D: Deserializer<'de>>(d: D) -> Result<Option<i64>, D::Error> {
+    const STRICT: &str = "expected an integer, written as one (Ray reads this field strictly: \
+                          no text, no decimal point)";
     struct Strict(i64);
     impl<'de> Deserialize<'de> for Strict {
         fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -252,6 +254,15 @@ pub(super) fn opt_strict_i64<'de, D: Deserializer<'de>>(d: D) -> Result<Option<i
                     i64::try_from(v)
                         .map(Strict)
                         .map_err(|_| E::custom(format!("integer {v} is too large")))
+                }
+                fn visit_f64<E: de::Error>(self, v: f64) -> Result<Strict, E> {
+                    Err(E::custom(format!("{STRICT}, got the number {v}")))
+                }
+                fn visit_str<E: de::Error>(self, v: &str) -> Result<Strict, E> {
+                    Err(E::custom(format!("{STRICT}, got the text {:?}", shown(v))))
+                }
+                fn visit_bool<E: de::Error>(self, v: bool) -> Result<Strict, E> {
+                    Err(E::custom(format!("{STRICT}, got the boolean {v}")))
                 }
             }
             d.deserialize_any(V)

@@ -39,12 +39,14 @@ pub use flotilla_controller::{
     BUILD_TIMEOUT, BuildError, ControllerSnapshot, ServeError, StatusBoard, WallClock,
 };
 pub use flotilla_core::{
-    ApiType, AppConfig, AppName, ApplicationSpec, ApplicationSpecBuilder, ApplicationStatus,
-    ApplicationStatusInfo, Args, AutoscalingConfig, CodeVersion, ConfigVersion, DeploymentConfig,
-    DeploymentName, DeploymentSpec, DeploymentSpecBuilder, DeploymentStatus, DeploymentStatusInfo,
-    DeploymentVersion, Error as SpecError, FaultPoint, Faults, Location, LogEncoding, LogLevel,
-    LoggingConfig, MAX_REPLICAS, ReplicaCount, ReplicaState, Resources, RolloutConfig, RoutePrefix,
-    ServeConfig, StatusTrigger,
+    AggregationFunction, ApiType, AppConfig, AppName, ApplicationSpec, ApplicationSpecBuilder,
+    ApplicationStatus, ApplicationStatusInfo, Args, AutoscalingConfig, AutoscalingPolicy,
+    BackpressureConfig, BackpressureStatus, CodeVersion, ConfigVersion, ConfigWarning,
+    DeploymentConfig, DeploymentName, DeploymentSpec, DeploymentSpecBuilder, DeploymentStatus,
+    DeploymentStatusInfo, DeploymentVersion, Error as SpecError, FaultPoint, Faults, GrpcOptions,
+    HttpOptions, Location, LogAttr, LogEncoding, LogLevel, LoggingConfig, MAX_REPLICAS,
+    PlacementGroup, PlacementStrategy, ProxyLocation, ReplicaCount, ReplicaState,
+    RequestRouterConfig, Resources, RolloutConfig, RoutePrefix, ServeConfig, StatusTrigger,
 };
 pub use flotilla_deployment::{
     Cluster, ClusterEvent, DEFAULT_LOCAL_CAPACITY, DeploymentKey, DeploymentSnapshot,
@@ -52,8 +54,8 @@ pub use flotilla_deployment::{
     PoolNode, Refusal, ReplicaInfo, StateCount, StaticCluster,
 };
 pub use flotilla_replica::{
-    CallError, Deployment, DeploymentHandle, InitContext, Registry, ReplicaEndpoint, ReplicaId,
-    UserError, groups, supervision::RestartPolicy,
+    AutoscalingPolicyFn, CallError, Deployment, DeploymentHandle, InitContext, PolicyContext,
+    Registry, ReplicaEndpoint, ReplicaId, UserError, groups, supervision::RestartPolicy,
 };
 pub use flotilla_store::{Store, StoreCounters, StoreError};
 pub use logging::{ACCESS_TARGET, AppLogLayer};

@@ -44,17 +44,19 @@ pub use flotilla_controller::{
     StatusBoard, StoreCounters, StoreError, WallClock,
 };
 pub use flotilla_core::{
-    ApiType, AppConfig, AppName, ApplicationSpec, ApplicationSpecBuilder, ApplicationStatus,
-    ApplicationStatusInfo, Args, AutoscalingConfig, CodeVersion, ConfigVersion, DeploymentConfig,
-    DeploymentName, DeploymentSpec, DeploymentSpecBuilder, DeploymentStatus, DeploymentStatusInfo,
-    DeploymentVersion, Error as SpecError, FaultPoint, Faults, Location, LogEncoding, LogLevel,
-    LoggingConfig, MAX_REPLICAS, ReplicaCount, ReplicaState, Resources, RolloutConfig, RoutePrefix,
-    ServeConfig, StatusTrigger,
+    AggregationFunction, ApiType, AppConfig, AppName, ApplicationSpec, ApplicationSpecBuilder,
+    ApplicationStatus, ApplicationStatusInfo, Args, AutoscalingConfig, AutoscalingPolicy,
+    BackpressureConfig, BackpressureStatus, CodeVersion, ConfigVersion, ConfigWarning,
+    DeploymentConfig, DeploymentName, DeploymentSpec, DeploymentSpecBuilder, DeploymentStatus,
+    DeploymentStatusInfo, DeploymentVersion, Error as SpecError, FaultPoint, Faults, GrpcOptions,
+    HttpOptions, Location, LogAttr, LogEncoding, LogLevel, LoggingConfig, MAX_REPLICAS,
+    PlacementGroup, PlacementStrategy, ProxyLocation, ReplicaCount, ReplicaState,
+    RequestRouterConfig, Resources, RolloutConfig, RoutePrefix, ServeConfig, StatusTrigger,
 };
 pub use flotilla_deployment::{DeploymentSnapshot, DeploymentTarget, ReplicaInfo, StateCount};
 pub use flotilla_replica::{
-    CallError, Deployment, DeploymentHandle, InitContext, Registry, ReplicaEndpoint, ReplicaId,
-    UserError,
+    AutoscalingPolicyFn, CallError, Deployment, DeploymentHandle, InitContext, PolicyContext,
+    Registry, ReplicaEndpoint, ReplicaId, UserError,
 };
 pub use flotilla_supervision::RestartPolicy;
 pub use logging::{ACCESS_TARGET, AppLogLayer};

@@ -74,10 +74,12 @@ impl Fields {
 
 fn allows(config: &LoggingConfig, level: &Level) -> bool {
     let min = match config.log_level {
+        // Python's NOTSET filters nothing; tracing has no level above ERROR.
+        LogLevel::NotSet => Level::TRACE,
         LogLevel::Debug => Level::DEBUG,
         LogLevel::Info => Level::INFO,
         LogLevel::Warning => Level::WARN,
-        LogLevel::Error => Level::ERROR,
+        LogLevel::Error | LogLevel::Critical => Level::ERROR,
     };
     // tracing orders levels by verbosity: ERROR < WARN < INFO < DEBUG < TRACE.
     *level <= min
@@ -223,6 +225,7 @@ mod tests {
                 log_level: LogLevel::Debug,
                 encoding: LogEncoding::Json,
                 enable_access_log: false,
+                ..Default::default()
             }),
         );
         let buf = Buffer::default();

@@ -135,3 +135,43 @@ async fn a_recovered_deployment_resumes_from_its_durable_target() {
         "not the initial 2: the decision was durable"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_registered_custom_policy_drives_the_autoscaler_within_its_bounds() {
+    // Always wants 9 replicas (with its kwargs' help); the config caps it at 6.
+    let (_dir, _, serve) = support::start_fresh_with(|sw| {
+        support::registry(sw)
+            .register_autoscaling_policy("test::wants_nine", |ctx| {
+                let extra: u32 = ctx.kwargs.decode().unwrap();
+                f64::from(8 + extra)
+            })
+            .unwrap()
+    })
+    .await;
+    let policy = flotilla::AutoscalingPolicy::named("test::wants_nine".try_into().unwrap())
+        .with_kwargs(flotilla::Args::encode(&1u32).unwrap());
+    let config = AutoscalingConfig {
+        min_replicas: 1,
+        initial_replicas: Some(2),
+        max_replicas: 6,
+        upscale_delay: Duration::from_secs(30),
+        policy,
+        ..Default::default()
+    };
+    serve
+        .run(app_of(
+            "auto",
+            probe(1, &ProbeArgs::default()).with_config(|c| c.with_autoscaling(config)),
+        ))
+        .await
+        .unwrap();
+    let start = Instant::now();
+    // No load at all: only the policy wants more.
+    let s = wait_snapshot(&serve, "auto", "probe", |s| s.target.replicas == 6).await;
+    let waited = start.elapsed();
+    assert!(
+        waited >= Duration::from_secs(30) && waited < Duration::from_secs(35),
+        "{waited:?}"
+    );
+    assert_eq!(s.target.replicas, 6);
+}

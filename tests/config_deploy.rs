@@ -703,3 +703,84 @@ async fn a_config_naming_an_unregistered_builder_is_refused_and_changes_nothing(
     assert_eq!(serve.metrics().await.unwrap().store.commits, before);
     assert!(serve.status().is_empty());
 }
+
+#[tokio::test(start_paused = true)]
+async fn autoscaling_policies_and_request_routers_must_be_registered() {
+    fn with_policy(sw: &Arc<Switches>) -> Registry {
+        registry(sw)
+            .register_autoscaling_policy("test::policy", |ctx| ctx.total_requests)
+            .unwrap()
+    }
+    let (_dir, _, serve) = start_fresh_with(with_policy).await;
+    let app = |fields: &str| {
+        format!("applications:\n  - name: app1\n    import_path: test::app\n{fields}")
+    };
+    // Named by the application, or by a deployment's autoscaling config:
+    // refused at the call, naming application, deployment, field and path.
+    for (fields, deployment, field) in [
+        (
+            "    autoscaling_policy: {policy_function: test::missing}\n",
+            None,
+            "autoscaling_policy.policy_function",
+        ),
+        (
+            "    deployments:\n      - name: probe\n        autoscaling_config:\n          policy: {policy_function: test::missing}\n",
+            Some("probe"),
+            "autoscaling_config.policy.policy_function",
+        ),
+        (
+            "    deployments:\n      - name: probe\n        request_router_config: {request_router_class: test.Router}\n",
+            Some("probe"),
+            "request_router_config.request_router_class",
+        ),
+    ] {
+        let e = serve.apply_config(config(&app(fields))).await.unwrap_err();
+        match &e {
+            ServeError::NotRegisteredAt {
+                app,
+                deployment: d,
+                field: f,
+                ..
+            } => {
+                assert_eq!(app, "app1");
+                assert_eq!(d.as_deref(), deployment);
+                assert_eq!(*f, field);
+            }
+            other => panic!("unexpected {other}"),
+        }
+        assert!(e.to_string().contains("nothing is registered"), "{e}");
+    }
+    // Nothing was applied.
+    assert_eq!(serve.app_status("app1").status, A::NotStarted);
+    // Registered, or Ray's default: accepted and deployed.
+    apply(
+        &serve,
+        &app("    autoscaling_policy: {policy_function: test::policy}\n    deployments:\n      - name: probe\n        num_replicas: auto\n        request_router_config: {request_routing_stats_period_s: 5}\n"),
+    )
+    .await;
+    wait_status(&serve, "app1", A::Running).await;
+    // The imperative path checks the same.
+    let unregistered = ApplicationSpec::builder("imp")
+        .route_prefix("/imp")
+        .deployment(
+            DeploymentSpec::builder("probe", "test::Probe").with_config(|c| {
+                c.with_autoscaling(flotilla::AutoscalingConfig {
+                    policy: flotilla::AutoscalingPolicy::named("test::missing".try_into().unwrap()),
+                    ..flotilla::AutoscalingConfig::default()
+                })
+            }),
+        )
+        .build()
+        .unwrap();
+    let e = serve.run(unregistered).await.unwrap_err();
+    assert!(
+        matches!(
+            &e,
+            ServeError::NotRegisteredAt {
+                field: "autoscaling_config.policy.policy_function",
+                ..
+            }
+        ),
+        "{e}"
+    );
+}

@@ -32,8 +32,10 @@ use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 use crate::{
-    Controller, ControllerMsg, ServeError, messages::InternalMsg, state::ControllerState,
-    validate::validate_app,
+    Controller, ControllerMsg, ServeError,
+    messages::InternalMsg,
+    state::ControllerState,
+    validate::{POLICY_NOT_REGISTERED, ROUTER_NOT_REGISTERED, validate_app},
 };
 
 /// How long an application builder may run before its build fails.
@@ -351,6 +353,58 @@ impl Controller {
                     deployment: None,
                     import_path: app.import_path.to_string(),
                 });
+            }
+            let unregistered = |deployment: Option<&str>, field, import_path: &str, reason| {
+                ServeError::NotRegisteredAt {
+                    app: app.name.to_string(),
+                    deployment: deployment.map(str::to_owned),
+                    field,
+                    import_path: import_path.to_owned(),
+                    reason,
+                }
+            };
+            if let Some(p) = &app.autoscaling_policy
+                && !state
+                    .registry
+                    .contains_autoscaling_policy(p.policy_function.as_str())
+            {
+                return Err(unregistered(
+                    None,
+                    "autoscaling_policy.policy_function",
+                    p.policy_function.as_str(),
+                    POLICY_NOT_REGISTERED,
+                ));
+            }
+            for d in &app.deployments {
+                let dep = Some(d.name.as_str());
+                if let Some(p) = d
+                    .autoscaling_config
+                    .as_ref()
+                    .and_then(|a| a.policy.as_ref())
+                    && !state
+                        .registry
+                        .contains_autoscaling_policy(p.policy_function.as_str())
+                {
+                    return Err(unregistered(
+                        dep,
+                        "autoscaling_config.policy.policy_function",
+                        p.policy_function.as_str(),
+                        POLICY_NOT_REGISTERED,
+                    ));
+                }
+                if let Some(class) = d
+                    .request_router_config
+                    .as_ref()
+                    .and_then(|r| r.request_router_class.as_ref())
+                    && !flotilla_core::is_builtin_router(class.as_str())
+                {
+                    return Err(unregistered(
+                        dep,
+                        "request_router_config.request_router_class",
+                        class.as_str(),
+                        ROUTER_NOT_REGISTERED,
+                    ));
+                }
             }
             if let Some(e) = state.apps.get(&app.name)
                 && e.record.api_type == ApiType::Imperative

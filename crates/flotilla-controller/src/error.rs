@@ -27,6 +27,25 @@ pub enum ServeError {
         /// The import path nothing is registered under.
         import_path: String,
     },
+    /// A config or spec names, in `field`, an autoscaling policy or a request
+    /// router that the `Registry` does not have.
+    #[error(
+        "application '{app}'{}, field `{field}`: nothing is registered under import path \
+         '{import_path}': {reason}",
+        deployment.as_ref().map(|d| format!(", deployment '{d}'")).unwrap_or_default()
+    )]
+    NotRegisteredAt {
+        /// The application.
+        app: String,
+        /// The deployment, unless the field is the application's.
+        deployment: Option<String>,
+        /// The field, as a config file names it.
+        field: &'static str,
+        /// The import path nothing is registered under.
+        import_path: String,
+        /// What to do about it.
+        reason: &'static str,
+    },
     /// The same application name appears twice in one batch.
     #[error("application '{app}' appears more than once in the batch")]
     DuplicateApp {

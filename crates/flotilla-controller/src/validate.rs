@@ -2,7 +2,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use flotilla_core::{AppName, ApplicationSpec, RoutePrefix};
+use flotilla_core::{AppName, ApplicationSpec, ReplicaCount, RoutePrefix};
 use flotilla_replica::Registry;
 
 use crate::ServeError;
@@ -50,20 +50,54 @@ pub(crate) fn validate_batch(
     Ok(())
 }
 
+/// Why an unregistered autoscaling policy is refused.
+pub(crate) const POLICY_NOT_REGISTERED: &str = "register the policy with \
+    Registry::register_autoscaling_policy, or name Ray's default policy \
+    (ray.serve.autoscaling_policy:default_autoscaling_policy) for the built-in one";
+
+/// Why a request router other than the default is refused.
+pub(crate) const ROUTER_NOT_REGISTERED: &str = "Flotilla routes every request with its \
+    power-of-two-choices router (Ray's default, \
+    ray.serve._private.request_router:PowerOfTwoChoicesRequestRouter); the Registry has no \
+    custom request routers yet";
+
 /// One application on its own: a valid spec whose every deployment names
-/// registered code.
+/// registered code, and whose autoscaling policies and request routers are
+/// registered (or Ray's defaults, the built-in ones).
 pub(crate) fn validate_app(app: &ApplicationSpec, registry: &Registry) -> Result<(), ServeError> {
     app.validate()?;
-    match app
-        .deployments
-        .iter()
-        .find(|d| !registry.contains(d.import_path.as_str()))
-    {
-        Some(d) => Err(ServeError::NotRegistered {
+    for d in &app.deployments {
+        let unregistered = |field, import_path: &str, reason| ServeError::NotRegisteredAt {
             app: app.name.to_string(),
             deployment: Some(d.name.to_string()),
-            import_path: d.import_path.to_string(),
-        }),
-        None => Ok(()),
+            field,
+            import_path: import_path.to_owned(),
+            reason,
+        };
+        if !registry.contains(d.import_path.as_str()) {
+            return Err(ServeError::NotRegistered {
+                app: app.name.to_string(),
+                deployment: Some(d.name.to_string()),
+                import_path: d.import_path.to_string(),
+            });
+        }
+        if let ReplicaCount::Auto(a) = &d.config.num_replicas
+            && !registry.contains_autoscaling_policy(a.policy.policy_function.as_str())
+        {
+            return Err(unregistered(
+                "autoscaling_config.policy.policy_function",
+                a.policy.policy_function.as_str(),
+                POLICY_NOT_REGISTERED,
+            ));
+        }
+        let router = &d.config.request_router;
+        if !router.is_builtin() {
+            return Err(unregistered(
+                "request_router_config.request_router_class",
+                router.request_router_class.as_str(),
+                ROUTER_NOT_REGISTERED,
+            ));
+        }
     }
+    Ok(())
 }

@@ -37,6 +37,12 @@ impl Args {
         Args(vec![0xc0])
     }
 
+    /// The empty map (MessagePack `{}`): Ray's default for `args`, `runtime_env`
+    /// and every kwargs field.
+    pub fn empty_map() -> Self {
+        Args(vec![0x80])
+    }
+
     /// Wrap bytes that already are MessagePack.
     pub fn from_msgpack(bytes: Vec<u8>) -> Self {
         Args(bytes)

@@ -4,7 +4,10 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{Args, Resources, error::Error};
+use crate::{
+    Args, AutoscalingConfig, BackpressureConfig, LoggingConfig, PlacementGroup,
+    RequestRouterConfig, Resources, error::Error, placement::validate_max_replicas_per_node,
+};
 
 /// Most replicas one deployment may ask for: `num_replicas`, and the
 /// autoscaling bounds (`max_replicas`, hence `min_replicas` and
@@ -21,122 +24,24 @@ pub enum ReplicaCount {
     Auto(AutoscalingConfig),
 }
 
-/// Ray Serve's autoscaling settings and defaults (`ray.serve.config.AutoscalingConfig`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct AutoscalingConfig {
-    /// Fewest replicas (1). Zero allows scale to zero.
-    pub min_replicas: u32,
-    /// Replicas at first deploy; `None` starts at `min_replicas`.
-    pub initial_replicas: Option<u32>,
-    /// Most replicas (1).
-    pub max_replicas: u32,
-    /// Ongoing requests per replica the policy aims for (2.0).
-    pub target_ongoing_requests: f64,
-    /// How long upscale decisions must persist before they act (30 s).
-    pub upscale_delay: Duration,
-    /// How long downscale decisions must persist before they act (600 s).
-    pub downscale_delay: Duration,
-    /// Multiplier on each upscale step (`None` = 1.0).
-    pub upscaling_factor: Option<f64>,
-    /// Multiplier on each downscale step (`None` = 1.0).
-    pub downscaling_factor: Option<f64>,
-    /// Window over which load is averaged (30 s).
-    pub look_back_period: Duration,
-}
-
-impl Default for AutoscalingConfig {
-    fn default() -> Self {
-        AutoscalingConfig {
-            min_replicas: 1,
-            initial_replicas: None,
-            max_replicas: 1,
-            target_ongoing_requests: 2.0,
-            upscale_delay: Duration::from_secs(30),
-            downscale_delay: Duration::from_secs(600),
-            upscaling_factor: None,
-            downscaling_factor: None,
-            look_back_period: Duration::from_secs(30),
-        }
-    }
-}
-
-impl AutoscalingConfig {
-    /// Bounds in order, factors and target positive.
-    pub fn validate(&self) -> Result<(), Error> {
-        if self.min_replicas > self.max_replicas {
-            return Err(Error::field(
-                "autoscaling_config.min_replicas",
-                format!(
-                    "min_replicas ({}) must not exceed max_replicas ({})",
-                    self.min_replicas, self.max_replicas
-                ),
-            ));
-        }
-        if self.max_replicas == 0 || self.max_replicas > MAX_REPLICAS {
-            return Err(Error::field(
-                "autoscaling_config.max_replicas",
-                format!(
-                    "must be from 1 to {MAX_REPLICAS}, got {}",
-                    self.max_replicas
-                ),
-            ));
-        }
-        if let Some(init) = self.initial_replicas
-            && (init < self.min_replicas || init > self.max_replicas)
-        {
-            return Err(Error::field(
-                "autoscaling_config.initial_replicas",
-                format!(
-                    "{init} is outside [min_replicas, max_replicas] = [{}, {}]",
-                    self.min_replicas, self.max_replicas
-                ),
-            ));
-        }
-        if !(self.target_ongoing_requests.is_finite() && self.target_ongoing_requests > 0.0) {
-            return Err(Error::field(
-                "autoscaling_config.target_ongoing_requests",
-                format!("must be > 0, got {}", self.target_ongoing_requests),
-            ));
-        }
-        for (field, f) in [
-            ("autoscaling_config.upscaling_factor", self.upscaling_factor),
-            (
-                "autoscaling_config.downscaling_factor",
-                self.downscaling_factor,
-            ),
-        ] {
-            if let Some(f) = f
-                && !(f.is_finite() && f > 0.0)
-            {
-                return Err(Error::field(field, format!("must be > 0, got {f}")));
-            }
-        }
-        if self.look_back_period.is_zero() {
-            return Err(Error::field(
-                "autoscaling_config.look_back_period",
-                "must be longer than zero",
-            ));
-        }
-        Ok(())
-    }
-
-    /// The replica count at first deploy.
-    pub fn initial(&self) -> u32 {
-        self.initial_replicas.unwrap_or(self.min_replicas)
-    }
-}
-
 /// How fast a code-version change rolls through the replicas.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct RolloutConfig {
     /// Fraction of the target that may change at once; at least one replica (0.2).
+    /// Ray's `rolling_update_percentage`.
     pub max_changing_fraction: f64,
+    /// Extra replicas a roll may start before stopping old ones, as a percentage
+    /// of the target rounded up (0 to 100; 0, the default, stops old replicas
+    /// before starting their replacements). Ray's `max_surge_percent`.
+    #[serde(default)]
+    pub max_surge_percent: u32,
 }
 
 impl Default for RolloutConfig {
     fn default() -> Self {
         RolloutConfig {
             max_changing_fraction: 0.2,
+            max_surge_percent: 0,
         }
     }
 }
@@ -178,6 +83,24 @@ pub struct DeploymentConfig {
     pub resources: Resources,
     /// Rolling update pace.
     pub rollout: RolloutConfig,
+    /// At most this many replicas of the deployment on one node (1 to
+    /// [`MAX_REPLICAS_PER_NODE`](crate::MAX_REPLICAS_PER_NODE)); `None` is no
+    /// limit. Excludes `placement_group`. Part of the code version.
+    #[serde(default)]
+    pub max_replicas_per_node: Option<u32>,
+    /// A placement group reserved for each replica; `None` reserves
+    /// `resources` alone. Part of the code version.
+    #[serde(default)]
+    pub placement_group: Option<PlacementGroup>,
+    /// The request router and its settings (Ray's default router by default).
+    #[serde(default)]
+    pub request_router: RequestRouterConfig,
+    /// The HTTP answer to a request refused by a full queue.
+    #[serde(default)]
+    pub backpressure: BackpressureConfig,
+    /// This deployment's logging, instead of its application's (`None`).
+    #[serde(default)]
+    pub logging: Option<LoggingConfig>,
 }
 
 impl Default for DeploymentConfig {
@@ -193,6 +116,11 @@ impl Default for DeploymentConfig {
             graceful_shutdown_timeout: Duration::from_secs(20),
             resources: Resources::default(),
             rollout: RolloutConfig::default(),
+            max_replicas_per_node: None,
+            placement_group: None,
+            request_router: RequestRouterConfig::default(),
+            backpressure: BackpressureConfig::default(),
+            logging: None,
         }
     }
 }
@@ -254,6 +182,36 @@ impl DeploymentConfig {
         self
     }
 
+    /// At most `n` replicas of this deployment per node (1 to 100).
+    pub fn with_max_replicas_per_node(mut self, n: u32) -> Self {
+        self.max_replicas_per_node = Some(n);
+        self
+    }
+
+    /// Reserve `group` for each replica (its resources run in the first bundle).
+    pub fn with_placement_group(mut self, group: PlacementGroup) -> Self {
+        self.placement_group = Some(group);
+        self
+    }
+
+    /// The request router and its settings.
+    pub fn with_request_router(mut self, router: RequestRouterConfig) -> Self {
+        self.request_router = router;
+        self
+    }
+
+    /// The HTTP answer to requests refused by a full queue.
+    pub fn with_backpressure(mut self, backpressure: BackpressureConfig) -> Self {
+        self.backpressure = backpressure;
+        self
+    }
+
+    /// This deployment's own logging.
+    pub fn with_logging(mut self, logging: LoggingConfig) -> Self {
+        self.logging = Some(logging);
+        self
+    }
+
     /// The replica target at first deploy.
     pub fn initial_replicas(&self) -> u32 {
         match &self.num_replicas {
@@ -310,7 +268,42 @@ impl DeploymentConfig {
                 format!("must be in (0, 1], got {f}"),
             ));
         }
-        self.resources.validate()
+        if self.rollout.max_surge_percent > 100 {
+            return Err(Error::field(
+                "rollout.max_surge_percent",
+                format!(
+                    "must be from 0 to 100, got {}",
+                    self.rollout.max_surge_percent
+                ),
+            ));
+        }
+        self.resources.validate()?;
+        if let Some(n) = self.max_replicas_per_node {
+            validate_max_replicas_per_node(n)?;
+            if self.placement_group.is_some() {
+                return Err(Error::field(
+                    "max_replicas_per_node",
+                    "Setting max_replicas_per_node is not allowed when \
+                     placement_group_bundles is provided",
+                ));
+            }
+        }
+        if let Some(pg) = &self.placement_group {
+            pg.validate(&self.resources)?;
+        }
+        self.request_router.validate()?;
+        if let Some(r) = self.backpressure.retry_after
+            && r > Duration::from_secs(u64::from(u32::MAX))
+        {
+            return Err(Error::field(
+                "backpressure_config.retry_after_s",
+                format!("{}s is too long for a Retry-After header", r.as_secs()),
+            ));
+        }
+        if let Some(l) = &self.logging {
+            l.validate()?;
+        }
+        Ok(())
     }
 }
 
@@ -391,9 +384,78 @@ mod tests {
         );
         assert_eq!(
             field_of(d().with_rollout(RolloutConfig {
-                max_changing_fraction: 0.0
+                max_changing_fraction: 0.0,
+                ..RolloutConfig::default()
             })),
             "rollout.max_changing_fraction"
+        );
+    }
+
+    #[test]
+    fn the_newer_settings_have_builders_and_the_config_files_validation() {
+        use crate::{BackpressureStatus, LogAttr, PlacementStrategy, error::Error as E};
+        let field_of = |c: DeploymentConfig| c.validate().unwrap_err().field_name();
+        let d = DeploymentConfig::default;
+        let pg = |cpus: f64| {
+            PlacementGroup::new(
+                vec![Resources::none().with_cpus(cpus)],
+                PlacementStrategy::Spread,
+            )
+        };
+        let c = d()
+            .with_max_replicas_per_node(3)
+            .with_request_router(RequestRouterConfig {
+                backoff_multiplier: 4.0,
+                ..RequestRouterConfig::default()
+            })
+            .with_backpressure(BackpressureConfig {
+                status_code: BackpressureStatus::TooManyRequests,
+                retry_after: Some(Duration::from_secs(1)),
+            })
+            .with_logging(LoggingConfig::default().with_logs_dir("/logs"));
+        c.validate().unwrap();
+        assert_eq!(c.max_replicas_per_node, Some(3));
+        d().with_placement_group(pg(1.0)).validate().unwrap();
+        assert_eq!(
+            field_of(d().with_max_replicas_per_node(0)),
+            Some("max_replicas_per_node")
+        );
+        assert_eq!(
+            field_of(
+                d().with_max_replicas_per_node(2)
+                    .with_placement_group(pg(1.0))
+            ),
+            Some("max_replicas_per_node")
+        );
+        assert_eq!(
+            field_of(d().with_placement_group(pg(0.5))),
+            Some("placement_group_bundles")
+        );
+        assert_eq!(
+            field_of(d().with_request_router(RequestRouterConfig {
+                initial_backoff: Duration::ZERO,
+                ..RequestRouterConfig::default()
+            })),
+            Some("request_router_config.initial_backoff_s")
+        );
+        assert_eq!(
+            field_of(d().with_logging(LoggingConfig::default().with_logs_dir(""))),
+            Some("logging_config.logs_dir")
+        );
+        let attrs = LoggingConfig {
+            additional_log_standard_attrs: vec![LogAttr::Thread, LogAttr::Name],
+            ..LoggingConfig::default()
+        };
+        assert!(matches!(
+            d().with_logging(attrs).validate(),
+            Err(E::InvalidField { .. })
+        ));
+        assert_eq!(
+            field_of(d().with_rollout(RolloutConfig {
+                max_surge_percent: 101,
+                ..RolloutConfig::default()
+            })),
+            Some("rollout.max_surge_percent")
         );
     }
 

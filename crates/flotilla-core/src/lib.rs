@@ -12,31 +12,46 @@
 
 pub mod actor_names;
 mod args;
+mod autoscaling;
 mod config;
 mod error;
 mod fault;
+mod logging;
 mod names;
+mod placement;
 mod record;
 mod resources;
+mod routing;
 mod serve_config;
 mod spec;
 mod status;
 mod version;
 
 pub use args::Args;
-pub use config::{AutoscalingConfig, DeploymentConfig, MAX_REPLICAS, ReplicaCount, RolloutConfig};
+pub use autoscaling::{
+    AggregationFunction, AutoscalingConfig, AutoscalingPolicy, BUILTIN_AUTOSCALING_POLICIES,
+    DEFAULT_AUTOSCALING_POLICY, is_builtin_policy,
+};
+pub use config::{DeploymentConfig, MAX_REPLICAS, ReplicaCount, RolloutConfig};
 pub use error::{Error, Location, MAX_QUOTED, Result, shown};
 pub use fault::{FaultPoint, Faults};
+pub use logging::{LogAttr, LogEncoding, LogLevel, LoggingConfig, MAX_LOGS_DIR_LEN};
 pub use names::{AppName, DeploymentName, ImportPath, MAX_NAME_LEN, MAX_PATH_LEN, RoutePrefix};
+pub use placement::{MAX_REPLICAS_PER_NODE, PlacementGroup, PlacementStrategy, bundle_resources};
 pub use record::{ApiType, AppRecord, ConfigSource, DeploymentRecord};
 pub use resources::Resources;
+pub use routing::{
+    BUILTIN_REQUEST_ROUTERS, BackpressureConfig, BackpressureStatus, DEFAULT_REQUEST_ROUTER,
+    RequestRouterConfig, is_builtin_router,
+};
 pub use serve_config::{
-    AppConfig, AutoscalingOverride, DeploymentOverride, NumReplicas, RayActorOptions, ServeConfig,
-    apply_overrides, auto_autoscaling_config,
+    AppConfig, AutoscalingOverride, BackpressureOverride, ConfigWarning, ControllerOptions,
+    ControllerRuntimeEnv, DEFAULT_GRPC_PORT, DEFAULT_HTTP_PORT, DEFAULT_KEEP_ALIVE_TIMEOUT_S,
+    DeploymentOverride, GrpcOptions, HttpOptions, NumReplicas, ProxyLocation, RayActorOptions,
+    RequestRouterOverride, ServeConfig, TracingConfig, apply_overrides, auto_autoscaling_config,
 };
 pub use spec::{
-    ApplicationSpec, ApplicationSpecBuilder, DeploymentSpec, DeploymentSpecBuilder, LogEncoding,
-    LogLevel, LoggingConfig, MAX_VERSION_LEN,
+    ApplicationSpec, ApplicationSpecBuilder, DeploymentSpec, DeploymentSpecBuilder, MAX_VERSION_LEN,
 };
 pub use status::{
     AppStatusInputs, ApplicationStatus, ApplicationStatusInfo, DeploymentStatus,

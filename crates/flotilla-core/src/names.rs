@@ -63,6 +63,14 @@ macro_rules! validated_name {
             pub fn as_str(&self) -> &str {
                 &self.0
             }
+
+            /// A value this crate knows to be valid (a constant such as Ray's
+            /// default policy path); checked in debug builds.
+            #[allow(dead_code)]
+            pub(crate) fn known(s: &'static str) -> Self {
+                debug_assert!($check($what, s.to_owned()).is_ok(), "{s}");
+                Self(s.to_owned())
+            }
         }
 
         impl TryFrom<String> for $ty {

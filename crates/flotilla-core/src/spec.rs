@@ -3,61 +3,14 @@
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    AppName, Args, CodeVersion, ConfigVersion, DeploymentConfig, DeploymentName, DeploymentVersion,
-    ImportPath, RoutePrefix,
+    AppName, Args, AutoscalingPolicy, CodeVersion, ConfigVersion, DeploymentConfig, DeploymentName,
+    DeploymentVersion, ImportPath, LoggingConfig, ReplicaCount, RoutePrefix,
     error::{Error, Location},
     version::hash_value,
 };
 
 /// Longest explicit deployment `version`, in bytes.
 pub const MAX_VERSION_LEN: usize = 256;
-
-/// Log levels, as Ray Serve names them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "UPPERCASE")]
-pub enum LogLevel {
-    /// Everything.
-    Debug,
-    /// The default.
-    #[default]
-    Info,
-    /// Warnings and errors.
-    Warning,
-    /// Errors only.
-    Error,
-}
-
-/// How log lines are written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "UPPERCASE")]
-pub enum LogEncoding {
-    /// Human-readable text (the default).
-    #[default]
-    Text,
-    /// One JSON object per line.
-    Json,
-}
-
-/// Logging settings: global, with a per-application override.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LoggingConfig {
-    /// Lowest level written.
-    pub log_level: LogLevel,
-    /// Text or JSON.
-    pub encoding: LogEncoding,
-    /// Whether each request is logged.
-    pub enable_access_log: bool,
-}
-
-impl Default for LoggingConfig {
-    fn default() -> Self {
-        LoggingConfig {
-            log_level: LogLevel::Info,
-            encoding: LogEncoding::Text,
-            enable_access_log: true,
-        }
-    }
-}
 
 /// One deployment of an application: which code, with which init args and config.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -98,19 +51,35 @@ impl DeploymentSpec {
 
     /// The code version: the explicit version, or else a stable hash of import path
     /// and init args; resources are hashed in either way (replicas hold their
-    /// reservations, so a resource change must replace them, as in Ray).
+    /// reservations, so a resource change must replace them, as in Ray), and so are
+    /// the placement group and `max_replicas_per_node` when set (Ray restarts
+    /// replicas when they change). Unset, they leave the version as it was before
+    /// they existed.
     pub fn code_version(&self) -> CodeVersion {
-        match &self.version {
-            Some(v) if self.config.resources == crate::Resources::default() => {
-                CodeVersion::explicit(v.clone())
+        let c = &self.config;
+        let placement = (c.placement_group.is_some() || c.max_replicas_per_node.is_some())
+            .then(|| hash_value(&(&c.placement_group, c.max_replicas_per_node)));
+        match (&self.version, placement) {
+            (Some(v), p) => {
+                let mut v = v.clone();
+                if c.resources != crate::Resources::default() {
+                    v = format!("{v}+r{:016x}", hash_value(&c.resources));
+                }
+                if let Some(p) = p {
+                    v = format!("{v}+p{p:016x}");
+                }
+                CodeVersion::explicit(v)
             }
-            Some(v) => {
-                CodeVersion::explicit(format!("{v}+r{:016x}", hash_value(&self.config.resources)))
-            }
-            None => CodeVersion::hashed(hash_value(&(
+            (None, None) => CodeVersion::hashed(hash_value(&(
                 &self.import_path,
                 &self.init_args,
-                &self.config.resources,
+                &c.resources,
+            ))),
+            (None, Some(p)) => CodeVersion::hashed(hash_value(&(
+                &self.import_path,
+                &self.init_args,
+                &c.resources,
+                p,
             ))),
         }
     }
@@ -216,6 +185,10 @@ pub struct ApplicationSpec {
     pub deployments: Vec<DeploymentSpec>,
     /// Overrides the global logging config for this application.
     pub logging: Option<LoggingConfig>,
+    /// Replica counts are set from outside (Ray's `external_scaler_enabled`): no
+    /// deployment may autoscale, and the scale call may set a deployment's count.
+    #[serde(default)]
+    pub external_scaler_enabled: bool,
 }
 
 impl ApplicationSpec {
@@ -237,6 +210,8 @@ impl ApplicationSpec {
             ingress: None,
             deployments: Vec::new(),
             logging: None,
+            external_scaler_enabled: false,
+            autoscaling_policy: None,
         }
     }
 
@@ -246,10 +221,15 @@ impl ApplicationSpec {
     }
 
     /// Whole-application checks: at least one deployment, unique deployment names,
-    /// the ingress is one of them, every deployment valid. Errors name the application.
+    /// the ingress is one of them, every deployment valid, the logging config
+    /// valid, and no deployment autoscaling when the replica counts are set from
+    /// outside. Errors name the application.
     pub fn validate(&self) -> Result<(), Error> {
         let app = self.name.as_str();
         let at_app = |e: Error| e.at(Some(app), None);
+        if let Some(l) = &self.logging {
+            l.validate().map_err(at_app)?;
+        }
         if self.deployments.is_empty() {
             return Err(at_app(Error::field(
                 "deployments",
@@ -269,6 +249,21 @@ impl ApplicationSpec {
                 });
             }
             d.validate().map_err(at_app)?;
+            if self.external_scaler_enabled
+                && matches!(d.config.num_replicas, ReplicaCount::Auto(_))
+            {
+                return Err(Error::InvalidField {
+                    at: Location {
+                        app: Some(app.to_owned()),
+                        deployment: Some(d.name.to_string()),
+                    },
+                    field: "num_replicas",
+                    reason: "the application's replica counts are set by an external scaler \
+                             (external_scaler_enabled), so Flotilla's autoscaling must be off \
+                             for every deployment: give a fixed count"
+                        .into(),
+                });
+            }
         }
         if !seen.contains(self.ingress.as_str()) {
             return Err(at_app(Error::field(
@@ -291,6 +286,8 @@ pub struct ApplicationSpecBuilder {
     ingress: Option<String>,
     deployments: Vec<Result<DeploymentSpec, Error>>,
     logging: Option<LoggingConfig>,
+    external_scaler_enabled: bool,
+    autoscaling_policy: Option<AutoscalingPolicy>,
 }
 
 impl ApplicationSpecBuilder {
@@ -334,6 +331,23 @@ impl ApplicationSpecBuilder {
         self
     }
 
+    /// Replica counts are set from outside (Ray's `external_scaler_enabled`):
+    /// then no deployment may autoscale.
+    pub fn external_scaler_enabled(mut self, enabled: bool) -> Self {
+        self.external_scaler_enabled = enabled;
+        self
+    }
+
+    /// An application-level autoscaling policy (Ray's `autoscaling_policy`): it
+    /// replaces the policy of every deployment that autoscales, as Ray's
+    /// application-level policy takes precedence over deployment-level ones. In
+    /// Flotilla it is the same kind of policy as a deployment's (one function,
+    /// called for each deployment on its own), not a function over all of them.
+    pub fn autoscaling_policy(mut self, policy: AutoscalingPolicy) -> Self {
+        self.autoscaling_policy = Some(policy);
+        self
+    }
+
     /// Validate and build.
     pub fn build(self) -> Result<ApplicationSpec, Error> {
         let app = self.name.clone();
@@ -345,11 +359,14 @@ impl ApplicationSpecBuilder {
             .map(RoutePrefix::new)
             .transpose()
             .map_err(at)?;
-        let deployments = self
+        let mut deployments = self
             .deployments
             .into_iter()
             .collect::<Result<Vec<_>, _>>()
             .map_err(at)?;
+        if let Some(policy) = &self.autoscaling_policy {
+            set_app_policy(&mut deployments, policy);
+        }
         let ingress = match self.ingress {
             Some(i) => DeploymentName::new(i).map_err(at)?,
             None => match deployments.first() {
@@ -368,9 +385,20 @@ impl ApplicationSpecBuilder {
             ingress,
             deployments,
             logging: self.logging,
+            external_scaler_enabled: self.external_scaler_enabled,
         };
         spec.validate()?;
         Ok(spec)
+    }
+}
+
+/// Give every autoscaled deployment of `deployments` the application's `policy`
+/// (Ray: an application-level policy takes precedence).
+pub(crate) fn set_app_policy(deployments: &mut [DeploymentSpec], policy: &AutoscalingPolicy) {
+    for d in deployments {
+        if let ReplicaCount::Auto(a) = &mut d.config.num_replicas {
+            a.policy = policy.clone();
+        }
     }
 }
 
@@ -533,6 +561,69 @@ mod tests {
             .unwrap();
         assert_eq!(a.code_version(), reconf.code_version());
         assert_ne!(a.config_version(), reconf.config_version());
+    }
+
+    #[test]
+    fn an_external_scaler_refuses_autoscaling_and_an_app_policy_reaches_every_autoscaler() {
+        use crate::{AutoscalingConfig, AutoscalingPolicy, ReplicaCount};
+        let auto = || {
+            dep("auto").with_config(|c| {
+                c.with_autoscaling(AutoscalingConfig {
+                    max_replicas: 3,
+                    ..AutoscalingConfig::default()
+                })
+            })
+        };
+        let e = ApplicationSpec::builder("a")
+            .deployment(dep("fixed"))
+            .deployment(auto())
+            .external_scaler_enabled(true)
+            .build()
+            .unwrap_err();
+        assert_eq!((e.app(), e.deployment()), (Some("a"), Some("auto")));
+        assert_eq!(e.field_name(), Some("num_replicas"));
+        let ok = ApplicationSpec::builder("a")
+            .deployment(dep("fixed").replicas(2))
+            .external_scaler_enabled(true)
+            .build()
+            .unwrap();
+        assert!(ok.external_scaler_enabled);
+        let policy = AutoscalingPolicy::named("a:policy".try_into().unwrap());
+        let app = ApplicationSpec::builder("a")
+            .deployment(dep("fixed"))
+            .deployment(auto())
+            .autoscaling_policy(policy.clone())
+            .build()
+            .unwrap();
+        let ReplicaCount::Auto(a) = &app.deployment("auto").unwrap().config.num_replicas else {
+            panic!("autoscaled");
+        };
+        assert_eq!(a.policy, policy);
+    }
+
+    #[test]
+    fn placement_is_code_and_unset_it_leaves_the_version_as_it_was() {
+        use crate::{PlacementGroup, PlacementStrategy};
+        let plain = dep("x").init_args(&1u32).build().unwrap();
+        assert_eq!(plain.code_version().as_str(), "heddbbbcac1fd726a");
+        let pg = dep("x")
+            .init_args(&1u32)
+            .with_config(|c| {
+                c.with_placement_group(PlacementGroup::new(
+                    vec![Resources::default()],
+                    PlacementStrategy::Pack,
+                ))
+            })
+            .build()
+            .unwrap();
+        assert_ne!(pg.code_version(), plain.code_version());
+        assert_eq!(pg.config_version(), plain.config_version());
+        let explicit = dep("x")
+            .version("v1")
+            .with_config(|c| c.with_max_replicas_per_node(2))
+            .build()
+            .unwrap();
+        assert!(explicit.code_version().as_str().starts_with("v1+p"));
     }
 
     #[test]

@@ -9,7 +9,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{DeploymentConfig, ReplicaCount};
+use crate::{BackpressureConfig, DeploymentConfig, ReplicaCount, RequestRouterConfig};
 
 /// 64-bit FNV-1a over `bytes`: the same output on every machine, process and Rust
 /// version (unlike `DefaultHasher`, whose algorithm is unspecified).
@@ -68,8 +68,16 @@ impl fmt::Debug for CodeVersion {
 }
 
 /// A stable hash of the part of a config that live replicas take in place: user
-/// config, request limits, health check and graceful shutdown settings and the
-/// autoscaling config. The replica count and resources are not in it.
+/// config, request limits, health check and graceful shutdown settings, the
+/// autoscaling config, and the request router, back-pressure answer and
+/// deployment logging (Ray's "reconfigure" options). The replica count,
+/// resources, placement group and `max_replicas_per_node` are not in it (the
+/// latter three are code: see `DeploymentSpec::code_version`), nor is the
+/// rollout pace.
+///
+/// Settings added after the first release are hashed only when they differ from
+/// their defaults, so a config that does not use them keeps the version it always
+/// had: upgrading Flotilla reconfigures nothing.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct ConfigVersion(pub u64);
 
@@ -80,7 +88,7 @@ impl ConfigVersion {
             ReplicaCount::Fixed(_) => None,
             ReplicaCount::Auto(a) => Some(a),
         };
-        ConfigVersion(hash_value(&(
+        let first = (
             &config.user_config,
             config.max_ongoing_requests,
             config.max_queued_requests,
@@ -88,8 +96,28 @@ impl ConfigVersion {
             config.health_check_timeout,
             config.graceful_shutdown_wait_loop,
             config.graceful_shutdown_timeout,
-            autoscaling,
-        )))
+            autoscaling.map(|a| a.legacy_view()),
+        );
+        let autoscaling_ext = autoscaling.and_then(|a| a.extension_view());
+        let router = (config.request_router != RequestRouterConfig::default())
+            .then_some(&config.request_router);
+        let backpressure =
+            (config.backpressure != BackpressureConfig::default()).then_some(&config.backpressure);
+        if autoscaling_ext.is_none()
+            && router.is_none()
+            && backpressure.is_none()
+            && config.logging.is_none()
+        {
+            ConfigVersion(hash_value(&first))
+        } else {
+            ConfigVersion(hash_value(&(
+                first,
+                autoscaling_ext,
+                router,
+                backpressure,
+                &config.logging,
+            )))
+        }
     }
 }
 
@@ -112,5 +140,63 @@ pub struct DeploymentVersion {
 impl fmt::Display for DeploymentVersion {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}/{:08x}", self.code, self.config.0 >> 32)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::{
+        AggregationFunction, AutoscalingConfig, AutoscalingPolicy, ImportPath, LoggingConfig,
+    };
+
+    /// Pinned before the settings added for Ray's full schema existed: a config
+    /// that leaves them at their defaults keeps its version across the upgrade.
+    #[test]
+    fn versions_of_configs_without_the_newer_settings_are_unchanged() {
+        assert_eq!(
+            ConfigVersion::of(&DeploymentConfig::default()).0,
+            0x2364_b533_e859_7746
+        );
+        let auto = DeploymentConfig::default().with_autoscaling(AutoscalingConfig {
+            max_replicas: 7,
+            upscaling_factor: Some(1.5),
+            ..AutoscalingConfig::default()
+        });
+        assert_eq!(ConfigVersion::of(&auto).0, 0xe27f_d135_06ab_929b);
+    }
+
+    #[test]
+    fn every_newer_reconfigure_setting_changes_the_config_version() {
+        let auto = |a: AutoscalingConfig| DeploymentConfig::default().with_autoscaling(a);
+        let base = ConfigVersion::of(&auto(AutoscalingConfig::default()));
+        for changed in [
+            auto(AutoscalingConfig {
+                downscale_to_zero_delay: Some(Duration::from_secs(1)),
+                ..AutoscalingConfig::default()
+            }),
+            auto(AutoscalingConfig {
+                aggregation_function: AggregationFunction::Max,
+                ..AutoscalingConfig::default()
+            }),
+            auto(
+                AutoscalingConfig::default().with_policy(AutoscalingPolicy::named(
+                    ImportPath::new("mine:policy").unwrap(),
+                )),
+            ),
+            auto(AutoscalingConfig::default()).with_request_router(RequestRouterConfig {
+                max_backoff: Duration::from_secs(1),
+                ..RequestRouterConfig::default()
+            }),
+            auto(AutoscalingConfig::default()).with_backpressure(BackpressureConfig {
+                retry_after: Some(Duration::from_secs(5)),
+                ..BackpressureConfig::default()
+            }),
+            auto(AutoscalingConfig::default()).with_logging(LoggingConfig::default()),
+        ] {
+            assert_ne!(ConfigVersion::of(&changed), base, "{changed:?}");
+        }
     }
 }

@@ -1,13 +1,32 @@
-//! Ray Serve's default autoscaling policy, as a pure state machine over virtual time.
+//! Ray Serve's autoscaling, as a pure state machine over virtual time.
 //!
 //! The DeploymentActor samples load (ongoing requests on its replicas plus requests
 //! queued in handles) on a per-deployment timer and asks [`Autoscaler::decide`] for a
 //! new target. The decision is made durable by the Controller before any replica
 //! changes.
+//!
+//! The load of the look-back window is reduced by the config's
+//! `aggregation_function` (mean, max or min). The built-in policy (Ray's default,
+//! named by any of Ray's default policy paths) wants `load / target` replicas; a
+//! custom policy is a function registered in the `Registry` under the path the
+//! config names, called with a [`PolicyContext`]. Either way, as Ray wraps custom
+//! policies, the scaling factors, the bounds, the two-step scale to zero and the
+//! delays are applied to what the policy wants; the last replica goes away only
+//! after `downscale_to_zero_delay` (Ray's `downscale_to_zero_delay_s`, by default
+//! the downscale delay). Ray's `metrics_interval_s` has no effect: sampling is
+//! every [`SAMPLE_PERIOD`].
 
-use std::{collections::VecDeque, time::Duration};
+use std::{
+    collections::VecDeque,
+    panic::{AssertUnwindSafe, catch_unwind},
+    time::Duration,
+};
 
-use flotilla_core::{AutoscalingConfig, ReplicaCount, ReplicaState};
+use flotilla_core::{
+    AppName, AutoscalingConfig, AutoscalingPolicy, DeploymentName, ImportPath, ReplicaCount,
+    ReplicaState,
+};
+use flotilla_replica::{AutoscalingPolicyFn, PolicyContext, Registry};
 use ractor::ActorRef;
 use tokio::time::Instant;
 
@@ -16,13 +35,70 @@ use crate::{DeploymentEvent, DeploymentMsg, messages::InternalMsg, state::Deploy
 /// How often an autoscaled deployment samples its load.
 pub const SAMPLE_PERIOD: Duration = Duration::from_secs(1);
 
+/// Which policy turns load into a wanted replica count.
+#[derive(Clone)]
+pub enum Policy {
+    /// Ray's default policy: `load / target_ongoing_requests`.
+    Builtin,
+    /// A policy registered in the `Registry`.
+    Custom {
+        /// The function.
+        policy: AutoscalingPolicyFn,
+        /// The application, for the policy's context.
+        app: AppName,
+        /// The deployment, for the policy's context.
+        deployment: DeploymentName,
+    },
+    /// The config names a policy the `Registry` does not have (a checkpoint
+    /// recovered by a program that no longer registers it): no decision is made
+    /// and the replica target holds.
+    Missing(ImportPath),
+}
+
+impl std::fmt::Debug for Policy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Policy::Builtin => f.write_str("Builtin"),
+            Policy::Custom {
+                app, deployment, ..
+            } => write!(f, "Custom({app}/{deployment})"),
+            Policy::Missing(p) => write!(f, "Missing({p})"),
+        }
+    }
+}
+
+/// The policy `policy` names for deployment `deployment` of `app`: the built-in
+/// one for Ray's default paths, else the one registered under the path.
+pub fn resolve_policy(
+    registry: &Registry,
+    app: &AppName,
+    deployment: &DeploymentName,
+    policy: &AutoscalingPolicy,
+) -> Policy {
+    if policy.is_builtin() {
+        return Policy::Builtin;
+    }
+    match registry.autoscaling_policy(policy.policy_function.as_str()) {
+        Some(f) => Policy::Custom {
+            policy: f,
+            app: app.clone(),
+            deployment: deployment.clone(),
+        },
+        None => Policy::Missing(policy.policy_function.clone()),
+    }
+}
+
 /// Load samples over the look-back window and the pending decision's age.
 #[derive(Debug, Clone)]
 pub struct Autoscaler {
     config: AutoscalingConfig,
+    policy: Policy,
     samples: VecDeque<(Instant, f64)>,
     /// The direction wanted and since when (the delay runs from there).
     pending: Option<(Direction, Instant)>,
+    /// A custom policy's failure (a panic, a count that is not a number) was
+    /// logged already.
+    warned: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,18 +108,31 @@ enum Direction {
 }
 
 impl Autoscaler {
-    /// A new autoscaler for `config`.
+    /// A new autoscaler for `config`, with the built-in policy.
     pub fn new(config: AutoscalingConfig) -> Self {
+        Self::with_policy(config, Policy::Builtin)
+    }
+
+    /// A new autoscaler for `config` deciding with `policy`.
+    pub fn with_policy(config: AutoscalingConfig, policy: Policy) -> Self {
         Autoscaler {
             config,
+            policy,
             samples: VecDeque::new(),
             pending: None,
+            warned: false,
         }
     }
 
     /// Take a new config (bounds, delays); samples are kept.
     pub fn set_config(&mut self, config: AutoscalingConfig) {
         self.config = config;
+    }
+
+    /// Take a new policy; samples are kept.
+    pub fn set_policy(&mut self, policy: Policy) {
+        self.policy = policy;
+        self.warned = false;
     }
 
     /// Record the total load (ongoing + queued requests) seen `now`.
@@ -58,19 +147,66 @@ impl Autoscaler {
         }
     }
 
-    fn average(&self) -> f64 {
-        if self.samples.is_empty() {
-            return 0.0;
+    /// The window's load, reduced by the config's aggregation function.
+    fn aggregate(&self) -> f64 {
+        self.config
+            .aggregation_function
+            .apply(self.samples.iter().map(|(_, l)| *l))
+    }
+
+    /// The replica count the policy wants (fractions allowed), or `None` to make
+    /// no decision.
+    fn wanted(&mut self, current: u32, running: u32, queued_now: f64) -> Option<f64> {
+        let load = self.aggregate();
+        let (policy, app, deployment) = match &self.policy {
+            Policy::Builtin => return Some(load / self.config.target_ongoing_requests),
+            Policy::Missing(_) => return None,
+            Policy::Custom {
+                policy,
+                app,
+                deployment,
+            } => (policy, app, deployment),
+        };
+        let samples: Vec<f64> = self.samples.iter().map(|(_, l)| *l).collect();
+        let ctx = PolicyContext {
+            app,
+            deployment,
+            current_replicas: current,
+            running_replicas: running,
+            total_requests: load,
+            queued_requests: queued_now,
+            samples: &samples,
+            config: &self.config,
+            kwargs: &self.config.policy.policy_kwargs,
+        };
+        let wanted = catch_unwind(AssertUnwindSafe(|| policy(&ctx)));
+        match wanted {
+            Ok(w) if w.is_finite() => Some(w.max(0.0)),
+            outcome => {
+                if !self.warned {
+                    self.warned = true;
+                    let why = match outcome {
+                        Ok(w) => format!("it returned {w}"),
+                        Err(_) => "it panicked".to_owned(),
+                    };
+                    tracing::warn!(app = %app, deployment = %deployment,
+                        policy = %self.config.policy.policy_function,
+                        "the custom autoscaling policy made no decision ({why}); the replica \
+                         target holds");
+                }
+                None
+            }
         }
-        self.samples.iter().map(|(_, l)| l).sum::<f64>() / self.samples.len() as f64
     }
 
     /// The target the policy wants now, or `None` to keep `current`.
     ///
     /// Cold start (no replica running, requests waiting) scales up at once; otherwise
-    /// `desired = ceil(load / target_ongoing_requests)`, moved by the scaling
-    /// factor, clamped to [min, max], and acted on only after the up- or downscale
-    /// delay has passed with the same direction. Reaching zero goes through one.
+    /// the policy's wanted count (built-in: `ceil(load / target_ongoing_requests)`)
+    /// is moved by the scaling factor, clamped to [min, max], and acted on only
+    /// after the up- or downscale delay has passed with the same direction.
+    /// Reaching zero goes through one, and the last step waits
+    /// `downscale_to_zero_delay`.
     pub fn decide(
         &mut self,
         now: Instant,
@@ -78,25 +214,28 @@ impl Autoscaler {
         running: u32,
         queued_now: f64,
     ) -> Option<u32> {
-        let c = &self.config;
         if running == 0 && current == 0 && queued_now > 0.0 {
+            let c = &self.config;
             self.pending = None;
-            let up = (c.upscaling_factor.unwrap_or(1.0)).ceil().max(1.0) as u32;
+            let up = (c.upscaling_factor()).ceil().max(1.0) as u32;
             return Some(up.clamp(c.min_replicas.max(1), c.max_replicas));
         }
-        let load = self.average();
-        let raw = load / c.target_ongoing_requests;
+        let Some(raw) = self.wanted(current, running, queued_now) else {
+            self.pending = None;
+            return None;
+        };
+        let c = &self.config;
         let factor = if raw > f64::from(current) {
-            c.upscaling_factor.unwrap_or(1.0)
+            c.upscaling_factor()
         } else {
-            c.downscaling_factor.unwrap_or(1.0)
+            c.downscaling_factor()
         };
         let cur = f64::from(current);
         let mut desired = (cur + factor * (raw - cur)).ceil();
         if desired >= cur && raw < cur {
             desired = cur - 1.0;
         }
-        let mut desired = desired.max(0.0) as u32;
+        let mut desired = desired.max(0.0).min(f64::from(u32::MAX)) as u32;
         desired = desired.clamp(c.min_replicas, c.max_replicas);
         // Zero only from one: N -> 1 -> 0 in two stages.
         if desired == 0 && current > 1 {
@@ -119,6 +258,7 @@ impl Autoscaler {
         };
         let delay = match direction {
             Direction::Up => c.upscale_delay,
+            Direction::Down if desired == 0 => c.downscale_to_zero_delay(),
             Direction::Down => c.downscale_delay,
         };
         if now.duration_since(since) >= delay {
@@ -131,17 +271,35 @@ impl Autoscaler {
 }
 
 /// Start, update or stop the autoscaler as the spec says (called on every new
-/// target and at start). Only autoscaled deployments run a sampling timer.
+/// target and at start). Only autoscaled deployments run a sampling timer. The
+/// policy is looked up in the Registry each time.
 pub(crate) fn arm(myself: &ActorRef<DeploymentMsg>, state: &mut DeploymentState) {
     match &state.args.target.spec.config.num_replicas {
-        ReplicaCount::Auto(config) if !state.args.target.deleting => match &mut state.autoscaler {
-            Some((a, _)) => a.set_config(config.clone()),
-            None => {
-                let timer =
-                    myself.send_interval(SAMPLE_PERIOD, || InternalMsg::AutoscaleTick.into());
-                state.autoscaler = Some((Autoscaler::new(config.clone()), timer));
+        ReplicaCount::Auto(config) if !state.args.target.deleting => {
+            let policy = resolve_policy(
+                &state.args.registry,
+                &state.args.app,
+                &state.args.target.spec.name,
+                &config.policy,
+            );
+            if let Policy::Missing(path) = &policy {
+                tracing::error!(app = %state.args.app, deployment = %state.args.target.spec.name,
+                    policy = %path, "no autoscaling policy is registered under this path; the \
+                    replica target holds until it is registered");
             }
-        },
+            match &mut state.autoscaler {
+                Some((a, _)) => {
+                    a.set_config(config.clone());
+                    a.set_policy(policy);
+                }
+                None => {
+                    let timer =
+                        myself.send_interval(SAMPLE_PERIOD, || InternalMsg::AutoscaleTick.into());
+                    state.autoscaler =
+                        Some((Autoscaler::with_policy(config.clone(), policy), timer));
+                }
+            }
+        }
         _ => {
             if let Some((_, timer)) = state.autoscaler.take() {
                 timer.abort();
@@ -187,6 +345,8 @@ pub(crate) fn tick(state: &mut DeploymentState) {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
+
     use super::*;
 
     fn config(min: u32, max: u32) -> AutoscalingConfig {
@@ -251,5 +411,153 @@ mod tests {
         let now = Instant::now();
         assert_eq!(a.decide(now, 0, 0, 3.0), Some(1));
         assert_eq!(a.decide(now, 0, 0, 0.0), None);
+    }
+
+    /// Feed one load per second from `loads` (cycled) for `secs`, returning the
+    /// first decision.
+    fn run_pattern(
+        a: &mut Autoscaler,
+        start: Instant,
+        secs: u64,
+        loads: &[f64],
+        current: u32,
+    ) -> Option<(u64, u32)> {
+        for s in 0..secs {
+            let now = start + Duration::from_secs(s);
+            a.record(now, loads[s as usize % loads.len()]);
+            if let Some(n) = a.decide(now, current, current, 0.0) {
+                return Some((s, n));
+            }
+        }
+        None
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_aggregation_function_reduces_the_look_back_window() {
+        use flotilla_core::AggregationFunction::{Max, Mean, Min};
+        // A spike of 30 every 10 s, idle otherwise, on 3 replicas (target 1).
+        let mut spikes = vec![0.0; 10];
+        spikes[0] = 30.0;
+        let with = |f| AutoscalingConfig {
+            aggregation_function: f,
+            downscale_delay: Duration::from_secs(30),
+            ..config(1, 10)
+        };
+        let t = Instant::now();
+        // Mean: about 3 requests over the window, what 3 replicas serve: no change.
+        assert_eq!(
+            run_pattern(&mut Autoscaler::new(with(Mean)), t, 200, &spikes, 3),
+            None
+        );
+        // Max: the window's peak, 30, after the upscale delay (capped at 10).
+        assert_eq!(
+            run_pattern(&mut Autoscaler::new(with(Max)), t, 200, &spikes, 3),
+            Some((30, 10))
+        );
+        // Min: the trough, 0, after the downscale delay (floored at 1).
+        assert_eq!(
+            run_pattern(&mut Autoscaler::new(with(Min)), t, 200, &spikes, 3),
+            Some((31, 1))
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_last_replica_waits_the_downscale_to_zero_delay() {
+        let c = AutoscalingConfig {
+            downscale_to_zero_delay: Some(Duration::from_secs(60)),
+            ..config(0, 10)
+        };
+        let t = Instant::now();
+        // From five, the downscale delay (600 s) still applies down to one ...
+        let (at, n) = run(&mut Autoscaler::new(c.clone()), t, 2_000, 0.0, 5).unwrap();
+        assert_eq!((at, n), (600, 1));
+        // ... and from one to none, the shorter delay.
+        let (at, n) = run(&mut Autoscaler::new(c.clone()), t, 2_000, 0.0, 1).unwrap();
+        assert_eq!((at, n), (60, 0));
+        // A longer one holds the last replica longer than the downscale delay.
+        let long = AutoscalingConfig {
+            downscale_to_zero_delay: Some(Duration::from_secs(900)),
+            ..config(0, 10)
+        };
+        let (at, n) = run(&mut Autoscaler::new(long), t, 2_000, 0.0, 1).unwrap();
+        assert_eq!((at, n), (900, 0));
+    }
+
+    fn custom(f: impl Fn(&PolicyContext<'_>) -> f64 + Send + Sync + 'static) -> Policy {
+        Policy::Custom {
+            policy: std::sync::Arc::new(f),
+            app: AppName::new("a").unwrap(),
+            deployment: DeploymentName::new("d").unwrap(),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_custom_policy_decides_within_the_bounds_and_delays() {
+        // Wants 7 whatever the load: up after the upscale delay, clamped to 5.
+        let mut a = Autoscaler::with_policy(config(1, 5), custom(|_| 7.0));
+        let (at, n) = run(&mut a, Instant::now(), 100, 0.0, 2).unwrap();
+        assert_eq!((at, n), (30, 5));
+        // The policy sees the aggregated load, the window, the config and its kwargs.
+        let kwargs = flotilla_core::Args::encode(&("scale", 3u32)).unwrap();
+        let mut c = config(1, 100);
+        c.policy = AutoscalingPolicy::named(ImportPath::new("p:q").unwrap()).with_kwargs(kwargs);
+        let mut a = Autoscaler::with_policy(
+            c,
+            custom(|ctx| {
+                let (_, k): (String, u32) = ctx.kwargs.decode().unwrap();
+                assert_eq!(
+                    ctx.samples.len() as f64 * 2.0,
+                    ctx.samples.iter().sum::<f64>()
+                );
+                assert_eq!((ctx.current_replicas, ctx.running_replicas), (2, 2));
+                f64::from(k) * ctx.total_requests
+            }),
+        );
+        let (at, n) = run(&mut a, Instant::now(), 100, 2.0, 2).unwrap();
+        assert_eq!((at, n), (30, 6));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failing_custom_policy_holds_the_target() {
+        for policy in [custom(|_| f64::NAN), custom(|_| panic!("policy bug"))] {
+            let mut a = Autoscaler::with_policy(config(1, 10), policy);
+            assert_eq!(run(&mut a, Instant::now(), 1_000, 50.0, 2), None);
+        }
+        let mut missing = Autoscaler::with_policy(
+            config(1, 10),
+            Policy::Missing(ImportPath::new("x:y").unwrap()),
+        );
+        assert_eq!(run(&mut missing, Instant::now(), 1_000, 50.0, 2), None);
+        // Cold start still wakes a deployment at zero, whatever its policy.
+        let mut cold = Autoscaler::with_policy(config(0, 10), custom(|_| f64::NAN));
+        assert_eq!(cold.decide(Instant::now(), 0, 0, 3.0), Some(1));
+    }
+
+    #[test]
+    fn policies_resolve_through_the_registry() {
+        let registry = Registry::new()
+            .register_autoscaling_policy("shop.policies:eager", |_| 1.0)
+            .unwrap();
+        let (app, dep) = (
+            AppName::new("a").unwrap(),
+            DeploymentName::new("d").unwrap(),
+        );
+        let resolve = |path: &str| {
+            resolve_policy(
+                &registry,
+                &app,
+                &dep,
+                &AutoscalingPolicy::named(ImportPath::new(path).unwrap()),
+            )
+        };
+        assert!(matches!(
+            resolve("ray.serve.autoscaling_policy:default_autoscaling_policy"),
+            Policy::Builtin
+        ));
+        assert!(matches!(
+            resolve("shop.policies:eager"),
+            Policy::Custom { .. }
+        ));
+        assert!(matches!(resolve("shop.policies:gone"), Policy::Missing(_)));
     }
 }

@@ -192,6 +192,7 @@ mod tests {
 
     const R: RolloutConfig = RolloutConfig {
         max_changing_fraction: 0.2,
+        max_surge_percent: 0,
     };
 
     #[test]

@@ -2,7 +2,8 @@
 //!
 //! This crate owns what runs user code and how requests reach it:
 //! - the user-facing [`Deployment`] trait and the [`Registry`] that maps import
-//!   paths to constructors (code cannot be checkpointed, so it is named);
+//!   paths to constructors, application builders and autoscaling policies (code
+//!   cannot be checkpointed, so it is named);
 //! - the [`ReplicaActor`], one per replica: it runs the constructor off its mailbox,
 //!   health-checks its user code, reconfigures it in place, and drains gracefully;
 //! - the data plane: a [`ReplicaEndpoint`] per running replica, the shared
@@ -19,6 +20,7 @@ mod actor;
 mod endpoint;
 mod error;
 mod handle;
+mod policy;
 mod registry;
 mod route;
 mod user;
@@ -30,6 +32,7 @@ pub use actor::{
 pub use endpoint::{ReplicaEndpoint, ReplicaId};
 pub use error::CallError;
 pub use handle::{ACCESS_TARGET, DeploymentHandle};
+pub use policy::{AutoscalingPolicyFn, PolicyContext};
 pub use registry::{InitContext, Registry};
 pub use route::{DeploymentRoute, Directory, ReplicaSet};
 pub use user::{Deployment, UserError};

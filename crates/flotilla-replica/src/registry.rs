@@ -2,12 +2,15 @@
 
 use std::{collections::HashMap, future::Future, sync::Arc};
 
-use flotilla_core::{AppName, ApplicationSpec, Args, DeploymentName, ImportPath};
+use flotilla_core::{
+    AppName, ApplicationSpec, Args, DeploymentName, ImportPath, is_builtin_policy,
+};
 use futures::future::BoxFuture;
 use serde::de::DeserializeOwned;
 
 use crate::{
-    Deployment, DeploymentHandle, Directory, ReplicaId, UserError,
+    AutoscalingPolicyFn, Deployment, DeploymentHandle, Directory, PolicyContext, ReplicaId,
+    UserError,
     user::{Erased, ErasedDeployment},
 };
 
@@ -61,8 +64,9 @@ type Constructor = Arc<
 type AppBuilder =
     Arc<dyn Fn(Args) -> BoxFuture<'static, Result<ApplicationSpec, UserError>> + Send + Sync>;
 
-/// Maps import paths to deployment constructors and application builders. Register the same paths after a
-/// process restart and every checkpointed application comes back.
+/// Maps import paths to deployment constructors, application builders and
+/// autoscaling policies. Register the same paths after a process restart and
+/// every checkpointed application comes back.
 ///
 /// ```
 /// use flotilla_replica::{Deployment, Registry, UserError};
@@ -79,6 +83,7 @@ type AppBuilder =
 pub struct Registry {
     constructors: Arc<HashMap<ImportPath, Constructor>>,
     builders: Arc<HashMap<ImportPath, AppBuilder>>,
+    policies: Arc<HashMap<ImportPath, AutoscalingPolicyFn>>,
 }
 
 impl std::fmt::Debug for Registry {
@@ -91,6 +96,7 @@ impl std::fmt::Debug for Registry {
         f.debug_struct("Registry")
             .field("deployments", &sorted(&self.constructors))
             .field("applications", &sorted(&self.builders))
+            .field("autoscaling_policies", &sorted(&self.policies))
             .finish()
     }
 }
@@ -166,6 +172,63 @@ impl Registry {
         self.builders.contains_key(path)
     }
 
+    /// Register a custom autoscaling policy under `path`, the import path a
+    /// config names in `autoscaling_config.policy.policy_function` or an
+    /// application's `autoscaling_policy` (see [`AutoscalingPolicyFn`] for what
+    /// it computes). Ray's default policy paths
+    /// ([`BUILTIN_AUTOSCALING_POLICIES`](flotilla_core::BUILTIN_AUTOSCALING_POLICIES))
+    /// name the built-in policy and cannot be registered.
+    ///
+    /// ```
+    /// use flotilla_replica::Registry;
+    /// // Twice as many replicas as the queue asks for.
+    /// let registry = Registry::new()
+    ///     .register_autoscaling_policy("shop.policies:eager", |ctx| {
+    ///         2.0 * ctx.total_requests / ctx.config.target_ongoing_requests
+    ///     })
+    ///     .unwrap();
+    /// assert!(registry.contains_autoscaling_policy("shop.policies:eager"));
+    /// // Ray's default path is the built-in policy: always there.
+    /// assert!(registry.contains_autoscaling_policy(
+    ///     "ray.serve.autoscaling_policy:default_autoscaling_policy"
+    /// ));
+    /// assert!(!registry.contains_autoscaling_policy("shop.policies:other"));
+    /// ```
+    pub fn register_autoscaling_policy<F>(
+        mut self,
+        path: &str,
+        policy: F,
+    ) -> Result<Self, flotilla_core::Error>
+    where
+        F: Fn(&PolicyContext<'_>) -> f64 + Send + Sync + 'static,
+    {
+        let path = ImportPath::new(path)?;
+        if is_builtin_policy(path.as_str()) {
+            return Err(flotilla_core::Error::InvalidName {
+                at: flotilla_core::Location::default(),
+                what: "autoscaling policy path",
+                value: path.to_string(),
+                reason: "names Ray's default policy, which is Flotilla's built-in one; \
+                         register a custom policy under a path of its own",
+            });
+        }
+        Arc::make_mut(&mut self.policies).insert(path, Arc::new(policy));
+        Ok(self)
+    }
+
+    /// Whether `path` names an autoscaling policy: one registered with
+    /// [`register_autoscaling_policy`](Self::register_autoscaling_policy), or one
+    /// of Ray's default paths (the built-in policy).
+    pub fn contains_autoscaling_policy(&self, path: &str) -> bool {
+        is_builtin_policy(path) || self.policies.contains_key(path)
+    }
+
+    /// The custom policy registered under `path`; `None` for the built-in
+    /// policy's paths and for paths nothing is registered under.
+    pub fn autoscaling_policy(&self, path: &str) -> Option<AutoscalingPolicyFn> {
+        self.policies.get(path).cloned()
+    }
+
     /// Run the application builder registered under `path`; a panic in it is an
     /// error, and an unknown path is an error naming it.
     pub fn build_app(
@@ -225,5 +288,61 @@ impl Registry {
             node,
             directory: directory.clone(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use flotilla_core::{AutoscalingConfig, BUILTIN_AUTOSCALING_POLICIES};
+
+    use super::*;
+
+    #[test]
+    fn a_registered_policy_is_found_and_called_and_rays_defaults_are_built_in() {
+        let registry = Registry::new()
+            .register_autoscaling_policy("shop.policies:fixed", |ctx| {
+                f64::from(ctx.config.max_replicas) + ctx.total_requests
+            })
+            .unwrap();
+        let policy = registry.autoscaling_policy("shop.policies:fixed").unwrap();
+        let (app, dep) = (
+            AppName::new("a").unwrap(),
+            DeploymentName::new("d").unwrap(),
+        );
+        let config = AutoscalingConfig {
+            max_replicas: 7,
+            ..AutoscalingConfig::default()
+        };
+        let ctx = PolicyContext {
+            app: &app,
+            deployment: &dep,
+            current_replicas: 1,
+            running_replicas: 1,
+            total_requests: 0.5,
+            queued_requests: 0.0,
+            samples: &[0.5],
+            config: &config,
+            kwargs: &Args::empty_map(),
+        };
+        assert_eq!(policy(&ctx), 7.5);
+        for path in BUILTIN_AUTOSCALING_POLICIES {
+            assert!(registry.contains_autoscaling_policy(path));
+            assert!(registry.autoscaling_policy(path).is_none());
+            assert!(
+                Registry::new()
+                    .register_autoscaling_policy(path, |_| 1.0)
+                    .is_err(),
+                "{path}"
+            );
+        }
+        assert!(!registry.contains_autoscaling_policy("shop.policies:other"));
+        assert!(
+            Registry::new()
+                .register_autoscaling_policy("a b", |_| 1.0)
+                .is_err()
+        );
+        assert!(format!("{registry:?}").contains("shop.policies:fixed"));
     }
 }

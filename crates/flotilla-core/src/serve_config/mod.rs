@@ -1,22 +1,58 @@
 //! The declarative config file format (Ray Serve's `ServeDeploySchema`); see
 //! [`ServeConfig`] for the format and its rules.
+//!
+//! Every field of Ray's current schema (Ray 2.60: `ServeDeploySchema`,
+//! `ServeApplicationSchema`, `DeploymentSchema`, `RayActorOptionsSchema`,
+//! `AutoscalingConfig`, `AutoscalingPolicy`, `RequestRouterConfig`,
+//! `BackpressureConfig`, `LoggingConfig`, `HTTPOptionsSchema`,
+//! `gRPCOptionsSchema`, `ControllerOptions`, `TracingConfig`) is known here:
+//! each is either read into the model (and applied, or kept for the stage that
+//! applies it, or recorded and warned about), or refused with an error that names
+//! it, its line and column, and says why it does not apply to Flotilla. The
+//! module is split by schema: `app` (applications), `deployment`, `autoscaling`,
+//! `http` (proxy, HTTP and gRPC options), `system` (controller and tracing
+//! options), `logging`; `lax` reads numbers as Ray does, `warnings` lists what a
+//! config asks for that Flotilla does not do, `suggest` names the nearest field
+//! for a typo, `overrides` lays a config over a builder's spec, `parse` reads
+//! YAML.
 
+mod app;
+mod autoscaling;
+mod deployment;
+mod http;
+mod lax;
+mod logging;
 mod overrides;
 mod parse;
-mod value;
+mod suggest;
+mod system;
+pub(crate) mod value;
+mod warnings;
 
-use std::collections::{BTreeMap, HashMap};
+#[cfg(test)]
+mod tests;
 
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use std::collections::HashMap;
+
+use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::{
-    AppName, Args, CodeVersion, DeploymentConfig, DeploymentName, ImportPath, LogEncoding,
-    LogLevel, LoggingConfig, RoutePrefix,
+    LoggingConfig,
     error::{Error, Location},
-    stable_hash,
 };
 
+pub use app::AppConfig;
+pub use autoscaling::AutoscalingOverride;
+pub use deployment::{
+    BackpressureOverride, DeploymentOverride, NumReplicas, RayActorOptions, RequestRouterOverride,
+};
+pub use http::{
+    DEFAULT_GRPC_PORT, DEFAULT_HTTP_PORT, DEFAULT_KEEP_ALIVE_TIMEOUT_S, GrpcOptions, HttpOptions,
+    ProxyLocation,
+};
 pub use overrides::apply_overrides;
+pub use system::{ControllerOptions, ControllerRuntimeEnv, TracingConfig};
+pub use warnings::ConfigWarning;
 
 /// A whole config file (Ray Serve's `ServeDeploySchema`): which applications to
 /// run, built by which registered application builder with which `args`, and
@@ -25,190 +61,135 @@ pub use overrides::apply_overrides;
 /// config and missing here is deleted.
 ///
 /// ```yaml
-/// logging_config: {log_level: INFO}        # optional, for every application
+/// proxy_location: EveryNode                 # Disabled | HeadOnly | EveryNode
+/// http_options: {port: 8000, request_timeout_s: 30}
+/// grpc_options: {grpc_servicer_functions: []}   # must stay empty: no gRPC proxy
+/// logging_config: {log_level: INFO}         # optional, for every application
 /// applications:
-///   - name: shop
+///   - name: shop                            # default: "default", as Ray
 ///     route_prefix: /shop                   # optional: replaces the builder's
 ///     import_path: shop.builders:app        # an application builder in the Registry
 ///     args: {greeting: hello}               # optional: any value, given to the builder
+///     runtime_env: {working_dir: "s3://b/x.zip"}  # accepted, applies nothing (warned)
 ///     logging_config: {encoding: JSON}      # optional: this application's logging
+///     external_scaler_enabled: false        # true: counts set from outside
+///     autoscaling_policy: {policy_function: shop.policies:coordinated}
 ///     take_over: false                      # optional: take over an imperative app
 ///     deployments:                          # optional overrides, by deployment name
 ///       - name: front
 ///         num_replicas: auto                # or a count; a count excludes autoscaling_config
-///         autoscaling_config: {max_replicas: 8}
+///         autoscaling_config: {max_replicas: 8, aggregation_function: max}
 ///         max_ongoing_requests: 8
 ///         max_queued_requests: -1           # -1: unbounded
 ///         user_config: {threshold: 0.5}     # any value, given to `reconfigure`
 ///         health_check_period_s: 10
-///         health_check_timeout_s: 30
-///         graceful_shutdown_wait_loop_s: 2
-///         graceful_shutdown_timeout_s: 20
 ///         ray_actor_options: {num_cpus: 1, num_gpus: 0, memory: 0, resources: {x: 1}}
+///         placement_group_bundles: [{CPU: 1}, {GPU: 1}]
+///         placement_group_strategy: STRICT_PACK
+///         request_router_config: {request_routing_stats_period_s: 10}
+///         rolling_update_percentage: 0.2
 /// ```
 ///
 /// This module owns the format only: [`ServeConfig::from_yaml`] parses and validates
 /// text (it reads no file), [`apply_overrides`] lays an application's overrides
-/// over the spec its builder returned, and [`AppConfig::code_version`] tells "same
-/// code, apply the config only" from "rebuild". The types are serde types: through
-/// MessagePack (rmp-serde) they round-trip unchanged, so the last applied config can
-/// be checkpointed. (Read YAML with `from_yaml`, not with serde directly: it also
-/// validates and reports positions.)
+/// over the spec its builder returned, [`AppConfig::code_version`] tells "same
+/// code, apply the config only" from "rebuild", and [`ServeConfig::warnings`]
+/// lists what the config asks for that Flotilla accepts but does not do (the
+/// Controller logs them when it applies the config). The types are serde types:
+/// through MessagePack (rmp-serde) they round-trip unchanged, so the last applied
+/// config can be checkpointed; fields added after the first release default when
+/// an older checkpoint lacks them. (Read YAML with `from_yaml`, not with serde
+/// directly: it also validates and reports positions.)
 ///
-/// Rules of the format, following Ray Serve:
-/// - Unknown fields are errors, at every level: a typo is never silently ignored.
-/// - Durations are seconds, as numbers (fractions allowed), in fields named `*_s`.
+/// Rules of the format, following Ray Serve 2.60 except where noted:
+/// - **Unknown fields are errors**, at every level, and the error names the
+///   nearest known field (Ray drops unknown fields silently in most classes: a
+///   departure, decided, since a typo is worth catching). Fields Ray removed (a
+///   deployment's `route_prefix`, `object_store_memory`, ...) are unknown too,
+///   with a hint.
+/// - **Ray's old names** `max_concurrent_queries` and
+///   `target_num_ongoing_requests_per_replica` (gone from Ray since 2.34) are
+///   read as `max_ongoing_requests` and `target_ongoing_requests`, with a
+///   deprecation warning; giving both the old and the new name is an error.
+///   `smoothing_factor`, `upscale_smoothing_factor` and
+///   `downscale_smoothing_factor` are Ray's deprecated aliases of the factors,
+///   folded with Ray's precedence (`upscaling_factor`, else
+///   `upscale_smoothing_factor`, else `smoothing_factor`), also warned about.
+/// - **Ray's single-application format** (a top-level `import_path`, no
+///   `applications:`) is an error that says to wrap it under `applications:`.
+/// - **Durations** are seconds, as numbers (fractions allowed), in fields named `*_s`.
+/// - **Numbers** are read as Ray's pydantic reads them (lax mode): an integer
+///   field takes `2`, `2.0`, `1.5e9` or `"2"`; a float field takes `"2.5"`.
+///   `max_queued_requests` and `backpressure_config.status_code` are strict, as
+///   in Ray. Departures: `num_replicas` also takes `"2"` and `2.0` (Ray refuses
+///   them; the issue that added Ray's full schema decided for it), and a boolean
+///   is never a number (Ray reads `true` as 1). Log levels take Python's names
+///   and numbers (`20` is `INFO`).
 /// - `num_replicas` is a count or `"auto"`. A count together with
 ///   `autoscaling_config` is an error; `"auto"` with an `autoscaling_config` starts
 ///   from the `"auto"` defaults ([`auto_autoscaling_config`]: at most 100 replicas)
-///   and takes the given fields.
+///   and takes the given fields. A count of 0 is accepted (Ray refuses it).
 /// - `max_queued_requests: -1` means unbounded; otherwise it is at least 1.
-/// - Booleans are YAML 1.2's (`true`/`false`): `yes`, `on`, `y` are text.
-/// - `args` and `user_config` take any YAML value, stored as canonical MessagePack
-///   ([`Args`]): every map sorted by key, so the same text always gives the same
-///   bytes, and so do texts that differ only in key order or spelling (`0x10` and
-///   `16`). A missing `args` is the empty map (Ray's `{}`).
-/// - `null` for an optional field is the same as leaving it out.
+/// - **Booleans are YAML 1.2's** (`true`/`false`): `yes`, `on`, `y` are text, so
+///   `enable_access_log: yes` is an error (Ray reads YAML 1.1, where it is true).
+/// - `args` and `user_config` take any YAML value (Ray: a mapping), stored as
+///   canonical MessagePack ([`Args`](crate::Args)): every map sorted by key, so
+///   the same text always gives the same bytes, and so do texts that differ only
+///   in key order or spelling (`0x10` and `16`). A missing `args` is the empty map
+///   (Ray's `{}`). `runtime_env` and the `*_kwargs` fields must be mappings.
+/// - `null` for a field is the same as leaving it out (Ray refuses `null` for
+///   most non-optional fields). An application's `route_prefix: null` keeps the
+///   builder's prefix (in Ray it removes the HTTP route).
+/// - An application's `name` defaults to `"default"`, as in Ray; two
+///   applications without a `route_prefix` do not collide (in Ray both count as
+///   `/`). Duplicate deployment overrides are an error (Ray applies them in
+///   order).
 /// - Duplicate keys, several documents in one text, and YAML nested deeper than 64
 ///   levels are errors.
+///
+/// What each field becomes is documented on the field. Refused, each with its
+/// reason: a non-empty `grpc_options.grpc_servicer_functions` (no gRPC proxy),
+/// `target_capacity` other than `null` or 100 (no capacity scaling), an
+/// application's `host`/`port` (Ray refuses them in this format too), and a
+/// deployment's `gang_scheduling_config` (no gang scheduling), non-empty
+/// `deployment_actors` (no deployment-scoped actors), and label selectors
+/// (`placement_group_bundle_label_selector`, `ray_actor_options.label_selector`,
+/// `ray_actor_options.fallback_strategy`: nodes carry no labels).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ServeConfig {
+    /// Where the HTTP proxies run (Ray's default: `EveryNode`). Kept for the
+    /// HTTP proxy, which it drives.
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub proxy_location: ProxyLocation,
+    /// The HTTP proxy's options, validated as Ray validates them; kept for the
+    /// HTTP proxy, which they drive.
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub http_options: HttpOptions,
+    /// The gRPC proxy's options: Flotilla has no gRPC proxy, so only an empty
+    /// `grpc_servicer_functions` (Ray's "no gRPC server") is accepted; kept as
+    /// given.
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub grpc_options: GrpcOptions,
+    /// Ray's options for its controller actor: validated as Ray does and kept,
+    /// but Flotilla's controller runs in this process and applies none of them
+    /// (a warning says so).
+    #[serde(default)]
+    pub controller_options: Option<ControllerOptions>,
     /// Logging for every application that has no `logging_config` of its own.
-    #[serde(default, deserialize_with = "logging_option")]
+    #[serde(default, deserialize_with = "logging::logging_option")]
     pub logging_config: Option<LoggingConfig>,
+    /// Ray's tracing options: validated and kept; Flotilla exports no traces, so
+    /// an enabled tracing config is warned about.
+    #[serde(default)]
+    pub tracing_config: Option<TracingConfig>,
     /// The applications, in file order.
     pub applications: Vec<AppConfig>,
-}
-
-/// One application of a [`ServeConfig`].
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct AppConfig {
-    /// Unique within the config.
-    pub name: AppName,
-    /// Replaces the route prefix the builder chose; unique within the config.
-    /// Validated as Ray validates it (see [`RoutePrefix`]), never rewritten.
-    #[serde(default, deserialize_with = "route_prefix_option")]
-    pub route_prefix: Option<RoutePrefix>,
-    /// The application builder's name in the `Registry`.
-    pub import_path: ImportPath,
-    /// What the builder is called with: any value, as canonical MessagePack.
-    #[serde(default = "empty_map", with = "value::args_field")]
-    pub args: Args,
-    /// This application's logging, instead of the global one.
-    #[serde(default, deserialize_with = "logging_option")]
-    pub logging_config: Option<LoggingConfig>,
-    /// Take over an application of the same name that was deployed imperatively
-    /// (by `run`); without it, that is an error.
-    #[serde(default)]
-    pub take_over: bool,
-    /// Overrides of the builder's deployments, by deployment name.
-    #[serde(default, deserialize_with = "null_as_empty")]
-    pub deployments: Vec<DeploymentOverride>,
-}
-
-/// `num_replicas` in a config file: a count, or `"auto"` for autoscaling.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NumReplicas {
-    /// A fixed count.
-    Fixed(u32),
-    /// Autoscale, with Ray's `"auto"` defaults (see [`auto_autoscaling_config`]).
-    Auto,
-}
-
-/// Overrides of one deployment's settings: every field given wins over the
-/// builder's; every field left out keeps the builder's value.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct DeploymentOverride {
-    /// The deployment, as the builder names it.
-    pub name: DeploymentName,
-    /// A fixed count or `"auto"`; a count excludes `autoscaling_config`.
-    #[serde(default)]
-    pub num_replicas: Option<NumReplicas>,
-    /// Autoscale with these settings; fields left out take Ray's defaults (not the
-    /// builder's), as in Ray.
-    #[serde(default)]
-    pub autoscaling_config: Option<AutoscalingOverride>,
-    /// Concurrent requests one replica runs at most (at least 1).
-    #[serde(default)]
-    pub max_ongoing_requests: Option<u32>,
-    /// Requests a handle queues before rejecting: -1 for unbounded, else at least 1.
-    #[serde(default)]
-    pub max_queued_requests: Option<i64>,
-    /// Passed to every replica's `reconfigure`: any value.
-    #[serde(default, with = "value::args_field::option")]
-    pub user_config: Option<Args>,
-    /// Seconds between health checks (> 0).
-    #[serde(default)]
-    pub health_check_period_s: Option<f64>,
-    /// Seconds after which a health check fails (> 0).
-    #[serde(default)]
-    pub health_check_timeout_s: Option<f64>,
-    /// Seconds between a stopping replica's idleness checks (> 0).
-    #[serde(default)]
-    pub graceful_shutdown_wait_loop_s: Option<f64>,
-    /// Seconds after which a stopping replica is killed (>= 0).
-    #[serde(default)]
-    pub graceful_shutdown_timeout_s: Option<f64>,
-    /// What one replica reserves; replaces the builder's resources whole, with
-    /// Ray's defaults (1 CPU) for the fields left out.
-    #[serde(default)]
-    pub ray_actor_options: Option<RayActorOptions>,
-}
-
-/// `autoscaling_config` in a config file: Ray's `AutoscalingConfig` fields, in
-/// seconds. A field left out takes its default ([`crate::AutoscalingConfig::default`],
-/// or [`auto_autoscaling_config`] under `num_replicas: auto`).
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct AutoscalingOverride {
-    /// Fewest replicas.
-    #[serde(default)]
-    pub min_replicas: Option<u32>,
-    /// Most replicas.
-    #[serde(default)]
-    pub max_replicas: Option<u32>,
-    /// Replicas at first deploy.
-    #[serde(default)]
-    pub initial_replicas: Option<u32>,
-    /// Ongoing requests per replica the policy aims for.
-    #[serde(default)]
-    pub target_ongoing_requests: Option<f64>,
-    /// Seconds an upscale decision must persist.
-    #[serde(default)]
-    pub upscale_delay_s: Option<f64>,
-    /// Seconds a downscale decision must persist.
-    #[serde(default)]
-    pub downscale_delay_s: Option<f64>,
-    /// Multiplier on each upscale step.
-    #[serde(default)]
-    pub upscaling_factor: Option<f64>,
-    /// Multiplier on each downscale step.
-    #[serde(default)]
-    pub downscaling_factor: Option<f64>,
-    /// Seconds over which load is averaged.
-    #[serde(default)]
-    pub look_back_period_s: Option<f64>,
-}
-
-/// `ray_actor_options` in a config file: the resources one replica reserves.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RayActorOptions {
-    /// Logical CPUs (default 1).
-    #[serde(default)]
-    pub num_cpus: Option<f64>,
-    /// GPUs (default 0).
-    #[serde(default)]
-    pub num_gpus: Option<f64>,
-    /// Memory in bytes (default 0).
-    #[serde(default)]
-    pub memory: Option<u64>,
-    /// Custom resources by name.
-    #[serde(default)]
-    pub resources: Option<BTreeMap<String, f64>>,
+    /// Ray's capacity scaling, in percent (0 to 100). Flotilla does not scale
+    /// deployments by a target capacity: `null` and 100 (full capacity, which
+    /// changes nothing) are accepted, any other value is refused.
+    #[serde(default, deserialize_with = "lax::opt_f64")]
+    pub target_capacity: Option<f64>,
 }
 
 /// The autoscaling config `num_replicas: "auto"` starts from: Ray's
@@ -231,12 +212,41 @@ pub(crate) struct Site {
     pub(crate) field: Option<&'static str>,
 }
 
+/// An error and where it is.
+pub(crate) type Sited = Box<(Error, Site)>;
+
+/// `error` at the top-level field `field`.
+fn top(error: Error, field: &'static str) -> Sited {
+    Box::new((
+        error,
+        Site {
+            field: Some(field),
+            ..Site::default()
+        },
+    ))
+}
+
 impl ServeConfig {
+    /// A config running `applications`, every other setting at Ray's default.
+    pub fn new(applications: Vec<AppConfig>) -> Self {
+        ServeConfig {
+            proxy_location: ProxyLocation::default(),
+            http_options: HttpOptions::default(),
+            grpc_options: GrpcOptions::default(),
+            controller_options: None,
+            logging_config: None,
+            tracing_config: None,
+            applications,
+            target_capacity: None,
+        }
+    }
+
     /// Check the whole config: application names unique, route prefixes unique,
     /// deployment overrides unique per application, `num_replicas` and
-    /// `autoscaling_config` not both a count and a config, and every value in range.
-    /// Names, route prefixes and import paths are valid by construction. The error
-    /// names the application, the deployment and the field (as in the file).
+    /// `autoscaling_config` not both a count and a config, every value in range,
+    /// and no refused field set. Names, route prefixes and import paths are valid
+    /// by construction. The error names the application, the deployment and the
+    /// field (as in the file).
     ///
     /// [`from_yaml`](Self::from_yaml) runs this already, adding line and column.
     pub fn validate(&self) -> Result<(), Error> {
@@ -244,7 +254,24 @@ impl ServeConfig {
     }
 
     /// [`validate`](Self::validate), also telling where the error is.
-    pub(crate) fn check(&self) -> Result<(), Box<(Error, Site)>> {
+    pub(crate) fn check(&self) -> Result<(), Sited> {
+        self.http_options.check()?;
+        self.grpc_options.check()?;
+        if let Some(c) = &self.controller_options {
+            c.check()?;
+        }
+        if let Some(t) = &self.tracing_config {
+            t.check()?;
+        }
+        if let Some(l) = &self.logging_config {
+            l.validate().map_err(|e| {
+                let field = e.field_name().unwrap_or("logging_config");
+                top(e, field)
+            })?;
+        }
+        if let Some(tc) = self.target_capacity {
+            check_target_capacity(tc)?;
+        }
         let mut names: HashMap<&str, usize> = HashMap::with_capacity(self.applications.len());
         let mut prefixes: HashMap<&str, &str> = HashMap::with_capacity(self.applications.len());
         for (i, app) in self.applications.iter().enumerate() {
@@ -307,103 +334,40 @@ impl ServeConfig {
     }
 }
 
-impl AppConfig {
-    /// A config for application `name` built by the builder registered as
-    /// `import_path`, with no args (the empty map) and no overrides.
-    pub fn new(name: AppName, import_path: ImportPath) -> Self {
-        AppConfig {
-            name,
-            route_prefix: None,
-            import_path,
-            args: empty_map(),
-            logging_config: None,
-            take_over: false,
-            deployments: Vec::new(),
-        }
+fn check_target_capacity(tc: f64) -> Result<(), Sited> {
+    let refuse = |reason: String| {
+        top(
+            Error::InvalidField {
+                at: Location::default(),
+                field: "target_capacity",
+                reason,
+            },
+            "target_capacity",
+        )
+    };
+    if !(0.0..=100.0).contains(&tc) {
+        return Err(refuse(format!(
+            "must be a percentage from 0 to 100 (or null), got {tc}"
+        )));
     }
-
-    /// The application's config-level code version: a stable hash of its import
-    /// path and (canonical) args, as Ray's `get_app_code_version` hashes import
-    /// path, runtime env and args. Equal to the running target's: apply the config
-    /// to the built spec again ([`apply_overrides`]) without rebuilding. Different:
-    /// run the builder again.
-    pub fn code_version(&self) -> CodeVersion {
-        let args = value::canonical_bytes(&self.args);
-        let mut bytes = Vec::with_capacity(self.import_path.as_str().len() + args.len() + 9);
-        bytes.extend_from_slice(b"app-code\0");
-        bytes.extend_from_slice(self.import_path.as_str().as_bytes());
-        bytes.push(0);
-        bytes.extend_from_slice(&args);
-        CodeVersion::hashed(stable_hash(&bytes))
+    if tc != 100.0 {
+        return Err(refuse(format!(
+            "Flotilla does not scale deployments by a target capacity (Ray's capacity \
+             scaling for incremental upgrades): only null or 100 (the full capacity, which \
+             changes nothing) apply, got {tc}"
+        )));
     }
-
-    /// The override for deployment `name`.
-    pub fn deployment(&self, name: &str) -> Option<&DeploymentOverride> {
-        self.deployments.iter().find(|d| d.name.as_str() == name)
-    }
-
-    fn check(&self) -> Result<(), Box<(Error, Site)>> {
-        let app = self.name.as_str();
-        let mut seen = HashMap::with_capacity(self.deployments.len());
-        for (j, d) in self.deployments.iter().enumerate() {
-            let dep = d.name.as_str();
-            let site = |field| Site {
-                app: None,
-                deployment: Some(j),
-                field,
-            };
-            if let Some(first) = seen.insert(dep, j) {
-                return Err(Box::new((
-                    Error::InvalidField {
-                        at: location(app, Some(dep)),
-                        field: "name",
-                        reason: format!(
-                            "deployment '{dep}' has two overrides (#{} and #{})",
-                            first + 1,
-                            j + 1
-                        ),
-                    },
-                    site(Some("name")),
-                )));
-            }
-            d.apply_to(DeploymentConfig::default())
-                .and_then(|c| c.validate().map_err(overrides::config_field_names))
-                .map_err(|e| {
-                    let field = e.field_name();
-                    Box::new((e.at(Some(app), Some(dep)), site(field)))
-                })?;
-        }
-        Ok(())
-    }
+    Ok(())
 }
 
-impl DeploymentOverride {
-    /// An override of deployment `name` that changes nothing yet.
-    pub fn new(name: DeploymentName) -> Self {
-        DeploymentOverride {
-            name,
-            num_replicas: None,
-            autoscaling_config: None,
-            max_ongoing_requests: None,
-            max_queued_requests: None,
-            user_config: None,
-            health_check_period_s: None,
-            health_check_timeout_s: None,
-            graceful_shutdown_wait_loop_s: None,
-            graceful_shutdown_timeout_s: None,
-            ray_actor_options: None,
-        }
-    }
-}
-
-fn location(app: &str, deployment: Option<&str>) -> Location {
+pub(crate) fn location(app: &str, deployment: Option<&str>) -> Location {
     Location {
         app: Some(app.to_owned()),
         deployment: deployment.map(str::to_owned),
     }
 }
 
-fn app_field(app: &str, field: &'static str, reason: String) -> Error {
+pub(crate) fn app_field(app: &str, field: &'static str, reason: String) -> Error {
     Error::InvalidField {
         at: location(app, None),
         field,
@@ -411,86 +375,14 @@ fn app_field(app: &str, field: &'static str, reason: String) -> Error {
     }
 }
 
-/// Ray's default `args`: the empty map.
-fn empty_map() -> Args {
-    Args::from_msgpack(vec![0x80])
-}
-
-impl Serialize for NumReplicas {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        match self {
-            NumReplicas::Fixed(n) => s.serialize_u32(*n),
-            NumReplicas::Auto => s.serialize_str("auto"),
-        }
-    }
-}
-
-impl<'de> Deserialize<'de> for NumReplicas {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl serde::de::Visitor<'_> for V {
-            type Value = NumReplicas;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("a replica count (an integer >= 0) or \"auto\"")
-            }
-            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<NumReplicas, E> {
-                u32::try_from(v)
-                    .map(NumReplicas::Fixed)
-                    .map_err(|_| E::custom(format!("num_replicas {v} is too large")))
-            }
-            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<NumReplicas, E> {
-                match u64::try_from(v) {
-                    Ok(u) => self.visit_u64(u),
-                    Err(_) => Err(E::custom(format!(
-                        "num_replicas must be >= 0 or \"auto\", got {v}"
-                    ))),
-                }
-            }
-            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<NumReplicas, E> {
-                if v == "auto" {
-                    Ok(NumReplicas::Auto)
-                } else {
-                    Err(E::custom(format!(
-                        "num_replicas must be an integer or \"auto\", got {v:?}"
-                    )))
-                }
-            }
-        }
-        d.deserialize_any(V)
-    }
-}
-
-/// `logging_config` with every field optional (Ray's defaults for the missing ones)
-/// and unknown fields rejected.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct PartialLogging {
-    #[serde(default)]
-    log_level: Option<LogLevel>,
-    #[serde(default)]
-    encoding: Option<LogEncoding>,
-    #[serde(default)]
-    enable_access_log: Option<bool>,
-}
-
-fn logging_option<'de, D: Deserializer<'de>>(d: D) -> Result<Option<LoggingConfig>, D::Error> {
-    Ok(Option::<PartialLogging>::deserialize(d)?.map(|p| {
-        let def = LoggingConfig::default();
-        LoggingConfig {
-            log_level: p.log_level.unwrap_or(def.log_level),
-            encoding: p.encoding.unwrap_or(def.encoding),
-            enable_access_log: p.enable_access_log.unwrap_or(def.enable_access_log),
-        }
-    }))
-}
-
-fn null_as_empty<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Vec<T>, D::Error> {
+pub(crate) fn null_as_empty<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
+    d: D,
+) -> Result<Vec<T>, D::Error> {
     Ok(Option::<Vec<T>>::deserialize(d)?.unwrap_or_default())
 }
 
-fn route_prefix_option<'de, D: Deserializer<'de>>(d: D) -> Result<Option<RoutePrefix>, D::Error> {
-    Option::<String>::deserialize(d)?
-        .map(RoutePrefix::new)
-        .transpose()
-        .map_err(serde::de::Error::custom)
+pub(crate) fn null_as_default<'de, D: Deserializer<'de>, T: Deserialize<'de> + Default>(
+    d: D,
+) -> Result<T, D::Error> {
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
 }

@@ -3,13 +3,15 @@
 use std::time::Duration;
 
 use crate::{
-    ApplicationSpec, AutoscalingConfig, DeploymentConfig, ReplicaCount, Resources,
+    ApplicationSpec, AutoscalingConfig, BackpressureConfig, DeploymentConfig, PlacementGroup,
+    ReplicaCount, RequestRouterConfig, bundle_resources,
     error::{Error, Location},
+    spec::set_app_policy,
 };
 
 use super::{
-    AppConfig, AutoscalingOverride, DeploymentOverride, NumReplicas, RayActorOptions,
-    auto_autoscaling_config,
+    AppConfig, AutoscalingOverride, BackpressureOverride, DeploymentOverride, NumReplicas,
+    RequestRouterOverride, auto_autoscaling_config,
 };
 
 /// Apply `app`'s config to the spec its builder returned. The config wins over the
@@ -20,7 +22,11 @@ use super::{
 ///   [`ServeConfig::inherit_logging`](super::ServeConfig::inherit_logging) first to
 ///   give applications the global one, as Ray does);
 /// - each deployment override replaces exactly the fields it gives (see
-///   [`DeploymentOverride::apply_to`]).
+///   [`DeploymentOverride::apply_to`]);
+/// - `external_scaler_enabled` is the config's (then no deployment may
+///   autoscale, the builder's included);
+/// - `autoscaling_policy`, if given, replaces the policy of every deployment
+///   that autoscales (Ray: the application-level policy takes precedence).
 ///
 /// An override of a deployment the builder did not make is an error naming the
 /// application and the deployment; so is any value out of range. The result is
@@ -36,6 +42,7 @@ pub fn apply_overrides(built: ApplicationSpec, app: &AppConfig) -> Result<Applic
     if let Some(logging) = &app.logging_config {
         spec.logging = Some(logging.clone());
     }
+    spec.external_scaler_enabled = app.external_scaler_enabled;
     for o in &app.deployments {
         let dep = o.name.as_str();
         let available = || {
@@ -64,6 +71,9 @@ pub fn apply_overrides(built: ApplicationSpec, app: &AppConfig) -> Result<Applic
             .and_then(|c| c.validate().map_err(config_field_names).map(|()| c))
             .map_err(|e| e.at(Some(app_name), Some(dep)))?;
     }
+    if let Some(policy) = &app.autoscaling_policy {
+        set_app_policy(&mut spec.deployments, policy);
+    }
     spec.validate()?;
     Ok(spec)
 }
@@ -79,9 +89,18 @@ impl DeploymentOverride {
     /// - `num_replicas: auto` autoscales with [`auto_autoscaling_config`] updated by
     ///   the given `autoscaling_config`, or, without one, keeps the builder's
     ///   autoscaling config if it has one.
+    /// - `max_ongoing_requests` (or its old name `max_concurrent_queries`).
     /// - `max_queued_requests: -1` is unbounded.
     /// - `ray_actor_options` replaces the resources whole, with Ray's defaults for
     ///   the fields left out.
+    /// - `placement_group_bundles` replaces the placement group's bundles (the
+    ///   strategy is the given one, else the builder's, else `PACK`);
+    ///   `placement_group_strategy` alone re-places the builder's bundles (an
+    ///   error if it has none, as in Ray).
+    /// - `max_replicas_per_node`, `logging_config` replace the builder's;
+    ///   `request_router_config` and `backpressure_config` replace the builder's
+    ///   whole, with Ray's defaults for the fields left out.
+    /// - `rolling_update_percentage` and `max_surge_percent` set the rollout pace.
     ///
     /// Errors name the field as the config file does; the result is not yet
     /// validated as a whole (see [`DeploymentConfig::validate`]).
@@ -111,7 +130,7 @@ impl DeploymentOverride {
             }
             (None, None) => {}
         }
-        if let Some(n) = self.max_ongoing_requests {
+        if let Some(n) = self.effective_max_ongoing_requests() {
             c.max_ongoing_requests = n;
         }
         if let Some(n) = self.max_queued_requests {
@@ -131,6 +150,9 @@ impl DeploymentOverride {
                 },
             };
         }
+        if let Some(b) = &self.backpressure_config {
+            c.backpressure = b.to_config()?;
+        }
         if let Some(u) = &self.user_config {
             c.user_config = Some(u.clone());
         }
@@ -149,12 +171,66 @@ impl DeploymentOverride {
         if let Some(r) = &self.ray_actor_options {
             c.resources = r.to_resources();
         }
+        match (&self.placement_group_bundles, self.placement_group_strategy) {
+            (Some(bundles), strategy) => {
+                let bundles = bundles
+                    .iter()
+                    .enumerate()
+                    .map(|(i, b)| {
+                        bundle_resources(b).map_err(|why| {
+                            Error::field(
+                                "placement_group_bundles",
+                                format!("bundle #{}: {why}", i + 1),
+                            )
+                        })
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                let strategy = strategy
+                    .or(c.placement_group.as_ref().map(|p| p.strategy))
+                    .unwrap_or_default();
+                c.placement_group = Some(PlacementGroup::new(bundles, strategy));
+            }
+            (None, Some(strategy)) => match &mut c.placement_group {
+                Some(pg) => pg.strategy = strategy,
+                None => {
+                    return Err(Error::field(
+                        "placement_group_strategy",
+                        "If `placement_group_strategy` is provided, `placement_group_bundles` \
+                         must also be provided (neither the config nor the application's \
+                         builder gives bundles)",
+                    ));
+                }
+            },
+            (None, None) => {}
+        }
+        if let Some(n) = self.max_replicas_per_node {
+            c.max_replicas_per_node = Some(n);
+        }
+        if let Some(l) = &self.logging_config {
+            c.logging = Some(l.clone());
+        }
+        if let Some(r) = &self.request_router_config {
+            c.request_router = r.to_config()?;
+        }
+        if let Some(p) = self.rolling_update_percentage {
+            if !(p.is_finite() && p > 0.0 && p <= 1.0) {
+                return Err(Error::field(
+                    "rolling_update_percentage",
+                    format!("must be in (0, 1], got {p}"),
+                ));
+            }
+            c.rollout.max_changing_fraction = p;
+        }
+        if let Some(p) = self.max_surge_percent {
+            c.rollout.max_surge_percent = p;
+        }
         Ok(c)
     }
 }
 
 impl AutoscalingOverride {
-    /// `base` with every given field replaced.
+    /// `base` with every given field replaced; the deprecated aliases fold into
+    /// their current fields with Ray's precedence.
     pub fn apply_to(&self, base: AutoscalingConfig) -> Result<AutoscalingConfig, Error> {
         let mut a = base;
         if let Some(v) = self.min_replicas {
@@ -166,7 +242,7 @@ impl AutoscalingOverride {
         if let Some(v) = self.initial_replicas {
             a.initial_replicas = Some(v);
         }
-        if let Some(v) = self.target_ongoing_requests {
+        if let Some(v) = self.effective_target_ongoing_requests() {
             a.target_ongoing_requests = v;
         }
         if let Some(s) = self.upscale_delay_s {
@@ -175,30 +251,91 @@ impl AutoscalingOverride {
         if let Some(s) = self.downscale_delay_s {
             a.downscale_delay = seconds("autoscaling_config.downscale_delay_s", s)?;
         }
-        if let Some(v) = self.upscaling_factor {
+        if let Some(s) = self.downscale_to_zero_delay_s {
+            a.downscale_to_zero_delay =
+                Some(seconds("autoscaling_config.downscale_to_zero_delay_s", s)?);
+        }
+        if let Some(v) = self.effective_upscaling_factor() {
             a.upscaling_factor = Some(v);
         }
-        if let Some(v) = self.downscaling_factor {
+        if let Some(v) = self.effective_downscaling_factor() {
             a.downscaling_factor = Some(v);
         }
         if let Some(s) = self.look_back_period_s {
             a.look_back_period = seconds("autoscaling_config.look_back_period_s", s)?;
         }
+        if let Some(f) = self.aggregation_function {
+            a.aggregation_function = f;
+        }
+        if let Some(p) = &self.policy {
+            a.policy = p.clone();
+        }
         Ok(a)
     }
 }
 
-impl RayActorOptions {
-    /// The resources these options ask for, with Ray's defaults (1 CPU, no GPU, no
-    /// memory, no custom resources) for the fields left out.
-    pub fn to_resources(&self) -> Resources {
-        let d = Resources::default();
-        Resources {
-            cpus: self.num_cpus.unwrap_or(d.cpus),
-            gpus: self.num_gpus.unwrap_or(d.gpus),
-            memory_bytes: self.memory.unwrap_or(d.memory_bytes),
-            custom: self.resources.clone().unwrap_or(d.custom),
-        }
+impl BackpressureOverride {
+    /// The back-pressure config this gives: Ray's defaults for the fields left out.
+    pub fn to_config(&self) -> Result<BackpressureConfig, Error> {
+        Ok(BackpressureConfig {
+            status_code: self.status_code.unwrap_or_default(),
+            retry_after: self
+                .retry_after_s
+                .map(|s| seconds("backpressure_config.retry_after_s", s))
+                .transpose()?,
+        })
+    }
+}
+
+impl RequestRouterOverride {
+    /// The router config this gives: Ray's defaults for the fields left out.
+    pub fn to_config(&self) -> Result<RequestRouterConfig, Error> {
+        let d = RequestRouterConfig::default();
+        let secs = |field, v: Option<f64>, default| match v {
+            Some(s) => positive_seconds(field, s),
+            None => Ok(default),
+        };
+        let multiplier = match self.backoff_multiplier {
+            Some(m) if !(m.is_finite() && m > 0.0) => {
+                return Err(Error::field(
+                    "request_router_config.backoff_multiplier",
+                    format!("must be a finite number > 0, got {m}"),
+                ));
+            }
+            Some(m) => m,
+            None => d.backoff_multiplier,
+        };
+        Ok(RequestRouterConfig {
+            request_router_class: self
+                .request_router_class
+                .clone()
+                .unwrap_or(d.request_router_class),
+            request_router_kwargs: self
+                .request_router_kwargs
+                .clone()
+                .unwrap_or(d.request_router_kwargs),
+            request_routing_stats_period: secs(
+                "request_router_config.request_routing_stats_period_s",
+                self.request_routing_stats_period_s,
+                d.request_routing_stats_period,
+            )?,
+            request_routing_stats_timeout: secs(
+                "request_router_config.request_routing_stats_timeout_s",
+                self.request_routing_stats_timeout_s,
+                d.request_routing_stats_timeout,
+            )?,
+            initial_backoff: secs(
+                "request_router_config.initial_backoff_s",
+                self.initial_backoff_s,
+                d.initial_backoff,
+            )?,
+            backoff_multiplier: multiplier,
+            max_backoff: secs(
+                "request_router_config.max_backoff_s",
+                self.max_backoff_s,
+                d.max_backoff,
+            )?,
+        })
     }
 }
 
@@ -211,6 +348,16 @@ fn seconds(field: &'static str, s: f64) -> Result<Duration, Error> {
     }
     Duration::try_from_secs_f64(s)
         .map_err(|_| Error::field(field, format!("{s} seconds is too long")))
+}
+
+fn positive_seconds(field: &'static str, s: f64) -> Result<Duration, Error> {
+    if !(s.is_finite() && s > 0.0) {
+        return Err(Error::field(
+            field,
+            format!("must be a finite number of seconds > 0, got {s}"),
+        ));
+    }
+    seconds(field, s)
 }
 
 /// Rename the fields [`DeploymentConfig::validate`] names to the config file's names.
@@ -226,6 +373,8 @@ pub(crate) fn config_field_names(e: Error) -> Error {
                 "resources.cpus" => "ray_actor_options.num_cpus",
                 "resources.gpus" => "ray_actor_options.num_gpus",
                 "resources.custom" => "ray_actor_options.resources",
+                "rollout.max_changing_fraction" => "rolling_update_percentage",
+                "rollout.max_surge_percent" => "max_surge_percent",
                 other => other,
             },
             reason,
@@ -239,7 +388,10 @@ mod tests {
     use serde::Deserialize;
 
     use super::*;
-    use crate::{Args, DeploymentSpec, LogLevel, LoggingConfig, RoutePrefix, ServeConfig};
+    use crate::{
+        Args, DeploymentSpec, LogLevel, LoggingConfig, RayActorOptions, Resources, RoutePrefix,
+        ServeConfig,
+    };
 
     /// The builder's arguments.
     #[derive(Deserialize)]
@@ -357,7 +509,7 @@ mod tests {
     #[test]
     fn override_autoscaling_config_with_every_field() {
         let c = front_with(
-            "        autoscaling_config:\n          min_replicas: 0\n          max_replicas: 9\n          initial_replicas: 4\n          target_ongoing_requests: 3.5\n          upscale_delay_s: 1.5\n          downscale_delay_s: 60\n          upscaling_factor: 2\n          downscaling_factor: 0.5\n          look_back_period_s: 12\n",
+            "        autoscaling_config:\n          min_replicas: 0\n          max_replicas: 9\n          initial_replicas: 4\n          target_ongoing_requests: 3.5\n          upscale_delay_s: 1.5\n          downscale_delay_s: 60\n          upscaling_factor: 2\n          downscaling_factor: 0.5\n          look_back_period_s: 12\n          downscale_to_zero_delay_s: 900\n          aggregation_function: MAX\n          policy: {policy_function: shop.policies:queue, policy_kwargs: {depth: 3}}\n",
         );
         assert_eq!(
             c.num_replicas,
@@ -371,6 +523,17 @@ mod tests {
                 upscaling_factor: Some(2.0),
                 downscaling_factor: Some(0.5),
                 look_back_period: Duration::from_secs(12),
+                downscale_to_zero_delay: Some(Duration::from_secs(900)),
+                aggregation_function: crate::AggregationFunction::Max,
+                policy: crate::AutoscalingPolicy::named("shop.policies:queue".try_into().unwrap())
+                    .with_kwargs(
+                        Args::encode(
+                            &[("depth", 3)]
+                                .into_iter()
+                                .collect::<std::collections::BTreeMap<_, _>>()
+                        )
+                        .unwrap()
+                    ),
             })
         );
         // Fields left out take Ray's class defaults, not the code's (as in Ray).

@@ -12,7 +12,7 @@ use serde::{
 };
 use serde_saphyr::{Options, Spanned};
 
-use super::{ServeConfig, Site};
+use super::{ServeConfig, Site, suggest};
 use crate::error::Error;
 
 impl ServeConfig {
@@ -20,7 +20,10 @@ impl ServeConfig {
     /// Nothing is read from disk: the caller reads the file.
     ///
     /// A malformed file (bad YAML, an unknown field, a wrong type) is
-    /// [`Error::Parse`] with the line and column; a well-formed file with a bad value
+    /// [`Error::Parse`] with the line and column; an unknown field's message names
+    /// the nearest known field, and Ray's old single-application format (a
+    /// top-level `import_path`) says to wrap it under `applications:`. A
+    /// well-formed file with a bad value
     /// (see [`validate`](Self::validate)) is [`Error::InConfig`], the line and column
     /// of the value around an error that names the application, the deployment and
     /// the field.
@@ -41,17 +44,17 @@ impl ServeConfig {
     /// assert!(matches!(typo, Err(Error::Parse { line: 3, .. })));
     /// ```
     pub fn from_yaml(text: &str) -> Result<ServeConfig, Error> {
-        let config: ServeConfig =
-            serde_saphyr::from_str_with_options(text, options()).map_err(parse_error)?;
+        let config: ServeConfig = match serde_saphyr::from_str_with_options(text, options()) {
+            Ok(c) => c,
+            Err(e) => {
+                return Err(single_app_format(text).unwrap_or_else(|| parse_error(e)));
+            }
+        };
         if let Err(sited) = config.check() {
             let (error, site) = *sited;
             // Parse again, this time keeping every node's position, to find the
             // offending value. The text parsed once already, so this parses too.
-            let mut opts = options();
-            // `.nan` may be the very value at fault: it must not stop this parse.
-            opts.non_finite_float_policy = serde_saphyr::NonFiniteFloatPolicy::PassThrough;
-            let tree = serde_saphyr::from_str_with_options::<Spanned<Node>>(text, opts);
-            return Err(match tree.ok().and_then(|t| locate(&t, site)) {
+            return Err(match tree(text).and_then(|t| locate(&t, site)) {
                 Some((line, column)) => Error::InConfig {
                     line,
                     column,
@@ -78,12 +81,59 @@ fn parse_error(e: serde_saphyr::Error) -> Error {
     let plain = e.without_snippet().to_string();
     let (line, column) = e.location().map_or((0, 0), |l| (l.line(), l.column()));
     let suffix = format!(" at line {line}, column {column}");
-    let message = plain.strip_suffix(&suffix).unwrap_or(&plain).to_owned();
+    let message = plain.strip_suffix(&suffix).unwrap_or(&plain);
+    let message = suggest::unknown_field(message).unwrap_or_else(|| message.to_owned());
     Error::Parse {
         line,
         column,
         message,
     }
+}
+
+/// The document's shape with every node's position, if it is YAML at all.
+fn tree(text: &str) -> Option<Spanned<Node>> {
+    let mut opts = options();
+    // `.nan` may be the very value at fault: it must not stop this parse.
+    opts.non_finite_float_policy = serde_saphyr::NonFiniteFloatPolicy::PassThrough;
+    serde_saphyr::from_str_with_options::<Spanned<Node>>(text, opts).ok()
+}
+
+/// Ray's single-application format (a top-level `import_path` and no
+/// `applications`): the error saying how to migrate, at the `import_path`. Only
+/// the top level is read (its values are skipped), so a hostile document costs
+/// no more here than in the parse that failed.
+fn single_app_format(text: &str) -> Option<Error> {
+    struct TopKeys(Vec<(Option<String>, Spanned<IgnoredAny>)>);
+    impl<'de> Deserialize<'de> for TopKeys {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            struct V;
+            impl<'de> Visitor<'de> for V {
+                type Value = TopKeys;
+                fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                    f.write_str("a mapping")
+                }
+                fn visit_map<A: MapAccess<'de>>(self, mut a: A) -> Result<TopKeys, A::Error> {
+                    let mut keys = Vec::new();
+                    while let Some((Key(k), v)) = a.next_entry()? {
+                        keys.push((k, v));
+                    }
+                    Ok(TopKeys(keys))
+                }
+            }
+            d.deserialize_map(V)
+        }
+    }
+    let top = serde_saphyr::from_str_with_options::<TopKeys>(text, options()).ok()?;
+    let has = |k: &str| top.0.iter().find(|(key, _)| key.as_deref() == Some(k));
+    if has("applications").is_some() {
+        return None;
+    }
+    let (_, at) = has("import_path")?;
+    Some(Error::Parse {
+        line: at.referenced.line(),
+        column: at.referenced.column(),
+        message: suggest::SINGLE_APP.to_owned(),
+    })
 }
 
 /// The position of the value `site` names: the field if the file has it, else the
@@ -305,6 +355,7 @@ applications:
                 log_level: LogLevel::Warning,
                 encoding: LogEncoding::Json,
                 enable_access_log: false,
+                ..LoggingConfig::default()
             })
         );
         assert_eq!(c.applications.len(), 2);
@@ -349,6 +400,7 @@ applications:
                     upscaling_factor: Some(1.0),
                     downscaling_factor: Some(0.5),
                     look_back_period_s: Some(30.0),
+                    ..AutoscalingOverride::default()
                 }),
                 max_ongoing_requests: Some(5),
                 max_queued_requests: Some(-1),
@@ -362,7 +414,9 @@ applications:
                     num_gpus: Some(0.0),
                     memory: Some(0),
                     resources: Some([("custom".to_owned(), 1.0)].into()),
+                    ..RayActorOptions::default()
                 }),
+                ..DeploymentOverride::new("front".try_into().unwrap())
             }
         );
         let back = &a.deployments[1];
@@ -460,17 +514,26 @@ applications:
 
     #[test]
     fn unknown_fields_are_rejected_by_name_at_every_level() {
+        // Each a true typo of a field Ray's schema has at that level: the error
+        // names it and suggests the field meant.
         let cases = [
-            ("http_options: {}\napplications: []\n", "http_options", 1),
+            (
+                "http_option: {}\napplications: []\n",
+                "http_option",
+                1,
+                "http_options",
+            ),
             (
                 "logging_config: {log_levle: INFO}\napplications: []\n",
                 "log_levle",
                 1,
+                "log_level",
             ),
             (
-                &apps("  - name: a\n    import_path: x\n    runtime_env: {}\n"),
-                "runtime_env",
+                &apps("  - name: a\n    import_path: x\n    runtime_envs: {}\n"),
+                "runtime_envs",
                 4,
+                "runtime_env",
             ),
             (
                 &apps(
@@ -478,13 +541,15 @@ applications:
                 ),
                 "num_replica",
                 6,
+                "num_replicas",
             ),
             (
                 &apps(
-                    "  - name: a\n    import_path: x\n    deployments:\n      - name: d\n        autoscaling_config: {metrics_interval_s: 1}\n",
+                    "  - name: a\n    import_path: x\n    deployments:\n      - name: d\n        autoscaling_config: {metrics_interval: 1}\n",
                 ),
-                "metrics_interval_s",
+                "metrics_interval",
                 6,
+                "metrics_interval_s",
             ),
             (
                 &apps(
@@ -492,15 +557,20 @@ applications:
                 ),
                 "num_cpu",
                 7,
+                "num_cpus",
             ),
         ];
-        for (text, field, line) in cases {
+        for (text, field, line, meant) in cases {
             match err(text) {
                 Error::Parse {
                     line: l, message, ..
                 } => {
                     assert!(message.contains(field), "{field}: {message}");
                     assert!(message.contains("unknown field"), "{message}");
+                    assert!(
+                        message.ends_with(&format!("did you mean `{meant}`?")),
+                        "{field}: {message}"
+                    );
                     assert_eq!(l, line, "{field}: {message}");
                 }
                 other => panic!("{field}: unexpected {other}"),
@@ -821,10 +891,7 @@ applications:
         // A config built in code round-trips too.
         let mut app = AppConfig::new("x".try_into().unwrap(), "b:app".try_into().unwrap());
         app.args = Args::encode(&("tuple", 1)).unwrap();
-        let by_hand = ServeConfig {
-            logging_config: None,
-            applications: vec![app],
-        };
+        let by_hand = ServeConfig::new(vec![app]);
         let bytes = rmp_serde::to_vec(&by_hand).unwrap();
         assert_eq!(
             rmp_serde::from_slice::<ServeConfig>(&bytes).unwrap(),

@@ -310,6 +310,99 @@ pub(crate) mod args_field {
     }
 }
 
+/// The keys of `args` if it holds a map, as text (non-text keys shown as
+/// MessagePack debug), in canonical order; empty for anything else.
+pub(crate) fn map_keys(args: &Args) -> Vec<String> {
+    match args.decode::<Value>() {
+        Ok(Value::Map(entries)) => {
+            let mut keys: Vec<String> = entries
+                .into_iter()
+                .map(|(k, _)| match k {
+                    Value::Str(s) => s,
+                    other => format!("{other:?}"),
+                })
+                .collect();
+            keys.sort();
+            keys
+        }
+        _ => Vec::new(),
+    }
+}
+
+/// Whether `args` is empty: nil, the empty map or the empty sequence.
+pub(crate) fn is_empty(args: &Args) -> bool {
+    match args.decode::<Value>() {
+        Ok(Value::Null) => true,
+        Ok(Value::Map(m)) => m.is_empty(),
+        Ok(Value::Seq(s)) => s.is_empty(),
+        _ => false,
+    }
+}
+
+/// Serde glue for [`Args`] fields that must hold a mapping, as Ray's `Dict`
+/// fields (`runtime_env`, `policy_kwargs`, `request_router_kwargs`): in a
+/// human-readable format the value must be a map (`null` is the empty map);
+/// in a binary one it is the `Args` bytes as they are.
+pub(crate) mod map_field {
+    use super::*;
+
+    pub(crate) use super::args_field::serialize;
+
+    fn checked<E: de::Error>(v: Value) -> Result<Args, E> {
+        match v {
+            Value::Null => Ok(Args::empty_map()),
+            m @ Value::Map(_) => to_args(m).map_err(E::custom),
+            other => Err(E::custom(format!(
+                "expected a mapping (Ray's schema has a dictionary here), got {}",
+                kind(&other)
+            ))),
+        }
+    }
+
+    fn kind(v: &Value) -> &'static str {
+        match v {
+            Value::Null => "null",
+            Value::Bool(_) => "a boolean",
+            Value::Int(_) | Value::UInt(_) | Value::Float(_) => "a number",
+            Value::Str(_) => "text",
+            Value::Bytes(_) => "bytes",
+            Value::Seq(_) => "a list",
+            Value::Map(_) => "a mapping",
+        }
+    }
+
+    /// Deserialise one mapping `Args`.
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Args, D::Error> {
+        if d.is_human_readable() {
+            checked(Value::deserialize(d)?)
+        } else {
+            Args::deserialize(d)
+        }
+    }
+
+    /// Serde glue for `Option<Args>` holding a mapping; `null` is `None`.
+    pub(crate) mod option {
+        use super::*;
+
+        pub(crate) use super::super::args_field::option::serialize;
+
+        struct Unwrap(Args);
+
+        impl<'de> Deserialize<'de> for Unwrap {
+            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                super::deserialize(d).map(Unwrap)
+            }
+        }
+
+        /// Deserialise an optional mapping `Args`.
+        pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
+            d: D,
+        ) -> Result<Option<Args>, D::Error> {
+            Ok(Option::<Unwrap>::deserialize(d)?.map(|u| u.0))
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -48,6 +48,7 @@ pub fn app_record(name: &str, generation: u64) -> AppRecord {
             log_level: LogLevel::Debug,
             encoding: LogEncoding::Json,
             enable_access_log: false,
+            ..LoggingConfig::default()
         })
         .build()
         .unwrap();

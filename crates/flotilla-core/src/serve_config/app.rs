@@ -1,0 +1,242 @@
+//! One application of a config file (Ray's `ServeApplicationSchema`).
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Deserializer, Serialize};
+
+use crate::{
+    AppName, Args, AutoscalingPolicy, CodeVersion, DeploymentConfig, ImportPath, LoggingConfig,
+    RoutePrefix, error::Error, stable_hash,
+};
+
+use super::{DeploymentOverride, NumReplicas, Site, Sited, app_field, location, logging, value};
+
+/// One application of a [`ServeConfig`](super::ServeConfig).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AppConfig {
+    /// Unique within the config; `"default"` when left out, as in Ray.
+    #[serde(default = "default_name")]
+    pub name: AppName,
+    /// Replaces the route prefix the builder chose; unique within the config.
+    /// Validated as Ray validates it (see [`RoutePrefix`]), never rewritten.
+    #[serde(default, deserialize_with = "route_prefix_option")]
+    pub route_prefix: Option<RoutePrefix>,
+    /// The application builder's name in the `Registry`.
+    pub import_path: ImportPath,
+    /// Ray's Python environment for the application (a mapping: `working_dir`,
+    /// `pip`, `env_vars`, ...). Compiled code has none: accepted and recorded as
+    /// given (canonical MessagePack), it applies nothing, and
+    /// [`ServeConfig::warnings`](super::ServeConfig::warnings) names its keys.
+    /// It is not part of [`code_version`](Self::code_version) (Ray hashes it,
+    /// since in Ray it changes the code that runs).
+    #[serde(
+        default = "Args::empty_map",
+        deserialize_with = "value::map_field::deserialize",
+        serialize_with = "value::map_field::serialize"
+    )]
+    pub runtime_env: Args,
+    /// What the builder is called with: any value, as canonical MessagePack.
+    #[serde(default = "Args::empty_map", with = "value::args_field")]
+    pub args: Args,
+    /// This application's logging, instead of the global one.
+    #[serde(default, deserialize_with = "logging::logging_option")]
+    pub logging_config: Option<LoggingConfig>,
+    /// Replica counts are set from outside (Ray's `external_scaler_enabled`):
+    /// no deployment of the application may autoscale, in the config (an error
+    /// at parse, as in Ray) or in the builder's code (an error when the overrides
+    /// are applied); the scale call sets a deployment's count. Applied over the
+    /// builder's choice ([`ApplicationSpec::external_scaler_enabled`]).
+    ///
+    /// [`ApplicationSpec::external_scaler_enabled`]: crate::ApplicationSpec::external_scaler_enabled
+    #[serde(default)]
+    pub external_scaler_enabled: bool,
+    /// An application-level autoscaling policy (Ray's `autoscaling_policy`,
+    /// `{policy_function, policy_kwargs}`): it replaces the policy of every
+    /// deployment of the application that autoscales (Ray: it takes precedence
+    /// over deployment-level policies). A path other than Ray's default names a
+    /// policy registered in the `Registry`, checked when the config is applied.
+    /// Unlike Ray's, Flotilla's application-level policy is called for each
+    /// deployment on its own, not once over all of them.
+    #[serde(default)]
+    pub autoscaling_policy: Option<AutoscalingPolicy>,
+    /// Take over an application of the same name that was deployed imperatively
+    /// (by `run`); without it, that is an error. Flotilla's own field.
+    #[serde(default)]
+    pub take_over: bool,
+    /// Overrides of the builder's deployments, by deployment name.
+    #[serde(default, deserialize_with = "super::null_as_empty")]
+    pub deployments: Vec<DeploymentOverride>,
+    /// Refused: Ray's per-application `host`, which Ray itself refuses in a
+    /// multi-application config; the HTTP proxy is shared, so it is
+    /// `http_options.host`. Kept only to report it.
+    #[serde(default, with = "value::args_field::option")]
+    pub host: Option<Args>,
+    /// Refused: Ray's per-application `port`; see [`host`](Self::host).
+    #[serde(default, with = "value::args_field::option")]
+    pub port: Option<Args>,
+}
+
+fn default_name() -> AppName {
+    AppName::known("default")
+}
+
+impl AppConfig {
+    /// A config for application `name` built by the builder registered as
+    /// `import_path`, with no args (the empty map) and no overrides.
+    pub fn new(name: AppName, import_path: ImportPath) -> Self {
+        AppConfig {
+            name,
+            route_prefix: None,
+            import_path,
+            runtime_env: Args::empty_map(),
+            args: Args::empty_map(),
+            logging_config: None,
+            external_scaler_enabled: false,
+            autoscaling_policy: None,
+            take_over: false,
+            deployments: Vec::new(),
+            host: None,
+            port: None,
+        }
+    }
+
+    /// The application's config-level code version: a stable hash of its import
+    /// path and (canonical) args, as Ray's `get_app_code_version` hashes import
+    /// path, runtime env and args (Flotilla leaves the runtime env out: it applies
+    /// nothing). Equal to the running target's: apply the config to the built spec
+    /// again ([`apply_overrides`](super::apply_overrides)) without rebuilding.
+    /// Different: run the builder again.
+    pub fn code_version(&self) -> CodeVersion {
+        let args = value::canonical_bytes(&self.args);
+        let mut bytes = Vec::with_capacity(self.import_path.as_str().len() + args.len() + 9);
+        bytes.extend_from_slice(b"app-code\0");
+        bytes.extend_from_slice(self.import_path.as_str().as_bytes());
+        bytes.push(0);
+        bytes.extend_from_slice(&args);
+        CodeVersion::hashed(stable_hash(&bytes))
+    }
+
+    /// The override for deployment `name`.
+    pub fn deployment(&self, name: &str) -> Option<&DeploymentOverride> {
+        self.deployments.iter().find(|d| d.name.as_str() == name)
+    }
+
+    /// The keys of `runtime_env` and of every deployment's
+    /// `ray_actor_options.runtime_env`, sorted and without duplicates: what a
+    /// Python environment would set up, and Flotilla does not.
+    pub fn runtime_env_keys(&self) -> Vec<String> {
+        let mut keys = value::map_keys(&self.runtime_env);
+        for d in &self.deployments {
+            if let Some(env) = d
+                .ray_actor_options
+                .as_ref()
+                .and_then(|r| r.runtime_env.as_ref())
+            {
+                keys.extend(value::map_keys(env));
+            }
+        }
+        keys.sort();
+        keys.dedup();
+        keys
+    }
+
+    pub(super) fn check(&self) -> Result<(), Sited> {
+        let app = self.name.as_str();
+        let at_app = |field: &'static str, reason: String| {
+            Box::new((
+                app_field(app, field, reason),
+                Site {
+                    field: Some(field),
+                    ..Site::default()
+                },
+            ))
+        };
+        for (field, given) in [("host", &self.host), ("port", &self.port)] {
+            if given.is_some() {
+                return Err(at_app(
+                    field,
+                    format!(
+                        "{field} is set for application '{app}'; the HTTP proxy is shared by \
+                         every application, so set http_options.{field} at the top level \
+                         instead (Ray refuses it here too)"
+                    ),
+                ));
+            }
+        }
+        if let Some(l) = &self.logging_config {
+            l.validate().map_err(|e| {
+                let field = e.field_name().unwrap_or("logging_config");
+                Box::new((
+                    e.at(Some(app), None),
+                    Site {
+                        field: Some(field),
+                        ..Site::default()
+                    },
+                ))
+            })?;
+        }
+        if self.external_scaler_enabled {
+            let autoscaled: Vec<String> = self
+                .deployments
+                .iter()
+                .filter(|d| {
+                    d.num_replicas == Some(NumReplicas::Auto) || d.autoscaling_config.is_some()
+                })
+                .map(|d| format!("\"{}\"", d.name))
+                .collect();
+            if !autoscaled.is_empty() {
+                return Err(at_app(
+                    "external_scaler_enabled",
+                    format!(
+                        "external_scaler_enabled is set to True, but the following deployment(s) \
+                         have autoscaling configured: {}. When using an external autoscaler, \
+                         Serve's built-in autoscaling must be disabled for all deployments in \
+                         the application",
+                        autoscaled.join(", ")
+                    ),
+                ));
+            }
+        }
+        let mut seen = HashMap::with_capacity(self.deployments.len());
+        for (j, d) in self.deployments.iter().enumerate() {
+            let dep = d.name.as_str();
+            let site = |field| Site {
+                app: None,
+                deployment: Some(j),
+                field,
+            };
+            if let Some(first) = seen.insert(dep, j) {
+                return Err(Box::new((
+                    Error::InvalidField {
+                        at: location(app, Some(dep)),
+                        field: "name",
+                        reason: format!(
+                            "deployment '{dep}' has two overrides (#{} and #{})",
+                            first + 1,
+                            j + 1
+                        ),
+                    },
+                    site(Some("name")),
+                )));
+            }
+            d.check()
+                .and_then(|()| d.apply_to(d.check_base()))
+                .and_then(|c: DeploymentConfig| {
+                    c.validate().map_err(super::overrides::config_field_names)
+                })
+                .map_err(|e| {
+                    let field = e.field_name();
+                    Box::new((e.at(Some(app), Some(dep)), site(field)))
+                })?;
+        }
+        Ok(())
+    }
+}
+
+fn route_prefix_option<'de, D: Deserializer<'de>>(d: D) -> Result<Option<RoutePrefix>, D::Error> {
+    Option::<String>::deserialize(d)?
+        .map(RoutePrefix::new)
+        .transpose()
+        .map_err(serde::de::Error::custom)
+}

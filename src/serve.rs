@@ -405,6 +405,28 @@ impl Serve {
         .await?
     }
 
+    /// Set `deployment`'s replica count from outside (Ray's external scaler, for
+    /// an application with `external_scaler_enabled`): durable in one
+    /// Controller commit when this returns, and standing until the application
+    /// declares another count. `ExternalScalerDisabled` for an application
+    /// without an external scaler, `NotFound` for an unknown one.
+    pub async fn scale_deployment(
+        &self,
+        app: &str,
+        deployment: &str,
+        replicas: u32,
+    ) -> Result<(), ServeError> {
+        let app = AppName::new(app)?;
+        let deployment = flotilla_core::DeploymentName::new(deployment)?;
+        self.ask(|reply| ControllerMsg::ScaleDeployment {
+            app,
+            deployment,
+            replicas,
+            reply,
+        })
+        .await?
+    }
+
     /// Read, parse (errors carry line and column) and apply a YAML config file.
     pub async fn apply_config_file(
         &self,

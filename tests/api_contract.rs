@@ -349,3 +349,64 @@ fn the_facade_names_every_type_its_api_takes_and_returns() {
     let _ = ServeOptions::new(flotilla::Registry::new());
     let _ = app_of;
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_external_scaler_sets_replica_counts_durably_until_the_app_declares_another() {
+    let (dir, sw, serve) = start_fresh().await;
+    let scaled = |replicas| {
+        ApplicationSpec::builder("ext")
+            .route_prefix("/ext")
+            .external_scaler_enabled(true)
+            .deployment(probe(replicas, &tag("x")))
+            .build()
+            .unwrap()
+    };
+    serve.run(scaled(1)).await.unwrap();
+    serve.scale_deployment("ext", "probe", 3).await.unwrap();
+    wait_snapshot(&serve, "ext", "probe", |s| {
+        s.count(flotilla::ReplicaState::Running) == 3 && s.target.replicas == 3
+    })
+    .await;
+    // Durable: a process restart keeps the external decision.
+    serve.crash_process().await;
+    let serve = support::start(&dir, &sw).await;
+    wait_status(&serve, "ext", A::Running).await;
+    wait_snapshot(&serve, "ext", "probe", |s| {
+        s.count(flotilla::ReplicaState::Running) == 3
+    })
+    .await;
+    // Redeploying the same declaration keeps it; a new declared count wins.
+    serve.run(scaled(1)).await.unwrap();
+    assert_eq!(observe(&serve, "ext", "probe").await.target.replicas, 3);
+    serve.run(scaled(2)).await.unwrap();
+    wait_snapshot(&serve, "ext", "probe", |s| {
+        s.target.replicas == 2 && s.replicas.len() == 2
+    })
+    .await;
+    // Refusals.
+    serve.run(app("plain", 1, tag("x"))).await.unwrap();
+    assert!(matches!(
+        serve.scale_deployment("plain", "probe", 2).await,
+        Err(ServeError::ExternalScalerDisabled { .. })
+    ));
+    assert!(matches!(
+        serve.scale_deployment("ext", "nope", 2).await,
+        Err(ServeError::NotFound {
+            deployment: Some(_),
+            ..
+        })
+    ));
+    assert!(matches!(
+        serve.scale_deployment("ghost", "probe", 2).await,
+        Err(ServeError::NotFound {
+            deployment: None,
+            ..
+        })
+    ));
+    assert!(matches!(
+        serve
+            .scale_deployment("ext", "probe", MAX_REPLICAS + 1)
+            .await,
+        Err(ServeError::Invalid(_))
+    ));
+}

@@ -50,7 +50,8 @@ pub struct AppArgs {
     pub restart: RestartPolicy,
     /// Armed fault points (fault injection; free when unarmed).
     pub faults: Faults,
-    /// Durable autoscaling decisions by deployment.
+    /// Durable replica decisions by deployment: the autoscaler's, or an
+    /// external scaler's.
     pub autoscaled: BTreeMap<DeploymentName, u32>,
     /// A failed config build standing over `record`'s generation (see
     /// [`AppMsg::BuildFailure`]), so a restarted actor keeps showing it.
@@ -95,6 +96,10 @@ impl AppState {
         match in_target {
             Some(spec) => Some(DeploymentTarget {
                 replicas: match &spec.config.num_replicas {
+                    // An external scaler's decision wins over the declared count.
+                    ReplicaCount::Fixed(n) if r.spec.external_scaler_enabled => {
+                        self.args.autoscaled.get(name).copied().unwrap_or(*n)
+                    }
                     ReplicaCount::Fixed(n) => *n,
                     ReplicaCount::Auto(a) => self
                         .args
@@ -389,11 +394,12 @@ impl Actor for ApplicationActor {
         state: &mut AppState,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            AppMsg::SetTarget(record) => {
-                if *record == state.args.record {
+            AppMsg::SetTarget { record, decisions } => {
+                if *record == state.args.record && decisions == state.args.autoscaled {
                     return Ok(());
                 }
                 state.args.record = *record;
+                state.args.autoscaled = decisions;
             }
             AppMsg::Internal(Internal(InternalMsg::Deployment(event))) => {
                 Self::on_deployment_event(state, event);

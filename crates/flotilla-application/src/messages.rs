@@ -1,6 +1,6 @@
 //! What an ApplicationActor receives and reports.
 
-use std::sync::Arc;
+use std::{collections::BTreeMap, sync::Arc};
 
 use flotilla_core::{AppName, AppRecord, DeploymentName};
 use flotilla_deployment::DeploymentEvent;
@@ -36,9 +36,17 @@ pub type AppReporter = Arc<dyn Fn(AppEvent) + Send + Sync>;
 /// internal ones.
 #[derive(Debug)]
 pub enum AppMsg {
-    /// A new target (idempotent).
-    SetTarget(Box<AppRecord>),
-    /// A durable autoscaling decision for one deployment.
+    /// A new target (idempotent), with the durable replica decisions that
+    /// stand for it (an autoscaler's or an external scaler's; the Controller
+    /// drops those a new declaration voids).
+    SetTarget {
+        /// The target.
+        record: Box<AppRecord>,
+        /// Replica decisions by deployment.
+        decisions: BTreeMap<DeploymentName, u32>,
+    },
+    /// A durable replica decision for one deployment (its autoscaler's, or an
+    /// external scaler's).
     SetReplicas(DeploymentName, u32),
     /// The config's latest build of this application failed while `generation`
     /// runs: DEPLOY_FAILED with `message` sticks over that target (Ray: until a

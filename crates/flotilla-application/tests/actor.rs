@@ -143,8 +143,11 @@ async fn a_deployment_dropped_from_the_target_is_deleted_and_a_deletion_is_repor
     );
     let app = rig.spawn().await;
     rig.wait(running(1)).await;
-    app.cast(AppMsg::SetTarget(Box::new(record(2, &["a"], false))))
-        .unwrap();
+    app.cast(AppMsg::SetTarget {
+        record: Box::new(record(2, &["a"], false)),
+        decisions: BTreeMap::new(),
+    })
+    .unwrap();
     let s = rig.wait(running(2)).await;
     assert_eq!(
         s.deployments.keys().map(|d| d.as_str()).collect::<Vec<_>>(),
@@ -152,8 +155,11 @@ async fn a_deployment_dropped_from_the_target_is_deleted_and_a_deletion_is_repor
     );
     tokio::time::sleep(Duration::from_secs(30)).await;
     assert!(rig.deployment("b").is_none(), "b was deleted");
-    app.cast(AppMsg::SetTarget(Box::new(record(3, &["a"], true))))
-        .unwrap();
+    app.cast(AppMsg::SetTarget {
+        record: Box::new(record(3, &["a"], true)),
+        decisions: BTreeMap::new(),
+    })
+    .unwrap();
     let event = tokio::time::timeout(Duration::from_secs(600), rig.events.recv())
         .await
         .unwrap()
@@ -229,8 +235,11 @@ async fn a_failed_build_stands_over_the_target_until_cleared() {
     let s = rig.wait(|s| s.status == A::DeployFailed).await;
     assert_eq!(s.message, "the builder broke");
     // A new target voids it.
-    app.cast(AppMsg::SetTarget(Box::new(record(2, &["a"], false))))
-        .unwrap();
+    app.cast(AppMsg::SetTarget {
+        record: Box::new(record(2, &["a"], false)),
+        decisions: BTreeMap::new(),
+    })
+    .unwrap();
     rig.wait(running(2)).await;
     app.cast(AppMsg::BuildFailure {
         generation: 2,

@@ -28,10 +28,7 @@ impl Controller {
             return;
         };
         if let Some(actor) = state.actors.actor(name) {
-            if actor
-                .cast(AppMsg::SetTarget(Box::new(record.clone())))
-                .is_ok()
-            {
+            if actor.cast(state.set_target(&record)).is_ok() {
                 return;
             }
             // It is gone (its exit event may still be queued): start another.
@@ -60,7 +57,7 @@ impl Controller {
             Ok(Started::Spawned(_)) => {}
             // A living actor we did not watch held the name: it is ours now.
             Ok(Started::Adopted(actor)) => {
-                let _ = actor.cast(AppMsg::SetTarget(Box::new(record)));
+                let _ = actor.cast(state.set_target(&record));
             }
             // Already gone (a finished deletion): its Deleted report is on its way.
             Err(StartError::Exited) => Self::restart_later(myself, state, name.clone(), RETRY),

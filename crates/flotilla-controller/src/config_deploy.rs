@@ -207,6 +207,15 @@ impl ControllerState {
         }
         self.logging
             .set_global(config.logging_config.clone().unwrap_or_default());
+        // What the config holds that Flotilla does not apply (runtime_env keys,
+        // deprecated names, ...): one warning each, naming its application.
+        for w in config.warnings() {
+            warn!(
+                app = w.app().map_or("", |a| a.as_str()),
+                deployment = w.deployment().map_or("", |d| d.as_str()),
+                "config: {w}"
+            );
+        }
         info!(apps = config.applications.len(), deleted, "config applied");
         for app in &config.applications {
             if !self.apps.contains_key(&app.name) {

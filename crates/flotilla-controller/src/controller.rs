@@ -26,7 +26,7 @@ fn refuse_after_shutdown(state: &ControllerState, msg: ControllerMsg) {
         ControllerMsg::Delete { reply, .. } => {
             let _ = reply.send(Err(gone()));
         }
-        ControllerMsg::ApplyConfig { reply, .. } => {
+        ControllerMsg::ApplyConfig { reply, .. } | ControllerMsg::ScaleDeployment { reply, .. } => {
             let _ = reply.send(Err(gone()));
         }
         ControllerMsg::Observe(reply) => {
@@ -128,6 +128,12 @@ impl Actor for Controller {
             ControllerMsg::ApplyConfig { config, reply } => {
                 Self::apply_config(&myself, state, config, reply).await
             }
+            ControllerMsg::ScaleDeployment {
+                app,
+                deployment,
+                replicas,
+                reply,
+            } => Self::scale(&myself, state, app, deployment, replicas, reply).await,
             ControllerMsg::Observe(reply) => {
                 let _ = reply.send(state.snapshot());
                 Ok(())

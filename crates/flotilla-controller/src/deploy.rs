@@ -5,7 +5,8 @@
 
 use flotilla_application::AppMsg;
 use flotilla_core::{
-    ApiType, AppName, AppRecord, ApplicationSpec, DeploymentName, DeploymentRecord, ReplicaCount,
+    ApiType, AppName, AppRecord, ApplicationSpec, DeploymentName, DeploymentRecord, MAX_REPLICAS,
+    ReplicaCount,
 };
 use flotilla_store::Batch;
 use ractor::{ActorProcessingErr, ActorRef, RpcReplyPort};
@@ -92,6 +93,71 @@ impl Controller {
             // The deletions released prefixes parked config builds may wait for.
             Self::settle_parked(myself, state).await?;
         }
+        Ok(())
+    }
+
+    /// Set a deployment's replica count from outside (an external scaler), in
+    /// one commit.
+    pub(crate) async fn scale(
+        myself: &ActorRef<ControllerMsg>,
+        state: &mut ControllerState,
+        app: AppName,
+        deployment: DeploymentName,
+        replicas: u32,
+        reply: RpcReplyPort<Result<(), ServeError>>,
+    ) -> Result<(), ActorProcessingErr> {
+        let stage = |s: &ControllerState, batch: &mut Batch| {
+            let record = s
+                .apps
+                .get(&app)
+                .map(|e| &e.record)
+                .filter(|r| !r.deleting)
+                .ok_or_else(|| ServeError::NotFound {
+                    app: app.to_string(),
+                    deployment: None,
+                })?;
+            if !record.spec.external_scaler_enabled {
+                return Err(ServeError::ExternalScalerDisabled {
+                    app: app.to_string(),
+                });
+            }
+            if record.spec.deployment(deployment.as_str()).is_none() {
+                return Err(ServeError::NotFound {
+                    app: app.to_string(),
+                    deployment: Some(deployment.to_string()),
+                });
+            }
+            if replicas > MAX_REPLICAS {
+                return Err(ServeError::Invalid(flotilla_core::Error::InvalidField {
+                    at: flotilla_core::Location {
+                        app: Some(app.to_string()),
+                        deployment: Some(deployment.to_string()),
+                    },
+                    field: "num_replicas",
+                    reason: format!("must be at most {MAX_REPLICAS}, got {replicas}"),
+                }));
+            }
+            batch.put_deployment(
+                &app,
+                &deployment,
+                &DeploymentRecord {
+                    autoscaled_replicas: Some(replicas),
+                },
+            )?;
+            Ok(())
+        };
+        let swap = |s: &mut ControllerState, ()| {
+            info!(app = %app, deployment = %deployment, replicas, "external scaler's replica count committed");
+            s.autoscaled
+                .entry(app.clone())
+                .or_default()
+                .insert(deployment.clone(), replicas);
+            if let Some(actor) = s.actors.actor(&app) {
+                let _ = actor.cast(AppMsg::SetReplicas(deployment.clone(), replicas));
+            }
+            ((), Vec::new())
+        };
+        Self::transact(myself, state, reply, stage, swap).await?;
         Ok(())
     }
 

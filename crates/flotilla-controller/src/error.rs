@@ -46,6 +46,15 @@ pub enum ServeError {
         /// What to do about it.
         reason: &'static str,
     },
+    /// An application's replica counts were set from outside, but it does not
+    /// enable an external scaler (Ray answers 412 Precondition Failed).
+    #[error(
+        "application '{app}' does not enable an external scaler (external_scaler_enabled: true); its replica counts are its own"
+    )]
+    ExternalScalerDisabled {
+        /// The application.
+        app: String,
+    },
     /// The same application name appears twice in one batch.
     #[error("application '{app}' appears more than once in the batch")]
     DuplicateApp {

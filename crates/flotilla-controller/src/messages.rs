@@ -1,7 +1,7 @@
 //! The Controller's messages: one variant per request.
 
 use flotilla_application::AppEvent;
-use flotilla_core::{ApiType, AppName, ApplicationSpec, ServeConfig};
+use flotilla_core::{ApiType, AppName, ApplicationSpec, DeploymentName, ServeConfig};
 use ractor::RpcReplyPort;
 
 use flotilla_store::StoreCounters;
@@ -51,6 +51,19 @@ pub enum ControllerMsg {
     ApplyConfig {
         /// The config.
         config: Box<ServeConfig>,
+        /// The reply.
+        reply: RpcReplyPort<Result<(), ServeError>>,
+    },
+    /// Set a deployment's replica count from outside (Ray's external scaler):
+    /// only for an application with `external_scaler_enabled`; durable in one
+    /// commit, and it stands until the application declares another count.
+    ScaleDeployment {
+        /// The application.
+        app: AppName,
+        /// The deployment.
+        deployment: DeploymentName,
+        /// The replica count.
+        replicas: u32,
         /// The reply.
         reply: RpcReplyPort<Result<(), ServeError>>,
     },

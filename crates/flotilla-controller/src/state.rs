@@ -195,6 +195,20 @@ impl ControllerState {
         }
     }
 
+    /// The message that gives an ApplicationActor `record` as its target, with
+    /// the replica decisions that stand for it.
+    pub(crate) fn set_target(&self, record: &AppRecord) -> AppMsg {
+        AppMsg::SetTarget {
+            record: Box::new(record.clone()),
+            decisions: self.decisions(&record.spec.name),
+        }
+    }
+
+    /// The durable replica decisions of `app`'s deployments.
+    fn decisions(&self, app: &AppName) -> BTreeMap<DeploymentName, u32> {
+        self.autoscaled.get(app).cloned().unwrap_or_default()
+    }
+
     /// What a (re)started ApplicationActor of `record` gets.
     pub(crate) fn app_args(&self, record: &AppRecord) -> AppArgs {
         let a = &self.args;
@@ -212,11 +226,7 @@ impl ControllerState {
             reporter: self.app_reporter.clone(),
             restart: a.restart,
             faults: a.faults.clone(),
-            autoscaled: self
-                .autoscaled
-                .get(&record.spec.name)
-                .cloned()
-                .unwrap_or_default(),
+            autoscaled: self.decisions(&record.spec.name),
             build_failure: self
                 .config
                 .build_failure(&record.spec.name, record.generation),

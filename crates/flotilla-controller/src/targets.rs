@@ -45,8 +45,11 @@ impl ControllerState {
         }
     }
 
-    /// Put `records` in `batch`, with the removal of autoscaling decisions of
-    /// deployments that are no longer autoscaled. Returns those deployments.
+    /// Put `records` in `batch`, with the removal of the replica decisions that
+    /// no longer stand: an autoscaler's for a deployment no longer autoscaled,
+    /// an external scaler's for one whose declared count changed (the newer
+    /// declaration wins) or whose application no longer has an external scaler.
+    /// Returns those deployments.
     pub(crate) fn stage_targets(
         &self,
         records: &[AppRecord],
@@ -61,10 +64,22 @@ impl ControllerState {
                 .into_iter()
                 .flat_map(|m| m.keys())
             {
-                let still = r
-                    .spec
-                    .deployment(dep.as_str())
-                    .is_some_and(|d| matches!(d.config.num_replicas, ReplicaCount::Auto(_)));
+                let declared = |r: &AppRecord| {
+                    r.spec
+                        .deployment(dep.as_str())
+                        .map(|d| d.config.num_replicas.clone())
+                };
+                let still = match declared(r) {
+                    Some(ReplicaCount::Auto(_)) => true,
+                    Some(count) => {
+                        r.spec.external_scaler_enabled
+                            && self
+                                .apps
+                                .get(&r.spec.name)
+                                .is_some_and(|e| declared(&e.record) == Some(count))
+                    }
+                    None => false,
+                };
                 if !still {
                     batch.delete_deployment(&r.spec.name, dep);
                     dropped.push((r.spec.name.clone(), dep.clone()));

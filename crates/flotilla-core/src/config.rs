@@ -30,18 +30,20 @@ pub struct RolloutConfig {
     /// Fraction of the target that may change at once; at least one replica (0.2).
     /// Ray's `rolling_update_percentage`.
     pub max_changing_fraction: f64,
-    /// Extra replicas a roll may start before stopping old ones, as a percentage
-    /// of the target rounded up (0 to 100; 0, the default, stops old replicas
-    /// before starting their replacements). Ray's `max_surge_percent`.
+    /// Ray's `max_surge_percent`: extra replicas a roll may start above the
+    /// target, as a percentage of the target rounded up (0 to 100), the rest of
+    /// the step being replicas stopped before their replacements run. `None`
+    /// (Flotilla's default, a departure from Ray's 0): the whole step is surge,
+    /// so serving capacity never drops below the target during a roll.
     #[serde(default)]
-    pub max_surge_percent: u32,
+    pub max_surge_percent: Option<u32>,
 }
 
 impl Default for RolloutConfig {
     fn default() -> Self {
         RolloutConfig {
             max_changing_fraction: 0.2,
-            max_surge_percent: 0,
+            max_surge_percent: None,
         }
     }
 }
@@ -50,6 +52,21 @@ impl RolloutConfig {
     /// How many replicas may be changing at once for a target of `target` replicas.
     pub fn step(&self, target: u32) -> u32 {
         ((self.max_changing_fraction * f64::from(target)) as u32).max(1)
+    }
+
+    /// How many replicas above `target` a roll may run: the whole step by
+    /// default, else `max_surge_percent` of the target, rounded up.
+    pub fn surge(&self, target: u32) -> u32 {
+        match self.max_surge_percent {
+            None => self.step(target),
+            Some(p) => (u64::from(target) * u64::from(p)).div_ceil(100) as u32,
+        }
+    }
+
+    /// How many replicas below `target` a roll may leave serving at once: what
+    /// of the step the surge does not cover (none by default).
+    pub fn unavailable(&self, target: u32) -> u32 {
+        self.step(target).saturating_sub(self.surge(target))
     }
 }
 
@@ -268,13 +285,12 @@ impl DeploymentConfig {
                 format!("must be in (0, 1], got {f}"),
             ));
         }
-        if self.rollout.max_surge_percent > 100 {
+        if let Some(p) = self.rollout.max_surge_percent
+            && p > 100
+        {
             return Err(Error::field(
                 "rollout.max_surge_percent",
-                format!(
-                    "must be from 0 to 100, got {}",
-                    self.rollout.max_surge_percent
-                ),
+                format!("must be from 0 to 100, got {p}"),
             ));
         }
         self.resources.validate()?;
@@ -452,7 +468,7 @@ mod tests {
         ));
         assert_eq!(
             field_of(d().with_rollout(RolloutConfig {
-                max_surge_percent: 101,
+                max_surge_percent: Some(101),
                 ..RolloutConfig::default()
             })),
             Some("rollout.max_surge_percent")
@@ -466,5 +482,20 @@ mod tests {
         assert_eq!(r.step(4), 1);
         assert_eq!(r.step(10), 2);
         assert_eq!(r.step(100), 20);
+        // Flotilla's default: the whole step is surge.
+        assert_eq!((r.surge(10), r.unavailable(10)), (2, 0));
+        // Ray's max_surge_percent: the surge is that share, the rest of the
+        // step is stopped first.
+        let ray = RolloutConfig {
+            max_surge_percent: Some(0),
+            ..r
+        };
+        assert_eq!((ray.surge(10), ray.unavailable(10)), (0, 2));
+        let some = RolloutConfig {
+            max_surge_percent: Some(25),
+            ..r
+        };
+        assert_eq!((some.surge(10), some.unavailable(10)), (3, 0));
+        assert_eq!((some.surge(2), some.unavailable(2)), (1, 0));
     }
 }

@@ -38,10 +38,11 @@ pub struct Plan {
 ///   holding the fewest replicas of this deployment (to empty nodes), then the newest.
 /// - With outdated code (a roll): a pending scale-down finishes first: while more
 ///   outdated replicas live or stop than the target, outdated ones are stopped and
-///   nothing new starts. Then new replicas start first, at most
-///   `rollout.step(target)` above the target (surge); an outdated replica stops only
-///   once enough new ones RUNNING replace it, so serving capacity never drops below
-///   the target.
+///   nothing new starts. Then new replicas start, at most `rollout.surge(target)`
+///   above the target; an outdated replica stops once a new one RUNNING replaces
+///   it, or sooner within `rollout.unavailable(target)`. By default the whole step
+///   is surge, so serving capacity never drops below the target; with Ray's
+///   `max_surge_percent` the rest of the step is stopped first.
 /// - Only RUNNING replicas take a config change in place (`reconfigure`), at most
 ///   `rollout.step(target)` UPDATING at once; a STARTING one is reconfigured once
 ///   it runs.
@@ -107,7 +108,7 @@ pub fn plan(
     }
 
     // A roll is under way.
-    let surge = rollout.step(target);
+    let surge = rollout.surge(target);
     let total = new_live + old_live;
     let scaling_down = old_live + old_stopping > target;
     if new_live > target {
@@ -117,8 +118,9 @@ pub fn plan(
     if can_start && !scaling_down && new_live < target && total < target + surge {
         out.start = (target - new_live).min(target + surge - total);
     }
-    // Old replicas allowed to stay: what the running new ones do not yet replace.
-    let keep_old = target.saturating_sub(new_running);
+    // Old replicas allowed to stay: what the running new ones do not yet
+    // replace, less what the rollout may leave unavailable (none by default).
+    let keep_old = target.saturating_sub(new_running + rollout.unavailable(target));
     if old_live > keep_old {
         out.stop
             .extend(stop_order(&old, &live, (old_live - keep_old) as usize));
@@ -192,7 +194,7 @@ mod tests {
 
     const R: RolloutConfig = RolloutConfig {
         max_changing_fraction: 0.2,
-        max_surge_percent: 0,
+        max_surge_percent: None,
     };
 
     #[test]
@@ -337,6 +339,27 @@ mod tests {
         let p = plan(2, &target, R, &rs, true);
         assert_eq!(p.reconfigure, vec![ReplicaId(1)]);
         assert_eq!((p.start, p.stop.len()), (0, 0));
+    }
+
+    #[test]
+    fn with_ray_s_max_surge_percent_a_roll_stops_the_rest_of_its_step_first() {
+        let no_surge = RolloutConfig {
+            max_changing_fraction: 0.2,
+            max_surge_percent: Some(0),
+        };
+        let rs: Vec<_> = (1..=10).map(|i| r(i, Running, "a")).collect();
+        // Step 2, surge 0: two old ones stop at once, nothing starts above target.
+        let p = plan(10, &v("b"), no_surge, &rs, true);
+        assert_eq!((p.start, p.stop.len()), (0, 2));
+        let mut rs = rs;
+        rs[8].state = Stopping;
+        rs[9].state = Stopping;
+        let p = plan(10, &v("b"), no_surge, &rs, true);
+        assert_eq!((p.start, p.stop.len()), (2, 0), "replacements start");
+        // The default keeps every old replica until a new one runs.
+        let rs: Vec<_> = (1..=10).map(|i| r(i, Running, "a")).collect();
+        let p = plan(10, &v("b"), R, &rs, true);
+        assert_eq!((p.start, p.stop.len()), (2, 0));
     }
 
     #[test]

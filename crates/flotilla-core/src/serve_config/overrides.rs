@@ -222,7 +222,7 @@ impl DeploymentOverride {
             c.rollout.max_changing_fraction = p;
         }
         if let Some(p) = self.max_surge_percent {
-            c.rollout.max_surge_percent = p;
+            c.rollout.max_surge_percent = Some(p);
         }
         Ok(c)
     }

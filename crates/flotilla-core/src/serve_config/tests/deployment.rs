@@ -303,7 +303,7 @@ fn gang_scheduling_deployment_actors_and_label_selectors_are_refused_with_why() 
 fn rolling_update_percentage_and_max_surge_percent_set_the_rollout() {
     let c = applied("        rolling_update_percentage: 0.5\n        max_surge_percent: 25\n");
     assert_eq!(c.rollout.max_changing_fraction, 0.5);
-    assert_eq!(c.rollout.max_surge_percent, 25);
+    assert_eq!(c.rollout.max_surge_percent, Some(25));
     assert_eq!(c.rollout.step(10), 5);
     for bad in ["0", "1.5"] {
         let text = front(&format!("        rolling_update_percentage: {bad}\n"));

@@ -158,7 +158,7 @@ fn a_config_with_every_field_lands_in_the_model() {
         search.rollout,
         RolloutConfig {
             max_changing_fraction: 0.25,
-            max_surge_percent: 50,
+            max_surge_percent: Some(50),
         }
     );
     let index = &spec.deployment("index").unwrap().config;

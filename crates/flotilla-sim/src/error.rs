@@ -2,6 +2,8 @@
 
 use std::path::PathBuf;
 
+use crate::scenario::DurationError;
+
 /// Why a simulation could not run or report. Invariant violations are not errors:
 /// they are in the [`Summary`](crate::Summary).
 #[derive(Debug, thiserror::Error)]
@@ -14,14 +16,18 @@ pub enum SimError {
         /// What is wrong with it.
         why: String,
     },
-    /// A duration could not be parsed.
-    #[error("duration '{text}': {why} (write e.g. 90s, 15m, 1h, 250ms)")]
-    Duration {
-        /// The text as written.
-        text: String,
-        /// What is wrong with it.
-        why: String,
+    /// The time (or a duration argument) of a fault entry could not be parsed.
+    #[error("fault '{entry}': {source}")]
+    FaultTime {
+        /// The entry as written.
+        entry: String,
+        /// Why the duration in it cannot be read.
+        #[source]
+        source: DurationError,
     },
+    /// A duration could not be parsed.
+    #[error(transparent)]
+    Duration(#[from] DurationError),
     /// The scenario is inconsistent (zero nodes, a rate out of range, ...).
     #[error("scenario: {0}")]
     Scenario(String),

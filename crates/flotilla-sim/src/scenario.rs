@@ -35,12 +35,22 @@ use crate::{
     faults::{self, Event},
 };
 
+/// A duration that [`parse_duration`] cannot read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("duration '{text}': {why} (write e.g. 90s, 15m, 1h, 250ms)")]
+pub struct DurationError {
+    /// The text as written.
+    pub text: String,
+    /// What is wrong with it.
+    pub why: &'static str,
+}
+
 /// Parse a duration written as number-unit pairs: `250ms`, `90s`, `15m`, `1h`,
 /// `1m30s`. A bare number is seconds.
-pub fn parse_duration(text: &str) -> Result<Duration> {
-    let err = |why: &str| SimError::Duration {
+pub fn parse_duration(text: &str) -> Result<Duration, DurationError> {
+    let err = |why: &'static str| DurationError {
         text: text.to_owned(),
-        why: why.to_owned(),
+        why,
     };
     let t = text.trim();
     if t.is_empty() {
@@ -544,7 +554,12 @@ mod tests {
         assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
         assert_eq!(parse_duration("1h").unwrap(), Duration::from_secs(3600));
         assert_eq!(parse_duration("2.5").unwrap(), Duration::from_millis(2500));
-        assert!(parse_duration("10 parsecs").is_err());
+        let e = parse_duration("10 parsecs").unwrap_err();
+        assert_eq!(e.why, "unknown unit");
+        assert_eq!(
+            e.to_string(),
+            "duration '10 parsecs': unknown unit (write e.g. 90s, 15m, 1h, 250ms)"
+        );
         assert!(parse_duration("s").is_err());
         assert!(parse_duration("").is_err());
         assert_eq!(format_duration(Duration::from_millis(1500)), "1500ms");

@@ -39,13 +39,18 @@ pub enum SimError {
         /// Why.
         source: std::io::Error,
     },
-    /// A scenario file is not valid YAML for a scenario.
-    #[error("scenario file {path}: {why}")]
+    /// A scenario is not YAML of a scenario's shape (a syntax error, an unknown
+    /// field, a value of the wrong type).
+    #[error("scenario: {0}")]
+    ScenarioYaml(#[source] serde_saphyr::Error),
+    /// A scenario file is not a valid scenario.
+    #[error("scenario file {path}: {source}")]
     ParseScenario {
         /// The file.
         path: PathBuf,
-        /// The parser's message (with line and column).
-        why: String,
+        /// What is wrong: [`ScenarioYaml`](SimError::ScenarioYaml) (the parser's
+        /// message, with line and column) or [`Scenario`](SimError::Scenario).
+        source: Box<SimError>,
     },
     /// A ServeConfig file could not be read.
     #[error("cannot read serve config {path}: {source}")]

@@ -377,7 +377,11 @@ mod tests {
             assert!(e.to_string().contains(bad), "{e}");
         }
         // A bad time keeps the duration's error as its source.
-        for bad in ["node@10 parsecs", "flap@1s:3:forever", "config@soon:next.yaml"] {
+        for bad in [
+            "node@10 parsecs",
+            "flap@1s:3:forever",
+            "config@soon:next.yaml",
+        ] {
             let e = parse(bad).unwrap_err();
             let SimError::FaultTime { entry, source } = &e else {
                 panic!("{bad}: {e:?}");
@@ -385,7 +389,10 @@ mod tests {
             assert_eq!(entry, bad);
             let chained = std::error::Error::source(&e).map(ToString::to_string);
             assert_eq!(chained, Some(source.to_string()), "{e}");
-            assert!(e.to_string().starts_with(&format!("fault '{bad}': duration '")));
+            assert!(
+                e.to_string()
+                    .starts_with(&format!("fault '{bad}': duration '"))
+            );
         }
     }
 }

@@ -396,7 +396,7 @@ impl Scenario {
         })?;
         let mut s = Scenario::from_yaml(&text).map_err(|e| SimError::ParseScenario {
             path: path.to_owned(),
-            why: e.to_string(),
+            source: Box::new(e),
         })?;
         let dir = path.parent().unwrap_or(Path::new(""));
         s.rebase(dir);
@@ -417,8 +417,7 @@ impl Scenario {
 
     /// Parse a YAML scenario.
     pub fn from_yaml(text: &str) -> Result<Scenario> {
-        let s: Scenario =
-            serde_saphyr::from_str(text).map_err(|e| SimError::Scenario(e.to_string()))?;
+        let s: Scenario = serde_saphyr::from_str(text).map_err(SimError::ScenarioYaml)?;
         s.validate()?;
         Ok(s)
     }
@@ -603,6 +602,7 @@ mod tests {
                 .unwrap();
         assert_eq!(only.serve_config, Some(PathBuf::from("c.yaml")));
         let e = Scenario::from_yaml("workload: { appz: 3 }").unwrap_err();
+        assert!(matches!(e, SimError::ScenarioYaml(_)), "{e:?}");
         assert!(e.to_string().contains("appz"), "{e}");
     }
 
@@ -627,5 +627,32 @@ mod tests {
             ["serve_config_next.yaml", "serve_config.yaml"]
                 .map(|f| dir.join(f).display().to_string())
         );
+    }
+
+    #[test]
+    fn a_bad_scenario_file_names_the_file_and_keeps_the_cause() {
+        let dir = tempfile::tempdir().unwrap();
+        let typo = dir.path().join("typo.yaml");
+        std::fs::write(&typo, "workload: { appz: 3 }\n").unwrap();
+        let e = Scenario::from_file(&typo).unwrap_err();
+        let SimError::ParseScenario { path, source } = &e else {
+            panic!("{e:?}");
+        };
+        assert_eq!(path, &typo);
+        assert!(matches!(**source, SimError::ScenarioYaml(_)), "{e:?}");
+        assert!(
+            e.to_string().contains("typo.yaml") && e.to_string().contains("appz"),
+            "{e}"
+        );
+        let zero = dir.path().join("zero.yaml");
+        std::fs::write(&zero, "workload: { apps: 0 }\n").unwrap();
+        let e = Scenario::from_file(&zero).unwrap_err();
+        assert!(
+            matches!(&e, SimError::ParseScenario { source, .. } if matches!(**source, SimError::Scenario(_))),
+            "{e:?}"
+        );
+        let missing = dir.path().join("missing.yaml");
+        let e = Scenario::from_file(&missing).unwrap_err();
+        assert!(matches!(e, SimError::ReadScenario { .. }), "{e:?}");
     }
 }

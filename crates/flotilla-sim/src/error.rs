@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use crate::scenario::DurationError;
+use crate::{scenario::DurationError, serve_config::ConfigAppError};
 
 /// Why a simulation could not run or report. Invariant violations are not errors:
 /// they are in the [`Summary`](crate::Summary).
@@ -71,14 +71,14 @@ pub enum SimError {
     /// An application of a ServeConfig cannot run in the simulation (an import
     /// path that is not one of the simulator's builders, args the builder does
     /// not take, a workload name, a deployment no simulated node can hold).
-    #[error("serve config {path}, application '{app}': {why}")]
+    #[error("serve config {path}, application '{app}': {source}")]
     ServeConfigApp {
         /// The file.
         path: PathBuf,
         /// The application.
         app: String,
         /// What is wrong.
-        why: String,
+        source: ConfigAppError,
     },
     /// The simulation's runtime or store could not be set up.
     #[error("setting up the simulation: {0}")]

@@ -2,6 +2,8 @@
 
 use std::path::PathBuf;
 
+use flotilla::{ServeError, SpecError};
+
 use crate::{scenario::DurationError, serve_config::ConfigAppError};
 
 /// Why a simulation could not run or report. Invariant violations are not errors:
@@ -80,12 +82,30 @@ pub enum SimError {
         /// What is wrong.
         source: ConfigAppError,
     },
-    /// The simulation's runtime or store could not be set up.
+    /// The simulation's runtime, store or simulated code could not be set up.
     #[error("setting up the simulation: {0}")]
-    Setup(String),
-    /// Flotilla refused to start or failed in a way the simulation cannot go on from.
-    #[error("flotilla: {0}")]
-    Serve(String),
+    Setup(#[from] SetupError),
+    /// Flotilla refused to start on the simulation's store.
+    #[error("flotilla: starting on {store}: {source}")]
+    Start {
+        /// The store file.
+        store: PathBuf,
+        /// Why.
+        source: Box<ServeError>,
+    },
+    /// A call to Flotilla failed in a way the simulation cannot go on from (not
+    /// a retryable crash or unavailability).
+    #[error("flotilla: {what}: unexpected error: {source}")]
+    Unexpected {
+        /// What the simulation was doing.
+        what: String,
+        /// Flotilla's error.
+        source: Box<ServeError>,
+    },
+    /// The simulation needs Flotilla, but no instance is live (a process crash
+    /// and restart is under way).
+    #[error("flotilla: no live Serve instance")]
+    NoServe,
     /// The report could not be written.
     #[error("writing report {path}: {why}")]
     Report {
@@ -93,6 +113,49 @@ pub enum SimError {
         path: PathBuf,
         /// Why.
         why: String,
+    },
+}
+
+/// Why the simulation could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    /// The tokio runtime could not be built.
+    #[error("building the tokio runtime: {0}")]
+    Runtime(#[source] std::io::Error),
+    /// The store's directory could not be created.
+    #[error("creating {path}: {source}")]
+    StoreDir {
+        /// The directory.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A temporary directory for the store could not be created.
+    #[error("creating a temporary directory: {0}")]
+    TempDir(#[source] std::io::Error),
+    /// A store left by an earlier run could not be removed.
+    #[error("removing old {path}: {source}")]
+    OldStore {
+        /// The store file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The simulated code or the application builders could not be registered.
+    #[error("registering {what}: {source}")]
+    Register {
+        /// What: "the simulated code", "the application builders".
+        what: &'static str,
+        /// Flotilla's refusal.
+        source: SpecError,
+    },
+    /// An application of the imperative workload does not make a valid spec.
+    #[error("building application {name}: {source}")]
+    App {
+        /// The application.
+        name: String,
+        /// Flotilla's validation error.
+        source: SpecError,
     },
 }
 

@@ -14,7 +14,7 @@ use flotilla::{ApplicationSpec, Args, Registry, SpecError, UserError};
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    Result, SimError,
+    Result, SetupError,
     scenario::WorkloadSpec,
     workload::{DECLARED_WORKER, DeclaredWorkerArgs, deployment_name, worker_deployment},
 };
@@ -150,7 +150,13 @@ pub fn register_builders(registry: Registry, workload: &WorkloadSpec) -> Result<
                 async move { Err::<ApplicationSpec, _>(UserError::new(why)) }
             })
         })
-        .map_err(|e| SimError::Setup(format!("registering the application builders: {e}")))
+        .map_err(|source| {
+            SetupError::Register {
+                what: "the application builders",
+                source,
+            }
+            .into()
+        })
 }
 
 #[cfg(test)]

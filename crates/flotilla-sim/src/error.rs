@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use flotilla::{ServeError, SpecError};
 
-use crate::{scenario::DurationError, serve_config::ConfigAppError};
+use crate::{report::ReportError, scenario::DurationError, serve_config::ConfigAppError};
 
 /// Why a simulation could not run or report. Invariant violations are not errors:
 /// they are in the [`Summary`](crate::Summary).
@@ -107,12 +107,12 @@ pub enum SimError {
     #[error("flotilla: no live Serve instance")]
     NoServe,
     /// The report could not be written.
-    #[error("writing report {path}: {why}")]
+    #[error("writing report {path}: {source}")]
     Report {
-        /// The file.
+        /// The file (or the directory).
         path: PathBuf,
         /// Why.
-        why: String,
+        source: ReportError,
     },
 }
 
@@ -147,7 +147,7 @@ pub enum SetupError {
         /// What: "the simulated code", "the application builders".
         what: &'static str,
         /// Flotilla's refusal.
-        source: SpecError,
+        source: Box<SpecError>,
     },
     /// An application of the imperative workload does not make a valid spec.
     #[error("building application {name}: {source}")]
@@ -155,9 +155,16 @@ pub enum SetupError {
         /// The application.
         name: String,
         /// Flotilla's validation error.
-        source: SpecError,
+        source: Box<SpecError>,
     },
 }
 
 /// The simulator's result type.
 pub type Result<T, E = SimError> = std::result::Result<T, E>;
+
+// Every error can cross threads and be boxed as `dyn Error + Send + Sync`.
+const _: () = {
+    const fn sendable<T: std::error::Error + Send + Sync + 'static>() {}
+    sendable::<SimError>();
+    sendable::<SetupError>();
+};

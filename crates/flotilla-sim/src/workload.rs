@@ -387,7 +387,7 @@ pub fn registry(world: &Arc<World>) -> Result<Registry> {
         .map_err(|source| {
             SetupError::Register {
                 what: "the simulated code",
-                source,
+                source: Box::new(source),
             }
             .into()
         })
@@ -421,9 +421,13 @@ pub fn app_spec(spec: &WorkloadSpec, idx: u32, target: &AppTarget) -> Result<App
         };
         b = b.deployment(worker_deployment(spec, d, WORKER, &args, target.replicas));
     }
-    b.ingress(deployment_name(0))
-        .build()
-        .map_err(|source| SetupError::App { name, source }.into())
+    b.ingress(deployment_name(0)).build().map_err(|source| {
+        SetupError::App {
+            name,
+            source: Box::new(source),
+        }
+        .into()
+    })
 }
 
 /// Deployment `d` of a chain: `import_path` with `args`, `replicas` replicas,

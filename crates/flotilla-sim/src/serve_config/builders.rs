@@ -64,14 +64,14 @@ pub enum BuilderError {
         /// The builder ([`CHAIN_APP`] or [`FAILING_APP`]).
         builder: &'static str,
         /// Why they do not decode.
-        source: SpecError,
+        source: Box<SpecError>,
     },
     /// [`ChainArgs::deployments`] is 0.
     #[error("args for {}: deployments must be at least 1", CHAIN_APP)]
     NoDeployments,
     /// The chain's spec is invalid (Flotilla's validation).
     #[error("{}: {}", CHAIN_APP, .0)]
-    Spec(#[source] SpecError),
+    Spec(#[source] Box<SpecError>),
 }
 
 impl ChainArgs {
@@ -79,7 +79,7 @@ impl ChainArgs {
     pub fn decode(args: &Args) -> Result<ChainArgs, BuilderError> {
         args.decode().map_err(|source| BuilderError::Args {
             builder: CHAIN_APP,
-            source,
+            source: Box::new(source),
         })
     }
 
@@ -110,7 +110,7 @@ impl ChainArgs {
         }
         b.ingress(deployment_name(0))
             .build()
-            .map_err(BuilderError::Spec)
+            .map_err(|e| BuilderError::Spec(Box::new(e)))
     }
 }
 
@@ -119,7 +119,7 @@ impl FailingArgs {
     pub fn decode(args: &Args) -> Result<FailingArgs, BuilderError> {
         args.decode().map_err(|source| BuilderError::Args {
             builder: FAILING_APP,
-            source,
+            source: Box::new(source),
         })
     }
 
@@ -153,7 +153,7 @@ pub fn register_builders(registry: Registry, workload: &WorkloadSpec) -> Result<
         .map_err(|source| {
             SetupError::Register {
                 what: "the application builders",
-                source,
+                source: Box::new(source),
             }
             .into()
         })

@@ -10,12 +10,14 @@ use crate::{report::ReportError, scenario::DurationError, serve_config::ConfigAp
 /// they are in the [`Summary`](crate::Summary).
 #[derive(Debug, thiserror::Error)]
 pub enum SimError {
-    /// A `--faults` entry or a scenario's fault could not be parsed.
+    /// A `--faults` entry or a scenario's fault could not be parsed (its time:
+    /// [`FaultTime`](SimError::FaultTime)).
     #[error("fault '{entry}': {why}")]
     Fault {
         /// The entry as written.
         entry: String,
-        /// What is wrong with it.
+        /// What is wrong with it (the simulator's own reading: an unknown kind,
+        /// a count or rate that is not one, too many arguments).
         why: String,
     },
     /// The time (or a duration argument) of a fault entry could not be parsed.
@@ -30,7 +32,8 @@ pub enum SimError {
     /// A duration could not be parsed.
     #[error(transparent)]
     Duration(#[from] DurationError),
-    /// The scenario is inconsistent (zero nodes, a rate out of range, ...).
+    /// The scenario is inconsistent (zero nodes, a rate out of range, ...): the
+    /// simulator's own check, in words.
     #[error("scenario: {0}")]
     Scenario(String),
     /// A scenario file could not be read.

@@ -20,7 +20,7 @@
 //! - `control_faults`, `data_faults`: the faults, by the plane they hit;
 //! - `timeline`: the sampler and the timeline it writes;
 //! - `targets`, `invariants`: the final verdicts, per application and overall;
-//! - `summarize`: the [`Summary`](crate::Summary) of a finished run;
+//! - `summarize`: the [`Summary`] of a finished run;
 //! - `watchdog`: the live-lock guard on the wall clock.
 
 mod control_faults;

@@ -45,13 +45,18 @@ pub enum Strategy {
     Pack,
 }
 
+/// A placement strategy's name that is neither `spread` nor `pack`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown strategy '{0}' (spread or pack)")]
+pub struct UnknownStrategy(pub String);
+
 impl std::str::FromStr for Strategy {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = UnknownStrategy;
+    fn from_str(s: &str) -> Result<Self, UnknownStrategy> {
         match s {
             "spread" => Ok(Strategy::Spread),
             "pack" => Ok(Strategy::Pack),
-            other => Err(format!("unknown strategy '{other}' (spread or pack)")),
+            other => Err(UnknownStrategy(other.to_owned())),
         }
     }
 }
@@ -424,6 +429,15 @@ mod tests {
             deployment: &dep,
             resources: &r,
         })
+    }
+
+    #[test]
+    fn strategies_parse_by_name() {
+        assert_eq!("spread".parse::<Strategy>(), Ok(Strategy::Spread));
+        assert_eq!("pack".parse::<Strategy>(), Ok(Strategy::Pack));
+        let e = "random".parse::<Strategy>().unwrap_err();
+        assert_eq!(e, UnknownStrategy("random".into()));
+        assert_eq!(e.to_string(), "unknown strategy 'random' (spread or pack)");
     }
 
     #[test]

@@ -211,23 +211,27 @@ pub fn parse(entry: &str) -> Result<Event> {
         entry: entry.to_owned(),
         why,
     };
+    let time = |source| SimError::FaultTime {
+        entry: entry.to_owned(),
+        source,
+    };
     let (kind, rest) = entry
         .split_once('@')
         .ok_or_else(|| err("expected kind@time, e.g. node@120s".into()))?;
     if kind == "config" {
         // The path is everything after the time (it may hold ':').
-        let (time, path) = rest
+        let (at, path) = rest
             .split_once(':')
             .filter(|(_, p)| !p.trim().is_empty())
             .ok_or_else(|| err("config needs a file, e.g. config@300s:next.yaml".into()))?;
         return Ok(Event {
-            at: parse_duration(time).map_err(|e| err(e.to_string()))?,
+            at: parse_duration(at).map_err(time)?,
             kind: EventKind::Config(PathBuf::from(path.trim())),
             text: entry.to_owned(),
         });
     }
     let mut parts = rest.split(':');
-    let at = parse_duration(parts.next().unwrap_or_default()).map_err(|e| err(e.to_string()))?;
+    let at = parse_duration(parts.next().unwrap_or_default()).map_err(time)?;
     let args: Vec<&str> = parts.collect();
     let count = |i: usize, default: usize| -> Result<usize> {
         match args.get(i) {
@@ -240,7 +244,7 @@ pub fn parse(entry: &str) -> Result<Event> {
     let dur = |i: usize, default: Duration| -> Result<Duration> {
         match args.get(i) {
             None => Ok(default),
-            Some(a) => parse_duration(a).map_err(|e| err(e.to_string())),
+            Some(a) => parse_duration(a).map_err(time),
         }
     };
     let max_args = |n: usize| -> Result<()> {
@@ -371,6 +375,24 @@ mod tests {
         ] {
             let e = parse(bad).unwrap_err();
             assert!(e.to_string().contains(bad), "{e}");
+        }
+        // A bad time keeps the duration's error as its source.
+        for bad in [
+            "node@10 parsecs",
+            "flap@1s:3:forever",
+            "config@soon:next.yaml",
+        ] {
+            let e = parse(bad).unwrap_err();
+            let SimError::FaultTime { entry, source } = &e else {
+                panic!("{bad}: {e:?}");
+            };
+            assert_eq!(entry, bad);
+            let chained = std::error::Error::source(&e).map(ToString::to_string);
+            assert_eq!(chained, Some(source.to_string()), "{e}");
+            assert!(
+                e.to_string()
+                    .starts_with(&format!("fault '{bad}': duration '"))
+            );
         }
     }
 }

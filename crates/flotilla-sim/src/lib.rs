@@ -38,7 +38,7 @@ pub mod summary;
 pub mod traffic;
 pub mod workload;
 
-pub use error::{Result, SimError};
+pub use error::{Result, SetupError, SimError};
 pub use run::{Outcome, RunOptions, Timeline, run};
 pub use scenario::{Overrides, Scenario};
 pub use summary::Summary;

@@ -10,11 +10,12 @@
 use std::{
     fs,
     path::{Path, PathBuf},
-    sync::Once,
+    sync::OnceLock,
 };
 
 use plotters::{
     coord::{Shift, ranged1d::ValueFormatter, types::RangedCoordf64},
+    drawing::DrawingAreaErrorKind,
     prelude::*,
     style::{FontStyle, register_font},
 };
@@ -32,6 +33,37 @@ const H: u32 = 1100;
 const LEGEND_W: u32 = 360;
 const FONT: &str = "sans-serif";
 
+/// Why a part of the report could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum ReportError {
+    /// A file or the directory could not be written.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    /// The timeline could not be encoded as JSON.
+    #[error(transparent)]
+    Json(#[from] serde_json::Error),
+    /// The picture could not be drawn or encoded.
+    #[error(transparent)]
+    Picture(#[from] PictureError),
+}
+
+/// The error of plotters' bitmap backend.
+pub type BitmapError = <BitMapBackend<'static> as DrawingBackend>::ErrorType;
+
+/// Why the picture could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum PictureError {
+    /// The embedded font is not a font plotters can load (plotters says no more).
+    #[error("the embedded font could not be loaded")]
+    Font,
+    /// Drawing failed.
+    #[error("drawing the picture: {0}")]
+    Draw(#[source] DrawingAreaErrorKind<BitmapError>),
+    /// PNG encoding failed.
+    #[error("encoding the picture as PNG: {0}")]
+    Encode(#[source] png::EncodingError),
+}
+
 /// The files a report consists of.
 #[derive(Debug, Clone)]
 pub struct ReportFiles {
@@ -45,26 +77,16 @@ pub struct ReportFiles {
 
 /// Write the report of `outcome` into `dir` (created if needed).
 pub fn write(dir: &Path, outcome: &Outcome) -> Result<ReportFiles> {
-    fs::create_dir_all(dir).map_err(|e| SimError::Report {
-        path: dir.to_owned(),
-        why: e.to_string(),
-    })?;
+    fs::create_dir_all(dir).map_err(|e| failed(dir, e))?;
     let files = ReportFiles {
         summary: dir.join("summary.json"),
         timeline: dir.join("timeline.json"),
         picture: dir.join("timeline.png"),
     };
-    let put = |path: &Path, bytes: &[u8]| {
-        fs::write(path, bytes).map_err(|e| SimError::Report {
-            path: path.to_owned(),
-            why: e.to_string(),
-        })
-    };
+    let put = |path: &Path, bytes: &[u8]| fs::write(path, bytes).map_err(|e| failed(path, e));
     put(&files.summary, outcome.summary.to_json().as_bytes())?;
-    let timeline = serde_json::to_string(&outcome.timeline).map_err(|e| SimError::Report {
-        path: files.timeline.clone(),
-        why: e.to_string(),
-    })?;
+    let timeline =
+        serde_json::to_string(&outcome.timeline).map_err(|e| failed(&files.timeline, e))?;
     put(&files.timeline, timeline.as_bytes())?;
     let title = format!(
         "flotilla cluster simulation, seed {}: {} apps on {} nodes ({}), {}",
@@ -78,12 +100,17 @@ pub fn write(dir: &Path, outcome: &Outcome) -> Result<ReportFiles> {
             "INVARIANTS FAILED"
         }
     );
-    let png = picture(&outcome.timeline, &title).map_err(|why| SimError::Report {
-        path: files.picture.clone(),
-        why,
-    })?;
+    let png = picture(&outcome.timeline, &title).map_err(|e| failed(&files.picture, e))?;
     put(&files.picture, &png)?;
     Ok(files)
+}
+
+/// The report could not be written at `path`.
+fn failed(path: &Path, why: impl Into<ReportError>) -> SimError {
+    SimError::Report {
+        path: path.to_owned(),
+        source: why.into(),
+    }
 }
 
 fn level_color(level: Level) -> RGBColor {
@@ -104,39 +131,47 @@ fn level_name(level: Level) -> &'static str {
     }
 }
 
-fn register() -> std::result::Result<(), String> {
-    static ONCE: Once = Once::new();
-    let mut result = Ok(());
-    ONCE.call_once(|| {
-        result = register_font(FONT, FontStyle::Normal, dejavu::sans::regular())
-            .map_err(|_| "the embedded font could not be loaded".to_owned());
-    });
-    result
+/// Register the embedded font with plotters, once (every later call reports
+/// how the first went).
+fn register() -> std::result::Result<(), PictureError> {
+    static LOADED: OnceLock<bool> = OnceLock::new();
+    let loaded = *LOADED
+        .get_or_init(|| register_font(FONT, FontStyle::Normal, dejavu::sans::regular()).is_ok());
+    if loaded {
+        Ok(())
+    } else {
+        Err(PictureError::Font)
+    }
 }
 
 /// Draw the timeline as a PNG.
-pub fn picture(t: &Timeline, title: &str) -> std::result::Result<Vec<u8>, String> {
+pub fn picture(t: &Timeline, title: &str) -> std::result::Result<Vec<u8>, PictureError> {
     register()?;
     let mut rgb = vec![255u8; (W * H * 3) as usize];
     {
         let root = BitMapBackend::with_buffer(&mut rgb, (W, H)).into_drawing_area();
-        draw(&root, t, title).map_err(|e| e.to_string())?;
-        root.present().map_err(|e| e.to_string())?;
+        draw(&root, t, title).map_err(PictureError::Draw)?;
+        root.present().map_err(PictureError::Draw)?;
     }
     let mut out = Vec::new();
     {
         let mut enc = png::Encoder::new(&mut out, W, H);
         enc.set_color(png::ColorType::Rgb);
         enc.set_depth(png::BitDepth::Eight);
-        let mut w = enc.write_header().map_err(|e| e.to_string())?;
-        w.write_image_data(&rgb).map_err(|e| e.to_string())?;
+        let mut w = enc.write_header().map_err(PictureError::Encode)?;
+        w.write_image_data(&rgb).map_err(PictureError::Encode)?;
     }
     Ok(out)
 }
 
-type DrawResult = std::result::Result<(), Box<dyn std::error::Error>>;
+type DrawResult<DB> =
+    std::result::Result<(), DrawingAreaErrorKind<<DB as DrawingBackend>::ErrorType>>;
 
-fn draw<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, t: &Timeline, title: &str) -> DrawResult
+fn draw<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    t: &Timeline,
+    title: &str,
+) -> DrawResult<DB>
 where
     DB::ErrorType: 'static,
 {
@@ -246,7 +281,7 @@ fn panel<DB: DrawingBackend>(
     caption: &str,
     series: &Series<'_>,
     style: Style,
-) -> DrawResult
+) -> DrawResult<DB>
 where
     DB::ErrorType: 'static,
 {
@@ -280,7 +315,7 @@ fn fill<'a, DB, Y>(
     floor: f64,
     series: &Series<'_>,
     style: Style,
-) -> DrawResult
+) -> DrawResult<DB>
 where
     DB: DrawingBackend + 'a,
     DB::ErrorType: 'static,
@@ -351,7 +386,7 @@ where
     Ok(())
 }
 
-fn events<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, t: &Timeline) -> DrawResult
+fn events<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, t: &Timeline) -> DrawResult<DB>
 where
     DB::ErrorType: 'static,
 {
@@ -401,4 +436,33 @@ where
         font(BLACK),
     ))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn a_report_that_cannot_be_written_names_the_path_and_keeps_the_io_error() {
+        let outcome = Outcome {
+            summary: crate::Summary::default(),
+            timeline: Timeline::default(),
+        };
+        let tmp = tempfile::tempdir().unwrap();
+        let files = write(tmp.path(), &outcome).unwrap();
+        assert_eq!(&fs::read(&files.picture).unwrap()[1..4], b"PNG");
+        // Once loaded, the font stays loaded.
+        assert!(register().is_ok());
+
+        let file = tmp.path().join("summary.json");
+        let e = write(&file, &outcome).unwrap_err();
+        let SimError::Report { path, source } = &e else {
+            panic!("{e:?}");
+        };
+        assert_eq!(path, &file);
+        assert!(matches!(source, ReportError::Io(_)), "{e:?}");
+        assert!(e.to_string().starts_with("writing report "), "{e}");
+        assert!(std::error::Error::source(&e).is_some());
+    }
 }

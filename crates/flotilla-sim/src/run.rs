@@ -20,7 +20,7 @@
 //! - `control_faults`, `data_faults`: the faults, by the plane they hit;
 //! - `timeline`: the sampler and the timeline it writes;
 //! - `targets`, `invariants`: the final verdicts, per application and overall;
-//! - `summarize`: the [`Summary`](crate::Summary) of a finished run;
+//! - `summarize`: the [`Summary`] of a finished run;
 //! - `watchdog`: the live-lock guard on the wall clock.
 
 mod control_faults;
@@ -42,7 +42,7 @@ use std::path::{Path, PathBuf};
 
 pub use timeline::{Mark, Sample, Timeline};
 
-use crate::{Result, SimError, scenario::Scenario, serve_config::Configs, summary::Summary};
+use crate::{Result, SetupError, scenario::Scenario, serve_config::Configs, summary::Summary};
 
 /// How to run a simulation (what is not part of the scenario).
 #[derive(Debug, Clone, Default)]
@@ -75,25 +75,28 @@ pub fn run(scenario: &Scenario, options: &RunOptions) -> Result<Outcome> {
         .enable_all()
         .start_paused(true)
         .build()
-        .map_err(|e| SimError::Setup(format!("building the tokio runtime: {e}")))?;
+        .map_err(SetupError::Runtime)?;
     let tmp;
     let dir: &Path = match &options.store_dir {
         Some(d) => {
-            std::fs::create_dir_all(d)
-                .map_err(|e| SimError::Setup(format!("creating {}: {e}", d.display())))?;
+            std::fs::create_dir_all(d).map_err(|source| SetupError::StoreDir {
+                path: d.clone(),
+                source,
+            })?;
             d
         }
         None => {
-            tmp = tempfile::tempdir()
-                .map_err(|e| SimError::Setup(format!("creating a temporary directory: {e}")))?;
+            tmp = tempfile::tempdir().map_err(SetupError::TempDir)?;
             tmp.path()
         }
     };
     let store = dir.join(format!("sim-{}.redb", scenario.seed));
     // A store left by an earlier run would be recovered: start afresh.
     if store.exists() {
-        std::fs::remove_file(&store)
-            .map_err(|e| SimError::Setup(format!("removing old {}: {e}", store.display())))?;
+        std::fs::remove_file(&store).map_err(|source| SetupError::OldStore {
+            path: store.clone(),
+            source,
+        })?;
     }
     // Ends its thread when dropped, at the end of the run however it ends.
     let watchdog = watchdog::Watchdog::start(options.stall_timeout);
@@ -114,4 +117,47 @@ pub fn run(scenario: &Scenario, options: &RunOptions) -> Result<Outcome> {
 /// Round to milliseconds (seconds with three decimals), for stable figures.
 fn round3(v: f64) -> f64 {
     (v * 1000.0).round() / 1000.0
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::SimError;
+
+    #[test]
+    fn a_store_that_cannot_be_set_up_keeps_the_io_error() {
+        let tmp = tempfile::tempdir().unwrap();
+        let scenario = Scenario::default();
+        let file = tmp.path().join("a-file");
+        std::fs::write(&file, b"").unwrap();
+        let options = RunOptions {
+            store_dir: Some(file.clone()),
+            ..Default::default()
+        };
+        let e = run(&scenario, &options).unwrap_err();
+        assert!(
+            matches!(&e, SimError::Setup(SetupError::StoreDir { path, .. }) if *path == file),
+            "{e:?}"
+        );
+        assert!(std::error::Error::source(&e).is_some_and(|s| s.source().is_some()));
+        assert!(
+            e.to_string()
+                .starts_with("setting up the simulation: creating "),
+            "{e}"
+        );
+
+        // A directory where the store file would be cannot be removed as a file.
+        let store = tmp.path().join(format!("sim-{}.redb", scenario.seed));
+        std::fs::create_dir(&store).unwrap();
+        let options = RunOptions {
+            store_dir: Some(tmp.path().to_owned()),
+            ..Default::default()
+        };
+        let e = run(&scenario, &options).unwrap_err();
+        assert!(
+            matches!(&e, SimError::Setup(SetupError::OldStore { path, .. }) if *path == store),
+            "{e:?}"
+        );
+    }
 }

@@ -35,12 +35,22 @@ use crate::{
     faults::{self, Event},
 };
 
+/// A duration that [`parse_duration`] cannot read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("duration '{text}': {why} (write e.g. 90s, 15m, 1h, 250ms)")]
+pub struct DurationError {
+    /// The text as written.
+    pub text: String,
+    /// What is wrong with it.
+    pub why: &'static str,
+}
+
 /// Parse a duration written as number-unit pairs: `250ms`, `90s`, `15m`, `1h`,
 /// `1m30s`. A bare number is seconds.
-pub fn parse_duration(text: &str) -> Result<Duration> {
-    let err = |why: &str| SimError::Duration {
+pub fn parse_duration(text: &str) -> Result<Duration, DurationError> {
+    let err = |why: &'static str| DurationError {
         text: text.to_owned(),
-        why: why.to_owned(),
+        why,
     };
     let t = text.trim();
     if t.is_empty() {
@@ -386,7 +396,7 @@ impl Scenario {
         })?;
         let mut s = Scenario::from_yaml(&text).map_err(|e| SimError::ParseScenario {
             path: path.to_owned(),
-            why: e.to_string(),
+            source: Box::new(e),
         })?;
         let dir = path.parent().unwrap_or(Path::new(""));
         s.rebase(dir);
@@ -407,8 +417,7 @@ impl Scenario {
 
     /// Parse a YAML scenario.
     pub fn from_yaml(text: &str) -> Result<Scenario> {
-        let s: Scenario =
-            serde_saphyr::from_str(text).map_err(|e| SimError::Scenario(e.to_string()))?;
+        let s: Scenario = serde_saphyr::from_str(text).map_err(SimError::ScenarioYaml)?;
         s.validate()?;
         Ok(s)
     }
@@ -544,7 +553,12 @@ mod tests {
         assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
         assert_eq!(parse_duration("1h").unwrap(), Duration::from_secs(3600));
         assert_eq!(parse_duration("2.5").unwrap(), Duration::from_millis(2500));
-        assert!(parse_duration("10 parsecs").is_err());
+        let e = parse_duration("10 parsecs").unwrap_err();
+        assert_eq!(e.why, "unknown unit");
+        assert_eq!(
+            e.to_string(),
+            "duration '10 parsecs': unknown unit (write e.g. 90s, 15m, 1h, 250ms)"
+        );
         assert!(parse_duration("s").is_err());
         assert!(parse_duration("").is_err());
         assert_eq!(format_duration(Duration::from_millis(1500)), "1500ms");
@@ -588,6 +602,7 @@ mod tests {
                 .unwrap();
         assert_eq!(only.serve_config, Some(PathBuf::from("c.yaml")));
         let e = Scenario::from_yaml("workload: { appz: 3 }").unwrap_err();
+        assert!(matches!(e, SimError::ScenarioYaml(_)), "{e:?}");
         assert!(e.to_string().contains("appz"), "{e}");
     }
 
@@ -612,5 +627,32 @@ mod tests {
             ["serve_config_next.yaml", "serve_config.yaml"]
                 .map(|f| dir.join(f).display().to_string())
         );
+    }
+
+    #[test]
+    fn a_bad_scenario_file_names_the_file_and_keeps_the_cause() {
+        let dir = tempfile::tempdir().unwrap();
+        let typo = dir.path().join("typo.yaml");
+        std::fs::write(&typo, "workload: { appz: 3 }\n").unwrap();
+        let e = Scenario::from_file(&typo).unwrap_err();
+        let SimError::ParseScenario { path, source } = &e else {
+            panic!("{e:?}");
+        };
+        assert_eq!(path, &typo);
+        assert!(matches!(**source, SimError::ScenarioYaml(_)), "{e:?}");
+        assert!(
+            e.to_string().contains("typo.yaml") && e.to_string().contains("appz"),
+            "{e}"
+        );
+        let zero = dir.path().join("zero.yaml");
+        std::fs::write(&zero, "workload: { apps: 0 }\n").unwrap();
+        let e = Scenario::from_file(&zero).unwrap_err();
+        assert!(
+            matches!(&e, SimError::ParseScenario { source, .. } if matches!(**source, SimError::Scenario(_))),
+            "{e:?}"
+        );
+        let missing = dir.path().join("missing.yaml");
+        let e = Scenario::from_file(&missing).unwrap_err();
+        assert!(matches!(e, SimError::ReadScenario { .. }), "{e:?}");
     }
 }

@@ -21,5 +21,9 @@
 pub mod builders;
 pub mod load;
 
-pub use builders::{BUILDERS, CHAIN_APP, ChainArgs, FAILING_APP, FailingArgs, register_builders};
-pub use load::{Configs, DeclaredApp, LoadedConfig};
+pub use builders::{
+    BUILDERS, BuilderError, CHAIN_APP, ChainArgs, FAILING_APP, FailingArgs, register_builders,
+};
+pub use load::{
+    Build, BuildFailure, ConfigAppError, Configs, DeclaredApp, LoadedConfig, Unplaceable,
+};

@@ -28,7 +28,7 @@ use flotilla::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::{Result, SimError, names::AppNames, rng, scenario::WorkloadSpec};
+use crate::{Result, SetupError, names::AppNames, rng, scenario::WorkloadSpec};
 
 /// The import path of [`Worker`] in the imperative workload ([`WorkerArgs`]).
 pub const WORKER: &str = "sim::Worker";
@@ -384,7 +384,13 @@ pub fn registry(world: &Arc<World>) -> Result<Registry> {
                 construct_declared(ctx, d.clone())
             })
         })
-        .map_err(|e| SimError::Setup(format!("registering the simulated code: {e}")))
+        .map_err(|source| {
+            SetupError::Register {
+                what: "the simulated code",
+                source: Box::new(source),
+            }
+            .into()
+        })
 }
 
 /// What an application should be: its code tag, replica count, and whether its
@@ -415,9 +421,13 @@ pub fn app_spec(spec: &WorkloadSpec, idx: u32, target: &AppTarget) -> Result<App
         };
         b = b.deployment(worker_deployment(spec, d, WORKER, &args, target.replicas));
     }
-    b.ingress(deployment_name(0))
-        .build()
-        .map_err(|e| SimError::Setup(format!("building application {name}: {e}")))
+    b.ingress(deployment_name(0)).build().map_err(|source| {
+        SetupError::App {
+            name,
+            source: Box::new(source),
+        }
+        .into()
+    })
 }
 
 /// Deployment `d` of a chain: `import_path` with `args`, `replicas` replicas,

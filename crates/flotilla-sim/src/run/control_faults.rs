@@ -81,7 +81,7 @@ impl Sim {
             Some(Target::Declared(d)) => d
                 .runs
                 .as_ref()
-                .and_then(|r| r.built.as_ref().ok())
+                .and_then(|r| r.built.spec())
                 .map(|spec| {
                     spec.deployments
                         .iter()

@@ -49,7 +49,7 @@ pub(super) struct Declared {
 impl Declared {
     /// `app` as the new target of an application whose target was `before`.
     pub(super) fn after(app: Arc<DeclaredApp>, before: Option<&Declared>) -> Declared {
-        let runs = if app.built.is_ok() {
+        let runs = if app.built.spec().is_some() {
             Some(app.clone())
         } else {
             before.and_then(|b| b.runs.clone())
@@ -100,7 +100,7 @@ impl Target {
                 broken: t.broken,
             }),
             Target::Declared(d) => d.runs.as_ref().and_then(|r| {
-                r.built.as_ref().ok().map(|spec| Running {
+                r.built.spec().map(|spec| Running {
                     spec: Cow::Borrowed(spec),
                     broken: r.broken,
                 })

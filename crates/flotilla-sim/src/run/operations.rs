@@ -60,7 +60,10 @@ impl Sim {
                     tokio::time::sleep(Duration::from_secs(1)).await;
                 }
                 Err(e) => {
-                    return Err(SimError::Serve(format!("{what}: unexpected error: {e}")));
+                    return Err(SimError::Unexpected {
+                        what: what.to_owned(),
+                        source: Box::new(e),
+                    });
                 }
             }
         }

@@ -127,10 +127,7 @@ impl Sim {
 
     /// The live Serve instance.
     pub(super) fn serve(&self) -> Result<Serve> {
-        self.shared
-            .handles()
-            .serve()
-            .ok_or_else(|| SimError::Serve("no live Serve instance".into()))
+        self.shared.handles().serve().ok_or(SimError::NoServe)
     }
 
     /// Start Flotilla on the store and the simulated cluster, and watch it for a
@@ -144,9 +141,10 @@ impl Sim {
             max_restarts: 100,
             ..Default::default()
         };
-        let serve = Serve::start(options)
-            .await
-            .map_err(|e| SimError::Serve(format!("starting on {}: {e}", self.store.display())))?;
+        let serve = Serve::start(options).await.map_err(|e| SimError::Start {
+            store: self.store.clone(),
+            source: Box::new(e),
+        })?;
         let shared = self.shared.clone();
         let watch = serve.clone();
         tokio::spawn(async move {

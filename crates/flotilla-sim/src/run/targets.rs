@@ -151,8 +151,9 @@ impl Sim {
                 "{name}: {} (want {want}): {}",
                 status.status, status.message
             ));
-        } else if let Some(Err(why)) = t.declared().map(|d| &d.app.built)
-            && !status.message.contains(why.as_str())
+        } else if let Some(why) = t.declared().and_then(|d| d.app.built.failure())
+            && let why = why.to_string()
+            && !status.message.contains(&why)
         {
             pass.statuses.add(format!(
                 "{name}: DEPLOY_FAILED saying '{}', not why its build fails: {why}",

@@ -10,11 +10,11 @@
 //!     args: {why: "the model store is unreachable"}                # optional
 //! ```
 
-use flotilla::{ApplicationSpec, Args, Registry, UserError};
+use flotilla::{ApplicationSpec, Args, Registry, SpecError, UserError};
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    Result, SimError,
+    Result, SetupError,
     scenario::WorkloadSpec,
     workload::{DECLARED_WORKER, DeclaredWorkerArgs, deployment_name, worker_deployment},
 };
@@ -55,21 +55,40 @@ pub struct FailingArgs {
     pub why: Option<String>,
 }
 
+/// Why a builder cannot make its application from a config's `args`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BuilderError {
+    /// The `args` are not the builder's (an unknown field, a wrong type).
+    #[error("args for {builder}: {source}")]
+    Args {
+        /// The builder ([`CHAIN_APP`] or [`FAILING_APP`]).
+        builder: &'static str,
+        /// Why they do not decode.
+        source: Box<SpecError>,
+    },
+    /// [`ChainArgs::deployments`] is 0.
+    #[error("args for {}: deployments must be at least 1", CHAIN_APP)]
+    NoDeployments,
+    /// The chain's spec is invalid (Flotilla's validation).
+    #[error("{}: {}", CHAIN_APP, .0)]
+    Spec(#[source] Box<SpecError>),
+}
+
 impl ChainArgs {
     /// Decode a config's `args`.
-    pub fn decode(args: &Args) -> Result<ChainArgs, String> {
-        args.decode()
-            .map_err(|e| format!("args for {CHAIN_APP}: {e}"))
+    pub fn decode(args: &Args) -> Result<ChainArgs, BuilderError> {
+        args.decode().map_err(|source| BuilderError::Args {
+            builder: CHAIN_APP,
+            source: Box::new(source),
+        })
     }
 
     /// The application this builds under `workload`'s defaults (named `chain`:
     /// a config entry renames it).
-    pub fn spec(&self, workload: &WorkloadSpec) -> Result<ApplicationSpec, String> {
+    pub fn spec(&self, workload: &WorkloadSpec) -> Result<ApplicationSpec, BuilderError> {
         let chain = self.deployments.unwrap_or(workload.deployments as u32);
         if chain == 0 {
-            return Err(format!(
-                "args for {CHAIN_APP}: deployments must be at least 1"
-            ));
+            return Err(BuilderError::NoDeployments);
         }
         let replicas = self.replicas.unwrap_or(workload.replicas);
         let tag = self.tag.clone().unwrap_or_else(|| "v1".to_owned());
@@ -91,15 +110,17 @@ impl ChainArgs {
         }
         b.ingress(deployment_name(0))
             .build()
-            .map_err(|e| format!("{CHAIN_APP}: {e}"))
+            .map_err(|e| BuilderError::Spec(Box::new(e)))
     }
 }
 
 impl FailingArgs {
     /// Decode a config's `args`.
-    pub fn decode(args: &Args) -> Result<FailingArgs, String> {
-        args.decode()
-            .map_err(|e| format!("args for {FAILING_APP}: {e}"))
+    pub fn decode(args: &Args) -> Result<FailingArgs, BuilderError> {
+        args.decode().map_err(|source| BuilderError::Args {
+            builder: FAILING_APP,
+            source: Box::new(source),
+        })
     }
 
     /// The builder's error message.
@@ -120,15 +141,22 @@ pub fn register_builders(registry: Registry, workload: &WorkloadSpec) -> Result<
     registry
         .register_app(CHAIN_APP, move |args: Args| {
             let built = ChainArgs::decode(&args).and_then(|a| a.spec(&w));
-            async move { built.map_err(UserError::new) }
+            async move { built.map_err(|e| UserError::new(e.to_string())) }
         })
         .and_then(|r| {
             r.register_app(FAILING_APP, |args: Args| {
-                let why = FailingArgs::decode(&args).map_or_else(|e| e, |a| a.message());
+                let why =
+                    FailingArgs::decode(&args).map_or_else(|e| e.to_string(), |a| a.message());
                 async move { Err::<ApplicationSpec, _>(UserError::new(why)) }
             })
         })
-        .map_err(|e| SimError::Setup(format!("registering the application builders: {e}")))
+        .map_err(|source| {
+            SetupError::Register {
+                what: "the application builders",
+                source: Box::new(source),
+            }
+            .into()
+        })
 }
 
 #[cfg(test)]
@@ -156,9 +184,24 @@ mod tests {
             deployments: Some(0),
             ..Default::default()
         };
-        assert!(none.spec(&w).unwrap_err().contains("at least 1"));
+        let e = none.spec(&w).unwrap_err();
+        assert_eq!(e, BuilderError::NoDeployments);
+        assert_eq!(
+            e.to_string(),
+            "args for sim.chain:app: deployments must be at least 1"
+        );
         let typo = Args::encode(&serde_json::json!({"replica": 2})).unwrap();
-        assert!(ChainArgs::decode(&typo).unwrap_err().contains("replica"));
+        let e = ChainArgs::decode(&typo).unwrap_err();
+        assert!(
+            matches!(&e, BuilderError::Args { builder: CHAIN_APP, source } if source.to_string().contains("replica")),
+            "{e:?}"
+        );
+        assert!(e.to_string().starts_with("args for sim.chain:app: "), "{e}");
+        let e = FailingArgs::decode(&typo).unwrap_err();
+        assert!(
+            e.to_string().starts_with("args for sim.failing:app: "),
+            "{e}"
+        );
         assert!(
             FailingArgs::default()
                 .message()

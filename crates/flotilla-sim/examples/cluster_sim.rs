@@ -7,8 +7,9 @@
 //! Run (from the repository root): `cargo run --release --example cluster_sim -- [FLAGS]`
 //! (`--help` lists them). With `--serve-config FILE` it also deploys a ServeConfig
 //! through `Serve::apply_config_file` (e.g.
-//! `crates/flotilla-sim/scenarios/serve_config.yaml`). The simulator itself is the
-//! `flotilla-sim` crate.
+//! `crates/flotilla-sim/scenarios/serve_config.yaml`). It is the `flotilla-sim`
+//! crate's example (the workspace's default members include that crate, so the
+//! command works from the root), a thin command line over the crate's library.
 
 use std::{path::PathBuf, process::ExitCode, time::Duration};
 
@@ -46,7 +47,7 @@ struct Flags {
     #[arg(long, value_name = "FILE")]
     serve_config: Option<PathBuf>,
     /// Virtual time to run traffic and events for, e.g. 10m, 1h [default: 10m]
-    #[arg(long, value_parser = duration)]
+    #[arg(long, value_parser = parse_duration)]
     duration: Option<Duration>,
     /// Event schedule, e.g. "controller@60s,node@120s,process@300s,config@400s:next.yaml"
     /// ("none": no events)
@@ -77,10 +78,6 @@ struct Flags {
     /// wall seconds: a live-lock in the system under test
     #[arg(long, default_value_t = 60)]
     stall_timeout: u64,
-}
-
-fn duration(s: &str) -> Result<Duration, String> {
-    parse_duration(s).map_err(|e| e.to_string())
 }
 
 fn main() -> ExitCode {

@@ -1,15 +1,27 @@
-//! `AppLogLayer`: a `tracing` layer that filters and formats each event by the
-//! logging config of the application it belongs to (its own, else the global one).
+//! `AppLogLayer`: a `tracing` layer that filters, formats and files each event by
+//! the logging config of the deployment and application it belongs to (the
+//! deployment's own, else the application's, else the global one).
 //!
-//! An event belongs to the application named by its `app` field, or by the `app`
-//! field of the innermost span around it that has one. Request access logs are
-//! events with target [`ACCESS_TARGET`]; they are dropped where
-//! `enable_access_log` is off.
+//! An event belongs to the application (deployment) named by its `app`
+//! (`deployment`) field, or by that field of the innermost span around it that
+//! has one. Request access logs are events with target [`ACCESS_TARGET`]; they
+//! are dropped where `enable_access_log` is off. A config with `logs_dir` writes
+//! its lines to `<logs_dir>/<application>.log` (appended, the directory created)
+//! instead of the layer's writer; `additional_log_standard_attrs` adds Ray's
+//! standard attributes that have an equivalent to every line.
 
-use std::{fmt::Write as _, io::Write as _};
+use std::{
+    collections::HashMap,
+    fmt::Write as _,
+    fs::File,
+    io::Write as _,
+    path::PathBuf,
+    sync::Mutex,
+    time::{Instant, SystemTime, UNIX_EPOCH},
+};
 
 use flotilla_controller::LogSettings;
-use flotilla_core::{LogEncoding, LogLevel, LoggingConfig};
+use flotilla_core::{LogAttr, LogEncoding, LogLevel, LoggingConfig};
 use tracing::{
     Event, Level, Subscriber,
     field::{Field, Visit},
@@ -30,6 +42,11 @@ pub use flotilla_replica::ACCESS_TARGET;
 pub struct AppLogLayer<W> {
     settings: LogSettings,
     make_writer: W,
+    /// The files of `logs_dir` configs, opened once.
+    files: Mutex<HashMap<PathBuf, File>>,
+    /// For `relativeCreated`: when the layer was made (log timestamps are wall
+    /// clock by nature).
+    started: Instant,
 }
 
 impl<W> AppLogLayer<W> {
@@ -38,16 +55,47 @@ impl<W> AppLogLayer<W> {
         AppLogLayer {
             settings,
             make_writer,
+            files: Mutex::new(HashMap::new()),
+            started: Instant::now(),
         }
+    }
+
+    /// Append `line` to `app`'s file under `dir`; `false` if it cannot be
+    /// opened or written (the caller writes the line to the writer instead).
+    fn write_file(&self, dir: &str, app: &str, line: &[u8]) -> bool {
+        let path = PathBuf::from(dir).join(format!("{app}.log"));
+        let mut files = self.files.lock().unwrap_or_else(|p| p.into_inner());
+        if !files.contains_key(&path) {
+            let opened = std::fs::create_dir_all(dir).and_then(|()| {
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&path)
+            });
+            match opened {
+                Ok(f) => {
+                    files.insert(path.clone(), f);
+                }
+                Err(_) => return false,
+            }
+        }
+        files
+            .get_mut(&path)
+            .is_some_and(|f| f.write_all(line).is_ok())
     }
 }
 
-/// The application a span belongs to, stored in its extensions.
-struct SpanApp(String);
+/// The application and deployment a span belongs to, stored in its extensions.
+#[derive(Default)]
+struct SpanOwner {
+    app: Option<String>,
+    deployment: Option<String>,
+}
 
 #[derive(Default)]
 struct Fields {
     app: Option<String>,
+    deployment: Option<String>,
     message: String,
     rest: Vec<(&'static str, String)>,
 }
@@ -66,6 +114,7 @@ impl Fields {
     fn put(&mut self, field: &Field, value: String) {
         match field.name() {
             "app" => self.app = Some(value),
+            "deployment" => self.deployment = Some(value),
             "message" => self.message = value,
             name => self.rest.push((name, value)),
         }
@@ -103,16 +152,85 @@ fn json_escape(out: &mut String, s: &str) {
     out.push('"');
 }
 
-fn format_line(encoding: LogEncoding, level: &Level, target: &str, f: &Fields) -> String {
+/// What an event is, for the standard attributes a config may add.
+struct Origin {
+    meta: &'static tracing::Metadata<'static>,
+    /// Since the layer was made.
+    relative: std::time::Duration,
+    now: SystemTime,
+}
+
+/// The value of `attr` for an event, as Ray's log records name it.
+fn attr_value(attr: LogAttr, o: &Origin, f: &Fields) -> String {
+    let since_epoch = o.now.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let level = o.meta.level();
+    match attr {
+        LogAttr::Asctime => format!(
+            "{}.{:03}",
+            since_epoch.as_secs(),
+            since_epoch.subsec_millis()
+        ),
+        LogAttr::Created => format!("{:.6}", since_epoch.as_secs_f64()),
+        LogAttr::Msecs => since_epoch.subsec_millis().to_string(),
+        LogAttr::RelativeCreated => o.relative.as_millis().to_string(),
+        LogAttr::Filename => o
+            .meta
+            .file()
+            .and_then(|p| p.rsplit('/').next())
+            .unwrap_or("")
+            .to_owned(),
+        LogAttr::Pathname => o.meta.file().unwrap_or("").to_owned(),
+        LogAttr::Lineno => o.meta.line().map(|l| l.to_string()).unwrap_or_default(),
+        LogAttr::Module => o.meta.module_path().unwrap_or("").to_owned(),
+        LogAttr::Name => o.meta.target().to_owned(),
+        LogAttr::Levelname => ray_level(level).to_owned(),
+        LogAttr::Levelno => ray_level_number(level).to_string(),
+        LogAttr::Message => f.message.clone(),
+        LogAttr::Process => std::process::id().to_string(),
+        LogAttr::Thread => format!("{:?}", std::thread::current().id()),
+        LogAttr::ThreadName => std::thread::current().name().unwrap_or("").to_owned(),
+    }
+}
+
+/// Python's level name for a tracing level.
+fn ray_level(level: &Level) -> &'static str {
+    match *level {
+        Level::ERROR => "ERROR",
+        Level::WARN => "WARNING",
+        Level::INFO => "INFO",
+        _ => "DEBUG",
+    }
+}
+
+/// Python's level number for a tracing level.
+fn ray_level_number(level: &Level) -> u8 {
+    match *level {
+        Level::ERROR => 40,
+        Level::WARN => 30,
+        Level::INFO => 20,
+        _ => 10,
+    }
+}
+
+fn format_line(config: &LoggingConfig, o: &Origin, f: &Fields) -> String {
+    let (level, target) = (o.meta.level(), o.meta.target());
+    let extra: Vec<(&'static str, String)> = config
+        .additional_log_standard_attrs
+        .iter()
+        .map(|a| (a.name(), attr_value(*a, o, f)))
+        .collect();
     let mut line = String::with_capacity(128);
-    match encoding {
+    match config.encoding {
         LogEncoding::Text => {
             let _ = write!(line, "{level:>5} {target}:");
             if let Some(app) = &f.app {
                 let _ = write!(line, " app={app}");
             }
+            if let Some(d) = &f.deployment {
+                let _ = write!(line, " deployment={d}");
+            }
             let _ = write!(line, " {}", f.message);
-            for (k, v) in &f.rest {
+            for (k, v) in f.rest.iter().chain(&extra) {
                 let _ = write!(line, " {k}={v}");
             }
         }
@@ -123,9 +241,13 @@ fn format_line(encoding: LogEncoding, level: &Level, target: &str, f: &Fields) -
                 line.push_str(",\"app\":");
                 json_escape(&mut line, app);
             }
+            if let Some(d) = &f.deployment {
+                line.push_str(",\"deployment\":");
+                json_escape(&mut line, d);
+            }
             line.push_str(",\"message\":");
             json_escape(&mut line, &f.message);
-            for (k, v) in &f.rest {
+            for (k, v) in f.rest.iter().chain(&extra) {
                 line.push(',');
                 json_escape(&mut line, k);
                 line.push(':');
@@ -146,23 +268,37 @@ where
     fn on_new_span(&self, attrs: &span::Attributes<'_>, id: &span::Id, ctx: Context<'_, S>) {
         let mut f = Fields::default();
         attrs.record(&mut f);
-        if let (Some(app), Some(span)) = (f.app, ctx.span(id)) {
-            span.extensions_mut().insert(SpanApp(app));
+        if (f.app.is_some() || f.deployment.is_some())
+            && let Some(span) = ctx.span(id)
+        {
+            span.extensions_mut().insert(SpanOwner {
+                app: f.app,
+                deployment: f.deployment,
+            });
         }
     }
 
     fn on_event(&self, event: &Event<'_>, ctx: Context<'_, S>) {
         let mut f = Fields::default();
         event.record(&mut f);
-        if f.app.is_none()
+        if (f.app.is_none() || f.deployment.is_none())
             && let Some(scope) = ctx.event_scope(event)
         {
-            f.app = scope
-                .from_root()
-                .filter_map(|s| s.extensions().get::<SpanApp>().map(|a| a.0.clone()))
-                .last();
+            // The innermost span that names one wins; the event's own fields
+            // win over every span.
+            let (mut app, mut deployment) = (None, None);
+            for s in scope.from_root() {
+                if let Some(owner) = s.extensions().get::<SpanOwner>() {
+                    app = owner.app.clone().or(app);
+                    deployment = owner.deployment.clone().or(deployment);
+                }
+            }
+            f.app = f.app.or(app);
+            f.deployment = f.deployment.or(deployment);
         }
-        let config = self.settings.for_app(f.app.as_deref());
+        let config = self
+            .settings
+            .for_event(f.app.as_deref(), f.deployment.as_deref());
         let meta = event.metadata();
         if !allows(&config, meta.level()) {
             return;
@@ -170,7 +306,17 @@ where
         if meta.target() == ACCESS_TARGET && !config.enable_access_log {
             return;
         }
-        let line = format_line(config.encoding, meta.level(), meta.target(), &f);
+        let origin = Origin {
+            meta,
+            relative: self.started.elapsed(),
+            now: SystemTime::now(),
+        };
+        let line = format_line(&config, &origin, &f);
+        if let (Some(dir), Some(app)) = (&config.logs_dir, &f.app)
+            && self.write_file(dir, app, line.as_bytes())
+        {
+            return;
+        }
         let _ = self.make_writer.make_writer().write_all(line.as_bytes());
     }
 }
@@ -210,6 +356,58 @@ mod tests {
             .lines()
             .map(str::to_owned)
             .collect()
+    }
+
+    #[test]
+    fn a_deployment_s_config_wins_and_logs_dir_and_attrs_apply() {
+        let dir = tempfile::tempdir().unwrap();
+        let settings = LogSettings::new();
+        let spec = flotilla_core::ApplicationSpec::builder("shop")
+            .logging(LoggingConfig {
+                log_level: LogLevel::Warning,
+                logs_dir: Some(dir.path().join("logs").to_string_lossy().into_owned()),
+                ..Default::default()
+            })
+            .deployment(flotilla_core::DeploymentSpec::builder("front", "x::X"))
+            .deployment(
+                flotilla_core::DeploymentSpec::builder("back", "x::X").with_config(|c| {
+                    c.with_logging(LoggingConfig {
+                        log_level: LogLevel::Debug,
+                        additional_log_standard_attrs: vec![LogAttr::Lineno, LogAttr::Name],
+                        ..Default::default()
+                    })
+                }),
+            )
+            .build()
+            .unwrap();
+        settings.set_target(&spec);
+        let buf = Buffer::default();
+        let subscriber =
+            tracing_subscriber::registry().with(AppLogLayer::new(settings, buf.clone()));
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::info!(
+                app = "shop",
+                deployment = "front",
+                "dropped: front is at WARNING"
+            );
+            let span = tracing::info_span!("reconcile", app = "shop", deployment = "back");
+            let _g = span.enter();
+            tracing::debug!("kept: back is at DEBUG, with its attributes");
+            drop(_g);
+            tracing::warn!(app = "shop", deployment = "front", "kept: into the file");
+        });
+        let got = lines(&buf);
+        assert_eq!(got.len(), 1, "{got:#?}");
+        assert!(got[0].contains("deployment=back"), "{}", got[0]);
+        assert!(got[0].contains(" lineno="), "{}", got[0]);
+        assert!(
+            got[0].contains(" name=flotilla::logging::tests"),
+            "{}",
+            got[0]
+        );
+        let file = std::fs::read_to_string(dir.path().join("logs/shop.log")).unwrap();
+        assert!(file.contains("kept: into the file"), "{file}");
+        assert_eq!(file.lines().count(), 1);
     }
 
     #[test]

@@ -1,16 +1,16 @@
-//! Logging settings per application, kept current by the Controller and read by the
-//! facade's tracing layer.
+//! Logging settings per application and deployment, kept current by the
+//! Controller and read by the facade's tracing layer.
 
 use std::{
     collections::HashMap,
     sync::{Arc, RwLock},
 };
 
-use flotilla_core::{AppName, LoggingConfig};
+use flotilla_core::{AppName, ApplicationSpec, DeploymentName, LoggingConfig};
 
-/// The global logging config and each application's override. Cheap to clone;
-/// shared by the Controller (which writes it as targets change) and the log layer
-/// (which reads it for every event).
+/// The global logging config, each application's override and each
+/// deployment's. Cheap to clone; shared by the Controller (which writes it as
+/// targets change) and the log layer (which reads it for every event).
 #[derive(Debug, Clone, Default)]
 pub struct LogSettings {
     inner: Arc<RwLock<Inner>>,
@@ -19,7 +19,16 @@ pub struct LogSettings {
 #[derive(Debug, Default)]
 struct Inner {
     global: LoggingConfig,
-    apps: HashMap<AppName, LoggingConfig>,
+    apps: HashMap<AppName, AppLogging>,
+}
+
+/// One application's overrides.
+#[derive(Debug, Default)]
+struct AppLogging {
+    /// Its own (else the global one).
+    config: Option<LoggingConfig>,
+    /// Its deployments' own (Ray's per-deployment `logging_config`).
+    deployments: HashMap<DeploymentName, LoggingConfig>,
 }
 
 impl LogSettings {
@@ -33,23 +42,55 @@ impl LogSettings {
         self.inner.write().unwrap_or_else(|p| p.into_inner()).global = config;
     }
 
-    /// Set (`Some`) or clear (`None`) one application's override.
+    /// Set (`Some`) or clear (`None`) one application's override; clearing
+    /// also drops its deployments' overrides (it is gone).
     pub fn set_app(&self, app: &AppName, config: Option<LoggingConfig>) {
         let mut inner = self.inner.write().unwrap_or_else(|p| p.into_inner());
         match config {
-            Some(c) => {
-                inner.apps.insert(app.clone(), c);
-            }
+            Some(c) => inner.apps.entry(app.clone()).or_default().config = Some(c),
             None => {
                 inner.apps.remove(app);
             }
         }
     }
 
+    /// Take the logging of `spec`, an application's target: its own config and
+    /// each deployment's.
+    pub fn set_target(&self, spec: &ApplicationSpec) {
+        let deployments: HashMap<DeploymentName, LoggingConfig> = spec
+            .deployments
+            .iter()
+            .filter_map(|d| Some((d.name.clone(), d.config.logging.clone()?)))
+            .collect();
+        let mut inner = self.inner.write().unwrap_or_else(|p| p.into_inner());
+        if spec.logging.is_none() && deployments.is_empty() {
+            inner.apps.remove(&spec.name);
+            return;
+        }
+        inner.apps.insert(
+            spec.name.clone(),
+            AppLogging {
+                config: spec.logging.clone(),
+                deployments,
+            },
+        );
+    }
+
     /// The config that applies to events of `app` (`None`: not an application's).
     pub fn for_app(&self, app: Option<&str>) -> LoggingConfig {
+        self.for_event(app, None)
+    }
+
+    /// The config that applies to an event of `deployment` of `app`: the
+    /// deployment's own, else the application's, else the global one.
+    pub fn for_event(&self, app: Option<&str>, deployment: Option<&str>) -> LoggingConfig {
         let inner = self.inner.read().unwrap_or_else(|p| p.into_inner());
-        app.and_then(|a| inner.apps.get(a))
+        let Some(a) = app.and_then(|a| inner.apps.get(a)) else {
+            return inner.global.clone();
+        };
+        deployment
+            .and_then(|d| a.deployments.get(d))
+            .or(a.config.as_ref())
             .unwrap_or(&inner.global)
             .clone()
     }

@@ -124,6 +124,7 @@ impl ControllerState {
         let mut table = Vec::new();
         for record in snapshot.apps {
             let name = record.spec.name.clone();
+            args.logging.set_target(&record.spec);
             args.board.sender(&name, Some(&record.spec.ingress), || {
                 accepted_status(&record)
             });

@@ -116,7 +116,7 @@ impl ControllerState {
                 self.route_table
                     .insert(p.clone(), name.clone(), r.spec.ingress.clone());
             }
-            self.logging.set_app(&name, r.spec.logging.clone());
+            self.logging.set_target(&r.spec);
             let accepted = accepted_status(&r);
             let tx = self
                 .board

@@ -35,9 +35,11 @@ pub use autoscaling::{
 pub use config::{DeploymentConfig, MAX_REPLICAS, ReplicaCount, RolloutConfig};
 pub use error::{Error, Location, MAX_QUOTED, Result, shown};
 pub use fault::{FaultPoint, Faults};
-pub use logging::{LogAttr, LogEncoding, LogLevel, LoggingConfig, MAX_LOGS_DIR_LEN};
+pub use logging::{LogAttr, LogAttrError, LogEncoding, LogLevel, LoggingConfig, MAX_LOGS_DIR_LEN};
 pub use names::{AppName, DeploymentName, ImportPath, MAX_NAME_LEN, MAX_PATH_LEN, RoutePrefix};
-pub use placement::{MAX_REPLICAS_PER_NODE, PlacementGroup, PlacementStrategy, bundle_resources};
+pub use placement::{
+    BundleError, MAX_REPLICAS_PER_NODE, PlacementGroup, PlacementStrategy, bundle_resources,
+};
 pub use record::{ApiType, AppRecord, ConfigSource, DeploymentRecord};
 pub use resources::Resources;
 pub use routing::{

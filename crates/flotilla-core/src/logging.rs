@@ -203,6 +203,25 @@ pub enum LogAttr {
     ThreadName,
 }
 
+/// Why an `additional_log_standard_attrs` name is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LogAttrError {
+    /// One of Ray's attributes, without an equivalent in Flotilla's logs.
+    #[error("Ray's log attribute '{name}' has no equivalent in Flotilla's logs: {why}")]
+    NoEquivalent {
+        /// The attribute.
+        name: String,
+        /// Why it has none.
+        why: &'static str,
+    },
+    /// Not one of Ray's attributes either.
+    #[error("Unknown attribute '{name}'. Additional log standard attributes must be one of Ray's; Flotilla writes: {}", LogAttr::ALL.map(LogAttr::name).join(", "))]
+    Unknown {
+        /// The name (shortened if long).
+        name: String,
+    },
+}
+
 impl LogAttr {
     /// Every attribute, in Ray's spelling order.
     pub const ALL: [LogAttr; 15] = [
@@ -247,20 +266,16 @@ impl LogAttr {
     /// The attribute Ray names `name`, or why Flotilla refuses it: the reason for
     /// one of Ray's attributes without a Rust equivalent, or an "unknown
     /// attribute" message for a name Ray does not have either.
-    pub fn parse(name: &str) -> Result<LogAttr, String> {
+    pub fn parse(name: &str) -> Result<LogAttr, LogAttrError> {
         if let Some(a) = LogAttr::ALL.into_iter().find(|a| a.name() == name) {
             return Ok(a);
         }
         Err(match LogAttr::refusal(name) {
-            Some(why) => {
-                format!("Ray's log attribute '{name}' has no equivalent in Flotilla's logs: {why}")
-            }
-            None => format!(
-                "Unknown attribute '{}'. Additional log standard attributes must be one of \
-                 Ray's; Flotilla writes: {}",
-                shown(name),
-                LogAttr::ALL.map(LogAttr::name).join(", ")
-            ),
+            Some(why) => LogAttrError::NoEquivalent {
+                name: name.to_owned(),
+                why,
+            },
+            None => LogAttrError::Unknown { name: shown(name) },
         })
     }
 
@@ -421,9 +436,9 @@ mod tests {
         for a in LogAttr::ALL {
             assert_eq!(LogAttr::parse(a.name()), Ok(a));
         }
-        let func = LogAttr::parse("funcName").unwrap_err();
+        let func = LogAttr::parse("funcName").unwrap_err().to_string();
         assert!(func.contains("no function name"), "{func}");
-        let bogus = LogAttr::parse("bogus").unwrap_err();
+        let bogus = LogAttr::parse("bogus").unwrap_err().to_string();
         assert!(bogus.starts_with("Unknown attribute 'bogus'"), "{bogus}");
     }
 

@@ -162,11 +162,19 @@ pub(crate) fn validate_max_replicas_per_node(n: u32) -> Result<(), Error> {
     }
 }
 
+/// Why a bundle of a config file is not a set of resources.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum BundleError {
+    /// `memory` is not a whole number of bytes.
+    #[error("`memory` is a whole number of bytes >= 0, got {0}")]
+    Memory(f64),
+}
+
 /// A bundle as a config file writes it (`{CPU: 1, GPU: 1, memory: 2e9, x: 1}`)
 /// as [`Resources`]: `CPU`, `GPU` and `memory` (bytes, whole) are the fields of
 /// the same name, every other key is a custom resource. `object_store_memory`
 /// is dropped (Flotilla has no object store; Ray only warns about it too).
-pub fn bundle_resources(bundle: &BTreeMap<String, f64>) -> Result<Resources, String> {
+pub fn bundle_resources(bundle: &BTreeMap<String, f64>) -> Result<Resources, BundleError> {
     let mut r = Resources::none();
     for (k, v) in bundle {
         match k.as_str() {
@@ -174,7 +182,7 @@ pub fn bundle_resources(bundle: &BTreeMap<String, f64>) -> Result<Resources, Str
             "GPU" => r.gpus = *v,
             "memory" => {
                 if !(v.is_finite() && *v >= 0.0 && v.fract() == 0.0 && *v <= u64::MAX as f64) {
-                    return Err(format!("`memory` is a whole number of bytes >= 0, got {v}"));
+                    return Err(BundleError::Memory(*v));
                 }
                 r.memory_bytes = *v as u64;
             }

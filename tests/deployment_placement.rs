@@ -116,7 +116,7 @@ async fn a_replica_without_room_waits_naming_the_resource_and_starts_when_room_a
         b.status
             .message
             .contains("1 replicas have taken more than 30s to start")
-            && b.status.message.contains("no node has enough resources")
+            && b.status.message.contains("no node can take them")
             && b.status.message.contains("cpus: need 1"),
         "{}",
         b.status.message

@@ -542,10 +542,11 @@ impl NodePool {
     }
 
     /// A node for each of `bundles`, all different, if there is such an
-    /// assignment (bundle `b` on node `out[b]`); otherwise as many as fit on
-    /// distinct nodes at most, in no particular bundle order (only its length
-    /// then means anything). Bipartite matching by augmenting paths, without
-    /// recursion.
+    /// assignment (bundle `b` on node `out[b]`); otherwise the most bundles
+    /// that fit on distinct nodes, as nodes in no bundle order (only the
+    /// length means anything then). Bipartite matching by breadth-first
+    /// augmenting paths, without recursion; run only when the greedy pass
+    /// failed.
     fn distinct_nodes(
         &self,
         bundles: &[Resources],
@@ -565,7 +566,6 @@ impl NodePool {
         let nodes = self.nodes.len();
         let mut holder: Vec<Option<usize>> = vec![None; nodes];
         let mut node_of: Vec<Option<usize>> = vec![None; bundles.len()];
-        let mut matched = 0;
         for b in 0..bundles.len() {
             // Breadth first over alternating paths from bundle b.
             let mut via: Vec<Option<usize>> = vec![None; nodes];
@@ -593,15 +593,9 @@ impl NodePool {
                 holder[j] = Some(x);
                 at = node_of[x].replace(j);
             }
-            if free.is_some() {
-                matched += 1;
-            }
         }
-        if matched == bundles.len() {
-            node_of.into_iter().flatten().collect()
-        } else {
-            node_of.into_iter().flatten().take(matched).collect()
-        }
+        // Complete, this is in bundle order; otherwise only its length counts.
+        node_of.into_iter().flatten().collect()
     }
 
     /// Record what `replica` holds (already added to the nodes' use) and

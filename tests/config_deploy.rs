@@ -14,11 +14,14 @@ use std::{
 };
 
 use flotilla::{
-    ApplicationSpec, ApplicationStatus as A, ApplicationStatusInfo, DeploymentSpec, Registry,
-    Serve, ServeConfig, ServeError, UserError,
+    ApplicationSpec, ApplicationStatus as A, ApplicationStatusInfo, DeploymentSpec, NodeSpec,
+    PlacementGroup, PlacementStrategy, Registry, ReplicaState, Resources, Serve, ServeConfig,
+    ServeError, StaticCluster, UserError,
 };
 use serde::{Deserialize, Serialize};
-use support::{ProbeArgs, Switches, poll_secs, start_fresh_with, wait_status};
+use support::{
+    ProbeArgs, Switches, observe, poll_secs, start_fresh_with, wait_snapshot, wait_status,
+};
 
 /// What the test application builder does, from the config's `args`.
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -783,4 +786,68 @@ async fn autoscaling_policies_and_request_routers_must_be_registered() {
         ),
         "{e}"
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_config_with_max_replicas_per_node_and_placement_group_bundles_deploys_with_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Arc::new(Switches::default());
+    let node = |name: &str| NodeSpec::new(name, Resources::none().with_cpus(4.0));
+    let cluster = Arc::new(StaticCluster::new([node("n1"), node("n2")]));
+    let serve = Serve::start(support::options(&dir, registry(&sw)).cluster(cluster.clone()))
+        .await
+        .unwrap();
+    apply(
+        &serve,
+        "applications:
+  - name: limited
+    route_prefix: /limited
+    import_path: test::app
+    args: {tag: l}
+    deployments:
+      - name: probe
+        num_replicas: 3
+        max_replicas_per_node: 1
+  - name: grouped
+    route_prefix: /grouped
+    import_path: test::app
+    args: {tag: g}
+    deployments:
+      - name: probe
+        placement_group_bundles: [{CPU: 1}, {CPU: 2}]
+        placement_group_strategy: STRICT_SPREAD
+",
+    )
+    .await;
+    wait_status(&serve, "grouped", A::Running).await;
+    let cpus = |n: f64| Resources::none().with_cpus(n);
+    let g = observe(&serve, "grouped", "probe").await;
+    assert_eq!(
+        g.target.spec.config.placement_group,
+        Some(PlacementGroup::new(
+            vec![cpus(1.0), cpus(2.0)],
+            PlacementStrategy::StrictSpread
+        ))
+    );
+    let mut held: Vec<(String, f64)> = cluster
+        .reservations_of(g.replicas[0].id)
+        .into_iter()
+        .map(|(n, r)| (n, r.cpus))
+        .collect();
+    held.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(held.len(), 2, "one bundle on each node: {held:?}");
+    assert_ne!(held[0].0, held[1].0);
+
+    // Two of three replicas run, one per node; the third waits naming the limit.
+    let l = wait_snapshot(&serve, "limited", "probe", |s| {
+        s.pending == 1 && s.count(ReplicaState::Running) == 2
+    })
+    .await;
+    assert_eq!(l.target.spec.config.max_replicas_per_node, Some(1));
+    let reason = l.pending_reason.unwrap_or_default();
+    assert!(reason.contains("max_replicas_per_node is 1"), "{reason}");
+    let mut on: Vec<&str> = l.replicas.iter().map(|r| r.node.as_str()).collect();
+    on.sort();
+    assert_eq!(on, ["n1", "n2"]);
+    assert_eq!(serve.app_status("limited").status, A::Deploying);
 }

@@ -11,7 +11,7 @@ use std::{
 };
 
 use flotilla::{ApplicationStatus as A, DeploymentStatus, ReplicaState as R, Resources};
-use flotilla::{DeploymentSnapshot, NodeSpec, StaticCluster};
+use flotilla::{DeploymentSnapshot, NodeSpec, PlacementGroup, PlacementStrategy, StaticCluster};
 use support::{
     ProbeArgs, Switches, app_of, no_wait, observe, probe, start_fresh, start_on, tag,
     wait_snapshot, wait_status,
@@ -20,6 +20,16 @@ use tokio::time::Instant;
 
 fn cpus(name: &str, n: f64) -> NodeSpec {
     NodeSpec::new(name, Resources::default().with_cpus(n))
+}
+
+fn bundles(cpus: &[f64]) -> Vec<Resources> {
+    cpus.iter()
+        .map(|n| Resources::none().with_cpus(*n))
+        .collect()
+}
+
+fn free_cpus(cluster: &StaticCluster, node: &str) -> f64 {
+    cluster.free(node).unwrap().cpus
 }
 
 fn nodes(s: &DeploymentSnapshot) -> Vec<String> {
@@ -106,7 +116,7 @@ async fn a_replica_without_room_waits_naming_the_resource_and_starts_when_room_a
         b.status
             .message
             .contains("1 replicas have taken more than 30s to start")
-            && b.status.message.contains("no node has enough resources")
+            && b.status.message.contains("no node can take them")
             && b.status.message.contains("cpus: need 1"),
         "{}",
         b.status.message
@@ -175,4 +185,126 @@ async fn scale_down_empties_the_node_with_the_fewest_replicas_first() {
     assert_eq!(nodes(&s), ["n2", "n2"]);
     assert!(s.replicas.iter().all(|r| r.id != oldest));
     assert_eq!(cluster.replicas_on("n1"), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn max_replicas_per_node_leaves_a_replica_pending_naming_the_limit_until_a_node_joins() {
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Arc::new(Switches::default());
+    let cluster = Arc::new(StaticCluster::new([cpus("n1", 4.0), cpus("n2", 4.0)]));
+    let serve = start_on(&dir, &sw, cluster.clone()).await;
+    let one_per_node = probe(3, &tag("m")).with_config(|c| c.with_max_replicas_per_node(1));
+    serve
+        .run_many(vec![app_of("a", one_per_node)], no_wait())
+        .await
+        .unwrap();
+    let s = wait_snapshot(&serve, "a", "probe", |s| {
+        s.pending == 1 && s.count(R::Running) == 2
+    })
+    .await;
+    assert_eq!(nodes(&s), ["n1", "n2"]);
+    let reason = "no node has room: max_replicas_per_node is 1 and every live node with room \
+                  already runs 1 replica of this deployment";
+    assert_eq!(s.pending_reason.as_deref(), Some(reason));
+    assert_eq!(
+        s.status.message,
+        format!("1 replicas waiting for a node: {reason}")
+    );
+    // Both nodes have CPUs to spare: it is the limit that holds the third back.
+    assert_eq!(
+        (free_cpus(&cluster, "n1"), free_cpus(&cluster, "n2")),
+        (3.0, 3.0)
+    );
+    assert_eq!(serve.app_status("a").status, A::Deploying);
+
+    // A node joins: the pending replica is placed there, with no polling.
+    assert!(cluster.add_node(cpus("n3", 4.0)));
+    wait_status(&serve, "a", A::Running).await;
+    let s = observe(&serve, "a", "probe").await;
+    assert_eq!(nodes(&s), ["n1", "n2", "n3"]);
+    assert_eq!((s.pending, s.pending_reason), (0, None));
+}
+
+#[tokio::test(start_paused = true)]
+async fn strict_spread_waits_for_a_node_per_bundle_and_releases_every_bundle() {
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Arc::new(Switches::default());
+    let cluster = Arc::new(StaticCluster::new([cpus("n1", 4.0), cpus("n2", 4.0)]));
+    let serve = start_on(&dir, &sw, cluster.clone()).await;
+    let group = PlacementGroup::new(bundles(&[1.0, 2.0, 3.0]), PlacementStrategy::StrictSpread);
+    let spread = probe(1, &tag("s")).with_config(|c| c.with_placement_group(group));
+    serve
+        .run_many(vec![app_of("a", spread)], no_wait())
+        .await
+        .unwrap();
+    let s = wait_snapshot(&serve, "a", "probe", |s| s.pending == 1).await;
+    assert_eq!(
+        s.pending_reason.as_deref(),
+        Some(
+            "no node has room: STRICT_SPREAD puts each of its 3 bundles on a different node: \
+             it needs 3 nodes with room, and has 2 (of 2 live)"
+        )
+    );
+    assert!(
+        s.status.message.contains("STRICT_SPREAD") && s.status.message.contains("needs 3 nodes"),
+        "{}",
+        s.status.message
+    );
+    assert_eq!(
+        (free_cpus(&cluster, "n1"), free_cpus(&cluster, "n2")),
+        (4.0, 4.0)
+    );
+
+    assert!(cluster.add_node(cpus("n3", 4.0)));
+    wait_status(&serve, "a", A::Running).await;
+    let s = observe(&serve, "a", "probe").await;
+    // The replica runs in its first bundle; each bundle holds its own node.
+    assert_eq!(nodes(&s), ["n1"]);
+    let id = s.replicas[0].id;
+    let held: Vec<(String, f64)> = cluster
+        .reservations_of(id)
+        .into_iter()
+        .map(|(n, r)| (n, r.cpus))
+        .collect();
+    assert_eq!(
+        held,
+        [("n1".into(), 1.0), ("n2".into(), 2.0), ("n3".into(), 3.0)]
+    );
+    let free: Vec<f64> = ["n1", "n2", "n3"].map(|n| free_cpus(&cluster, n)).to_vec();
+    assert_eq!(free, [3.0, 2.0, 1.0]);
+
+    // Deleted, the replica gives every bundle back.
+    serve.delete_apps(&["a"], true).await.unwrap();
+    let free: Vec<f64> = ["n1", "n2", "n3"].map(|n| free_cpus(&cluster, n)).to_vec();
+    assert_eq!(free, [4.0, 4.0, 4.0]);
+    assert!(cluster.reservations_of(id).is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn pack_reserves_the_bundles_sum_on_one_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Arc::new(Switches::default());
+    // Only "big" holds both bundles together.
+    let cluster = Arc::new(StaticCluster::new([cpus("small", 2.0), cpus("big", 4.0)]));
+    let serve = start_on(&dir, &sw, cluster.clone()).await;
+    let group = PlacementGroup::new(bundles(&[1.0, 2.0]), PlacementStrategy::Pack);
+    let packed = probe(1, &tag("p")).with_config(|c| c.with_placement_group(group));
+    serve.run(app_of("a", packed)).await.unwrap();
+    let s = observe(&serve, "a", "probe").await;
+    assert_eq!(nodes(&s), ["big"]);
+    assert_eq!(free_cpus(&cluster, "big"), 1.0);
+    assert_eq!(free_cpus(&cluster, "small"), 2.0);
+
+    // A second replica's sum fits no node: pending, naming the strategy.
+    let group = PlacementGroup::new(bundles(&[1.0, 2.0]), PlacementStrategy::Pack);
+    let two = probe(2, &tag("p")).with_config(|c| c.with_placement_group(group));
+    serve
+        .run_many(vec![app_of("a", two)], no_wait())
+        .await
+        .unwrap();
+    let s = wait_snapshot(&serve, "a", "probe", |s| s.pending == 1).await;
+    assert_eq!(
+        s.pending_reason.as_deref(),
+        Some("no node has room: PACK puts its 2 bundles on one node: cpus: need 3, most free 2")
+    );
 }

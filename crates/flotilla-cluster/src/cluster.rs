@@ -7,13 +7,17 @@
 //! and when a node dies.
 
 use std::{
-    collections::HashSet,
+    collections::HashMap,
     sync::{Mutex, MutexGuard, PoisonError},
 };
 
-use flotilla_core::{AppName, DeploymentName, Resources};
+use flotilla_core::{
+    AppName, DeploymentConfig, DeploymentName, PlacementGroup, PlacementStrategy, Resources,
+};
 use flotilla_replica::ReplicaId;
 use tokio::sync::broadcast;
+
+use crate::DeploymentKey;
 
 /// A node's name.
 pub type NodeId = String;
@@ -26,17 +30,96 @@ pub struct Refusal {
     pub missing: String,
 }
 
-/// One replica asking for a place.
+/// One replica asking for a place: what it reserves and where it may go.
+///
+/// Without a placement group the replica reserves `resources` on one node.
+/// With one, it reserves the group's bundles instead (the replica runs in the
+/// first bundle, so its `resources` are inside it, as in Ray): `PACK` and
+/// `STRICT_PACK` reserve the bundles' sum on one node, `STRICT_SPREAD` each
+/// bundle on a different node, `SPREAD` each bundle on a different node where
+/// it can and on a shared one where it cannot. `max_replicas_per_node` keeps
+/// the replica off a node that already runs that many replicas of its
+/// deployment (replicas are counted where they run, not bundles). The node
+/// [`Cluster::place`] returns is where the replica runs (its first bundle's);
+/// every bundle is held under the replica's id until [`Cluster::release`].
+///
+/// ```
+/// use flotilla_cluster::PlacementRequest;
+/// use flotilla_core::{AppName, DeploymentConfig, DeploymentName};
+/// use flotilla_replica::ReplicaId;
+/// let (app, dep) = (AppName::new("a").unwrap(), DeploymentName::new("d").unwrap());
+/// let config = DeploymentConfig::default().with_max_replicas_per_node(1);
+/// let request = PlacementRequest::for_config(ReplicaId(1), &app, &dep, &config);
+/// assert_eq!(request.max_replicas_per_node, Some(1));
+/// assert!(request.placement_group.is_none());
+/// ```
 #[derive(Debug, Clone, Copy)]
 pub struct PlacementRequest<'a> {
-    /// The replica (its reservation is released under this id).
+    /// The replica (its reservations are released under this id).
     pub replica: ReplicaId,
     /// Its application.
     pub app: &'a AppName,
     /// Its deployment (placement spreads one deployment's replicas over nodes).
     pub deployment: &'a DeploymentName,
-    /// What it reserves.
+    /// What the replica itself reserves (inside the first bundle when
+    /// `placement_group` is set).
     pub resources: &'a Resources,
+    /// At most this many replicas of the deployment on one node; `None` is no
+    /// limit.
+    pub max_replicas_per_node: Option<u32>,
+    /// The bundles reserved for the replica and how they are placed; `None`
+    /// reserves `resources` alone.
+    pub placement_group: Option<&'a PlacementGroup>,
+}
+
+impl<'a> PlacementRequest<'a> {
+    /// `replica` of `app`/`deployment` reserving `resources` on one node, with
+    /// no limit per node and no placement group.
+    pub fn new(
+        replica: ReplicaId,
+        app: &'a AppName,
+        deployment: &'a DeploymentName,
+        resources: &'a Resources,
+    ) -> Self {
+        PlacementRequest {
+            replica,
+            app,
+            deployment,
+            resources,
+            max_replicas_per_node: None,
+            placement_group: None,
+        }
+    }
+
+    /// `replica` of `app`/`deployment` placed as `config` says: its resources,
+    /// `max_replicas_per_node` and placement group.
+    pub fn for_config(
+        replica: ReplicaId,
+        app: &'a AppName,
+        deployment: &'a DeploymentName,
+        config: &'a DeploymentConfig,
+    ) -> Self {
+        PlacementRequest {
+            replica,
+            app,
+            deployment,
+            resources: &config.resources,
+            max_replicas_per_node: config.max_replicas_per_node,
+            placement_group: config.placement_group.as_ref(),
+        }
+    }
+
+    /// The same request with at most `n` replicas of the deployment per node.
+    pub fn with_max_replicas_per_node(mut self, n: u32) -> Self {
+        self.max_replicas_per_node = Some(n);
+        self
+    }
+
+    /// The same request reserving `group`'s bundles instead of `resources`.
+    pub fn with_placement_group(mut self, group: &'a PlacementGroup) -> Self {
+        self.placement_group = Some(group);
+        self
+    }
 }
 
 /// What a cluster tells the DeploymentActors subscribed to it.
@@ -51,10 +134,14 @@ pub enum ClusterEvent {
 /// Decides where replicas run. Implementations must be cheap and non-blocking:
 /// DeploymentActors call them from their handlers.
 pub trait Cluster: Send + Sync + 'static {
-    /// Reserve the request's resources on some live node, or refuse.
+    /// Reserve what the request reserves (its resources, or its placement
+    /// group's bundles as the group's strategy says) on live nodes, keeping to
+    /// its `max_replicas_per_node`, and return the node the replica runs on; or
+    /// refuse, saying why. Placing a placed replica again returns its node.
     fn place(&self, request: &PlacementRequest<'_>) -> Result<NodeId, Refusal>;
 
-    /// Give back what `replica` reserved (a no-op for an unknown replica).
+    /// Give back everything `replica` reserved, every bundle of its placement
+    /// group included (a no-op for an unknown replica).
     fn release(&self, replica: ReplicaId);
 
     /// Subscribe to capacity and node-death events. `None` (the default) means the
@@ -84,6 +171,11 @@ pub const DEFAULT_LOCAL_CAPACITY: usize = 200_000;
 /// cluster announces nothing: a subscription would cost every DeploymentActor a
 /// task, for an event that only a full node needs).
 ///
+/// Being one node, it applies `max_replicas_per_node` to the whole deployment
+/// (at most that many of its replicas are placed) and a placement group by its
+/// strategy: `PACK`, `STRICT_PACK` and `SPREAD` (best effort) put every bundle
+/// here; `STRICT_SPREAD` of more than one bundle cannot fit and is refused.
+///
 /// ```
 /// use flotilla_cluster::{Cluster, LocalCluster};
 /// let c = LocalCluster::with_capacity(100);
@@ -92,7 +184,14 @@ pub const DEFAULT_LOCAL_CAPACITY: usize = 200_000;
 #[derive(Debug)]
 pub struct LocalCluster {
     capacity: usize,
-    placed: Mutex<HashSet<ReplicaId>>,
+    placed: Mutex<Placed>,
+}
+
+/// The replicas [`LocalCluster`] placed, and how many per deployment.
+#[derive(Debug, Default)]
+struct Placed {
+    replicas: HashMap<ReplicaId, DeploymentKey>,
+    per_deployment: HashMap<DeploymentKey, u32>,
 }
 
 impl Default for LocalCluster {
@@ -111,7 +210,7 @@ impl LocalCluster {
     pub fn with_capacity(capacity: usize) -> Self {
         LocalCluster {
             capacity,
-            placed: Mutex::new(HashSet::new()),
+            placed: Mutex::new(Placed::default()),
         }
     }
 
@@ -122,10 +221,16 @@ impl LocalCluster {
 
     /// How many replicas hold a place now.
     pub fn placed(&self) -> usize {
-        self.lock().len()
+        self.lock().replicas.len()
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashSet<ReplicaId>> {
+    /// How many replicas of `app`/`deployment` hold a place now.
+    pub fn placed_of(&self, app: &AppName, deployment: &DeploymentName) -> usize {
+        let key = (app.clone(), deployment.clone());
+        self.lock().per_deployment.get(&key).copied().unwrap_or(0) as usize
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Placed> {
         self.placed.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
@@ -133,7 +238,10 @@ impl LocalCluster {
 impl Cluster for LocalCluster {
     fn place(&self, request: &PlacementRequest<'_>) -> Result<NodeId, Refusal> {
         let mut placed = self.lock();
-        if placed.len() >= self.capacity && !placed.contains(&request.replica) {
+        if placed.replicas.contains_key(&request.replica) {
+            return Ok(LOCAL_NODE.to_owned());
+        }
+        if placed.replicas.len() >= self.capacity {
             return Err(Refusal {
                 missing: format!(
                     "the local node holds at most {} replicas (LocalCluster capacity) and \
@@ -142,12 +250,59 @@ impl Cluster for LocalCluster {
                 ),
             });
         }
-        placed.insert(request.replica);
+        if let Some(group) = request.placement_group
+            && group.strategy == PlacementStrategy::StrictSpread
+            && group.bundles.len() > 1
+        {
+            return Err(Refusal {
+                missing: format!(
+                    "STRICT_SPREAD puts each of its {} bundles on a different node: it needs \
+                     {} nodes, and the local cluster is one node",
+                    group.bundles.len(),
+                    group.bundles.len()
+                ),
+            });
+        }
+        let key = (request.app.clone(), request.deployment.clone());
+        let here = placed.per_deployment.get(&key).copied().unwrap_or(0);
+        if let Some(limit) = request.max_replicas_per_node
+            && here >= limit
+        {
+            return Err(limit_refusal(limit, "the local node"));
+        }
+        match placed.per_deployment.get_mut(&key) {
+            Some(n) => *n += 1,
+            None => {
+                placed.per_deployment.insert(key.clone(), 1);
+            }
+        }
+        placed.replicas.insert(request.replica, key);
         Ok(LOCAL_NODE.to_owned())
     }
 
     fn release(&self, replica: ReplicaId) {
-        self.lock().remove(&replica);
+        let mut placed = self.lock();
+        let Some(key) = placed.replicas.remove(&replica) else {
+            return;
+        };
+        if let Some(n) = placed.per_deployment.get_mut(&key) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                placed.per_deployment.remove(&key);
+            }
+        }
+    }
+}
+
+/// Why a replica is refused where `nodes` (e.g. "every live node with room")
+/// already run(s) `limit` replicas of its deployment.
+pub(crate) fn limit_refusal(limit: u32, nodes: &str) -> Refusal {
+    let replicas = if limit == 1 { "replica" } else { "replicas" };
+    Refusal {
+        missing: format!(
+            "max_replicas_per_node is {limit} and {nodes} already runs {limit} {replicas} of \
+             this deployment"
+        ),
     }
 }
 
@@ -166,12 +321,7 @@ mod tests {
             DeploymentName::new("d").unwrap_or_else(|e| panic!("{e}")),
         );
         let r = Resources::default();
-        let req = |id| PlacementRequest {
-            replica: ReplicaId(id),
-            app: &app,
-            deployment: &dep,
-            resources: &r,
-        };
+        let req = |id| PlacementRequest::new(ReplicaId(id), &app, &dep, &r);
         assert_eq!(c.place(&req(1)).as_deref(), Ok("local"));
         assert_eq!(c.place(&req(2)).as_deref(), Ok("local"));
         let refusal = c.place(&req(3)).unwrap_err();
@@ -182,5 +332,66 @@ mod tests {
         assert_eq!(c.placed(), 2, "an unknown release frees nothing");
         c.release(ReplicaId(1));
         assert!(c.place(&req(3)).is_ok());
+    }
+
+    #[test]
+    fn the_local_node_caps_a_deployment_at_max_replicas_per_node() {
+        let c = LocalCluster::with_capacity(10);
+        let a = AppName::new("a").unwrap_or_else(|e| panic!("{e}"));
+        let (d, e) = (
+            DeploymentName::new("d").unwrap_or_else(|e| panic!("{e}")),
+            DeploymentName::new("e").unwrap_or_else(|e| panic!("{e}")),
+        );
+        let r = Resources::default();
+        let req = |id, dep| {
+            PlacementRequest::new(ReplicaId(id), &a, dep, &r).with_max_replicas_per_node(2)
+        };
+        assert!(c.place(&req(1, &d)).is_ok());
+        assert!(c.place(&req(2, &d)).is_ok());
+        let refusal = c.place(&req(3, &d)).unwrap_err();
+        assert_eq!(
+            refusal.missing,
+            "max_replicas_per_node is 2 and the local node already runs 2 replicas of this \
+             deployment"
+        );
+        // Another deployment has its own count; a placed replica is placed again.
+        assert!(c.place(&req(4, &e)).is_ok());
+        assert!(c.place(&req(2, &d)).is_ok());
+        assert_eq!((c.placed_of(&a, &d), c.placed_of(&a, &e)), (2, 1));
+        c.release(ReplicaId(1));
+        assert_eq!(c.placed_of(&a, &d), 1);
+        assert!(c.place(&req(3, &d)).is_ok());
+    }
+
+    #[test]
+    fn the_local_node_holds_every_placement_group_but_a_strict_spread_of_several_bundles() {
+        let c = LocalCluster::with_capacity(10);
+        let (a, d) = (
+            AppName::new("a").unwrap_or_else(|e| panic!("{e}")),
+            DeploymentName::new("d").unwrap_or_else(|e| panic!("{e}")),
+        );
+        let r = Resources::default();
+        let two = vec![Resources::default(), Resources::none().with_gpus(1.0)];
+        for (id, strategy) in [
+            (1, PlacementStrategy::Pack),
+            (2, PlacementStrategy::StrictPack),
+            (3, PlacementStrategy::Spread),
+        ] {
+            let group = PlacementGroup::new(two.clone(), strategy);
+            let req = PlacementRequest::new(ReplicaId(id), &a, &d, &r).with_placement_group(&group);
+            assert_eq!(c.place(&req).as_deref(), Ok(LOCAL_NODE), "{strategy:?}");
+        }
+        let group = PlacementGroup::new(two, PlacementStrategy::StrictSpread);
+        let req = PlacementRequest::new(ReplicaId(4), &a, &d, &r).with_placement_group(&group);
+        let refusal = c.place(&req).unwrap_err();
+        assert_eq!(
+            refusal.to_string(),
+            "no node has room: STRICT_SPREAD puts each of its 2 bundles on a different node: \
+             it needs 2 nodes, and the local cluster is one node"
+        );
+        let one = PlacementGroup::new(vec![Resources::default()], PlacementStrategy::StrictSpread);
+        let req = PlacementRequest::new(ReplicaId(5), &a, &d, &r).with_placement_group(&one);
+        assert!(c.place(&req).is_ok());
+        assert_eq!(c.placed(), 4);
     }
 }

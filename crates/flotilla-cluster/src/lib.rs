@@ -8,6 +8,30 @@
 //! simulator), both on the [`NodePool`] bookkeeping any cluster with nodes can
 //! share. Nodes joined over the network will live here too.
 //!
+//! A [`PlacementRequest`] carries what a deployment's config says about where
+//! its replicas go, and every cluster here applies it:
+//!
+//! - `max_replicas_per_node`: a node already running that many replicas of the
+//!   deployment takes no more of them (replicas are counted, not bundles); a
+//!   replica that would exceed it on every node with room is refused, naming
+//!   the limit. [`LocalCluster`], one node, so places at most that many of the
+//!   deployment's replicas.
+//! - A placement group's bundles are reserved instead of the replica's own
+//!   resources (the replica runs in the first bundle). `PACK` and
+//!   `STRICT_PACK` reserve the bundles' sum on one node; `STRICT_SPREAD` puts
+//!   each bundle on a different live node and is refused, naming the strategy
+//!   and how many nodes it needs and has, when too few fit; `SPREAD` uses
+//!   distinct nodes where it can and lets bundles share a node where it cannot
+//!   (best effort, as Ray). On [`LocalCluster`] every group fits except a
+//!   `STRICT_SPREAD` of more than one bundle.
+//!
+//! [`Cluster::place`] returns the node the replica runs on (its first
+//! bundle's); the cluster holds every bundle under the replica's id, and
+//! [`Cluster::release`] gives all of them back. A refusal leaves the replica
+//! pending with the reason on its deployment's status until a capacity event
+//! (or, on a cluster that announces none, [`PLACEMENT_RETRY`]) lets it try
+//! again.
+//!
 //! It must not start or stop replicas (the DeploymentActor does, where a
 //! cluster said they fit) and must not block: placement is called from actor
 //! handlers.

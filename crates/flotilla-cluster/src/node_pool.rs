@@ -1,20 +1,24 @@
 //! `NodePool`: the bookkeeping every [`Cluster`](crate::Cluster) with nodes of
-//! finite size shares. Nodes with resources, alive or dead; one reservation per
-//! placed replica; what each node has free and whether a request fits; why a
-//! request fits nowhere; replicas per node and per deployment on each node.
+//! finite size shares. Nodes with resources, alive or dead; the reservations of
+//! each placed replica (one, or one per bundle of its placement group); what
+//! each node has free and whether a request fits; the rules every such cluster
+//! applies the same way (`max_replicas_per_node`, the placement group
+//! strategies); why a request fits nowhere; replicas per node and per
+//! deployment on each node.
 //!
-//! It decides nothing: which fitting node a replica gets (spread, pack, ...),
-//! whom to tell, and what to count are its owner's. [`StaticCluster`] wraps
-//! one; the cluster simulator builds its own placement strategies on one.
+//! Its owner decides which of the nodes that fit a replica (or a bundle) gets,
+//! by ranking them (spread, pack, ...), whom to tell, and what to count.
+//! [`StaticCluster`] wraps one; the cluster simulator ranks nodes its own way
+//! on one.
 //!
 //! [`StaticCluster`]: crate::StaticCluster
 
-use std::{collections::HashMap, fmt::Write as _};
+use std::{collections::HashMap, collections::VecDeque, fmt::Write as _};
 
-use flotilla_core::{AppName, DeploymentName, Resources};
+use flotilla_core::{AppName, DeploymentName, PlacementGroup, PlacementStrategy, Resources};
 use flotilla_replica::ReplicaId;
 
-use crate::{NodeId, PlacementRequest, Refusal};
+use crate::{NodeId, PlacementRequest, Refusal, cluster::limit_refusal};
 
 /// Slack for comparing fractional resource amounts.
 const EPS: f64 = 1e-9;
@@ -94,12 +98,14 @@ impl PoolNode {
         self.alive
     }
 
-    /// Replicas holding a reservation on it.
+    /// Replicas running on it (a replica runs where its first bundle is; a
+    /// bundle of a replica running elsewhere does not count).
     pub fn replicas(&self) -> usize {
         self.replicas
     }
 
-    /// Replicas of deployment `key` holding a reservation on it.
+    /// Replicas of deployment `key` running on it (what
+    /// `max_replicas_per_node` limits).
     pub fn replicas_of(&self, key: &DeploymentKey) -> usize {
         self.per_deployment.get(key).copied().unwrap_or(0)
     }
@@ -115,10 +121,21 @@ impl PoolNode {
 }
 
 /// Whether `need` fits a node offering `capacity` of which `used` is taken.
+/// Allocates nothing: it runs for every node of every placement.
 fn fits(capacity: &Resources, used: &Resources, need: &Resources) -> bool {
-    dims(need)
-        .iter()
-        .all(|d| d.amount(need) <= d.amount(capacity) - d.amount(used) + EPS)
+    let room = |need: f64, capacity: f64, used: f64| need <= 0.0 || need <= capacity - used + EPS;
+    let custom = |r: &Resources, k: &str| r.custom.get(k).copied().unwrap_or(0.0);
+    room(need.cpus, capacity.cpus, used.cpus)
+        && room(
+            need.memory_bytes as f64,
+            capacity.memory_bytes as f64,
+            used.memory_bytes as f64,
+        )
+        && room(need.gpus, capacity.gpus, used.gpus)
+        && need
+            .custom
+            .iter()
+            .all(|(k, v)| room(*v, custom(capacity, k), custom(used, k)))
 }
 
 /// One resource dimension.
@@ -177,16 +194,32 @@ fn add(used: &mut Resources, r: &Resources, sign: f64) {
     }
 }
 
+/// What one placed replica holds.
 struct Reservation {
+    /// Where the replica runs (its first bundle's node).
     node: usize,
+    /// What it holds there: its resources, its first bundle, or (`PACK`,
+    /// `STRICT_PACK`) every bundle's sum.
     resources: Resources,
     key: DeploymentKey,
+    /// Its other bundles and their nodes (`SPREAD`, `STRICT_SPREAD`); empty,
+    /// and so not allocated, without a spread placement group.
+    more: Vec<(usize, Resources)>,
 }
 
 /// Nodes and the reservations held on them. Nodes keep their index for the
-/// pool's life (a dead node stays, marked dead), so the index a
-/// [`fitting`](Self::fitting) node comes with is what [`reserve`](Self::reserve)
-/// takes.
+/// pool's life (a dead node stays, marked dead), so the index a node comes
+/// with stays its own.
+///
+/// [`place`](Self::place) applies a [`PlacementRequest`] the same way for every
+/// cluster built on a pool: without a placement group the replica's resources
+/// go on one node; `PACK` and `STRICT_PACK` put the bundles' sum on one node;
+/// `STRICT_SPREAD` puts each bundle on a different live node or refuses;
+/// `SPREAD` puts each bundle on a node no other bundle of the replica took
+/// where it can, and on a shared one where it cannot. A node that already runs
+/// `max_replicas_per_node` replicas of the deployment takes no more of them.
+/// Among the nodes that fit, the owner's ranking picks (lowest first, then the
+/// first declared).
 ///
 /// ```
 /// use flotilla_core::{AppName, DeploymentName, Resources};
@@ -195,9 +228,9 @@ struct Reservation {
 /// let mut pool = NodePool::new([NodeSpec::new("n1", Resources::default().with_cpus(1.0))]);
 /// let (app, dep) = (AppName::new("a").unwrap(), DeploymentName::new("d").unwrap());
 /// let one = Resources::default();
-/// let request = PlacementRequest { replica: ReplicaId(1), app: &app, deployment: &dep, resources: &one };
-/// let (idx, _) = pool.fitting(&one).next().unwrap();
-/// assert_eq!(pool.reserve(idx, &request), "n1");
+/// let request = PlacementRequest::new(ReplicaId(1), &app, &dep, &one);
+/// // Rank nodes by how many replicas they run: the least loaded wins.
+/// assert_eq!(pool.place(&request, |_, node, _| node.replicas()).unwrap(), "n1");
 /// assert!(pool.fitting(&one).next().is_none());
 /// assert_eq!(pool.refusal(&one).missing, "cpus: need 1, most free 0");
 /// assert!(pool.release(ReplicaId(1)));
@@ -256,7 +289,8 @@ impl NodePool {
         self.live_node(name).is_some()
     }
 
-    /// The live nodes with room for `need`, with their indexes.
+    /// The live nodes with room for `need`, with their indexes (resources
+    /// only: no limit per node, no placement group).
     pub fn fitting<'a>(
         &'a self,
         need: &'a Resources,
@@ -267,18 +301,34 @@ impl NodePool {
             .filter(move |(_, n)| n.alive && n.fits(need))
     }
 
-    /// Where `replica` holds its reservation.
+    /// Where `replica` runs (its first bundle's node).
     pub fn node_of(&self, replica: ReplicaId) -> Option<&PoolNode> {
         let r = self.reservations.get(&replica)?;
         self.nodes.get(r.node)
     }
 
-    /// Reservations held.
+    /// Everything `replica` holds, node by node: where it runs first, then its
+    /// other bundles in order (a bundle on a node that died since is gone).
+    pub fn reservations_of(
+        &self,
+        replica: ReplicaId,
+    ) -> impl Iterator<Item = (&PoolNode, &Resources)> + '_ {
+        self.reservations
+            .get(&replica)
+            .into_iter()
+            .flat_map(|r| {
+                std::iter::once((r.node, &r.resources))
+                    .chain(r.more.iter().map(|(node, res)| (*node, res)))
+            })
+            .filter_map(|(node, res)| Some((self.nodes.get(node)?, res)))
+    }
+
+    /// Replicas holding reservations.
     pub fn reserved(&self) -> usize {
         self.reservations.len()
     }
 
-    /// Reservations held by replicas of application `app` (all its deployments).
+    /// Replicas of application `app` (all its deployments) holding reservations.
     pub fn reserved_by(&self, app: &str) -> usize {
         self.reservations
             .values()
@@ -286,31 +336,313 @@ impl NodePool {
             .count()
     }
 
-    /// Reserve `request`'s resources on node `node` (an index from
-    /// [`fitting`](Self::fitting)) and return the node's name. The caller checks
-    /// that the replica holds no reservation yet and that the node fits.
+    /// Place `request` (see the type's rules) and return the node where the
+    /// replica runs, or refuse saying why. Among the live nodes that fit (a
+    /// replica, a bundle, or a group's sum), the one with the lowest
+    /// `rank(index, node, deployment)` is taken, the first declared on a tie;
+    /// a spread group ranks once per bundle, with its earlier bundles already
+    /// held. A replica that holds reservations already gets its node back and
+    /// nothing more is reserved.
     ///
-    /// # Panics
-    /// If `node` is not an index of the pool.
-    pub fn reserve(&mut self, node: usize, request: &PlacementRequest<'_>) -> NodeId {
+    /// Without a placement group nothing is allocated beyond the reservation's
+    /// own record.
+    pub fn place<K: PartialOrd>(
+        &mut self,
+        request: &PlacementRequest<'_>,
+        mut rank: impl FnMut(usize, &PoolNode, &DeploymentKey) -> K,
+    ) -> Result<NodeId, Refusal> {
+        if let Some(node) = self.node_of(request.replica) {
+            return Ok(node.spec.name.clone());
+        }
         let key = (request.app.clone(), request.deployment.clone());
+        let limit = request.max_replicas_per_node;
+        let Some(group) = request.placement_group else {
+            return match self.best(request.resources, &key, limit, &[], &mut rank) {
+                Some(node) => {
+                    add(&mut self.nodes[node].used, request.resources, 1.0);
+                    Ok(self.record(
+                        request.replica,
+                        node,
+                        request.resources.clone(),
+                        key,
+                        Vec::new(),
+                    ))
+                }
+                None => Err(self.no_room(request.resources, limit)),
+            };
+        };
+        if group.bundles.is_empty() {
+            return Err(Refusal {
+                missing: "its placement group has no bundle".to_owned(),
+            });
+        }
+        match group.strategy {
+            PlacementStrategy::Pack | PlacementStrategy::StrictPack => {
+                let sum = group.total();
+                match self.best(&sum, &key, limit, &[], &mut rank) {
+                    Some(node) => {
+                        add(&mut self.nodes[node].used, &sum, 1.0);
+                        Ok(self.record(request.replica, node, sum, key, Vec::new()))
+                    }
+                    None => Err(Refusal {
+                        missing: format!(
+                            "{} puts its {} on one node: {}",
+                            group.strategy.name(),
+                            bundles(group.bundles.len()),
+                            self.no_room(&sum, limit).missing
+                        ),
+                    }),
+                }
+            }
+            PlacementStrategy::Spread => {
+                self.spread(request.replica, group, key, limit, false, rank)
+            }
+            PlacementStrategy::StrictSpread => {
+                self.spread(request.replica, group, key, limit, true, rank)
+            }
+        }
+    }
+
+    /// The live node with room for `need` (and under `limit` replicas of `key`),
+    /// not in `exclude`, that `rank` puts lowest; the first declared on a tie.
+    fn best<K: PartialOrd>(
+        &self,
+        need: &Resources,
+        key: &DeploymentKey,
+        limit: Option<u32>,
+        exclude: &[usize],
+        rank: &mut impl FnMut(usize, &PoolNode, &DeploymentKey) -> K,
+    ) -> Option<usize> {
+        let mut best: Option<(K, usize)> = None;
+        for (i, n) in self.nodes.iter().enumerate() {
+            if !self.takes(i, need, key, limit) || exclude.contains(&i) {
+                continue;
+            }
+            let k = rank(i, n, key);
+            if best.as_ref().is_none_or(|(b, _)| k < *b) {
+                best = Some((k, i));
+            }
+        }
+        best.map(|(_, i)| i)
+    }
+
+    /// Whether node `i` is alive, has room for `need` and runs fewer than
+    /// `limit` replicas of `key`.
+    fn takes(&self, i: usize, need: &Resources, key: &DeploymentKey, limit: Option<u32>) -> bool {
+        self.nodes.get(i).is_some_and(|n| {
+            n.alive && n.fits(need) && limit.is_none_or(|l| n.replicas_of(key) < l as usize)
+        })
+    }
+
+    /// `SPREAD` (`strict` false) and `STRICT_SPREAD` (`strict` true): each bundle
+    /// on a node none of the replica's other bundles took, in bundle order by
+    /// `rank`; under `SPREAD` a bundle with no such node shares one. Where that
+    /// greedy pass fails, any assignment to distinct nodes is looked for before
+    /// refusing.
+    fn spread<K: PartialOrd>(
+        &mut self,
+        replica: ReplicaId,
+        group: &PlacementGroup,
+        key: DeploymentKey,
+        limit: Option<u32>,
+        strict: bool,
+        mut rank: impl FnMut(usize, &PoolNode, &DeploymentKey) -> K,
+    ) -> Result<NodeId, Refusal> {
+        let n = group.bundles.len();
+        let mut taken: Vec<usize> = Vec::with_capacity(n);
+        // What each node touched held before, restored exactly on failure (no
+        // drift from adding and subtracting fractions on every retry).
+        let mut before: Vec<(usize, Resources)> = Vec::with_capacity(n);
+        let mut failed = None;
+        for (b, bundle) in group.bundles.iter().enumerate() {
+            // The replica runs in its first bundle: the limit is that node's.
+            let lim = if b == 0 { limit } else { None };
+            let mut pick = self.best(bundle, &key, lim, &taken, &mut rank);
+            if pick.is_none() && !strict {
+                pick = self.best(bundle, &key, lim, &[], &mut rank);
+            }
+            let Some(node) = pick else {
+                // Why, while the bundles before it are still held.
+                failed = Some((b, self.no_room(bundle, lim)));
+                break;
+            };
+            if !taken.contains(&node) {
+                before.push((node, self.nodes[node].used.clone()));
+            }
+            add(&mut self.nodes[node].used, bundle, 1.0);
+            taken.push(node);
+        }
+        if let Some((b, why)) = failed {
+            for (node, used) in before {
+                self.nodes[node].used = used;
+            }
+            // The greedy pass can miss an assignment to distinct nodes (an early
+            // bundle taking the only node a later one fits).
+            let distinct = self.distinct_nodes(&group.bundles, &key, limit);
+            if distinct.len() < n {
+                return Err(if strict {
+                    self.strict_spread_refusal(group, &key, limit, distinct.len())
+                } else {
+                    Refusal {
+                        missing: format!(
+                            "SPREAD: no room for bundle #{} of {n} beside the ones before it: {}",
+                            b + 1,
+                            why.missing
+                        ),
+                    }
+                });
+            }
+            for (node, bundle) in distinct.iter().zip(&group.bundles) {
+                add(&mut self.nodes[*node].used, bundle, 1.0);
+            }
+            taken = distinct;
+        }
+        let mut bundles = group.bundles.iter().cloned();
+        let first = bundles.next().unwrap_or_else(Resources::none);
+        let more = taken.iter().skip(1).copied().zip(bundles).collect();
+        // Every bundle has a node here, and there is at least one bundle.
+        let node = taken.first().copied().unwrap_or(0);
+        Ok(self.record(replica, node, first, key, more))
+    }
+
+    /// Why `STRICT_SPREAD` cannot place `group` when at most `placed` of its
+    /// bundles fit on distinct nodes: how many nodes it needs and how many have
+    /// room, and any bundle that fits no node at all.
+    fn strict_spread_refusal(
+        &self,
+        group: &PlacementGroup,
+        key: &DeploymentKey,
+        limit: Option<u32>,
+        placed: usize,
+    ) -> Refusal {
+        let live = self.live().count();
+        if live == 0 {
+            return Refusal {
+                missing: "the cluster has no live node".to_owned(),
+            };
+        }
+        let mut missing = format!(
+            "STRICT_SPREAD puts each of its {} on a different node: it needs {} nodes with \
+             room, and has {placed} (of {live} live)",
+            bundles(group.bundles.len()),
+            group.bundles.len(),
+        );
+        for (b, bundle) in group.bundles.iter().enumerate() {
+            let lim = if b == 0 { limit } else { None };
+            if !(0..self.nodes.len()).any(|i| self.takes(i, bundle, key, lim)) {
+                let _ = write!(
+                    missing,
+                    "; bundle #{}: {}",
+                    b + 1,
+                    self.no_room(bundle, lim).missing
+                );
+            }
+        }
+        Refusal { missing }
+    }
+
+    /// A node for each of `bundles`, all different, if there is such an
+    /// assignment (bundle `b` on node `out[b]`); otherwise the most bundles
+    /// that fit on distinct nodes, as nodes in no bundle order (only the
+    /// length means anything then). Bipartite matching by breadth-first
+    /// augmenting paths, without recursion; run only when the greedy pass
+    /// failed.
+    fn distinct_nodes(
+        &self,
+        bundles: &[Resources],
+        key: &DeploymentKey,
+        limit: Option<u32>,
+    ) -> Vec<usize> {
+        let fits: Vec<Vec<usize>> = bundles
+            .iter()
+            .enumerate()
+            .map(|(b, bundle)| {
+                let lim = if b == 0 { limit } else { None };
+                (0..self.nodes.len())
+                    .filter(|i| self.takes(*i, bundle, key, lim))
+                    .collect()
+            })
+            .collect();
+        let nodes = self.nodes.len();
+        let mut holder: Vec<Option<usize>> = vec![None; nodes];
+        let mut node_of: Vec<Option<usize>> = vec![None; bundles.len()];
+        for b in 0..bundles.len() {
+            // Breadth first over alternating paths from bundle b.
+            let mut via: Vec<Option<usize>> = vec![None; nodes];
+            let mut queue = VecDeque::from([b]);
+            let mut free = None;
+            'search: while let Some(x) = queue.pop_front() {
+                for &j in &fits[x] {
+                    if via[j].is_some() {
+                        continue;
+                    }
+                    via[j] = Some(x);
+                    match holder[j] {
+                        None => {
+                            free = Some(j);
+                            break 'search;
+                        }
+                        Some(y) => queue.push_back(y),
+                    }
+                }
+            }
+            // Flip the path: each node on it goes to the bundle that reached it.
+            let mut at = free;
+            while let Some(j) = at {
+                let Some(x) = via[j] else { break };
+                holder[j] = Some(x);
+                at = node_of[x].replace(j);
+            }
+        }
+        // Complete, this is in bundle order; otherwise only its length counts.
+        node_of.into_iter().flatten().collect()
+    }
+
+    /// Record what `replica` holds (already added to the nodes' use) and
+    /// return the name of the node it runs on.
+    fn record(
+        &mut self,
+        replica: ReplicaId,
+        node: usize,
+        resources: Resources,
+        key: DeploymentKey,
+        more: Vec<(usize, Resources)>,
+    ) -> NodeId {
         let n = &mut self.nodes[node];
-        add(&mut n.used, request.resources, 1.0);
         n.replicas += 1;
-        *n.per_deployment.entry(key.clone()).or_insert(0) += 1;
+        // No key allocated for a deployment the node already counts.
+        match n.per_deployment.get_mut(&key) {
+            Some(count) => *count += 1,
+            None => {
+                n.per_deployment.insert(key.clone(), 1);
+            }
+        }
         let name = n.spec.name.clone();
         self.reservations.insert(
-            request.replica,
+            replica,
             Reservation {
                 node,
-                resources: request.resources.clone(),
+                resources,
                 key,
+                more,
             },
         );
         name
     }
 
-    /// Give back what `replica` reserved; false if it held nothing.
+    /// Why `need` fits no live node once `limit` replicas of the deployment
+    /// per node are counted: the limit where some node has the room (so every
+    /// such node is at the limit), else [`refusal`](Self::refusal).
+    fn no_room(&self, need: &Resources, limit: Option<u32>) -> Refusal {
+        if let Some(l) = limit
+            && self.fitting(need).next().is_some()
+        {
+            return limit_refusal(l, "every live node with room");
+        }
+        self.refusal(need)
+    }
+
+    /// Give back everything `replica` holds; false if it held nothing.
     pub fn release(&mut self, replica: ReplicaId) -> bool {
         let Some(r) = self.reservations.remove(&replica) else {
             return false;
@@ -325,6 +657,11 @@ impl NodePool {
                 }
             }
         }
+        for (i, bundle) in &r.more {
+            if let Some(node) = self.nodes.get_mut(*i) {
+                add(&mut node.used, bundle, -1.0);
+            }
+        }
         true
     }
 
@@ -337,9 +674,11 @@ impl NodePool {
         ids.len()
     }
 
-    /// Kill the live node `name`: its reservations are dropped. Returns the
-    /// deployment of each reservation it held, or `None` for an unknown or
-    /// already dead node.
+    /// Kill the live node `name`: the replicas running on it lose everything
+    /// they hold (their bundles on other nodes too), and the bundles it held
+    /// for replicas running elsewhere are gone (those replicas keep running).
+    /// Returns the deployment of each replica that ran on it, or `None` for an
+    /// unknown or already dead node.
     pub fn kill(&mut self, name: &str) -> Option<Vec<DeploymentKey>> {
         let idx = self
             .nodes
@@ -354,7 +693,14 @@ impl NodePool {
         for (id, _) in &lost {
             self.release(*id);
         }
-        self.nodes[idx].alive = false;
+        for r in self.reservations.values_mut() {
+            r.more.retain(|(node, _)| *node != idx);
+        }
+        let node = &mut self.nodes[idx];
+        node.alive = false;
+        node.used = Resources::none();
+        node.replicas = 0;
+        node.per_deployment.clear();
         Some(lost.into_iter().map(|(_, key)| key).collect())
     }
 
@@ -410,5 +756,310 @@ impl NodePool {
             }
         }
         (!missing.is_empty()).then_some(missing)
+    }
+}
+
+/// "1 bundle", "3 bundles".
+fn bundles(n: usize) -> String {
+    if n == 1 {
+        "1 bundle".to_owned()
+    } else {
+        format!("{n} bundles")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use flotilla_core::{AppName, DeploymentName, PlacementGroup, PlacementStrategy as S};
+
+    use super::*;
+
+    fn names() -> (AppName, DeploymentName, DeploymentName) {
+        (
+            AppName::new("a").unwrap(),
+            DeploymentName::new("d").unwrap(),
+            DeploymentName::new("e").unwrap(),
+        )
+    }
+
+    fn cpus(n: f64) -> Resources {
+        Resources::none().with_cpus(n)
+    }
+
+    fn pool(nodes: &[(&str, Resources)]) -> NodePool {
+        NodePool::new(nodes.iter().map(|(n, r)| NodeSpec::new(*n, r.clone())))
+    }
+
+    /// The first declared node that fits wins (rank ties everywhere).
+    fn first(pool: &mut NodePool, request: &PlacementRequest<'_>) -> Result<NodeId, Refusal> {
+        pool.place(request, |_, _, _| 0)
+    }
+
+    /// Spread by replicas of the deployment, as StaticCluster does.
+    fn spread(pool: &mut NodePool, request: &PlacementRequest<'_>) -> Result<NodeId, Refusal> {
+        pool.place(request, |i, n, key| (n.replicas_of(key), n.replicas(), i))
+    }
+
+    fn free(pool: &NodePool, node: &str) -> f64 {
+        pool.node(node).unwrap().free().cpus
+    }
+
+    fn held(pool: &NodePool, id: u64) -> Vec<(String, f64)> {
+        pool.reservations_of(ReplicaId(id))
+            .map(|(n, r)| (n.name().to_owned(), r.cpus))
+            .collect()
+    }
+
+    #[test]
+    fn a_node_at_max_replicas_per_node_takes_no_more_of_that_deployment() {
+        let mut p = pool(&[("n1", cpus(4.0)), ("n2", cpus(4.0))]);
+        let (a, d, e) = names();
+        let one = cpus(1.0);
+        let req = |id, dep| PlacementRequest::new(ReplicaId(id), &a, dep, &one);
+        // With the first node always preferred, the limit alone spreads them.
+        assert_eq!(
+            first(&mut p, &req(1, &d).with_max_replicas_per_node(1)).unwrap(),
+            "n1"
+        );
+        assert_eq!(
+            first(&mut p, &req(2, &d).with_max_replicas_per_node(1)).unwrap(),
+            "n2"
+        );
+        let refusal = first(&mut p, &req(3, &d).with_max_replicas_per_node(1)).unwrap_err();
+        assert_eq!(
+            refusal.missing,
+            "max_replicas_per_node is 1 and every live node with room already runs 1 replica \
+             of this deployment"
+        );
+        // Another deployment is not counted, nor is a request without the limit.
+        assert_eq!(
+            first(&mut p, &req(4, &e).with_max_replicas_per_node(1)).unwrap(),
+            "n1"
+        );
+        assert_eq!(first(&mut p, &req(5, &d)).unwrap(), "n1");
+        // A limit of 2: n1 runs two of d's replicas, n2 one.
+        assert_eq!(
+            p.node("n1").unwrap().replicas_of(&(a.clone(), d.clone())),
+            2
+        );
+        assert_eq!(
+            first(&mut p, &req(6, &d).with_max_replicas_per_node(2)).unwrap(),
+            "n2"
+        );
+        let refusal = first(&mut p, &req(7, &d).with_max_replicas_per_node(2)).unwrap_err();
+        assert!(
+            refusal.missing.contains("already runs 2 replicas"),
+            "{refusal}"
+        );
+        // Released, a replica's place is free again.
+        assert!(p.release(ReplicaId(2)));
+        assert_eq!(
+            first(&mut p, &req(7, &d).with_max_replicas_per_node(2)).unwrap(),
+            "n2"
+        );
+    }
+
+    #[test]
+    fn without_room_anywhere_the_refusal_names_the_resource_not_the_limit() {
+        let mut p = pool(&[("n1", cpus(1.0)), ("n2", cpus(4.0))]);
+        let (a, d, _) = names();
+        let (one, three) = (cpus(1.0), cpus(3.0));
+        let req =
+            |id, r| PlacementRequest::new(ReplicaId(id), &a, &d, r).with_max_replicas_per_node(1);
+        assert_eq!(first(&mut p, &req(1, &one)).unwrap(), "n1");
+        assert_eq!(first(&mut p, &req(2, &three)).unwrap(), "n2");
+        // n1 is full; n2 has room for one CPU but runs d's one replica.
+        let refusal = first(&mut p, &req(3, &one)).unwrap_err();
+        assert!(
+            refusal.missing.starts_with("max_replicas_per_node is 1"),
+            "{refusal}"
+        );
+        // Room for three CPUs is nowhere: that is said, not the limit.
+        let refusal = first(&mut p, &req(4, &three)).unwrap_err();
+        assert_eq!(refusal.missing, "cpus: need 3, most free 1");
+    }
+
+    #[test]
+    fn pack_and_strict_pack_reserve_the_bundles_sum_on_one_node() {
+        let mut p = pool(&[("small", cpus(2.0)), ("big", cpus(4.0))]);
+        let (a, d, _) = names();
+        let one = cpus(1.0);
+        for (id, strategy) in [(1, S::Pack), (2, S::StrictPack)] {
+            let group = PlacementGroup::new(vec![cpus(1.0), cpus(2.0)], strategy);
+            let req =
+                PlacementRequest::new(ReplicaId(id), &a, &d, &one).with_placement_group(&group);
+            assert_eq!(first(&mut p, &req).unwrap(), "big", "{strategy:?}");
+            assert_eq!(held(&p, id), [("big".to_owned(), 3.0)]);
+            assert_eq!(free(&p, "big"), 1.0);
+            assert_eq!(free(&p, "small"), 2.0);
+            // A pack's bundles are one replica on one node.
+            assert_eq!(p.node("big").unwrap().replicas(), 1);
+            assert!(p.release(ReplicaId(id)));
+            assert_eq!(free(&p, "big"), 4.0);
+        }
+        let group = PlacementGroup::new(vec![cpus(3.0), cpus(2.0)], S::StrictPack);
+        let req = PlacementRequest::new(ReplicaId(3), &a, &d, &one).with_placement_group(&group);
+        let refusal = first(&mut p, &req).unwrap_err();
+        assert_eq!(
+            refusal.missing,
+            "STRICT_PACK puts its 2 bundles on one node: cpus: need 5, most free 4"
+        );
+        assert_eq!(p.reserved(), 0);
+    }
+
+    #[test]
+    fn strict_spread_puts_each_bundle_on_a_different_node_or_refuses_counting_nodes() {
+        let mut p = pool(&[("n1", cpus(8.0)), ("n2", cpus(8.0))]);
+        let (a, d, _) = names();
+        let one = cpus(1.0);
+        let group = PlacementGroup::new(vec![cpus(1.0), cpus(2.0), cpus(3.0)], S::StrictSpread);
+        let req = PlacementRequest::new(ReplicaId(1), &a, &d, &one).with_placement_group(&group);
+        let refusal = spread(&mut p, &req).unwrap_err();
+        assert_eq!(
+            refusal.missing,
+            "STRICT_SPREAD puts each of its 3 bundles on a different node: it needs 3 nodes \
+             with room, and has 2 (of 2 live)"
+        );
+        // Nothing stays held after a refusal.
+        assert_eq!(
+            (free(&p, "n1"), free(&p, "n2"), p.reserved()),
+            (8.0, 8.0, 0)
+        );
+
+        assert!(p.add(NodeSpec::new("n3", cpus(8.0))));
+        // The replica runs where its first bundle is.
+        assert_eq!(spread(&mut p, &req).unwrap(), "n1");
+        assert_eq!(
+            held(&p, 1),
+            [
+                ("n1".to_owned(), 1.0),
+                ("n2".to_owned(), 2.0),
+                ("n3".to_owned(), 3.0)
+            ]
+        );
+        // Replicas, not bundles, are counted per node.
+        let replicas: Vec<usize> = p.nodes().iter().map(PoolNode::replicas).collect();
+        assert_eq!(replicas, [1, 0, 0]);
+        // Placing again is idempotent; releasing gives every bundle back.
+        assert_eq!(spread(&mut p, &req).unwrap(), "n1");
+        assert!(p.release(ReplicaId(1)));
+        assert_eq!(
+            (free(&p, "n1"), free(&p, "n2"), free(&p, "n3")),
+            (8.0, 8.0, 8.0)
+        );
+        assert_eq!(held(&p, 1), []);
+    }
+
+    #[test]
+    fn strict_spread_finds_distinct_nodes_the_greedy_pass_misses_and_names_a_bundle_that_fits_nowhere()
+     {
+        // n1 is preferred, but the GPU bundle fits only there.
+        let mut p = pool(&[("n1", cpus(1.0).with_gpus(1.0)), ("n2", cpus(1.0))]);
+        let (a, d, _) = names();
+        let one = cpus(1.0);
+        let group = PlacementGroup::new(
+            vec![cpus(1.0), Resources::none().with_gpus(1.0)],
+            S::StrictSpread,
+        );
+        let req = PlacementRequest::new(ReplicaId(1), &a, &d, &one).with_placement_group(&group);
+        assert_eq!(first(&mut p, &req).unwrap(), "n2");
+        assert_eq!(
+            held(&p, 1),
+            [("n2".to_owned(), 1.0), ("n1".to_owned(), 0.0)]
+        );
+        assert_eq!(p.node("n1").unwrap().free().gpus, 0.0);
+
+        let tpu = PlacementGroup::new(
+            vec![cpus(0.5), Resources::none().with_custom("tpu", 1.0)],
+            S::StrictSpread,
+        );
+        let half = cpus(0.5);
+        let req = PlacementRequest::new(ReplicaId(2), &a, &d, &half).with_placement_group(&tpu);
+        let refusal = first(&mut p, &req).unwrap_err();
+        assert_eq!(
+            refusal.missing,
+            "STRICT_SPREAD puts each of its 2 bundles on a different node: it needs 2 nodes \
+             with room, and has 1 (of 2 live); bundle #2: tpu: need 1, most free 0"
+        );
+    }
+
+    #[test]
+    fn spread_uses_distinct_nodes_where_it_can_and_shares_where_it_cannot() {
+        let mut p = pool(&[("n1", cpus(4.0)), ("n2", cpus(4.0))]);
+        let (a, d, _) = names();
+        let one = cpus(1.0);
+        let group = PlacementGroup::new(vec![cpus(1.0), cpus(1.0), cpus(2.0)], S::Spread);
+        let req = PlacementRequest::new(ReplicaId(1), &a, &d, &one).with_placement_group(&group);
+        assert_eq!(first(&mut p, &req).unwrap(), "n1");
+        // The third bundle has no node of its own: it shares the first one that fits.
+        assert_eq!(
+            held(&p, 1),
+            [
+                ("n1".to_owned(), 1.0),
+                ("n2".to_owned(), 1.0),
+                ("n1".to_owned(), 2.0)
+            ]
+        );
+        assert_eq!((free(&p, "n1"), free(&p, "n2")), (1.0, 3.0));
+        let big = PlacementGroup::new(vec![cpus(1.0), cpus(3.5)], S::Spread);
+        let req = PlacementRequest::new(ReplicaId(2), &a, &d, &one).with_placement_group(&big);
+        let refusal = first(&mut p, &req).unwrap_err();
+        assert_eq!(
+            refusal.missing,
+            "SPREAD: no room for bundle #2 of 2 beside the ones before it: cpus: need 3.5, \
+             most free 3"
+        );
+        assert_eq!(
+            (free(&p, "n1"), free(&p, "n2")),
+            (1.0, 3.0),
+            "nothing left held"
+        );
+        assert!(p.release(ReplicaId(1)));
+        assert_eq!((free(&p, "n1"), free(&p, "n2")), (4.0, 4.0));
+    }
+
+    #[test]
+    fn a_dead_node_takes_its_replicas_whole_and_its_bundles_of_others_with_it() {
+        let mut p = pool(&[("n1", cpus(4.0)), ("n2", cpus(4.0)), ("n3", cpus(4.0))]);
+        let (a, d, _) = names();
+        let one = cpus(1.0);
+        let group = PlacementGroup::new(vec![cpus(1.0), cpus(2.0)], S::StrictSpread);
+        let req =
+            |id| PlacementRequest::new(ReplicaId(id), &a, &d, &one).with_placement_group(&group);
+        assert_eq!(spread(&mut p, &req(1)).unwrap(), "n1");
+        assert_eq!(spread(&mut p, &req(2)).unwrap(), "n2");
+        assert_eq!(
+            held(&p, 1),
+            [("n1".to_owned(), 1.0), ("n2".to_owned(), 2.0)]
+        );
+        assert_eq!(
+            held(&p, 2),
+            [("n2".to_owned(), 1.0), ("n3".to_owned(), 2.0)]
+        );
+        // n2 dies: replica 2 ran there and is lost, with its bundle on n3;
+        // replica 1 runs on, without its bundle on n2.
+        assert_eq!(p.kill("n2").unwrap(), [(a.clone(), d.clone())]);
+        assert_eq!(held(&p, 1), [("n1".to_owned(), 1.0)]);
+        assert_eq!(held(&p, 2), []);
+        assert_eq!((free(&p, "n1"), free(&p, "n3")), (3.0, 4.0));
+        assert_eq!(p.node_of(ReplicaId(1)).unwrap().name(), "n1");
+        assert!(p.release(ReplicaId(1)));
+        assert_eq!(free(&p, "n1"), 4.0);
+        // Back, the node is empty.
+        assert!(p.add(NodeSpec::new("n2", cpus(4.0))));
+        assert_eq!(free(&p, "n2"), 4.0);
+    }
+
+    #[test]
+    fn a_placement_group_without_bundles_is_refused() {
+        let mut p = pool(&[("n1", cpus(4.0))]);
+        let (a, d, _) = names();
+        let one = cpus(1.0);
+        let group = PlacementGroup::new(vec![], S::StrictSpread);
+        let req = PlacementRequest::new(ReplicaId(1), &a, &d, &one).with_placement_group(&group);
+        assert_eq!(
+            first(&mut p, &req).unwrap_err().missing,
+            "its placement group has no bundle"
+        );
     }
 }

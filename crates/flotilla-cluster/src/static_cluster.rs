@@ -15,9 +15,11 @@ use crate::{
 /// Events a slow subscriber may fall behind by before it resynchronises.
 const EVENT_BUFFER: usize = 256;
 
-/// A fixed set of nodes. Placement spreads: a replica goes to the live node with
-/// room that holds the fewest replicas of its deployment (then the fewest replicas
-/// overall, then the first declared). Releasing a reservation or adding a node
+/// A fixed set of nodes. Placement spreads: a replica (or each bundle of a
+/// spread placement group) goes to the live node with room that holds the
+/// fewest replicas of its deployment (then the fewest replicas overall, then
+/// the first declared); the limit per node and the placement group strategies
+/// are applied as [`NodePool::place`] says. Releasing a reservation or adding a node
 /// announces [`ClusterEvent::CapacityFreed`]; [`kill_node`](Self::kill_node)
 /// announces [`ClusterEvent::NodeDied`]. The bookkeeping is a [`NodePool`]'s.
 ///
@@ -99,9 +101,18 @@ impl StaticCluster {
         self.lock().node(name).map_or(0, PoolNode::replicas)
     }
 
-    /// Where `replica` holds its reservation.
+    /// Where `replica` runs (its first bundle's node).
     pub fn node_of(&self, replica: ReplicaId) -> Option<NodeId> {
         self.lock().node_of(replica).map(|n| n.name().to_owned())
+    }
+
+    /// Everything `replica` holds, node by node: where it runs first, then
+    /// its other bundles in order (empty for an unknown replica).
+    pub fn reservations_of(&self, replica: ReplicaId) -> Vec<(NodeId, Resources)> {
+        self.lock()
+            .reservations_of(replica)
+            .map(|(n, r)| (n.name().to_owned(), r.clone()))
+            .collect()
     }
 }
 
@@ -112,15 +123,7 @@ impl Cluster for StaticCluster {
             // Placing twice is idempotent.
             return Ok(node.name().to_owned());
         }
-        let key = (request.app.clone(), request.deployment.clone());
-        let best = pool
-            .fitting(request.resources)
-            .min_by_key(|(i, n)| (n.replicas_of(&key), n.replicas(), *i))
-            .map(|(i, _)| i);
-        match best {
-            Some(idx) => Ok(pool.reserve(idx, request)),
-            None => Err(pool.refusal(request.resources)),
-        }
+        pool.place(request, |i, n, key| (n.replicas_of(key), n.replicas(), i))
     }
 
     fn release(&self, replica: ReplicaId) {
@@ -141,7 +144,7 @@ impl Cluster for StaticCluster {
 
 #[cfg(test)]
 mod tests {
-    use flotilla_core::{AppName, DeploymentName};
+    use flotilla_core::{AppName, DeploymentName, PlacementGroup, PlacementStrategy};
 
     use super::*;
 
@@ -159,12 +162,7 @@ mod tests {
         dep: &'a DeploymentName,
         r: &'a Resources,
     ) -> PlacementRequest<'a> {
-        PlacementRequest {
-            replica: ReplicaId(id),
-            app,
-            deployment: dep,
-            resources: r,
-        }
+        PlacementRequest::new(ReplicaId(id), app, dep, r)
     }
 
     #[test]
@@ -236,5 +234,64 @@ mod tests {
         let custom = Resources::none().with_custom("tpu", 2.0);
         let refusal = c.place(&req(2, &a, &d, &custom)).unwrap_err();
         assert_eq!(refusal.missing, "tpu: need 2, most free 0");
+    }
+
+    #[test]
+    fn the_limit_per_node_and_placement_groups_apply_and_release_announces() {
+        let c = StaticCluster::new([
+            NodeSpec::new("n1", Resources::default().with_cpus(4.0)),
+            NodeSpec::new("n2", Resources::default().with_cpus(4.0)),
+        ]);
+        let mut rx = c.subscribe().unwrap();
+        let (a, d, e) = names();
+        let one = Resources::default();
+        let limited = |id| req(id, &a, &d, &one).with_max_replicas_per_node(1);
+        assert_eq!(c.place(&limited(1)).unwrap(), "n1");
+        assert_eq!(c.place(&limited(2)).unwrap(), "n2");
+        let refusal = c.place(&limited(3)).unwrap_err();
+        assert!(
+            refusal.missing.starts_with("max_replicas_per_node is 1"),
+            "{refusal}"
+        );
+
+        // PACK: the sum on one node, where the replica runs.
+        let pack = PlacementGroup::new(
+            vec![
+                Resources::none().with_cpus(1.0),
+                Resources::none().with_cpus(1.5),
+            ],
+            PlacementStrategy::Pack,
+        );
+        let packed = req(4, &a, &e, &one).with_placement_group(&pack);
+        assert_eq!(c.place(&packed).unwrap(), "n1");
+        assert_eq!(c.free("n1").unwrap().cpus, 0.5);
+        assert_eq!(
+            c.reservations_of(ReplicaId(4)),
+            [("n1".to_owned(), Resources::none().with_cpus(2.5))]
+        );
+
+        // STRICT_SPREAD: one bundle on each node.
+        let spread = PlacementGroup::new(
+            vec![
+                Resources::none().with_cpus(0.5),
+                Resources::none().with_cpus(1.0),
+            ],
+            PlacementStrategy::StrictSpread,
+        );
+        let spread_req = req(5, &a, &e, &one).with_placement_group(&spread);
+        assert_eq!(c.place(&spread_req).unwrap(), "n1");
+        assert_eq!(
+            (c.free("n1").unwrap().cpus, c.free("n2").unwrap().cpus),
+            (0.0, 2.0)
+        );
+        // Releasing gives back every bundle, and announces it once.
+        c.release(ReplicaId(5));
+        assert_eq!(rx.try_recv().unwrap(), ClusterEvent::CapacityFreed);
+        assert!(rx.try_recv().is_err());
+        assert_eq!(
+            (c.free("n1").unwrap().cpus, c.free("n2").unwrap().cpus),
+            (0.5, 3.0)
+        );
+        assert_eq!(c.reservations_of(ReplicaId(5)), []);
     }
 }

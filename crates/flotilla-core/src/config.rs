@@ -102,11 +102,23 @@ pub struct DeploymentConfig {
     pub rollout: RolloutConfig,
     /// At most this many replicas of the deployment on one node (1 to
     /// [`MAX_REPLICAS_PER_NODE`](crate::MAX_REPLICAS_PER_NODE)); `None` is no
-    /// limit. Excludes `placement_group`. Part of the code version.
+    /// limit. Placement keeps a replica off every node that already runs this
+    /// many of the deployment's replicas (of any version); one that fits no
+    /// other node is pending, its status naming the limit, until a node with
+    /// room joins or a replica stops. On the single local node it caps the
+    /// deployment's placed replicas. Excludes `placement_group`. Part of the
+    /// code version.
     #[serde(default)]
     pub max_replicas_per_node: Option<u32>,
-    /// A placement group reserved for each replica; `None` reserves
-    /// `resources` alone. Part of the code version.
+    /// A placement group reserved for each replica, instead of `resources`
+    /// (the replica runs in the first bundle, so its resources must fit in
+    /// it); `None` reserves `resources` alone. `PACK` and `STRICT_PACK` reserve
+    /// the bundles' sum on one node; `STRICT_SPREAD` puts each bundle on a
+    /// different node, and the replica is pending (its status naming the
+    /// strategy and how many nodes it needs and has) while too few nodes fit;
+    /// `SPREAD` uses distinct nodes where it can and shares one where it
+    /// cannot. The replica runs on its first bundle's node, and every bundle
+    /// is released when it stops. Part of the code version.
     #[serde(default)]
     pub placement_group: Option<PlacementGroup>,
     /// The request router and its settings (Ray's default router by default).

@@ -2,8 +2,10 @@
 //! (`placement_group_bundles`, `placement_group_strategy`) and
 //! `max_replicas_per_node`.
 //!
-//! This module holds and validates the settings; the cluster's placement applies
-//! them. Like resources, they are part of a deployment's code version: a change
+//! This module holds and validates the settings; the cluster's placement
+//! applies them (`flotilla-cluster`'s `PlacementRequest` carries them to every
+//! cluster: the limit per node, and the bundles placed by the strategy). Like
+//! resources, they are part of a deployment's code version: a change
 //! replaces its replicas (Ray restarts replica actors when placement group options
 //! or `max_replicas_per_node` change).
 
@@ -22,10 +24,12 @@ pub const MAX_REPLICAS_PER_NODE: u32 = 100;
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum PlacementStrategy {
     /// Bundles on as few nodes as possible (best effort): Flotilla reserves the
-    /// bundles' sum on one node, as for `STRICT_PACK`. The default.
+    /// bundles' sum on one node, as for `STRICT_PACK` (pending while no node
+    /// has room for the sum). The default.
     #[default]
     Pack,
-    /// Bundles on distinct nodes where the cluster has several (best effort).
+    /// Bundles on distinct nodes where the cluster has several with room;
+    /// where it has too few, bundles share a node (best effort).
     Spread,
     /// All bundles on one node: their sum is reserved there.
     StrictPack,

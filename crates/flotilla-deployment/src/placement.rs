@@ -64,12 +64,12 @@ pub(crate) async fn start_replica(
     let a = &state.args;
     let node = a
         .cluster
-        .place(&PlacementRequest {
-            replica: id,
-            app: &a.app,
-            deployment: &a.target.spec.name,
-            resources: &a.target.spec.config.resources,
-        })
+        .place(&PlacementRequest::for_config(
+            id,
+            &a.app,
+            &a.target.spec.name,
+            &a.target.spec.config,
+        ))
         .map_err(StartError::NoRoom)?;
     let args = ReplicaArgs {
         id,

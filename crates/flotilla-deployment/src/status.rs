@@ -167,8 +167,8 @@ impl DeploymentState {
         }
         if unplaced > 0 {
             parts.push(format!(
-                "{unplaced} replicas have taken more than {secs}s to start: no node has \
-                 enough resources ({})",
+                "{unplaced} replicas have taken more than {secs}s to start: no node can \
+                 take them ({})",
                 self.pending.reason
             ));
         }

@@ -159,18 +159,21 @@ struct Inner {
 }
 
 impl Inner {
-    /// The node `strategy` picks for `request` (`None`: none fits). Counts the
-    /// deployment's request.
-    fn choose(&mut self, request: &PlacementRequest<'_>, key: &DeploymentKey) -> Option<usize> {
+    /// Place `request` on the node `strategy` ranks first among those that fit
+    /// (the pool applies the request's limit per node and placement group), or
+    /// refuse. Counts the deployment's request.
+    fn place(&mut self, request: &PlacementRequest<'_>) -> Result<NodeId, Refusal> {
+        let key = (request.app.clone(), request.deployment.clone());
         let asked = {
-            let n = self.asked.entry(key.clone()).or_insert(0);
+            let n = self.asked.entry(key).or_insert(0);
             *n += 1;
             *n
         };
         if asks_custom(request.resources) {
-            return None;
+            return Err(Refusal {
+                missing: "the simulated cluster offers no custom resources".to_owned(),
+            });
         }
-        let candidates = self.pool.fitting(request.resources);
         match self.strategy {
             Strategy::Spread => {
                 let stream = rng::key(
@@ -181,38 +184,16 @@ impl Inner {
                         asked,
                     ],
                 );
-                candidates
-                    .map(|(i, n)| {
-                        // Weighted rendezvous hashing: -ln(u) / weight, smallest wins.
-                        let h = rng::splitmix(stream ^ rng::label(n.name()));
-                        let u = ((h >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
-                        let score = -u.ln() / n.capacity().cpus.max(1e-6);
-                        (n.replicas_of(key), score, i)
-                    })
-                    .min_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)).then(a.2.cmp(&b.2)))
-                    .map(|(_, _, i)| i)
-            }
-            Strategy::Pack => candidates
-                .min_by(|(i, a), (j, b)| {
-                    a.free()
-                        .cpus
-                        .total_cmp(&b.free().cpus)
-                        .then_with(|| i.cmp(j))
+                self.pool.place(request, |i, n, key| {
+                    // Weighted rendezvous hashing: -ln(u) / weight, smallest wins.
+                    let h = rng::splitmix(stream ^ rng::label(n.name()));
+                    let u = ((h >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+                    let score = -u.ln() / n.capacity().cpus.max(1e-6);
+                    (n.replicas_of(key), score, i)
                 })
-                .map(|(i, _)| i),
+            }
+            Strategy::Pack => self.pool.place(request, |i, n, _| (n.free().cpus, i)),
         }
-    }
-
-    /// Why `need` fits no node.
-    fn refusal(&self, need: &Resources) -> Refusal {
-        let missing = if asks_custom(need) {
-            "the simulated cluster offers no custom resources".to_owned()
-        } else {
-            self.pool
-                .shortfall(need)
-                .unwrap_or_else(|| "no single node has every resource free at once".to_owned())
-        };
-        Refusal { missing }
     }
 }
 
@@ -369,14 +350,17 @@ impl Cluster for SimCluster {
             // Placing twice is idempotent.
             return Ok(node.name().to_owned());
         }
-        let key = (request.app.clone(), request.deployment.clone());
-        let Some(idx) = inner.choose(request, &key) else {
-            inner.counters.refusals += 1;
-            inner.refused_since_announce = true;
-            return Err(inner.refusal(request.resources));
-        };
-        inner.counters.placements += 1;
-        Ok(inner.pool.reserve(idx, request))
+        match inner.place(request) {
+            Ok(node) => {
+                inner.counters.placements += 1;
+                Ok(node)
+            }
+            Err(refusal) => {
+                inner.counters.refusals += 1;
+                inner.refused_since_announce = true;
+                Err(refusal)
+            }
+        }
     }
 
     fn release(&self, replica: ReplicaId) {
@@ -428,6 +412,8 @@ mod tests {
             app: &app,
             deployment: &dep,
             resources: &r,
+            max_replicas_per_node: None,
+            placement_group: None,
         })
     }
 

@@ -308,3 +308,21 @@ async fn pack_reserves_the_bundles_sum_on_one_node() {
         Some("no node has room: PACK puts its 2 bundles on one node: cpus: need 3, most free 2")
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_roll_at_the_per_node_limit_on_every_node_stops_first_and_completes() {
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Arc::new(Switches::default());
+    let cluster = Arc::new(StaticCluster::new([cpus("n1", 4.0), cpus("n2", 4.0)]));
+    let serve = start_on(&dir, &sw, cluster.clone()).await;
+    let spec = |t: &str| probe(2, &tag(t)).with_config(|c| c.with_max_replicas_per_node(1));
+    serve.run(app_of("a", spec("v1"))).await.unwrap();
+    // Every node runs its one replica: the new version has no room until an
+    // old replica stops, so the roll stops a step first instead of stalling.
+    serve.run(app_of("a", spec("v2"))).await.unwrap();
+    let s = observe(&serve, "a", "probe").await;
+    assert_eq!(s.count_at(R::Running, &s.version), 2);
+    assert_eq!(nodes(&s), ["n1", "n2"]);
+    let h = serve.app_handle("a").unwrap();
+    assert!(h.call::<_, String>("x").await.unwrap().starts_with("v2:"));
+}

@@ -17,7 +17,7 @@ use crate::{
     DeploymentEvent, DeploymentMsg, DeploymentReporter, DeploymentTarget,
     messages::{Internal, InternalMsg},
     placement::{self, StartError},
-    plan::plan,
+    plan::{Starts, plan},
     recovery::{self, Recovered},
     state::DeploymentState,
 };
@@ -112,12 +112,17 @@ impl DeploymentActor {
     async fn reconcile_step(myself: &ActorRef<DeploymentMsg>, state: &mut DeploymentState) {
         let target = state.target_count();
         let can_start = state.backoff.is_none();
+        let starts = match (can_start, state.pending.count > 0) {
+            (false, _) => Starts::HeldBack,
+            (true, true) => Starts::NoRoom,
+            (true, false) => Starts::Allowed,
+        };
         let p = plan(
             target,
             &state.version,
             state.args.target.spec.config.rollout,
             &state.views(),
-            can_start,
+            starts,
         );
         for id in p.reconfigure {
             state.cast(id, ReplicaMsg::Reconfigure(state.args.target.spec.clone()));

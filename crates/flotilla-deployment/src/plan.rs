@@ -20,6 +20,18 @@ pub struct ReplicaView {
     pub node: String,
 }
 
+/// Whether replicas may start now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Starts {
+    /// Yes.
+    Allowed,
+    /// No: the constructors are backing off after failures.
+    HeldBack,
+    /// Yes, but the cluster refused the last one for want of room: a roll may
+    /// free room by stopping old replicas first.
+    NoRoom,
+}
+
 /// What to do now.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Plan {
@@ -46,14 +58,18 @@ pub struct Plan {
 /// - Only RUNNING replicas take a config change in place (`reconfigure`), at most
 ///   `rollout.step(target)` UPDATING at once; a STARTING one is reconfigured once
 ///   it runs.
-/// - `can_start` false (constructor backoff) holds starts back.
+/// - [`Starts::HeldBack`] (constructor backoff) holds starts back;
+///   [`Starts::NoRoom`] (the cluster refused the last start) lets a roll stop a
+///   step of old replicas before their replacements run, so a full cluster (or a
+///   `max_replicas_per_node` every node has reached) cannot stall it.
 pub fn plan(
     target: u32,
     version: &DeploymentVersion,
     rollout: RolloutConfig,
     replicas: &[ReplicaView],
-    can_start: bool,
+    starts: Starts,
 ) -> Plan {
+    let can_start = starts != Starts::HeldBack;
     let live: Vec<&ReplicaView> = replicas
         .iter()
         .filter(|r| r.state != ReplicaState::Stopping)
@@ -119,8 +135,13 @@ pub fn plan(
         out.start = (target - new_live).min(target + surge - total);
     }
     // Old replicas allowed to stay: what the running new ones do not yet
-    // replace, less what the rollout may leave unavailable (none by default).
-    let keep_old = target.saturating_sub(new_running + rollout.unavailable(target));
+    // replace, less what the rollout may leave unavailable (none by default; a
+    // step when there is no room for the replacements).
+    let unavailable = match starts {
+        Starts::NoRoom => rollout.step(target),
+        Starts::Allowed | Starts::HeldBack => rollout.unavailable(target),
+    };
+    let keep_old = target.saturating_sub(new_running + unavailable);
     if old_live > keep_old {
         out.stop
             .extend(stop_order(&old, &live, (old_live - keep_old) as usize));
@@ -205,15 +226,15 @@ mod tests {
             r(3, Recovering, "b"),
         ];
         // Two live replicas beyond a target of one, but one has not said what it runs.
-        assert_eq!(plan(1, &v("b"), R, &rs, true), Plan::default());
+        assert_eq!(plan(1, &v("b"), R, &rs, Starts::Allowed), Plan::default());
         // Missing replicas still start.
-        assert_eq!(plan(5, &v("b"), R, &rs, true).start, 2);
+        assert_eq!(plan(5, &v("b"), R, &rs, Starts::Allowed).start, 2);
     }
 
     #[test]
     fn initial_deploy_starts_everything_at_once() {
-        assert_eq!(plan(10, &v("a"), R, &[], true).start, 10);
-        assert_eq!(plan(10, &v("a"), R, &[], false).start, 0);
+        assert_eq!(plan(10, &v("a"), R, &[], Starts::Allowed).start, 10);
+        assert_eq!(plan(10, &v("a"), R, &[], Starts::HeldBack).start, 0);
     }
 
     #[test]
@@ -224,7 +245,7 @@ mod tests {
             r(3, Starting, "a"),
             r(4, Running, "a"),
         ];
-        let p = plan(2, &v("a"), R, &rs, true);
+        let p = plan(2, &v("a"), R, &rs, Starts::Allowed);
         assert_eq!(p.stop, vec![(ReplicaId(3), false), (ReplicaId(4), true)]);
         assert_eq!(p.start, 0);
     }
@@ -232,25 +253,25 @@ mod tests {
     #[test]
     fn stopping_replicas_do_not_count() {
         let rs = [r(1, Running, "a"), r(2, Stopping, "a")];
-        assert_eq!(plan(2, &v("a"), R, &rs, true).start, 1);
+        assert_eq!(plan(2, &v("a"), R, &rs, Starts::Allowed).start, 1);
     }
 
     #[test]
     fn roll_surges_then_stops_old_only_when_new_run() {
         let old: Vec<_> = (1..=10).map(|i| r(i, Running, "a")).collect();
         // Step 1: start 2 new (20% of 10), stop nothing.
-        let p = plan(10, &v("b"), R, &old, true);
+        let p = plan(10, &v("b"), R, &old, Starts::Allowed);
         assert_eq!((p.start, p.stop.len()), (2, 0));
         // New ones still starting: nothing more.
         let mut rs = old.clone();
         rs.push(r(11, Starting, "b"));
         rs.push(r(12, Starting, "b"));
-        let p = plan(10, &v("b"), R, &rs, true);
+        let p = plan(10, &v("b"), R, &rs, Starts::Allowed);
         assert_eq!((p.start, p.stop.len()), (0, 0));
         // Both run: two old may stop.
         rs[10].state = Running;
         rs[11].state = Running;
-        let p = plan(10, &v("b"), R, &rs, true);
+        let p = plan(10, &v("b"), R, &rs, Starts::Allowed);
         assert_eq!(p.start, 0);
         assert_eq!(p.stop.len(), 2);
         assert!(p.stop.iter().all(|(id, graceful)| id.0 <= 10 && *graceful));
@@ -263,7 +284,7 @@ mod tests {
         let mut rs: Vec<ReplicaView> = (1..=5).map(|i| r(i, Running, "a")).collect();
         let mut next = 6;
         for _ in 0..50 {
-            let p = plan(5, &v("b"), R, &rs, true);
+            let p = plan(5, &v("b"), R, &rs, Starts::Allowed);
             for (id, _) in &p.stop {
                 rs.retain(|x| x.id != *id);
             }
@@ -285,7 +306,7 @@ mod tests {
     #[test]
     fn scale_down_finishes_before_a_roll_starts() {
         let rs: Vec<_> = (1..=10).map(|i| r(i, Running, "a")).collect();
-        let p = plan(2, &v("b"), R, &rs, true);
+        let p = plan(2, &v("b"), R, &rs, Starts::Allowed);
         // 8 old must go before anything new starts (2 kept to serve).
         assert_eq!(p.start, 0);
         assert_eq!(p.stop.len(), 8);
@@ -296,10 +317,10 @@ mod tests {
         // The 8 extra old replicas are still draining: nothing new may start yet.
         let mut rs: Vec<_> = (1..=2).map(|i| r(i, Running, "a")).collect();
         rs.extend((3..=10).map(|i| r(i, Stopping, "a")));
-        let p = plan(2, &v("b"), R, &rs, true);
+        let p = plan(2, &v("b"), R, &rs, Starts::Allowed);
         assert_eq!(p, Plan::default());
         // Once they are gone, the roll starts: one new replica (surge 1).
-        let p = plan(2, &v("b"), R, &rs[..2], true);
+        let p = plan(2, &v("b"), R, &rs[..2], Starts::Allowed);
         assert_eq!((p.start, p.stop.len()), (1, 0));
     }
 
@@ -314,7 +335,7 @@ mod tests {
             on(5, Running, "a", "n3"),
             on(6, Running, "a", "n2"),
         ];
-        let p = plan(3, &v("a"), R, &rs, true);
+        let p = plan(3, &v("a"), R, &rs, Starts::Allowed);
         // n1 first (1 replica), then n3 twice (2, then 1 left): n1 and n3 emptied.
         assert_eq!(
             p.stop,
@@ -327,7 +348,7 @@ mod tests {
         // Not-yet-running replicas still go before any node consideration.
         let mut rs = rs.to_vec();
         rs[2].state = Starting;
-        let p = plan(5, &v("a"), R, &rs, true);
+        let p = plan(5, &v("a"), R, &rs, Starts::Allowed);
         assert_eq!(p.stop, vec![(ReplicaId(3), false)]);
     }
 
@@ -336,7 +357,7 @@ mod tests {
         let rs = [r(1, Running, "a"), r(2, Starting, "a")];
         let mut target = v("a");
         target.config = ConfigVersion(2);
-        let p = plan(2, &target, R, &rs, true);
+        let p = plan(2, &target, R, &rs, Starts::Allowed);
         assert_eq!(p.reconfigure, vec![ReplicaId(1)]);
         assert_eq!((p.start, p.stop.len()), (0, 0));
     }
@@ -349,17 +370,29 @@ mod tests {
         };
         let rs: Vec<_> = (1..=10).map(|i| r(i, Running, "a")).collect();
         // Step 2, surge 0: two old ones stop at once, nothing starts above target.
-        let p = plan(10, &v("b"), no_surge, &rs, true);
+        let p = plan(10, &v("b"), no_surge, &rs, Starts::Allowed);
         assert_eq!((p.start, p.stop.len()), (0, 2));
         let mut rs = rs;
         rs[8].state = Stopping;
         rs[9].state = Stopping;
-        let p = plan(10, &v("b"), no_surge, &rs, true);
+        let p = plan(10, &v("b"), no_surge, &rs, Starts::Allowed);
         assert_eq!((p.start, p.stop.len()), (2, 0), "replacements start");
         // The default keeps every old replica until a new one runs.
         let rs: Vec<_> = (1..=10).map(|i| r(i, Running, "a")).collect();
-        let p = plan(10, &v("b"), R, &rs, true);
+        let p = plan(10, &v("b"), R, &rs, Starts::Allowed);
         assert_eq!((p.start, p.stop.len()), (2, 0));
+    }
+
+    #[test]
+    fn a_roll_without_room_for_its_replacements_stops_a_step_first() {
+        let rs = [r(1, Running, "a"), r(2, Running, "a")];
+        // Room: the new one starts first, nothing stops.
+        let p = plan(2, &v("b"), R, &rs, Starts::Allowed);
+        assert_eq!((p.start, p.stop.len()), (1, 0));
+        // No room (every node full, or at max_replicas_per_node): a step of old
+        // ones stops, so the replacement can take its place.
+        let p = plan(2, &v("b"), R, &rs, Starts::NoRoom);
+        assert_eq!(p.stop.len(), 1);
     }
 
     #[test]
@@ -368,21 +401,28 @@ mod tests {
         target.config = ConfigVersion(2);
         let rs: Vec<_> = (1..=10).map(|i| r(i, Running, "a")).collect();
         // A step of max(1, 20% of 10) = 2 at once.
-        assert_eq!(plan(10, &target, R, &rs, true).reconfigure.len(), 2);
+        assert_eq!(
+            plan(10, &target, R, &rs, Starts::Allowed).reconfigure.len(),
+            2
+        );
         let mut rs = rs;
         rs[0].state = Updating;
         assert_eq!(
-            plan(10, &target, R, &rs, true).reconfigure.len(),
+            plan(10, &target, R, &rs, Starts::Allowed).reconfigure.len(),
             1,
             "one already updating leaves room for one more"
         );
         rs[1].state = Updating;
-        assert!(plan(10, &target, R, &rs, true).reconfigure.is_empty());
+        assert!(
+            plan(10, &target, R, &rs, Starts::Allowed)
+                .reconfigure
+                .is_empty()
+        );
     }
 
     #[test]
     fn same_target_twice_changes_nothing() {
         let rs = [r(1, Running, "a"), r(2, Running, "a")];
-        assert_eq!(plan(2, &v("a"), R, &rs, true), Plan::default());
+        assert_eq!(plan(2, &v("a"), R, &rs, Starts::Allowed), Plan::default());
     }
 }

@@ -53,8 +53,10 @@ pub use flotilla_deployment::{
     PoolNode, Refusal, ReplicaInfo, StateCount, StaticCluster,
 };
 pub use flotilla_replica::{
-    CallError, Deployment, DeploymentHandle, InitContext, Registry, ReplicaEndpoint, ReplicaId,
-    UserError, groups, supervision::RestartPolicy,
+    CallError, CallStream, Deployment, DeploymentHandle, DeploymentRoute, ErrorKind,
+    HistogramSnapshot, InitContext, LATENCY_BUCKETS_MS, LatencyHistogram, Registry,
+    ReplicaEndpoint, ReplicaId, ReplicaSet, ReplicaStats, RouteStats, UserError, groups,
+    supervision::RestartPolicy,
 };
 pub use flotilla_store::{FileKind, Store, StoreCounters, StoreError};
 pub use logging::{ACCESS_TARGET, AppLogLayer};

@@ -32,9 +32,12 @@ pub use actor::{
     ReplicaActor, ReplicaArgs, ReplicaEvent, ReplicaMsg, ReplicaPhase, ReplicaReporter,
     ReplicaSnapshot, START_FAILED,
 };
-pub use endpoint::{ReplicaEndpoint, ReplicaId};
+pub use endpoint::{
+    ErrorKind, HistogramSnapshot, LATENCY_BUCKETS_MS, LatencyHistogram, ReplicaEndpoint, ReplicaId,
+    ReplicaStats,
+};
 pub use error::CallError;
-pub use handle::{ACCESS_TARGET, DeploymentHandle};
+pub use handle::{ACCESS_TARGET, CallStream, DeploymentHandle};
 pub use registry::{InitContext, Registry};
-pub use route::{DeploymentRoute, Directory, ReplicaSet};
+pub use route::{DeploymentRoute, Directory, ReplicaSet, RouteStats};
 pub use user::{Deployment, UserError};

@@ -31,9 +31,11 @@
 //! # Ok(()) }
 //! ```
 
+mod details;
 mod logging;
 mod serve;
 
+pub use details::{DeploymentDetail, READ_ATTEMPTS};
 pub use flotilla_controller::LogSettings;
 pub use flotilla_controller::{
     BUILD_TIMEOUT, BuildError, ControllerSnapshot, Route, RouteTable, ServeError, StatusBoard,

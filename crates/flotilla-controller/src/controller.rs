@@ -230,6 +230,9 @@ fn refuse_after_shutdown(state: &ControllerState, msg: ControllerMsg) {
         ControllerMsg::Observe(reply) => {
             let _ = reply.send(state.snapshot());
         }
+        ControllerMsg::AppliedConfig(reply) => {
+            let _ = reply.send(state.config.applied().cloned());
+        }
         ControllerMsg::Shutdown(reply) => {
             let _ = reply.send(());
         }
@@ -670,6 +673,9 @@ impl Actor for Controller {
             }
             ControllerMsg::Observe(reply) => {
                 let _ = reply.send(state.snapshot());
+            }
+            ControllerMsg::AppliedConfig(reply) => {
+                let _ = reply.send(state.config.applied().cloned());
             }
             ControllerMsg::Shutdown(reply) => {
                 state.shutting_down = true;

@@ -67,6 +67,9 @@ pub enum ControllerMsg {
     RemoveDeleted,
     /// Reply with a snapshot.
     Observe(RpcReplyPort<ControllerSnapshot>),
+    /// Reply with the last applied config as it is durable (`None` if no config
+    /// was ever applied); read-only, answered during shutdown too.
+    AppliedConfig(RpcReplyPort<Option<ServeConfig>>),
     /// Stop every replica gracefully; reply when done.
     Shutdown(RpcReplyPort<()>),
 }

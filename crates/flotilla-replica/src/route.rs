@@ -105,6 +105,14 @@ impl DeploymentRoute {
             .store(max.unwrap_or(u32::MAX), Ordering::Release);
     }
 
+    /// The queue limit (`None` = unbounded).
+    pub fn max_queued(&self) -> Option<u32> {
+        match self.max_queued.load(Ordering::Acquire) {
+            u32::MAX => None,
+            n => Some(n),
+        }
+    }
+
     /// Requests waiting in handles for a slot now (an autoscaling signal).
     pub fn queued(&self) -> usize {
         self.queued.load(Ordering::Acquire)

@@ -56,7 +56,10 @@ struct Tokens {
 }
 
 fn prompt(req: &HttpRequest) -> String {
-    let from_query = req.query.split('&').find_map(|kv| kv.strip_prefix("prompt="));
+    let from_query = req
+        .query
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("prompt="));
     match from_query {
         Some(p) => percent_decode(&p.replace('+', " ")),
         None => String::from_utf8_lossy(&req.body).into_owned(),
@@ -64,7 +67,9 @@ fn prompt(req: &HttpRequest) -> String {
 }
 
 fn percent_decode(s: &str) -> String {
-    percent_encoding::percent_decode_str(s).decode_utf8_lossy().into_owned()
+    percent_encoding::percent_decode_str(s)
+        .decode_utf8_lossy()
+        .into_owned()
 }
 
 impl Deployment for Tokens {
@@ -79,14 +84,18 @@ impl Deployment for Tokens {
         &self,
         req: HttpRequest,
     ) -> impl Stream<Item = Result<HttpResponse, UserError>> + Send + '_ {
-        let words: Vec<String> = prompt(&req).split_whitespace().map(|w| format!("{w} ")).collect();
+        let words: Vec<String> = prompt(&req)
+            .split_whitespace()
+            .map(|w| format!("{w} "))
+            .collect();
         let head = stream::once(async { Ok(HttpResponse::text(200, "")) });
         let delay = self.delay;
         let tokens = stream::iter(words).then(move |w| async move {
             tokio::time::sleep(delay).await;
             Ok(HttpResponse::chunk(w))
         });
-        head.chain(tokens).chain(stream::once(async { Ok(HttpResponse::chunk("\n")) }))
+        head.chain(tokens)
+            .chain(stream::once(async { Ok(HttpResponse::chunk("\n")) }))
     }
 }
 
@@ -109,7 +118,11 @@ impl Deployment for Greeter {
         let name = req.route_path().trim_matches('/');
         let name = if name.is_empty() { "world" } else { name };
         let text = format!("{}, {name}{}\n", self.args.greeting, self.args.punctuation);
-        let text = if self.shout.load(Ordering::Relaxed) { text.to_uppercase() } else { text };
+        let text = if self.shout.load(Ordering::Relaxed) {
+            text.to_uppercase()
+        } else {
+            text
+        };
         Ok(HttpResponse::text(200, text))
     }
     async fn reconfigure(&self, user_config: Args) -> Result<(), UserError> {
@@ -142,7 +155,10 @@ impl Deployment for Front {
     async fn handle(&self, req: HttpRequest) -> Result<HttpResponse, UserError> {
         let item = req.route_path().trim_matches('/').to_owned();
         match self.pricing.call::<_, f64>(&item).await {
-            Ok(price) => Ok(HttpResponse::text(200, format!("{item}: {price:.2} {}\n", self.currency))),
+            Ok(price) => Ok(HttpResponse::text(
+                200,
+                format!("{item}: {price:.2} {}\n", self.currency),
+            )),
             Err(flotilla::CallError::User(m)) => Ok(HttpResponse::text(404, format!("{m}\n"))),
             Err(e) => Err(user_error(e)),
         }
@@ -234,9 +250,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .with_max_level(tracing::Level::INFO)
         .init();
     let mut argv = std::env::args().skip(1);
-    let config = argv
-        .next()
-        .unwrap_or_else(|| concat!(env!("CARGO_MANIFEST_DIR"), "/examples/http_config.yaml").to_owned());
+    let config = argv.next().unwrap_or_else(|| {
+        concat!(env!("CARGO_MANIFEST_DIR"), "/examples/http_config.yaml").to_owned()
+    });
     let (store, _scratch) = match argv.next() {
         Some(s) => (std::path::PathBuf::from(s), None),
         None => {
@@ -250,7 +266,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("applied {config}");
     println!("proxy:    http://{}", http.proxy_addr());
     if let Some(rest) = http.rest_addr() {
-        println!("REST API: http://{rest}/api/serve/applications/   metrics: http://{rest}/metrics");
+        println!(
+            "REST API: http://{rest}/api/serve/applications/   metrics: http://{rest}/metrics"
+        );
     }
     println!("try:      curl http://{}/shop/pears", http.proxy_addr());
     println!("Ctrl-C to stop.");

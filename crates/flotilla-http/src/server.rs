@@ -131,7 +131,7 @@ where
                     let svc = service.clone();
                     let conn = builder.serve_connection_with_upgrades(
                         TokioIo::new(stream),
-                        service_fn(move |req| svc(req)),
+                        service_fn(svc),
                     );
                     let conn = graceful.watch(conn.into_owned());
                     tokio::spawn(async move {

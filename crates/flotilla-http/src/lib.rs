@@ -31,7 +31,8 @@
 //!     type Request = HttpRequest;
 //!     type Response = HttpResponse;
 //!     async fn handle(&self, req: HttpRequest) -> Result<HttpResponse, UserError> {
-//!         Ok(HttpResponse::new(200, req.body).with_header("x-path", req.route_path()))
+//!         let path = req.route_path().to_owned();
+//!         Ok(HttpResponse::new(200, req.body).with_header("x-path", path))
 //!     }
 //! }
 //! ```

@@ -31,9 +31,11 @@
 //! # Ok(()) }
 //! ```
 
+mod details;
 mod logging;
 mod serve;
 
+pub use details::{DeploymentDetail, READ_ATTEMPTS};
 pub use flotilla_cluster::{
     Cluster, ClusterEvent, DEFAULT_LOCAL_CAPACITY, DeploymentKey, LOCAL_NODE, LocalCluster, NodeId,
     NodePool, NodeSpec, PLACEMENT_RETRY, PlacementRequest, PoolNode, Refusal, StaticCluster,
@@ -55,8 +57,9 @@ pub use flotilla_core::{
 };
 pub use flotilla_deployment::{DeploymentSnapshot, DeploymentTarget, ReplicaInfo, StateCount};
 pub use flotilla_replica::{
-    AutoscalingPolicyFn, CallError, Deployment, DeploymentHandle, InitContext, PolicyContext,
-    Registry, ReplicaEndpoint, ReplicaId, UserError,
+    AutoscalingPolicyFn, CallError, CallStream, Deployment, DeploymentHandle, DeploymentRoute,
+    ErrorKind, HistogramSnapshot, InitContext, LATENCY_BUCKETS_MS, LatencyHistogram, PolicyContext,
+    Registry, ReplicaEndpoint, ReplicaId, ReplicaSet, ReplicaStats, RouteStats, UserError,
 };
 pub use flotilla_supervision::RestartPolicy;
 pub use logging::{ACCESS_TARGET, AppLogLayer};

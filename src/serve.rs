@@ -279,7 +279,8 @@ impl Serve {
         Ok(())
     }
 
-    async fn ask<T: Send + 'static>(
+    /// Send `build(reply)` to the current Controller and await the reply.
+    pub(crate) async fn ask<T: Send + 'static>(
         &self,
         build: impl FnOnce(RpcReplyPort<T>) -> ControllerMsg,
     ) -> Result<T, ServeError> {

@@ -95,6 +95,11 @@ impl ConfigState {
         }
     }
 
+    /// The last applied config, as committed.
+    pub(crate) fn applied(&self) -> Option<&ServeConfig> {
+        self.applied.as_ref()
+    }
+
     /// Forget what is built or building for `app`.
     fn cancel(&mut self, app: &AppName) {
         if let Some(b) = self.builds.remove(app) {

@@ -32,6 +32,9 @@ fn refuse_after_shutdown(state: &ControllerState, msg: ControllerMsg) {
         ControllerMsg::Observe(reply) => {
             let _ = reply.send(state.snapshot());
         }
+        ControllerMsg::AppliedConfig(reply) => {
+            let _ = reply.send(state.config.applied().cloned());
+        }
         ControllerMsg::Shutdown(reply) => {
             let _ = reply.send(());
         }
@@ -136,6 +139,10 @@ impl Actor for Controller {
             } => Self::scale(&myself, state, app, deployment, replicas, reply).await,
             ControllerMsg::Observe(reply) => {
                 let _ = reply.send(state.snapshot());
+                Ok(())
+            }
+            ControllerMsg::AppliedConfig(reply) => {
+                let _ = reply.send(state.config.applied().cloned());
                 Ok(())
             }
             ControllerMsg::Shutdown(reply) => {

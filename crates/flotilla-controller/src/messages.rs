@@ -69,6 +69,9 @@ pub enum ControllerMsg {
     },
     /// Reply with a snapshot.
     Observe(RpcReplyPort<ControllerSnapshot>),
+    /// Reply with the last applied config as it is durable (`None` if no config
+    /// was ever applied); read-only, answered during shutdown too.
+    AppliedConfig(RpcReplyPort<Option<ServeConfig>>),
     /// Stop every replica gracefully; reply when done. The checkpoint is closed
     /// once the Controller stops.
     Shutdown(RpcReplyPort<()>),

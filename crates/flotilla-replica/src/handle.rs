@@ -1,13 +1,21 @@
 //! `DeploymentHandle`: call a deployment from anywhere in the process.
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    marker::PhantomData,
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll},
+    time::{Duration, Instant},
+};
 
+use futures::{Stream, future::BoxFuture};
 use serde::{Serialize, de::DeserializeOwned};
 
 use crate::{
     CallError, Directory, ReplicaEndpoint,
-    endpoint::Slot,
+    endpoint::{ErrorKind, Slot},
     route::{DeploymentRoute, ReplicaSet},
+    user::ItemSender,
 };
 
 /// The target of per-request access log events (one `INFO` event per call, with
@@ -80,6 +88,12 @@ impl DeploymentHandle {
             .unwrap_or_else(|_| Arc::from(Vec::new()))
     }
 
+    /// The deployment's route as this handle uses it now: its replica set, queue
+    /// length and routing counters ([`DeploymentRoute::stats`]), for exporters.
+    pub fn route(&self) -> Arc<DeploymentRoute> {
+        self.live_route().unwrap_or_else(|_| self.route.clone())
+    }
+
     /// Send `request` and await the response. Requests and responses cross as
     /// MessagePack, so the deployment decodes into its own types.
     pub async fn call<Req, Resp>(&self, request: &Req) -> Result<Resp, CallError>
@@ -118,6 +132,18 @@ impl DeploymentHandle {
     }
 
     async fn call_bytes(&self, bytes: Vec<u8>) -> Result<Vec<u8>, CallError> {
+        let (route, slot) = self.acquire().await?;
+        let replica = slot.0.id();
+        let result = run(slot, bytes).await;
+        tracing::info!(target: ACCESS_TARGET, app = %route.app(),
+            deployment = %route.deployment(), replica = %replica, ok = result.is_ok(),
+            "request");
+        result
+    }
+
+    /// Wait (in this handle's queue, up to `max_queued_requests`) for a slot on a
+    /// replica, picked by power of two choices.
+    async fn acquire(&self) -> Result<(Arc<DeploymentRoute>, Slot), CallError> {
         let route = self.live_route()?;
         let mut rx = route.subscribe();
         let mut queued = None;
@@ -133,12 +159,11 @@ impl DeploymentHandle {
             let set = rx.borrow_and_update().clone();
             if let Some(slot) = self.pick_local(&route, &set).or_else(|| pick(&route, &set)) {
                 drop(queued);
-                let replica = slot.0.id();
-                let result = run(slot, bytes).await;
-                tracing::info!(target: ACCESS_TARGET, app = %route.app(),
-                    deployment = %route.deployment(), replica = %replica, ok = result.is_ok(),
-                    "request");
-                return result;
+                route
+                    .stats()
+                    .assigned
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                return Ok((route.clone(), slot));
             }
             if queued.is_none() {
                 queued = Some(route.enqueue()?);
@@ -146,6 +171,129 @@ impl DeploymentHandle {
             tokio::select! {
                 changed = rx.changed() => if changed.is_err() { return Err(route.not_found()) },
                 _ = freed => {}
+            }
+        }
+    }
+
+    /// Send `request` to the deployment's streaming handler
+    /// ([`Deployment::handle_stream`](crate::Deployment::handle_stream)) and get its
+    /// items as they come, each decoded from MessagePack. A deployment that does
+    /// not stream answers with one item.
+    ///
+    /// The request is routed like [`call`](Self::call) (queue, limits,
+    /// power-of-two-choices) when the stream is first polled. It holds its
+    /// replica's `max_ongoing_requests` slot until the stream ends or is dropped;
+    /// dropping it cancels the handler. The handle's timeout, if any, bounds the
+    /// whole stream. A failure is the stream's last item. Works from inside a
+    /// deployment too (a streaming deployment forwarding another's stream).
+    ///
+    /// ```no_run
+    /// # async fn demo(handle: flotilla_replica::DeploymentHandle) -> Result<(), flotilla_replica::CallError> {
+    /// use futures::StreamExt;
+    /// let mut tokens = handle.call_stream::<_, String>("tell me a story");
+    /// while let Some(token) = tokens.next().await {
+    ///     print!("{}", token?);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn call_stream<Req, Item>(&self, request: &Req) -> CallStream<Item>
+    where
+        Req: Serialize + ?Sized,
+        Item: DeserializeOwned,
+    {
+        let (tx, rx) = tokio::sync::mpsc::channel(STREAM_BUFFER);
+        let driver: BoxFuture<'static, Result<(), CallError>> =
+            match rmp_serde::to_vec_named(request) {
+                Err(e) => Box::pin(std::future::ready(Err(CallError::BadRequest(
+                    e.to_string(),
+                )))),
+                Ok(bytes) => {
+                    let handle = self.clone();
+                    let work = async move {
+                        let (route, slot) = handle.acquire().await?;
+                        let replica = slot.0.id();
+                        let result = run_stream(slot, bytes, tx).await;
+                        tracing::info!(target: ACCESS_TARGET, app = %route.app(),
+                            deployment = %route.deployment(), replica = %replica,
+                            ok = result.is_ok(), stream = true, "request");
+                        result
+                    };
+                    match self.timeout {
+                        None => Box::pin(work),
+                        Some(t) => {
+                            let (app, deployment) =
+                                (self.app().to_owned(), self.deployment().to_owned());
+                            Box::pin(async move {
+                                tokio::time::timeout(t, work)
+                                    .await
+                                    .map_err(|_| CallError::Timeout { app, deployment })?
+                            })
+                        }
+                    }
+                }
+            };
+        CallStream {
+            driver: Some(driver),
+            items: rx,
+            last: None,
+            _item: PhantomData,
+        }
+    }
+}
+
+/// Items a streaming call may produce ahead of its consumer: the handler runs
+/// at most this far ahead of the caller.
+const STREAM_BUFFER: usize = 8;
+
+/// The items of one streaming call ([`DeploymentHandle::call_stream`]): a
+/// [`Stream`] of decoded items, ending with the call's error if it failed.
+/// It does its work when polled, in the polling task (no task is spawned), and
+/// dropping it cancels the handler and frees the replica's slot.
+#[must_use = "a stream does nothing unless polled"]
+pub struct CallStream<Item> {
+    /// Routes the request and runs the handler, sending items; `None` once done.
+    driver: Option<BoxFuture<'static, Result<(), CallError>>>,
+    items: tokio::sync::mpsc::Receiver<Vec<u8>>,
+    /// The driver's error, given after the items sent before it.
+    last: Option<CallError>,
+    _item: PhantomData<fn() -> Item>,
+}
+
+impl<Item> std::fmt::Debug for CallStream<Item> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CallStream")
+            .field("running", &self.driver.is_some())
+            .finish()
+    }
+}
+
+impl<Item: DeserializeOwned> Stream for CallStream<Item> {
+    type Item = Result<Item, CallError>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        loop {
+            match this.items.poll_recv(cx) {
+                Poll::Ready(Some(bytes)) => {
+                    return Poll::Ready(Some(
+                        rmp_serde::from_slice(&bytes)
+                            .map_err(|e| CallError::BadResponse(e.to_string())),
+                    ));
+                }
+                // Every sender is gone: the driver finished (it owned the sender).
+                Poll::Ready(None) => return Poll::Ready(this.last.take().map(Err)),
+                Poll::Pending => {}
+            }
+            let Some(driver) = this.driver.as_mut() else {
+                return Poll::Pending;
+            };
+            match driver.as_mut().poll(cx) {
+                Poll::Ready(result) => {
+                    this.driver = None;
+                    this.last = result.err();
+                    // Its sender is dropped now: drain what it sent, then end.
+                }
+                Poll::Pending => return Poll::Pending,
             }
         }
     }
@@ -187,14 +335,63 @@ fn pick(route: &DeploymentRoute, set: &[Arc<ReplicaEndpoint>]) -> Option<Slot> {
     }
 }
 
-async fn run(slot: Slot, bytes: Vec<u8>) -> Result<Vec<u8>, CallError> {
-    let ep = slot.0.clone();
+/// A request running on a replica: holds its slot, and records its outcome and
+/// latency on the replica's counters once, when it finishes or is dropped
+/// (its caller went away: cancelled).
+struct Running {
+    slot: Slot,
+    started: Instant,
+    recorded: bool,
+}
+
+impl Running {
+    fn new(slot: Slot) -> Self {
+        Running {
+            slot,
+            started: Instant::now(),
+            recorded: false,
+        }
+    }
+
+    fn endpoint(&self) -> Arc<ReplicaEndpoint> {
+        self.slot.0.clone()
+    }
+
+    fn finish<T>(mut self, result: &Result<T, CallError>) {
+        self.recorded = true;
+        let outcome = match result {
+            Ok(_) => Ok(()),
+            Err(e) => Err(ErrorKind::of(e).unwrap_or(ErrorKind::User)),
+        };
+        self.slot.0.stats().record(outcome, self.started.elapsed());
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if !self.recorded {
+            self.slot.0.stats().record_cancelled(self.started.elapsed());
+        }
+    }
+}
+
+/// The `ReplicaHandler` fault point, if armed: the request fails as a panic.
+fn injected(ep: &ReplicaEndpoint) -> Option<CallError> {
     if ep.faults.hit(flotilla_core::FaultPoint::ReplicaHandler) {
-        drop(slot);
         let m = "injected fault: ReplicaHandler".to_owned();
         ep.report_panic(m.clone());
-        return Err(CallError::Panicked(m));
+        return Some(CallError::Panicked(m));
     }
+    None
+}
+
+async fn run(slot: Slot, bytes: Vec<u8>) -> Result<Vec<u8>, CallError> {
+    let ep = slot.0.clone();
+    if let Some(e) = injected(&ep) {
+        drop(slot);
+        return Err(e);
+    }
+    let running = Running::new(slot);
     let killed = ep.kill_signal.notified();
     let result = tokio::select! {
         r = ep.user.handle(bytes) => r,
@@ -202,7 +399,29 @@ async fn run(slot: Slot, bytes: Vec<u8>) -> Result<Vec<u8>, CallError> {
             replica: ep.id().to_string(),
         }),
     };
-    drop(slot);
+    running.finish(&result);
+    if let Err(CallError::Panicked(m)) = &result {
+        ep.report_panic(m.clone());
+    }
+    result
+}
+
+async fn run_stream(slot: Slot, bytes: Vec<u8>, items: ItemSender) -> Result<(), CallError> {
+    let ep = slot.0.clone();
+    if let Some(e) = injected(&ep) {
+        drop(slot);
+        return Err(e);
+    }
+    let running = Running::new(slot);
+    let ep = running.endpoint();
+    let killed = ep.kill_signal.notified();
+    let result = tokio::select! {
+        r = ep.user.handle_stream(bytes, items) => r,
+        _ = killed => Err(CallError::Killed {
+            replica: ep.id().to_string(),
+        }),
+    };
+    running.finish(&result);
     if let Err(CallError::Panicked(m)) = &result {
         ep.report_panic(m.clone());
     }

@@ -29,10 +29,13 @@ pub use actor::{
     HealthError, Internal, ReplicaActor, ReplicaActorState, ReplicaArgs, ReplicaEvent, ReplicaMsg,
     ReplicaPhase, ReplicaReporter, ReplicaSnapshot,
 };
-pub use endpoint::{ReplicaEndpoint, ReplicaId};
+pub use endpoint::{
+    ErrorKind, HistogramSnapshot, LATENCY_BUCKETS_MS, LatencyHistogram, ReplicaEndpoint, ReplicaId,
+    ReplicaStats,
+};
 pub use error::CallError;
-pub use handle::{ACCESS_TARGET, DeploymentHandle};
+pub use handle::{ACCESS_TARGET, CallStream, DeploymentHandle};
 pub use policy::{AutoscalingPolicyFn, PolicyContext};
 pub use registry::{InitContext, Registry};
-pub use route::{DeploymentRoute, Directory, ReplicaSet};
+pub use route::{DeploymentRoute, Directory, ReplicaSet, RouteStats};
 pub use user::{Deployment, UserError};

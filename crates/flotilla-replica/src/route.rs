@@ -30,6 +30,7 @@ pub struct DeploymentRoute {
     /// `u32::MAX` means unbounded.
     max_queued: AtomicU32,
     rng: AtomicU64,
+    stats: RouteStats,
 }
 
 impl std::fmt::Debug for DeploymentRoute {
@@ -56,6 +57,7 @@ impl DeploymentRoute {
             queued: AtomicUsize::new(0),
             max_queued: AtomicU32::new(u32::MAX),
             rng: AtomicU64::new(0x9E37_79B9_7F4A_7C15),
+            stats: RouteStats::default(),
         }
     }
 
@@ -72,6 +74,11 @@ impl DeploymentRoute {
     /// Publish the replicas routers may use (only running, accepting ones). Sends
     /// only when the set of ids changed.
     pub fn publish(&self, replicas: Vec<Arc<ReplicaEndpoint>>) {
+        for r in &replicas {
+            if !r.published.swap(true, Ordering::AcqRel) {
+                self.stats.replica_starts.fetch_add(1, Ordering::Relaxed);
+            }
+        }
         let changed = self.tx.send_if_modified(|cur| {
             let same = cur.len() == replicas.len()
                 && cur.iter().zip(&replicas).all(|(a, b)| Arc::ptr_eq(a, b));
@@ -98,9 +105,23 @@ impl DeploymentRoute {
             .store(max.unwrap_or(u32::MAX), Ordering::Release);
     }
 
+    /// The queue limit (`None` = unbounded).
+    pub fn max_queued(&self) -> Option<u32> {
+        match self.max_queued.load(Ordering::Acquire) {
+            u32::MAX => None,
+            n => Some(n),
+        }
+    }
+
     /// Requests waiting in handles for a slot now (an autoscaling signal).
     pub fn queued(&self) -> usize {
         self.queued.load(Ordering::Acquire)
+    }
+
+    /// The deployment's routing counters (requests assigned, rejected, replica
+    /// starts), recorded with atomic adds and read at scrape time.
+    pub fn stats(&self) -> &RouteStats {
+        &self.stats
     }
 
     /// Whether the deployment was deleted.
@@ -139,6 +160,7 @@ impl DeploymentRoute {
         let prev = self.queued.fetch_add(1, Ordering::AcqRel);
         if prev >= max {
             self.queued.fetch_sub(1, Ordering::AcqRel);
+            self.stats.rejected.fetch_add(1, Ordering::Relaxed);
             return Err(CallError::BackPressure {
                 app: self.app.to_string(),
                 deployment: self.deployment.to_string(),
@@ -157,6 +179,33 @@ impl DeploymentRoute {
         } else {
             CallError::NotFound { app, deployment }
         }
+    }
+}
+
+/// One deployment's routing counters, kept on its [`DeploymentRoute`] (so they
+/// outlive DeploymentActor restarts) and shared by every handle to it.
+#[derive(Debug, Default)]
+pub struct RouteStats {
+    pub(crate) assigned: AtomicU64,
+    pub(crate) rejected: AtomicU64,
+    pub(crate) replica_starts: AtomicU64,
+}
+
+impl RouteStats {
+    /// Requests handed to a replica (Ray's `serve_num_router_requests`).
+    pub fn assigned(&self) -> u64 {
+        self.assigned.load(Ordering::Relaxed)
+    }
+
+    /// Requests refused by back-pressure (`max_queued_requests`).
+    pub fn rejected(&self) -> u64 {
+        self.rejected.load(Ordering::Relaxed)
+    }
+
+    /// Replicas that began serving (published the first time): Ray's
+    /// `serve_deployment_replica_starts`.
+    pub fn replica_starts(&self) -> u64 {
+        self.replica_starts.load(Ordering::Relaxed)
     }
 }
 

@@ -3,7 +3,7 @@
 use std::{fmt, future::Future, panic::AssertUnwindSafe};
 
 use flotilla_core::Args;
-use futures::{FutureExt, future::BoxFuture};
+use futures::{FutureExt, Stream, StreamExt, future::BoxFuture};
 use serde::{Serialize, de::DeserializeOwned};
 
 use crate::CallError;
@@ -65,6 +65,39 @@ pub trait Deployment: Send + Sync + 'static {
         request: Self::Request,
     ) -> impl Future<Output = Result<Self::Response, UserError>> + Send;
 
+    /// Serve one request with a stream of responses, delivered to the caller as
+    /// they are produced ([`DeploymentHandle::call_stream`](crate::DeploymentHandle::call_stream)):
+    /// token-by-token model output, server-sent events, chunked HTTP bodies. An
+    /// error ends the stream (it is the caller's last item); so does a panic.
+    /// The request holds its replica's `max_ongoing_requests` slot until the
+    /// stream ends or the caller drops it, which cancels the stream.
+    ///
+    /// Default: one item, [`handle`](Self::handle)'s response, so every
+    /// deployment can be called either way.
+    ///
+    /// ```
+    /// use futures::{Stream, stream};
+    /// use flotilla_replica::{Deployment, UserError};
+    /// struct Tokens;
+    /// impl Deployment for Tokens {
+    ///     type Request = String;
+    ///     type Response = String;
+    ///     async fn handle(&self, prompt: String) -> Result<String, UserError> {
+    ///         Ok(prompt)
+    ///     }
+    ///     fn handle_stream(&self, prompt: String)
+    ///         -> impl Stream<Item = Result<String, UserError>> + Send + '_ {
+    ///         stream::iter(prompt.split(' ').map(|w| Ok(w.to_owned())).collect::<Vec<_>>())
+    ///     }
+    /// }
+    /// ```
+    fn handle_stream(
+        &self,
+        request: Self::Request,
+    ) -> impl Stream<Item = Result<Self::Response, UserError>> + Send + '_ {
+        futures::stream::once(self.handle(request))
+    }
+
     /// Take a new user config in place; called after construction when the
     /// deployment has one, and on every config-only change. Default: accept.
     fn reconfigure(&self, user_config: Args) -> impl Future<Output = Result<(), UserError>> + Send {
@@ -83,9 +116,20 @@ pub trait Deployment: Send + Sync + 'static {
 /// Panics in user code are caught and turned into errors here.
 pub(crate) trait ErasedDeployment: Send + Sync + 'static {
     fn handle(&self, request: Vec<u8>) -> BoxFuture<'_, Result<Vec<u8>, CallError>>;
+    /// Run the streaming handler, sending each encoded item to `items` (waiting
+    /// while it is full); returns once the stream ended, with its error if it
+    /// failed. A closed `items` (the caller went away) ends it early.
+    fn handle_stream(
+        &self,
+        request: Vec<u8>,
+        items: ItemSender,
+    ) -> BoxFuture<'_, Result<(), CallError>>;
     fn reconfigure(&self, user_config: Args) -> BoxFuture<'_, Result<(), UserError>>;
     fn check_health(&self) -> BoxFuture<'_, Result<(), UserError>>;
 }
+
+/// Where a streaming handler's encoded items go.
+pub(crate) type ItemSender = tokio::sync::mpsc::Sender<Vec<u8>>;
 
 fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
     p.downcast_ref::<&str>()
@@ -139,6 +183,35 @@ impl<D: Deployment> ErasedDeployment for Erased<D> {
                 Err(Guarded::Failed(e)) => Err(CallError::User(e.0)),
                 Err(Guarded::Panicked(m)) => Err(CallError::Panicked(m)),
             }
+        })
+    }
+
+    fn handle_stream(
+        &self,
+        request: Vec<u8>,
+        items: ItemSender,
+    ) -> BoxFuture<'_, Result<(), CallError>> {
+        Box::pin(async move {
+            let req: D::Request = rmp_serde::from_slice(&request)
+                .map_err(|e| CallError::BadRequest(e.to_string()))?;
+            // Making the stream runs user code too: a panic there is caught as well.
+            let stream = std::panic::catch_unwind(AssertUnwindSafe(|| self.0.handle_stream(req)))
+                .map_err(|p| CallError::Panicked(panic_message(p)))?;
+            let mut stream = std::pin::pin!(AssertUnwindSafe(stream).catch_unwind());
+            while let Some(item) = stream.next().await {
+                let resp = match item {
+                    Ok(Ok(resp)) => resp,
+                    Ok(Err(e)) => return Err(CallError::User(e.0)),
+                    Err(p) => return Err(CallError::Panicked(panic_message(p))),
+                };
+                let bytes = rmp_serde::to_vec_named(&resp)
+                    .map_err(|e| CallError::BadResponse(e.to_string()))?;
+                if items.send(bytes).await.is_err() {
+                    // The caller dropped the stream: stop producing.
+                    return Ok(());
+                }
+            }
+            Ok(())
         })
     }
 

@@ -1,0 +1,292 @@
+//! The proxy against a bare hyper server that answers the same bytes, side by
+//! side in one run, driven by the same in-repo load generator (N keep-alive
+//! HTTP/1.1 connections, each sending its next request when the last answer is
+//! read), at 1, 64 and 512 connections, for a trivial echo and a streamed
+//! response. The two servers alternate (bare, proxy, bare, proxy), and each
+//! figure is the better of its two rounds.
+//!
+//! Prints one JSON figure per line, as the project's other benchmarks:
+//! `{"scenario": "proxy-echo", "metric": "req_per_s", "value": .., "unit": "req/s",
+//! "target": "proxy", "connections": 64}`, then the ratios the targets are
+//! stated in (`proxy_over_bare_req_per_s`, `p99_at_512_over_p99_at_1`).
+//!
+//! ```sh
+//! cargo bench -p flotilla-http --bench proxy            # FLOTILLA_BENCH_SECS=2 per round
+//! ```
+
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::{
+    convert::Infallible,
+    net::SocketAddr,
+    time::{Duration, Instant},
+};
+
+use bytes::Bytes;
+use flotilla::{
+    ApplicationSpec, Deployment, DeploymentSpec, Registry, Serve, ServeOptions, UserError,
+};
+use flotilla_http::{HttpOptions, HttpRequest, HttpResponse, HttpServer};
+use futures::{Stream, stream};
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper_util::rt::TokioIo;
+
+/// The echo's answer, byte for byte the same from both servers.
+const BODY: &[u8] = b"hello from flotilla\n";
+/// The streamed answer: these chunks, each its own frame.
+const CHUNKS: [&[u8]; 4] = [b"token0 ", b"token1 ", b"token2 ", b"token3\n"];
+
+struct Echo;
+
+impl Deployment for Echo {
+    type Request = HttpRequest;
+    type Response = HttpResponse;
+    async fn handle(&self, _req: HttpRequest) -> Result<HttpResponse, UserError> {
+        Ok(HttpResponse::new(200, Bytes::from_static(BODY))
+            .with_header("content-type", "text/plain"))
+    }
+}
+
+struct Streamer;
+
+impl Deployment for Streamer {
+    type Request = HttpRequest;
+    type Response = HttpResponse;
+    async fn handle(&self, _req: HttpRequest) -> Result<HttpResponse, UserError> {
+        Ok(HttpResponse::new(200, Bytes::from_static(BODY)))
+    }
+    fn handle_stream(
+        &self,
+        _req: HttpRequest,
+    ) -> impl Stream<Item = Result<HttpResponse, UserError>> + Send + '_ {
+        let head = HttpResponse::new(200, Bytes::new()).with_header("content-type", "text/plain");
+        stream::iter(
+            std::iter::once(head)
+                .chain(
+                    CHUNKS
+                        .iter()
+                        .map(|c| HttpResponse::chunk(Bytes::from_static(c))),
+                )
+                .map(Ok)
+                .collect::<Vec<_>>(),
+        )
+    }
+}
+
+/// The bare server: hyper, the same bytes, no routing.
+async fn bare_server() -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((s, _)) = listener.accept().await else {
+                continue;
+            };
+            let _ = s.set_nodelay(true);
+            tokio::spawn(async move {
+                let svc_stream = hyper::service::service_fn(
+                    |req: http::Request<hyper::body::Incoming>| async move {
+                        let streaming = req.uri().path().starts_with("/stream");
+                        let _ = req.into_body().collect().await;
+                        type B = http_body_util::combinators::BoxBody<Bytes, Infallible>;
+                        let body: B = if streaming {
+                            let frames = stream::iter(CHUNKS.iter().map(|c| {
+                                Ok::<_, Infallible>(http_body::Frame::data(Bytes::from_static(c)))
+                            }));
+                            StreamBody::new(frames).boxed()
+                        } else {
+                            Full::new(Bytes::from_static(BODY)).boxed()
+                        };
+                        Ok::<_, Infallible>(
+                            http::Response::builder()
+                                .header("content-type", "text/plain")
+                                .body(body)
+                                .unwrap(),
+                        )
+                    },
+                );
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(s), svc_stream)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+/// One round: `conns` connections for `secs`; returns (req/s, p50 ms, p99 ms).
+async fn load(addr: SocketAddr, path: &'static str, conns: usize, secs: f64) -> (f64, f64, f64) {
+    let deadline = Instant::now() + Duration::from_secs_f64(secs);
+    let tasks: Vec<_> = (0..conns)
+        .map(|_| {
+            tokio::spawn(async move {
+                let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+                stream.set_nodelay(true).unwrap();
+                let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                    .await
+                    .unwrap();
+                tokio::spawn(conn);
+                let mut latencies = Vec::with_capacity(4096);
+                while Instant::now() < deadline {
+                    send.ready().await.unwrap();
+                    let req = http::Request::get(path)
+                        .header("host", "bench")
+                        .body(Full::new(Bytes::new()))
+                        .unwrap();
+                    let t = Instant::now();
+                    let resp = send.send_request(req).await.unwrap();
+                    assert_eq!(resp.status(), 200);
+                    let body = resp.into_body().collect().await.unwrap().to_bytes();
+                    latencies.push(t.elapsed().as_micros() as u64);
+                    debug_assert!(!body.is_empty());
+                }
+                latencies
+            })
+        })
+        .collect();
+    let started = Instant::now();
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.unwrap());
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    all.sort_unstable();
+    let q = |p: f64| {
+        all.get(((all.len() as f64 - 1.0) * p) as usize)
+            .copied()
+            .unwrap_or(0) as f64
+            / 1000.0
+    };
+    (all.len() as f64 / elapsed, q(0.50), q(0.99))
+}
+
+fn figure(scenario: &str, metric: &str, value: f64, unit: &str, extra: serde_json::Value) {
+    let mut v = serde_json::json!({"scenario": scenario, "metric": metric,
+        "value": (value * 1000.0).round() / 1000.0, "unit": unit});
+    if let (Some(m), Some(e)) = (v.as_object_mut(), extra.as_object()) {
+        m.extend(e.clone());
+    }
+    println!("{v}");
+}
+
+fn main() {
+    let secs: f64 = std::env::var("FLOTILLA_BENCH_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(2.0);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async move {
+        let dir = tempfile::tempdir().unwrap();
+        let registry = Registry::new()
+            .register("bench::Echo", |_| async { Ok(Echo) })
+            .unwrap()
+            .register("bench::Streamer", |_| async { Ok(Streamer) })
+            .unwrap();
+        let serve = Serve::start(ServeOptions::new(registry).store_path(dir.path().join("b.redb")))
+            .await
+            .unwrap();
+        let app = |name: &str, prefix: &str, path: &str| {
+            ApplicationSpec::builder(name)
+                .route_prefix(prefix)
+                .deployment(
+                    DeploymentSpec::builder("ingress", path)
+                        .replicas(2)
+                        .with_config(|c| c.with_max_ongoing_requests(1_000)),
+                )
+                .build()
+                .unwrap()
+        };
+        serve
+            .run_many(
+                vec![
+                    app("echo", "/echo", "bench::Echo"),
+                    app("stream", "/stream", "bench::Streamer"),
+                ],
+                Default::default(),
+            )
+            .await
+            .unwrap();
+        let http = HttpServer::start(
+            &serve,
+            HttpOptions::builder().port(0).rest(false).build().unwrap(),
+        )
+        .await
+        .unwrap();
+        let proxy = http.proxy_addr();
+        let bare = bare_server().await;
+        // Warm both up.
+        load(proxy, "/echo", 8, 0.3).await;
+        load(bare, "/echo", 8, 0.3).await;
+        if let Ok(only) = std::env::var("FLOTILLA_BENCH_PROFILE") {
+            // Load the proxy alone (for a profiler): FLOTILLA_BENCH_PROFILE=/echo.
+            let only: &'static str = Box::leak(only.into_boxed_str());
+            let (rps, p50, p99) = load(proxy, only, 64, secs).await;
+            figure(
+                "proxy-profile",
+                "req_per_s",
+                rps,
+                "req/s",
+                serde_json::json!({"p50": p50, "p99": p99}),
+            );
+            return;
+        }
+        for (scenario, path) in [("proxy-echo", "/echo"), ("proxy-stream", "/stream")] {
+            let mut p99_proxy = Vec::new();
+            let mut p99_bare = Vec::new();
+            for conns in [1usize, 64, 512] {
+                let mut best = [(0.0f64, f64::MAX, f64::MAX); 2];
+                for _round in 0..2 {
+                    for (i, addr) in [bare, proxy].into_iter().enumerate() {
+                        let (rps, p50, p99) = load(addr, path, conns, secs).await;
+                        if rps > best[i].0 {
+                            best[i] = (rps, p50, p99);
+                        }
+                    }
+                }
+                for (i, target) in ["bare", "proxy"].into_iter().enumerate() {
+                    let extra = serde_json::json!({"target": target, "connections": conns});
+                    figure(scenario, "req_per_s", best[i].0, "req/s", extra.clone());
+                    figure(scenario, "p50", best[i].1, "ms", extra.clone());
+                    figure(scenario, "p99", best[i].2, "ms", extra);
+                }
+                figure(
+                    scenario,
+                    "proxy_over_bare_req_per_s",
+                    best[1].0 / best[0].0,
+                    "ratio",
+                    serde_json::json!({"connections": conns, "target_at_64": 0.7}),
+                );
+                p99_proxy.push(best[1].2);
+                p99_bare.push(best[0].2);
+            }
+            figure(
+                scenario,
+                "p99_at_512_over_p99_at_1",
+                p99_proxy[2] / p99_proxy[0],
+                "ratio",
+                serde_json::json!({"target": "proxy", "at_most": 10.0}),
+            );
+            // The same ratio of the bare server: the floor a closed-loop load sets
+            // (at 512 connections every request queues behind up to 511 others).
+            figure(
+                scenario,
+                "p99_at_512_over_p99_at_1",
+                p99_bare[2] / p99_bare[0],
+                "ratio",
+                serde_json::json!({"target": "bare"}),
+            );
+            figure(
+                scenario,
+                "proxy_p99_over_bare_p99_at_512",
+                p99_proxy[2] / p99_bare[2],
+                "ratio",
+                serde_json::json!({"connections": 512}),
+            );
+        }
+        http.shutdown().await;
+        serve.shutdown().await.unwrap();
+    });
+}

@@ -1,0 +1,119 @@
+//! Bearer tokens for the REST API's mutating endpoints.
+//!
+//! The rule: when a token is configured, `PUT` and `DELETE` need
+//! `Authorization: Bearer <token>` (else 401); when none is configured, both
+//! listeners must be on loopback ([`HttpServer::start`](crate::HttpServer::start)
+//! refuses anything else). Reads (`GET`, `/metrics`) never need it, as Ray's
+//! dashboard. The token is read once at start, compared in constant time, and
+//! never logged or shown by `Debug`.
+
+use std::{fmt, path::PathBuf};
+
+use subtle::ConstantTimeEq;
+
+use crate::HttpError;
+
+/// Where the bearer token comes from.
+#[derive(Clone, PartialEq, Eq)]
+pub enum TokenSource {
+    /// A file holding the token (surrounding whitespace is trimmed).
+    File(PathBuf),
+    /// An environment variable holding the token.
+    Env(String),
+    /// The token itself (for programs that have it from elsewhere, and tests).
+    Literal(String),
+}
+
+impl fmt::Debug for TokenSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TokenSource::File(p) => f.debug_tuple("File").field(p).finish(),
+            TokenSource::Env(v) => f.debug_tuple("Env").field(v).finish(),
+            TokenSource::Literal(_) => f.write_str("Literal(<redacted>)"),
+        }
+    }
+}
+
+/// A loaded token (its bytes never printed).
+#[derive(Clone)]
+pub(crate) struct Token(Vec<u8>);
+
+impl fmt::Debug for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Token(<redacted>)")
+    }
+}
+
+impl Token {
+    /// Read the token from `source`.
+    pub(crate) fn load(source: &TokenSource) -> Result<Token, HttpError> {
+        let (text, name) = match source {
+            TokenSource::File(path) => (
+                std::fs::read_to_string(path).map_err(|source| HttpError::TokenFile {
+                    path: path.clone(),
+                    source,
+                })?,
+                format!("file {}", path.display()),
+            ),
+            TokenSource::Env(var) => (
+                std::env::var(var).unwrap_or_default(),
+                format!("environment variable {var}"),
+            ),
+            TokenSource::Literal(t) => (t.clone(), "the literal token".to_owned()),
+        };
+        let token = text.trim();
+        if token.is_empty() {
+            return Err(HttpError::EmptyToken { source_name: name });
+        }
+        Ok(Token(token.as_bytes().to_vec()))
+    }
+
+    /// Whether an `Authorization` header value carries this token
+    /// (`Bearer <token>`, the scheme case-insensitive).
+    pub(crate) fn accepts(&self, authorization: Option<&[u8]>) -> bool {
+        let Some(value) = authorization else {
+            return false;
+        };
+        let Some(scheme) = value.get(..7) else {
+            return false;
+        };
+        if !scheme.eq_ignore_ascii_case(b"bearer ") {
+            return false;
+        }
+        let given = value[7..].trim_ascii();
+        given.ct_eq(&self.0).into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn only_the_exact_bearer_token_is_accepted() {
+        let t = Token::load(&TokenSource::Literal(" s3cret \n".into())).unwrap();
+        assert!(t.accepts(Some(b"Bearer s3cret")));
+        assert!(t.accepts(Some(b"bearer s3cret")));
+        assert!(!t.accepts(Some(b"Bearer s3cre")));
+        assert!(!t.accepts(Some(b"Bearer s3cretx")));
+        assert!(!t.accepts(Some(b"Basic s3cret")));
+        assert!(!t.accepts(Some(b"Bearer")));
+        assert!(!t.accepts(None));
+        assert_eq!(format!("{t:?}"), "Token(<redacted>)");
+        assert!(!format!("{:?}", TokenSource::Literal("s3cret".into())).contains("s3cret"));
+    }
+
+    #[test]
+    fn an_empty_source_is_an_error_naming_it_not_the_token() {
+        let e = Token::load(&TokenSource::Env("FLOTILLA_TEST_UNSET_TOKEN_VAR".into())).unwrap_err();
+        assert!(
+            e.to_string().contains("FLOTILLA_TEST_UNSET_TOKEN_VAR"),
+            "{e}"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("none");
+        let e = Token::load(&TokenSource::File(missing)).unwrap_err();
+        assert!(matches!(e, HttpError::TokenFile { .. }), "{e}");
+    }
+}

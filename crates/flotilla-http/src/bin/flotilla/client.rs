@@ -1,0 +1,163 @@
+//! The REST client: hyper-util's, HTTP/1.1, no TLS.
+
+use std::path::{Path, PathBuf};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::{
+    client::legacy::{Client as Hyper, connect::HttpConnector},
+    rt::TokioExecutor,
+};
+
+/// Why a command failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The address is not `http://host:port`.
+    #[error(
+        "Got an unexpected address \"{0}\": it must start with http:// (TLS is not supported)."
+    )]
+    Address(String),
+    /// The server could not be reached.
+    #[error("Failed to connect to Flotilla at address: {address}.")]
+    Connect {
+        /// The address.
+        address: String,
+        /// Why.
+        #[source]
+        source: hyper_util::client::legacy::Error,
+    },
+    /// Reading the response failed.
+    #[error("reading the response from {address} failed")]
+    Read {
+        /// The address.
+        address: String,
+        /// Why.
+        #[source]
+        source: hyper::Error,
+    },
+    /// The server answered with an error: shown as it wrote it.
+    #[error("Request failed with status code {status}: {body}")]
+    Server {
+        /// The status.
+        status: u16,
+        /// The body, as the server wrote it.
+        body: String,
+    },
+    /// A file could not be read.
+    #[error("cannot read {}", path.display())]
+    ReadFile {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The answer was not what the REST API sends.
+    #[error("unexpected response from the server: {0}")]
+    Decode(String),
+    /// The terminal could not be read or written.
+    #[error("terminal I/O failed")]
+    Terminal(#[source] std::io::Error),
+    /// The user said no.
+    #[error("aborted")]
+    Aborted,
+}
+
+/// A client of one REST API.
+pub struct Client {
+    address: String,
+    token: Option<String>,
+    http: Hyper<HttpConnector, Full<Bytes>>,
+}
+
+const APPLICATIONS: &str = "/api/serve/applications/";
+
+impl Client {
+    pub fn new(address: &str, token_file: Option<&Path>) -> Result<Client, ClientError> {
+        if !address.starts_with("http://") {
+            return Err(ClientError::Address(address.to_owned()));
+        }
+        let token = match token_file {
+            Some(p) => Some(
+                std::fs::read_to_string(p)
+                    .map_err(|source| ClientError::ReadFile {
+                        path: p.to_owned(),
+                        source,
+                    })?
+                    .trim()
+                    .to_owned(),
+            ),
+            None => None,
+        };
+        Ok(Client {
+            address: address.trim_end_matches('/').to_owned(),
+            token,
+            http: Hyper::builder(TokioExecutor::new()).build_http(),
+        })
+    }
+
+    async fn send(
+        &self,
+        method: http::Method,
+        path: &str,
+        body: Vec<u8>,
+        content_type: Option<&str>,
+    ) -> Result<Bytes, ClientError> {
+        let mut req = http::Request::builder()
+            .method(method)
+            .uri(format!("{}{path}", self.address));
+        if let Some(ct) = content_type {
+            req = req.header(http::header::CONTENT_TYPE, ct);
+        }
+        if let Some(t) = &self.token {
+            req = req.header(http::header::AUTHORIZATION, format!("Bearer {t}"));
+        }
+        let req = req
+            .body(Full::new(Bytes::from(body)))
+            .map_err(|_| ClientError::Address(self.address.clone()))?;
+        let resp = self
+            .http
+            .request(req)
+            .await
+            .map_err(|source| ClientError::Connect {
+                address: self.address.clone(),
+                source,
+            })?;
+        let status = resp.status().as_u16();
+        let body = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|source| ClientError::Read {
+                address: self.address.clone(),
+                source,
+            })?
+            .to_bytes();
+        if status != 200 {
+            return Err(ClientError::Server {
+                status,
+                body: String::from_utf8_lossy(&body).into_owned(),
+            });
+        }
+        Ok(body)
+    }
+
+    pub async fn put_config(&self, config: Vec<u8>, content_type: &str) -> Result<(), ClientError> {
+        self.send(http::Method::PUT, APPLICATIONS, config, Some(content_type))
+            .await
+            .map(|_| ())
+    }
+
+    pub async fn details(&self) -> Result<serde_json::Value, ClientError> {
+        let body = self
+            .send(http::Method::GET, APPLICATIONS, Vec::new(), None)
+            .await?;
+        serde_json::from_slice(&body).map_err(|e| ClientError::Decode(e.to_string()))
+    }
+
+    pub async fn delete(&self) -> Result<(), ClientError> {
+        self.send(http::Method::DELETE, APPLICATIONS, Vec::new(), None)
+            .await
+            .map(|_| ())
+    }
+}

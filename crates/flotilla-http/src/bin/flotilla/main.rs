@@ -1,0 +1,154 @@
+//! `flotilla`: a client of Flotilla's REST API, as Ray's `serve` CLI is of Ray's.
+//!
+//! ```text
+//! flotilla deploy FILE            apply a ServeConfig (YAML or JSON)
+//! flotilla status [-o FORMAT]     applications and deployments (table, json or yaml)
+//! flotilla config [-n NAME]       the applied config, as YAML
+//! flotilla delete [-y]            delete every application
+//! ```
+//!
+//! `--address` (default `http://127.0.0.1:8265`, or `FLOTILLA_ADDRESS`) and
+//! `--token-file` (or `FLOTILLA_TOKEN_FILE`) apply to every command. An error
+//! from the server is printed as the server wrote it, and the exit status is 1.
+
+mod client;
+mod output;
+
+use std::{path::PathBuf, process::ExitCode};
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+use client::{Client, ClientError};
+
+/// CLI for managing Flotilla applications through the Serve REST API.
+#[derive(Debug, Parser)]
+#[command(name = "flotilla", version, about)]
+struct Cli {
+    /// The REST API's address.
+    #[arg(
+        short,
+        long,
+        global = true,
+        env = "FLOTILLA_ADDRESS",
+        default_value = "http://127.0.0.1:8265"
+    )]
+    address: String,
+    /// A file holding the bearer token for deploy and delete.
+    #[arg(long, global = true, env = "FLOTILLA_TOKEN_FILE")]
+    token_file: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// How `status` prints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Format {
+    /// A table for people.
+    Table,
+    /// Ray's `ServeStatus`, as JSON.
+    Json,
+    /// Ray's `ServeStatus`, as YAML (what `serve status` prints).
+    Yaml,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Apply a config file (Ray Serve's format): the applications it names run,
+    /// declarative applications it does not name are deleted.
+    Deploy {
+        /// The config file (YAML, or JSON).
+        config: PathBuf,
+    },
+    /// Show every application's status, its deployments' and their replicas'.
+    Status {
+        /// Output format.
+        #[arg(short, long, value_enum, default_value = "table")]
+        output: Format,
+        /// Only this application.
+        #[arg(short, long)]
+        name: Option<String>,
+    },
+    /// Print the applied config of each application deployed by config.
+    Config {
+        /// Only this application.
+        #[arg(short, long)]
+        name: Option<String>,
+    },
+    /// Delete every application.
+    Delete {
+        /// Do not ask for confirmation.
+        #[arg(short, long)]
+        yes: bool,
+    },
+}
+
+async fn run(cli: Cli) -> Result<(), ClientError> {
+    let client = Client::new(&cli.address, cli.token_file.as_deref())?;
+    match cli.command {
+        Command::Deploy { config } => {
+            let text = std::fs::read(&config).map_err(|source| ClientError::ReadFile {
+                path: config.clone(),
+                source,
+            })?;
+            println!("Deploying from config file: '{}'.", config.display());
+            let content_type = match config.extension().and_then(|e| e.to_str()) {
+                Some("json") => "application/json",
+                _ => "application/yaml",
+            };
+            client.put_config(text, content_type).await?;
+            println!(
+                "\nSent deploy request successfully.\n * Use `flotilla status` to check applications' statuses.\n * Use `flotilla config` to see the current application config(s).\n"
+            );
+        }
+        Command::Status { output, name } => {
+            let details = client.details().await?;
+            print!("{}", output::status(&details, output, name.as_deref())?);
+        }
+        Command::Config { name } => {
+            let details = client.details().await?;
+            print!("{}", output::config(&details, name.as_deref())?);
+        }
+        Command::Delete { yes } => {
+            if !yes && !confirm(&cli.address)? {
+                return Err(ClientError::Aborted);
+            }
+            client.delete().await?;
+            println!("Sent delete request; applications will be deleted asynchronously.");
+        }
+    }
+    Ok(())
+}
+
+fn confirm(address: &str) -> Result<bool, ClientError> {
+    use std::io::Write;
+    print!(
+        "This will delete every application of the Flotilla instance at \"{address}\". Do you want to continue? [y/N]: "
+    );
+    std::io::stdout().flush().map_err(ClientError::Terminal)?;
+    let mut line = String::new();
+    std::io::stdin()
+        .read_line(&mut line)
+        .map_err(ClientError::Terminal)?;
+    Ok(matches!(line.trim(), "y" | "Y" | "yes"))
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("Error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("Error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

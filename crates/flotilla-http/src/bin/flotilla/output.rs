@@ -1,0 +1,176 @@
+//! What `status` and `config` print.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Value, json};
+
+use crate::{Format, client::ClientError};
+
+fn yaml(v: &Value) -> Result<String, ClientError> {
+    serde_saphyr::to_string(v).map_err(|e| ClientError::Decode(e.to_string()))
+}
+
+/// Ray's `ServeStatus` of the details (`ServeInstanceDetails._get_status`).
+fn serve_status(details: &Value) -> Value {
+    let apps: serde_json::Map<String, Value> = details["applications"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(name, a)| {
+            let deployments: serde_json::Map<String, Value> = a["deployments"]
+                .as_object()
+                .into_iter()
+                .flatten()
+                .map(|(d, dd)| {
+                    let mut states: BTreeMap<String, u64> = BTreeMap::new();
+                    for r in dd["replicas"].as_array().into_iter().flatten() {
+                        *states
+                            .entry(r["state"].as_str().unwrap_or("UNKNOWN").to_owned())
+                            .or_default() += 1;
+                    }
+                    (
+                        d.clone(),
+                        json!({"status": dd["status"], "status_trigger": dd["status_trigger"],
+                            "replica_states": states, "message": dd["message"]}),
+                    )
+                })
+                .collect();
+            (
+                name.clone(),
+                json!({"status": a["status"], "message": a["message"],
+                    "last_deployed_time_s": a["last_deployed_time_s"], "deployments": deployments}),
+            )
+        })
+        .collect();
+    let proxies: serde_json::Map<String, Value> = details["proxies"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(n, p)| (n.clone(), p["status"].clone()))
+        .collect();
+    json!({"proxies": proxies, "applications": apps, "target_capacity": details["target_capacity"]})
+}
+
+fn text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Null => String::new(),
+        other => other.to_string(),
+    }
+}
+
+/// A table: one row per deployment, under its application's row.
+fn table(status: &Value, details: &Value) -> String {
+    let mut rows = vec![
+        [
+            "APPLICATION",
+            "STATUS",
+            "ROUTE",
+            "DEPLOYMENT",
+            "STATUS",
+            "REPLICAS",
+            "MESSAGE",
+        ]
+        .map(String::from)
+        .to_vec(),
+    ];
+    for (name, a) in status["applications"].as_object().into_iter().flatten() {
+        let route = text(&details["applications"][name]["route_prefix"]);
+        rows.push(vec![
+            name.clone(),
+            text(&a["status"]),
+            route,
+            String::new(),
+            String::new(),
+            String::new(),
+            text(&a["message"]),
+        ]);
+        for (d, dd) in a["deployments"].as_object().into_iter().flatten() {
+            let replicas = dd["replica_states"]
+                .as_object()
+                .into_iter()
+                .flatten()
+                .map(|(s, n)| format!("{n} {s}"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            rows.push(vec![
+                String::new(),
+                String::new(),
+                String::new(),
+                d.clone(),
+                text(&dd["status"]),
+                replicas,
+                text(&dd["message"]),
+            ]);
+        }
+    }
+    if rows.len() == 1 {
+        return "No applications.\n".to_owned();
+    }
+    let widths: Vec<usize> = (0..rows[0].len())
+        .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
+        .collect();
+    let mut out = String::new();
+    for r in rows {
+        let line: Vec<String> = r
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        out.push_str(line.join("  ").trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// What `flotilla status` prints.
+pub fn status(details: &Value, format: Format, name: Option<&str>) -> Result<String, ClientError> {
+    let status = serve_status(details);
+    if let Some(n) = name {
+        let app = &status["applications"][n];
+        if app.is_null() {
+            return Ok(format!("Application \"{n}\" does not exist.\n"));
+        }
+        return match format {
+            Format::Json => Ok(format!(
+                "{}\n",
+                serde_json::to_string_pretty(app).unwrap_or_default()
+            )),
+            Format::Yaml => yaml(app),
+            Format::Table => {
+                let only = json!({"applications": {n: app}});
+                Ok(table(&only, details))
+            }
+        };
+    }
+    match format {
+        Format::Json => Ok(format!(
+            "{}\n",
+            serde_json::to_string_pretty(&status).unwrap_or_default()
+        )),
+        Format::Yaml => yaml(&status),
+        Format::Table => Ok(table(&status, details)),
+    }
+}
+
+/// What `flotilla config` prints: each application's applied config as YAML,
+/// separated by `---` (as `serve config`).
+pub fn config(details: &Value, name: Option<&str>) -> Result<String, ClientError> {
+    let mut docs = Vec::new();
+    for (app, a) in details["applications"].as_object().into_iter().flatten() {
+        if name.is_some_and(|n| n != app) {
+            continue;
+        }
+        let cfg = &a["deployed_app_config"];
+        if !cfg.is_null() {
+            docs.push(yaml(cfg)?);
+        }
+    }
+    if docs.is_empty() {
+        return Ok(match name {
+            Some(n) => format!("No config has been deployed for application \"{n}\".\n"),
+            None => "No configuration was found.\n".to_owned(),
+        });
+    }
+    Ok(docs.join("\n---\n\n"))
+}

@@ -1,0 +1,223 @@
+//! The proxy's response body: whole, or streamed from an ingress's
+//! [`CallStream`](flotilla::CallStream); and the guard that records each
+//! request's metrics and access log once it is over.
+
+use std::{
+    future::Future as _,
+    pin::Pin,
+    sync::{Arc, atomic::Ordering},
+    task::{Context, Poll},
+    time::Instant,
+};
+
+use bytes::Bytes;
+use flotilla::CallStream;
+use futures::Stream;
+use http_body::{Body, Frame, SizeHint};
+
+use crate::{
+    HttpResponse,
+    metrics::{HttpStats, ProxyMetrics},
+};
+
+/// The status recorded for a request whose client went away first (Ray's 499:
+/// metrics and logs only, nothing is sent).
+pub(crate) const CLIENT_CLOSED: u16 = 499;
+
+/// Records one request when dropped: its status (499 unless set: the client
+/// went away), its latency from the moment the request came, in its route's
+/// counters, and one access-log event (Ray's `{method} {route} {status} {ms}ms`).
+pub(crate) struct Done {
+    stats: Arc<HttpStats>,
+    method: u8,
+    pub(crate) status: u16,
+    started: Instant,
+    /// Counted in the ongoing gauge (matched requests only, as Ray).
+    ongoing: Option<Arc<ProxyMetrics>>,
+}
+
+impl Done {
+    pub(crate) fn new(
+        stats: Arc<HttpStats>,
+        method: u8,
+        started: Instant,
+        ongoing: Option<Arc<ProxyMetrics>>,
+    ) -> Self {
+        if let Some(m) = &ongoing {
+            m.ongoing.fetch_add(1, Ordering::Relaxed);
+        }
+        Done {
+            stats,
+            method,
+            status: CLIENT_CLOSED,
+            started,
+            ongoing,
+        }
+    }
+}
+
+impl Done {
+    /// When the request came.
+    pub(crate) fn started(&self) -> Instant {
+        self.started
+    }
+}
+
+impl Drop for Done {
+    fn drop(&mut self) {
+        let latency = self.started.elapsed();
+        self.stats.record(self.method, self.status, latency);
+        if let Some(m) = &self.ongoing {
+            m.ongoing.fetch_sub(1, Ordering::Relaxed);
+        }
+        tracing::info!(target: crate::ACCESS_LOG_TARGET, app = %self.stats.app,
+            route = %self.stats.route, status = self.status,
+            latency_ms = latency.as_secs_f64() * 1_000.0, "http request");
+    }
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+enum Kind {
+    Full(Option<Bytes>),
+    Stream {
+        /// Chunks already taken from the stream, sent first.
+        pending: Vec<Bytes>,
+        stream: CallStream<HttpResponse>,
+        /// The request's deadline: passing it cuts the stream (Ray's timeout
+        /// once the response started).
+        deadline: Option<Pin<Box<tokio::time::Sleep>>>,
+    },
+}
+
+/// A response body.
+pub(crate) struct ProxyBody {
+    kind: Kind,
+    /// The status sent, recorded once the body ends (a stream dropped before
+    /// its end is recorded as 499: the client went away).
+    status: u16,
+    /// Records the request once the body is done (or dropped: disconnected).
+    done: Option<Done>,
+}
+
+impl ProxyBody {
+    /// A whole body, sent with `status`.
+    pub(crate) fn full(status: u16, bytes: impl Into<Bytes>, mut done: Option<Done>) -> Self {
+        let bytes = bytes.into();
+        if let Some(d) = &mut done {
+            d.status = status;
+        }
+        ProxyBody {
+            kind: Kind::Full((!bytes.is_empty()).then_some(bytes)),
+            status,
+            done,
+        }
+    }
+
+    /// A streamed body: `pending` first, then every later item's body.
+    pub(crate) fn stream(
+        status: u16,
+        pending: Vec<Bytes>,
+        stream: CallStream<HttpResponse>,
+        deadline: Option<tokio::time::Instant>,
+        done: Done,
+    ) -> Self {
+        ProxyBody {
+            kind: Kind::Stream {
+                pending,
+                stream,
+                deadline: deadline.map(|d| Box::pin(tokio::time::sleep_until(d))),
+            },
+            status,
+            done: Some(done),
+        }
+    }
+
+    /// The body is over: record the status it was sent with, or `cut` if it
+    /// was cut short.
+    fn finish(&mut self, cut: Option<u16>) {
+        if let Some(mut d) = self.done.take() {
+            d.status = cut.unwrap_or(self.status);
+        }
+    }
+}
+
+/// Why a streamed body was cut after its head was sent.
+#[derive(Debug, thiserror::Error)]
+enum StreamCut {
+    #[error("the ingress stream failed after the response started: {0}")]
+    Failed(#[source] flotilla::CallError),
+    #[error("request timed out while its response streamed")]
+    TimedOut,
+}
+
+impl Body for ProxyBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        match &mut this.kind {
+            Kind::Full(bytes) => {
+                let out = bytes.take();
+                if out.is_none() {
+                    this.finish(None);
+                }
+                Poll::Ready(out.map(|b| Ok(Frame::data(b))))
+            }
+            Kind::Stream {
+                pending,
+                stream,
+                deadline,
+            } => {
+                if !pending.is_empty() {
+                    return Poll::Ready(Some(Ok(Frame::data(pending.remove(0)))));
+                }
+                loop {
+                    if let Some(d) = deadline
+                        && d.as_mut().poll(cx).is_ready()
+                    {
+                        tracing::warn!(
+                            status = this.status,
+                            "request timed out while streaming: cut"
+                        );
+                        this.finish(Some(crate::proxy::TIMEOUT_STATUS));
+                        return Poll::Ready(Some(Err(Box::new(StreamCut::TimedOut))));
+                    }
+                    match Pin::new(&mut *stream).poll_next(cx) {
+                        Poll::Ready(Some(Ok(item))) => {
+                            if item.body.is_empty() {
+                                continue;
+                            }
+                            return Poll::Ready(Some(Ok(Frame::data(item.body))));
+                        }
+                        Poll::Ready(Some(Err(e))) => {
+                            tracing::warn!(error = %e, "ingress stream failed after the response started: cut");
+                            this.finish(Some(500));
+                            return Poll::Ready(Some(Err(Box::new(StreamCut::Failed(e)))));
+                        }
+                        Poll::Ready(None) => {
+                            this.finish(None);
+                            return Poll::Ready(None);
+                        }
+                        Poll::Pending => return Poll::Pending,
+                    }
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        matches!(self.kind, Kind::Full(None))
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.kind {
+            Kind::Full(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
+            Kind::Stream { .. } => SizeHint::default(),
+        }
+    }
+}

@@ -1,0 +1,392 @@
+//! The REST API's `GET /api/serve/applications/` body: Ray's
+//! `ServeInstanceDetails` (`python/ray/serve/schema.py`), built from the status
+//! board, the route index, the applied config and every DeploymentActor's
+//! snapshot. Fields Ray leaves unset are left out (it dumps with
+//! `exclude_unset=True`); fields that describe Ray's processes (pids, worker
+//! ids, log files) are left out or say what Flotilla has instead (actor names).
+
+use std::{
+    collections::BTreeMap,
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use flotilla::{ApiType, ReplicaCount, Serve};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::HttpOptions;
+
+/// How long a details request waits for each DeploymentActor's snapshot.
+const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Ray's `ServeActorDetails` (the fields Flotilla can fill).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ActorDetails {
+    /// The node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_id: Option<String>,
+    /// The node's address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_ip: Option<String>,
+    /// The actor's registered name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub actor_name: Option<String>,
+}
+
+/// Ray's `ProxyDetails`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProxyDetails {
+    /// Where it runs.
+    #[serde(flatten)]
+    pub actor: ActorDetails,
+    /// `HEALTHY` (or `DRAINING` while shutting down).
+    pub status: String,
+}
+
+/// Ray's `ServeInstanceDetails`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ServeInstanceDetails {
+    /// The Controller.
+    pub controller_info: ActorDetails,
+    /// `HeadOnly`: one proxy, in the embedding process.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy_location: Option<String>,
+    /// The proxy's `http_options`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http_options: Option<Value>,
+    /// The proxies by node.
+    pub proxies: BTreeMap<String, ProxyDetails>,
+    /// The applications by name.
+    pub applications: BTreeMap<String, ApplicationDetails>,
+    /// Always null (Flotilla has no target capacity).
+    pub target_capacity: Option<f64>,
+}
+
+/// Ray's `ApplicationDetails`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ApplicationDetails {
+    /// The name.
+    pub name: String,
+    /// Its route prefix; null when it has none (or is being deleted).
+    pub route_prefix: Option<String>,
+    /// Always null (no FastAPI docs).
+    pub docs_path: Option<String>,
+    /// `RUNNING`, `DEPLOYING`, ...
+    pub status: String,
+    /// What to do about it, or "".
+    pub message: String,
+    /// When its target was accepted, in Unix seconds (0 before it has one).
+    pub last_deployed_time_s: f64,
+    /// Its entry of the applied config, as submitted (null for imperative ones).
+    pub deployed_app_config: Option<Value>,
+    /// `imperative`, `declarative` or `unknown`.
+    pub source: String,
+    /// Its deployments by name.
+    pub deployments: BTreeMap<String, DeploymentDetails>,
+    /// Always false.
+    pub external_scaler_enabled: bool,
+    /// Its deployments and which is the ingress (Flotilla does not track calls
+    /// between deployments: `outbound_deployments` is empty).
+    pub deployment_topology: Option<Value>,
+}
+
+/// Ray's `DeploymentDetails`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeploymentDetails {
+    /// The name.
+    pub name: String,
+    /// `HEALTHY`, `UPDATING`, ...
+    pub status: String,
+    /// Why (Ray's `DeploymentStatusTrigger`).
+    pub status_trigger: String,
+    /// What to do about it, or "".
+    pub message: String,
+    /// The deployment's config in Ray's `DeploymentSchema` field names (absent
+    /// while its DeploymentActor does not answer).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deployment_config: Option<Value>,
+    /// Replicas it aims for now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_num_replicas: Option<u32>,
+    /// What one replica reserves (`{"CPU": 1.0, ...}`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub required_resources: Option<BTreeMap<String, f64>>,
+    /// Its replicas, oldest first.
+    pub replicas: Vec<ReplicaDetails>,
+    /// Always empty: Flotilla keeps no dead replicas.
+    pub recent_dead_replicas: Vec<ReplicaDetails>,
+}
+
+/// Ray's `ReplicaDetails`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReplicaDetails {
+    /// Where it runs and its actor name.
+    #[serde(flatten)]
+    pub actor: ActorDetails,
+    /// Its id (Flotilla's are numbers, unique in the process).
+    pub replica_id: String,
+    /// `RUNNING`, `STARTING`, ...
+    pub state: String,
+    /// When it began serving, in Unix seconds (absent while starting).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_time_s: Option<f64>,
+}
+
+fn unix_s(t: SystemTime) -> f64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// Remove every null field of objects, recursively: Ray's `exclude_unset`.
+pub(crate) fn strip_nulls(v: Value) -> Value {
+    match v {
+        Value::Object(m) => Value::Object(
+            m.into_iter()
+                .filter(|(_, v)| !v.is_null())
+                .map(|(k, v)| (k, strip_nulls(v)))
+                .collect(),
+        ),
+        Value::Array(a) => Value::Array(a.into_iter().map(strip_nulls).collect()),
+        v => v,
+    }
+}
+
+/// Ray's `DeploymentSchema` fields of a Flotilla deployment config.
+fn deployment_config(name: &str, c: &flotilla::DeploymentConfig) -> Value {
+    let mut v = serde_json::json!({
+        "name": name,
+        "max_ongoing_requests": c.max_ongoing_requests,
+        "max_queued_requests": c.max_queued_requests.map_or(-1, i64::from),
+        "user_config": c.user_config.as_ref().and_then(|a| a.decode::<Value>().ok()),
+        "graceful_shutdown_wait_loop_s": c.graceful_shutdown_wait_loop.as_secs_f64(),
+        "graceful_shutdown_timeout_s": c.graceful_shutdown_timeout.as_secs_f64(),
+        "health_check_period_s": c.health_check_period.as_secs_f64(),
+        "health_check_timeout_s": c.health_check_timeout.as_secs_f64(),
+        "ray_actor_options": {
+            "num_cpus": c.resources.cpus,
+            "num_gpus": c.resources.gpus,
+            "memory": c.resources.memory_bytes,
+            "resources": c.resources.custom,
+        },
+        "rolling_update_percentage": c.rollout.max_changing_fraction,
+    });
+    match &c.num_replicas {
+        ReplicaCount::Fixed(n) => v["num_replicas"] = (*n).into(),
+        ReplicaCount::Auto(a) => {
+            v["autoscaling_config"] = serde_json::json!({
+                "min_replicas": a.min_replicas,
+                "initial_replicas": a.initial_replicas,
+                "max_replicas": a.max_replicas,
+                "target_ongoing_requests": a.target_ongoing_requests,
+                "upscale_delay_s": a.upscale_delay.as_secs_f64(),
+                "downscale_delay_s": a.downscale_delay.as_secs_f64(),
+                "upscaling_factor": a.upscaling_factor,
+                "downscaling_factor": a.downscaling_factor,
+                "look_back_period_s": a.look_back_period.as_secs_f64(),
+            });
+        }
+    }
+    v
+}
+
+fn resources(r: &flotilla::Resources) -> BTreeMap<String, f64> {
+    let mut m = BTreeMap::from([("CPU".to_owned(), r.cpus)]);
+    if r.gpus > 0.0 {
+        m.insert("GPU".to_owned(), r.gpus);
+    }
+    if r.memory_bytes > 0 {
+        m.insert("memory".to_owned(), r.memory_bytes as f64);
+    }
+    m.extend(r.custom.clone());
+    m
+}
+
+/// Which applications a GET asks for (Ray's `api_type` query parameter).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ApiFilter {
+    All,
+    Only(ApiType),
+}
+
+/// Build the instance's details.
+pub(crate) async fn instance_details(
+    serve: &Serve,
+    options: &HttpOptions,
+    proxy_addr: Option<std::net::SocketAddr>,
+    draining: bool,
+    filter: ApiFilter,
+) -> Result<ServeInstanceDetails, flotilla::ServeError> {
+    let node = flotilla::LOCAL_NODE.to_owned();
+    let config = serve.applied_config().await?;
+    let configs: BTreeMap<String, Value> = config
+        .iter()
+        .flat_map(|c| c.applications.iter())
+        .filter_map(|a| {
+            serde_json::to_value(a)
+                .ok()
+                .map(|v| (a.name.to_string(), strip_nulls(v)))
+        })
+        .collect();
+    let prefixes: BTreeMap<String, String> = serve
+        .routes()
+        .routes()
+        .into_iter()
+        .map(|r| (r.app.to_string(), r.prefix.to_string()))
+        .collect();
+    let mut snapshots: BTreeMap<(String, String), flotilla::DeploymentSnapshot> = serve
+        .deployment_details(SNAPSHOT_TIMEOUT)
+        .await
+        .into_iter()
+        .filter_map(|d| {
+            d.snapshot
+                .map(|s| ((d.app.to_string(), d.deployment.to_string()), s))
+        })
+        .collect();
+    let mut applications = BTreeMap::new();
+    for (name, s) in serve.status() {
+        let name = name.to_string();
+        if let ApiFilter::Only(t) = filter
+            && s.api_type != Some(t)
+        {
+            continue;
+        }
+        let ingress = serve
+            .app_handle(&name)
+            .ok()
+            .map(|h| h.deployment().to_owned());
+        let mut deployments = BTreeMap::new();
+        for (dep, ds) in &s.deployments {
+            let dep = dep.to_string();
+            let snap = snapshots.remove(&(name.clone(), dep.clone()));
+            let started: BTreeMap<u64, SystemTime> = serve
+                .deployment_handle(&name, &dep)
+                .map(|h| {
+                    h.replicas()
+                        .iter()
+                        .map(|r| (r.id().0, r.started_at()))
+                        .collect()
+                })
+                .unwrap_or_default();
+            let replicas = snap
+                .as_ref()
+                .map(|sn| {
+                    sn.replicas
+                        .iter()
+                        .map(|r| ReplicaDetails {
+                            actor: ActorDetails {
+                                node_id: Some(r.node.clone()),
+                                node_ip: None,
+                                actor_name: Some(format!(
+                                    "{}/replica:{name}/{dep}#{}",
+                                    serve.namespace(),
+                                    r.id
+                                )),
+                            },
+                            replica_id: r.id.to_string(),
+                            state: r.state.to_string(),
+                            start_time_s: started.get(&r.id.0).copied().map(unix_s),
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            deployments.insert(
+                dep.clone(),
+                DeploymentDetails {
+                    name: dep.clone(),
+                    status: ds.status.to_string(),
+                    status_trigger: serde_json::to_value(ds.trigger)
+                        .ok()
+                        .and_then(|v| v.as_str().map(str::to_owned))
+                        .unwrap_or_default(),
+                    message: ds.message.clone(),
+                    deployment_config: snap
+                        .as_ref()
+                        .map(|sn| strip_nulls(deployment_config(&dep, &sn.target.spec.config))),
+                    target_num_replicas: snap.as_ref().map(|sn| sn.target.replicas),
+                    required_resources: snap
+                        .as_ref()
+                        .map(|sn| resources(&sn.target.spec.config.resources)),
+                    replicas,
+                    recent_dead_replicas: Vec::new(),
+                },
+            );
+        }
+        let topology = ingress.as_ref().map(|ing| {
+            let nodes: serde_json::Map<String, Value> = s
+                .deployments
+                .keys()
+                .map(|d| {
+                    (
+                        d.to_string(),
+                        serde_json::json!({"name": d.as_str(), "app_name": name,
+                            "outbound_deployments": [], "is_ingress": d.as_str() == ing}),
+                    )
+                })
+                .collect();
+            serde_json::json!({"app_name": name, "nodes": nodes, "ingress_deployment": ing})
+        });
+        applications.insert(
+            name.clone(),
+            ApplicationDetails {
+                route_prefix: prefixes.get(&name).cloned(),
+                docs_path: None,
+                status: s.status.to_string(),
+                message: s.message.clone(),
+                last_deployed_time_s: s.last_deployed.map_or(0.0, unix_s),
+                deployed_app_config: configs.get(&name).cloned(),
+                source: match s.api_type {
+                    Some(ApiType::Imperative) => "imperative",
+                    Some(ApiType::Declarative) => "declarative",
+                    None => "unknown",
+                }
+                .to_owned(),
+                deployments,
+                external_scaler_enabled: false,
+                deployment_topology: topology,
+                name,
+            },
+        );
+    }
+    let (controller_name, _) = serve.controller_actor();
+    let proxy_ip = proxy_addr.map(|a| a.ip().to_string());
+    let proxies = match proxy_addr {
+        Some(_) => BTreeMap::from([(
+            node.clone(),
+            ProxyDetails {
+                actor: ActorDetails {
+                    node_id: Some(node.clone()),
+                    node_ip: proxy_ip.clone(),
+                    actor_name: Some("flotilla-http proxy".to_owned()),
+                },
+                status: if draining { "DRAINING" } else { "HEALTHY" }.to_owned(),
+            },
+        )]),
+        None => BTreeMap::new(),
+    };
+    let http_options = strip_nulls(serde_json::json!({
+        "host": options.host,
+        "port": proxy_addr.map_or(options.port, |a| a.port()),
+        "root_path": options.root_path,
+        "request_timeout_s": options.request_timeout.map(|t| t.as_secs_f64()),
+        "keep_alive_timeout_s": options.keep_alive_timeout.as_secs(),
+    }));
+    Ok(ServeInstanceDetails {
+        controller_info: ActorDetails {
+            node_id: Some(node),
+            node_ip: proxy_ip,
+            actor_name: Some(controller_name),
+        },
+        proxy_location: Some(
+            if proxy_addr.is_some() {
+                "HeadOnly"
+            } else {
+                "Disabled"
+            }
+            .to_owned(),
+        ),
+        http_options: Some(http_options),
+        proxies,
+        applications,
+        target_capacity: None,
+    })
+}

@@ -1,0 +1,69 @@
+//! Why an HTTP server could not start.
+
+use std::{net::SocketAddr, path::PathBuf};
+
+/// Why [`HttpServer::start`](crate::HttpServer::start) (or building
+/// [`HttpOptions`](crate::HttpOptions)) failed. Nothing is left listening after
+/// an error.
+#[derive(Debug, thiserror::Error)]
+pub enum HttpError {
+    /// An option is out of range.
+    #[error("invalid HTTP option '{field}': {reason}")]
+    InvalidOption {
+        /// The option, as [`HttpOptionsBuilder`](crate::HttpOptionsBuilder) names it.
+        field: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A listener was asked to bind a non-loopback address with no bearer token
+    /// configured: the REST API's mutating endpoints would be open to the network.
+    #[error(
+        "refusing to bind the {listener} listener to {addr}: binding an address other than \
+         loopback requires a bearer token for the REST API's mutating endpoints; configure one \
+         with HttpOptionsBuilder::token_file or token_env (or bind 127.0.0.1)"
+    )]
+    TokenRequired {
+        /// `proxy` or `rest`.
+        listener: &'static str,
+        /// The address asked for.
+        addr: SocketAddr,
+    },
+    /// A host name did not resolve to an address.
+    #[error("cannot resolve the {listener} listener's address '{host}:{port}'")]
+    Resolve {
+        /// `proxy` or `rest`.
+        listener: &'static str,
+        /// The host.
+        host: String,
+        /// The port.
+        port: u16,
+        /// The resolver's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Binding failed (Ray's message).
+    #[error("Failed to bind to address '{addr}'.")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The operating system's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The token file could not be read.
+    #[error("cannot read the bearer token file {}", path.display())]
+    TokenFile {
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The token's source holds no token (an empty file, an unset or empty
+    /// environment variable).
+    #[error("no bearer token in {source_name}: it is empty or unset")]
+    EmptyToken {
+        /// Where the token was looked for (never the token itself).
+        source_name: String,
+    },
+}

@@ -1,0 +1,139 @@
+//! Flotilla over HTTP: the proxy, the Serve REST API, Prometheus metrics and the
+//! `flotilla` CLI.
+//!
+//! This crate owns how Flotilla is reached from outside its process:
+//! - the **proxy** ([`HttpServer`], default `127.0.0.1:8000`): HTTP/1.1 and h2c,
+//!   routed by longest route prefix with Ray's boundary rule ([`PrefixRouter`])
+//!   to each application's ingress deployment through its `DeploymentHandle`,
+//!   following the Controller's route index by subscription; Ray's status codes
+//!   and bodies (see the [`proxy`] module), `/-/healthz`, `/-/routes`, request
+//!   ids, timeouts, body limits, streamed responses;
+//! - the **REST API** on a second listener (default `127.0.0.1:8265`): Ray's
+//!   `PUT`/`GET`/`DELETE /api/serve/applications/` (see [`rest`]) and
+//!   `GET /metrics` in Prometheus text ([`metrics`]);
+//! - the serde types an HTTP ingress takes and answers ([`HttpRequest`],
+//!   [`HttpResponse`]), and the `flotilla` binary, a client of the REST API.
+//!
+//! It must not reach below the facade (`flotilla`): everything it needs is
+//! public there. It holds no state of its own worth keeping: the route table is
+//! the Controller's, counters live on the data plane, the applied config in the
+//! checkpoint. It never blocks a request on a control message (the only
+//! control-plane reads on a request's path are on the no-replica path).
+//!
+//! # An ingress
+//!
+//! ```no_run
+//! use flotilla::{Deployment, UserError};
+//! use flotilla_http::{HttpRequest, HttpResponse};
+//!
+//! struct Echo;
+//! impl Deployment for Echo {
+//!     type Request = HttpRequest;
+//!     type Response = HttpResponse;
+//!     async fn handle(&self, req: HttpRequest) -> Result<HttpResponse, UserError> {
+//!         let path = req.route_path().to_owned();
+//!         Ok(HttpResponse::new(200, req.body).with_header("x-path", path))
+//!     }
+//! }
+//! ```
+//!
+//! # Decisions (where Flotilla departs from Ray, or Ray leaves it open)
+//!
+//! - Request bodies are read whole before the ingress runs, up to
+//!   [`DEFAULT_MAX_REQUEST_BODY_BYTES`] (10 MiB, configurable; 413 above it).
+//!   Ray sets no limit and streams request bodies to the replica.
+//! - HTTP/2 (h2c with prior knowledge, and on the REST listener) is served;
+//!   Ray's uvicorn proxy speaks HTTP/1.1 only. `keep_alive_timeout` is the idle
+//!   timeout of HTTP/1.1 connections (as uvicorn's); HTTP/2 connections are not
+//!   closed for idleness.
+//! - With no replica, a request answers 503 at once when the application cannot
+//!   get one soon (DEPLOY_FAILED, UNHEALTHY, DELETING, or a fixed target of 0),
+//!   and waits in the handle's queue otherwise (DEPLOYING, autoscaled to zero)
+//!   until its timeout, giving up with 503 as soon as the application fails.
+//!   Ray waits in every case.
+//! - A 500 carries the user error's message (Ray's plain deployments answer
+//!   `Internal Server Error`); a 500 for an ingress of the wrong types names the
+//!   application and deployment.
+//! - Streaming: the first item of an ingress's stream is the response head; a
+//!   stream with one item is sent whole with `content-length`. An error or the
+//!   timeout after the head cuts the stream (as Ray).
+//! - `request_timeout` starts when the request arrives and covers reading its
+//!   body, queueing and the handler (Ray's is end to end too).
+//! - Both listeners bind loopback by default. When the REST listener is on,
+//!   binding either listener elsewhere needs a bearer token
+//!   ([`HttpError::TokenRequired`] otherwise); with a token configured, `PUT`
+//!   and `DELETE` always need `Authorization: Bearer <token>` (401 without).
+//!   Reads and `/metrics` need none, as Ray's dashboard. With the REST listener
+//!   off, the proxy may bind anywhere without a token.
+//! - A config's `http_options` are mapped by
+//!   [`HttpOptionsBuilder::ray_http_options`] (left out `host` stays loopback,
+//!   where Ray's schema says 0.0.0.0). A PUT cannot move a running server (Ray
+//!   only warns too).
+//! - `GET /api/serve/applications/`: replica ids are Flotilla's numbers,
+//!   `actor_name`s are Flotilla's actor names, pids, worker ids and log files
+//!   are left out, `recent_dead_replicas` is empty, `deployment_topology` lists
+//!   no outbound calls, `proxy_location` is `HeadOnly` (one proxy per
+//!   `HttpServer`).
+//!
+//! # Metrics
+//!
+//! Ray Serve's names as Prometheus sees them (`ray_` + name, counters with
+//! `_total`), with Ray's labels, so its dashboards work:
+//! `ray_serve_num_http_requests_total`, `ray_serve_num_http_error_requests_total`,
+//! `ray_serve_num_deployment_http_error_requests_total`,
+//! `ray_serve_http_request_latency_ms` (histogram, Ray's buckets),
+//! `ray_serve_num_ongoing_http_requests`, `ray_serve_deployment_request_counter_total`,
+//! `ray_serve_deployment_error_counter_total` (`exception_type`: `UserError`,
+//! `Panicked`, `Killed`, `BadRequest`, `BadResponse`),
+//! `ray_serve_deployment_processing_latency_ms`, `ray_serve_replica_processing_queries`,
+//! `ray_serve_deployment_replica_starts_total` (per deployment: no `replica`
+//! label), `ray_serve_deployment_replica_healthy`, `ray_serve_num_router_requests_total`,
+//! `ray_serve_deployment_queued_queries`, `ray_serve_num_ongoing_requests_at_replicas`,
+//! `ray_serve_deployment_status`, `ray_serve_application_status`,
+//! `ray_serve_autoscaling_target_replicas`; and Flotilla's own:
+//! `flotilla_checkpoint_commits_total`, `flotilla_checkpoint_keys_written_total`,
+//! `flotilla_checkpoint_bytes_written_total`, `flotilla_restarts_total{level}`
+//! (`controller`, `application`), `flotilla_replicas{state}`,
+//! `flotilla_backpressure_rejections_total`, `flotilla_deployment_cancelled_requests_total`,
+//! `flotilla_metrics_scrapes_total`. The `route` label of replica metrics is
+//! the application's route prefix (Ray's is the request's route). Router
+//! metrics are per deployment (Ray's are per handle).
+
+mod auth;
+mod body;
+pub mod details;
+mod error;
+pub mod metrics;
+mod options;
+pub mod proxy;
+pub mod rest;
+mod router;
+mod server;
+mod table;
+mod types;
+
+pub use auth::TokenSource;
+pub use error::HttpError;
+pub use metrics::METRICS_CONTENT_TYPE;
+pub use options::{
+    DEFAULT_KEEP_ALIVE_TIMEOUT, DEFAULT_MAX_REQUEST_BODY_BYTES, DEFAULT_PORT, DEFAULT_REST_PORT,
+    DEFAULT_SHUTDOWN_GRACE, HttpOptions, HttpOptionsBuilder, RayHttpOptions,
+};
+pub use proxy::REQUEST_TIMEOUT_HEADER;
+pub use rest::RAY_VERSION;
+pub use router::PrefixRouter;
+pub use server::HttpServer;
+pub use types::{HttpRequest, HttpResponse};
+
+/// The request id header (Ray's `SERVE_HTTP_REQUEST_ID_HEADER`): taken from the
+/// request, or made by the proxy; the ingress always sees it, and every
+/// response carries it.
+pub const REQUEST_ID_HEADER: &str = "x-request-id";
+
+/// The `tracing` target of the per-request access log events.
+pub const ACCESS_LOG_TARGET: &str = "flotilla::http::access";
+
+/// Resolves once `stop` turns true (or its sender is gone).
+pub(crate) async fn stopped(stop: &mut tokio::sync::watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await.map(|_| ());
+}

@@ -1,0 +1,287 @@
+//! How the HTTP server runs: both listeners, timeouts, limits and the token.
+
+use std::{path::PathBuf, time::Duration};
+
+use serde::Deserialize;
+
+use crate::{HttpError, TokenSource};
+
+/// The default request body limit: 10 MiB. Ray sets none (bodies stream to the
+/// replica); Flotilla buffers a request body before the ingress sees it, so it
+/// bounds what one request can make it hold. Raise it with
+/// [`HttpOptionsBuilder::max_request_body_bytes`].
+pub const DEFAULT_MAX_REQUEST_BODY_BYTES: usize = 10 << 20;
+
+/// Ray's `DEFAULT_HTTP_PORT`.
+pub const DEFAULT_PORT: u16 = 8000;
+
+/// Ray's dashboard port, where its REST API and `serve` CLI expect it.
+pub const DEFAULT_REST_PORT: u16 = 8265;
+
+/// Ray's `DEFAULT_UVICORN_KEEP_ALIVE_TIMEOUT_S`.
+pub const DEFAULT_KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// How long a shutdown waits for open connections to finish (Ray's
+/// `PROXY_GRACEFUL_SHUTDOWN_TIMEOUT_S`).
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// Options of [`HttpServer`](crate::HttpServer): Ray's `http_options` (host,
+/// port, root_path, request_timeout_s, keep_alive_timeout_s) with Ray's
+/// defaults, plus the REST listener, the body limit and the bearer token.
+/// Build with [`HttpOptions::builder`]; `HttpOptions::default()` is every default.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HttpOptions {
+    /// The proxy's host (default `127.0.0.1`).
+    pub host: String,
+    /// The proxy's port (default 8000; 0 picks a free one).
+    pub port: u16,
+    /// Ray's `root_path`: the path prefix an upstream proxy has already stripped
+    /// (default ""). Requests arrive without it; the ingress sees
+    /// `path = root_path + request path` and `root_path = root_path + route
+    /// prefix`, exactly as Ray (uvicorn) hands them to an ASGI app.
+    pub root_path: String,
+    /// End-to-end timeout of a request, queueing included (default none): 408
+    /// when it passes before the response started, the stream cut after.
+    pub request_timeout: Option<Duration>,
+    /// How long an idle HTTP/1.1 keep-alive connection stays open (default 90 s).
+    pub keep_alive_timeout: Duration,
+    /// The largest request body accepted (default
+    /// [`DEFAULT_MAX_REQUEST_BODY_BYTES`]); larger is 413.
+    pub max_request_body_bytes: usize,
+    /// Serve the REST API and `/metrics` (default true).
+    pub rest: bool,
+    /// The REST listener's host (default `127.0.0.1`).
+    pub rest_host: String,
+    /// The REST listener's port (default 8265; 0 picks a free one).
+    pub rest_port: u16,
+    /// Where the bearer token for mutating REST endpoints comes from.
+    pub token: Option<TokenSource>,
+    /// How long a shutdown waits for open connections (default 5 s).
+    pub shutdown_grace: Duration,
+}
+
+impl Default for HttpOptions {
+    fn default() -> Self {
+        HttpOptions {
+            host: "127.0.0.1".to_owned(),
+            port: DEFAULT_PORT,
+            root_path: String::new(),
+            request_timeout: None,
+            keep_alive_timeout: DEFAULT_KEEP_ALIVE_TIMEOUT,
+            max_request_body_bytes: DEFAULT_MAX_REQUEST_BODY_BYTES,
+            rest: true,
+            rest_host: "127.0.0.1".to_owned(),
+            rest_port: DEFAULT_REST_PORT,
+            token: None,
+            shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
+        }
+    }
+}
+
+impl HttpOptions {
+    /// A builder starting from the defaults.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use flotilla_http::HttpOptions;
+    /// let options = HttpOptions::builder()
+    ///     .port(0)
+    ///     .request_timeout(Duration::from_secs(30))
+    ///     .root_path("/serve")
+    ///     .build()
+    ///     .unwrap();
+    /// assert_eq!(options.host, "127.0.0.1");
+    /// assert!(HttpOptions::builder().root_path("serve/").build().is_err());
+    /// ```
+    pub fn builder() -> HttpOptionsBuilder {
+        HttpOptionsBuilder(HttpOptions::default())
+    }
+
+    /// Check every field (what [`HttpOptionsBuilder::build`] does).
+    pub fn validate(&self) -> Result<(), HttpError> {
+        let bad = |field, reason: &str| {
+            Err(HttpError::InvalidOption {
+                field,
+                reason: reason.to_owned(),
+            })
+        };
+        if !self.root_path.is_empty()
+            && (!self.root_path.starts_with('/') || self.root_path.ends_with('/'))
+        {
+            return bad(
+                "root_path",
+                "must be empty, or start with '/' and not end with '/' (e.g. \"/serve\")",
+            );
+        }
+        if self.request_timeout == Some(Duration::ZERO) {
+            return bad("request_timeout", "must be positive (or none)");
+        }
+        if self.keep_alive_timeout.is_zero() {
+            return bad("keep_alive_timeout", "must be positive");
+        }
+        if self.max_request_body_bytes == 0 {
+            return bad("max_request_body_bytes", "must be at least 1");
+        }
+        if self.host.trim().is_empty() {
+            return bad("host", "must not be empty");
+        }
+        if self.rest_host.trim().is_empty() {
+            return bad("rest_host", "must not be empty");
+        }
+        Ok(())
+    }
+}
+
+/// Builds [`HttpOptions`]; every setter takes Ray's meaning of the field.
+#[derive(Debug, Clone)]
+pub struct HttpOptionsBuilder(HttpOptions);
+
+impl HttpOptionsBuilder {
+    /// The proxy's host.
+    pub fn host(mut self, host: impl Into<String>) -> Self {
+        self.0.host = host.into();
+        self
+    }
+
+    /// The proxy's port (0: any free port; see
+    /// [`HttpServer::proxy_addr`](crate::HttpServer::proxy_addr)).
+    pub fn port(mut self, port: u16) -> Self {
+        self.0.port = port;
+        self
+    }
+
+    /// Ray's `root_path` (see [`HttpOptions::root_path`]).
+    pub fn root_path(mut self, root_path: impl Into<String>) -> Self {
+        self.0.root_path = root_path.into();
+        self
+    }
+
+    /// The end-to-end request timeout.
+    pub fn request_timeout(mut self, timeout: Duration) -> Self {
+        self.0.request_timeout = Some(timeout);
+        self
+    }
+
+    /// Ray's `request_timeout_s`: a negative value means none, as Ray's proxy
+    /// treats it.
+    pub fn request_timeout_s(mut self, seconds: Option<f64>) -> Self {
+        self.0.request_timeout = seconds
+            .filter(|s| *s >= 0.0 && s.is_finite())
+            .map(Duration::from_secs_f64);
+        self
+    }
+
+    /// The idle timeout of HTTP/1.1 keep-alive connections.
+    pub fn keep_alive_timeout(mut self, timeout: Duration) -> Self {
+        self.0.keep_alive_timeout = timeout;
+        self
+    }
+
+    /// The request body limit in bytes.
+    pub fn max_request_body_bytes(mut self, limit: usize) -> Self {
+        self.0.max_request_body_bytes = limit;
+        self
+    }
+
+    /// Serve the REST API and `/metrics` or not.
+    pub fn rest(mut self, enabled: bool) -> Self {
+        self.0.rest = enabled;
+        self
+    }
+
+    /// The REST listener's host.
+    pub fn rest_host(mut self, host: impl Into<String>) -> Self {
+        self.0.rest_host = host.into();
+        self
+    }
+
+    /// The REST listener's port.
+    pub fn rest_port(mut self, port: u16) -> Self {
+        self.0.rest_port = port;
+        self
+    }
+
+    /// Read the bearer token from this file at start.
+    pub fn token_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.0.token = Some(TokenSource::File(path.into()));
+        self
+    }
+
+    /// Read the bearer token from this environment variable at start.
+    pub fn token_env(mut self, var: impl Into<String>) -> Self {
+        self.0.token = Some(TokenSource::Env(var.into()));
+        self
+    }
+
+    /// Use this bearer token.
+    pub fn token(mut self, token: impl Into<String>) -> Self {
+        self.0.token = Some(TokenSource::Literal(token.into()));
+        self
+    }
+
+    /// How long a shutdown waits for open connections.
+    pub fn shutdown_grace(mut self, grace: Duration) -> Self {
+        self.0.shutdown_grace = grace;
+        self
+    }
+
+    /// Take Ray's `http_options` section (a config file's, as
+    /// [`RayHttpOptions`]): host, port, root_path, request_timeout_s,
+    /// keep_alive_timeout_s.
+    pub fn ray_http_options(self, ray: &RayHttpOptions) -> Self {
+        let mut b = self
+            .request_timeout_s(ray.request_timeout_s)
+            .keep_alive_timeout(Duration::from_secs(ray.keep_alive_timeout_s));
+        if let Some(host) = &ray.host {
+            b = b.host(host.clone());
+        }
+        if let Some(port) = ray.port {
+            b = b.port(port);
+        }
+        if let Some(root) = &ray.root_path {
+            b = b.root_path(root.clone());
+        }
+        b
+    }
+
+    /// Check and finish.
+    pub fn build(self) -> Result<HttpOptions, HttpError> {
+        self.0.validate()?;
+        Ok(self.0)
+    }
+}
+
+/// Ray's `http_options` (`HTTPOptionsSchema`) as a config file or a REST body
+/// writes it; the fields Flotilla applies (the SSL fields are not supported).
+/// Unknown fields are ignored, as Ray's schema does.
+///
+/// ```
+/// use flotilla_http::{HttpOptions, RayHttpOptions};
+/// let ray: RayHttpOptions = serde_json::from_str(
+///     r#"{"host": "127.0.0.1", "port": 8100, "request_timeout_s": 2.5}"#).unwrap();
+/// let options = HttpOptions::builder().ray_http_options(&ray).build().unwrap();
+/// assert_eq!(options.port, 8100);
+/// ```
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct RayHttpOptions {
+    /// Host (Ray's schema default is 0.0.0.0; left out here keeps Flotilla's
+    /// loopback default).
+    #[serde(default)]
+    pub host: Option<String>,
+    /// Port.
+    #[serde(default)]
+    pub port: Option<u16>,
+    /// root_path.
+    #[serde(default)]
+    pub root_path: Option<String>,
+    /// request_timeout_s (negative: none).
+    #[serde(default)]
+    pub request_timeout_s: Option<f64>,
+    /// keep_alive_timeout_s (Ray's default 90).
+    #[serde(default = "default_keep_alive_s")]
+    pub keep_alive_timeout_s: u64,
+}
+
+fn default_keep_alive_s() -> u64 {
+    DEFAULT_KEEP_ALIVE_TIMEOUT.as_secs()
+}

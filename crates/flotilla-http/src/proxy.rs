@@ -1,0 +1,495 @@
+//! The HTTP proxy: one request in, routed by longest prefix to its
+//! application's ingress through a [`DeploymentHandle`](flotilla::DeploymentHandle)
+//! (so power-of-two-choices, `max_ongoing_requests`, the queue limit and retries
+//! all apply), answered with Ray's status codes and bodies (`proxy.py`).
+//!
+//! | case | status | body |
+//! |---|---|---|
+//! | no route matches | 404 | `Path '{path}' not found. Ping http://.../-/routes for available routes.` |
+//! | queue full (`max_queued_requests`) | 503 | `Request dropped due to backpressure (num_queued_requests={n}, max_queued_requests={m}).` |
+//! | no replica, and none coming soon (DEPLOY_FAILED, UNHEALTHY, DELETING, or a fixed target of 0) | 503 | `Deployment(name='{d}', app='{a}') is unavailable because it failed to deploy.` (or `... because its application is being deleted.`, `... because it has 0 replicas.`) |
+//! | `request_timeout` passed before the response started | 408 | `Request {id} timed out after {t}s.` |
+//! | the handler failed | 500 | the user error's message (no stack) |
+//! | the ingress does not take `HttpRequest` / answer `HttpResponse` | 500 | a message naming the application and the deployment |
+//! | body above the limit | 413 | `Request body is larger than the limit of {n} bytes.` |
+//! | a path that is not valid percent-encoded UTF-8 | 400 | `Invalid request path.` |
+//! | malformed HTTP | 400 | (hyper's; the request never reaches user code) |
+//!
+//! Without a replica while the application can still get one (DEPLOYING, or
+//! autoscaled to zero: a request wakes it) the request waits in the handle's
+//! queue until its timeout; if the application turns DEPLOY_FAILED, UNHEALTHY
+//! or DELETING meanwhile, it gets the 503 at once. A client that goes away
+//! drops its request's future, which cancels the handler and frees its slot
+//! (recorded as 499, as Ray).
+
+use std::{
+    convert::Infallible,
+    hash::BuildHasher,
+    sync::{Arc, atomic::AtomicU64},
+    time::{Duration, Instant},
+};
+
+use bytes::Bytes;
+use flotilla::{ApplicationStatus, CallError, CallStream, DeploymentHandle, ReplicaCount, Serve};
+use futures::{FutureExt, StreamExt};
+use http::{HeaderName, HeaderValue, Request, Response, StatusCode, header};
+use http_body_util::BodyExt;
+use tracing::Instrument;
+
+use crate::{
+    HttpOptions, HttpRequest, HttpResponse, REQUEST_ID_HEADER,
+    body::{Done, ProxyBody},
+    metrics::{ProxyMetrics, method_index},
+    table::{RouteEntry, RouteFollower},
+};
+
+/// The per-request timeout header (Ray's `SERVE_HTTP_REQUEST_TIMEOUT_S_HEADER`):
+/// a value > 0 overrides `request_timeout`, <= 0 disables it, anything else is
+/// ignored.
+pub const REQUEST_TIMEOUT_HEADER: &str = "x-request-timeout-seconds";
+
+/// Ray's status for a request timeout.
+pub(crate) const TIMEOUT_STATUS: u16 = 408;
+
+const TEXT_UTF8: &str = "text/plain; charset=utf-8";
+
+/// The proxy's shared state.
+pub(crate) struct Proxy {
+    pub(crate) serve: Serve,
+    pub(crate) routes: Arc<RouteFollower>,
+    pub(crate) options: Arc<HttpOptions>,
+    pub(crate) metrics: Arc<ProxyMetrics>,
+    pub(crate) ids: RequestIds,
+    /// Set when the server begins to shut down: health checks turn 503.
+    pub(crate) draining: std::sync::atomic::AtomicBool,
+}
+
+/// Ray-shaped request ids (random UUIDv4 text), from a per-process random key.
+pub(crate) struct RequestIds {
+    key: std::hash::RandomState,
+    counter: AtomicU64,
+}
+
+impl Default for RequestIds {
+    fn default() -> Self {
+        RequestIds {
+            key: std::hash::RandomState::new(),
+            counter: AtomicU64::new(0),
+        }
+    }
+}
+
+impl RequestIds {
+    pub(crate) fn next(&self) -> String {
+        let n = self
+            .counter
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let hi = self.key.hash_one(n);
+        let lo = self.key.hash_one(!n);
+        let v = (u128::from(hi) << 64 | u128::from(lo)) & !(0xF << 76) | (0x4 << 76);
+        let v = v & !(0x3 << 62) | (0x2 << 62);
+        let h = format!("{v:032x}");
+        format!(
+            "{}-{}-{}-{}-{}",
+            &h[..8],
+            &h[8..12],
+            &h[12..16],
+            &h[16..20],
+            &h[20..]
+        )
+    }
+}
+
+/// A response the proxy itself makes: text, with `x-request-id`.
+fn text(
+    status: u16,
+    body: impl Into<Bytes>,
+    request_id: &str,
+    done: Option<Done>,
+) -> Response<ProxyBody> {
+    let mut r = Response::new(ProxyBody::full(status, body, done));
+    *r.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let h = r.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(TEXT_UTF8));
+    if let Ok(id) = HeaderValue::from_str(request_id) {
+        h.append(HeaderName::from_static(REQUEST_ID_HEADER), id);
+    }
+    r
+}
+
+/// Ray's 408 text: the timeout as a Python float (`5.0`, `0.25`).
+fn timeout_text(request_id: &str, timeout: Option<Duration>) -> String {
+    match timeout {
+        Some(t) => {
+            let s = t.as_secs_f64();
+            let shown = if s.fract() == 0.0 {
+                format!("{s:.1}")
+            } else {
+                format!("{s}")
+            };
+            format!("Request {request_id} timed out after {shown}s.")
+        }
+        None => format!("Request {request_id} timed out."),
+    }
+}
+
+/// Percent-decode a path as uvicorn does for `scope["path"]`.
+fn decode_path(raw: &str) -> Option<String> {
+    percent_encoding::percent_decode_str(raw)
+        .decode_utf8()
+        .ok()
+        .map(|p| p.into_owned())
+}
+
+/// The request's timeout: the header's if it has a valid one, else the server's.
+fn request_timeout(headers: &http::HeaderMap, default: Option<Duration>) -> Option<Duration> {
+    let parsed = headers
+        .get(REQUEST_TIMEOUT_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|v| v.is_finite());
+    match parsed {
+        Some(s) if s > 0.0 => Some(Duration::from_secs_f64(s)),
+        Some(_) => None,
+        None => default,
+    }
+}
+
+impl Proxy {
+    /// Serve one request (never fails: every error is a response).
+    pub(crate) async fn handle(
+        self: Arc<Self>,
+        req: Request<hyper::body::Incoming>,
+    ) -> Result<Response<ProxyBody>, Infallible> {
+        let started = Instant::now();
+        let request_id = match req
+            .headers()
+            .get(REQUEST_ID_HEADER)
+            .and_then(|v| v.to_str().ok())
+        {
+            Some(id) if !id.is_empty() => id.to_owned(),
+            _ => self.ids.next(),
+        };
+        let method = method_index(req.method());
+        let Some(path) = decode_path(req.uri().path()) else {
+            let done = Done::new(self.metrics.unmatched.clone(), method, started, None);
+            return Ok(text(400, "Invalid request path.", &request_id, Some(done)));
+        };
+        if path == "/-/healthz" || path == "/-/routes" {
+            return Ok(self.health_or_routes(&path, method, started, &request_id));
+        }
+        let snapshot = self.routes.current();
+        let Some((_, entry)) = snapshot.router.route(&path) else {
+            let done = Done::new(self.metrics.unmatched.clone(), method, started, None);
+            let body = format!(
+                "Path '{}{path}' not found. Ping http://.../-/routes for available routes.",
+                self.options.root_path
+            );
+            return Ok(text(404, body, &request_id, Some(done)));
+        };
+        let entry = entry.clone();
+        drop(snapshot);
+        let span = tracing::info_span!("http_request", app = %entry.app,
+            deployment = %entry.ingress, route = %entry.prefix, request_id = %request_id);
+        let done = Done::new(
+            entry.stats.clone(),
+            method,
+            started,
+            Some(self.metrics.clone()),
+        );
+        Ok(self
+            .forward(req, path, entry, request_id, done)
+            .instrument(span)
+            .await)
+    }
+
+    fn health_or_routes(
+        &self,
+        path: &str,
+        method: u8,
+        started: Instant,
+        request_id: &str,
+    ) -> Response<ProxyBody> {
+        let routes = path == "/-/routes";
+        let stats = if routes {
+            &self.metrics.routes
+        } else {
+            &self.metrics.healthz
+        };
+        let done = Some(Done::new(stats.clone(), method, started, None));
+        let unhealthy = if self.draining.load(std::sync::atomic::Ordering::Acquire) {
+            Some("This node is being drained.")
+        } else if !self.routes.populated() {
+            Some("Route table is not populated yet.")
+        } else {
+            None
+        };
+        match (unhealthy, routes) {
+            (Some(why), _) => text(503, why, request_id, done),
+            (None, false) => text(200, "success", request_id, done),
+            (None, true) => {
+                let body = self.routes.current().routes_json.clone();
+                let mut r = text(200, body, request_id, done);
+                r.headers_mut().insert(
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/json"),
+                );
+                r
+            }
+        }
+    }
+
+    async fn forward(
+        &self,
+        req: Request<hyper::body::Incoming>,
+        path: String,
+        entry: Arc<RouteEntry>,
+        request_id: String,
+        mut done: Done,
+    ) -> Response<ProxyBody> {
+        let (parts, body) = req.into_parts();
+        let limit = self.options.max_request_body_bytes;
+        let too_large = || format!("Request body is larger than the limit of {limit} bytes.");
+        let declared = parts
+            .headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if declared.is_some_and(|n| n > limit as u64) {
+            return text(413, too_large(), &request_id, Some(done));
+        }
+        let body = match http_body_util::Limited::new(body, limit).collect().await {
+            Ok(b) => b.to_bytes(),
+            Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+                return text(413, too_large(), &request_id, Some(done));
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "reading the request body failed");
+                return text(
+                    400,
+                    "The request body could not be read.",
+                    &request_id,
+                    Some(done),
+                );
+            }
+        };
+        let mut headers: Vec<(String, String)> = parts
+            .headers
+            .iter()
+            .map(|(n, v)| {
+                (
+                    n.as_str().to_owned(),
+                    String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                )
+            })
+            .collect();
+        if !parts.headers.contains_key(REQUEST_ID_HEADER) {
+            headers.push((REQUEST_ID_HEADER.to_owned(), request_id.clone()));
+        }
+        let request = HttpRequest {
+            method: parts.method.as_str().to_owned(),
+            path: format!("{}{path}", self.options.root_path),
+            root_path: entry.root_path.clone(),
+            route_prefix: entry.prefix.clone(),
+            query: parts.uri.query().unwrap_or_default().to_owned(),
+            headers,
+            body,
+        };
+        let handle = match entry.handle(&self.serve) {
+            Ok(h) => h.clone(),
+            Err(e) => {
+                tracing::warn!(error = %e, "no handle for the route's ingress");
+                return text(
+                    503,
+                    unavailable(&entry, "its application is being deleted"),
+                    &request_id,
+                    Some(done),
+                );
+            }
+        };
+        let timeout = request_timeout(&parts.headers, self.options.request_timeout);
+        let deadline = timeout.map(|t| tokio::time::Instant::from_std(done.started() + t));
+        // No replica now: answer at once if none can come soon; else wait (in the
+        // handle's queue) but give up as soon as the application fails.
+        let no_replica = handle.replicas().is_empty();
+        if no_replica && let Some(why) = self.unavailable_now(&entry, &handle).await {
+            return text(503, why, &request_id, Some(done));
+        }
+        let mut stream: CallStream<HttpResponse> = handle.call_stream(&request);
+        drop(request);
+        let gave_up = async {
+            if no_replica {
+                self.became_unavailable(&entry).await
+            } else {
+                std::future::pending().await
+            }
+        };
+        let expired = async {
+            match deadline {
+                Some(d) => tokio::time::sleep_until(d).await,
+                None => std::future::pending().await,
+            }
+        };
+        let first = tokio::select! {
+            first = stream.next() => first,
+            why = gave_up => return text(503, why, &request_id, Some(done)),
+            () = expired => {
+                done.status = TIMEOUT_STATUS;
+                return text(TIMEOUT_STATUS, timeout_text(&request_id, timeout), &request_id, Some(done));
+            }
+        };
+        let head = match first {
+            Some(Ok(head)) => head,
+            Some(Err(e)) => {
+                let (status, body) = self.error_response(&entry, &handle, e);
+                return text(status, body, &request_id, Some(done));
+            }
+            None => {
+                let body = format!(
+                    "The ingress deployment '{}' of application '{}' answered with an empty stream.",
+                    entry.ingress, entry.app
+                );
+                return text(500, body, &request_id, Some(done));
+            }
+        };
+        // One item and done (every deployment that does not stream): send it whole.
+        let (whole, pending) = match stream.next().now_or_never() {
+            Some(None) => (true, vec![head.body.clone()]),
+            Some(Some(Ok(next))) => (false, vec![head.body.clone(), next.body]),
+            Some(Some(Err(e))) => {
+                let (status, body) = self.error_response(&entry, &handle, e);
+                return text(status, body, &request_id, Some(done));
+            }
+            None => (false, vec![head.body.clone()]),
+        };
+        let mut builder = Response::builder().status(head.status);
+        for (name, value) in &head.headers {
+            builder = builder.header(name.as_str(), value.as_str());
+        }
+        let body = if whole {
+            let mut pending = pending;
+            ProxyBody::full(head.status, pending.pop().unwrap_or_default(), Some(done))
+        } else {
+            let pending = pending.into_iter().filter(|b| !b.is_empty()).collect();
+            ProxyBody::stream(head.status, pending, stream, deadline, done)
+        };
+        match builder.body(body) {
+            Ok(mut r) => {
+                if let Ok(id) = HeaderValue::from_str(&request_id) {
+                    r.headers_mut()
+                        .append(HeaderName::from_static(REQUEST_ID_HEADER), id);
+                }
+                r
+            }
+            Err(e) => {
+                let why = format!(
+                    "The ingress deployment '{}' of application '{}' answered with an invalid status or header: {e}",
+                    entry.ingress, entry.app
+                );
+                tracing::warn!(%why);
+                text(500, why, &request_id, None)
+            }
+        }
+    }
+
+    /// Why the ingress cannot get a replica soon, if it cannot.
+    async fn unavailable_now(
+        &self,
+        entry: &RouteEntry,
+        _handle: &DeploymentHandle,
+    ) -> Option<String> {
+        let status = self.serve.app_status(&entry.app);
+        if let Some(why) = hopeless(entry, status.status) {
+            return Some(why);
+        }
+        let snap = self
+            .serve
+            .deployment_snapshot(&entry.app, &entry.ingress)
+            .await
+            .ok()
+            .flatten()?;
+        let fixed_zero = matches!(snap.target.spec.config.num_replicas, ReplicaCount::Fixed(0));
+        fixed_zero.then(|| unavailable(entry, "it has 0 replicas"))
+    }
+
+    /// Resolves once the application can no longer get a replica soon.
+    async fn became_unavailable(&self, entry: &RouteEntry) -> String {
+        let Some(mut rx) = self.serve.watch_status(&entry.app) else {
+            return unavailable(entry, "its application is being deleted");
+        };
+        loop {
+            if let Some(why) = hopeless(entry, rx.borrow_and_update().status) {
+                return why;
+            }
+            if rx.changed().await.is_err() {
+                return unavailable(entry, "its application is being deleted");
+            }
+        }
+    }
+
+    /// The status and body of a failed call, before the response started.
+    fn error_response(
+        &self,
+        entry: &RouteEntry,
+        handle: &DeploymentHandle,
+        e: CallError,
+    ) -> (u16, String) {
+        match e {
+            CallError::User(m) | CallError::Panicked(m) => (500, m),
+            CallError::Killed { .. } => (500, e.to_string()),
+            CallError::BadRequest(m) => (
+                500,
+                format!(
+                    "Application '{}': its ingress deployment '{}' does not take an HttpRequest ({m}).",
+                    entry.app, entry.ingress
+                ),
+            ),
+            CallError::BadResponse(m) => (
+                500,
+                format!(
+                    "Application '{}': its ingress deployment '{}' did not answer with an HttpResponse ({m}).",
+                    entry.app, entry.ingress
+                ),
+            ),
+            CallError::BackPressure { queued, .. } => {
+                let max = handle.route().max_queued().map_or(queued as u64, u64::from);
+                (
+                    503,
+                    format!(
+                        "Request dropped due to backpressure (num_queued_requests={queued}, max_queued_requests={max})."
+                    ),
+                )
+            }
+            CallError::NotFound { .. } => (
+                404,
+                format!(
+                    "Path '{}{}' not found. Ping http://.../-/routes for available routes.",
+                    self.options.root_path, entry.prefix
+                ),
+            ),
+            CallError::Unavailable { .. } => (503, unavailable(entry, "Flotilla is shutting down")),
+            CallError::Timeout { .. } => (TIMEOUT_STATUS, e.to_string()),
+        }
+    }
+}
+
+/// Ray's `DeploymentUnavailableError` text, with Flotilla's reason.
+fn unavailable(entry: &RouteEntry, reason: &str) -> String {
+    format!(
+        "Deployment(name='{}', app='{}') is unavailable because {reason}.",
+        entry.ingress, entry.app
+    )
+}
+
+/// Why an application in `status` cannot get a replica soon, if it cannot.
+fn hopeless(entry: &RouteEntry, status: ApplicationStatus) -> Option<String> {
+    match status {
+        ApplicationStatus::DeployFailed | ApplicationStatus::Unhealthy => {
+            Some(unavailable(entry, "it failed to deploy"))
+        }
+        ApplicationStatus::Deleting | ApplicationStatus::NotStarted => {
+            Some(unavailable(entry, "its application is being deleted"))
+        }
+        ApplicationStatus::Deploying | ApplicationStatus::Running => None,
+    }
+}

@@ -1,0 +1,264 @@
+//! The Serve REST API (Ray's `dashboard/modules/serve/serve_head.py`) and
+//! `/metrics`, on the second listener.
+//!
+//! | method and path | answer |
+//! |---|---|
+//! | `GET /api/ray/version` | 200 JSON `{"version": "4", "ray_version": ..., ...}`: Ray's `serve` CLI checks it first |
+//! | `GET /api/serve/applications/` (`?api_type=imperative\|declarative`) | 200 JSON `ServeInstanceDetails` ([`crate::details`]) |
+//! | `PUT /api/serve/applications/` | a ServeConfig, JSON or YAML: 200 (empty) once it is durable; 400 naming the line, field and application, nothing changed |
+//! | `DELETE /api/serve/applications/` | delete every application: 200 (empty), the deletions go on asynchronously as Ray's |
+//! | `GET /metrics` | Prometheus text |
+//!
+//! The body of `PUT` is parsed by content type: `application/json` and
+//! anything else alike go through [`ServeConfig::from_yaml`](flotilla::ServeConfig::from_yaml)
+//! (JSON is YAML 1.2), whose errors carry the line and column and name the
+//! application and field. Paths are accepted with or without the trailing `/`.
+
+use std::{convert::Infallible, sync::Arc};
+
+use bytes::Bytes;
+use flotilla::{ApiType, Serve, ServeConfig, ServeError};
+use http::{HeaderValue, Method, Request, Response, StatusCode, header};
+use http_body_util::{BodyExt, Full};
+
+use crate::{
+    HttpOptions,
+    auth::Token,
+    details::{ApiFilter, instance_details},
+    metrics::{METRICS_CONTENT_TYPE, ProxyMetrics, scrape},
+    table::RouteFollower,
+};
+
+/// The Ray version `GET /api/ray/version` reports: the one whose REST API and
+/// CLI Flotilla follows.
+pub const RAY_VERSION: &str = "2.60.0";
+
+/// The REST listener's state.
+pub(crate) struct Rest {
+    pub(crate) serve: Serve,
+    pub(crate) options: Arc<HttpOptions>,
+    pub(crate) token: Option<Token>,
+    pub(crate) proxy_addr: Option<std::net::SocketAddr>,
+    /// The proxy's, for its counters in `/metrics`.
+    pub(crate) proxy: Option<(Arc<ProxyMetrics>, Arc<RouteFollower>)>,
+    pub(crate) draining: Arc<std::sync::atomic::AtomicBool>,
+}
+
+type Body = Full<Bytes>;
+
+fn respond(status: u16, content_type: &'static str, body: impl Into<Bytes>) -> Response<Body> {
+    let mut r = Response::new(Full::new(body.into()));
+    *r.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    r.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    r
+}
+
+fn text(status: u16, body: impl Into<Bytes>) -> Response<Body> {
+    respond(status, "text/plain; charset=utf-8", body)
+}
+
+fn json(status: u16, value: &impl serde::Serialize) -> Response<Body> {
+    match serde_json::to_vec(value) {
+        Ok(b) => respond(status, "application/json; charset=utf-8", b),
+        Err(e) => text(500, format!("encoding the response failed: {e}")),
+    }
+}
+
+/// The status of a failed `apply_config` or `delete_apps`, with its text.
+fn serve_error(e: &ServeError) -> (u16, String) {
+    let status = match e {
+        ServeError::ControllerCrashed | ServeError::Unavailable(_) => 503,
+        ServeError::Store(_) => 500,
+        _ => 400,
+    };
+    (status, e.to_string())
+}
+
+impl Rest {
+    pub(crate) async fn handle(
+        self: Arc<Self>,
+        req: Request<hyper::body::Incoming>,
+    ) -> Result<Response<Body>, Infallible> {
+        let path = req.uri().path().trim_end_matches('/').to_owned();
+        let method = req.method().clone();
+        let response = match (path.as_str(), &method) {
+            ("/api/ray/version", &Method::GET) => json(
+                200,
+                &serde_json::json!({
+                    "version": "4",
+                    "ray_version": RAY_VERSION,
+                    "ray_commit": "flotilla",
+                    "session_name": self.serve.namespace(),
+                    "flotilla_version": env!("CARGO_PKG_VERSION"),
+                }),
+            ),
+            ("/api/serve/applications", &Method::GET) => self.get(req.uri().query()).await,
+            ("/api/serve/applications", &Method::PUT) => match self.authorize(&req) {
+                Some(denied) => denied,
+                None => self.put(req).await,
+            },
+            ("/api/serve/applications", &Method::DELETE) => match self.authorize(&req) {
+                Some(denied) => denied,
+                None => self.delete().await,
+            },
+            ("/metrics", &Method::GET) => self.metrics().await,
+            ("/api/ray/version" | "/api/serve/applications" | "/metrics", _) => {
+                let mut r = text(405, "Method Not Allowed");
+                let allow = if path == "/api/serve/applications" {
+                    "GET, PUT, DELETE"
+                } else {
+                    "GET"
+                };
+                r.headers_mut()
+                    .insert(header::ALLOW, HeaderValue::from_static(allow));
+                r
+            }
+            _ => text(404, "Not Found"),
+        };
+        tracing::info!(target: crate::ACCESS_LOG_TARGET, method = %method, path = %path,
+            status = response.status().as_u16(), "rest request");
+        Ok(response)
+    }
+
+    /// `Some(401)` unless the request may mutate.
+    fn authorize(&self, req: &Request<hyper::body::Incoming>) -> Option<Response<Body>> {
+        let token = self.token.as_ref()?;
+        let given = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .map(|v| v.as_bytes());
+        if token.accepts(given) {
+            return None;
+        }
+        let mut r = text(
+            401,
+            "Unauthorized: this endpoint needs the server's bearer token (Authorization: Bearer <token>).",
+        );
+        r.headers_mut()
+            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        Some(r)
+    }
+
+    async fn get(&self, query: Option<&str>) -> Response<Body> {
+        let mut filter = ApiFilter::All;
+        for (k, v) in query
+            .unwrap_or_default()
+            .split('&')
+            .filter_map(|p| p.split_once('='))
+        {
+            if k == "api_type" {
+                filter = match v {
+                    "imperative" => ApiFilter::Only(ApiType::Imperative),
+                    "declarative" => ApiFilter::Only(ApiType::Declarative),
+                    other => {
+                        return text(
+                            400,
+                            format!(
+                                "Invalid 'api_type' value: '{other}'. Must be one of: imperative, declarative"
+                            ),
+                        );
+                    }
+                };
+            }
+        }
+        let draining = self.draining.load(std::sync::atomic::Ordering::Acquire);
+        match instance_details(
+            &self.serve,
+            &self.options,
+            self.proxy_addr,
+            draining,
+            filter,
+        )
+        .await
+        {
+            Ok(d) => json(200, &d),
+            Err(e) => text(
+                503,
+                format!("Failed to get a response from the controller, please retry later: {e}"),
+            ),
+        }
+    }
+
+    async fn put(&self, req: Request<hyper::body::Incoming>) -> Response<Body> {
+        let limit = self.options.max_request_body_bytes;
+        let body = match http_body_util::Limited::new(req.into_body(), limit)
+            .collect()
+            .await
+        {
+            Ok(b) => b.to_bytes(),
+            Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+                return text(
+                    413,
+                    format!("Request body is larger than the limit of {limit} bytes."),
+                );
+            }
+            Err(e) => return text(400, format!("The request body could not be read: {e}")),
+        };
+        let Ok(text_body) = std::str::from_utf8(&body) else {
+            return text(400, "The config is not UTF-8 text.");
+        };
+        let config = match ServeConfig::from_yaml(text_body) {
+            Ok(c) => c,
+            Err(e) => return text(400, format!("Invalid config: {e}")),
+        };
+        let apps = config.applications.len();
+        match self.serve.apply_config(config).await {
+            Ok(()) => {
+                tracing::info!(applications = apps, "config applied over the REST API");
+                respond(200, "text/plain; charset=utf-8", Bytes::new())
+            }
+            Err(e) => {
+                let (status, msg) = serve_error(&e);
+                text(status, msg)
+            }
+        }
+    }
+
+    async fn delete(&self) -> Response<Body> {
+        let mut names: Vec<String> = self
+            .serve
+            .status()
+            .into_iter()
+            .map(|(n, _)| n.to_string())
+            .collect();
+        if let Ok(Some(config)) = self.serve.applied_config().await {
+            names.extend(config.applications.iter().map(|a| a.name.to_string()));
+        }
+        names.sort();
+        names.dedup();
+        if names.is_empty() {
+            return respond(200, "text/plain; charset=utf-8", Bytes::new());
+        }
+        match self.serve.delete_apps(&names, false).await {
+            Ok(()) => {
+                tracing::info!(
+                    applications = names.len(),
+                    "every application deleted over the REST API"
+                );
+                respond(200, "text/plain; charset=utf-8", Bytes::new())
+            }
+            Err(e) => {
+                let (status, msg) = serve_error(&e);
+                text(status, msg)
+            }
+        }
+    }
+
+    async fn metrics(&self) -> Response<Body> {
+        let (proxy, mut http) = match &self.proxy {
+            Some((m, _)) => (
+                Some(m.as_ref()),
+                vec![m.unmatched.clone(), m.healthz.clone(), m.routes.clone()],
+            ),
+            None => (None, Vec::new()),
+        };
+        if let Some((_, routes)) = &self.proxy {
+            http.extend(routes.current().stats());
+        }
+        match scrape(&self.serve, proxy, http).await {
+            Ok(body) => respond(200, METRICS_CONTENT_TYPE, body),
+            Err(e) => text(500, format!("encoding the metrics failed: {e}")),
+        }
+    }
+}

@@ -1,0 +1,300 @@
+//! [`HttpServer`]: both listeners, their accept loops and shutdown.
+
+use std::{
+    net::{SocketAddr, ToSocketAddrs},
+    sync::{Arc, atomic::AtomicBool},
+    time::Duration,
+};
+
+use flotilla::Serve;
+use hyper::service::service_fn;
+use hyper_util::{
+    rt::{TokioExecutor, TokioIo, TokioTimer},
+    server::{conn::auto, graceful::GracefulShutdown},
+};
+use tokio::{net::TcpListener, sync::watch, task::JoinHandle};
+
+use crate::{
+    HttpError, HttpOptions,
+    auth::Token,
+    metrics::ProxyMetrics,
+    proxy::{Proxy, RequestIds},
+    rest::Rest,
+    table::RouteFollower,
+};
+
+/// Flotilla's HTTP server, started next to a [`Serve`] by the embedding
+/// program: the proxy (Ray's, default `127.0.0.1:8000`) and the REST API with
+/// `/metrics` (default `127.0.0.1:8265`). HTTP/1.1 and HTTP/2 (h2c, prior
+/// knowledge) on both. It runs on the caller's tokio runtime until
+/// [`shutdown`](Self::shutdown) (or until dropped, which stops accepting at once).
+///
+/// ```no_run
+/// use flotilla::{Registry, Serve, ServeOptions};
+/// use flotilla_http::{HttpOptions, HttpServer};
+///
+/// # async fn demo(registry: Registry) -> Result<(), Box<dyn std::error::Error>> {
+/// let serve = Serve::start(ServeOptions::new(registry)).await?;
+/// let http = HttpServer::start(&serve, HttpOptions::default()).await?;
+/// println!("proxy on http://{}, REST on http://{:?}", http.proxy_addr(), http.rest_addr());
+/// // ... serve until asked to stop ...
+/// http.shutdown().await;
+/// serve.shutdown().await?;
+/// # Ok(()) }
+/// ```
+pub struct HttpServer {
+    proxy_addr: SocketAddr,
+    rest_addr: Option<SocketAddr>,
+    stop: watch::Sender<bool>,
+    draining: Arc<AtomicBool>,
+    proxy: Arc<Proxy>,
+    tasks: Vec<JoinHandle<()>>,
+    grace: Duration,
+}
+
+impl std::fmt::Debug for HttpServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpServer")
+            .field("proxy_addr", &self.proxy_addr)
+            .field("rest_addr", &self.rest_addr)
+            .finish()
+    }
+}
+
+fn resolve(listener: &'static str, host: &str, port: u16) -> Result<SocketAddr, HttpError> {
+    let resolve_err = |source| HttpError::Resolve {
+        listener,
+        host: host.to_owned(),
+        port,
+        source,
+    };
+    (host, port)
+        .to_socket_addrs()
+        .map_err(resolve_err)?
+        .next()
+        .ok_or_else(|| resolve_err(std::io::Error::other("no address")))
+}
+
+async fn bind(addr: SocketAddr) -> Result<TcpListener, HttpError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| HttpError::Bind { addr, source })
+}
+
+/// Serve connections from `listener` with `service` until `stop`; then let open
+/// connections finish for up to `grace`.
+fn accept_loop<S, B>(
+    name: &'static str,
+    listener: TcpListener,
+    options: &HttpOptions,
+    service: S,
+    mut stop: watch::Receiver<bool>,
+    grace: Duration,
+) -> JoinHandle<()>
+where
+    S: Fn(
+            http::Request<hyper::body::Incoming>,
+        ) -> futures::future::BoxFuture<
+            'static,
+            Result<http::Response<B>, std::convert::Infallible>,
+        > + Clone
+        + Send
+        + Sync
+        + 'static,
+    B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .keep_alive(true)
+        // Started whenever a connection waits for a request's head, so an idle
+        // keep-alive connection closes after this long (uvicorn's timeout_keep_alive).
+        .header_read_timeout(options.keep_alive_timeout);
+    builder.http2().timer(TokioTimer::new());
+    tokio::spawn(async move {
+        let graceful = GracefulShutdown::new();
+        loop {
+            tokio::select! {
+                accepted = listener.accept() => {
+                    let (stream, peer) = match accepted {
+                        Ok(a) => a,
+                        Err(e) => {
+                            // Out of descriptors and the like: keep serving the others.
+                            tracing::warn!(listener = name, error = %e, "accept failed");
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                            continue;
+                        }
+                    };
+                    let _ = stream.set_nodelay(true);
+                    let svc = service.clone();
+                    let conn = builder.serve_connection_with_upgrades(
+                        TokioIo::new(stream),
+                        service_fn(svc),
+                    );
+                    let conn = graceful.watch(conn.into_owned());
+                    tokio::spawn(async move {
+                        if let Err(e) = conn.await {
+                            tracing::debug!(listener = name, %peer, error = %e, "connection ended with an error");
+                        }
+                    });
+                }
+                () = crate::stopped(&mut stop) => break,
+            }
+        }
+        drop(listener);
+        if tokio::time::timeout(grace, graceful.shutdown())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                listener = name,
+                ?grace,
+                "connections still open after the shutdown grace period"
+            );
+        }
+    })
+}
+
+impl HttpServer {
+    /// Validate `options`, check the bind rule (a non-loopback address needs a
+    /// bearer token), load the token, bind both listeners, and start serving.
+    /// Returns once both listen; nothing listens after an error.
+    pub async fn start(serve: &Serve, options: HttpOptions) -> Result<HttpServer, HttpError> {
+        options.validate()?;
+        let proxy_addr = resolve("proxy", &options.host, options.port)?;
+        let rest_addr = match options.rest {
+            true => Some(resolve("rest", &options.rest_host, options.rest_port)?),
+            false => None,
+        };
+        let token = options.token.as_ref().map(Token::load).transpose()?;
+        if token.is_none() {
+            // With a REST listener, exposing either listener needs the token; without
+            // one there is no mutating endpoint to protect.
+            if let Some(rest) = rest_addr {
+                for (listener, addr) in [("proxy", proxy_addr), ("rest", rest)] {
+                    if !addr.ip().is_loopback() {
+                        return Err(HttpError::TokenRequired { listener, addr });
+                    }
+                }
+            }
+        }
+        let proxy_listener = bind(proxy_addr).await?;
+        let rest_listener = match rest_addr {
+            Some(a) => Some(bind(a).await?),
+            None => None,
+        };
+        let proxy_addr = proxy_listener
+            .local_addr()
+            .map_err(|source| HttpError::Bind {
+                addr: proxy_addr,
+                source,
+            })?;
+        let rest_addr = match (&rest_listener, rest_addr) {
+            (Some(l), Some(a)) => Some(
+                l.local_addr()
+                    .map_err(|source| HttpError::Bind { addr: a, source })?,
+            ),
+            _ => None,
+        };
+        let options = Arc::new(options);
+        let grace = options.shutdown_grace;
+        let (stop, stop_rx) = watch::channel(false);
+        let (routes, follower) =
+            RouteFollower::follow(serve.clone(), options.root_path.clone(), stop_rx.clone());
+        let metrics = Arc::new(ProxyMetrics::new(
+            flotilla::LOCAL_NODE.to_owned(),
+            proxy_addr.ip().to_string(),
+        ));
+        let draining = Arc::new(AtomicBool::new(false));
+        let proxy = Arc::new(Proxy {
+            serve: serve.clone(),
+            routes: routes.clone(),
+            options: options.clone(),
+            metrics: metrics.clone(),
+            ids: RequestIds::default(),
+            draining: AtomicBool::new(false),
+        });
+        let mut tasks = vec![follower];
+        let p = proxy.clone();
+        tasks.push(accept_loop(
+            "proxy",
+            proxy_listener,
+            &options,
+            move |req| {
+                let p = p.clone();
+                Box::pin(p.handle(req))
+            },
+            stop_rx.clone(),
+            grace,
+        ));
+        if let Some(listener) = rest_listener {
+            let rest = Arc::new(Rest {
+                serve: serve.clone(),
+                options: options.clone(),
+                token,
+                proxy_addr: Some(proxy_addr),
+                proxy: Some((metrics, routes)),
+                draining: draining.clone(),
+            });
+            tasks.push(accept_loop(
+                "rest",
+                listener,
+                &options,
+                move |req| {
+                    let r = rest.clone();
+                    Box::pin(r.handle(req))
+                },
+                stop_rx,
+                grace,
+            ));
+        }
+        tracing::info!(proxy = %proxy_addr, rest = ?rest_addr, "flotilla HTTP server listening");
+        Ok(HttpServer {
+            proxy_addr,
+            rest_addr,
+            stop,
+            draining,
+            proxy,
+            tasks,
+            grace,
+        })
+    }
+
+    /// Where the proxy listens (the actual port when 0 was asked).
+    pub fn proxy_addr(&self) -> SocketAddr {
+        self.proxy_addr
+    }
+
+    /// Where the REST API and `/metrics` listen (`None` when disabled).
+    pub fn rest_addr(&self) -> Option<SocketAddr> {
+        self.rest_addr
+    }
+
+    /// Stop accepting connections, report draining on `/-/healthz`, let open
+    /// connections finish (up to the shutdown grace period), then return. The
+    /// `Serve` is left running.
+    pub async fn shutdown(mut self) {
+        self.draining
+            .store(true, std::sync::atomic::Ordering::Release);
+        self.proxy
+            .draining
+            .store(true, std::sync::atomic::Ordering::Release);
+        let _ = self.stop.send(true);
+        let tasks = std::mem::take(&mut self.tasks);
+        let all = futures::future::join_all(tasks);
+        if tokio::time::timeout(self.grace + Duration::from_secs(1), all)
+            .await
+            .is_err()
+        {
+            tracing::warn!("HTTP server tasks did not stop in time");
+        }
+    }
+}
+
+impl Drop for HttpServer {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+    }
+}

@@ -1,0 +1,134 @@
+//! The `flotilla` binary against a running server.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use flotilla::ApplicationStatus;
+use support::{start, start_with, test_options, wait_routes, wait_status};
+
+/// Run the binary with `args` (off the runtime, which keeps serving).
+async fn flotilla(args: Vec<String>) -> (bool, String, String) {
+    tokio::task::spawn_blocking(move || {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_flotilla"))
+            .args(&args)
+            .env_remove("FLOTILLA_ADDRESS")
+            .env_remove("FLOTILLA_TOKEN_FILE")
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    })
+    .await
+    .unwrap()
+}
+
+fn args(address: &str, rest: &[&str]) -> Vec<String> {
+    let mut v = vec!["--address".to_owned(), address.to_owned()];
+    v.extend(rest.iter().map(|s| (*s).to_owned()));
+    v
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deploy_status_config_delete_against_a_running_server() {
+    let f = start().await;
+    let address = f.rest_url("");
+    let file = f.dir.path().join("config.yaml");
+    std::fs::write(
+        &file,
+        "applications:\n  - name: cli\n    route_prefix: /cli\n    import_path: t.echo:app\n    args: {tag: from-cli}\n",
+    )
+    .unwrap();
+    let (ok, out, err) = flotilla(args(&address, &["deploy", file.to_str().unwrap()])).await;
+    assert!(ok, "{out}{err}");
+    assert!(out.contains("Sent deploy request successfully."), "{out}");
+    wait_status(&f.serve, "cli", ApplicationStatus::Running).await;
+
+    let (ok, out, _) = flotilla(args(&address, &["status"])).await;
+    assert!(ok);
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(lines[0].starts_with("APPLICATION"), "{out}");
+    assert!(
+        lines[1].starts_with("cli") && lines[1].contains("RUNNING") && lines[1].contains("/cli"),
+        "{out}"
+    );
+    assert!(
+        lines[2].contains("ingress")
+            && lines[2].contains("HEALTHY")
+            && lines[2].contains("1 RUNNING"),
+        "{out}"
+    );
+
+    let (ok, out, _) = flotilla(args(&address, &["status", "-o", "json"])).await;
+    assert!(ok);
+    let j: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(j["applications"]["cli"]["status"], "RUNNING");
+    assert_eq!(
+        j["applications"]["cli"]["deployments"]["ingress"]["replica_states"]["RUNNING"],
+        1
+    );
+    let (ok, out, _) = flotilla(args(&address, &["status", "-o", "yaml"])).await;
+    assert!(ok && out.contains("status: RUNNING"), "{out}");
+    let (ok, out, _) = flotilla(args(&address, &["status", "-n", "nope"])).await;
+    assert!(
+        ok && out.contains("Application \"nope\" does not exist."),
+        "{out}"
+    );
+
+    let (ok, out, _) = flotilla(args(&address, &["config"])).await;
+    assert!(ok);
+    assert!(
+        out.contains("name: cli")
+            && out.contains("import_path: t.echo:app")
+            && out.contains("tag: from-cli"),
+        "{out}"
+    );
+
+    // A server error is shown as the server wrote it, with a non-zero exit.
+    std::fs::write(
+        &file,
+        "applications:\n  - name: cli\n    import_pth: t.echo:app\n",
+    )
+    .unwrap();
+    let (ok, _, err) = flotilla(args(&address, &["deploy", file.to_str().unwrap()])).await;
+    assert!(!ok);
+    assert!(
+        err.contains("Request failed with status code 400") && err.contains("import_pth"),
+        "{err}"
+    );
+
+    let (ok, out, err) = flotilla(args(&address, &["delete", "-y"])).await;
+    assert!(ok, "{out}{err}");
+    wait_routes(&f.serve, |r| r.is_empty()).await;
+    let (ok, out, _) = flotilla(args(&address, &["config"])).await;
+    assert!(ok && out.contains("No configuration was found."), "{out}");
+    f.stop().await;
+
+    // Nobody listening: a clear error, non-zero.
+    let (ok, _, err) = flotilla(args(&address, &["status"])).await;
+    assert!(
+        !ok && err.contains("Failed to connect to Flotilla at address"),
+        "{err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_token_file_is_sent_as_a_bearer_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "t0ken\n").unwrap();
+    let f = start_with(test_options().token_file(&token).build().unwrap()).await;
+    let address = f.rest_url("");
+    let (ok, _, err) = flotilla(args(&address, &["delete", "-y"])).await;
+    assert!(!ok && err.contains("status code 401"), "{err}");
+    let (ok, out, err) = flotilla(args(
+        &address,
+        &["--token-file", token.to_str().unwrap(), "delete", "-y"],
+    ))
+    .await;
+    assert!(ok, "{out}{err}");
+    f.stop().await;
+}

@@ -1,0 +1,548 @@
+//! The proxy over real sockets: routing, Ray's status codes, streaming,
+//! cancellation, timeouts, limits, malformed requests, keep-alive and HTTP/2.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::{sync::atomic::Ordering, time::Duration};
+
+use bytes::Bytes;
+use flotilla::{ApplicationSpec, ApplicationStatus, DeploymentSpec};
+use http_body_util::{BodyExt, Full};
+use support::{echo_app, get, send, start, start_with, test_options, wait_routes, wait_status};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routes_by_longest_prefix_on_segment_boundaries_with_root_catching_the_rest() {
+    let f = start().await;
+    let c = support::client();
+    // Before any route: healthz says so (Ray's "not populated"), and 404s.
+    let h = get(&c, &f.url("/-/healthz")).await;
+    assert_eq!(
+        (h.status, h.body.as_str()),
+        (503, "Route table is not populated yet.")
+    );
+    let nf = get(&c, &f.url("/nothing")).await;
+    assert_eq!(nf.status, 404);
+    assert_eq!(
+        nf.body,
+        "Path '/nothing' not found. Ping http://.../-/routes for available routes."
+    );
+    assert!(
+        nf.header("x-request-id").is_some_and(|id| id.len() == 36),
+        "{:?}",
+        nf.headers
+    );
+
+    f.serve
+        .run_many(
+            vec![
+                echo_app("api", "/api", "api"),
+                echo_app("apiv2", "/api/v2", "v2"),
+                echo_app("root", "/", "root"),
+            ],
+            Default::default(),
+        )
+        .await
+        .unwrap();
+    let tag = |r: &support::Reply| r.json()["tag"].as_str().unwrap_or_default().to_owned();
+    for (path, want) in [
+        ("/api", "api"),
+        ("/api/", "api"),
+        ("/api/x", "api"),
+        ("/api/v2", "v2"),
+        ("/api/v2/deep/er", "v2"),
+        ("/api/v20", "api"),
+        ("/apix", "root"),
+        ("/", "root"),
+        ("/other/path", "root"),
+    ] {
+        let r = get(&c, &f.url(path)).await;
+        assert_eq!(
+            (r.status, tag(&r)),
+            (200, want.to_owned()),
+            "{path}: {}",
+            r.body
+        );
+    }
+    // What the ingress sees: Ray's ASGI root_path and path.
+    let r = get(&c, &f.url("/api/v2/items/3?x=1&y=%20")).await.json();
+    assert_eq!(r["path"], "/api/v2/items/3");
+    assert_eq!(r["root_path"], "/api/v2");
+    assert_eq!(r["route_path"], "/items/3");
+    assert_eq!(r["route_prefix"], "/api/v2");
+    assert_eq!(r["query"], "x=1&y=%20");
+    assert_eq!(get(&c, &f.url("/api")).await.json()["route_path"], "");
+    // The path is percent-decoded before matching.
+    assert_eq!(tag(&get(&c, &f.url("/api%2Fv2/x")).await), "v2");
+
+    // /-/routes and /-/healthz, now populated.
+    let routes = get(&c, &f.url("/-/routes")).await;
+    assert_eq!(routes.status, 200);
+    assert_eq!(
+        routes.json(),
+        serde_json::json!({"/": "root", "/api": "api", "/api/v2": "v2".replace("v2", "apiv2")})
+    );
+    let h = get(&c, &f.url("/-/healthz")).await;
+    assert_eq!((h.status, h.body.as_str()), (200, "success"));
+
+    // A redeploy moves a prefix; a delete 404s: the proxy follows without restarting.
+    f.serve.run(echo_app("api", "/moved", "api")).await.unwrap();
+    wait_routes(&f.serve, |r| {
+        r.iter().any(|r| r.prefix.as_str() == "/moved")
+    })
+    .await;
+    assert_eq!(tag(&get(&c, &f.url("/moved/x")).await), "api");
+    assert_eq!(tag(&get(&c, &f.url("/api/x")).await), "root");
+    f.serve.delete_apps(["root", "apiv2"], true).await.unwrap();
+    wait_routes(&f.serve, |r| r.len() == 1).await;
+    let gone = get(&c, &f.url("/api/v2/x")).await;
+    assert_eq!(gone.status, 404, "{}", gone.body);
+    assert!(gone.body.starts_with("Path '/api/v2/x' not found."));
+    f.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_ids_are_kept_or_made_and_sent_back() {
+    let f = start().await;
+    f.serve.run(echo_app("e", "/e", "e")).await.unwrap();
+    let c = support::client();
+    let r = send(
+        &c,
+        "POST",
+        &f.url("/e"),
+        &[("x-request-id", "abc-123")],
+        "hello",
+    )
+    .await;
+    assert_eq!(r.header("x-request-id"), Some("abc-123"));
+    let j = r.json();
+    assert_eq!(
+        (j["request_id"].as_str(), j["body"].as_str()),
+        (Some("abc-123"), Some("hello"))
+    );
+    assert_eq!(j["method"], "POST");
+    assert_eq!(r.header("x-echo-tag"), Some("e"));
+    let r = get(&c, &f.url("/e")).await;
+    let made = r.header("x-request-id").unwrap().to_owned();
+    assert_eq!(r.json()["request_id"].as_str(), Some(made.as_str()));
+    assert_eq!(&made[14..15], "4", "a UUIDv4: {made}");
+    f.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handler_errors_are_500_with_the_users_message_and_wrong_types_name_the_app() {
+    let f = start().await;
+    let plain = ApplicationSpec::builder("plain")
+        .route_prefix("/plain")
+        .deployment(DeploymentSpec::builder("words", "t::Plain"))
+        .build()
+        .unwrap();
+    f.serve
+        .run_many(vec![echo_app("e", "/e", "e"), plain], Default::default())
+        .await
+        .unwrap();
+    let c = support::client();
+    let r = get(&c, &f.url("/e/fail")).await;
+    assert_eq!((r.status, r.body.as_str()), (500, "echo asked to fail"));
+    let r = get(&c, &f.url("/plain")).await;
+    assert_eq!(r.status, 500);
+    assert!(
+        r.body.contains("Application 'plain'")
+            && r.body.contains("'words'")
+            && r.body.contains("HttpRequest"),
+        "{}",
+        r.body
+    );
+    f.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_replica_is_503_at_once_when_none_can_come_and_back_pressure_is_503() {
+    let f = start().await;
+    let broken = ApplicationSpec::builder("broken")
+        .route_prefix("/broken")
+        .deployment(DeploymentSpec::builder("ingress", "t::Broken"))
+        .build()
+        .unwrap();
+    let zero = ApplicationSpec::builder("zero")
+        .route_prefix("/zero")
+        .deployment(
+            DeploymentSpec::builder("ingress", "t::Echo")
+                .init_args(&"z")
+                .replicas(0),
+        )
+        .build()
+        .unwrap();
+    let tight = ApplicationSpec::builder("tight")
+        .route_prefix("/tight")
+        .deployment(
+            DeploymentSpec::builder("ingress", "t::Echo")
+                .init_args(&"t")
+                .with_config(|c| {
+                    c.with_max_ongoing_requests(1)
+                        .with_max_queued_requests(Some(1))
+                }),
+        )
+        .build()
+        .unwrap();
+    f.serve
+        .run_many(vec![broken, zero, tight], support::no_wait())
+        .await
+        .unwrap();
+    wait_status(&f.serve, "broken", ApplicationStatus::DeployFailed).await;
+    wait_status(&f.serve, "tight", ApplicationStatus::Running).await;
+    let c = support::client();
+    let r = get(&c, &f.url("/broken")).await;
+    assert_eq!(r.status, 503);
+    assert_eq!(
+        r.body,
+        "Deployment(name='ingress', app='broken') is unavailable because it failed to deploy."
+    );
+    let r = get(&c, &f.url("/zero/x")).await;
+    assert_eq!(r.status, 503, "{}", r.body);
+    assert!(r.body.contains("0 replicas"), "{}", r.body);
+
+    // One running (hangs), one queued, the next rejected.
+    let started = f.probe.started.notified();
+    let hang = tokio::spawn({
+        let (c, u) = (c.clone(), f.url("/tight/hang"));
+        async move { get(&c, &u).await }
+    });
+    started.await;
+    let queued = tokio::spawn({
+        let (c, u) = (c.clone(), f.url("/tight/q"));
+        async move { get(&c, &u).await }
+    });
+    let route = f
+        .serve
+        .deployment_handle("tight", "ingress")
+        .unwrap()
+        .route();
+    let mut rx = f.serve.routes().subscribe();
+    while route.queued() == 0 {
+        // The queued request reaches the handle's queue on the server's side.
+        tokio::select! { _ = rx.changed() => {}, _ = tokio::task::yield_now() => {} }
+    }
+    let r = get(&c, &f.url("/tight/x")).await;
+    assert_eq!(r.status, 503);
+    assert_eq!(
+        r.body,
+        "Request dropped due to backpressure (num_queued_requests=1, max_queued_requests=1)."
+    );
+    hang.abort();
+    f.probe.wait_dropped(1).await;
+    let q = queued.await.unwrap();
+    assert_eq!(q.status, 200, "the queued request ran once the slot freed");
+    f.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timeout_is_408_cancels_the_handler_and_frees_its_slot() {
+    let f = start_with(
+        test_options()
+            .request_timeout(Duration::from_millis(300))
+            .build()
+            .unwrap(),
+    )
+    .await;
+    f.serve.run(echo_app("e", "/e", "e")).await.unwrap();
+    let c = support::client();
+    let r = send(
+        &c,
+        "GET",
+        &f.url("/e/hang"),
+        &[("x-request-id", "rid-1")],
+        Bytes::new(),
+    )
+    .await;
+    assert_eq!(
+        (r.status, r.body.as_str()),
+        (408, "Request rid-1 timed out after 0.3s.")
+    );
+    f.probe.wait_dropped(1).await;
+    let h = f.serve.deployment_handle("e", "ingress").unwrap();
+    assert_eq!(h.replicas()[0].in_flight(), 0);
+    // The per-request header overrides the server's timeout.
+    let r = send(
+        &c,
+        "GET",
+        &f.url("/e/hang"),
+        &[
+            ("x-request-id", "rid-2"),
+            ("x-request-timeout-seconds", "0.1"),
+        ],
+        Bytes::new(),
+    )
+    .await;
+    assert_eq!(
+        (r.status, r.body.as_str()),
+        (408, "Request rid-2 timed out after 0.1s.")
+    );
+    assert_eq!(get(&c, &f.url("/e/ok")).await.status, 200);
+    f.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_disconnects_cancels_its_request() {
+    let f = start().await;
+    f.serve.run(echo_app("e", "/e", "e")).await.unwrap();
+    for http2 in [false, true] {
+        let before = f.probe.dropped.load(Ordering::SeqCst);
+        let started = f.probe.started.notified();
+        let c = if http2 {
+            support::h2_client()
+        } else {
+            support::client()
+        };
+        let url = f.url("/e/hang");
+        let call = tokio::spawn(async move { get(&c, &url).await });
+        started.await;
+        let h = f.serve.deployment_handle("e", "ingress").unwrap();
+        assert_eq!(h.replicas()[0].in_flight(), 1);
+        call.abort(); // drops the client and its connection
+        f.probe.wait_dropped(before + 1).await;
+        // The handler's future is dropped a moment before its slot is freed.
+        support::until(|| h.replicas()[0].in_flight() == 0).await;
+    }
+    f.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streamed_chunks_arrive_before_the_handler_ends_over_http1_and_http2() {
+    let f = start().await;
+    f.serve.run(echo_app("s", "/s", "s")).await.unwrap();
+    for (c, version) in [
+        (support::client(), http::Version::HTTP_11),
+        (support::h2_client(), http::Version::HTTP_2),
+    ] {
+        let req = http::Request::get(f.url("/s/stream/3"))
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let resp = c.request(req).await.unwrap();
+        assert_eq!(resp.status(), 200);
+        assert_eq!(resp.version(), version);
+        assert_eq!(resp.headers()["x-stream"], "yes");
+        assert!(resp.headers().get("content-length").is_none(), "streamed");
+        let mut body = resp.into_body();
+        let mut got = Vec::new();
+        for i in 0..3 {
+            // The handler waits at the gate before each chunk: this chunk arrives
+            // while the handler has not finished (it still holds its slot).
+            f.probe.gate.add_permits(1);
+            let chunk = loop {
+                let frame = body.frame().await.unwrap().unwrap();
+                if let Ok(d) = frame.into_data()
+                    && !d.is_empty()
+                {
+                    break d;
+                }
+            };
+            got.push(String::from_utf8_lossy(&chunk).into_owned());
+            let h = f.serve.deployment_handle("s", "ingress").unwrap();
+            if i < 2 {
+                assert_eq!(h.replicas()[0].in_flight(), 1, "handler still running");
+            }
+        }
+        assert_eq!(got.concat(), "token0 token1 token2 ");
+        // Then the end (the client's decoder may hand out an empty frame first).
+        while let Some(frame) = body.frame().await {
+            let data = frame.unwrap().into_data().unwrap_or_default();
+            assert!(data.is_empty(), "nothing after the last chunk: {data:?}");
+        }
+    }
+    // A non-streaming answer has a content-length.
+    let r = get(&support::client(), &f.url("/s/x")).await;
+    assert!(r.header("content-length").is_some());
+    // Dropping a streamed response mid-way cancels the handler.
+    let before = f.probe.dropped.load(Ordering::SeqCst);
+    let c = support::client();
+    let resp = c
+        .request(
+            http::Request::get(f.url("/s/stream/5"))
+                .body(Full::new(Bytes::new()))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    drop(resp);
+    drop(c);
+    f.probe.wait_dropped(before + 1).await;
+    f.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_above_the_limit_is_413_and_never_reaches_user_code() {
+    let f = start_with(test_options().max_request_body_bytes(1024).build().unwrap()).await;
+    f.serve.run(echo_app("e", "/e", "e")).await.unwrap();
+    let c = support::client();
+    let handled = f.probe.handled.load(Ordering::SeqCst);
+    let r = send(&c, "POST", &f.url("/e"), &[], vec![b'a'; 2048]).await;
+    assert_eq!(r.status, 413, "{}", r.body);
+    assert_eq!(
+        r.body,
+        "Request body is larger than the limit of 1024 bytes."
+    );
+    // Without a content-length (chunked), the limit holds as the body is read.
+    let chunks = futures::stream::iter((0..4).map(|_| {
+        Ok::<_, std::convert::Infallible>(http_body::Frame::data(Bytes::from(vec![b'b'; 512])))
+    }));
+    let body = http_body_util::StreamBody::new(chunks);
+    let c2: hyper_util::client::legacy::Client<_, http_body_util::StreamBody<_>> =
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .build_http();
+    let resp = c2
+        .request(http::Request::post(f.url("/e")).body(body).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 413);
+    assert_eq!(
+        f.probe.handled.load(Ordering::SeqCst),
+        handled,
+        "user code never ran"
+    );
+    assert_eq!(
+        send(&c, "POST", &f.url("/e"), &[], vec![b'a'; 1024])
+            .await
+            .status,
+        200
+    );
+    f.stop().await;
+}
+
+/// Send raw bytes on a fresh connection and read until the server closes it.
+async fn raw(addr: std::net::SocketAddr, bytes: &[u8]) -> String {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(bytes).await.unwrap();
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out)).await;
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_http_is_400_and_never_reaches_user_code() {
+    let f = start().await;
+    f.serve.run(echo_app("root", "/", "r")).await.unwrap();
+    let handled = f.probe.handled.load(Ordering::SeqCst);
+    let bad = raw(
+        f.proxy,
+        b"GET / HTTP/1.1\r\nHost: x\r\nBad Header Line\r\n\r\n",
+    )
+    .await;
+    assert!(bad.starts_with("HTTP/1.1 400"), "{bad}");
+    let bad = raw(f.proxy, b"NOT A REQUEST\r\n\r\n").await;
+    assert!(bad.starts_with("HTTP/1.1 400"), "{bad}");
+    let bad = raw(
+        f.proxy,
+        b"GET /%FF HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(bad.starts_with("HTTP/1.1 400"), "{bad}");
+    assert!(bad.ends_with("Invalid request path."), "{bad}");
+    assert_eq!(f.probe.handled.load(Ordering::SeqCst), handled);
+    f.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keep_alive_serves_many_requests_on_one_connection_and_idles_out() {
+    let f = start_with(
+        test_options()
+            .keep_alive_timeout(Duration::from_millis(300))
+            .build()
+            .unwrap(),
+    )
+    .await;
+    f.serve.run(echo_app("e", "/e", "e")).await.unwrap();
+    let stream = tokio::net::TcpStream::connect(f.proxy).await.unwrap();
+    let (mut send, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .unwrap();
+    let conn = tokio::spawn(conn);
+    for i in 0..5 {
+        send.ready().await.unwrap();
+        let req = http::Request::post(format!("/e/{i}"))
+            .header("host", "x")
+            .body(Full::new(Bytes::from(format!("n{i}"))))
+            .unwrap();
+        let resp = send.send_request(req).await.unwrap();
+        assert_eq!(resp.status(), 200);
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        assert!(String::from_utf8_lossy(&body).contains(&format!("n{i}")));
+    }
+    // Idle past keep_alive_timeout: the server closes the connection.
+    let ended = tokio::time::timeout(Duration::from_secs(10), conn).await;
+    assert!(
+        ended.is_ok(),
+        "the idle connection was closed by the server"
+    );
+
+    // HTTP/2: many concurrent streams on one connection.
+    let stream = tokio::net::TcpStream::connect(f.proxy).await.unwrap();
+    let (send2, conn2) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn2);
+    let calls = (0..20).map(|i| {
+        let mut s = send2.clone();
+        let url = f.url(&format!("/e/{i}"));
+        async move {
+            let resp = s
+                .send_request(
+                    http::Request::get(url)
+                        .body(Full::new(Bytes::new()))
+                        .unwrap(),
+                )
+                .await
+                .unwrap();
+            assert_eq!(resp.version(), http::Version::HTTP_2);
+            resp.status().as_u16()
+        }
+    });
+    let statuses = futures::future::join_all(calls).await;
+    assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
+    f.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn root_path_is_applied_as_ray_applies_it() {
+    let f = start_with(test_options().root_path("/serve").build().unwrap()).await;
+    f.serve
+        .run_many(
+            vec![echo_app("a", "/a", "a"), echo_app("r", "/", "r")],
+            Default::default(),
+        )
+        .await
+        .unwrap();
+    let c = support::client();
+    let j = get(&c, &f.url("/a/x")).await.json();
+    assert_eq!(
+        (
+            j["path"].as_str(),
+            j["root_path"].as_str(),
+            j["route_path"].as_str()
+        ),
+        (Some("/serve/a/x"), Some("/serve/a"), Some("/x"))
+    );
+    let j = get(&c, &f.url("/y")).await.json();
+    assert_eq!(
+        (
+            j["path"].as_str(),
+            j["root_path"].as_str(),
+            j["route_path"].as_str()
+        ),
+        (Some("/serve/y"), Some("/serve"), Some("/y"))
+    );
+    f.serve.delete_apps(["r"], true).await.unwrap();
+    wait_routes(&f.serve, |r| r.len() == 1).await;
+    let nf = get(&c, &f.url("/zzz")).await;
+    assert_eq!(
+        nf.body,
+        "Path '/serve/zzz' not found. Ping http://.../-/routes for available routes."
+    );
+    f.stop().await;
+}

@@ -1,0 +1,493 @@
+//! The REST API and /metrics over real sockets: PUT/GET/DELETE round trips,
+//! invalid configs that change nothing, the token rule, and a scrape checked
+//! against the traffic sent.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::collections::BTreeMap;
+
+use flotilla::ApplicationStatus;
+use flotilla_http::{HttpError, HttpOptions, HttpServer};
+use support::{get, send, start, start_with, test_options, wait_routes, wait_status};
+
+const CONFIG_YAML: &str = "\
+applications:
+  - name: one
+    route_prefix: /one
+    import_path: t.echo:app
+    args: {tag: first}
+    deployments:
+      - name: ingress
+        num_replicas: 2
+        graceful_shutdown_wait_loop_s: 0.01
+  - name: two
+    route_prefix: /two
+    import_path: t.echo:app
+    args: {tag: second}
+";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn put_get_delete_round_trip_in_rays_shapes() {
+    let f = start().await;
+    let c = support::client();
+    let v = get(&c, &f.rest_url("/api/ray/version")).await;
+    assert_eq!(v.status, 200);
+    assert_eq!(v.json()["ray_version"], flotilla_http::RAY_VERSION);
+
+    let empty = get(&c, &f.rest_url("/api/serve/applications/")).await;
+    assert_eq!(empty.status, 200);
+    assert_eq!(empty.json()["applications"], serde_json::json!({}));
+
+    let put = send(
+        &c,
+        "PUT",
+        &f.rest_url("/api/serve/applications/"),
+        &[("content-type", "application/yaml")],
+        CONFIG_YAML,
+    )
+    .await;
+    assert_eq!(put.status, 200, "{}", put.body);
+    // Durable when answered: the applied config is the Controller's now.
+    assert_eq!(
+        f.serve
+            .applied_config()
+            .await
+            .unwrap()
+            .unwrap()
+            .applications
+            .len(),
+        2
+    );
+    wait_status(&f.serve, "one", ApplicationStatus::Running).await;
+    wait_status(&f.serve, "two", ApplicationStatus::Running).await;
+    wait_routes(&f.serve, |r| r.len() == 2).await;
+    assert_eq!(get(&c, &f.url("/two/x")).await.json()["tag"], "second");
+
+    let d = get(&c, &f.rest_url("/api/serve/applications/"))
+        .await
+        .json();
+    let one = &d["applications"]["one"];
+    assert_eq!(one["name"], "one");
+    assert_eq!(one["status"], "RUNNING");
+    assert_eq!(one["route_prefix"], "/one");
+    assert_eq!(one["source"], "declarative");
+    assert!(one["last_deployed_time_s"].as_f64().unwrap() > 1.6e9);
+    assert_eq!(one["deployed_app_config"]["import_path"], "t.echo:app");
+    assert_eq!(one["deployed_app_config"]["args"]["tag"], "first");
+    let ingress = &one["deployments"]["ingress"];
+    assert_eq!(ingress["status"], "HEALTHY");
+    assert_eq!(ingress["status_trigger"], "CONFIG_UPDATE_COMPLETED");
+    assert_eq!(ingress["target_num_replicas"], 2);
+    assert_eq!(ingress["deployment_config"]["num_replicas"], 2);
+    assert_eq!(ingress["deployment_config"]["max_ongoing_requests"], 5);
+    let replicas = ingress["replicas"].as_array().unwrap();
+    assert_eq!(replicas.len(), 2);
+    for r in replicas {
+        assert_eq!(r["state"], "RUNNING");
+        assert_eq!(r["node_id"], "local");
+        assert!(r["replica_id"].as_str().is_some());
+        assert!(r["start_time_s"].as_f64().unwrap() > 1.6e9);
+    }
+    assert_eq!(one["deployment_topology"]["ingress_deployment"], "ingress");
+    assert_eq!(d["proxies"]["local"]["status"], "HEALTHY");
+    assert_eq!(d["http_options"]["host"], "127.0.0.1");
+    assert!(d["target_capacity"].is_null());
+    // Ray's api_type filter.
+    let imperative = get(
+        &c,
+        &f.rest_url("/api/serve/applications/?api_type=imperative"),
+    )
+    .await;
+    assert_eq!(imperative.json()["applications"], serde_json::json!({}));
+    let bad = get(&c, &f.rest_url("/api/serve/applications/?api_type=nope")).await;
+    assert_eq!(bad.status, 400);
+
+    // The same config as JSON, one application dropped: declarative, so it goes.
+    let json = serde_json::json!({"applications": [
+        {"name": "one", "route_prefix": "/one", "import_path": "t.echo:app", "args": {"tag": "first"},
+         "deployments": [{"name": "ingress", "num_replicas": 2, "graceful_shutdown_wait_loop_s": 0.01}]}
+    ]});
+    let put = send(
+        &c,
+        "PUT",
+        &f.rest_url("/api/serve/applications/"),
+        &[("content-type", "application/json")],
+        json.to_string(),
+    )
+    .await;
+    assert_eq!(put.status, 200, "{}", put.body);
+    wait_routes(&f.serve, |r| r.len() == 1).await;
+    assert_eq!(get(&c, &f.url("/two/x")).await.status, 404);
+
+    let del = send(
+        &c,
+        "DELETE",
+        &f.rest_url("/api/serve/applications/"),
+        &[],
+        "",
+    )
+    .await;
+    assert_eq!(del.status, 200, "{}", del.body);
+    wait_routes(&f.serve, |r| r.is_empty()).await;
+    let cfg = f.serve.applied_config().await.unwrap();
+    assert!(
+        cfg.as_ref().is_none_or(|c| c.applications.is_empty()),
+        "{cfg:?}"
+    );
+    f.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalid_config_is_400_naming_where_and_changes_nothing() {
+    let f = start().await;
+    let c = support::client();
+    let put = send(
+        &c,
+        "PUT",
+        &f.rest_url("/api/serve/applications/"),
+        &[],
+        CONFIG_YAML,
+    )
+    .await;
+    assert_eq!(put.status, 200, "{}", put.body);
+    let before = f.serve.applied_config().await.unwrap();
+    let commits = f.serve.metrics().await.unwrap().store.commits;
+    let cases = [
+        // A typo: unknown field, with its line.
+        (
+            "applications:\n  - name: one\n    import_path: t.echo:app\n    route_prefx: /x\n",
+            "route_prefx",
+        ),
+        // A bad value naming the application and field.
+        (
+            "applications:\n  - name: bad\n    import_path: t.echo:app\n    deployments:\n      - name: ingress\n        max_ongoing_requests: 0\n",
+            "bad",
+        ),
+        // Duplicate applications.
+        (
+            "applications:\n  - {name: a, import_path: t.echo:app}\n  - {name: a, import_path: t.echo:app}\n",
+            "a",
+        ),
+        // An unknown builder.
+        (
+            "applications:\n  - {name: u, route_prefix: /u, import_path: nope:app}\n",
+            "nope:app",
+        ),
+        // Not even YAML.
+        ("applications: [", "line"),
+    ];
+    for (body, needle) in cases {
+        let r = send(
+            &c,
+            "PUT",
+            &f.rest_url("/api/serve/applications/"),
+            &[("content-type", "text/yaml")],
+            body,
+        )
+        .await;
+        assert_eq!(r.status, 400, "{body}: {}", r.body);
+        assert!(r.body.contains(needle), "{needle} in {}", r.body);
+    }
+    let r = send(
+        &c,
+        "PUT",
+        &f.rest_url("/api/serve/applications/"),
+        &[("content-type", "application/json")],
+        "{\"applications\": [{\"name\": \"x\"}]}",
+    )
+    .await;
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(r.body.contains("import_path"), "{}", r.body);
+    assert_eq!(
+        f.serve.applied_config().await.unwrap(),
+        before,
+        "nothing changed"
+    );
+    assert_eq!(
+        f.serve.metrics().await.unwrap().store.commits,
+        commits,
+        "nothing committed"
+    );
+    f.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_public_bind_needs_a_token_and_mutations_need_it_once_configured() {
+    let dir = tempfile::tempdir().unwrap();
+    let probe = std::sync::Arc::new(support::Probe::default());
+    let serve = flotilla::Serve::start(
+        flotilla::ServeOptions::new(support::registry(&probe))
+            .store_path(dir.path().join("f.redb")),
+    )
+    .await
+    .unwrap();
+    for (proxy_host, rest_host) in [("0.0.0.0", "127.0.0.1"), ("127.0.0.1", "0.0.0.0")] {
+        let opts = test_options()
+            .host(proxy_host)
+            .rest_host(rest_host)
+            .build()
+            .unwrap();
+        let err = HttpServer::start(&serve, opts).await.unwrap_err();
+        assert!(matches!(err, HttpError::TokenRequired { .. }), "{err}");
+        assert!(err.to_string().contains("bearer token"), "{err}");
+    }
+    // Without a REST listener there is nothing to protect.
+    let opts = test_options().host("0.0.0.0").rest(false).build().unwrap();
+    HttpServer::start(&serve, opts)
+        .await
+        .unwrap()
+        .shutdown()
+        .await;
+    // An empty token source is an error naming the source, not the token.
+    let err = HttpServer::start(
+        &serve,
+        test_options()
+            .token_env("FLOTILLA_HTTP_TEST_NO_SUCH_VAR")
+            .build()
+            .unwrap(),
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        err.to_string().contains("FLOTILLA_HTTP_TEST_NO_SUCH_VAR"),
+        "{err}"
+    );
+    serve.shutdown().await.unwrap();
+
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, "s3cret-token\n").unwrap();
+    let f = start_with(test_options().token_file(&token_file).build().unwrap()).await;
+    let c = support::client();
+    let url = f.rest_url("/api/serve/applications/");
+    let r = send(&c, "PUT", &url, &[], CONFIG_YAML).await;
+    assert_eq!(r.status, 401);
+    assert_eq!(r.header("www-authenticate"), Some("Bearer"));
+    assert!(!r.body.contains("s3cret"));
+    let r = send(
+        &c,
+        "PUT",
+        &url,
+        &[("authorization", "Bearer wrong")],
+        CONFIG_YAML,
+    )
+    .await;
+    assert_eq!(r.status, 401);
+    let r = send(&c, "DELETE", &url, &[], "").await;
+    assert_eq!(r.status, 401);
+    assert!(
+        f.serve.applied_config().await.unwrap().is_none(),
+        "nothing applied"
+    );
+    // Reads need no token.
+    assert_eq!(get(&c, &url).await.status, 200);
+    assert_eq!(get(&c, &f.rest_url("/metrics")).await.status, 200);
+    let r = send(
+        &c,
+        "PUT",
+        &url,
+        &[("authorization", "Bearer s3cret-token")],
+        CONFIG_YAML,
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let r = send(
+        &c,
+        "DELETE",
+        &url,
+        &[("authorization", "Bearer s3cret-token")],
+        "",
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    f.stop().await;
+}
+
+/// Parse Prometheus text into `name{labels} -> value` (labels sorted).
+fn parse(text: &str) -> BTreeMap<String, f64> {
+    let mut out = BTreeMap::new();
+    for line in text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+    {
+        let (series, value) = line.rsplit_once(' ').unwrap();
+        let (name, labels) = match series.split_once('{') {
+            Some((n, rest)) => {
+                let mut ls: Vec<&str> = rest
+                    .trim_end_matches('}')
+                    .split(',')
+                    .filter(|s| !s.is_empty())
+                    .collect();
+                ls.sort_unstable();
+                (n, ls.join(","))
+            }
+            None => (series, String::new()),
+        };
+        out.insert(format!("{name}{{{labels}}}"), value.parse().unwrap());
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scrape_counts_the_traffic_sent_under_rays_names() {
+    let f = start().await;
+    f.serve
+        .run_many(vec![support::echo_app("m", "/m", "m")], Default::default())
+        .await
+        .unwrap();
+    let c = support::client();
+    for _ in 0..7 {
+        assert_eq!(get(&c, &f.url("/m/x")).await.status, 200);
+    }
+    for _ in 0..3 {
+        assert_eq!(
+            send(&c, "POST", &f.url("/m/fail"), &[], "x").await.status,
+            500
+        );
+    }
+    for _ in 0..2 {
+        assert_eq!(get(&c, &f.url("/nowhere")).await.status, 404);
+    }
+    assert_eq!(get(&c, &f.url("/-/healthz")).await.status, 200);
+    let r = get(&c, &f.rest_url("/metrics")).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        r.header("content-type"),
+        Some(flotilla_http::METRICS_CONTENT_TYPE)
+    );
+    let m = parse(&r.body);
+    let at = |k: &str| {
+        let key = parse(&format!("{k} 0")).into_keys().next().unwrap();
+        *m.get(&key)
+            .unwrap_or_else(|| panic!("no {key} in\n{}", r.body))
+    };
+    assert_eq!(
+        at(
+            r#"ray_serve_num_http_requests_total{application="m",method="GET",route="/m",status_code="200"}"#
+        ),
+        7.0
+    );
+    assert_eq!(
+        at(
+            r#"ray_serve_num_http_requests_total{application="m",method="POST",route="/m",status_code="500"}"#
+        ),
+        3.0
+    );
+    assert_eq!(
+        at(
+            r#"ray_serve_num_http_requests_total{application="",method="GET",route="",status_code="404"}"#
+        ),
+        2.0
+    );
+    assert_eq!(
+        at(
+            r#"ray_serve_num_http_requests_total{application="",method="GET",route="/-/healthz",status_code="200"}"#
+        ),
+        1.0
+    );
+    assert_eq!(
+        at(
+            r#"ray_serve_num_http_error_requests_total{application="m",error_code="500",method="POST",route="/m"}"#
+        ),
+        3.0
+    );
+    assert_eq!(
+        at(
+            r#"ray_serve_num_deployment_http_error_requests_total{application="m",deployment="ingress",error_code="500",method="POST",route="/m"}"#
+        ),
+        3.0
+    );
+    assert_eq!(
+        at(
+            r#"ray_serve_http_request_latency_ms_count{application="m",method="GET",route="/m",status_code="200"}"#
+        ),
+        7.0
+    );
+    assert_eq!(
+        at(
+            r#"ray_serve_http_request_latency_ms_bucket{application="m",le="+Inf",method="GET",route="/m",status_code="200"}"#
+        ),
+        7.0
+    );
+    let replica = f
+        .serve
+        .deployment_handle("m", "ingress")
+        .unwrap()
+        .replicas()[0]
+        .id()
+        .to_string();
+    let rl = format!(r#"application="m",deployment="ingress",replica="{replica}""#);
+    assert_eq!(
+        at(&format!(
+            r#"ray_serve_deployment_request_counter_total{{{rl},route="/m"}}"#
+        )),
+        7.0
+    );
+    assert_eq!(
+        at(&format!(
+            r#"ray_serve_deployment_error_counter_total{{{rl},exception_type="UserError",route="/m"}}"#
+        )),
+        3.0
+    );
+    assert_eq!(
+        at(&format!(
+            r#"ray_serve_deployment_processing_latency_ms_count{{{rl},route="/m"}}"#
+        )),
+        10.0
+    );
+    assert_eq!(
+        at(&format!(r#"ray_serve_replica_processing_queries{{{rl}}}"#)),
+        0.0
+    );
+    assert_eq!(
+        at(&format!(r#"ray_serve_deployment_replica_healthy{{{rl}}}"#)),
+        1.0
+    );
+    assert_eq!(
+        at(r#"ray_serve_deployment_replica_starts_total{application="m",deployment="ingress"}"#),
+        1.0
+    );
+    assert_eq!(
+        at(r#"ray_serve_num_router_requests_total{application="m",deployment="ingress"}"#),
+        10.0
+    );
+    assert_eq!(at(r#"ray_serve_application_status{application="m"}"#), 6.0);
+    assert_eq!(
+        at(r#"ray_serve_deployment_status{application="m",deployment="ingress"}"#),
+        6.0
+    );
+    assert_eq!(
+        at(r#"flotilla_replicas{application="m",deployment="ingress",state="RUNNING"}"#),
+        1.0
+    );
+    assert!(at("flotilla_checkpoint_commits_total{}") >= 1.0);
+    assert!(at("flotilla_checkpoint_bytes_written_total{}") > 0.0);
+    assert_eq!(at(r#"flotilla_restarts_total{level="controller"}"#), 0.0);
+    assert_eq!(
+        at(r#"ray_serve_num_ongoing_http_requests{node_id="local",node_ip_address="127.0.0.1"}"#),
+        0.0
+    );
+    f.stop().await;
+}
+
+#[test]
+fn options_are_validated_by_the_builder() {
+    assert!(HttpOptions::builder().root_path("/a/").build().is_err());
+    assert!(
+        HttpOptions::builder()
+            .max_request_body_bytes(0)
+            .build()
+            .is_err()
+    );
+    let o = HttpOptions::builder()
+        .request_timeout_s(Some(-1.0))
+        .build()
+        .unwrap();
+    assert_eq!(o.request_timeout, None, "negative is none, as Ray");
+    let d = HttpOptions::default();
+    assert_eq!(
+        (d.host.as_str(), d.port, d.rest_port),
+        ("127.0.0.1", 8000, 8265)
+    );
+}

@@ -221,6 +221,9 @@ impl DeploymentActor {
         state
             .route
             .set_max_queued(target.spec.config.max_queued_requests);
+        state
+            .route
+            .set_backpressure(target.spec.config.backpressure);
         state.version = target.spec.version();
         state.args.target = target;
         if deleting {
@@ -372,6 +375,7 @@ impl Actor for DeploymentActor {
         );
         let route = args.directory.route(&args.app, &args.target.spec.name);
         route.set_max_queued(args.target.spec.config.max_queued_requests);
+        route.set_backpressure(args.target.spec.config.backpressure);
         Ok(DeploymentState::new(args, route, membership))
     }
 

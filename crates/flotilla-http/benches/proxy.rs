@@ -215,7 +215,7 @@ fn main() {
         )
         .await
         .unwrap();
-        let proxy = http.proxy_addr();
+        let proxy = http.proxy_addr().expect("the proxy listens");
         let bare = bare_server().await;
         // Warm both up.
         load(proxy, "/echo", 8, 0.3).await;

@@ -264,13 +264,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     serve.apply_config_file(&config).await?;
     let http = HttpServer::start(&serve, HttpOptions::default()).await?;
     println!("applied {config}");
-    println!("proxy:    http://{}", http.proxy_addr());
+    match http.proxy_addr() {
+        Some(proxy) => {
+            println!("proxy:    http://{proxy}");
+            println!("try:      curl http://{proxy}/shop/pears");
+        }
+        None => println!("proxy:    off (proxy_location: Disabled)"),
+    }
     if let Some(rest) = http.rest_addr() {
         println!(
             "REST API: http://{rest}/api/serve/applications/   metrics: http://{rest}/metrics"
         );
     }
-    println!("try:      curl http://{}/shop/pears", http.proxy_addr());
     println!("Ctrl-C to stop.");
     tokio::signal::ctrl_c().await?;
     println!("stopping");

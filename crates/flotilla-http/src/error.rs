@@ -7,6 +7,10 @@ use std::{net::SocketAddr, path::PathBuf};
 /// an error.
 #[derive(Debug, thiserror::Error)]
 pub enum HttpError {
+    /// The applied config (whose `http_options` the server takes) could not be
+    /// read from the Controller.
+    #[error("cannot read the applied config's http_options: {0}")]
+    AppliedConfig(#[source] Box<flotilla::ServeError>),
     /// An option is out of range.
     #[error("invalid HTTP option '{field}': {reason}")]
     InvalidOption {

@@ -65,10 +65,14 @@
 //!   and `DELETE` always need `Authorization: Bearer <token>` (401 without).
 //!   Reads and `/metrics` need none, as Ray's dashboard. With the REST listener
 //!   off, the proxy may bind anywhere without a token.
-//! - A config's `http_options` are mapped by
-//!   [`HttpOptionsBuilder::ray_http_options`] (left out `host` stays loopback,
-//!   where Ray's schema says 0.0.0.0). A PUT cannot move a running server (Ray
-//!   only warns too).
+//! - A config's `http_options` and `proxy_location` are laid over the
+//!   program's [`HttpOptions`] when the server starts, from the applied config
+//!   (the fields it gives win; see [`HttpOptionsBuilder::serve_config`]; a left
+//!   out `host` stays loopback, where Ray's schema says 0.0.0.0;
+//!   `proxy_location: Disabled` starts no proxy; `EveryNode` and `HeadOnly`
+//!   serve this one proxy). A later PUT cannot move a running server: its
+//!   different `http_options` are logged, as Ray warns, and apply at the next
+//!   start.
 //! - `GET /api/serve/applications/`: replica ids are Flotilla's numbers,
 //!   `actor_name`s are Flotilla's actor names, pids, worker ids and log files
 //!   are left out, `recent_dead_replicas` is empty, `deployment_topology` lists
@@ -117,7 +121,7 @@ pub use error::HttpError;
 pub use metrics::METRICS_CONTENT_TYPE;
 pub use options::{
     DEFAULT_KEEP_ALIVE_TIMEOUT, DEFAULT_MAX_REQUEST_BODY_BYTES, DEFAULT_PORT, DEFAULT_REST_PORT,
-    DEFAULT_SHUTDOWN_GRACE, HttpOptions, HttpOptionsBuilder, RayHttpOptions,
+    DEFAULT_SHUTDOWN_GRACE, HttpOptions, HttpOptionsBuilder,
 };
 pub use proxy::REQUEST_TIMEOUT_HEADER;
 pub use rest::RAY_VERSION;

@@ -2,8 +2,6 @@
 
 use std::{path::PathBuf, time::Duration};
 
-use serde::Deserialize;
-
 use crate::{HttpError, TokenSource};
 
 /// The default request body limit: 10 MiB. Ray sets none (bodies stream to the
@@ -58,6 +56,12 @@ pub struct HttpOptions {
     pub token: Option<TokenSource>,
     /// How long a shutdown waits for open connections (default 5 s).
     pub shutdown_grace: Duration,
+    /// Serve the proxy (default true; a config's `proxy_location: Disabled`
+    /// turns it off).
+    pub proxy: bool,
+    /// A config asked for TLS (`ssl_keyfile`/`ssl_certfile`), which the proxy
+    /// does not serve: refused by [`validate`](Self::validate).
+    pub tls_asked: bool,
 }
 
 impl Default for HttpOptions {
@@ -74,6 +78,8 @@ impl Default for HttpOptions {
             rest_port: DEFAULT_REST_PORT,
             token: None,
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
+            proxy: true,
+            tls_asked: false,
         }
     }
 }
@@ -122,6 +128,13 @@ impl HttpOptions {
         if self.max_request_body_bytes == 0 {
             return bad("max_request_body_bytes", "must be at least 1");
         }
+        if self.tls_asked {
+            return bad(
+                "http_options.ssl_certfile",
+                "the proxy serves plain HTTP: terminate TLS in front of it (the ssl_* \
+                 fields do not apply)",
+            );
+        }
         if self.host.trim().is_empty() {
             return bad("host", "must not be empty");
         }
@@ -129,6 +142,12 @@ impl HttpOptions {
             return bad("rest_host", "must not be empty");
         }
         Ok(())
+    }
+}
+
+impl From<HttpOptions> for HttpOptionsBuilder {
+    fn from(options: HttpOptions) -> Self {
+        HttpOptionsBuilder(options)
     }
 }
 
@@ -225,23 +244,39 @@ impl HttpOptionsBuilder {
         self
     }
 
-    /// Take Ray's `http_options` section (a config file's, as
-    /// [`RayHttpOptions`]): host, port, root_path, request_timeout_s,
-    /// keep_alive_timeout_s.
-    pub fn ray_http_options(self, ray: &RayHttpOptions) -> Self {
-        let mut b = self
-            .request_timeout_s(ray.request_timeout_s)
-            .keep_alive_timeout(Duration::from_secs(ray.keep_alive_timeout_s));
-        if let Some(host) = &ray.host {
-            b = b.host(host.clone());
+    /// Lay a config's `http_options` and `proxy_location` over these options:
+    /// every field the config gives wins (host, port, root_path,
+    /// request_timeout_s, keep_alive_timeout_s); `proxy_location: Disabled`
+    /// turns the proxy off. The TLS fields cannot apply: the proxy serves plain
+    /// HTTP (terminate TLS in front of it), so [`build`](Self::build) refuses
+    /// them.
+    pub fn serve_config(mut self, config: &flotilla::ServeConfig) -> Self {
+        let h = &config.http_options;
+        if let Some(host) = &h.host {
+            self = self.host(host.clone());
         }
-        if let Some(port) = ray.port {
-            b = b.port(port);
+        if let Some(port) = h.port {
+            self = self.port(port);
         }
-        if let Some(root) = &ray.root_path {
-            b = b.root_path(root.clone());
+        if let Some(root) = &h.root_path {
+            self = self.root_path(root.clone());
         }
-        b
+        if h.request_timeout_s.is_some() {
+            self = self.request_timeout_s(h.request_timeout_s);
+        }
+        if let Some(s) = h.keep_alive_timeout_s {
+            self = self.keep_alive_timeout(Duration::from_secs(u64::from(s)));
+        }
+        self.0.tls_asked |= h.tls();
+        self.0.proxy = config.proxy_location != flotilla::ProxyLocation::Disabled;
+        self
+    }
+
+    /// Serve the proxy listener (default true; Ray's `proxy_location:
+    /// Disabled` is false): without it only the REST API listens.
+    pub fn proxy(mut self, enabled: bool) -> Self {
+        self.0.proxy = enabled;
+        self
     }
 
     /// Check and finish.
@@ -249,39 +284,4 @@ impl HttpOptionsBuilder {
         self.0.validate()?;
         Ok(self.0)
     }
-}
-
-/// Ray's `http_options` (`HTTPOptionsSchema`) as a config file or a REST body
-/// writes it; the fields Flotilla applies (the SSL fields are not supported).
-/// Unknown fields are ignored, as Ray's schema does.
-///
-/// ```
-/// use flotilla_http::{HttpOptions, RayHttpOptions};
-/// let ray: RayHttpOptions = serde_json::from_str(
-///     r#"{"host": "127.0.0.1", "port": 8100, "request_timeout_s": 2.5}"#).unwrap();
-/// let options = HttpOptions::builder().ray_http_options(&ray).build().unwrap();
-/// assert_eq!(options.port, 8100);
-/// ```
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-pub struct RayHttpOptions {
-    /// Host (Ray's schema default is 0.0.0.0; left out here keeps Flotilla's
-    /// loopback default).
-    #[serde(default)]
-    pub host: Option<String>,
-    /// Port.
-    #[serde(default)]
-    pub port: Option<u16>,
-    /// root_path.
-    #[serde(default)]
-    pub root_path: Option<String>,
-    /// request_timeout_s (negative: none).
-    #[serde(default)]
-    pub request_timeout_s: Option<f64>,
-    /// keep_alive_timeout_s (Ray's default 90).
-    #[serde(default = "default_keep_alive_s")]
-    pub keep_alive_timeout_s: u64,
-}
-
-fn default_keep_alive_s() -> u64 {
-    DEFAULT_KEEP_ALIVE_TIMEOUT.as_secs()
 }

@@ -340,10 +340,7 @@ impl Proxy {
         };
         let head = match first {
             Some(Ok(head)) => head,
-            Some(Err(e)) => {
-                let (status, body) = self.error_response(&entry, &handle, e);
-                return text(status, body, &request_id, Some(done));
-            }
+            Some(Err(e)) => return self.refuse(&entry, &handle, e, &request_id, done),
             None => {
                 let body = format!(
                     "The ingress deployment '{}' of application '{}' answered with an empty stream.",
@@ -356,10 +353,7 @@ impl Proxy {
         let (whole, pending) = match stream.next().now_or_never() {
             Some(None) => (true, vec![head.body.clone()]),
             Some(Some(Ok(next))) => (false, vec![head.body.clone(), next.body]),
-            Some(Some(Err(e))) => {
-                let (status, body) = self.error_response(&entry, &handle, e);
-                return text(status, body, &request_id, Some(done));
-            }
+            Some(Some(Err(e))) => return self.refuse(&entry, &handle, e, &request_id, done),
             None => (false, vec![head.body.clone()]),
         };
         let mut builder = Response::builder().status(head.status);
@@ -425,6 +419,34 @@ impl Proxy {
                 return unavailable(entry, "its application is being deleted");
             }
         }
+    }
+
+    /// The answer to a call that failed before its response started: its status
+    /// and text, and for a back-pressure rejection the deployment's
+    /// `backpressure_config` (503 or 429, and `Retry-After` when set).
+    fn refuse(
+        &self,
+        entry: &RouteEntry,
+        handle: &DeploymentHandle,
+        e: CallError,
+        request_id: &str,
+        mut done: Done,
+    ) -> Response<ProxyBody> {
+        let backpressure =
+            matches!(e, CallError::BackPressure { .. }).then(|| handle.route().backpressure());
+        let (mut status, body) = self.error_response(entry, handle, e);
+        if let Some(b) = backpressure {
+            status = b.status_code.code();
+        }
+        done.status = status;
+        let mut r = text(status, body, request_id, Some(done));
+        if let Some(after) = backpressure.and_then(|b| b.retry_after) {
+            let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
+            if let Ok(v) = HeaderValue::from_str(&secs.to_string()) {
+                r.headers_mut().insert(header::RETRY_AFTER, v);
+            }
+        }
+        r
     }
 
     /// The status and body of a failed call, before the response started.

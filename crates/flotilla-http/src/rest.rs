@@ -66,6 +66,16 @@ fn json(status: u16, value: &impl serde::Serialize) -> Response<Body> {
 }
 
 /// The status of a failed `apply_config` or `delete_apps`, with its text.
+/// The application and deployment of Ray's scale route,
+/// `/api/v1/applications/{app}/deployments/{deployment}/scale`.
+fn scale_target(path: &str) -> Option<(&str, &str)> {
+    let rest = path.strip_prefix("/api/v1/applications/")?;
+    let (app, rest) = rest.split_once("/deployments/")?;
+    let deployment = rest.strip_suffix("/scale")?;
+    (!app.is_empty() && !deployment.is_empty() && !deployment.contains('/'))
+        .then_some((app, deployment))
+}
+
 fn serve_error(e: &ServeError) -> (u16, String) {
     let status = match e {
         ServeError::ControllerCrashed | ServeError::Unavailable(_) => 503,
@@ -103,6 +113,16 @@ impl Rest {
                 None => self.delete().await,
             },
             ("/metrics", &Method::GET) => self.metrics().await,
+            (p, &Method::POST) if scale_target(p).is_some() => match self.authorize(&req) {
+                Some(denied) => denied,
+                None => match scale_target(p) {
+                    Some((app, deployment)) => {
+                        let (app, deployment) = (app.to_owned(), deployment.to_owned());
+                        self.scale(req, &app, &deployment).await
+                    }
+                    None => text(404, "Not Found"),
+                },
+            },
             ("/api/ray/version" | "/api/serve/applications" | "/metrics", _) => {
                 let mut r = text(405, "Method Not Allowed");
                 let allow = if path == "/api/serve/applications" {
@@ -119,6 +139,50 @@ impl Rest {
         tracing::info!(target: crate::ACCESS_LOG_TARGET, method = %method, path = %path,
             status = response.status().as_u16(), "rest request");
         Ok(response)
+    }
+
+    /// Ray's external scaler route: set a deployment's replica count
+    /// (`{"target_num_replicas": N}`), durable once answered.
+    async fn scale(
+        &self,
+        req: Request<hyper::body::Incoming>,
+        app: &str,
+        deployment: &str,
+    ) -> Response<Body> {
+        #[derive(serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct ScaleBody {
+            target_num_replicas: u32,
+        }
+        let error = |status, e: String| json(status, &serde_json::json!({ "error": e }));
+        let limit = self.options.max_request_body_bytes;
+        let body = match http_body_util::Limited::new(req.into_body(), limit)
+            .collect()
+            .await
+        {
+            Ok(b) => b.to_bytes(),
+            Err(e) => return error(400, format!("Invalid request body: {e}")),
+        };
+        let target = match serde_json::from_slice::<ScaleBody>(&body) {
+            Ok(b) => b.target_num_replicas,
+            Err(e) => return error(400, format!("Invalid request body: {e}")),
+        };
+        match self.serve.scale_deployment(app, deployment, target).await {
+            Ok(()) => json(
+                200,
+                &serde_json::json!({
+                    "message": "Scaling request received. Deployment will get scaled asynchronously."
+                }),
+            ),
+            Err(ServeError::NotFound { .. }) => {
+                error(404, "Application or Deployment not found".to_owned())
+            }
+            Err(e @ ServeError::ExternalScalerDisabled { .. }) => error(412, e.to_string()),
+            Err(e @ (ServeError::ControllerCrashed | ServeError::Unavailable(_))) => {
+                error(503, format!("Serve controller is not available: {e}"))
+            }
+            Err(e) => error(400, e.to_string()),
+        }
     }
 
     /// `Some(401)` unless the request may mutate.
@@ -203,9 +267,20 @@ impl Rest {
             Err(e) => return text(400, format!("Invalid config: {e}")),
         };
         let apps = config.applications.len();
+        let moved = crate::HttpOptionsBuilder::from((*self.options).clone())
+            .serve_config(&config)
+            .build()
+            .map_or(true, |wanted| wanted != *self.options);
         match self.serve.apply_config(config).await {
             Ok(()) => {
                 tracing::info!(applications = apps, "config applied over the REST API");
+                if moved {
+                    // As Ray: a running proxy does not move; the next start takes them.
+                    tracing::warn!(
+                        "the config's http_options (or proxy_location) differ from the running \
+                         HTTP server's; they apply when the server is next started"
+                    );
+                }
                 respond(200, "text/plain; charset=utf-8", Bytes::new())
             }
             Err(e) => {

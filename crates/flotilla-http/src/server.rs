@@ -43,7 +43,7 @@ use crate::{
 /// # Ok(()) }
 /// ```
 pub struct HttpServer {
-    proxy_addr: SocketAddr,
+    proxy_addr: Option<SocketAddr>,
     rest_addr: Option<SocketAddr>,
     stop: watch::Sender<bool>,
     draining: Arc<AtomicBool>,
@@ -158,10 +158,20 @@ where
 }
 
 impl HttpServer {
-    /// Validate `options`, check the bind rule (a non-loopback address needs a
-    /// bearer token), load the token, bind both listeners, and start serving.
-    /// Returns once both listen; nothing listens after an error.
+    /// Lay the applied config's `http_options` and `proxy_location` over
+    /// `options` (the fields the config gives win; see
+    /// [`HttpOptionsBuilder::serve_config`](crate::HttpOptionsBuilder::serve_config)),
+    /// validate, check the bind rule (a non-loopback address needs a bearer
+    /// token), load the token, bind the listeners, and start serving. Returns
+    /// once they listen; nothing listens after an error.
     pub async fn start(serve: &Serve, options: HttpOptions) -> Result<HttpServer, HttpError> {
+        let options = match serve.applied_config().await {
+            Ok(Some(config)) => crate::HttpOptionsBuilder::from(options)
+                .serve_config(&config)
+                .build()?,
+            Ok(None) => options,
+            Err(source) => return Err(HttpError::AppliedConfig(Box::new(source))),
+        };
         options.validate()?;
         let proxy_addr = resolve("proxy", &options.host, options.port)?;
         let rest_addr = match options.rest {
@@ -180,17 +190,23 @@ impl HttpServer {
                 }
             }
         }
-        let proxy_listener = bind(proxy_addr).await?;
+        let proxy_listener = match options.proxy {
+            true => Some(bind(proxy_addr).await?),
+            false => None,
+        };
         let rest_listener = match rest_addr {
             Some(a) => Some(bind(a).await?),
             None => None,
         };
         let proxy_addr = proxy_listener
-            .local_addr()
-            .map_err(|source| HttpError::Bind {
-                addr: proxy_addr,
-                source,
-            })?;
+            .as_ref()
+            .map(|l| {
+                l.local_addr().map_err(|source| HttpError::Bind {
+                    addr: proxy_addr,
+                    source,
+                })
+            })
+            .transpose()?;
         let rest_addr = match (&rest_listener, rest_addr) {
             (Some(l), Some(a)) => Some(
                 l.local_addr()
@@ -205,7 +221,7 @@ impl HttpServer {
             RouteFollower::follow(serve.clone(), options.root_path.clone(), stop_rx.clone());
         let metrics = Arc::new(ProxyMetrics::new(
             flotilla::LOCAL_NODE.to_owned(),
-            proxy_addr.ip().to_string(),
+            proxy_addr.map(|a| a.ip().to_string()).unwrap_or_default(),
         ));
         let draining = Arc::new(AtomicBool::new(false));
         let proxy = Arc::new(Proxy {
@@ -217,24 +233,26 @@ impl HttpServer {
             draining: AtomicBool::new(false),
         });
         let mut tasks = vec![follower];
-        let p = proxy.clone();
-        tasks.push(accept_loop(
-            "proxy",
-            proxy_listener,
-            &options,
-            move |req| {
-                let p = p.clone();
-                Box::pin(p.handle(req))
-            },
-            stop_rx.clone(),
-            grace,
-        ));
+        if let Some(listener) = proxy_listener {
+            let p = proxy.clone();
+            tasks.push(accept_loop(
+                "proxy",
+                listener,
+                &options,
+                move |req| {
+                    let p = p.clone();
+                    Box::pin(p.handle(req))
+                },
+                stop_rx.clone(),
+                grace,
+            ));
+        }
         if let Some(listener) = rest_listener {
             let rest = Arc::new(Rest {
                 serve: serve.clone(),
                 options: options.clone(),
                 token,
-                proxy_addr: Some(proxy_addr),
+                proxy_addr,
                 proxy: Some((metrics, routes)),
                 draining: draining.clone(),
             });
@@ -250,7 +268,7 @@ impl HttpServer {
                 grace,
             ));
         }
-        tracing::info!(proxy = %proxy_addr, rest = ?rest_addr, "flotilla HTTP server listening");
+        tracing::info!(proxy = ?proxy_addr, rest = ?rest_addr, "flotilla HTTP server listening");
         Ok(HttpServer {
             proxy_addr,
             rest_addr,
@@ -262,8 +280,9 @@ impl HttpServer {
         })
     }
 
-    /// Where the proxy listens (the actual port when 0 was asked).
-    pub fn proxy_addr(&self) -> SocketAddr {
+    /// Where the proxy listens (the actual port when 0 was asked); `None` when
+    /// it is off (`proxy_location: Disabled`).
+    pub fn proxy_addr(&self) -> Option<SocketAddr> {
         self.proxy_addr
     }
 

@@ -8,7 +8,7 @@ use std::{
     },
 };
 
-use flotilla_core::{AppName, DeploymentName};
+use flotilla_core::{AppName, BackpressureConfig, DeploymentName};
 use tokio::sync::{Notify, watch};
 
 use crate::{CallError, DeploymentHandle, ReplicaEndpoint};
@@ -29,6 +29,8 @@ pub struct DeploymentRoute {
     queued: AtomicUsize,
     /// `u32::MAX` means unbounded.
     max_queued: AtomicU32,
+    /// How a rejection for a full queue is answered over HTTP (read only then).
+    backpressure: std::sync::Mutex<BackpressureConfig>,
     rng: AtomicU64,
     stats: RouteStats,
 }
@@ -56,6 +58,7 @@ impl DeploymentRoute {
             slot_freed: Arc::new(Notify::new()),
             queued: AtomicUsize::new(0),
             max_queued: AtomicU32::new(u32::MAX),
+            backpressure: std::sync::Mutex::new(BackpressureConfig::default()),
             rng: AtomicU64::new(0x9E37_79B9_7F4A_7C15),
             stats: RouteStats::default(),
         }
@@ -103,6 +106,23 @@ impl DeploymentRoute {
     pub fn set_max_queued(&self, max: Option<u32>) {
         self.max_queued
             .store(max.unwrap_or(u32::MAX), Ordering::Release);
+    }
+
+    /// Set how a back-pressure rejection is answered (the deployment's
+    /// `backpressure_config`).
+    pub fn set_backpressure(&self, config: BackpressureConfig) {
+        *self
+            .backpressure
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = config;
+    }
+
+    /// How a back-pressure rejection is answered: status code and `Retry-After`.
+    pub fn backpressure(&self) -> BackpressureConfig {
+        *self
+            .backpressure
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// The queue limit (`None` = unbounded).

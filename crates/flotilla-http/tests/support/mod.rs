@@ -286,7 +286,10 @@ pub async fn start_with(options: HttpOptions) -> Fixture {
             .await
             .unwrap();
     let http = HttpServer::start(&serve, options).await.unwrap();
-    let (proxy, rest) = (http.proxy_addr(), http.rest_addr());
+    let (proxy, rest) = (
+        http.proxy_addr().expect("the proxy listens"),
+        http.rest_addr(),
+    );
     Fixture {
         dir,
         serve,

@@ -1,0 +1,230 @@
+//! What a ServeConfig says about HTTP, applied: `http_options` and
+//! `proxy_location` taken when the server starts, the deployments'
+//! `backpressure_config` on rejections, and Ray's external-scaler route.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::{sync::Arc, time::Duration};
+
+use flotilla::{
+    ApplicationSpec, ApplicationStatus, DeploymentSpec, Serve, ServeConfig, ServeOptions,
+};
+use flotilla_http::{HttpError, HttpServer};
+use support::{Probe, get, send, test_options, wait_routes, wait_status};
+
+async fn serve_with(yaml: &str) -> (tempfile::TempDir, Serve, Arc<Probe>) {
+    let dir = tempfile::tempdir().unwrap();
+    let probe = Arc::new(Probe::default());
+    let serve = Serve::start(
+        ServeOptions::new(support::registry(&probe)).store_path(dir.path().join("f.redb")),
+    )
+    .await
+    .unwrap();
+    serve
+        .apply_config(ServeConfig::from_yaml(yaml).unwrap())
+        .await
+        .unwrap();
+    (dir, serve, probe)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_configs_http_options_are_the_servers_when_it_starts() {
+    let (_dir, serve, _probe) = serve_with(
+        "http_options: {root_path: /serve, request_timeout_s: 0.5, port: 0}
+applications:
+  - {name: one, route_prefix: /one, import_path: t.echo:app, args: {tag: first}}
+",
+    )
+    .await;
+    wait_status(&serve, "one", ApplicationStatus::Running).await;
+    // The program asks port 8123 and no timeout; the config's port 0, root_path
+    // and timeout win.
+    let http = HttpServer::start(&serve, test_options().port(8123).build().unwrap())
+        .await
+        .unwrap();
+    let proxy = http.proxy_addr().unwrap();
+    assert_ne!(proxy.port(), 8123);
+    wait_routes(&serve, |r| r.len() == 1).await;
+    let c = support::client();
+    let r = get(&c, &format!("http://{proxy}/one/x")).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.json()["root_path"], "/serve/one");
+    let slow = get(&c, &format!("http://{proxy}/one/hang")).await;
+    assert_eq!(slow.status, 408, "{}", slow.body);
+    assert!(
+        slow.body.ends_with("timed out after 0.5s."),
+        "{}",
+        slow.body
+    );
+    http.shutdown().await;
+    serve.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_location_disabled_starts_no_proxy_and_tls_is_refused() {
+    let (_dir, serve, _probe) = serve_with("proxy_location: Disabled\napplications: []\n").await;
+    let http = HttpServer::start(&serve, test_options().build().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(http.proxy_addr(), None);
+    let rest = http.rest_addr().unwrap();
+    let c = support::client();
+    assert_eq!(
+        get(&c, &format!("http://{rest}/api/ray/version"))
+            .await
+            .status,
+        200
+    );
+    http.shutdown().await;
+    serve
+        .apply_config(
+            ServeConfig::from_yaml(
+                "http_options: {ssl_keyfile: /k.pem, ssl_certfile: /c.pem}\napplications: []\n",
+            )
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let err = HttpServer::start(&serve, test_options().build().unwrap())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            HttpError::InvalidOption {
+                field: "http_options.ssl_certfile",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    serve.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backpressure_config_answers_429_with_retry_after() {
+    let (_dir, serve, probe) = serve_with("applications: []\n").await;
+    let app = ApplicationSpec::builder("bp")
+        .route_prefix("/bp")
+        .deployment(support::quick(
+            DeploymentSpec::builder("ingress", "t::Echo")
+                .init_args(&"bp")
+                .with_config(|c| {
+                    c.with_max_ongoing_requests(1)
+                        .with_max_queued_requests(Some(1))
+                        .with_backpressure(flotilla::BackpressureConfig {
+                            status_code: flotilla::BackpressureStatus::TooManyRequests,
+                            retry_after: Some(Duration::from_millis(1500)),
+                        })
+                }),
+        ))
+        .build()
+        .unwrap();
+    serve.run(app).await.unwrap();
+    let http = HttpServer::start(&serve, test_options().build().unwrap())
+        .await
+        .unwrap();
+    let proxy = http.proxy_addr().unwrap();
+    wait_routes(&serve, |r| r.len() == 1).await;
+    let c = support::client();
+    // One running, one queued: the third is rejected.
+    let url = format!("http://{proxy}/bp/hang");
+    let (c1, u1) = (c.clone(), url.clone());
+    let running = tokio::spawn(async move { get(&c1, &u1).await });
+    support::until(|| probe.handled.load(std::sync::atomic::Ordering::SeqCst) == 1).await;
+    let (c2, u2) = (c.clone(), url.clone());
+    let queued = tokio::spawn(async move { get(&c2, &u2).await });
+    support::until(|| serve.app_handle("bp").unwrap().route().queued() == 1).await;
+    let rejected = get(&c, &url).await;
+    assert_eq!(rejected.status, 429, "{}", rejected.body);
+    assert_eq!(rejected.header("retry-after"), Some("2"));
+    assert!(rejected.body.contains("backpressure"), "{}", rejected.body);
+    running.abort();
+    queued.abort();
+    http.shutdown().await;
+    serve.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rays_scale_route_sets_an_external_scalers_count() {
+    let (_dir, serve, _probe) = serve_with("applications: []\n").await;
+    let scaled = ApplicationSpec::builder("ext")
+        .route_prefix("/ext")
+        .external_scaler_enabled(true)
+        .deployment(support::quick(
+            DeploymentSpec::builder("ingress", "t::Echo").init_args(&"x"),
+        ))
+        .build()
+        .unwrap();
+    serve
+        .run_many(
+            vec![scaled, support::echo_app("plain", "/plain", "p")],
+            Default::default(),
+        )
+        .await
+        .unwrap();
+    let http = HttpServer::start(&serve, test_options().build().unwrap())
+        .await
+        .unwrap();
+    let rest = http.rest_addr().unwrap();
+    let c = support::client();
+    let post = |path: &str, body: &'static str| {
+        let c = c.clone();
+        let url = format!("http://{rest}{path}");
+        async move {
+            send(
+                &c,
+                "POST",
+                &url,
+                &[("content-type", "application/json")],
+                body,
+            )
+            .await
+        }
+    };
+    let ok = post(
+        "/api/v1/applications/ext/deployments/ingress/scale",
+        r#"{"target_num_replicas": 3}"#,
+    )
+    .await;
+    assert_eq!(ok.status, 200, "{}", ok.body);
+    assert!(
+        ok.json()["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("Scaling request received")
+    );
+    support::until(|| serve.app_handle("ext").unwrap().replicas().len() == 3).await;
+    let off = post(
+        "/api/v1/applications/plain/deployments/ingress/scale",
+        r#"{"target_num_replicas": 3}"#,
+    )
+    .await;
+    assert_eq!(off.status, 412, "{}", off.body);
+    let missing = post(
+        "/api/v1/applications/ext/deployments/nope/scale",
+        r#"{"target_num_replicas": 3}"#,
+    )
+    .await;
+    assert_eq!(missing.status, 404, "{}", missing.body);
+    assert_eq!(
+        missing.json()["error"],
+        "Application or Deployment not found"
+    );
+    let bad = post(
+        "/api/v1/applications/ext/deployments/ingress/scale",
+        r#"{"replicas": 3}"#,
+    )
+    .await;
+    assert_eq!(bad.status, 400, "{}", bad.body);
+    assert!(
+        bad.json()["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("Invalid request body")
+    );
+    http.shutdown().await;
+    serve.shutdown().await.unwrap();
+}

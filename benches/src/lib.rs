@@ -11,11 +11,13 @@
 //!
 //! This library holds what both use: the trivial deployments and a temporary store
 //! ([`workload`]), the JSON figures ([`report`]), process figures from /proc ([`sys`]),
-//! the error type ([`error`]). It is no part of Flotilla: it is not published, and the
+//! the error type ([`error`]), and the floor that bulk-deploy and recovery are
+//! divided by ([`floor`]). It is no part of Flotilla: it is not published, and the
 //! bench-only crates it pulls in (clap, mimalloc, criterion) are no dependency of
 //! `flotilla`. How to read the figures: BENCHMARKS.md.
 
 pub mod error;
+pub mod floor;
 pub mod report;
 pub mod sys;
 pub mod workload;

@@ -172,8 +172,9 @@ pub async fn restart(file: &Path, ns: &str, timeout: Duration) -> BenchResult<(F
     Ok((run, roots))
 }
 
-/// The record Flotilla's Controller commits for a new application.
-fn record(spec: ApplicationSpec) -> AppRecord {
+/// The record Flotilla's Controller commits for a new application (generation 1,
+/// imperative, accepted now).
+pub fn record(spec: ApplicationSpec) -> AppRecord {
     AppRecord {
         spec,
         generation: 1,

@@ -112,13 +112,19 @@ pub async fn run(args: &Args) -> BenchResult<()> {
         .with("apps", args.apps)
         .emit()?;
     if let Some(run) = floor_run {
-        emit_floor(args, &run, wall, floor_first)?;
+        emit_floor(args, &run, (wall, user1 - user0), floor_first)?;
     }
     Ok(())
 }
 
-/// The floor's figures and Flotilla's time over the floor's.
-fn emit_floor(args: &Args, run: &FloorRun, wall: f64, floor_first: bool) -> BenchResult<()> {
+/// The floor's figures, and Flotilla's time and user CPU (`wall`, `user`) over
+/// the floor's.
+fn emit_floor(
+    args: &Args,
+    run: &FloorRun,
+    (wall, user): (f64, f64),
+    floor_first: bool,
+) -> BenchResult<()> {
     const S: &str = "bulk-deploy";
     let fig = |metric: &str, v: f64, unit| {
         Figure::new(S, metric, v, unit)
@@ -141,6 +147,11 @@ fn emit_floor(args: &Args, run: &FloorRun, wall: f64, floor_first: bool) -> Benc
         .with("replica", StateSizes::REPLICA)
         .emit()?;
     fig("ratio_to_floor", wall / run.wall_s, "x")
+        .with("floor_first", u64::from(floor_first))
+        .emit()?;
+    // User CPU is not taken by other processes' load: the steadier ratio on a
+    // busy machine (it does not see waits: the commits' fsync, idle cores).
+    fig("user_cpu_ratio_to_floor", user / run.user_cpu_s, "x")
         .with("floor_first", u64::from(floor_first))
         .emit()
 }

@@ -88,7 +88,8 @@ pub async fn run(args: &Args) -> BenchResult<()> {
     fig("wall_s", wall).emit()?;
     fig("start_s", reopened).emit()?;
     // Both cores busy means the restart is bound by its CPU, not by a serial step.
-    fig("restart_user_cpu_s", user1 - user0).emit()?;
+    let restart_user = user1 - user0;
+    fig("restart_user_cpu_s", restart_user).emit()?;
     fig("restart_system_cpu_s", system1 - system0).emit()?;
 
     // 3. The same restart in a new process, as after a crash of the whole
@@ -106,7 +107,13 @@ pub async fn run(args: &Args) -> BenchResult<()> {
         None
     } else {
         let (run, fleet) = floor::restart(&store.file(), FLOOR_NS, timeout).await?;
-        emit_floor(args.apps, args.drain_wait_ms, "", &run, wall)?;
+        emit_floor(
+            args.apps,
+            args.drain_wait_ms,
+            "",
+            &run,
+            (wall, restart_user),
+        )?;
         Some(fleet)
     };
 
@@ -124,14 +131,15 @@ pub async fn run(args: &Args) -> BenchResult<()> {
     Ok(())
 }
 
-/// A restart's floor figures (`{prefix}floor_wall_s` ...) and
-/// `{prefix}ratio_to_floor`: the restart's `wall` over the floor's.
+/// A restart's floor figures (`{prefix}floor_wall_s` ...), `{prefix}ratio_to_floor`
+/// (the restart's `wall` over the floor's) and `{prefix}user_cpu_ratio_to_floor`
+/// (its user CPU `user` over the floor's).
 fn emit_floor(
     apps: usize,
     drain_wait_ms: u64,
     prefix: &str,
     run: &FloorRun,
-    wall: f64,
+    (wall, user): (f64, f64),
 ) -> BenchResult<()> {
     let fig = |metric: &str, v: f64, unit| {
         Figure::new(S, format!("{prefix}{metric}"), v, unit)
@@ -142,7 +150,8 @@ fn emit_floor(
     fig("floor_open_s", run.store_s, "s").emit()?;
     fig("floor_user_cpu_s", run.user_cpu_s, "s").emit()?;
     fig("floor_system_cpu_s", run.system_cpu_s, "s").emit()?;
-    fig("ratio_to_floor", wall / run.wall_s, "x").emit()
+    fig("ratio_to_floor", wall / run.wall_s, "x").emit()?;
+    fig("user_cpu_ratio_to_floor", user / run.user_cpu_s, "x").emit()
 }
 
 /// Flags of the hidden `restart-child` scenario (run by `recovery`).
@@ -193,7 +202,13 @@ pub async fn restart_child(args: &ChildArgs) -> BenchResult<()> {
     fig("new_process_user_cpu_s", user1 - user0).emit()?;
     fig("new_process_system_cpu_s", system1 - system0).emit()?;
     if let Some(run) = floor_run {
-        emit_floor(args.apps, args.drain_wait_ms, "new_process_", &run, wall)?;
+        emit_floor(
+            args.apps,
+            args.drain_wait_ms,
+            "new_process_",
+            &run,
+            (wall, user1 - user0),
+        )?;
     }
     Ok(())
 }

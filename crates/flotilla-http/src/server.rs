@@ -36,7 +36,7 @@ use crate::{
 /// # async fn demo(registry: Registry) -> Result<(), Box<dyn std::error::Error>> {
 /// let serve = Serve::start(ServeOptions::new(registry)).await?;
 /// let http = HttpServer::start(&serve, HttpOptions::default()).await?;
-/// println!("proxy on http://{}, REST on http://{:?}", http.proxy_addr(), http.rest_addr());
+/// println!("proxy on {:?}, REST on {:?}", http.proxy_addr(), http.rest_addr());
 /// // ... serve until asked to stop ...
 /// http.shutdown().await;
 /// serve.shutdown().await?;

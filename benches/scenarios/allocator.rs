@@ -35,7 +35,7 @@ pub fn rerun_configured() -> Option<i32> {
                 .unwrap_or_else(|| 128 + status.signal().unwrap_or(0)),
         ),
         Err(e) => {
-            eprintln!("flotilla-bench: could not run itself with {PURGE_DELAY}=-1: {e}");
+            eprintln!("scenarios: could not run itself with {PURGE_DELAY}=-1: {e}");
             Some(1)
         }
     }

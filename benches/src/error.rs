@@ -1,4 +1,4 @@
-//! The binary's error: a message naming what failed, and the cause.
+//! The benchmarks' error: a message naming what failed, and the cause.
 
 use std::{error::Error, fmt};
 

@@ -1,10 +1,13 @@
 //! `recovery`: a Controller crash (re-adoption of living actors), then a whole
 //! restart: shut down, start again on the same store file, and wait until every
-//! application is RUNNING again; then the same restart in a new process.
+//! application is RUNNING again; then the same restart in a new process. Each
+//! restart has its floor measured in the same process (read the same file back,
+//! spawn three bare actors per application): `ratio_to_floor`.
 
 use std::time::{Duration, Instant};
 
 use flotilla::{Serve, ServeError, StoreError};
+use flotilla_benches::floor::{self, FloorRun};
 
 use crate::{
     child,
@@ -17,6 +20,8 @@ use crate::{
 const S: &str = "recovery";
 /// The applications' name prefix.
 const PREFIX: &str = "r";
+/// The namespace of the floor's stand-ins (Flotilla's is `flotilla<n>`).
+const FLOOR_NS: &str = "floor";
 
 /// Flags of `recovery`.
 #[derive(Debug, Clone, clap::Args)]
@@ -34,6 +39,9 @@ pub struct Args {
     /// Give up after this many seconds (per phase).
     #[arg(long, default_value_t = 1_800)]
     pub timeout_s: u64,
+    /// Measure no floor (no `floor_*` figures, no `ratio_to_floor`).
+    #[arg(long)]
+    pub no_floor: bool,
 }
 
 /// Run it.
@@ -80,7 +88,8 @@ pub async fn run(args: &Args) -> BenchResult<()> {
     fig("wall_s", wall).emit()?;
     fig("start_s", reopened).emit()?;
     // Both cores busy means the restart is bound by its CPU, not by a serial step.
-    fig("restart_user_cpu_s", user1 - user0).emit()?;
+    let restart_user = user1 - user0;
+    fig("restart_user_cpu_s", restart_user).emit()?;
     fig("restart_system_cpu_s", system1 - system0).emit()?;
 
     // 3. The same restart in a new process, as after a crash of the whole
@@ -90,15 +99,59 @@ pub async fn run(args: &Args) -> BenchResult<()> {
         .await
         .context(|| "shutting down after the restart".to_owned())?;
     drop(serve);
-    child::run(vec![
+
+    // The floor of the restart in this process: after a shutdown, as the restart
+    // was, so it finds the memory the shutdown freed as the restart did. Its
+    // stand-ins stay until the process ends.
+    let _fleet = if args.no_floor {
+        None
+    } else {
+        let (run, fleet) = floor::restart(&store.file(), FLOOR_NS, timeout).await?;
+        emit_floor(
+            args.apps,
+            args.drain_wait_ms,
+            "",
+            &run,
+            (wall, restart_user),
+        )?;
+        Some(fleet)
+    };
+
+    let mut argv = vec![
         "restart-child".to_owned(),
         format!("--store={}", store.file().display()),
         format!("--apps={}", args.apps),
         format!("--drain-wait-ms={}", args.drain_wait_ms),
         format!("--timeout-s={}", args.timeout_s),
-    ])
-    .await?;
+    ];
+    if args.no_floor {
+        argv.push("--no-floor".to_owned());
+    }
+    child::run(argv).await?;
     Ok(())
+}
+
+/// A restart's floor figures (`{prefix}floor_wall_s` ...), `{prefix}ratio_to_floor`
+/// (the restart's `wall` over the floor's) and `{prefix}user_cpu_ratio_to_floor`
+/// (its user CPU `user` over the floor's).
+fn emit_floor(
+    apps: usize,
+    drain_wait_ms: u64,
+    prefix: &str,
+    run: &FloorRun,
+    (wall, user): (f64, f64),
+) -> BenchResult<()> {
+    let fig = |metric: &str, v: f64, unit| {
+        Figure::new(S, format!("{prefix}{metric}"), v, unit)
+            .with("apps", apps)
+            .with("drain_wait_ms", drain_wait_ms)
+    };
+    fig("floor_wall_s", run.wall_s, "s").emit()?;
+    fig("floor_open_s", run.store_s, "s").emit()?;
+    fig("floor_user_cpu_s", run.user_cpu_s, "s").emit()?;
+    fig("floor_system_cpu_s", run.system_cpu_s, "s").emit()?;
+    fig("ratio_to_floor", wall / run.wall_s, "x").emit()?;
+    fig("user_cpu_ratio_to_floor", user / run.user_cpu_s, "x").emit()
 }
 
 /// Flags of the hidden `restart-child` scenario (run by `recovery`).
@@ -116,16 +169,28 @@ pub struct ChildArgs {
     /// Give up after this many seconds.
     #[arg(long, default_value_t = 1_800)]
     pub timeout_s: u64,
+    /// Measure no floor.
+    #[arg(long)]
+    pub no_floor: bool,
 }
 
 /// Start on `--store` in this fresh process and wait until every application is
-/// RUNNING: `new_process_wall_s`, with this process's CPU.
+/// RUNNING: `new_process_wall_s`, with this process's CPU. Right before, the
+/// floor in this process (its stand-ins stay, so the restart pays for fresh
+/// memory as the floor did): `new_process_ratio_to_floor`.
 pub async fn restart_child(args: &ChildArgs) -> BenchResult<()> {
     let names = workload::names(PREFIX, args.apps);
+    let timeout = workload::secs(args.timeout_s);
+    let (floor_run, _fleet) = if args.no_floor {
+        (None, None)
+    } else {
+        let (run, fleet) = floor::restart(&args.store, FLOOR_NS, timeout).await?;
+        (Some(run), Some(fleet))
+    };
     let (user0, system0) = sys::cpu_split()?;
     let t0 = Instant::now();
-    let serve = reopen(args.store.clone(), workload::secs(args.timeout_s)).await?;
-    workload::wait_running(&serve, &names, workload::secs(args.timeout_s)).await?;
+    let serve = reopen(args.store.clone(), timeout).await?;
+    workload::wait_running(&serve, &names, timeout).await?;
     let wall = t0.elapsed().as_secs_f64();
     let (user1, system1) = sys::cpu_split()?;
     let fig = |metric: &str, v: f64| {
@@ -136,6 +201,15 @@ pub async fn restart_child(args: &ChildArgs) -> BenchResult<()> {
     fig("new_process_wall_s", wall).emit()?;
     fig("new_process_user_cpu_s", user1 - user0).emit()?;
     fig("new_process_system_cpu_s", system1 - system0).emit()?;
+    if let Some(run) = floor_run {
+        emit_floor(
+            args.apps,
+            args.drain_wait_ms,
+            "new_process_",
+            &run,
+            (wall, user1 - user0),
+        )?;
+    }
     Ok(())
 }
 

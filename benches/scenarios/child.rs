@@ -11,7 +11,7 @@ use crate::{
     report,
 };
 
-/// Run `flotilla-bench ARGS...`, echo its figures on our stdout as they come, and
+/// Run this program (`scenarios ARGS...`) again, echo its figures on our stdout as they come, and
 /// return them.
 pub async fn run(args: Vec<String>) -> BenchResult<Vec<String>> {
     tokio::task::spawn_blocking(move || run_blocking(&args))

@@ -3,12 +3,7 @@
 
 use std::time::Duration;
 
-use crate::{
-    error::BenchResult,
-    report::Figure,
-    sys,
-    workload::{Fleet, TempStore},
-};
+use crate::{error::BenchResult, fleet::Fleet, report::Figure, sys, workload::TempStore};
 
 /// Flags of `idle`.
 #[derive(Debug, Clone, clap::Args)]

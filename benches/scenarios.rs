@@ -1,34 +1,51 @@
-//! flotilla-bench: Flotilla's figures, one JSON object per line on stdout:
+//! The scenario benchmarks (a `harness = false` bench target): Flotilla's figures,
+//! one JSON object per line on stdout:
 //! `{"scenario": .., "metric": .., "value": .., "unit": .., ...}`.
 //!
 //! Run from the repository root:
 //!
 //! ```sh
-//! cargo run --release --bin flotilla-bench -- SCENARIO [--flags]
+//! cargo bench --bench scenarios -- SCENARIO [--flags]
 //! ```
 //!
 //! Scenarios: `bulk-deploy`, `serial-deploy`, `checkpoint-scaling`, `recovery`,
 //! `idle`, `memory`, `handle`, and `all` (every one at moderate sizes, each in its
-//! own child process). `--help` on any of them lists its flags. Every scenario
-//! uses a fresh store file in a temporary directory (named by process id) that
-//! it removes when done. How to read the figures: BENCHMARKS.md.
+//! own child process). `--help` on any of them lists its flags. Without a scenario
+//! (a plain `cargo bench`) it runs `all`; run as a test (`cargo test --benches`),
+//! `all --quick`. Every scenario uses a fresh store file in a temporary directory
+//! (named by process id) that it removes when done. How to read the figures:
+//! BENCHMARKS.md.
 
+// The scenarios, one file each in benches/scenarios/ (a crate root finds its
+// modules beside it, hence the paths).
+#[path = "scenarios/all.rs"]
 mod all;
+#[path = "scenarios/allocator.rs"]
 mod allocator;
+#[path = "scenarios/bulk.rs"]
 mod bulk;
+#[path = "scenarios/checkpoint.rs"]
 mod checkpoint;
+#[path = "scenarios/child.rs"]
 mod child;
-mod error;
+#[path = "scenarios/fleet.rs"]
+mod fleet;
+#[path = "scenarios/handle.rs"]
 mod handle;
+#[path = "scenarios/idle.rs"]
 mod idle;
+#[path = "scenarios/memory.rs"]
 mod memory;
+#[path = "scenarios/recovery.rs"]
 mod recovery;
-mod report;
+#[path = "scenarios/serial.rs"]
 mod serial;
-mod sys;
-mod workload;
+
+use std::ffi::OsString;
 
 use clap::{Parser, Subcommand};
+// The shared modules, by the paths the scenarios name them with (`crate::report`).
+use flotilla_benches::{error, report, sys, workload};
 
 /// The allocator a serving program would choose: glibc's per-thread arenas grow by
 /// `mprotect` in small steps, which dominated bulk-deploy's profile (BENCHMARKS.md).
@@ -39,7 +56,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// Flotilla's benchmarks.
 #[derive(Debug, Parser)]
 #[command(
-    name = "flotilla-bench",
+    name = "scenarios",
     about = "Flotilla's benchmarks: one JSON figure per line"
 )]
 struct Cli {
@@ -70,8 +87,28 @@ enum Scenario {
     RestartChild(recovery::ChildArgs),
 }
 
+/// The flag `cargo bench` passes to every bench target (`cargo test --benches`
+/// passes none).
+const CARGO_BENCH_FLAG: &str = "--bench";
+
+/// This program's arguments without cargo's `--bench`; with no scenario, `all`
+/// under `cargo bench` and `all --quick` when run as a test.
+fn arguments() -> Vec<OsString> {
+    let mut args: Vec<OsString> = std::env::args_os().collect();
+    let given = args.len();
+    args.retain(|a| a != CARGO_BENCH_FLAG);
+    let benching = args.len() < given;
+    if args.len() <= 1 {
+        args.push("all".into());
+        if !benching {
+            args.push("--quick".into());
+        }
+    }
+    args
+}
+
 fn main() {
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(arguments());
     if let Some(code) = allocator::rerun_configured() {
         std::process::exit(code);
     }
@@ -81,7 +118,7 @@ fn main() {
     {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("flotilla-bench: could not start the tokio runtime: {e}");
+            eprintln!("scenarios: could not start the tokio runtime: {e}");
             std::process::exit(1);
         }
     };
@@ -105,7 +142,7 @@ async fn run(cli: Cli) {
     match result {
         Ok(()) => std::process::exit(0),
         Err(e) => {
-            eprintln!("flotilla-bench: {e}");
+            eprintln!("scenarios: {e}");
             std::process::exit(1);
         }
     }

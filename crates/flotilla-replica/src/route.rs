@@ -8,10 +8,13 @@ use std::{
     },
 };
 
-use flotilla_core::{AppName, DeploymentName};
+use flotilla_core::{AppName, DeploymentConfig, DeploymentName, RequestRouterConfig};
 use tokio::sync::{Notify, watch};
 
-use crate::{CallError, DeploymentHandle, ReplicaEndpoint};
+use crate::{
+    CallError, DeploymentHandle, Registry, ReplicaEndpoint, RequestRouter, RoutingRequest,
+    router::default_router, settings::Settings,
+};
 
 /// The running replicas of one deployment, as routers see them.
 pub type ReplicaSet = Arc<[Arc<ReplicaEndpoint>]>;
@@ -31,6 +34,17 @@ pub struct DeploymentRoute {
     max_queued: AtomicU32,
     rng: AtomicU64,
     stats: RouteStats,
+    /// Batching and model limit, shared with the replicas' batchers and caches.
+    settings: Arc<Settings>,
+    /// The deployment's request router and the config it was made from.
+    router: RwLock<RouterSlot>,
+}
+
+/// A route's router, and the class and kwargs it was made from (`None`: set
+/// directly, or the built-in default).
+struct RouterSlot {
+    made_from: Option<RequestRouterConfig>,
+    router: Arc<dyn RequestRouter>,
 }
 
 impl std::fmt::Debug for DeploymentRoute {
@@ -58,7 +72,95 @@ impl DeploymentRoute {
             max_queued: AtomicU32::new(u32::MAX),
             rng: AtomicU64::new(0x9E37_79B9_7F4A_7C15),
             stats: RouteStats::default(),
+            settings: Arc::new(Settings::default()),
+            router: RwLock::new(RouterSlot {
+                made_from: None,
+                router: default_router(),
+            }),
         }
+    }
+
+    /// Take the data-plane part of a deployment's config, in place: the queue
+    /// limit, batching (from each replica's next batch), the model limit (from
+    /// each replica's next load) and the request router (made again only when
+    /// its class or kwargs changed). The DeploymentActor calls this whenever
+    /// the deployment's target changes.
+    ///
+    /// A router class the registry cannot make (the controller refuses such a
+    /// config before it gets here) leaves the built-in router in place, with an
+    /// error logged.
+    pub fn configure(&self, config: &DeploymentConfig, registry: &Registry) {
+        self.set_max_queued(config.max_queued_requests);
+        if let Some(b) = &config.batching
+            && self.settings.batching() != Some(*b)
+            && let Some(warning) = b.max_ongoing_warning(config.max_ongoing_requests)
+        {
+            tracing::warn!(app = %self.app, deployment = %self.deployment, "{warning}");
+        }
+        self.settings.set_batching(config.batching);
+        self.settings
+            .set_max_models(config.max_num_models_per_replica);
+        let wanted = &config.request_router;
+        let same = self
+            .router
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .made_from
+            .as_ref()
+            .is_some_and(|made| {
+                made.request_router_class == wanted.request_router_class
+                    && made.request_router_kwargs == wanted.request_router_kwargs
+            });
+        if same {
+            return;
+        }
+        let router = registry.request_router(wanted).unwrap_or_else(|e| {
+            tracing::error!(app = %self.app, deployment = %self.deployment, error = %e,
+                "request router not made; routing with the built-in one");
+            default_router()
+        });
+        *self.router.write().unwrap_or_else(|p| p.into_inner()) = RouterSlot {
+            made_from: Some(wanted.clone()),
+            router,
+        };
+    }
+
+    /// Route with `router` from now on (until the next
+    /// [`configure`](Self::configure)).
+    pub fn set_router(&self, router: Arc<dyn RequestRouter>) {
+        *self.router.write().unwrap_or_else(|p| p.into_inner()) = RouterSlot {
+            made_from: None,
+            router,
+        };
+    }
+
+    /// Ask the router for a replica of `set`. A router that panics is user
+    /// code gone wrong: the request is routed by power of two choices instead.
+    pub(crate) fn choose(
+        &self,
+        request: &RoutingRequest<'_>,
+        set: &[Arc<ReplicaEndpoint>],
+    ) -> Option<usize> {
+        if set.is_empty() {
+            return None;
+        }
+        let slot = self.router.read().unwrap_or_else(|p| p.into_inner());
+        let chosen = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            slot.router.choose(request, set)
+        }));
+        drop(slot);
+        match chosen {
+            Ok(i) => i.filter(|&i| i < set.len()),
+            Err(p) => {
+                tracing::error!(app = %self.app, deployment = %self.deployment,
+                    panic = %crate::user::panic_message(p), "the request router panicked");
+                crate::router::PowerOfTwoChoicesRouter.choose(request, set)
+            }
+        }
+    }
+
+    pub(crate) fn settings(&self) -> &Arc<Settings> {
+        &self.settings
     }
 
     /// The application.

@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use crate::{
-    ApplicationSpec, AutoscalingConfig, BackpressureConfig, BatchConfig, DeploymentConfig,
-    PlacementGroup, ReplicaCount, RequestRouterConfig, bundle_resources,
+    ApplicationSpec, AutoscalingConfig, BackpressureConfig, DeploymentConfig, PlacementGroup,
+    ReplicaCount, RequestRouterConfig, bundle_resources,
     error::{Error, Location},
     spec::set_app_policy,
 };
@@ -232,7 +232,7 @@ impl DeploymentOverride {
             || self.batch_wait_timeout_s.is_some()
             || self.max_concurrent_batches.is_some()
         {
-            let mut b = c.batching.unwrap_or_else(BatchConfig::default);
+            let mut b = c.batching.unwrap_or_default();
             if let Some(n) = self.max_batch_size {
                 b.max_batch_size = n;
             }

@@ -167,6 +167,12 @@ impl ReplicaEndpoint {
         self.models.as_ref().is_some_and(|m| m.contains(model_id))
     }
 
+    /// How many models it has loaded or is loading (0 unless multiplexed).
+    /// Reads the replica's published ids (no message, no allocation).
+    pub fn model_count(&self) -> usize {
+        self.models.as_ref().map_or(0, |m| m.count())
+    }
+
     /// The ids of the models it has loaded, sorted (empty unless multiplexed).
     pub fn model_ids(&self) -> Vec<String> {
         self.models
@@ -261,6 +267,29 @@ pub(crate) fn test_endpoint(
     max_ongoing: u32,
     models: &[&str],
 ) -> Arc<ReplicaEndpoint> {
+    let multiplexed = !models.is_empty();
+    test_endpoint_of(id, node, max_ongoing, multiplexed.then_some(models))
+}
+
+/// A multiplexed replica's endpoint (see [`test_endpoint`]), holding `models`
+/// (perhaps none).
+#[cfg(test)]
+pub(crate) fn test_multiplexed_endpoint(
+    id: u64,
+    node: &str,
+    max_ongoing: u32,
+    models: &[&str],
+) -> Arc<ReplicaEndpoint> {
+    test_endpoint_of(id, node, max_ongoing, Some(models))
+}
+
+#[cfg(test)]
+fn test_endpoint_of(
+    id: u64,
+    node: &str,
+    max_ongoing: u32,
+    models: Option<&[&str]>,
+) -> Arc<ReplicaEndpoint> {
     struct Nothing;
     impl crate::Deployment for Nothing {
         type Request = ();
@@ -269,7 +298,7 @@ pub(crate) fn test_endpoint(
             Ok(())
         }
     }
-    let hub = (!models.is_empty()).then(|| Arc::new(ModelHub::with_ids(models)));
+    let hub = models.map(|m| Arc::new(ModelHub::with_ids(m)));
     Arc::new(ReplicaEndpoint {
         id: ReplicaId(id),
         node: node.to_owned(),

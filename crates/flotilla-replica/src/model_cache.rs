@@ -62,6 +62,12 @@ impl ModelHub {
         self.ids.borrow().contains(model_id)
     }
 
+    /// How many models are loaded or loading (no allocation).
+    pub(crate) fn count(&self) -> usize {
+        let ids = self.ids.borrow();
+        ids.loaded.len() + ids.loading.len()
+    }
+
     /// The ids now.
     pub(crate) fn current(&self) -> ModelIds {
         self.ids.borrow().clone()

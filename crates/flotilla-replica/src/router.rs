@@ -6,7 +6,8 @@
 //! node, a random number), it picks one, or none to wait for a free slot. The
 //! built-in routers are implementations like any other:
 //! [`PowerOfTwoChoicesRouter`] (model-blind) and [`MultiplexedRouter`] (prefers
-//! replicas holding the request's model, then falls back to another router).
+//! replicas holding the request's model, then those holding the fewest models,
+//! then falls back to another router).
 //! Ray's default router class is the multiplexed one over power of two choices
 //! ([`default_router`]), as Ray's `PowerOfTwoChoicesRequestRouter` carries its
 //! `MultiplexMixin`.
@@ -144,9 +145,16 @@ impl RequestRouter for PowerOfTwoChoicesRouter {
 
 /// Model-aware routing (Ray's `MultiplexMixin`): a request with a model id
 /// goes to a replica that has the model loaded (or loading), by power of two
-/// choices among those with room; when none has room (or none holds the
-/// model), or the request has no model id, the `fallback` router picks among
-/// all replicas (so among the rest, the holders being full).
+/// choices among those with room; when none of those has room (or none holds
+/// the model), to one of the replicas with room that hold the fewest models
+/// (loaded or loading), by power of two choices, so that a new model lands
+/// where it evicts least (Ray's `_get_replica_ids_with_fewest_multiplexed_models`).
+/// A request without a model id, or for a deployment that is not
+/// multiplexed, is the `fallback` router's.
+///
+/// Unlike Ray, a request never waits for a busy holder of its model (Ray
+/// backs off for up to `RAY_SERVE_MULTIPLEXED_MODEL_ID_MATCHING_TIMEOUT_S`
+/// before trying the rest): it goes elsewhere at once.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct MultiplexedRouter<F = PowerOfTwoChoicesRouter> {
     fallback: F,
@@ -165,10 +173,23 @@ impl<F: RequestRouter> RequestRouter for MultiplexedRouter<F> {
         request: &RoutingRequest<'_>,
         replicas: &[Arc<ReplicaEndpoint>],
     ) -> Option<usize> {
-        if let Some(id) = request.model_id()
-            && let Some(i) = power_of_two_choices(replicas, request.random(), |e| e.has_model(id))
-        {
-            return Some(i);
+        if let Some(id) = request.model_id() {
+            if let Some(i) = power_of_two_choices(replicas, request.random(), |e| e.has_model(id)) {
+                return Some(i);
+            }
+            let fewest = replicas
+                .iter()
+                .filter(|e| e.is_multiplexed() && e.has_room())
+                .map(|e| e.model_count())
+                .min();
+            if let Some(fewest) = fewest
+                && let Some(i) =
+                    power_of_two_choices(replicas, request.random().rotate_left(29), |e| {
+                        e.is_multiplexed() && e.model_count() == fewest
+                    })
+            {
+                return Some(i);
+            }
         }
         self.fallback.choose(request, replicas)
     }
@@ -260,7 +281,7 @@ pub(crate) mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
-    use crate::endpoint::test_endpoint;
+    use crate::endpoint::{test_endpoint, test_multiplexed_endpoint};
 
     #[test]
     fn two_of_draws_distinct_indices() {
@@ -318,20 +339,52 @@ pub(crate) mod tests {
         let eps: Vec<_> = [&["m1"][..], &["m2"], &[]]
             .iter()
             .enumerate()
-            .map(|(i, models)| test_endpoint(i as u64, "n", 1, models))
+            .map(|(i, models)| test_multiplexed_endpoint(i as u64, "n", 1, models))
             .collect();
         let router = MultiplexedRouter::new(PowerOfTwoChoicesRouter);
         for r in 0..50u64 {
             let req = RoutingRequest::new(r * 104_729).with_model_id(Some("m2"));
             assert_eq!(router.choose(&req, &eps), Some(1));
         }
-        // The holder is full: power of two choices among the rest.
+        // The holder is full: the replica with the fewest models.
         let _held = eps[1].try_acquire().unwrap();
         for r in 0..50u64 {
             let req = RoutingRequest::new(r * 104_729).with_model_id(Some("m2"));
-            assert!(matches!(router.choose(&req, &eps), Some(0 | 2)));
+            assert_eq!(router.choose(&req, &eps), Some(2));
         }
         // No model id: model-blind.
         assert!(router.choose(&RoutingRequest::new(9), &eps).is_some());
+    }
+
+    #[tokio::test]
+    async fn a_new_model_goes_to_a_replica_with_the_fewest_models_that_has_room() {
+        let eps: Vec<_> = [&["a", "b"][..], &["c"], &["d"], &["e", "f"]]
+            .iter()
+            .enumerate()
+            .map(|(i, models)| test_endpoint(i as u64, "n", 1, models))
+            .collect();
+        let router = MultiplexedRouter::new(PowerOfTwoChoicesRouter);
+        let pick = |r: u64| {
+            let req = RoutingRequest::new(r.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+                .with_model_id(Some("new"));
+            router.choose(&req, &eps)
+        };
+        let mut seen = [false; 4];
+        for r in 0..100u64 {
+            let i = pick(r).unwrap();
+            assert!(matches!(i, 1 | 2), "{i}");
+            seen[i] = true;
+        }
+        // Both of the fewest are drawn from.
+        assert!(seen[1] && seen[2]);
+        // Those full: the fewest among the replicas with room.
+        let _held = [eps[1].try_acquire().unwrap(), eps[2].try_acquire().unwrap()];
+        for r in 0..50u64 {
+            assert!(matches!(pick(r), Some(0 | 3)));
+        }
+        // Not multiplexed: the fallback's (the model id is ignored).
+        let plain: Vec<_> = (0..2).map(|i| test_endpoint(i, "n", 1, &[])).collect();
+        let req = RoutingRequest::new(5).with_model_id(Some("m"));
+        assert!(router.choose(&req, &plain).is_some());
     }
 }

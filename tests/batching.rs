@@ -1,5 +1,6 @@
 //! Request batching (Ray's `@serve.batch`) through the public API, on paused
-//! time: batches form by size and by deadline, the settings change in place,
+//! time: batches form by size and by deadline, `max_concurrent_batches`
+//! bounds the batches running at once, the settings change in place,
 //! a failure or a wrong-length answer fails the whole batch, a caller that
 //! gives up leaves its batch, and `max_ongoing_requests` and autoscaling see
 //! the requests waiting for a batch.
@@ -243,6 +244,28 @@ async fn batch_settings_change_in_place_from_the_next_batch() {
             .collect::<Vec<_>>(),
         ids
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn max_concurrent_batches_from_the_config_bounds_the_batches_running_at_once() {
+    let (_dir, log, serve) = start().await;
+    let batching = BatchConfig::new(2, Duration::from_secs(1)).with_max_concurrent_batches(2);
+    let h = serve.run(app(1, 16, Some(batching))).await.unwrap();
+    let t0 = Instant::now();
+    let calls: Vec<_> = (0..8).map(|x| call(&h, x)).collect();
+    for c in calls {
+        c.await.unwrap().unwrap();
+    }
+    assert_eq!(log.sizes(), [2, 2, 2, 2]);
+    // Two batches at a time, each taking COST: two start at once, two after.
+    let starts: Vec<Duration> = log
+        .batches
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(t, _)| *t - t0)
+        .collect();
+    assert_eq!(starts, [Duration::ZERO, Duration::ZERO, COST, COST]);
 }
 
 #[tokio::test(start_paused = true)]

@@ -34,6 +34,7 @@ use tokio::{
     sync::{mpsc, oneshot, watch},
     time::Instant,
 };
+use tracing::Instrument;
 
 use crate::{
     CallError, ReplicaId,
@@ -74,6 +75,9 @@ struct Shared {
     replica: ReplicaId,
     exec: Mutex<Exec>,
     closed: watch::Sender<bool>,
+    /// The replica's batcher span (no parent: not the first caller's): the
+    /// forming task and the batches run in it, each batch in a `batch` span.
+    span: tracing::Span,
 }
 
 impl Shared {
@@ -108,6 +112,8 @@ impl Batcher {
         replica: ReplicaId,
     ) -> Batcher {
         let (queue, rx) = mpsc::unbounded_channel();
+        let span = tracing::info_span!(parent: None, "batcher", app = %app,
+            deployment = %deployment, replica = %replica);
         let shared = Arc::new(Shared {
             user,
             settings,
@@ -116,8 +122,9 @@ impl Batcher {
             replica,
             exec: Mutex::new(Exec::default()),
             closed: watch::Sender::new(false),
+            span: span.clone(),
         });
-        tokio::spawn(form(shared.clone(), rx));
+        tokio::spawn(form(shared.clone(), rx).instrument(span));
         Batcher { queue, shared }
     }
 
@@ -238,7 +245,7 @@ fn start_waiting(shared: &Arc<Shared>, exec: &mut Exec) {
             return;
         };
         exec.running += 1;
-        tokio::spawn(run_batches(shared.clone(), batch));
+        tokio::spawn(run_batches(shared.clone(), batch).instrument(shared.span.clone()));
     }
 }
 
@@ -294,8 +301,13 @@ async fn run_part(shared: &Shared, model_id: Option<Arc<str>>, part: Vec<Entry>)
     let (requests, replies): (Vec<_>, Vec<_>) =
         part.into_iter().map(|e| (e.bytes, e.reply)).unzip();
     let mut closed = shared.closed.subscribe();
+    let span = tracing::info_span!(
+        "batch",
+        size = requests.len(),
+        model_id = model_id.as_deref().unwrap_or("")
+    );
     let result = tokio::select! {
-        r = shared.user.handle_batch(model_id, requests) => r,
+        r = shared.user.handle_batch(model_id, requests).instrument(span) => r,
         _ = closed.wait_for(|c| *c) => Err(BatchError::Failed(shared.killed())),
     };
     match result {

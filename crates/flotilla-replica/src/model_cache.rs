@@ -22,6 +22,7 @@ use std::{
 };
 
 use tokio::sync::watch;
+use tracing::Instrument;
 
 use crate::{CallError, MultiplexedDeployment, UserError, settings::Settings, user::guarded};
 
@@ -114,10 +115,13 @@ pub(crate) struct ModelCache<M: MultiplexedDeployment> {
     turn: tokio::sync::Mutex<()>,
     settings: Arc<Settings>,
     hub: Arc<ModelHub>,
+    /// The replica's span: loads and unloads run in `load_model` and
+    /// `unload_model` spans under it, not under the request that asked.
+    span: tracing::Span,
 }
 
 impl<M: MultiplexedDeployment> ModelCache<M> {
-    pub(crate) fn new(source: Arc<M>, settings: Arc<Settings>) -> Self {
+    pub(crate) fn new(source: Arc<M>, settings: Arc<Settings>, span: tracing::Span) -> Self {
         ModelCache {
             source,
             state: Mutex::new(State {
@@ -128,6 +132,7 @@ impl<M: MultiplexedDeployment> ModelCache<M> {
             turn: tokio::sync::Mutex::new(()),
             settings,
             hub: Arc::new(ModelHub::default()),
+            span,
         }
     }
 
@@ -169,7 +174,9 @@ impl<M: MultiplexedDeployment> ModelCache<M> {
                         outcome: rx.clone(),
                     });
                     self.publish(&s);
-                    tokio::spawn(self.clone().load(id.clone(), tx));
+                    let span =
+                        tracing::info_span!(parent: &self.span, "load_model", model_id = %id);
+                    tokio::spawn(self.clone().load(id.clone(), tx).instrument(span));
                     rx
                 }
             }
@@ -244,7 +251,8 @@ impl<M: MultiplexedDeployment> ModelCache<M> {
             self.source.unload_model(&id, model).await;
             Ok::<_, UserError>(())
         };
-        if let Err(g) = guarded(unloading).await {
+        let span = tracing::info_span!(parent: &self.span, "unload_model", model_id = %id);
+        if let Err(g) = guarded(unloading).instrument(span).await {
             tracing::warn!(model_id = %id, error = %UserError::from(g),
                 "unloading a model failed");
         }
@@ -325,7 +333,8 @@ mod tests {
         let zoo = Arc::new(Zoo::default());
         let settings = Arc::new(Settings::default());
         settings.set_max_models(limit);
-        (zoo.clone(), Arc::new(ModelCache::new(zoo, settings)))
+        let span = tracing::Span::none();
+        (zoo.clone(), Arc::new(ModelCache::new(zoo, settings, span)))
     }
 
     fn id(s: &str) -> Arc<str> {

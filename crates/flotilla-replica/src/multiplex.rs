@@ -197,10 +197,11 @@ pub(crate) struct ErasedMultiplexed<M: MultiplexedDeployment> {
 }
 
 impl<M: MultiplexedDeployment> ErasedMultiplexed<M> {
-    pub(crate) fn new(inner: M, settings: Arc<Settings>) -> Self {
+    /// `span`: the replica's, for its model loads and unloads.
+    pub(crate) fn new(inner: M, settings: Arc<Settings>, span: tracing::Span) -> Self {
         let inner = Arc::new(inner);
         ErasedMultiplexed {
-            cache: Arc::new(ModelCache::new(inner.clone(), settings)),
+            cache: Arc::new(ModelCache::new(inner.clone(), settings, span)),
             inner,
         }
     }

@@ -160,10 +160,14 @@ impl Registry {
                 .route(&ctx.app, &ctx.deployment)
                 .settings()
                 .clone();
+            // The replica's loads and unloads run in tasks of their own, in it.
+            let span = tracing::info_span!(parent: None, "model_cache", app = %ctx.app,
+                deployment = %ctx.deployment, replica = %ctx.replica);
             let fut = ctor(ctx);
             Box::pin(async move {
                 let m = fut.await?;
-                Ok(Arc::new(ErasedMultiplexed::new(m, settings)) as Arc<dyn ErasedDeployment>)
+                Ok(Arc::new(ErasedMultiplexed::new(m, settings, span))
+                    as Arc<dyn ErasedDeployment>)
             })
         });
         Arc::make_mut(&mut self.constructors).insert(path, ctor);

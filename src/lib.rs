@@ -48,18 +48,22 @@ pub use flotilla_controller::{
 pub use flotilla_core::{
     AggregationFunction, ApiType, AppConfig, AppName, ApplicationSpec, ApplicationSpecBuilder,
     ApplicationStatus, ApplicationStatusInfo, Args, AutoscalingConfig, AutoscalingPolicy,
-    BackpressureConfig, BackpressureStatus, CodeVersion, ConfigVersion, ConfigWarning,
-    DeploymentConfig, DeploymentName, DeploymentSpec, DeploymentSpecBuilder, DeploymentStatus,
-    DeploymentStatusInfo, DeploymentVersion, Error as SpecError, FaultPoint, Faults, GrpcOptions,
-    HttpOptions, Location, LogAttr, LogEncoding, LogLevel, LoggingConfig, MAX_REPLICAS,
-    PlacementGroup, PlacementStrategy, ProxyLocation, ReplicaCount, ReplicaState,
-    RequestRouterConfig, Resources, RolloutConfig, RoutePrefix, ServeConfig, StatusTrigger,
+    BackpressureConfig, BackpressureStatus, BatchConfig, CodeVersion, ConfigVersion, ConfigWarning,
+    DEFAULT_MAX_NUM_MODELS_PER_REPLICA, DeploymentConfig, DeploymentName, DeploymentSpec,
+    DeploymentSpecBuilder, DeploymentStatus, DeploymentStatusInfo, DeploymentVersion,
+    Error as SpecError, FaultPoint, Faults, GrpcOptions, HttpOptions, Location, LogAttr,
+    LogEncoding, LogLevel, LoggingConfig, MAX_REPLICAS, PlacementGroup, PlacementStrategy,
+    ProxyLocation, ReplicaCount, ReplicaState, RequestRouterConfig, Resources, RolloutConfig,
+    RoutePrefix, ServeConfig, StatusTrigger,
 };
 pub use flotilla_deployment::{DeploymentSnapshot, DeploymentTarget, ReplicaInfo, StateCount};
 pub use flotilla_replica::{
     AutoscalingPolicyFn, CallError, CallStream, Deployment, DeploymentHandle, DeploymentRoute,
-    ErrorKind, HistogramSnapshot, InitContext, LATENCY_BUCKETS_MS, LatencyHistogram, PolicyContext,
-    Registry, ReplicaEndpoint, ReplicaId, ReplicaSet, ReplicaStats, RouteStats, UserError,
+    ErrorKind, HistogramSnapshot, InitContext, LATENCY_BUCKETS_MS, LatencyHistogram,
+    MAX_MODEL_ID_LEN, ModelIdError, ModelIds, MultiplexedDeployment, MultiplexedRouter,
+    PolicyContext, PowerOfTwoChoicesRouter, Registry, ReplicaEndpoint, ReplicaId, ReplicaSet,
+    ReplicaStats, RequestRouter, RequestRouterFactory, RouteStats, RouterError, RoutingRequest,
+    UserError, default_router, power_of_two_choices, validate_model_id,
 };
 pub use flotilla_supervision::RestartPolicy;
 pub use logging::{ACCESS_TARGET, AppLogLayer};

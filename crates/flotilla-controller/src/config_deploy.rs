@@ -410,7 +410,7 @@ impl Controller {
                     .request_router_config
                     .as_ref()
                     .and_then(|r| r.request_router_class.as_ref())
-                    && !flotilla_core::is_builtin_router(class.as_str())
+                    && !state.registry.contains_request_router(class.as_str())
                 {
                     return Err(unregistered(
                         dep,

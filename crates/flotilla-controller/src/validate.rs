@@ -55,11 +55,10 @@ pub(crate) const POLICY_NOT_REGISTERED: &str = "register the policy with \
     Registry::register_autoscaling_policy, or name Ray's default policy \
     (ray.serve.autoscaling_policy:default_autoscaling_policy) for the built-in one";
 
-/// Why a request router other than the default is refused.
-pub(crate) const ROUTER_NOT_REGISTERED: &str = "Flotilla routes every request with its \
-    power-of-two-choices router (Ray's default, \
-    ray.serve._private.request_router:PowerOfTwoChoicesRequestRouter); the Registry has no \
-    custom request routers yet";
+/// Why an unregistered request router is refused.
+pub(crate) const ROUTER_NOT_REGISTERED: &str = "register the router with \
+    Registry::register_request_router, or name Ray's default router \
+    (ray.serve._private.request_router:PowerOfTwoChoicesRequestRouter) for the built-in one";
 
 /// One application on its own: a valid spec whose every deployment names
 /// registered code, and whose autoscaling policies and request routers are
@@ -91,12 +90,26 @@ pub(crate) fn validate_app(app: &ApplicationSpec, registry: &Registry) -> Result
             ));
         }
         let router = &d.config.request_router;
-        if !router.is_builtin() {
+        if !registry.contains_request_router(router.request_router_class.as_str()) {
             return Err(unregistered(
                 "request_router_config.request_router_class",
                 router.request_router_class.as_str(),
                 ROUTER_NOT_REGISTERED,
             ));
+        }
+        if !router.is_builtin()
+            && let Err(e) = registry.request_router(router)
+        {
+            // Registered, but its factory refuses the kwargs.
+            return Err(flotilla_core::Error::InvalidField {
+                at: flotilla_core::Location {
+                    app: Some(app.name.to_string()),
+                    deployment: Some(d.name.to_string()),
+                },
+                field: "request_router_config.request_router_kwargs",
+                reason: e.to_string(),
+            }
+            .into());
         }
     }
     Ok(())

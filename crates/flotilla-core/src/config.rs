@@ -5,8 +5,11 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    Args, AutoscalingConfig, BackpressureConfig, LoggingConfig, PlacementGroup,
-    RequestRouterConfig, Resources, error::Error, placement::validate_max_replicas_per_node,
+    Args, AutoscalingConfig, BackpressureConfig, BatchConfig, LoggingConfig, PlacementGroup,
+    RequestRouterConfig, Resources,
+    batching::{DEFAULT_MAX_NUM_MODELS_PER_REPLICA, validate_max_models},
+    error::Error,
+    placement::validate_max_replicas_per_node,
 };
 
 /// Most replicas one deployment may ask for: `num_replicas`, and the
@@ -130,6 +133,23 @@ pub struct DeploymentConfig {
     /// This deployment's logging, instead of its application's (`None`).
     #[serde(default)]
     pub logging: Option<LoggingConfig>,
+    /// Gather requests into batches for the deployment's batch handler
+    /// (`Deployment::handle_batch`): Ray's `@serve.batch` arguments; `None`
+    /// (the default) serves every request on its own. Part of the config
+    /// version: a change takes effect in place, from each replica's next batch.
+    #[serde(default)]
+    pub batching: Option<BatchConfig>,
+    /// Most models a replica of a multiplexed deployment keeps loaded; loading
+    /// one more unloads the least recently used first (Ray's
+    /// `@serve.multiplexed(max_num_models_per_replica)`, default 3). `None` is
+    /// Ray's -1: no limit. Part of the config version; a lower limit applies
+    /// from the next load.
+    #[serde(default = "default_max_models")]
+    pub max_num_models_per_replica: Option<u32>,
+}
+
+fn default_max_models() -> Option<u32> {
+    Some(DEFAULT_MAX_NUM_MODELS_PER_REPLICA)
 }
 
 impl Default for DeploymentConfig {
@@ -150,6 +170,8 @@ impl Default for DeploymentConfig {
             request_router: RequestRouterConfig::default(),
             backpressure: BackpressureConfig::default(),
             logging: None,
+            batching: None,
+            max_num_models_per_replica: default_max_models(),
         }
     }
 }
@@ -238,6 +260,29 @@ impl DeploymentConfig {
     /// This deployment's own logging.
     pub fn with_logging(mut self, logging: LoggingConfig) -> Self {
         self.logging = Some(logging);
+        self
+    }
+
+    /// Batch requests for the deployment's batch handler with `batching`
+    /// (`None` serves every request on its own).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use flotilla_core::{BatchConfig, DeploymentConfig};
+    /// let c = DeploymentConfig::default()
+    ///     .with_max_ongoing_requests(64)
+    ///     .with_batching(BatchConfig::new(32, Duration::from_millis(5)));
+    /// c.validate().unwrap();
+    /// ```
+    pub fn with_batching(mut self, batching: impl Into<Option<BatchConfig>>) -> Self {
+        self.batching = batching.into();
+        self
+    }
+
+    /// Keep at most `n` models loaded per replica of a multiplexed deployment
+    /// (`None`: no limit).
+    pub fn with_max_num_models_per_replica(mut self, n: Option<u32>) -> Self {
+        self.max_num_models_per_replica = n;
         self
     }
 
@@ -331,6 +376,10 @@ impl DeploymentConfig {
         if let Some(l) = &self.logging {
             l.validate()?;
         }
+        if let Some(b) = &self.batching {
+            b.validate()?;
+        }
+        validate_max_models(self.max_num_models_per_replica)?;
         Ok(())
     }
 }

@@ -13,6 +13,7 @@
 pub mod actor_names;
 mod args;
 mod autoscaling;
+mod batching;
 mod config;
 mod error;
 mod fault;
@@ -32,6 +33,7 @@ pub use autoscaling::{
     AggregationFunction, AutoscalingConfig, AutoscalingPolicy, BUILTIN_AUTOSCALING_POLICIES,
     DEFAULT_AUTOSCALING_POLICY, is_builtin_policy,
 };
+pub use batching::{BatchConfig, DEFAULT_MAX_NUM_MODELS_PER_REPLICA};
 pub use config::{DeploymentConfig, MAX_REPLICAS, ReplicaCount, RolloutConfig};
 pub use error::{Error, Location, MAX_QUOTED, Result, shown};
 pub use fault::{FaultPoint, Faults};

@@ -41,16 +41,25 @@ pub struct RequestRouterConfig {
     /// (default: the empty map).
     #[serde(with = "crate::serve_config::value::map_field")]
     pub request_router_kwargs: Args,
-    /// How often a replica's routing stats are recorded (10 s).
+    /// How often a replica's routing stats are recorded (10 s). Accepted and
+    /// checked as Ray does, but it has no effect: Flotilla's replicas have no
+    /// `record_routing_stats` hook, and routers read replicas' live counters.
     pub request_routing_stats_period: Duration,
     /// How long recording routing stats may take before it fails (30 s).
+    /// Accepted and checked, without effect (see
+    /// [`request_routing_stats_period`](Self::request_routing_stats_period)).
     pub request_routing_stats_timeout: Duration,
     /// The first wait before routing a request again after no replica could
-    /// take it (25 ms).
+    /// take it (25 ms). Accepted and checked, without effect: a Flotilla
+    /// handle with no replica to take a request waits for a slot to free or
+    /// the replica set to change (by notification), then asks the router
+    /// again, so it never backs off.
     pub initial_backoff: Duration,
-    /// What each further wait is multiplied by (2).
+    /// What each further wait is multiplied by (2). Accepted and checked,
+    /// without effect (see [`initial_backoff`](Self::initial_backoff)).
     pub backoff_multiplier: f64,
-    /// The longest wait (500 ms).
+    /// The longest wait (500 ms). Accepted and checked, without effect (see
+    /// [`initial_backoff`](Self::initial_backoff)).
     pub max_backoff: Duration,
 }
 

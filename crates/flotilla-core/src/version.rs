@@ -9,7 +9,10 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{BackpressureConfig, DeploymentConfig, ReplicaCount, RequestRouterConfig};
+use crate::{
+    BackpressureConfig, DEFAULT_MAX_NUM_MODELS_PER_REPLICA, DeploymentConfig, ReplicaCount,
+    RequestRouterConfig,
+};
 
 /// 64-bit FNV-1a over `bytes`: the same output on every machine, process and Rust
 /// version (unlike `DefaultHasher`, whose algorithm is unspecified).
@@ -70,7 +73,8 @@ impl fmt::Debug for CodeVersion {
 /// A stable hash of the part of a config that live replicas take in place: user
 /// config, request limits, health check and graceful shutdown settings, the
 /// autoscaling config, and the request router, back-pressure answer and
-/// deployment logging (Ray's "reconfigure" options). The replica count,
+/// deployment logging (Ray's "reconfigure" options), and the batching and
+/// model-multiplexing settings (Flotilla's extension). The replica count,
 /// resources, placement group and `max_replicas_per_node` are not in it (the
 /// latter three are code: see `DeploymentSpec::code_version`), nor is the
 /// rollout pace.
@@ -103,19 +107,36 @@ impl ConfigVersion {
             .then_some(&config.request_router);
         let backpressure =
             (config.backpressure != BackpressureConfig::default()).then_some(&config.backpressure);
+        let max_models = (config.max_num_models_per_replica
+            != Some(DEFAULT_MAX_NUM_MODELS_PER_REPLICA))
+        .then_some(config.max_num_models_per_replica);
         if autoscaling_ext.is_none()
             && router.is_none()
             && backpressure.is_none()
             && config.logging.is_none()
+            && config.batching.is_none()
+            && max_models.is_none()
         {
             ConfigVersion(hash_value(&first))
-        } else {
+        } else if config.batching.is_none() && max_models.is_none() {
             ConfigVersion(hash_value(&(
                 first,
                 autoscaling_ext,
                 router,
                 backpressure,
                 &config.logging,
+            )))
+        } else {
+            ConfigVersion(hash_value(&(
+                (
+                    first,
+                    autoscaling_ext,
+                    router,
+                    backpressure,
+                    &config.logging,
+                ),
+                &config.batching,
+                max_models,
             )))
         }
     }
@@ -195,6 +216,10 @@ mod tests {
                 ..BackpressureConfig::default()
             }),
             auto(AutoscalingConfig::default()).with_logging(LoggingConfig::default()),
+            auto(AutoscalingConfig::default())
+                .with_batching(crate::BatchConfig::new(8, Duration::from_millis(1))),
+            auto(AutoscalingConfig::default()).with_max_num_models_per_replica(None),
+            auto(AutoscalingConfig::default()).with_max_num_models_per_replica(Some(4)),
         ] {
             assert_ne!(ConfigVersion::of(&changed), base, "{changed:?}");
         }

@@ -220,10 +220,7 @@ impl DeploymentActor {
         let undeleting = !target.deleting && old.deleting;
         state
             .route
-            .set_max_queued(target.spec.config.max_queued_requests);
-        state
-            .route
-            .set_backpressure(target.spec.config.backpressure);
+            .configure(&target.spec.config, &state.args.registry);
         state.version = target.spec.version();
         state.args.target = target;
         if deleting {
@@ -374,8 +371,7 @@ impl Actor for DeploymentActor {
             myself.get_cell(),
         );
         let route = args.directory.route(&args.app, &args.target.spec.name);
-        route.set_max_queued(args.target.spec.config.max_queued_requests);
-        route.set_backpressure(args.target.spec.config.backpressure);
+        route.configure(&args.target.spec.config, &args.registry);
         Ok(DeploymentState::new(args, route, membership))
     }
 

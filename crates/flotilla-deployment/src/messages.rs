@@ -67,6 +67,8 @@ pub struct ReplicaInfo {
     pub version: DeploymentVersion,
     /// Its node.
     pub node: String,
+    /// The models it has loaded, sorted (a multiplexed deployment's).
+    pub model_ids: Vec<String>,
 }
 
 /// How many replicas are in one state at one version.

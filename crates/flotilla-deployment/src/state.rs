@@ -340,6 +340,11 @@ impl DeploymentState {
                     state: r.state,
                     version: r.version.clone(),
                     node: r.node.clone(),
+                    model_ids: r
+                        .endpoint
+                        .as_ref()
+                        .map(|e| e.model_ids())
+                        .unwrap_or_default(),
                 })
                 .collect(),
             counts,

@@ -136,6 +136,7 @@ impl Actor for FakeReplica {
                     endpoint: None,
                     node: "local".into(),
                     condemned: None,
+                    model_ids: Vec::new(),
                 };
                 match args.answer_after {
                     Some(d) => {

@@ -130,6 +130,10 @@ pub struct ReplicaDetails {
     /// When it began serving, in Unix seconds (absent while starting).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_time_s: Option<f64>,
+    /// Flotilla's extension (Ray shows them nowhere in its details): the models
+    /// a multiplexed deployment's replica has loaded, sorted; absent when none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub multiplexed_model_ids: Vec<String>,
 }
 
 fn unix_s(t: SystemTime) -> f64 {
@@ -170,6 +174,15 @@ fn deployment_config(name: &str, c: &flotilla::DeploymentConfig) -> Value {
         },
         "rolling_update_percentage": c.rollout.max_changing_fraction,
     });
+    // Flotilla's extensions, under the config file's names, when set.
+    if let Some(b) = &c.batching {
+        v["max_batch_size"] = b.max_batch_size.into();
+        v["batch_wait_timeout_s"] = b.batch_wait_timeout.as_secs_f64().into();
+        v["max_concurrent_batches"] = b.max_concurrent_batches.into();
+    }
+    if c.max_num_models_per_replica != Some(flotilla::DEFAULT_MAX_NUM_MODELS_PER_REPLICA) {
+        v["max_num_models_per_replica"] = c.max_num_models_per_replica.map_or(-1, i64::from).into();
+    }
     match &c.num_replicas {
         ReplicaCount::Fixed(n) => v["num_replicas"] = (*n).into(),
         ReplicaCount::Auto(a) => {
@@ -285,6 +298,7 @@ pub(crate) async fn instance_details(
                             replica_id: r.id.to_string(),
                             state: r.state.to_string(),
                             start_time_s: started.get(&r.id.0).copied().map(unix_s),
+                            multiplexed_model_ids: r.model_ids.clone(),
                         })
                         .collect()
                 })

@@ -123,7 +123,7 @@ pub use options::{
     DEFAULT_KEEP_ALIVE_TIMEOUT, DEFAULT_MAX_REQUEST_BODY_BYTES, DEFAULT_PORT, DEFAULT_REST_PORT,
     DEFAULT_SHUTDOWN_GRACE, HttpOptions, HttpOptionsBuilder,
 };
-pub use proxy::REQUEST_TIMEOUT_HEADER;
+pub use proxy::{MULTIPLEXED_MODEL_ID_HEADER, REQUEST_TIMEOUT_HEADER};
 pub use rest::RAY_VERSION;
 pub use router::PrefixRouter;
 pub use server::HttpServer;

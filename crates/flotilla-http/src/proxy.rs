@@ -13,6 +13,7 @@
 //! | the ingress does not take `HttpRequest` / answer `HttpResponse` | 500 | a message naming the application and the deployment |
 //! | body above the limit | 413 | `Request body is larger than the limit of {n} bytes.` |
 //! | a path that is not valid percent-encoded UTF-8 | 400 | `Invalid request path.` |
+//! | a `serve_multiplexed_model_id` header that is not a valid model id | 400 | `Invalid serve_multiplexed_model_id header: {why}.` |
 //! | malformed HTTP | 400 | (hyper's; the request never reaches user code) |
 //!
 //! Without a replica while the application can still get one (DEPLOYING, or
@@ -21,6 +22,11 @@
 //! or DELETING meanwhile, it gets the 503 at once. A client that goes away
 //! drops its request's future, which cancels the handler and frees its slot
 //! (recorded as 499, as Ray).
+//!
+//! A request's `serve_multiplexed_model_id` header (matched as Ray matches it:
+//! after lower-casing and `-` to `_`, so `Serve-Multiplexed-Model-Id` too; the
+//! first such header wins; an empty one is no model id) is the model id of its
+//! call ([`DeploymentHandle::with_model_id`](flotilla::DeploymentHandle::with_model_id)).
 
 use std::{
     convert::Infallible,
@@ -50,6 +56,27 @@ pub const REQUEST_TIMEOUT_HEADER: &str = "x-request-timeout-seconds";
 
 /// Ray's status for a request timeout.
 pub(crate) const TIMEOUT_STATUS: u16 = 408;
+
+/// Ray's header for a request's multiplexed model id
+/// (`SERVE_MULTIPLEXED_MODEL_ID`), matched after lower-casing and `-` to `_`.
+pub const MULTIPLEXED_MODEL_ID_HEADER: &str = "serve_multiplexed_model_id";
+
+/// The first header that names the request's model id, as Ray's proxy finds it
+/// (`key.lower().replace("-", "_") == "serve_multiplexed_model_id"`; header
+/// names are lower case already).
+fn model_id_header(headers: &http::HeaderMap) -> Option<&HeaderValue> {
+    let want = MULTIPLEXED_MODEL_ID_HEADER.as_bytes();
+    headers
+        .iter()
+        .find(|(name, _)| {
+            let n = name.as_str().as_bytes();
+            n.len() == want.len()
+                && n.iter()
+                    .zip(want)
+                    .all(|(a, b)| a == b || (*a == b'-' && *b == b'_'))
+        })
+        .map(|(_, v)| v)
+}
 
 const TEXT_UTF8: &str = "text/plain; charset=utf-8";
 
@@ -307,6 +334,23 @@ impl Proxy {
                 );
             }
         };
+        let handle = match model_id_header(&parts.headers).map(|v| v.to_str()) {
+            None => handle,
+            Some(Ok("")) => handle,
+            Some(Ok(id)) => match handle.with_model_id(id) {
+                Ok(h) => h,
+                Err(e) => {
+                    let body = format!("Invalid {MULTIPLEXED_MODEL_ID_HEADER} header: {e}.");
+                    return text(400, body, &request_id, Some(done));
+                }
+            },
+            Some(Err(_)) => {
+                let body = format!(
+                    "Invalid {MULTIPLEXED_MODEL_ID_HEADER} header: it is not visible ASCII text."
+                );
+                return text(400, body, &request_id, Some(done));
+            }
+        };
         let timeout = request_timeout(&parts.headers, self.options.request_timeout);
         let deadline = timeout.map(|t| tokio::time::Instant::from_std(done.started() + t));
         // No replica now: answer at once if none can come soon; else wait (in the
@@ -458,7 +502,9 @@ impl Proxy {
     ) -> (u16, String) {
         match e {
             CallError::User(m) | CallError::Panicked(m) => (500, m),
-            CallError::Killed { .. } => (500, e.to_string()),
+            CallError::Killed { .. }
+            | CallError::BatchSize { .. }
+            | CallError::ModelLoad { .. } => (500, e.to_string()),
             CallError::BadRequest(m) => (
                 500,
                 format!(

@@ -546,3 +546,60 @@ async fn root_path_is_applied_as_ray_applies_it() {
     );
     f.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_serve_multiplexed_model_id_header_is_the_calls_model_id() {
+    let f = start().await;
+    let app = ApplicationSpec::builder("mx")
+        .route_prefix("/mx")
+        .deployment(support::quick(DeploymentSpec::builder(
+            "models",
+            "t::Models",
+        )))
+        .build()
+        .unwrap();
+    f.serve.run(app).await.unwrap();
+    let c = support::client();
+    // Ray's match: lower case, '-' read as '_'.
+    for name in [
+        "serve_multiplexed_model_id",
+        "Serve-Multiplexed-Model-Id",
+        "SERVE_MULTIPLEXED_MODEL_ID",
+    ] {
+        let r = send(&c, "GET", &f.url("/mx/x"), &[(name, "m1")], "").await;
+        assert_eq!((r.status, r.body.as_str()), (200, "model m1: /x"), "{name}");
+    }
+    // None (or an empty one): Ray's empty model id, a 500 from the deployment.
+    for headers in [&[][..], &[("serve_multiplexed_model_id", "")][..]] {
+        let r = send(&c, "GET", &f.url("/mx/x"), headers, "").await;
+        assert_eq!(r.status, 500, "{}", r.body);
+        assert!(r.body.contains("cannot be empty"), "{}", r.body);
+    }
+    // Not a valid model id: 400, never reaching user code.
+    let long = "m".repeat(flotilla::MAX_MODEL_ID_LEN + 1);
+    let r = send(
+        &c,
+        "GET",
+        &f.url("/mx/x"),
+        &[("serve_multiplexed_model_id", &long)],
+        "",
+    )
+    .await;
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(
+        r.body
+            .starts_with("Invalid serve_multiplexed_model_id header: the model ID is"),
+        "{}",
+        r.body
+    );
+    // The replica's loaded ids are in the REST details.
+    let d = get(&c, &f.rest_url("/api/serve/applications/"))
+        .await
+        .json();
+    let replicas = &d["applications"]["mx"]["deployments"]["models"]["replicas"];
+    assert_eq!(
+        replicas[0]["multiplexed_model_ids"],
+        serde_json::json!(["m1"])
+    );
+    f.stop().await;
+}

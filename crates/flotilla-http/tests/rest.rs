@@ -152,6 +152,9 @@ async fn an_invalid_config_is_400_naming_where_and_changes_nothing() {
     )
     .await;
     assert_eq!(put.status, 200, "{}", put.body);
+    // Built and running: the builds' own commits are behind us.
+    wait_status(&f.serve, "one", ApplicationStatus::Running).await;
+    wait_status(&f.serve, "two", ApplicationStatus::Running).await;
     let before = f.serve.applied_config().await.unwrap();
     let commits = f.serve.metrics().await.unwrap().store.commits;
     let cases = [

@@ -98,6 +98,8 @@ pub struct ReplicaSnapshot {
     /// Why it must be replaced, if it reported itself unhealthy or failed to
     /// start (the report may have been lost while its DeploymentActor restarted).
     pub condemned: Option<String>,
+    /// The models it has loaded, sorted (a multiplexed deployment's).
+    pub model_ids: Vec<String>,
 }
 
 /// Why a health check failed.
@@ -279,6 +281,11 @@ impl ReplicaActorState {
             endpoint: self.endpoint.clone(),
             node: self.args.node.clone(),
             condemned: self.condemned.clone(),
+            model_ids: self
+                .endpoint
+                .as_ref()
+                .map(|e| e.model_ids())
+                .unwrap_or_default(),
         }
     }
 }

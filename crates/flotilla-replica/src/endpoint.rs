@@ -3,7 +3,7 @@
 use std::{
     fmt,
     sync::{
-        Arc,
+        Arc, OnceLock,
         atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering},
     },
     time::{Duration, SystemTime},
@@ -12,9 +12,12 @@ use std::{
 use flotilla_core::Faults;
 use ractor::ActorRef;
 use serde::{Deserialize, Serialize};
-use tokio::sync::Notify;
+use tokio::sync::{Notify, watch};
 
-use crate::{ReplicaMsg, user::ErasedDeployment};
+use crate::{
+    DeploymentRoute, ModelIds, ReplicaMsg, batching::Batcher, model_cache::ModelHub,
+    user::ErasedDeployment,
+};
 
 /// A replica's identity, unique in the process for its whole life.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -54,7 +57,12 @@ pub struct ReplicaEndpoint {
     pub(crate) kill_signal: Notify,
     /// Wakes callers queued on the deployment when a slot frees.
     slot_freed: Arc<Notify>,
-    actor: ActorRef<ReplicaMsg>,
+    /// Its actor (`None` only in this crate's unit tests).
+    actor: Option<ActorRef<ReplicaMsg>>,
+    /// Where a multiplexed deployment's model ids are published.
+    models: Option<Arc<ModelHub>>,
+    /// Its batcher, started by the first batched request.
+    batcher: OnceLock<Batcher>,
     /// For the `ReplicaHandler` fault point.
     pub(crate) faults: Faults,
     /// Request counters, read at scrape time.
@@ -89,13 +97,15 @@ impl ReplicaEndpoint {
         ReplicaEndpoint {
             id,
             node,
+            models: user.models().cloned(),
             user,
             in_flight: AtomicU32::new(0),
             max_ongoing: AtomicU32::new(max_ongoing),
             accepting: AtomicBool::new(true),
             kill_signal: Notify::new(),
             slot_freed,
-            actor,
+            actor: Some(actor),
+            batcher: OnceLock::new(),
             faults,
             stats: ReplicaStats::default(),
             started_at: SystemTime::now(),
@@ -134,6 +144,62 @@ impl ReplicaEndpoint {
         self.accepting.load(Ordering::Acquire)
     }
 
+    /// Its `max_ongoing_requests` now.
+    pub fn max_ongoing_requests(&self) -> u32 {
+        self.max_ongoing.load(Ordering::Acquire)
+    }
+
+    /// Whether it would take one more request now: accepting, and below
+    /// `max_ongoing_requests` (requests waiting for a batch count).
+    pub fn has_room(&self) -> bool {
+        self.is_accepting() && self.in_flight() < self.max_ongoing_requests()
+    }
+
+    /// Whether it runs a multiplexed deployment (one that loads models).
+    pub fn is_multiplexed(&self) -> bool {
+        self.models.is_some()
+    }
+
+    /// Whether it has model `model_id` loaded, or is loading it; false for a
+    /// deployment that is not multiplexed. Reads the replica's published ids
+    /// (no message, no allocation).
+    pub fn has_model(&self, model_id: &str) -> bool {
+        self.models.as_ref().is_some_and(|m| m.contains(model_id))
+    }
+
+    /// How many models it has loaded or is loading (0 unless multiplexed).
+    /// Reads the replica's published ids (no message, no allocation).
+    pub fn model_count(&self) -> usize {
+        self.models.as_ref().map_or(0, |m| m.count())
+    }
+
+    /// The ids of the models it has loaded, sorted (empty unless multiplexed).
+    pub fn model_ids(&self) -> Vec<String> {
+        self.models
+            .as_ref()
+            .map(|m| crate::multiplex::sorted_ids(&m.current()))
+            .unwrap_or_default()
+    }
+
+    /// A subscription to its model ids, updated as it loads and unloads
+    /// models; `None` unless multiplexed.
+    pub fn watch_models(&self) -> Option<watch::Receiver<ModelIds>> {
+        self.models.as_ref().map(|m| m.subscribe())
+    }
+
+    /// Its batcher, started on first use.
+    pub(crate) fn batcher(&self, route: &DeploymentRoute) -> &Batcher {
+        self.batcher.get_or_init(|| {
+            Batcher::start(
+                self.user.clone(),
+                route.settings().clone(),
+                route.app().clone(),
+                route.deployment().clone(),
+                self.id,
+            )
+        })
+    }
+
     pub(crate) fn set_max_ongoing(&self, n: u32) {
         self.max_ongoing.store(n, Ordering::Release);
         self.slot_freed.notify_waiters();
@@ -143,16 +209,27 @@ impl ReplicaEndpoint {
         self.accepting.store(false, Ordering::Release);
     }
 
+    /// Cut every request (its replica stopped or was killed): also ends its
+    /// batcher and unloads its models.
     pub(crate) fn kill(&self) {
         self.accepting.store(false, Ordering::Release);
         self.kill_signal.notify_waiters();
+        if let Some(b) = self.batcher.get() {
+            b.close();
+        }
+        if self.models.is_some()
+            && let Ok(rt) = tokio::runtime::Handle::try_current()
+        {
+            let user = self.user.clone();
+            rt.spawn(async move { user.shutdown().await });
+        }
     }
 
     pub(crate) fn report_panic(&self, message: String) {
         // The replica may already be gone; then there is nobody left to tell.
-        let _ = self
-            .actor
-            .cast(crate::actor::InternalMsg::Panicked(message).into());
+        if let Some(actor) = &self.actor {
+            let _ = actor.cast(crate::actor::InternalMsg::Panicked(message).into());
+        }
     }
 
     /// Take a request slot if the replica accepts and is below its limit.
@@ -179,6 +256,66 @@ impl ReplicaEndpoint {
             }
         }
     }
+}
+
+/// An endpoint without an actor, for this crate's unit tests: `max_ongoing`
+/// slots on `node`, holding `models` (as a multiplexed replica) if any.
+#[cfg(test)]
+pub(crate) fn test_endpoint(
+    id: u64,
+    node: &str,
+    max_ongoing: u32,
+    models: &[&str],
+) -> Arc<ReplicaEndpoint> {
+    let multiplexed = !models.is_empty();
+    test_endpoint_of(id, node, max_ongoing, multiplexed.then_some(models))
+}
+
+/// A multiplexed replica's endpoint (see [`test_endpoint`]), holding `models`
+/// (perhaps none).
+#[cfg(test)]
+pub(crate) fn test_multiplexed_endpoint(
+    id: u64,
+    node: &str,
+    max_ongoing: u32,
+    models: &[&str],
+) -> Arc<ReplicaEndpoint> {
+    test_endpoint_of(id, node, max_ongoing, Some(models))
+}
+
+#[cfg(test)]
+fn test_endpoint_of(
+    id: u64,
+    node: &str,
+    max_ongoing: u32,
+    models: Option<&[&str]>,
+) -> Arc<ReplicaEndpoint> {
+    struct Nothing;
+    impl crate::Deployment for Nothing {
+        type Request = ();
+        type Response = ();
+        async fn handle(&self, _: ()) -> Result<(), crate::UserError> {
+            Ok(())
+        }
+    }
+    let hub = models.map(|m| Arc::new(ModelHub::with_ids(m)));
+    Arc::new(ReplicaEndpoint {
+        id: ReplicaId(id),
+        node: node.to_owned(),
+        user: Arc::new(crate::user::Erased(Nothing)),
+        in_flight: AtomicU32::new(0),
+        max_ongoing: AtomicU32::new(max_ongoing),
+        accepting: AtomicBool::new(true),
+        kill_signal: Notify::new(),
+        slot_freed: Arc::new(Notify::new()),
+        actor: None,
+        models: hub,
+        batcher: OnceLock::new(),
+        faults: Faults::new(),
+        stats: ReplicaStats::default(),
+        started_at: SystemTime::now(),
+        published: AtomicBool::new(false),
+    })
 }
 
 /// One in-flight request on a replica; dropping it (completion, error or a dropped
@@ -317,6 +454,8 @@ impl ErrorKind {
             E::Killed { .. } => Some(ErrorKind::Killed),
             E::BadRequest(_) => Some(ErrorKind::BadRequest),
             E::BadResponse(_) => Some(ErrorKind::BadResponse),
+            // User code's doing: a batch handler's wrong length, a failed loader.
+            E::BatchSize { .. } | E::ModelLoad { .. } => Some(ErrorKind::User),
             E::BackPressure { .. }
             | E::NotFound { .. }
             | E::Unavailable { .. }

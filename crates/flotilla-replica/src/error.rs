@@ -55,6 +55,34 @@ pub enum CallError {
         /// The deployment.
         deployment: String,
     },
+    /// A batch handler returned a different number of responses than it was
+    /// given requests: every request of the batch fails (Ray's "Batched
+    /// function doesn't preserve batch size").
+    #[error(
+        "deployment '{deployment}' of application '{app}': its batch handler doesn't preserve \
+         batch size: the input list has length {requests} but the returned list has length \
+         {responses} (handle_batch must return one response per request, in order)"
+    )]
+    BatchSize {
+        /// The application.
+        app: String,
+        /// The deployment.
+        deployment: String,
+        /// Requests in the batch.
+        requests: usize,
+        /// Responses the handler returned.
+        responses: usize,
+    },
+    /// A multiplexed deployment could not get the request's model: its loader
+    /// failed (every request waiting for that load gets the error, and nothing
+    /// is cached), or the request carried no model id.
+    #[error("failed to load model '{model_id}': {message}")]
+    ModelLoad {
+        /// The model id ("" when the request had none).
+        model_id: String,
+        /// The loader's error.
+        message: String,
+    },
     /// No replica took the request within the caller's timeout.
     #[error("request to deployment '{deployment}' of application '{app}' timed out")]
     Timeout {

@@ -12,10 +12,11 @@ use futures::{Stream, future::BoxFuture};
 use serde::{Serialize, de::DeserializeOwned};
 
 use crate::{
-    CallError, Directory, ReplicaEndpoint,
+    CallError, Directory, ModelIdError, ReplicaEndpoint, RoutingRequest,
     endpoint::{ErrorKind, Slot},
+    multiplex::validate_model_id,
     route::{DeploymentRoute, ReplicaSet},
-    user::ItemSender,
+    user::{Call, ItemSender},
 };
 
 /// The target of per-request access log events (one `INFO` event per call, with
@@ -23,10 +24,12 @@ use crate::{
 /// logging config's `enable_access_log`.
 pub const ACCESS_TARGET: &str = "flotilla::access";
 
-/// A cheap, clonable handle to one deployment. Each call picks a replica by
-/// power-of-two-choices over in-flight counts shared by every handle of the
-/// deployment, waits in the handle's queue when every replica is at
-/// `max_ongoing_requests`, and learns replica-set changes by subscription.
+/// A cheap, clonable handle to one deployment. Each call picks a replica with
+/// the deployment's request router (by default power-of-two-choices over
+/// in-flight counts shared by every handle of the deployment, preferring a
+/// replica that holds the call's model), waits in the handle's queue when every
+/// replica is at `max_ongoing_requests`, and learns replica-set changes by
+/// subscription.
 ///
 /// Calls keep working while control actors crash and restart: the route they
 /// read outlives them.
@@ -36,6 +39,7 @@ pub struct DeploymentHandle {
     route: Arc<DeploymentRoute>,
     timeout: Option<Duration>,
     local_node: Option<Arc<str>>,
+    model_id: Option<Arc<str>>,
 }
 
 impl std::fmt::Debug for DeploymentHandle {
@@ -44,6 +48,7 @@ impl std::fmt::Debug for DeploymentHandle {
             .field("app", self.route.app())
             .field("deployment", self.route.deployment())
             .field("timeout", &self.timeout)
+            .field("model_id", &self.model_id)
             .finish()
     }
 }
@@ -55,7 +60,33 @@ impl DeploymentHandle {
             route,
             timeout: None,
             local_node: None,
+            model_id: None,
         }
+    }
+
+    /// The same handle, its calls for model `model_id` (Ray's
+    /// `handle.options(multiplexed_model_id=...)`): a multiplexed deployment
+    /// serves them with that model, and the default router prefers a replica
+    /// that has it loaded. Refused if empty, longer than
+    /// [`MAX_MODEL_ID_LEN`](crate::MAX_MODEL_ID_LEN) bytes, or holding a control
+    /// character. A handle made inside a deployment does not inherit the model
+    /// id of the request being served (as in Ray).
+    ///
+    /// ```no_run
+    /// # async fn demo(handle: flotilla_replica::DeploymentHandle) -> Result<(), Box<dyn std::error::Error>> {
+    /// let answer: String = handle.with_model_id("org/llama-7b")?.call("hello").await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn with_model_id(mut self, model_id: impl AsRef<str>) -> Result<Self, ModelIdError> {
+        let id = model_id.as_ref();
+        validate_model_id(id)?;
+        self.model_id = Some(Arc::from(id));
+        Ok(self)
+    }
+
+    /// The model id its calls carry, if any.
+    pub fn model_id(&self) -> Option<&str> {
+        self.model_id.as_deref()
     }
 
     /// The same handle, preferring replicas on `node` (the caller's) while one of
@@ -134,7 +165,11 @@ impl DeploymentHandle {
     async fn call_bytes(&self, bytes: Vec<u8>) -> Result<Vec<u8>, CallError> {
         let (route, slot) = self.acquire().await?;
         let replica = slot.0.id();
-        let result = run(slot, bytes).await;
+        let call = Call {
+            bytes,
+            model_id: self.model_id.clone(),
+        };
+        let result = run(&route, slot, call).await;
         tracing::info!(target: ACCESS_TARGET, app = %route.app(),
             deployment = %route.deployment(), replica = %replica, ok = result.is_ok(),
             "request");
@@ -142,7 +177,7 @@ impl DeploymentHandle {
     }
 
     /// Wait (in this handle's queue, up to `max_queued_requests`) for a slot on a
-    /// replica, picked by power of two choices.
+    /// replica, picked by the deployment's router.
     async fn acquire(&self) -> Result<(Arc<DeploymentRoute>, Slot), CallError> {
         let route = self.live_route()?;
         let mut rx = route.subscribe();
@@ -157,7 +192,7 @@ impl DeploymentHandle {
             tokio::pin!(freed);
             freed.as_mut().enable();
             let set = rx.borrow_and_update().clone();
-            if let Some(slot) = self.pick_local(&route, &set).or_else(|| pick(&route, &set)) {
+            if let Some(slot) = self.pick(&route, &set) {
                 drop(queued);
                 route
                     .stats()
@@ -212,7 +247,11 @@ impl DeploymentHandle {
                     let work = async move {
                         let (route, slot) = handle.acquire().await?;
                         let replica = slot.0.id();
-                        let result = run_stream(slot, bytes, tx).await;
+                        let call = Call {
+                            bytes,
+                            model_id: handle.model_id.clone(),
+                        };
+                        let result = run_stream(&route, slot, call, tx).await;
                         tracing::info!(target: ACCESS_TARGET, app = %route.app(),
                             deployment = %route.deployment(), replica = %replica,
                             ok = result.is_ok(), stream = true, "request");
@@ -299,39 +338,28 @@ impl<Item: DeserializeOwned> Stream for CallStream<Item> {
     }
 }
 
-impl DeploymentHandle {
-    /// Power of two choices among the replicas on the preferred node, if any.
-    fn pick_local(&self, route: &DeploymentRoute, set: &[Arc<ReplicaEndpoint>]) -> Option<Slot> {
-        let node = self.local_node.as_deref()?;
-        let local: Vec<Arc<ReplicaEndpoint>> =
-            set.iter().filter(|e| e.node() == node).cloned().collect();
-        pick(route, &local)
-    }
-}
+/// How often a router is asked again at once when the replica it chose had no
+/// room left (another caller took the slot between the look and the take)
+/// before the request waits for a slot.
+const RACE_RETRIES: usize = 4;
 
-/// Power of two choices: sample two replicas, try the less loaded first; if both
-/// are full, take any replica with room so a free slot is never missed.
-fn pick(route: &DeploymentRoute, set: &[Arc<ReplicaEndpoint>]) -> Option<Slot> {
-    match set.len() {
-        0 => None,
-        1 => set[0].try_acquire(),
-        n => {
-            let r = route.next_random();
-            let i = (r % n as u64) as usize;
-            let mut j = ((r >> 32) % (n as u64 - 1)) as usize;
-            if j >= i {
-                j += 1;
+impl DeploymentHandle {
+    /// A slot on the replica the deployment's router picks, if it picks one
+    /// that has room.
+    fn pick(&self, route: &DeploymentRoute, set: &[Arc<ReplicaEndpoint>]) -> Option<Slot> {
+        for _ in 0..RACE_RETRIES.min(set.len() + 1) {
+            let request = RoutingRequest::new(route.next_random())
+                .with_model_id(self.model_id.as_deref())
+                .with_preferred_node(self.local_node.as_deref());
+            let i = route.choose(&request, set)?;
+            if let Some(slot) = set[i].try_acquire() {
+                return Some(slot);
             }
-            let (a, b) = if set[i].in_flight() <= set[j].in_flight() {
-                (i, j)
-            } else {
-                (j, i)
-            };
-            set[a]
-                .try_acquire()
-                .or_else(|| set[b].try_acquire())
-                .or_else(|| set.iter().find_map(|e| e.try_acquire()))
+            if !set.iter().any(|e| e.has_room()) {
+                return None;
+            }
         }
+        None
     }
 }
 
@@ -385,7 +413,7 @@ fn injected(ep: &ReplicaEndpoint) -> Option<CallError> {
     None
 }
 
-async fn run(slot: Slot, bytes: Vec<u8>) -> Result<Vec<u8>, CallError> {
+async fn run(route: &DeploymentRoute, slot: Slot, call: Call) -> Result<Vec<u8>, CallError> {
     let ep = slot.0.clone();
     if let Some(e) = injected(&ep) {
         drop(slot);
@@ -393,8 +421,16 @@ async fn run(slot: Slot, bytes: Vec<u8>) -> Result<Vec<u8>, CallError> {
     }
     let running = Running::new(slot);
     let killed = ep.kill_signal.notified();
+    let work = async {
+        if route.settings().batching_enabled() {
+            // Waits for its batch holding its slot: it counts as load.
+            ep.batcher(route).submit(call.bytes, call.model_id).await
+        } else {
+            ep.user.handle(call).await
+        }
+    };
     let result = tokio::select! {
-        r = ep.user.handle(bytes) => r,
+        r = work => r,
         _ = killed => Err(CallError::Killed {
             replica: ep.id().to_string(),
         }),
@@ -406,7 +442,12 @@ async fn run(slot: Slot, bytes: Vec<u8>) -> Result<Vec<u8>, CallError> {
     result
 }
 
-async fn run_stream(slot: Slot, bytes: Vec<u8>, items: ItemSender) -> Result<(), CallError> {
+async fn run_stream(
+    route: &DeploymentRoute,
+    slot: Slot,
+    call: Call,
+    items: ItemSender,
+) -> Result<(), CallError> {
     let ep = slot.0.clone();
     if let Some(e) = injected(&ep) {
         drop(slot);
@@ -415,8 +456,18 @@ async fn run_stream(slot: Slot, bytes: Vec<u8>, items: ItemSender) -> Result<(),
     let running = Running::new(slot);
     let ep = running.endpoint();
     let killed = ep.kill_signal.notified();
+    let work = async {
+        if route.settings().batching_enabled() {
+            // Batched deployments answer a stream with their one batch response.
+            let item = ep.batcher(route).submit(call.bytes, call.model_id).await?;
+            let _ = items.send(item).await;
+            Ok(())
+        } else {
+            ep.user.handle_stream(call, items).await
+        }
+    };
     let result = tokio::select! {
-        r = ep.user.handle_stream(bytes, items) => r,
+        r = work => r,
         _ = killed => Err(CallError::Killed {
             replica: ep.id().to_string(),
         }),

@@ -8,7 +8,12 @@
 //!   health-checks its user code, reconfigures it in place, and drains gracefully;
 //! - the data plane: a [`ReplicaEndpoint`] per running replica, the shared
 //!   [`Directory`] of routes per deployment (published by subscription, `watch`), and
-//!   the [`DeploymentHandle`] that routes requests by power-of-two-choices;
+//!   the [`DeploymentHandle`] that routes requests with the deployment's
+//!   [`RequestRouter`] (power-of-two-choices by default, preferring a replica that
+//!   holds the request's model);
+//! - request batching (a per-replica batcher feeding [`Deployment::handle_batch`])
+//!   and model multiplexing ([`MultiplexedDeployment`]: a per-replica LRU model
+//!   cache whose loaded ids are published to routers by subscription);
 //!
 //! Handles live here (and not in the controller) because a deployment's constructor
 //! receives them through its [`InitContext`] to call other deployments.
@@ -17,12 +22,17 @@
 //! job. It never touches the checkpoint store.
 
 mod actor;
+mod batching;
 mod endpoint;
 mod error;
 mod handle;
+mod model_cache;
+mod multiplex;
 mod policy;
 mod registry;
 mod route;
+mod router;
+mod settings;
 mod user;
 
 pub use actor::{
@@ -35,7 +45,13 @@ pub use endpoint::{
 };
 pub use error::CallError;
 pub use handle::{ACCESS_TARGET, CallStream, DeploymentHandle};
+pub use model_cache::ModelIds;
+pub use multiplex::{MAX_MODEL_ID_LEN, ModelIdError, MultiplexedDeployment, validate_model_id};
 pub use policy::{AutoscalingPolicyFn, PolicyContext};
-pub use registry::{InitContext, Registry};
+pub use registry::{InitContext, Registry, RequestRouterFactory};
 pub use route::{DeploymentRoute, Directory, ReplicaSet, RouteStats};
+pub use router::{
+    MultiplexedRouter, PowerOfTwoChoicesRouter, RequestRouter, RouterError, RoutingRequest,
+    default_router, power_of_two_choices,
+};
 pub use user::{Deployment, UserError};

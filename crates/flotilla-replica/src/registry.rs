@@ -3,14 +3,17 @@
 use std::{collections::HashMap, future::Future, sync::Arc};
 
 use flotilla_core::{
-    AppName, ApplicationSpec, Args, DeploymentName, ImportPath, is_builtin_policy,
+    AppName, ApplicationSpec, Args, DeploymentName, ImportPath, RequestRouterConfig,
+    is_builtin_policy, is_builtin_router,
 };
 use futures::future::BoxFuture;
 use serde::de::DeserializeOwned;
 
 use crate::{
-    AutoscalingPolicyFn, Deployment, DeploymentHandle, Directory, PolicyContext, ReplicaId,
-    UserError,
+    AutoscalingPolicyFn, Deployment, DeploymentHandle, Directory, MultiplexedDeployment,
+    PolicyContext, ReplicaId, RequestRouter, RouterError, UserError,
+    multiplex::ErasedMultiplexed,
+    router::default_router,
     user::{Erased, ErasedDeployment},
 };
 
@@ -61,6 +64,11 @@ type Constructor = Arc<
         + Sync,
 >;
 
+/// Makes a request router from a deployment's `request_router_kwargs`
+/// (canonical MessagePack: decode with [`Args::decode`]).
+pub type RequestRouterFactory =
+    Arc<dyn Fn(&Args) -> Result<Arc<dyn RequestRouter>, UserError> + Send + Sync>;
+
 type AppBuilder =
     Arc<dyn Fn(Args) -> BoxFuture<'static, Result<ApplicationSpec, UserError>> + Send + Sync>;
 
@@ -84,6 +92,7 @@ pub struct Registry {
     constructors: Arc<HashMap<ImportPath, Constructor>>,
     builders: Arc<HashMap<ImportPath, AppBuilder>>,
     policies: Arc<HashMap<ImportPath, AutoscalingPolicyFn>>,
+    routers: Arc<HashMap<ImportPath, RequestRouterFactory>>,
 }
 
 impl std::fmt::Debug for Registry {
@@ -97,6 +106,7 @@ impl std::fmt::Debug for Registry {
             .field("deployments", &sorted(&self.constructors))
             .field("applications", &sorted(&self.builders))
             .field("autoscaling_policies", &sorted(&self.policies))
+            .field("request_routers", &sorted(&self.routers))
             .finish()
     }
 }
@@ -127,9 +137,144 @@ impl Registry {
         Ok(self)
     }
 
+    /// Register a multiplexed deployment's constructor under `path` (see
+    /// [`MultiplexedDeployment`]): each replica gets its own model cache,
+    /// bounded by the deployment's `max_num_models_per_replica`. Deployed,
+    /// redeployed and recovered exactly as one registered with
+    /// [`register`](Self::register).
+    pub fn register_multiplexed<M, F, Fut>(
+        mut self,
+        path: &str,
+        ctor: F,
+    ) -> Result<Self, flotilla_core::Error>
+    where
+        M: MultiplexedDeployment,
+        F: Fn(InitContext) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<M, UserError>> + Send + 'static,
+    {
+        let path = ImportPath::new(path)?;
+        let ctor: Constructor = Arc::new(move |ctx: InitContext| {
+            // The model limit is the deployment's, kept on its route.
+            let settings = ctx
+                .directory
+                .route(&ctx.app, &ctx.deployment)
+                .settings()
+                .clone();
+            // The replica's loads and unloads run in tasks of their own, in it.
+            let span = tracing::info_span!(parent: None, "model_cache", app = %ctx.app,
+                deployment = %ctx.deployment, replica = %ctx.replica);
+            let fut = ctor(ctx);
+            Box::pin(async move {
+                let m = fut.await?;
+                Ok(Arc::new(ErasedMultiplexed::new(m, settings, span))
+                    as Arc<dyn ErasedDeployment>)
+            })
+        });
+        Arc::make_mut(&mut self.constructors).insert(path, ctor);
+        Ok(self)
+    }
+
     /// Whether `path` is registered.
     pub fn contains(&self, path: &str) -> bool {
         self.constructors.contains_key(path)
+    }
+
+    /// Register a request router under `path`, the import path a deployment's
+    /// `request_router_config.request_router_class` names. `factory` makes the
+    /// router from the config's `request_router_kwargs` each time a deployment
+    /// takes that class or new kwargs (an error refuses the kwargs, and the
+    /// deployment is refused with it). Ray's default router paths
+    /// ([`BUILTIN_REQUEST_ROUTERS`](flotilla_core::BUILTIN_REQUEST_ROUTERS))
+    /// name the built-in router and cannot be registered.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use flotilla_replica::{Registry, ReplicaEndpoint, RequestRouter, RoutingRequest, UserError};
+    /// /// The first replica with at least `min_free` free slots.
+    /// struct FirstFree { min_free: u32 }
+    /// impl RequestRouter for FirstFree {
+    ///     fn choose(&self, _: &RoutingRequest<'_>, replicas: &[Arc<ReplicaEndpoint>]) -> Option<usize> {
+    ///         replicas.iter().position(|r| {
+    ///             r.is_accepting() && r.in_flight() + self.min_free <= r.max_ongoing_requests()
+    ///         })
+    ///     }
+    /// }
+    /// #[derive(serde::Deserialize)]
+    /// struct Kwargs { #[serde(default = "one")] min_free: u32 }
+    /// fn one() -> u32 { 1 }
+    /// let registry = Registry::new()
+    ///     .register_request_router("shop.routers:FirstFree", |kwargs| {
+    ///         let k: Kwargs = kwargs.decode().map_err(|e| UserError::new(e.to_string()))?;
+    ///         Ok(FirstFree { min_free: k.min_free.max(1) })
+    ///     })
+    ///     .unwrap();
+    /// assert!(registry.contains_request_router("shop.routers:FirstFree"));
+    /// // Ray's default class is the built-in router: always there.
+    /// assert!(registry.contains_request_router(
+    ///     "ray.serve._private.request_router:PowerOfTwoChoicesRequestRouter"
+    /// ));
+    /// ```
+    pub fn register_request_router<R, F>(
+        mut self,
+        path: &str,
+        factory: F,
+    ) -> Result<Self, flotilla_core::Error>
+    where
+        R: RequestRouter,
+        F: Fn(&Args) -> Result<R, UserError> + Send + Sync + 'static,
+    {
+        let path = ImportPath::new(path)?;
+        if is_builtin_router(path.as_str()) {
+            return Err(flotilla_core::Error::InvalidName {
+                at: flotilla_core::Location::default(),
+                what: "request router path",
+                value: path.to_string(),
+                reason: "names Ray's default router, which is Flotilla's built-in one; \
+                         register a custom router under a path of its own",
+            });
+        }
+        let factory: RequestRouterFactory =
+            Arc::new(move |kwargs| factory(kwargs).map(|r| Arc::new(r) as Arc<dyn RequestRouter>));
+        Arc::make_mut(&mut self.routers).insert(path, factory);
+        Ok(self)
+    }
+
+    /// Whether `path` names a request router: one registered with
+    /// [`register_request_router`](Self::register_request_router), or one of
+    /// Ray's default paths (the built-in router).
+    pub fn contains_request_router(&self, path: &str) -> bool {
+        is_builtin_router(path) || self.routers.contains_key(path)
+    }
+
+    /// Make the router `config` names, with its kwargs: the built-in one for
+    /// Ray's default paths (which takes no kwargs), else the registered
+    /// factory's (a panic in it is an error too).
+    pub fn request_router(
+        &self,
+        config: &RequestRouterConfig,
+    ) -> Result<Arc<dyn RequestRouter>, RouterError> {
+        let path = config.request_router_class.as_str();
+        if is_builtin_router(path) {
+            return Ok(default_router());
+        }
+        let factory = self
+            .routers
+            .get(path)
+            .ok_or_else(|| RouterError::NotRegistered {
+                path: path.to_owned(),
+            })?;
+        let kwargs = &config.request_router_kwargs;
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| factory(kwargs))) {
+            Ok(Ok(router)) => Ok(router),
+            Ok(Err(e)) => Err(RouterError::Kwargs {
+                path: path.to_owned(),
+                message: e.0,
+            }),
+            Err(p) => Err(RouterError::Kwargs {
+                path: path.to_owned(),
+                message: format!("panicked: {}", crate::user::panic_message(p)),
+            }),
+        }
     }
 
     /// Register an application builder under `path`, for config deploys: it turns

@@ -8,10 +8,16 @@ use std::{
     },
 };
 
-use flotilla_core::{AppName, BackpressureConfig, DeploymentName};
+use flotilla_core::{
+    AppName, BackpressureConfig, DeploymentConfig, DeploymentName, RequestRouterConfig,
+    is_builtin_router,
+};
 use tokio::sync::{Notify, watch};
 
-use crate::{CallError, DeploymentHandle, ReplicaEndpoint};
+use crate::{
+    CallError, DeploymentHandle, Registry, ReplicaEndpoint, RequestRouter, RoutingRequest,
+    router::default_router, settings::Settings,
+};
 
 /// The running replicas of one deployment, as routers see them.
 pub type ReplicaSet = Arc<[Arc<ReplicaEndpoint>]>;
@@ -33,6 +39,22 @@ pub struct DeploymentRoute {
     backpressure: std::sync::Mutex<BackpressureConfig>,
     rng: AtomicU64,
     stats: RouteStats,
+    /// Batching and model limit, shared with the replicas' batchers and caches.
+    settings: Arc<Settings>,
+    /// The deployment's request router and the config it was made from.
+    router: RwLock<RouterSlot>,
+    /// The built-in router, read without a lock while `custom_router` is false
+    /// (every request asks a router: the common case takes no lock).
+    builtin: Arc<dyn RequestRouter>,
+    /// Whether `router` holds a router other than the built-in one.
+    custom_router: AtomicBool,
+}
+
+/// A route's router, and the class and kwargs it was made from (`None`: set
+/// directly, or the built-in default).
+struct RouterSlot {
+    made_from: Option<RequestRouterConfig>,
+    router: Arc<dyn RequestRouter>,
 }
 
 impl std::fmt::Debug for DeploymentRoute {
@@ -61,7 +83,109 @@ impl DeploymentRoute {
             backpressure: std::sync::Mutex::new(BackpressureConfig::default()),
             rng: AtomicU64::new(0x9E37_79B9_7F4A_7C15),
             stats: RouteStats::default(),
+            settings: Arc::new(Settings::default()),
+            router: RwLock::new(RouterSlot {
+                made_from: None,
+                router: default_router(),
+            }),
+            builtin: default_router(),
+            custom_router: AtomicBool::new(false),
         }
+    }
+
+    /// Take the data-plane part of a deployment's config, in place: the queue
+    /// limit and its HTTP answer (`backpressure_config`), batching (from each
+    /// replica's next batch), the model limit (from each replica's next load)
+    /// and the request router (made again only when its class or kwargs
+    /// changed). The DeploymentActor calls this whenever
+    /// the deployment's target changes.
+    ///
+    /// A router class the registry cannot make (the controller refuses such a
+    /// config before it gets here) leaves the built-in router in place, with an
+    /// error logged.
+    pub fn configure(&self, config: &DeploymentConfig, registry: &Registry) {
+        self.set_max_queued(config.max_queued_requests);
+        self.set_backpressure(config.backpressure);
+        if let Some(b) = &config.batching
+            && self.settings.batching() != Some(*b)
+            && let Some(warning) = b.max_ongoing_warning(config.max_ongoing_requests)
+        {
+            tracing::warn!(app = %self.app, deployment = %self.deployment, "{warning}");
+        }
+        self.settings.set_batching(config.batching);
+        self.settings
+            .set_max_models(config.max_num_models_per_replica);
+        let wanted = &config.request_router;
+        let same = self
+            .router
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .made_from
+            .as_ref()
+            .is_some_and(|made| {
+                made.request_router_class == wanted.request_router_class
+                    && made.request_router_kwargs == wanted.request_router_kwargs
+            });
+        if same {
+            return;
+        }
+        let (router, custom) = match registry.request_router(wanted) {
+            Ok(r) => (r, !is_builtin_router(wanted.request_router_class.as_str())),
+            Err(e) => {
+                tracing::error!(app = %self.app, deployment = %self.deployment, error = %e,
+                    "request router not made; routing with the built-in one");
+                (default_router(), false)
+            }
+        };
+        let mut slot = self.router.write().unwrap_or_else(|p| p.into_inner());
+        *slot = RouterSlot {
+            made_from: Some(wanted.clone()),
+            router,
+        };
+        self.custom_router.store(custom, Ordering::Release);
+    }
+
+    /// Route with `router` from now on (until the next
+    /// [`configure`](Self::configure)).
+    pub fn set_router(&self, router: Arc<dyn RequestRouter>) {
+        let mut slot = self.router.write().unwrap_or_else(|p| p.into_inner());
+        *slot = RouterSlot {
+            made_from: None,
+            router,
+        };
+        self.custom_router.store(true, Ordering::Release);
+    }
+
+    /// Ask the router for a replica of `set`. A router that panics is user
+    /// code gone wrong: the request is routed by power of two choices instead.
+    pub(crate) fn choose(
+        &self,
+        request: &RoutingRequest<'_>,
+        set: &[Arc<ReplicaEndpoint>],
+    ) -> Option<usize> {
+        if set.is_empty() {
+            return None;
+        }
+        let chosen = if self.custom_router.load(Ordering::Acquire) {
+            let slot = self.router.read().unwrap_or_else(|p| p.into_inner());
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                slot.router.choose(request, set)
+            }))
+        } else {
+            Ok(self.builtin.choose(request, set))
+        };
+        match chosen {
+            Ok(i) => i.filter(|&i| i < set.len()),
+            Err(p) => {
+                tracing::error!(app = %self.app, deployment = %self.deployment,
+                    panic = %crate::user::panic_message(p), "the request router panicked");
+                crate::router::PowerOfTwoChoicesRouter.choose(request, set)
+            }
+        }
+    }
+
+    pub(crate) fn settings(&self) -> &Arc<Settings> {
+        &self.settings
     }
 
     /// The application.

@@ -1,12 +1,12 @@
 //! The trait user code implements, and its type-erased form.
 
-use std::{fmt, future::Future, panic::AssertUnwindSafe};
+use std::{fmt, future::Future, panic::AssertUnwindSafe, sync::Arc};
 
 use flotilla_core::Args;
 use futures::{FutureExt, Stream, StreamExt, future::BoxFuture};
 use serde::{Serialize, de::DeserializeOwned};
 
-use crate::CallError;
+use crate::{CallError, model_cache::ModelHub};
 
 /// An error returned by user code; its message reaches callers and statuses.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,6 +53,39 @@ impl From<&str> for UserError {
 ///     }
 /// }
 /// ```
+///
+/// # Batching
+///
+/// A deployment whose config has [`batching`](flotilla_core::DeploymentConfig::batching)
+/// (Ray's `@serve.batch`) serves its calls through
+/// [`handle_batch`](Self::handle_batch): each replica gathers the requests that
+/// reach it into batches (see [`BatchConfig`](flotilla_core::BatchConfig)) and
+/// hands each batch over in one call.
+///
+/// ```
+/// use std::time::Duration;
+/// use flotilla_core::{BatchConfig, DeploymentSpec};
+/// use flotilla_replica::{Deployment, UserError};
+/// struct Doubler;
+/// impl Deployment for Doubler {
+///     type Request = u32;
+///     type Response = u32;
+///     async fn handle(&self, x: u32) -> Result<u32, UserError> {
+///         Ok(2 * x)
+///     }
+///     // One call for up to 32 requests: one response per request, in order.
+///     async fn handle_batch(&self, xs: Vec<u32>) -> Result<Vec<u32>, UserError> {
+///         Ok(xs.into_iter().map(|x| 2 * x).collect())
+///     }
+/// }
+/// let spec = DeploymentSpec::builder("doubler", "math::Doubler")
+///     .with_config(|c| {
+///         c.with_max_ongoing_requests(64)
+///             .with_batching(BatchConfig::new(32, Duration::from_millis(5)))
+///     })
+///     .build()
+///     .unwrap();
+/// ```
 pub trait Deployment: Send + Sync + 'static {
     /// What callers send.
     type Request: DeserializeOwned + Send;
@@ -65,6 +98,30 @@ pub trait Deployment: Send + Sync + 'static {
         request: Self::Request,
     ) -> impl Future<Output = Result<Self::Response, UserError>> + Send;
 
+    /// Serve a batch of requests at once: one response per request, in the
+    /// requests' order (the callers' arrival order). Called instead of
+    /// [`handle`](Self::handle) when the deployment's config has `batching`.
+    ///
+    /// An error (or a panic) fails every request of the batch with it; a
+    /// response list of another length fails them all with
+    /// [`CallError::BatchSize`]. A caller that gives up (drops its call, or
+    /// times out) before its batch starts is left out of it; one that gives up
+    /// while its batch runs only loses its response.
+    ///
+    /// Default: every request through [`handle`](Self::handle), concurrently;
+    /// the first error fails the batch.
+    fn handle_batch(
+        &self,
+        requests: Vec<Self::Request>,
+    ) -> impl Future<Output = Result<Vec<Self::Response>, UserError>> + Send {
+        async move {
+            futures::future::join_all(requests.into_iter().map(|r| self.handle(r)))
+                .await
+                .into_iter()
+                .collect()
+        }
+    }
+
     /// Serve one request with a stream of responses, delivered to the caller as
     /// they are produced ([`DeploymentHandle::call_stream`](crate::DeploymentHandle::call_stream)):
     /// token-by-token model output, server-sent events, chunked HTTP bodies. An
@@ -73,7 +130,9 @@ pub trait Deployment: Send + Sync + 'static {
     /// stream ends or the caller drops it, which cancels the stream.
     ///
     /// Default: one item, [`handle`](Self::handle)'s response, so every
-    /// deployment can be called either way.
+    /// deployment can be called either way. A batched deployment answers a
+    /// streaming call with one item, its response from
+    /// [`handle_batch`](Self::handle_batch) (Flotilla does not batch streams).
     ///
     /// ```
     /// use futures::{Stream, stream};
@@ -112,26 +171,57 @@ pub trait Deployment: Send + Sync + 'static {
     }
 }
 
-/// A [`Deployment`] behind MessagePack bytes, so replicas are location-transparent.
-/// Panics in user code are caught and turned into errors here.
+/// A request as it reaches a replica: MessagePack bytes and the caller's
+/// model id, if any.
+pub(crate) struct Call {
+    pub(crate) bytes: Vec<u8>,
+    pub(crate) model_id: Option<Arc<str>>,
+}
+
+/// What a batch handler gave back: one encoded response (or that request's
+/// own error, e.g. one that did not decode) per request, in order.
+pub(crate) type BatchResult = Result<Vec<Result<Vec<u8>, CallError>>, BatchError>;
+
+/// Why a whole batch failed.
+#[derive(Debug)]
+pub(crate) enum BatchError {
+    /// The handler failed (every request gets this error).
+    Failed(CallError),
+    /// The handler returned `got` responses for `expected` requests.
+    Length { expected: usize, got: usize },
+}
+
+/// A [`Deployment`] (or a multiplexed one) behind MessagePack bytes, so
+/// replicas are location-transparent. Panics in user code are caught and
+/// turned into errors here.
 pub(crate) trait ErasedDeployment: Send + Sync + 'static {
-    fn handle(&self, request: Vec<u8>) -> BoxFuture<'_, Result<Vec<u8>, CallError>>;
+    fn handle(&self, call: Call) -> BoxFuture<'_, Result<Vec<u8>, CallError>>;
+    /// Serve a batch of requests, all with the same model id.
+    fn handle_batch(
+        &self,
+        model_id: Option<Arc<str>>,
+        requests: Vec<Vec<u8>>,
+    ) -> BoxFuture<'_, BatchResult>;
     /// Run the streaming handler, sending each encoded item to `items` (waiting
     /// while it is full); returns once the stream ended, with its error if it
     /// failed. A closed `items` (the caller went away) ends it early.
-    fn handle_stream(
-        &self,
-        request: Vec<u8>,
-        items: ItemSender,
-    ) -> BoxFuture<'_, Result<(), CallError>>;
+    fn handle_stream(&self, call: Call, items: ItemSender) -> BoxFuture<'_, Result<(), CallError>>;
     fn reconfigure(&self, user_config: Args) -> BoxFuture<'_, Result<(), UserError>>;
     fn check_health(&self) -> BoxFuture<'_, Result<(), UserError>>;
+    /// Where a multiplexed deployment publishes its loaded model ids.
+    fn models(&self) -> Option<&Arc<ModelHub>> {
+        None
+    }
+    /// The replica stopped: unload every model (multiplexed deployments).
+    fn shutdown(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async {})
+    }
 }
 
 /// Where a streaming handler's encoded items go.
 pub(crate) type ItemSender = tokio::sync::mpsc::Sender<Vec<u8>>;
 
-fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
+pub(crate) fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
     p.downcast_ref::<&str>()
         .map(|s| (*s).to_owned())
         .or_else(|| p.downcast_ref::<String>().cloned())
@@ -170,48 +260,127 @@ impl From<Guarded> for UserError {
     }
 }
 
+impl From<Guarded> for CallError {
+    fn from(g: Guarded) -> Self {
+        match g {
+            Guarded::Failed(e) => CallError::User(e.0),
+            Guarded::Panicked(m) => CallError::Panicked(m),
+        }
+    }
+}
+
+/// Decode a request.
+pub(crate) fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, CallError> {
+    rmp_serde::from_slice(bytes).map_err(|e| CallError::BadRequest(e.to_string()))
+}
+
+/// Encode a response.
+pub(crate) fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, CallError> {
+    rmp_serde::to_vec_named(value).map_err(|e| CallError::BadResponse(e.to_string()))
+}
+
+/// Run a handler: decode, call (panics caught), encode.
+pub(crate) async fn serve_one<Req, Resp, Fut>(
+    bytes: &[u8],
+    handler: impl FnOnce(Req) -> Fut,
+) -> Result<Vec<u8>, CallError>
+where
+    Req: DeserializeOwned,
+    Resp: Serialize,
+    Fut: Future<Output = Result<Resp, UserError>>,
+{
+    let req = decode(bytes)?;
+    let resp = guarded(handler(req)).await?;
+    encode(&resp)
+}
+
+/// Run a batch handler: decode every request (one that does not decode gets
+/// its own error and stays out of the batch), call it once with the rest,
+/// check the length, encode every response.
+pub(crate) async fn serve_batch<Req, Resp, Fut>(
+    requests: Vec<Vec<u8>>,
+    handler: impl FnOnce(Vec<Req>) -> Fut,
+) -> BatchResult
+where
+    Req: DeserializeOwned,
+    Resp: Serialize,
+    Fut: Future<Output = Result<Vec<Resp>, UserError>>,
+{
+    let mut decoded = Vec::with_capacity(requests.len());
+    let mut out: Vec<Result<Vec<u8>, CallError>> = Vec::with_capacity(requests.len());
+    for bytes in &requests {
+        match decode(bytes) {
+            Ok(r) => {
+                decoded.push(r);
+                out.push(Ok(Vec::new()));
+            }
+            Err(e) => out.push(Err(e)),
+        }
+    }
+    if decoded.is_empty() {
+        return Ok(out);
+    }
+    let expected = decoded.len();
+    let responses = guarded(handler(decoded))
+        .await
+        .map_err(|g| BatchError::Failed(g.into()))?;
+    if responses.len() != expected {
+        return Err(BatchError::Length {
+            expected,
+            got: responses.len(),
+        });
+    }
+    let mut responses = responses.iter();
+    for slot in out.iter_mut().filter(|s| s.is_ok()) {
+        if let Some(resp) = responses.next() {
+            *slot = encode(resp);
+        }
+    }
+    Ok(out)
+}
+
+/// Drive a streaming handler's stream, sending each encoded item.
+pub(crate) async fn drive_stream<Resp: Serialize>(
+    stream: impl Stream<Item = Result<Resp, UserError>>,
+    items: ItemSender,
+) -> Result<(), CallError> {
+    let mut stream = std::pin::pin!(AssertUnwindSafe(stream).catch_unwind());
+    while let Some(item) = stream.next().await {
+        let resp = match item {
+            Ok(Ok(resp)) => resp,
+            Ok(Err(e)) => return Err(CallError::User(e.0)),
+            Err(p) => return Err(CallError::Panicked(panic_message(p))),
+        };
+        if items.send(encode(&resp)?).await.is_err() {
+            // The caller dropped the stream: stop producing.
+            return Ok(());
+        }
+    }
+    Ok(())
+}
+
 pub(crate) struct Erased<D>(pub D);
 
 impl<D: Deployment> ErasedDeployment for Erased<D> {
-    fn handle(&self, request: Vec<u8>) -> BoxFuture<'_, Result<Vec<u8>, CallError>> {
-        Box::pin(async move {
-            let req: D::Request = rmp_serde::from_slice(&request)
-                .map_err(|e| CallError::BadRequest(e.to_string()))?;
-            match guarded(async { self.0.handle(req).await }).await {
-                Ok(resp) => rmp_serde::to_vec_named(&resp)
-                    .map_err(|e| CallError::BadResponse(e.to_string())),
-                Err(Guarded::Failed(e)) => Err(CallError::User(e.0)),
-                Err(Guarded::Panicked(m)) => Err(CallError::Panicked(m)),
-            }
-        })
+    fn handle(&self, call: Call) -> BoxFuture<'_, Result<Vec<u8>, CallError>> {
+        Box::pin(async move { serve_one(&call.bytes, |req| self.0.handle(req)).await })
     }
 
-    fn handle_stream(
+    fn handle_batch(
         &self,
-        request: Vec<u8>,
-        items: ItemSender,
-    ) -> BoxFuture<'_, Result<(), CallError>> {
+        _model_id: Option<Arc<str>>,
+        requests: Vec<Vec<u8>>,
+    ) -> BoxFuture<'_, BatchResult> {
+        Box::pin(serve_batch(requests, |reqs| self.0.handle_batch(reqs)))
+    }
+
+    fn handle_stream(&self, call: Call, items: ItemSender) -> BoxFuture<'_, Result<(), CallError>> {
         Box::pin(async move {
-            let req: D::Request = rmp_serde::from_slice(&request)
-                .map_err(|e| CallError::BadRequest(e.to_string()))?;
+            let req: D::Request = decode(&call.bytes)?;
             // Making the stream runs user code too: a panic there is caught as well.
             let stream = std::panic::catch_unwind(AssertUnwindSafe(|| self.0.handle_stream(req)))
                 .map_err(|p| CallError::Panicked(panic_message(p)))?;
-            let mut stream = std::pin::pin!(AssertUnwindSafe(stream).catch_unwind());
-            while let Some(item) = stream.next().await {
-                let resp = match item {
-                    Ok(Ok(resp)) => resp,
-                    Ok(Err(e)) => return Err(CallError::User(e.0)),
-                    Err(p) => return Err(CallError::Panicked(panic_message(p))),
-                };
-                let bytes = rmp_serde::to_vec_named(&resp)
-                    .map_err(|e| CallError::BadResponse(e.to_string()))?;
-                if items.send(bytes).await.is_err() {
-                    // The caller dropped the stream: stop producing.
-                    return Ok(());
-                }
-            }
-            Ok(())
+            drive_stream(stream, items).await
         })
     }
 

@@ -316,6 +316,8 @@ fn error_kind(e: &CallError) -> &'static str {
         CallError::NotFound { .. } => "not_found",
         CallError::Unavailable { .. } => "unavailable",
         CallError::Timeout { .. } => "timeout",
+        CallError::BatchSize { .. } => "batch_size",
+        CallError::ModelLoad { .. } => "model_load",
     }
 }
 

@@ -122,6 +122,27 @@ pub struct DeploymentOverride {
     /// kept in [`RolloutConfig::max_surge_percent`](crate::RolloutConfig::max_surge_percent).
     #[serde(default, deserialize_with = "lax::opt_u32")]
     pub max_surge_percent: Option<u32>,
+    /// Flotilla's extension (Ray has no config field for it: it is
+    /// `@serve.batch`'s argument): most requests in one batch (an integer >= 1).
+    /// Any of the three batching fields turns batching on, the others keeping
+    /// the builder's batching settings, else Ray's defaults. Kept in
+    /// [`DeploymentConfig::batching`].
+    #[serde(default, deserialize_with = "lax::opt_u32")]
+    pub max_batch_size: Option<u32>,
+    /// Flotilla's extension (`@serve.batch`'s argument): seconds a batch waits
+    /// for more requests after its first (a number >= 0).
+    #[serde(default, deserialize_with = "lax::opt_f64")]
+    pub batch_wait_timeout_s: Option<f64>,
+    /// Flotilla's extension (`@serve.batch`'s argument): most batches running at
+    /// once per replica (an integer >= 1).
+    #[serde(default, deserialize_with = "lax::opt_u32")]
+    pub max_concurrent_batches: Option<u32>,
+    /// Flotilla's extension (`@serve.multiplexed`'s argument): most models a
+    /// replica keeps loaded, -1 for no limit (an integer, written as one, as
+    /// Ray checks `isinstance(int)`). Kept in
+    /// [`DeploymentConfig::max_num_models_per_replica`].
+    #[serde(default, deserialize_with = "lax::opt_strict_i64")]
+    pub max_num_models_per_replica: Option<i64>,
 }
 
 /// `backpressure_config` in a config file (Ray's `BackpressureConfig`, which
@@ -302,6 +323,10 @@ impl DeploymentOverride {
             deployment_actors: None,
             rolling_update_percentage: None,
             max_surge_percent: None,
+            max_batch_size: None,
+            batch_wait_timeout_s: None,
+            max_concurrent_batches: None,
+            max_num_models_per_replica: None,
         }
     }
 

@@ -101,6 +101,10 @@ impl DeploymentOverride {
     ///   `request_router_config` and `backpressure_config` replace the builder's
     ///   whole, with Ray's defaults for the fields left out.
     /// - `rolling_update_percentage` and `max_surge_percent` set the rollout pace.
+    /// - `max_batch_size`, `batch_wait_timeout_s` and `max_concurrent_batches`
+    ///   (Flotilla's extension) turn batching on: each given field replaces the
+    ///   builder's batching setting, or Ray's default where the builder has none.
+    /// - `max_num_models_per_replica` (Flotilla's extension): -1 is no limit.
     ///
     /// Errors name the field as the config file does; the result is not yet
     /// validated as a whole (see [`DeploymentConfig::validate`]).
@@ -223,6 +227,39 @@ impl DeploymentOverride {
         }
         if let Some(p) = self.max_surge_percent {
             c.rollout.max_surge_percent = Some(p);
+        }
+        if self.max_batch_size.is_some()
+            || self.batch_wait_timeout_s.is_some()
+            || self.max_concurrent_batches.is_some()
+        {
+            let mut b = c.batching.unwrap_or_default();
+            if let Some(n) = self.max_batch_size {
+                b.max_batch_size = n;
+            }
+            if let Some(s) = self.batch_wait_timeout_s {
+                b.batch_wait_timeout = seconds("batch_wait_timeout_s", s)?;
+            }
+            if let Some(n) = self.max_concurrent_batches {
+                b.max_concurrent_batches = n;
+            }
+            c.batching = Some(b);
+        }
+        if let Some(n) = self.max_num_models_per_replica {
+            c.max_num_models_per_replica = match n {
+                -1 => None,
+                n => match u32::try_from(n) {
+                    Ok(m) if m >= 1 => Some(m),
+                    _ => {
+                        return Err(Error::field(
+                            "max_num_models_per_replica",
+                            format!(
+                                "must be positive (or -1, unlimited), an integer up to {}, got {n}",
+                                u32::MAX
+                            ),
+                        ));
+                    }
+                },
+            };
         }
         Ok(c)
     }

@@ -16,8 +16,8 @@ use std::{
 
 use bytes::Bytes;
 use flotilla::{
-    ApplicationSpec, ApplicationStatus, Deployment, DeploymentSpec, Registry, Serve, ServeOptions,
-    UserError,
+    ApplicationSpec, ApplicationStatus, Deployment, DeploymentSpec, MultiplexedDeployment,
+    Registry, Serve, ServeOptions, UserError,
 };
 use flotilla_http::{HttpOptions, HttpRequest, HttpResponse, HttpServer};
 use futures::{Stream, stream};
@@ -189,7 +189,26 @@ impl Deployment for Plain {
     }
 }
 
-/// The test registry: `t::Echo` (init args: its tag), `t::Plain`, `t::Broken`
+/// A multiplexed HTTP ingress: answers `model <id>: <route path>`.
+pub struct Models;
+
+impl MultiplexedDeployment for Models {
+    type Request = HttpRequest;
+    type Response = HttpResponse;
+    type Model = String;
+    async fn load_model(&self, model_id: &str) -> Result<String, UserError> {
+        Ok(model_id.to_owned())
+    }
+    async fn handle(&self, model: &String, req: HttpRequest) -> Result<HttpResponse, UserError> {
+        Ok(HttpResponse::text(
+            200,
+            format!("model {model}: {}", req.route_path()),
+        ))
+    }
+}
+
+/// The test registry: `t::Echo` (init args: its tag), `t::Plain`, `t::Models`
+/// (multiplexed), `t::Broken`
 /// (its constructor always fails), and the config builder `t.echo:app` (args:
 /// `{tag}`; one `ingress` deployment of `t::Echo`).
 pub fn registry(probe: &Arc<Probe>) -> Registry {
@@ -206,6 +225,8 @@ pub fn registry(probe: &Arc<Probe>) -> Registry {
         })
         .unwrap()
         .register("t::Plain", |_ctx| async { Ok(Plain) })
+        .unwrap()
+        .register_multiplexed("t::Models", |_ctx| async { Ok(Models) })
         .unwrap()
         .register("t::Broken", |_ctx| async {
             Err::<Plain, _>(UserError::new("broken on purpose"))

@@ -388,3 +388,77 @@ fn a_user_config_is_still_any_value() {
         Some(Args::encode(&[1u8, 2]).unwrap())
     );
 }
+
+#[test]
+fn batching_fields_turn_batching_on_with_rays_defaults_for_the_rest() {
+    use crate::BatchConfig;
+    // Not given: no batching (the builder's).
+    assert_eq!(applied("").batching, None);
+    let c = applied("        max_batch_size: 32\n");
+    assert_eq!(
+        c.batching,
+        Some(BatchConfig {
+            max_batch_size: 32,
+            ..BatchConfig::default()
+        })
+    );
+    let c = applied(
+        "        max_batch_size: 8.0\n        batch_wait_timeout_s: 0.25\n        max_concurrent_batches: '2'\n",
+    );
+    assert_eq!(
+        c.batching,
+        Some(BatchConfig::new(8, Duration::from_millis(250)).with_max_concurrent_batches(2))
+    );
+    // A zero timeout is valid (Ray's 0 and 0.0).
+    assert_eq!(
+        applied("        batch_wait_timeout_s: 0\n")
+            .batching
+            .map(|b| b.batch_wait_timeout),
+        Some(Duration::ZERO)
+    );
+    // Given fields replace the builder's batching settings, the others stay.
+    let c = front("        max_concurrent_batches: 3\n");
+    let mut built = super::built();
+    built.deployments[0].config.batching = Some(BatchConfig::new(16, Duration::from_millis(2)));
+    let spec = apply_overrides(built, &parse(&c).applications[0]).unwrap();
+    assert_eq!(
+        spec.deployment("front").unwrap().config.batching,
+        Some(BatchConfig::new(16, Duration::from_millis(2)).with_max_concurrent_batches(3))
+    );
+    for (field, bad, says) in [
+        ("max_batch_size", "0", ">= 1"),
+        ("max_concurrent_batches", "0", ">= 1"),
+        ("batch_wait_timeout_s", "-0.5", ">= 0"),
+    ] {
+        let text = front(&format!("        {field}: {bad}\n"));
+        assert_at(&err(&text), &text, bad, field, says);
+    }
+    let text = front("        max_batch_size: 1.5\n");
+    assert_parse_at(&err(&text), &text, "1.5", "fractional part");
+}
+
+#[test]
+fn max_num_models_per_replica_is_rays_with_minus_one_unlimited() {
+    assert_eq!(applied("").max_num_models_per_replica, Some(3));
+    assert_eq!(
+        applied("        max_num_models_per_replica: 5\n").max_num_models_per_replica,
+        Some(5)
+    );
+    assert_eq!(
+        applied("        max_num_models_per_replica: -1\n").max_num_models_per_replica,
+        None
+    );
+    for bad in ["0", "-2"] {
+        let text = front(&format!("        max_num_models_per_replica: {bad}\n"));
+        assert_at(
+            &err(&text),
+            &text,
+            bad,
+            "max_num_models_per_replica",
+            "must be positive",
+        );
+    }
+    // An integer written as one (Ray's isinstance(int)).
+    let text = front("        max_num_models_per_replica: '3'\n");
+    assert_parse_at(&err(&text), &text, "'3'", "written as one");
+}

@@ -165,6 +165,11 @@ fn a_config_with_every_field_lands_in_the_model() {
     assert_eq!(index.num_replicas, ReplicaCount::Fixed(2));
     assert_eq!(index.max_ongoing_requests, 4);
     assert_eq!(index.max_replicas_per_node, Some(1));
+    assert_eq!(
+        index.batching,
+        Some(crate::BatchConfig::new(16, Duration::from_millis(5)).with_max_concurrent_batches(2))
+    );
+    assert_eq!(index.max_num_models_per_replica, None);
 }
 
 #[test]

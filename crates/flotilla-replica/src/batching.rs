@@ -1,0 +1,496 @@
+//! One replica's batcher (Ray's `_BatchQueue`): requests that reach a batched
+//! deployment's replica wait here, are gathered into batches and handed to the
+//! batch handler in one call each.
+//!
+//! Ray's rules, reproduced:
+//! - a batch forms from the first waiting request: it is handed over as soon
+//!   as `max_batch_size` requests are in it, or `batch_wait_timeout` after that
+//!   first one was taken, whichever is first (one deadline, never extended);
+//! - the settings are read when a batch starts forming, so a change applies
+//!   from the next batch;
+//! - forming goes on while earlier batches wait for one of the
+//!   `max_concurrent_batches` places; waiting batches start in order;
+//! - a multiplexed deployment's batch is split by model id, in order of each
+//!   id's first appearance, and the parts run together in the batch's place;
+//! - results go back by position; an error goes to every request of the
+//!   (part of the) batch.
+//!
+//! Departing from Ray, a caller that gave up is dropped when the batch forms
+//! as well as when it starts, so it takes no place in a batch.
+//!
+//! The batcher is one small task per replica, started by the replica's first
+//! batched request and ended with the replica (its endpoint dropped or
+//! killed): it sleeps on its queue and on the batch deadline, never polls.
+//! A waiting request keeps its caller's `max_ongoing_requests` slot, so it
+//! counts as load for routing and autoscaling.
+
+use std::{
+    collections::VecDeque,
+    sync::{Arc, Mutex, MutexGuard},
+};
+
+use flotilla_core::{AppName, DeploymentName};
+use tokio::{
+    sync::{mpsc, oneshot, watch},
+    time::Instant,
+};
+use tracing::Instrument;
+
+use crate::{
+    CallError, ReplicaId,
+    settings::Settings,
+    user::{BatchError, ErasedDeployment},
+};
+
+/// What one waiting caller gets back.
+type Reply = oneshot::Sender<Result<Vec<u8>, CallError>>;
+
+/// One request waiting for its batch.
+struct Entry {
+    bytes: Vec<u8>,
+    model_id: Option<Arc<str>>,
+    reply: Reply,
+}
+
+impl Entry {
+    /// Its caller gave up (dropped the call, or timed out).
+    fn gone(&self) -> bool {
+        self.reply.is_closed()
+    }
+}
+
+/// Batches formed but not started, and how many run.
+#[derive(Default)]
+struct Exec {
+    running: u32,
+    waiting: VecDeque<Vec<Entry>>,
+}
+
+/// What the forming task and the batch tasks share.
+struct Shared {
+    user: Arc<dyn ErasedDeployment>,
+    settings: Arc<Settings>,
+    app: AppName,
+    deployment: DeploymentName,
+    replica: ReplicaId,
+    exec: Mutex<Exec>,
+    closed: watch::Sender<bool>,
+    /// The replica's batcher span (no parent: not the first caller's): the
+    /// forming task and the batches run in it, each batch in a `batch` span.
+    span: tracing::Span,
+}
+
+impl Shared {
+    fn exec(&self) -> MutexGuard<'_, Exec> {
+        self.exec.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn killed(&self) -> CallError {
+        CallError::Killed {
+            replica: self.replica.to_string(),
+        }
+    }
+
+    fn is_closed(&self) -> bool {
+        *self.closed.borrow()
+    }
+}
+
+/// One replica's batcher: the sending side of its queue.
+pub(crate) struct Batcher {
+    queue: mpsc::UnboundedSender<Entry>,
+    shared: Arc<Shared>,
+}
+
+impl Batcher {
+    /// Start the forming task for a replica running `user`.
+    pub(crate) fn start(
+        user: Arc<dyn ErasedDeployment>,
+        settings: Arc<Settings>,
+        app: AppName,
+        deployment: DeploymentName,
+        replica: ReplicaId,
+    ) -> Batcher {
+        let (queue, rx) = mpsc::unbounded_channel();
+        let span = tracing::info_span!(parent: None, "batcher", app = %app,
+            deployment = %deployment, replica = %replica);
+        let shared = Arc::new(Shared {
+            user,
+            settings,
+            app,
+            deployment,
+            replica,
+            exec: Mutex::new(Exec::default()),
+            closed: watch::Sender::new(false),
+            span: span.clone(),
+        });
+        tokio::spawn(form(shared.clone(), rx).instrument(span));
+        Batcher { queue, shared }
+    }
+
+    /// Wait for a place in a batch and for the batch's answer to this request.
+    pub(crate) async fn submit(
+        &self,
+        bytes: Vec<u8>,
+        model_id: Option<Arc<str>>,
+    ) -> Result<Vec<u8>, CallError> {
+        if self.shared.is_closed() {
+            return Err(self.shared.killed());
+        }
+        let (reply, answer) = oneshot::channel();
+        let entry = Entry {
+            bytes,
+            model_id,
+            reply,
+        };
+        if self.queue.send(entry).is_err() {
+            return Err(self.shared.killed());
+        }
+        answer.await.unwrap_or_else(|_| Err(self.shared.killed()))
+    }
+
+    /// The replica is gone: fail what waits, cut what runs, end the task.
+    pub(crate) fn close(&self) {
+        self.shared.closed.send_replace(true);
+    }
+}
+
+/// The forming task: one batch after another, until the replica ends.
+async fn form(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Entry>) {
+    let mut closed = shared.closed.subscribe();
+    loop {
+        let first = tokio::select! {
+            biased;
+            _ = closed.wait_for(|c| *c) => break,
+            e = rx.recv() => match e {
+                Some(e) => e,
+                None => break,
+            },
+        };
+        if first.gone() {
+            continue;
+        }
+        // The settings of this batch, read as it starts (Ray's per-batch cache).
+        let Some(config) = shared.settings.batching() else {
+            // Batching was turned off while this request queued: serve it alone.
+            dispatch(&shared, vec![first]);
+            continue;
+        };
+        let max = config.max_batch_size as usize;
+        let deadline = Instant::now() + config.batch_wait_timeout;
+        let mut batch = Vec::with_capacity(max.min(1024));
+        batch.push(first);
+        let sleep = tokio::time::sleep_until(deadline);
+        tokio::pin!(sleep);
+        while batch.len() < max {
+            match rx.try_recv() {
+                Ok(e) => {
+                    if !e.gone() {
+                        batch.push(e);
+                    }
+                    continue;
+                }
+                Err(mpsc::error::TryRecvError::Disconnected) => break,
+                Err(mpsc::error::TryRecvError::Empty) => {}
+            }
+            if Instant::now() >= deadline {
+                break;
+            }
+            tokio::select! {
+                biased;
+                _ = closed.wait_for(|c| *c) => break,
+                e = rx.recv() => match e {
+                    Some(e) if !e.gone() => batch.push(e),
+                    Some(_) => {}
+                    None => break,
+                },
+                _ = &mut sleep => break,
+            }
+        }
+        if shared.is_closed() {
+            fail(&shared, batch);
+            break;
+        }
+        dispatch(&shared, batch);
+    }
+    // Ended: nothing waiting is served any more.
+    rx.close();
+    while let Ok(e) = rx.try_recv() {
+        let _ = e.reply.send(Err(shared.killed()));
+    }
+    let waiting: Vec<_> = shared.exec().waiting.drain(..).collect();
+    for batch in waiting {
+        fail(&shared, batch);
+    }
+}
+
+fn fail(shared: &Shared, batch: Vec<Entry>) {
+    for e in batch {
+        let _ = e.reply.send(Err(shared.killed()));
+    }
+}
+
+/// Queue a formed batch and start what the concurrency limit allows.
+fn dispatch(shared: &Arc<Shared>, batch: Vec<Entry>) {
+    let mut exec = shared.exec();
+    exec.waiting.push_back(batch);
+    start_waiting(shared, &mut exec);
+}
+
+/// Start waiting batches, oldest first, while fewer than the limit run.
+fn start_waiting(shared: &Arc<Shared>, exec: &mut Exec) {
+    let limit = shared.settings.max_concurrent_batches();
+    while exec.running < limit {
+        let Some(batch) = exec.waiting.pop_front() else {
+            return;
+        };
+        exec.running += 1;
+        tokio::spawn(run_batches(shared.clone(), batch).instrument(shared.span.clone()));
+    }
+}
+
+/// Run `batch`, then the next waiting ones while the limit allows.
+async fn run_batches(shared: Arc<Shared>, batch: Vec<Entry>) {
+    let mut next = Some(batch);
+    while let Some(batch) = next.take() {
+        run_batch(&shared, batch).await;
+        let mut exec = shared.exec();
+        if exec.running <= shared.settings.max_concurrent_batches() {
+            next = exec.waiting.pop_front();
+        }
+        if next.is_none() {
+            exec.running -= 1;
+            start_waiting(&shared, &mut exec);
+        }
+    }
+}
+
+/// Run one formed batch: without the callers who left, split by model id for
+/// a multiplexed deployment.
+async fn run_batch(shared: &Shared, mut batch: Vec<Entry>) {
+    batch.retain(|e| !e.gone());
+    if batch.is_empty() {
+        return;
+    }
+    if shared.is_closed() {
+        fail(shared, batch);
+        return;
+    }
+    if shared.user.models().is_none() {
+        run_part(shared, None, batch).await;
+        return;
+    }
+    let mut parts: Vec<(Option<Arc<str>>, Vec<Entry>)> = Vec::new();
+    for e in batch {
+        match parts.iter_mut().find(|(id, _)| *id == e.model_id) {
+            Some((_, part)) => part.push(e),
+            None => parts.push((e.model_id.clone(), vec![e])),
+        }
+    }
+    futures::future::join_all(
+        parts
+            .into_iter()
+            .map(|(id, part)| run_part(shared, id, part)),
+    )
+    .await;
+}
+
+/// Hand one batch (or one model's part of it) to the batch handler and give
+/// every caller its answer.
+async fn run_part(shared: &Shared, model_id: Option<Arc<str>>, part: Vec<Entry>) {
+    let (requests, replies): (Vec<_>, Vec<_>) =
+        part.into_iter().map(|e| (e.bytes, e.reply)).unzip();
+    let mut closed = shared.closed.subscribe();
+    let span = tracing::info_span!(
+        "batch",
+        size = requests.len(),
+        model_id = model_id.as_deref().unwrap_or("")
+    );
+    let result = tokio::select! {
+        r = shared.user.handle_batch(model_id, requests).instrument(span) => r,
+        _ = closed.wait_for(|c| *c) => Err(BatchError::Failed(shared.killed())),
+    };
+    match result {
+        Ok(responses) => {
+            for (reply, response) in replies.into_iter().zip(responses) {
+                let _ = reply.send(response);
+            }
+        }
+        Err(e) => {
+            let error = match e {
+                BatchError::Failed(e) => e,
+                BatchError::Length { expected, got } => CallError::BatchSize {
+                    app: shared.app.to_string(),
+                    deployment: shared.deployment.to_string(),
+                    requests: expected,
+                    responses: got,
+                },
+            };
+            for reply in replies {
+                let _ = reply.send(Err(error.clone()));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::{sync::atomic::Ordering, time::Duration};
+
+    use flotilla_core::BatchConfig;
+
+    use super::*;
+    use crate::{Deployment, UserError, user::Erased};
+
+    /// Sums are the batches it saw; "fail" fails its batch, "short" makes it
+    /// answer one response too few; every batch takes 10 ms.
+    #[derive(Default)]
+    struct Recorder {
+        batches: Mutex<Vec<Vec<u32>>>,
+        running: std::sync::atomic::AtomicU32,
+        peak: std::sync::atomic::AtomicU32,
+    }
+
+    impl Deployment for Arc<Recorder> {
+        type Request = u32;
+        type Response = u32;
+        async fn handle(&self, x: u32) -> Result<u32, UserError> {
+            Ok(x)
+        }
+        async fn handle_batch(&self, xs: Vec<u32>) -> Result<Vec<u32>, UserError> {
+            let n = self.running.fetch_add(1, Ordering::SeqCst) + 1;
+            self.peak.fetch_max(n, Ordering::SeqCst);
+            self.batches.lock().unwrap().push(xs.clone());
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            self.running.fetch_sub(1, Ordering::SeqCst);
+            if xs.contains(&999) {
+                return Err(UserError::new("asked to fail"));
+            }
+            if xs.contains(&998) {
+                return Ok(xs[1..].to_vec());
+            }
+            Ok(xs.into_iter().map(|x| x * 10).collect())
+        }
+    }
+
+    fn batcher(config: BatchConfig) -> (Arc<Recorder>, Arc<Settings>, Arc<Batcher>) {
+        let rec = Arc::new(Recorder::default());
+        let settings = Arc::new(Settings::default());
+        settings.set_batching(Some(config));
+        let b = Batcher::start(
+            Arc::new(Erased(rec.clone())),
+            settings.clone(),
+            AppName::new("a").unwrap(),
+            DeploymentName::new("d").unwrap(),
+            ReplicaId(7),
+        );
+        (rec, settings, Arc::new(b))
+    }
+
+    fn submit(b: &Arc<Batcher>, x: u32) -> tokio::task::JoinHandle<Result<u32, CallError>> {
+        let b = b.clone();
+        tokio::spawn(async move {
+            let bytes = rmp_serde::to_vec(&x).unwrap();
+            b.submit(bytes, None)
+                .await
+                .map(|out| rmp_serde::from_slice(&out).unwrap())
+        })
+    }
+
+    async fn settle() {
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_full_batch_goes_at_once_and_the_rest_at_the_deadline() {
+        let (rec, _, b) = batcher(BatchConfig::new(3, Duration::from_secs(10)));
+        let calls: Vec<_> = (1..=5).map(|x| submit(&b, x)).collect();
+        let t0 = Instant::now();
+        let mut out = Vec::new();
+        for c in calls {
+            out.push(c.await.unwrap().unwrap());
+        }
+        assert_eq!(out, [10, 20, 30, 40, 50]);
+        assert_eq!(*rec.batches.lock().unwrap(), [vec![1, 2, 3], vec![4, 5]]);
+        // The second batch waited for its deadline.
+        assert!(t0.elapsed() >= Duration::from_secs(10));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn max_concurrent_batches_bounds_running_batches_and_formation_goes_on() {
+        let (rec, settings, b) =
+            batcher(BatchConfig::new(2, Duration::ZERO).with_max_concurrent_batches(2));
+        let calls: Vec<_> = (0..12).map(|x| submit(&b, x)).collect();
+        for c in calls {
+            c.await.unwrap().unwrap();
+        }
+        assert_eq!(rec.peak.load(Ordering::SeqCst), 2);
+        // Raised in place: from the next batches.
+        settings.set_batching(Some(
+            BatchConfig::new(2, Duration::ZERO).with_max_concurrent_batches(4),
+        ));
+        let calls: Vec<_> = (0..16).map(|x| submit(&b, x)).collect();
+        for c in calls {
+            c.await.unwrap().unwrap();
+        }
+        assert_eq!(rec.peak.load(Ordering::SeqCst), 4);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn errors_and_wrong_lengths_fail_the_whole_batch() {
+        let (_, _, b) = batcher(BatchConfig::new(3, Duration::from_millis(1)));
+        let calls: Vec<_> = [1, 999, 2].into_iter().map(|x| submit(&b, x)).collect();
+        for c in calls {
+            assert_eq!(
+                c.await.unwrap().unwrap_err(),
+                CallError::User("asked to fail".into())
+            );
+        }
+        let calls: Vec<_> = [1, 998].into_iter().map(|x| submit(&b, x)).collect();
+        for c in calls {
+            let e = c.await.unwrap().unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    CallError::BatchSize {
+                        requests: 2,
+                        responses: 1,
+                        ..
+                    }
+                ),
+                "{e}"
+            );
+            assert!(
+                e.to_string().contains("deployment 'd' of application 'a'"),
+                "{e}"
+            );
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_caller_that_leaves_is_not_in_the_batch_and_close_fails_the_rest() {
+        let (rec, _, b) = batcher(BatchConfig::new(3, Duration::from_millis(50)));
+        let leaver = submit(&b, 1);
+        let stayer = submit(&b, 2);
+        settle().await;
+        leaver.abort();
+        assert!(leaver.await.is_err());
+        assert_eq!(stayer.await.unwrap().unwrap(), 20);
+        assert_eq!(*rec.batches.lock().unwrap(), [vec![2]]);
+        let waiting = submit(&b, 3);
+        settle().await;
+        b.close();
+        assert!(matches!(
+            waiting.await.unwrap(),
+            Err(CallError::Killed { .. })
+        ));
+        assert!(matches!(
+            submit(&b, 4).await.unwrap(),
+            Err(CallError::Killed { .. })
+        ));
+    }
+}

@@ -1,0 +1,443 @@
+//! One replica's models (Ray's `_ModelMultiplexWrapper`): loaded by id through
+//! the user's loader, at most the deployment's `max_num_models_per_replica`
+//! kept, the least recently used unloaded first, and every change published by
+//! subscription for routers.
+//!
+//! - A hit moves the model to the most recently used end and takes no lock
+//!   beyond the cache's own short one.
+//! - A miss starts one load per id: requests for a model that is loading wait
+//!   for that load (they are not a second load), and all get its outcome. A
+//!   failed load fails every waiting request with the loader's error and
+//!   leaves nothing cached (Ray's waiters would each retry the load).
+//! - Loads (with the unloads that make room for them) run one at a time per
+//!   replica, in a task of their own, as Ray's single lock orders them: the
+//!   limit is never exceeded, even while a load runs. A load finishes (and its
+//!   model is cached) even if every caller waiting for it gave up.
+//! - The published ids include models still loading, as Ray's do, so routers
+//!   send more requests for a model to the replica already loading it.
+
+use std::{
+    collections::VecDeque,
+    sync::{Arc, Mutex, MutexGuard},
+};
+
+use tokio::sync::watch;
+use tracing::Instrument;
+
+use crate::{CallError, MultiplexedDeployment, UserError, settings::Settings, user::guarded};
+
+/// The models one replica of a multiplexed deployment holds, as published to
+/// routers (see [`ReplicaEndpoint::watch_models`](crate::ReplicaEndpoint::watch_models)).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ModelIds {
+    /// Loaded models, least recently loaded first.
+    pub loaded: Vec<Arc<str>>,
+    /// Models being loaded now (or waiting for their turn to load).
+    pub loading: Vec<Arc<str>>,
+}
+
+impl ModelIds {
+    /// Whether `model_id` is loaded or loading.
+    pub fn contains(&self, model_id: &str) -> bool {
+        self.loaded
+            .iter()
+            .chain(&self.loading)
+            .any(|m| &**m == model_id)
+    }
+
+    /// Whether no model is loaded or loading.
+    pub fn is_empty(&self) -> bool {
+        self.loaded.is_empty() && self.loading.is_empty()
+    }
+}
+
+/// Where one replica's model ids are published: the cache writes, routers read.
+#[derive(Debug, Default)]
+pub(crate) struct ModelHub {
+    ids: watch::Sender<ModelIds>,
+}
+
+impl ModelHub {
+    /// Whether `model_id` is loaded or loading (no allocation).
+    pub(crate) fn contains(&self, model_id: &str) -> bool {
+        self.ids.borrow().contains(model_id)
+    }
+
+    /// How many models are loaded or loading (no allocation).
+    pub(crate) fn count(&self) -> usize {
+        let ids = self.ids.borrow();
+        ids.loaded.len() + ids.loading.len()
+    }
+
+    /// The ids now.
+    pub(crate) fn current(&self) -> ModelIds {
+        self.ids.borrow().clone()
+    }
+
+    /// A subscription to every change.
+    pub(crate) fn subscribe(&self) -> watch::Receiver<ModelIds> {
+        self.ids.subscribe()
+    }
+
+    /// A hub that shows `ids` loaded (unit tests of routers).
+    #[cfg(test)]
+    pub(crate) fn with_ids(ids: &[&str]) -> Self {
+        ModelHub {
+            ids: watch::Sender::new(ModelIds {
+                loaded: ids.iter().map(|m| Arc::from(*m)).collect(),
+                loading: Vec::new(),
+            }),
+        }
+    }
+}
+
+/// The outcome of one load, shared by every request that waited for it.
+type Outcome<T> = Option<Result<Arc<T>, CallError>>;
+
+struct Loading<T> {
+    id: Arc<str>,
+    outcome: watch::Receiver<Outcome<T>>,
+}
+
+struct State<T> {
+    /// Least recently used first.
+    loaded: VecDeque<(Arc<str>, Arc<T>)>,
+    loading: Vec<Loading<T>>,
+    /// The replica stopped: no more loads.
+    closed: bool,
+}
+
+/// The model cache of one replica of `M`.
+pub(crate) struct ModelCache<M: MultiplexedDeployment> {
+    source: Arc<M>,
+    state: Mutex<State<M::Model>>,
+    /// One load (with its evictions) at a time.
+    turn: tokio::sync::Mutex<()>,
+    settings: Arc<Settings>,
+    hub: Arc<ModelHub>,
+    /// The replica's span: loads and unloads run in `load_model` and
+    /// `unload_model` spans under it, not under the request that asked.
+    span: tracing::Span,
+}
+
+impl<M: MultiplexedDeployment> ModelCache<M> {
+    pub(crate) fn new(source: Arc<M>, settings: Arc<Settings>, span: tracing::Span) -> Self {
+        ModelCache {
+            source,
+            state: Mutex::new(State {
+                loaded: VecDeque::new(),
+                loading: Vec::new(),
+                closed: false,
+            }),
+            turn: tokio::sync::Mutex::new(()),
+            settings,
+            hub: Arc::new(ModelHub::default()),
+            span,
+        }
+    }
+
+    pub(crate) fn hub(&self) -> &Arc<ModelHub> {
+        &self.hub
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State<M::Model>> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn publish(&self, s: &State<M::Model>) {
+        self.hub.ids.send_replace(ModelIds {
+            loaded: s.loaded.iter().map(|(id, _)| id.clone()).collect(),
+            loading: s.loading.iter().map(|l| l.id.clone()).collect(),
+        });
+    }
+
+    /// The model `id`: cached, or loaded (once, however many ask at once).
+    pub(crate) async fn get(self: &Arc<Self>, id: &Arc<str>) -> Result<Arc<M::Model>, CallError> {
+        let mut outcome = {
+            let mut s = self.lock();
+            if s.closed {
+                return Err(load_error(id, "the replica is stopping"));
+            }
+            if let Some(pos) = s.loaded.iter().position(|(k, _)| k == id)
+                && let Some(entry) = s.loaded.remove(pos)
+            {
+                let model = entry.1.clone();
+                s.loaded.push_back(entry);
+                return Ok(model);
+            }
+            match s.loading.iter().find(|l| &l.id == id) {
+                Some(l) => l.outcome.clone(),
+                None => {
+                    let (tx, rx) = watch::channel(None);
+                    s.loading.push(Loading {
+                        id: id.clone(),
+                        outcome: rx.clone(),
+                    });
+                    self.publish(&s);
+                    let span =
+                        tracing::info_span!(parent: &self.span, "load_model", model_id = %id);
+                    tokio::spawn(self.clone().load(id.clone(), tx).instrument(span));
+                    rx
+                }
+            }
+        };
+        match outcome.wait_for(Option::is_some).await {
+            Ok(done) => done
+                .clone()
+                .unwrap_or_else(|| Err(load_error(id, "the load was abandoned"))),
+            Err(_) => Err(load_error(id, "the load was abandoned")),
+        }
+    }
+
+    /// Load `id` in its turn, unloading the least recently used models first
+    /// to make room, and tell every waiter.
+    async fn load(self: Arc<Self>, id: Arc<str>, done: watch::Sender<Outcome<M::Model>>) {
+        let _turn = self.turn.lock().await;
+        self.make_room().await;
+        let result = guarded(self.source.load_model(&id)).await;
+        let (outcome, late) = {
+            let mut s = self.lock();
+            s.loading.retain(|l| l.id != id);
+            let out = match result {
+                Ok(model) => {
+                    let model = Arc::new(model);
+                    if s.closed {
+                        (Ok(model.clone()), Some(model))
+                    } else {
+                        s.loaded.push_back((id.clone(), model.clone()));
+                        (Ok(model), None)
+                    }
+                }
+                Err(g) => {
+                    let e = UserError::from(g);
+                    tracing::error!(model_id = %id, error = %e, "failed to load model");
+                    (Err(load_error(&id, &e.0)), None)
+                }
+            };
+            self.publish(&s);
+            out
+        };
+        done.send_replace(Some(outcome));
+        if let Some(model) = late {
+            // Loaded after the replica stopped: unload it at once.
+            self.unload(id, model).await;
+        }
+    }
+
+    /// Unload least recently used models until one more fits the limit.
+    async fn make_room(&self) {
+        loop {
+            let victim = {
+                let mut s = self.lock();
+                let full = self
+                    .settings
+                    .max_models()
+                    .is_some_and(|limit| s.loaded.len() >= limit as usize);
+                let victim = if full { s.loaded.pop_front() } else { None };
+                if victim.is_some() {
+                    self.publish(&s);
+                }
+                victim
+            };
+            match victim {
+                Some((id, model)) => self.unload(id, model).await,
+                None => return,
+            }
+        }
+    }
+
+    async fn unload(&self, id: Arc<str>, model: Arc<M::Model>) {
+        let unloading = async {
+            self.source.unload_model(&id, model).await;
+            Ok::<_, UserError>(())
+        };
+        let span = tracing::info_span!(parent: &self.span, "unload_model", model_id = %id);
+        if let Err(g) = guarded(unloading).instrument(span).await {
+            tracing::warn!(model_id = %id, error = %UserError::from(g),
+                "unloading a model failed");
+        }
+    }
+
+    /// The replica stopped: unload every model, least recently used first.
+    pub(crate) async fn shutdown(&self) {
+        let models = {
+            let mut s = self.lock();
+            if s.closed {
+                return;
+            }
+            s.closed = true;
+            let models: Vec<_> = s.loaded.drain(..).collect();
+            self.publish(&s);
+            models
+        };
+        for (id, model) in models {
+            self.unload(id, model).await;
+        }
+    }
+}
+
+fn load_error(id: &str, message: &str) -> CallError {
+    CallError::ModelLoad {
+        model_id: id.to_owned(),
+        message: message.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::{
+        sync::atomic::{AtomicU32, Ordering},
+        time::Duration,
+    };
+
+    use super::*;
+
+    /// Loads take 10 ms; loading "bad" fails; every load and unload is logged.
+    #[derive(Default)]
+    struct Zoo {
+        loads: AtomicU32,
+        log: Mutex<Vec<String>>,
+    }
+
+    impl Zoo {
+        fn log(&self) -> Vec<String> {
+            self.log.lock().unwrap().clone()
+        }
+    }
+
+    impl MultiplexedDeployment for Zoo {
+        type Request = ();
+        type Response = String;
+        type Model = String;
+        async fn load_model(&self, id: &str) -> Result<String, UserError> {
+            self.loads.fetch_add(1, Ordering::SeqCst);
+            self.log.lock().unwrap().push(format!("load {id}"));
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            if id == "bad" {
+                return Err(UserError::new("no such model"));
+            }
+            Ok(format!("model {id}"))
+        }
+        async fn unload_model(&self, id: &str, model: Arc<String>) {
+            assert_eq!(*model, format!("model {id}"));
+            self.log.lock().unwrap().push(format!("unload {id}"));
+        }
+        async fn handle(&self, model: &String, _: ()) -> Result<String, UserError> {
+            Ok(model.clone())
+        }
+    }
+
+    fn cache(limit: Option<u32>) -> (Arc<Zoo>, Arc<ModelCache<Zoo>>) {
+        let zoo = Arc::new(Zoo::default());
+        let settings = Arc::new(Settings::default());
+        settings.set_max_models(limit);
+        let span = tracing::Span::none();
+        (zoo.clone(), Arc::new(ModelCache::new(zoo, settings, span)))
+    }
+
+    fn id(s: &str) -> Arc<str> {
+        Arc::from(s)
+    }
+
+    fn loaded(c: &ModelCache<Zoo>) -> Vec<String> {
+        c.hub()
+            .current()
+            .loaded
+            .iter()
+            .map(|m| m.to_string())
+            .collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn evicts_the_least_recently_used_and_unloads_it_first() {
+        // Ray's test_multiplex_wrapper, cap 2.
+        let (zoo, c) = cache(Some(2));
+        c.get(&id("1")).await.unwrap();
+        c.get(&id("2")).await.unwrap();
+        assert_eq!(loaded(&c), ["1", "2"]);
+        c.get(&id("3")).await.unwrap();
+        assert_eq!(loaded(&c), ["2", "3"]);
+        // A hit makes "2" the most recently used, so "3" goes next.
+        assert_eq!(*c.get(&id("2")).await.unwrap(), "model 2");
+        c.get(&id("4")).await.unwrap();
+        let mut now: Vec<String> = c.lock().loaded.iter().map(|(k, _)| k.to_string()).collect();
+        now.sort();
+        assert_eq!(now, ["2", "4"]);
+        assert_eq!(
+            zoo.log(),
+            [
+                "load 1", "load 2", "unload 1", "load 3", "unload 3", "load 4"
+            ]
+        );
+        c.shutdown().await;
+        assert!(c.hub().current().is_empty());
+        assert_eq!(zoo.log().len(), 8);
+        assert!(c.get(&id("1")).await.is_err());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn concurrent_requests_for_a_loading_model_share_one_load() {
+        let (zoo, c) = cache(Some(3));
+        let mut rx = c.hub().subscribe();
+        let gets: Vec<_> = (0..5)
+            .map(|_| {
+                let c = c.clone();
+                tokio::spawn(async move { c.get(&id("m")).await })
+            })
+            .collect();
+        // The load is published as loading before it finishes.
+        rx.wait_for(|ids| ids.loading.iter().any(|m| &**m == "m"))
+            .await
+            .unwrap();
+        for g in gets {
+            assert_eq!(*g.await.unwrap().unwrap(), "model m");
+        }
+        assert_eq!(zoo.loads.load(Ordering::SeqCst), 1);
+        assert_eq!(loaded(&c), ["m"]);
+        assert!(c.hub().contains("m"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_load_fails_its_waiters_and_caches_nothing() {
+        let (zoo, c) = cache(Some(3));
+        let a = {
+            let c = c.clone();
+            tokio::spawn(async move { c.get(&id("bad")).await })
+        };
+        let b = {
+            let c = c.clone();
+            tokio::spawn(async move { c.get(&id("bad")).await })
+        };
+        for r in [a.await.unwrap(), b.await.unwrap()] {
+            match r {
+                Err(CallError::ModelLoad { model_id, message }) => {
+                    assert_eq!(
+                        (model_id.as_str(), message.as_str()),
+                        ("bad", "no such model")
+                    );
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        assert_eq!(zoo.loads.load(Ordering::SeqCst), 1);
+        assert!(c.hub().current().is_empty());
+        // Nothing was cached: the next request loads again.
+        assert!(c.get(&id("bad")).await.is_err());
+        assert_eq!(zoo.loads.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn no_limit_keeps_everything_and_a_lower_limit_applies_from_the_next_load() {
+        let (_zoo, c) = cache(None);
+        for m in ["a", "b", "c", "d"] {
+            c.get(&id(m)).await.unwrap();
+        }
+        assert_eq!(loaded(&c), ["a", "b", "c", "d"]);
+        c.settings.set_max_models(Some(2));
+        assert_eq!(loaded(&c).len(), 4);
+        c.get(&id("e")).await.unwrap();
+        assert_eq!(loaded(&c), ["d", "e"]);
+    }
+}

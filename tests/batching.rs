@@ -1,0 +1,429 @@
+//! Request batching (Ray's `@serve.batch`) through the public API, on paused
+//! time: batches form by size and by deadline, `max_concurrent_batches`
+//! bounds the batches running at once, the settings change in place,
+//! a failure or a wrong-length answer fails the whole batch, a caller that
+//! gives up leaves its batch, and `max_ongoing_requests` and autoscaling see
+//! the requests waiting for a batch.
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::{
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use flotilla::{
+    ApplicationSpec, AutoscalingConfig, BatchConfig, CallError, Deployment, DeploymentHandle,
+    DeploymentSpec, Registry, ReplicaState, Serve, UserError,
+};
+use tokio::time::Instant;
+
+/// A request that fails its batch.
+const FAIL: u32 = 999;
+/// A request that makes the batch answer one response too few.
+const SHORT: u32 = 998;
+/// What each batch costs (virtual time).
+const COST: Duration = Duration::from_millis(10);
+
+/// Records every batch it is handed, with its virtual start time.
+#[derive(Default)]
+struct Log {
+    batches: Mutex<Vec<(Instant, Vec<u32>)>>,
+    singles: Mutex<Vec<u32>>,
+}
+
+impl Log {
+    fn batches(&self) -> Vec<Vec<u32>> {
+        self.batches
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(_, b)| b.clone())
+            .collect()
+    }
+
+    fn sizes(&self) -> Vec<usize> {
+        self.batches().iter().map(Vec::len).collect()
+    }
+}
+
+struct Batched(Arc<Log>);
+
+impl Deployment for Batched {
+    type Request = u32;
+    type Response = u32;
+
+    async fn handle(&self, x: u32) -> Result<u32, UserError> {
+        self.0.singles.lock().unwrap().push(x);
+        Ok(x + 1000)
+    }
+
+    async fn handle_batch(&self, xs: Vec<u32>) -> Result<Vec<u32>, UserError> {
+        self.0
+            .batches
+            .lock()
+            .unwrap()
+            .push((Instant::now(), xs.clone()));
+        tokio::time::sleep(COST).await;
+        if xs.contains(&FAIL) {
+            return Err(UserError::new("the batch failed"));
+        }
+        if xs.contains(&SHORT) {
+            return Ok(xs[1..].iter().map(|x| x + 1000).collect());
+        }
+        Ok(xs.into_iter().map(|x| x + 1000).collect())
+    }
+}
+
+async fn start() -> (tempfile::TempDir, Arc<Log>, Serve) {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Arc::new(Log::default());
+    let l = log.clone();
+    let registry = Registry::new()
+        .register("batch::Batched", move |_ctx| {
+            let l = l.clone();
+            async move { Ok(Batched(l)) }
+        })
+        .unwrap();
+    let serve = support::start_with(&dir, registry).await;
+    (dir, log, serve)
+}
+
+fn app(replicas: u32, max_ongoing: u32, batching: Option<BatchConfig>) -> ApplicationSpec {
+    ApplicationSpec::builder("b")
+        .deployment(
+            DeploymentSpec::builder("batched", "batch::Batched")
+                .replicas(replicas)
+                .with_config(|c| {
+                    c.with_max_ongoing_requests(max_ongoing)
+                        .with_batching(batching)
+                }),
+        )
+        .build()
+        .unwrap()
+}
+
+fn call(h: &DeploymentHandle, x: u32) -> tokio::task::JoinHandle<Result<u32, CallError>> {
+    let h = h.clone();
+    tokio::spawn(async move { h.call(&x).await })
+}
+
+/// Let spawned calls reach their replica (no virtual time passes).
+async fn settle() {
+    for _ in 0..50 {
+        tokio::task::yield_now().await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_batch_goes_as_soon_as_max_batch_size_requests_wait() {
+    let (_dir, log, serve) = start().await;
+    let h = serve
+        .run(app(
+            1,
+            16,
+            Some(BatchConfig::new(4, Duration::from_secs(60))),
+        ))
+        .await
+        .unwrap();
+    let t0 = Instant::now();
+    let calls: Vec<_> = (0..8).map(|x| call(&h, x)).collect();
+    let mut out = Vec::new();
+    for c in calls {
+        out.push(c.await.unwrap().unwrap());
+    }
+    // Each caller got its own response, by position.
+    assert_eq!(out, (1000..1008).collect::<Vec<_>>());
+    assert_eq!(log.sizes(), [4, 4]);
+    let mut all: Vec<u32> = log.batches().concat();
+    all.sort_unstable();
+    assert_eq!(all, (0..8).collect::<Vec<_>>());
+    // Full batches never waited for the 60 s deadline.
+    assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
+    assert!(log.singles.lock().unwrap().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_batch_that_does_not_fill_goes_at_its_deadline_from_its_first_request() {
+    let (_dir, log, serve) = start().await;
+    let h = serve
+        .run(app(
+            1,
+            16,
+            Some(BatchConfig::new(10, Duration::from_millis(50))),
+        ))
+        .await
+        .unwrap();
+    let t0 = Instant::now();
+    let first = call(&h, 1);
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    // A later arrival joins the batch; the deadline is not extended.
+    let second = call(&h, 2);
+    assert_eq!(first.await.unwrap().unwrap(), 1001);
+    assert_eq!(second.await.unwrap().unwrap(), 1002);
+    let batches = log.batches.lock().unwrap().clone();
+    assert_eq!(batches.len(), 1);
+    assert_eq!(batches[0].1, [1, 2]);
+    let started = batches[0].0 - t0;
+    assert!(
+        started >= Duration::from_millis(50) && started < Duration::from_millis(52),
+        "{started:?}"
+    );
+    // A zero timeout hands over whatever waits, at once.
+    serve
+        .run(app(1, 16, Some(BatchConfig::new(10, Duration::ZERO))))
+        .await
+        .unwrap();
+    let t1 = Instant::now();
+    assert_eq!(call(&h, 3).await.unwrap().unwrap(), 1003);
+    assert!(
+        t1.elapsed() < Duration::from_millis(15),
+        "{:?}",
+        t1.elapsed()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn batch_settings_change_in_place_from_the_next_batch() {
+    let (_dir, log, serve) = start().await;
+    let h = serve
+        .run(app(
+            1,
+            16,
+            Some(BatchConfig::new(2, Duration::from_secs(60))),
+        ))
+        .await
+        .unwrap();
+    let before = support::observe(&serve, "b", "batched").await;
+    let ids: Vec<_> = before.replicas.iter().map(|r| r.id).collect();
+    let calls: Vec<_> = (0..4).map(|x| call(&h, x)).collect();
+    for c in calls {
+        c.await.unwrap().unwrap();
+    }
+    assert_eq!(log.sizes(), [2, 2]);
+    log.batches.lock().unwrap().clear();
+    // A config-only change: the same replica takes the new settings.
+    serve
+        .run(app(
+            1,
+            16,
+            Some(BatchConfig::new(4, Duration::from_millis(20))),
+        ))
+        .await
+        .unwrap();
+    let after = support::wait_snapshot(&serve, "b", "batched", |s| {
+        s.count(ReplicaState::Running) == 1 && s.version != before.version
+    })
+    .await;
+    assert_eq!(after.version.code, before.version.code);
+    assert_eq!(after.replicas.iter().map(|r| r.id).collect::<Vec<_>>(), ids);
+    let t0 = Instant::now();
+    let calls: Vec<_> = (10..16).map(|x| call(&h, x)).collect();
+    for c in calls {
+        c.await.unwrap().unwrap();
+    }
+    // Four at once, then the other two at the new 20 ms deadline.
+    assert_eq!(log.sizes(), [4, 2]);
+    assert!(
+        t0.elapsed() < Duration::from_millis(60),
+        "{:?}",
+        t0.elapsed()
+    );
+    // Turned off in place: each request on its own, through `handle`.
+    serve.run(app(1, 16, None)).await.unwrap();
+    assert_eq!(call(&h, 20).await.unwrap().unwrap(), 1020);
+    assert_eq!(*log.singles.lock().unwrap(), [20]);
+    assert_eq!(
+        support::observe(&serve, "b", "batched")
+            .await
+            .replicas
+            .iter()
+            .map(|r| r.id)
+            .collect::<Vec<_>>(),
+        ids
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn max_concurrent_batches_from_the_config_bounds_the_batches_running_at_once() {
+    let (_dir, log, serve) = start().await;
+    let batching = BatchConfig::new(2, Duration::from_secs(1)).with_max_concurrent_batches(2);
+    let h = serve.run(app(1, 16, Some(batching))).await.unwrap();
+    let t0 = Instant::now();
+    let calls: Vec<_> = (0..8).map(|x| call(&h, x)).collect();
+    for c in calls {
+        c.await.unwrap().unwrap();
+    }
+    assert_eq!(log.sizes(), [2, 2, 2, 2]);
+    // Two batches at a time, each taking COST: two start at once, two after.
+    let starts: Vec<Duration> = log
+        .batches
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(t, _)| *t - t0)
+        .collect();
+    assert_eq!(starts, [Duration::ZERO, Duration::ZERO, COST, COST]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failing_batch_fails_every_request_of_it_with_the_error() {
+    let (_dir, log, serve) = start().await;
+    let h = serve
+        .run(app(
+            1,
+            16,
+            Some(BatchConfig::new(3, Duration::from_secs(1))),
+        ))
+        .await
+        .unwrap();
+    let calls: Vec<_> = [1, FAIL, 2].into_iter().map(|x| call(&h, x)).collect();
+    for c in calls {
+        assert_eq!(
+            c.await.unwrap().unwrap_err(),
+            CallError::User("the batch failed".into())
+        );
+    }
+    // The next batch is served.
+    let calls: Vec<_> = [3, 4, 5].into_iter().map(|x| call(&h, x)).collect();
+    for c in calls {
+        c.await.unwrap().unwrap();
+    }
+    assert_eq!(log.sizes(), [3, 3]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_wrong_number_of_responses_fails_the_batch_naming_the_deployment() {
+    let (_dir, _log, serve) = start().await;
+    let h = serve
+        .run(app(
+            1,
+            16,
+            Some(BatchConfig::new(3, Duration::from_secs(1))),
+        ))
+        .await
+        .unwrap();
+    let calls: Vec<_> = [1, SHORT, 2].into_iter().map(|x| call(&h, x)).collect();
+    for c in calls {
+        let e = c.await.unwrap().unwrap_err();
+        match &e {
+            CallError::BatchSize {
+                app,
+                deployment,
+                requests,
+                responses,
+            } => {
+                assert_eq!(
+                    (app.as_str(), deployment.as_str(), *requests, *responses),
+                    ("b", "batched", 3, 2)
+                );
+            }
+            other => panic!("expected BatchSize, got {other}"),
+        }
+        let shown = e.to_string();
+        assert!(
+            shown.contains("deployment 'batched' of application 'b'"),
+            "{shown}"
+        );
+        assert!(
+            shown.contains("the input list has length 3 but the returned list has length 2"),
+            "{shown}"
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_caller_that_gives_up_is_removed_from_a_batch_that_has_not_started() {
+    let (_dir, log, serve) = start().await;
+    let h = serve
+        .run(app(
+            1,
+            16,
+            Some(BatchConfig::new(5, Duration::from_millis(100))),
+        ))
+        .await
+        .unwrap();
+    // One times out, one is dropped, one stays.
+    let impatient = {
+        let h = h.clone().with_timeout(Duration::from_millis(20));
+        tokio::spawn(async move { h.call::<_, u32>(&1u32).await })
+    };
+    let dropped = call(&h, 2);
+    let stays = call(&h, 3);
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    dropped.abort();
+    assert!(dropped.await.unwrap_err().is_cancelled());
+    assert!(matches!(
+        impatient.await.unwrap(),
+        Err(CallError::Timeout { .. })
+    ));
+    // Both left before the batch started: they freed their slots at once.
+    assert_eq!(h.replicas()[0].in_flight(), 1);
+    assert_eq!(stays.await.unwrap().unwrap(), 1003);
+    assert_eq!(log.batches(), [vec![3]]);
+    // A caller that leaves while its batch runs only loses its response.
+    let leaves = call(&h, 4);
+    let other = call(&h, 5);
+    tokio::time::sleep(Duration::from_millis(105)).await;
+    leaves.abort();
+    assert_eq!(other.await.unwrap().unwrap(), 1005);
+    assert_eq!(log.batches()[1], [4, 5]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn max_ongoing_requests_bounds_batched_requests_and_waiting_ones_are_in_flight() {
+    let (_dir, log, serve) = start().await;
+    let h = serve
+        .run(app(
+            1,
+            3,
+            Some(BatchConfig::new(10, Duration::from_millis(100))),
+        ))
+        .await
+        .unwrap();
+    let calls: Vec<_> = (0..5).map(|x| call(&h, x)).collect();
+    settle().await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // Three hold the replica's slots while they wait for their batch; two
+    // wait in the handle's queue.
+    assert_eq!(h.replicas()[0].in_flight(), 3);
+    assert_eq!(h.route().queued(), 2);
+    for c in calls {
+        c.await.unwrap().unwrap();
+    }
+    assert_eq!(log.sizes(), [3, 2]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn autoscaling_counts_requests_waiting_for_a_batch_as_load() {
+    let (_dir, _log, serve) = start().await;
+    let config = AutoscalingConfig {
+        min_replicas: 1,
+        initial_replicas: Some(1),
+        max_replicas: 4,
+        target_ongoing_requests: 1.0,
+        upscale_delay: Duration::from_secs(5),
+        look_back_period: Duration::from_secs(5),
+        ..Default::default()
+    };
+    let spec = ApplicationSpec::builder("b")
+        .deployment(
+            DeploymentSpec::builder("batched", "batch::Batched").with_config(|c| {
+                c.with_autoscaling(config)
+                    .with_max_ongoing_requests(100)
+                    // Requests wait a long time for a batch that never fills.
+                    .with_batching(BatchConfig::new(1_000, Duration::from_secs(3_600)))
+            }),
+        )
+        .build()
+        .unwrap();
+    let h = serve.run(spec).await.unwrap();
+    let calls: Vec<_> = (0..4).map(|x| call(&h, x)).collect();
+    let s = support::wait_snapshot(&serve, "b", "batched", |s| s.target.replicas == 4).await;
+    assert_eq!(s.target.replicas, 4);
+    for c in calls {
+        c.abort();
+    }
+}

@@ -3,7 +3,10 @@
 //! HTTP/1.1 connections, each sending its next request when the last answer is
 //! read), at 1, 64 and 512 connections, for a trivial echo and a streamed
 //! response. The two servers alternate (bare, proxy, bare, proxy), and each
-//! figure is the better of its two rounds.
+//! figure is the better of its two rounds. Then the same again open-loop: a
+//! fixed offered rate (`FLOTILLA_BENCH_RATE`, default 4,000 req/s) spread over
+//! 1, 64 and 512 connections, each connection on its own schedule, so that `p99_at_512_over_p99_at_1` measures what many connections cost
+//! rather than the queue 512 closed-loop callers build (`"load": "open"`).
 //!
 //! Prints one JSON figure per line, as the project's other benchmarks:
 //! `{"scenario": "proxy-echo", "metric": "req_per_s", "value": .., "unit": "req/s",
@@ -160,6 +163,66 @@ async fn load(addr: SocketAddr, path: &'static str, conns: usize, secs: f64) -> 
     (all.len() as f64 / elapsed, q(0.50), q(0.99))
 }
 
+/// One open-loop round: `conns` connections that together offer `rate`
+/// requests a second for `secs`, each connection sending on its own fixed
+/// schedule (connection `i` at `i / rate`, then every `conns / rate`), whatever
+/// the answers do; returns (achieved req/s, p50 ms, p99 ms) of the latencies
+/// from each request's scheduled time (so a request held back by a slow
+/// predecessor on its connection counts its wait: no coordinated omission).
+async fn open_load(
+    addr: SocketAddr,
+    path: &'static str,
+    conns: usize,
+    rate: f64,
+    secs: f64,
+) -> (f64, f64, f64) {
+    let start = tokio::time::Instant::now() + Duration::from_millis(50);
+    let end = start + Duration::from_secs_f64(secs);
+    let period = Duration::from_secs_f64(conns as f64 / rate);
+    let tasks: Vec<_> = (0..conns)
+        .map(|i| {
+            tokio::spawn(async move {
+                let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+                stream.set_nodelay(true).unwrap();
+                let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                    .await
+                    .unwrap();
+                tokio::spawn(conn);
+                let mut latencies = Vec::new();
+                let mut due = start + Duration::from_secs_f64(i as f64 / rate);
+                while due < end {
+                    tokio::time::sleep_until(due).await;
+                    send.ready().await.unwrap();
+                    let req = http::Request::get(path)
+                        .header("host", "bench")
+                        .body(Full::new(Bytes::new()))
+                        .unwrap();
+                    let t = Instant::now();
+                    let resp = send.send_request(req).await.unwrap();
+                    assert_eq!(resp.status(), 200);
+                    let body = resp.into_body().collect().await.unwrap().to_bytes();
+                    debug_assert!(!body.is_empty());
+                    latencies.push(t.elapsed().as_micros() as u64);
+                    due += period;
+                }
+                latencies
+            })
+        })
+        .collect();
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.unwrap());
+    }
+    all.sort_unstable();
+    let q = |p: f64| {
+        all.get(((all.len() as f64 - 1.0) * p) as usize)
+            .copied()
+            .unwrap_or(0) as f64
+            / 1000.0
+    };
+    (all.len() as f64 / secs, q(0.50), q(0.99))
+}
+
 fn figure(scenario: &str, metric: &str, value: f64, unit: &str, extra: serde_json::Value) {
     let mut v = serde_json::json!({"scenario": scenario, "metric": metric,
         "value": (value * 1000.0).round() / 1000.0, "unit": unit});
@@ -174,6 +237,13 @@ fn main() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(2.0);
+    // The open-loop rounds' offered rate: well below either server's capacity
+    // on 2 cores (~20-35k req/s closed-loop), so neither queues.
+    let rate: f64 = std::env::var("FLOTILLA_BENCH_RATE")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .filter(|r: &f64| *r > 0.0)
+        .unwrap_or(4000.0);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -285,6 +355,41 @@ fn main() {
                 "ratio",
                 serde_json::json!({"connections": 512}),
             );
+        }
+        // Open loop: the same offered rate over 1, 64 and 512 connections, so
+        // the p99 ratio measures what many connections cost the server, not the
+        // queue a closed loop of 512 callers builds on 2 cores.
+        for (scenario, path) in [("proxy-echo", "/echo"), ("proxy-stream", "/stream")] {
+            let mut p99 = [Vec::new(), Vec::new()];
+            for conns in [1usize, 64, 512] {
+                let mut best = [(0.0f64, f64::MAX, f64::MAX); 2];
+                for _round in 0..2 {
+                    for (i, addr) in [bare, proxy].into_iter().enumerate() {
+                        let r = open_load(addr, path, conns, rate, secs).await;
+                        if r.2 < best[i].2 {
+                            best[i] = r;
+                        }
+                    }
+                }
+                for (i, target) in ["bare", "proxy"].into_iter().enumerate() {
+                    let extra = serde_json::json!({"target": target, "connections": conns,
+                        "load": "open", "offered_req_per_s": rate});
+                    figure(scenario, "req_per_s", best[i].0, "req/s", extra.clone());
+                    figure(scenario, "p50", best[i].1, "ms", extra.clone());
+                    figure(scenario, "p99", best[i].2, "ms", extra);
+                    p99[i].push(best[i].2);
+                }
+            }
+            for (i, target) in ["bare", "proxy"].into_iter().enumerate() {
+                figure(
+                    scenario,
+                    "p99_at_512_over_p99_at_1",
+                    p99[i][2] / p99[i][0],
+                    "ratio",
+                    serde_json::json!({"target": target, "load": "open",
+                        "offered_req_per_s": rate, "at_most": 10.0}),
+                );
+            }
         }
         http.shutdown().await;
         serve.shutdown().await.unwrap();

@@ -29,6 +29,7 @@
 //! call ([`DeploymentHandle::with_model_id`](flotilla::DeploymentHandle::with_model_id)).
 
 use std::{
+    borrow::Cow,
     convert::Infallible,
     hash::BuildHasher,
     sync::{Arc, atomic::AtomicU64},
@@ -115,15 +116,16 @@ impl RequestIds {
         let lo = self.key.hash_one(!n);
         let v = (u128::from(hi) << 64 | u128::from(lo)) & !(0xF << 76) | (0x4 << 76);
         let v = v & !(0x3 << 62) | (0x2 << 62);
-        let h = format!("{v:032x}");
-        format!(
-            "{}-{}-{}-{}-{}",
-            &h[..8],
-            &h[8..12],
-            &h[12..16],
-            &h[16..20],
-            &h[20..]
-        )
+        // 8-4-4-4-12 hex digits, written into one allocation.
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let mut id = String::with_capacity(36);
+        for i in 0..32 {
+            if matches!(i, 8 | 12 | 16 | 20) {
+                id.push('-');
+            }
+            id.push(char::from(HEX[((v >> (124 - 4 * i)) & 0xF) as usize]));
+        }
+        id
     }
 }
 
@@ -160,12 +162,10 @@ fn timeout_text(request_id: &str, timeout: Option<Duration>) -> String {
     }
 }
 
-/// Percent-decode a path as uvicorn does for `scope["path"]`.
-fn decode_path(raw: &str) -> Option<String> {
-    percent_encoding::percent_decode_str(raw)
-        .decode_utf8()
-        .ok()
-        .map(|p| p.into_owned())
+/// Percent-decode a path as uvicorn does for `scope["path"]` (borrowed when
+/// it has nothing to decode).
+fn decode_path(raw: &str) -> Option<Cow<'_, str>> {
+    percent_encoding::percent_decode_str(raw).decode_utf8().ok()
 }
 
 /// The request's timeout: the header's if it has a valid one, else the server's.
@@ -216,6 +216,12 @@ impl Proxy {
         };
         let entry = entry.clone();
         drop(snapshot);
+        // The path the handler sees: under the server's root path, if any.
+        let path = if self.options.root_path.is_empty() {
+            path.into_owned()
+        } else {
+            format!("{}{path}", self.options.root_path)
+        };
         let span = tracing::info_span!("http_request", app = %entry.app,
             deployment = %entry.ingress, route = %entry.prefix, request_id = %request_id);
         let done = Done::new(
@@ -300,22 +306,19 @@ impl Proxy {
                 );
             }
         };
-        let mut headers: Vec<(String, String)> = parts
-            .headers
-            .iter()
-            .map(|(n, v)| {
-                (
-                    n.as_str().to_owned(),
-                    String::from_utf8_lossy(v.as_bytes()).into_owned(),
-                )
-            })
-            .collect();
+        let mut headers: Vec<(String, String)> = Vec::with_capacity(parts.headers.len() + 1);
+        headers.extend(parts.headers.iter().map(|(n, v)| {
+            (
+                n.as_str().to_owned(),
+                String::from_utf8_lossy(v.as_bytes()).into_owned(),
+            )
+        }));
         if !parts.headers.contains_key(REQUEST_ID_HEADER) {
             headers.push((REQUEST_ID_HEADER.to_owned(), request_id.clone()));
         }
         let request = HttpRequest {
             method: parts.method.as_str().to_owned(),
-            path: format!("{}{path}", self.options.root_path),
+            path,
             root_path: entry.root_path.clone(),
             route_prefix: entry.prefix.clone(),
             query: parts.uri.query().unwrap_or_default().to_owned(),
@@ -559,5 +562,39 @@ fn hopeless(entry: &RouteEntry, status: ApplicationStatus) -> Option<String> {
             Some(unavailable(entry, "its application is being deleted"))
         }
         ApplicationStatus::Deploying | ApplicationStatus::Running => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_ids_are_distinct_uuid_v4_text() {
+        let ids = RequestIds::default();
+        let a = ids.next();
+        let b = ids.next();
+        assert_ne!(a, b);
+        for id in [a, b] {
+            let groups: Vec<&str> = id.split('-').collect();
+            let lens: Vec<usize> = groups.iter().map(|g| g.len()).collect();
+            assert_eq!(lens, [8, 4, 4, 4, 12], "{id}");
+            assert!(
+                id.chars()
+                    .all(|c| c == '-' || c.is_ascii_hexdigit() && !c.is_ascii_uppercase())
+            );
+            assert!(groups[2].starts_with('4'), "version 4: {id}");
+            assert!(
+                matches!(&groups[3][..1], "8" | "9" | "a" | "b"),
+                "variant: {id}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_path_without_escapes_is_borrowed() {
+        assert!(matches!(decode_path("/a/b"), Some(Cow::Borrowed("/a/b"))));
+        assert_eq!(decode_path("/a%20b").as_deref(), Some("/a b"));
+        assert_eq!(decode_path("/%ff"), None);
     }
 }

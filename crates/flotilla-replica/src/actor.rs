@@ -195,7 +195,8 @@ pub struct ReplicaArgs {
     pub route: Arc<DeploymentRoute>,
     /// How it reports to its DeploymentActor.
     pub reporter: ReplicaReporter,
-    /// The process group of its deployment, joined at start (see [`crate::groups`]).
+    /// The process group of its deployment, joined at start (see
+    /// [`flotilla_supervision::groups`]).
     pub group: String,
     /// The node it was placed on.
     pub node: String,

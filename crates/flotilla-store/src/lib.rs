@@ -15,8 +15,10 @@
 //! [`Store::open`] reads the whole file and checks it (schema version, every record
 //! decoded and validated) before it opens it for writing, through a read-only open, or,
 //! for a file not closed cleanly, through a recovery in memory; the checked snapshot is
-//! what it returns. A path that is not a regular file (a FIFO, a socket, a device) is
-//! refused before it is opened. Nothing panics on a damaged file: a panic of redb on one,
+//! what it returns. The file is locked, whole and exclusively, before anything reads it,
+//! and stays locked until the store closes: of concurrent opens of one path, exactly one
+//! gets the store, the others [`StoreError::Locked`]. A path that is not a regular file
+//! (a FIFO, a socket, a device) is refused before it is opened. Nothing panics on a damaged file: a panic of redb on one,
 //! at open, load or commit, is caught and reported as [`StoreError::Corrupt`]. A new
 //! checkpoint is created readable by its owner only (mode 0600 on Unix): it holds init
 //! args and user configs.
@@ -24,6 +26,7 @@
 mod batch;
 mod codec;
 mod error;
+mod lock;
 mod scratch;
 mod snapshot;
 mod store;

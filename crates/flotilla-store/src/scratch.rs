@@ -8,17 +8,18 @@
 //! unclean file before the writable open that recovers it for real, so that a damaged
 //! unclean file is refused without a byte of it changed.
 //!
-//! The locks are the file's own (a [`FileBackend`] on it), so while redb has the file open
-//! through a `Scratch`, no other writer has it.
+//! Its locks are the store's lock on the file (a [`LockedBackend`]), held before redb opens
+//! the file through a `Scratch` and after it closes it, so no other opener has the file
+//! meanwhile.
 
 use std::collections::BTreeMap;
-use std::fs::File;
 use std::io;
 use std::ops::Bound;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use redb::backends::FileBackend;
 use redb::{BackendError, StorageBackend};
+
+use crate::lock::LockedBackend;
 
 /// The size of the memory pages laid over the file (redb's page size; any size works).
 const BLOCK: u64 = 4096;
@@ -27,7 +28,7 @@ const BLOCK: u64 = 4096;
 #[derive(Debug)]
 pub(crate) struct Scratch {
     /// The file, for reads and locks only; never written.
-    file: FileBackend,
+    file: LockedBackend,
     state: Mutex<State>,
 }
 
@@ -44,9 +45,8 @@ struct State {
 
 impl Scratch {
     /// Lay an empty overlay over `file`; redb will see the file as it is now.
-    pub(crate) fn new(file: File) -> io::Result<Scratch> {
-        let len = file.metadata()?.len();
-        let file = FileBackend::new(file).map_err(io::Error::other)?;
+    pub(crate) fn new(file: LockedBackend) -> io::Result<Scratch> {
+        let len = file.len()?;
         Ok(Scratch {
             file,
             state: Mutex::new(State {
@@ -205,13 +205,15 @@ mod tests {
     use std::io::Write;
 
     use super::*;
+    use crate::lock::LockedFile;
 
     /// A file of `len` bytes, byte i = i mod 251, and a scratch over it.
     fn scratch(len: usize) -> (tempfile::NamedTempFile, Vec<u8>, Scratch) {
         let bytes: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
         let mut file = tempfile::NamedTempFile::new().unwrap();
         file.write_all(&bytes).unwrap();
-        let scratch = Scratch::new(file.reopen().unwrap()).unwrap();
+        let locked = LockedFile::lock(file.path(), file.reopen().unwrap()).unwrap();
+        let scratch = Scratch::new(locked).unwrap();
         (file, bytes, scratch)
     }
 

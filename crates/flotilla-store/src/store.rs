@@ -11,7 +11,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError, RwLock, RwLockReadGuard};
 
 use flotilla_core::{AppName, AppRecord, DeploymentName, DeploymentRecord};
-use redb::backends::FileBackend;
 use redb::{
     Builder, Database, Durability, ReadOnlyTable, ReadTransaction, ReadableDatabase, ReadableTable,
     TableDefinition, TableError, TableHandle, WriteTransaction,
@@ -20,6 +19,7 @@ use serde::de::IgnoredAny;
 
 use crate::batch::{Batch, Op};
 use crate::codec::decode;
+use crate::lock::{LockedBackend, LockedFile};
 use crate::scratch::Scratch;
 use crate::tables::{APPS, CONFIG, CONFIG_KEY, DEPLOYMENTS, META, SCHEMA_KEY};
 use crate::{FileKind, SCHEMA_VERSION, Snapshot, StoreError};
@@ -64,12 +64,29 @@ impl Store {
     /// [`StoreError::NotAFile`], found from its metadata before anything opens it (opening
     /// a FIFO would wait for a writer).
     ///
+    /// **One store per file.** Before anything reads the file, it is locked, whole and
+    /// exclusively, by a single try through one handle that the check, the writable open
+    /// and the store then share (redb's own file lock: on Linux and Apple platforms an
+    /// open-file-description lock, on Windows `LockFileEx`); it is released when the store
+    /// closes, or when the open fails. A file that another instance, another `Store` in
+    /// this process, or any other redb handle has open is [`StoreError::Locked`], and
+    /// nothing of it was read. Of concurrent opens of one path, exactly one gets the
+    /// store and the others `Locked`: no step of one overlaps another's check or writable
+    /// open. (Left to redb, whose read-only and writable opens each lock the file by
+    /// themselves, in different orders, one opener's check and another's writable open
+    /// could refuse each other both.) No lock file is made: the directory holds the
+    /// checkpoint alone. The lock needs a handle open for writing, so a file that cannot
+    /// be opened for writing is [`StoreError::Io`].
+    ///
     /// A missing file is built under a temporary name in the same directory (on Unix with
-    /// mode 0600, readable by its owner only, from its creation), stamped with
+    /// mode 0600, readable by its owner only, from its creation), locked, stamped with
     /// [`SCHEMA_VERSION`] in one write transaction, and then hard-linked into place, so
-    /// `path` never names a half-made checkpoint (on a file system without hard links it
-    /// is built in place). A crash while creating may leave the temporary
-    /// `.<name>.creating-<pid>-<n>` behind; it is never read.
+    /// `path` never names a half-made checkpoint; it is opened through the lock it was
+    /// built under, so its creator gets the store. On a file system without hard links it
+    /// is built in place and locked at once; an opener that finds it in the moment between
+    /// its creation and its lock reads an empty file ([`StoreError::Corrupt`]). A crash
+    /// while creating may leave the temporary `.<name>.creating-<pid>-<n>` behind; it is
+    /// never read.
     ///
     /// **A damaged file is never written.** An existing file is first opened read-only,
     /// which writes nothing, and read whole in one read transaction: its schema version is
@@ -81,7 +98,8 @@ impl Store {
     /// has a newer schema ([`StoreError::SchemaTooNew`]) is refused and left byte-for-byte
     /// as it was. Only a file that passed every check is opened for writing, and the
     /// snapshot the check read is the one returned: no record is read or validated twice.
-    /// A file another instance holds is [`StoreError::Locked`].
+    /// The lock is held from before the check to the writable open, so no other instance
+    /// (nor any redb handle) can have changed the file in between.
     ///
     /// A file that was not closed cleanly (its writer crashed) cannot be opened read-only:
     /// redb refuses to read it before recovering it, and recovery writes. It is recovered
@@ -92,11 +110,6 @@ impl Store {
     /// never a committed record. Every commit records the allocator state (redb's quick
     /// repair), so that recovery is quick; for such a file it runs twice, in memory and on
     /// disk.
-    ///
-    /// The file is not locked between the check and the writable open, which checks the
-    /// schema version again but not the records: another instance that opened, changed and
-    /// closed the file in that moment would go unseen by the returned snapshot (two
-    /// instances on one file are otherwise refused with [`StoreError::Locked`]).
     ///
     /// A panic of redb on a damaged file, here or in any later call of the store, is
     /// caught and is [`StoreError::Corrupt`].
@@ -116,16 +129,17 @@ impl Store {
     pub fn open(path: impl AsRef<Path>) -> Result<(Store, Snapshot), StoreError> {
         let path = path.as_ref().to_path_buf();
         // Looked at before anything opens it: opening a FIFO would wait for a writer.
-        match fs::metadata(&path) {
+        let created = match fs::metadata(&path) {
             Ok(meta) => {
                 if let Some(kind) = FileKind::of(meta.file_type()) {
                     return Err(StoreError::NotAFile { path, kind });
                 }
+                None
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound => create(&path)?,
             Err(e) => return Err(StoreError::io(&path, e)),
-        }
-        open_existing(path)
+        };
+        open_existing(path, created)
     }
 
     /// The checkpoint file's path, as given to [`open`](Self::open).
@@ -387,8 +401,10 @@ fn open_read<K: redb::Key + 'static, V: redb::Value + 'static>(
     }
 }
 
-/// Create a missing checkpoint: build it under a temporary name, then link it into place.
-fn create(path: &Path) -> Result<(), StoreError> {
+/// Create a missing checkpoint: build it under a temporary name, locked, then link it into
+/// place. Returns the new file, still locked, to be opened; `None` if another opener created
+/// it first (its file is to be opened, and locked, as any existing one).
+fn create(path: &Path) -> Result<Option<LockedBackend>, StoreError> {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let Some(file_name) = path.file_name() else {
         return Err(StoreError::io(
@@ -406,32 +422,40 @@ fn create(path: &Path) -> Result<(), StoreError> {
     ));
     let tmp = dir.join(tmp_name);
     let file = create_new(&tmp).map_err(|e| StoreError::io(path, e))?;
-    let linked = unpanicking(path, "creating", || initialise(path, file))
-        .and_then(|r| r)
-        .map(|()| fs::hard_link(&tmp, path));
+    // Locked before it is linked into place: an opener that finds it there finds it locked.
+    let linked = built(path, file).map(|file| (file, fs::hard_link(&tmp, path)));
     if let Err(e) = fs::remove_file(&tmp) {
         tracing::warn!(file = %tmp.display(), error = %e, "cannot remove the temporary checkpoint");
     }
     match linked? {
-        Ok(()) => {
+        (file, Ok(())) => {
             tracing::info!(checkpoint = %path.display(), schema = SCHEMA_VERSION, "created the checkpoint");
-            sync_dir(path, dir)
+            sync_dir(path, dir)?;
+            Ok(Some(file))
         }
         // Another opener created it first: open theirs.
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
+        (_, Err(e)) if e.kind() == io::ErrorKind::AlreadyExists => Ok(None),
         // A file system without hard links: create the file in place instead.
-        Err(e) => {
+        (_, Err(e)) => {
             tracing::debug!(error = %e, "cannot link the new checkpoint into place; creating it in place");
             match create_new(path) {
                 Ok(file) => {
-                    unpanicking(path, "creating", || initialise(path, file))??;
-                    sync_dir(path, dir)
+                    let file = built(path, file)?;
+                    sync_dir(path, dir)?;
+                    Ok(Some(file))
                 }
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(None),
                 Err(e) => Err(StoreError::io(path, e)),
             }
         }
     }
+}
+
+/// Lock the new, empty `file` and [`initialise`] it; the lock is kept.
+fn built(path: &Path, file: File) -> Result<LockedBackend, StoreError> {
+    let file = LockedFile::lock(path, file)?;
+    unpanicking(path, "creating", || initialise(path, file.clone()))??;
+    Ok(file)
 }
 
 /// Create a file that must not exist yet, for reading and writing. On Unix it is made
@@ -464,15 +488,12 @@ fn sync_dir(path: &Path, dir: &Path) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// Initialise a new, empty `file` as a checkpoint: the tables and the schema version, in
-/// one durable write transaction.
-fn initialise(path: &Path, file: File) -> Result<(), StoreError> {
+/// Initialise a new, empty, locked `file` as a checkpoint: the tables and the schema
+/// version, in one durable write transaction.
+fn initialise(path: &Path, file: LockedBackend) -> Result<(), StoreError> {
     let db_err = |e| StoreError::from_redb_database(path, e);
     let table = |e| StoreError::from_redb_table(path, e);
-    let backend = FileBackend::new(file).map_err(db_err)?;
-    let db = Builder::new()
-        .create_with_backend(backend)
-        .map_err(db_err)?;
+    let db = Builder::new().create_with_backend(file).map_err(db_err)?;
     let txn = begin_write(path, &db)?;
     {
         let mut meta = txn.open_table(META).map_err(table)?;
@@ -487,10 +508,28 @@ fn initialise(path: &Path, file: File) -> Result<(), StoreError> {
     db.close().map_err(db_err)
 }
 
-/// Open an existing checkpoint: read and check it without writing, then open it for
-/// writing.
-fn open_existing(path: PathBuf) -> Result<(Store, Snapshot), StoreError> {
-    let snapshot = check_without_writing(&path)?;
+/// Open an existing checkpoint: lock it (unless `created` is it, locked already), read and
+/// check it without writing, then open it for writing, all through the one lock.
+fn open_existing(
+    path: PathBuf,
+    created: Option<LockedBackend>,
+) -> Result<(Store, Snapshot), StoreError> {
+    let file = match created {
+        Some(file) => file,
+        None => {
+            let file = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&path)
+                .map_err(|e| StoreError::io(&path, e))?;
+            LockedFile::lock(&path, file)?
+        }
+    };
+    #[cfg(test)]
+    while_locked("checking");
+    let snapshot = check_without_writing(&path, &file)?;
+    #[cfg(test)]
+    while_locked("opening");
 
     let mut builder = Builder::new();
     let shown = path.display().to_string();
@@ -501,10 +540,12 @@ fn open_existing(path: PathBuf) -> Result<(Store, Snapshot), StoreError> {
             "repairing the checkpoint"
         );
     });
-    let db = unpanicking(&path, "opening", || builder.open(&path))?
+    // The file is not empty (it passed the check), so this opens it and initialises nothing.
+    let db = unpanicking(&path, "opening", || builder.create_with_backend(file))?
         .map_err(|e| StoreError::from_redb_database(&path, e))?;
     let store = Store::with_database(path, db);
-    // Checked again (one key): this covers a change between the two opens.
+    // Checked again (one key), at no cost: the lock keeps redb handles out, not a writer
+    // that takes no lock.
     store.with_db("reading", |path, db| {
         let txn = db
             .begin_read()
@@ -514,11 +555,12 @@ fn open_existing(path: PathBuf) -> Result<(Store, Snapshot), StoreError> {
     Ok((store, snapshot))
 }
 
-/// Read and check the whole file ([`read_snapshot`]) without writing a byte of it: through
-/// a read-only open, or, for a file that needs recovery (which a read-only open refuses),
-/// through a recovery in memory.
-fn check_without_writing(path: &Path) -> Result<Snapshot, StoreError> {
-    match unpanicking(path, "opening", || Builder::new().open_read_only(path))? {
+/// Read and check the whole, locked file ([`read_snapshot`]) without writing a byte of it:
+/// through a read-only open, or, for a file that needs recovery (which a read-only open
+/// refuses), through a recovery in memory.
+fn check_without_writing(path: &Path, file: &LockedBackend) -> Result<Snapshot, StoreError> {
+    let read_only = || Builder::new().open_read_only_with_backend(file.clone());
+    match unpanicking(path, "opening", read_only)? {
         Ok(read_only) => {
             let snapshot = unpanicking(path, "reading", || read_snapshot(path, &read_only));
             let closed = unpanicking(path, "closing", || read_only.close())
@@ -533,7 +575,7 @@ fn check_without_writing(path: &Path) -> Result<Snapshot, StoreError> {
                 checkpoint = %path.display(),
                 "the checkpoint was not closed cleanly; checking it before recovering it"
             );
-            check_unclean(path)
+            check_unclean(path, file)
         }
         Err(e) => Err(StoreError::from_redb_database(path, e)),
     }
@@ -541,15 +583,8 @@ fn check_without_writing(path: &Path) -> Result<Snapshot, StoreError> {
 
 /// [`check_without_writing`] for a file that was not closed cleanly: redb recovers it over
 /// a [`Scratch`], which keeps every write in memory, and it is read there.
-fn check_unclean(path: &Path) -> Result<Snapshot, StoreError> {
-    // Opened for writing, never written: redb's exclusive lock on it needs a writable
-    // handle (and a writable open would follow anyway).
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(path)
-        .map_err(|e| StoreError::io(path, e))?;
-    let scratch = Scratch::new(file).map_err(|e| StoreError::io(path, e))?;
+fn check_unclean(path: &Path, file: &LockedBackend) -> Result<Snapshot, StoreError> {
+    let scratch = Scratch::new(file.clone()).map_err(|e| StoreError::io(path, e))?;
     let db = unpanicking(path, "recovering", || {
         Builder::new().create_with_backend(scratch)
     })?
@@ -559,6 +594,27 @@ fn check_unclean(path: &Path) -> Result<Snapshot, StoreError> {
         tracing::debug!(error = %e, "closing the in-memory recovery of the checkpoint");
     }
     snapshot?
+}
+
+/// A test's hook, run at a step of an open (see [`WHILE_LOCKED`]).
+#[cfg(test)]
+type Hook = Box<dyn FnMut(&str)>;
+
+#[cfg(test)]
+thread_local! {
+    /// Test seam: run by [`open_existing`] in the opening thread while it holds the lock,
+    /// with the step it is at: "checking" (before the check), "opening" (before the
+    /// writable open).
+    static WHILE_LOCKED: std::cell::RefCell<Option<Hook>> = const { std::cell::RefCell::new(None) };
+}
+
+#[cfg(test)]
+fn while_locked(step: &str) {
+    // Taken out while it runs, so that an open it makes runs none.
+    if let Some(mut hook) = WHILE_LOCKED.with_borrow_mut(Option::take) {
+        hook(step);
+        WHILE_LOCKED.set(Some(hook));
+    }
 }
 
 /// Run `f`, a call into redb, turning a panic (redb may panic on a file damaged outside
@@ -710,6 +766,68 @@ mod tests {
                 "{what}"
             );
         }
+    }
+
+    /// Open `path` while the hook opens it again at every step: each of those opens must
+    /// be refused as `Locked`. Returns the store and the steps the hook saw.
+    fn open_while_another_tries(path: &Path) -> (Store, Vec<String>) {
+        let steps = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+        let (other, seen) = (path.to_path_buf(), steps.clone());
+        WHILE_LOCKED.set(Some(Box::new(move |step| {
+            let refused = Store::open(&other);
+            assert!(
+                matches!(refused, Err(StoreError::Locked { .. })),
+                "{step}: {refused:?}"
+            );
+            seen.borrow_mut().push(step.to_owned());
+        })));
+        let opened = Store::open(path);
+        WHILE_LOCKED.set(None);
+        let store = opened.unwrap().0;
+        (store, steps.take())
+    }
+
+    #[test]
+    fn another_open_is_locked_out_from_before_the_check_to_the_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.redb");
+        let both = ["checking", "opening"];
+
+        // A new file, created by the open.
+        let (store, steps) = open_while_another_tries(&path);
+        assert_eq!(steps, both);
+        let mut batch = Batch::new();
+        batch.put_app(&record(NEEDLE, 1)).unwrap();
+        store.commit(&batch).unwrap();
+        // Copied while a writer has it: a file that was not closed cleanly.
+        let unclean = dir.path().join("unclean.redb");
+        fs::copy(&path, &unclean).unwrap();
+        drop(store);
+
+        // A clean file, checked read-only. Closing the store releases the lock at once.
+        let (store, steps) = open_while_another_tries(&path);
+        assert_eq!(steps, both);
+        store.close();
+        drop(Store::open(&path).unwrap());
+        drop(store);
+
+        // An unclean one, checked in memory, then recovered.
+        assert!(matches!(
+            Builder::new().open_read_only(&unclean),
+            Err(redb::DatabaseError::RepairAborted)
+        ));
+        let (store, steps) = open_while_another_tries(&unclean);
+        assert_eq!(steps, both);
+        assert_eq!(store.load().unwrap().apps.len(), 1);
+
+        // The lock goes with the store.
+        drop(store);
+        assert_eq!(Store::open(&unclean).unwrap().1.apps.len(), 1);
+        let listing: Vec<_> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(listing.len(), 2, "{listing:?}");
     }
 
     #[test]

@@ -68,32 +68,48 @@ fn open_creates_the_file_and_leaves_nothing_else() {
     );
 }
 
+/// Open `path` from `threads` threads at once: exactly one gets the store, the others
+/// `Locked`.
+fn one_store_of_concurrent_opens(path: &Path, threads: usize) {
+    let barrier = std::sync::Barrier::new(threads);
+    let results: Vec<Result<Store, StoreError>> = std::thread::scope(|s| {
+        let opens: Vec<_> = (0..threads)
+            .map(|_| {
+                s.spawn(|| {
+                    barrier.wait();
+                    Store::open(path).map(|(store, _)| store)
+                })
+            })
+            .collect();
+        opens.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let opened = results.iter().filter(|r| r.is_ok()).count();
+    assert_eq!(opened, 1, "{results:?}");
+    for r in &results {
+        if let Err(e) = r {
+            assert!(matches!(e, StoreError::Locked { .. }), "{e:?}");
+        }
+    }
+}
+
 #[test]
 fn concurrent_opens_of_a_new_file_give_one_store() {
     for _ in 0..10 {
         let (dir, path) = temp_checkpoint();
-        let barrier = std::sync::Barrier::new(2);
-        let results: Vec<Result<Store, StoreError>> = std::thread::scope(|s| {
-            let opens: Vec<_> = (0..2)
-                .map(|_| {
-                    s.spawn(|| {
-                        barrier.wait();
-                        Store::open(&path).map(|(store, _)| store)
-                    })
-                })
-                .collect();
-            opens.into_iter().map(|h| h.join().unwrap()).collect()
-        });
-        let opened = results.iter().filter(|r| r.is_ok()).count();
-        assert_eq!(opened, 1, "{results:?}");
-        for r in &results {
-            if let Err(e) = r {
-                assert!(matches!(e, StoreError::Locked { .. }), "{e:?}");
-            }
-        }
-        drop(results);
+        one_store_of_concurrent_opens(&path, 2);
         assert_eq!(dir_listing(dir.path()), vec!["checkpoint.redb"]);
     }
+}
+
+#[test]
+fn concurrent_opens_of_an_existing_file_give_one_store() {
+    let (dir, path) = temp_checkpoint();
+    written_checkpoint(&path);
+    for _ in 0..10 {
+        one_store_of_concurrent_opens(&path, 4);
+    }
+    assert_eq!(dir_listing(dir.path()), vec!["checkpoint.redb"]);
+    assert_eq!(Store::open(&path).unwrap().1.apps.len(), 1);
 }
 
 #[test]

@@ -34,6 +34,11 @@ use futures::{Stream, stream};
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper_util::rt::TokioIo;
 
+/// The allocator a serving program would choose (the scenario benchmarks' too);
+/// both servers run in this one process on it.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// The echo's answer, byte for byte the same from both servers.
 const BODY: &[u8] = b"hello from flotilla\n";
 /// The streamed answer: these chunks, each its own frame.
@@ -176,11 +181,15 @@ async fn open_load(
     rate: f64,
     secs: f64,
 ) -> (f64, f64, f64) {
-    let start = tokio::time::Instant::now() + Duration::from_millis(50);
-    let end = start + Duration::from_secs_f64(secs);
     let period = Duration::from_secs_f64(conns as f64 / rate);
+    // Every connection is open before the schedule starts: otherwise those
+    // still connecting send their overdue requests in one burst.
+    let connected = std::sync::Arc::new(tokio::sync::Barrier::new(conns + 1));
+    let (start_tx, start_rx) = tokio::sync::watch::channel(None::<tokio::time::Instant>);
     let tasks: Vec<_> = (0..conns)
         .map(|i| {
+            let connected = connected.clone();
+            let mut start_rx = start_rx.clone();
             tokio::spawn(async move {
                 let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
                 stream.set_nodelay(true).unwrap();
@@ -188,6 +197,9 @@ async fn open_load(
                     .await
                     .unwrap();
                 tokio::spawn(conn);
+                connected.wait().await;
+                let start = start_rx.wait_for(Option::is_some).await.unwrap().unwrap();
+                let end = start + Duration::from_secs_f64(secs);
                 let mut latencies = Vec::new();
                 let mut due = start + Duration::from_secs_f64(i as f64 / rate);
                 while due < end {
@@ -209,6 +221,12 @@ async fn open_load(
             })
         })
         .collect();
+    connected.wait().await;
+    start_tx
+        .send(Some(
+            tokio::time::Instant::now() + Duration::from_millis(10),
+        ))
+        .unwrap();
     let mut all = Vec::new();
     for t in tasks {
         all.extend(t.await.unwrap());

@@ -436,7 +436,7 @@ impl Proxy {
     ) -> (u16, String) {
         match e {
             CallError::User(m) | CallError::Panicked(m) => (500, m),
-            CallError::Killed { .. } => (500, e.to_string()),
+            CallError::Killed { .. } | CallError::NodeLost { .. } => (500, e.to_string()),
             CallError::BadRequest(m) => (
                 500,
                 format!(

@@ -27,6 +27,12 @@ impl ReplicaId {
     pub fn fresh() -> Self {
         ReplicaId(NEXT_REPLICA.fetch_add(1, Ordering::Relaxed))
     }
+
+    /// Make every later [`fresh`](Self::fresh) id at least `floor` (a head with
+    /// nodes seeds it from the clock, so ids stay unique across its restarts).
+    pub fn seed(floor: u64) {
+        NEXT_REPLICA.fetch_max(floor, Ordering::Relaxed);
+    }
 }
 
 impl fmt::Display for ReplicaId {
@@ -54,7 +60,10 @@ pub struct ReplicaEndpoint {
     pub(crate) kill_signal: Notify,
     /// Wakes callers queued on the deployment when a slot frees.
     slot_freed: Arc<Notify>,
-    actor: ActorRef<ReplicaMsg>,
+    /// Its replica actor; `None` for a replica in another process.
+    actor: Option<ActorRef<ReplicaMsg>>,
+    /// How requests reach a replica in another process (`crate::remote`).
+    remote: Option<Arc<dyn crate::remote::RemoteCall>>,
     /// For the `ReplicaHandler` fault point.
     pub(crate) faults: Faults,
     /// Request counters, read at scrape time.
@@ -95,12 +104,49 @@ impl ReplicaEndpoint {
             accepting: AtomicBool::new(true),
             kill_signal: Notify::new(),
             slot_freed,
-            actor,
+            actor: Some(actor),
+            remote: None,
             faults,
             stats: ReplicaStats::default(),
             started_at: SystemTime::now(),
             published: AtomicBool::new(false),
         }
+    }
+
+    /// The endpoint of a replica in another process: requests go through `call`.
+    pub(crate) fn new_remote(
+        id: ReplicaId,
+        node: String,
+        call: Arc<dyn crate::remote::RemoteCall>,
+        max_ongoing: u32,
+        slot_freed: Arc<Notify>,
+    ) -> Self {
+        ReplicaEndpoint {
+            id,
+            node,
+            user: Arc::new(crate::remote::Elsewhere),
+            in_flight: AtomicU32::new(0),
+            max_ongoing: AtomicU32::new(max_ongoing),
+            accepting: AtomicBool::new(true),
+            kill_signal: Notify::new(),
+            slot_freed,
+            actor: None,
+            remote: Some(call),
+            faults: Faults::new(),
+            stats: ReplicaStats::default(),
+            started_at: SystemTime::now(),
+            published: AtomicBool::new(false),
+        }
+    }
+
+    /// Whether the replica runs in another process (its requests cross the
+    /// wire; see `docs/nodes.md`).
+    pub fn is_remote(&self) -> bool {
+        self.remote.is_some()
+    }
+
+    pub(crate) fn remote_call(&self) -> Option<&Arc<dyn crate::remote::RemoteCall>> {
+        self.remote.as_ref()
     }
 
     /// Its request counters: successes, errors by kind and the processing
@@ -134,6 +180,11 @@ impl ReplicaEndpoint {
         self.accepting.load(Ordering::Acquire)
     }
 
+    /// Its `max_ongoing_requests` now.
+    pub fn max_ongoing(&self) -> u32 {
+        self.max_ongoing.load(Ordering::Acquire)
+    }
+
     pub(crate) fn set_max_ongoing(&self, n: u32) {
         self.max_ongoing.store(n, Ordering::Release);
         self.slot_freed.notify_waiters();
@@ -149,10 +200,11 @@ impl ReplicaEndpoint {
     }
 
     pub(crate) fn report_panic(&self, message: String) {
-        // The replica may already be gone; then there is nobody left to tell.
-        let _ = self
-            .actor
-            .cast(crate::actor::InternalMsg::Panicked(message).into());
+        // The replica may already be gone; then there is nobody left to tell. A
+        // replica elsewhere reports its own panics.
+        if let Some(actor) = &self.actor {
+            let _ = actor.cast(crate::actor::InternalMsg::Panicked(message).into());
+        }
     }
 
     /// Take a request slot if the replica accepts and is below its limit.
@@ -314,7 +366,7 @@ impl ErrorKind {
         match error {
             E::User(_) => Some(ErrorKind::User),
             E::Panicked(_) => Some(ErrorKind::Panicked),
-            E::Killed { .. } => Some(ErrorKind::Killed),
+            E::Killed { .. } | E::NodeLost { .. } => Some(ErrorKind::Killed),
             E::BadRequest(_) => Some(ErrorKind::BadRequest),
             E::BadResponse(_) => Some(ErrorKind::BadResponse),
             E::BackPressure { .. }

@@ -14,6 +14,7 @@ use serde::{Serialize, de::DeserializeOwned};
 use crate::{
     CallError, Directory, ReplicaEndpoint,
     endpoint::{ErrorKind, Slot},
+    remote::Attempt,
     route::{DeploymentRoute, ReplicaSet},
     user::ItemSender,
 };
@@ -131,14 +132,29 @@ impl DeploymentHandle {
         }
     }
 
-    async fn call_bytes(&self, bytes: Vec<u8>) -> Result<Vec<u8>, CallError> {
-        let (route, slot) = self.acquire().await?;
-        let replica = slot.0.id();
-        let result = run(slot, bytes).await;
-        tracing::info!(target: ACCESS_TARGET, app = %route.app(),
-            deployment = %route.deployment(), replica = %replica, ok = result.is_ok(),
-            "request");
-        result
+    async fn call_bytes(&self, mut bytes: Vec<u8>) -> Result<Vec<u8>, CallError> {
+        let mut refusals = 0;
+        loop {
+            let (route, slot) = self.acquire().await?;
+            let replica = slot.0.id();
+            let result = match slot.0.remote_call().cloned() {
+                None => run(slot, bytes).await,
+                // A replica in another process; one that refused the request
+                // before running it leaves it to be routed again.
+                Some(remote) => match crate::remote::run(slot, remote, bytes).await {
+                    Attempt::Ran(result) => result,
+                    Attempt::Refused { request, full } => {
+                        bytes = request;
+                        crate::remote::back_off(&mut refusals, full).await;
+                        continue;
+                    }
+                },
+            };
+            tracing::info!(target: ACCESS_TARGET, app = %route.app(),
+                deployment = %route.deployment(), replica = %replica, ok = result.is_ok(),
+                "request");
+            return result;
+        }
     }
 
     /// Wait (in this handle's queue, up to `max_queued_requests`) for a slot on a
@@ -210,13 +226,30 @@ impl DeploymentHandle {
                 Ok(bytes) => {
                     let handle = self.clone();
                     let work = async move {
-                        let (route, slot) = handle.acquire().await?;
-                        let replica = slot.0.id();
-                        let result = run_stream(slot, bytes, tx).await;
-                        tracing::info!(target: ACCESS_TARGET, app = %route.app(),
-                            deployment = %route.deployment(), replica = %replica,
-                            ok = result.is_ok(), stream = true, "request");
-                        result
+                        let (mut bytes, mut refusals) = (bytes, 0);
+                        loop {
+                            let (route, slot) = handle.acquire().await?;
+                            let replica = slot.0.id();
+                            let result = match slot.0.remote_call().cloned() {
+                                None => run_stream(slot, bytes, tx.clone()).await,
+                                // As in `call_bytes`: a refused request is routed again.
+                                Some(remote) => {
+                                    match crate::remote::run_stream(slot, remote, bytes, &tx).await
+                                    {
+                                        Attempt::Ran(result) => result,
+                                        Attempt::Refused { request, full } => {
+                                            bytes = request;
+                                            crate::remote::back_off(&mut refusals, full).await;
+                                            continue;
+                                        }
+                                    }
+                                }
+                            };
+                            tracing::info!(target: ACCESS_TARGET, app = %route.app(),
+                                deployment = %route.deployment(), replica = %replica,
+                                ok = result.is_ok(), stream = true, "request");
+                            return result;
+                        }
                     };
                     match self.timeout {
                         None => Box::pin(work),
@@ -385,7 +418,7 @@ fn injected(ep: &ReplicaEndpoint) -> Option<CallError> {
     None
 }
 
-async fn run(slot: Slot, bytes: Vec<u8>) -> Result<Vec<u8>, CallError> {
+pub(crate) async fn run(slot: Slot, bytes: Vec<u8>) -> Result<Vec<u8>, CallError> {
     let ep = slot.0.clone();
     if let Some(e) = injected(&ep) {
         drop(slot);
@@ -406,7 +439,11 @@ async fn run(slot: Slot, bytes: Vec<u8>) -> Result<Vec<u8>, CallError> {
     result
 }
 
-async fn run_stream(slot: Slot, bytes: Vec<u8>, items: ItemSender) -> Result<(), CallError> {
+pub(crate) async fn run_stream(
+    slot: Slot,
+    bytes: Vec<u8>,
+    items: ItemSender,
+) -> Result<(), CallError> {
     let ep = slot.0.clone();
     if let Some(e) = injected(&ep) {
         drop(slot);

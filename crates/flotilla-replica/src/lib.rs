@@ -22,6 +22,7 @@ mod error;
 mod handle;
 mod policy;
 mod registry;
+pub mod remote;
 mod route;
 mod user;
 

@@ -38,6 +38,8 @@ pub struct Here {
     pub echo: String,
     /// What its downstream answered, if it has one.
     pub downstream: Option<Box<Here>>,
+    /// Requests running on this replica when this one began (itself included).
+    pub concurrent: u32,
 }
 
 /// `Where`'s init args.
@@ -57,6 +59,7 @@ pub struct Where {
     replica: u64,
     args: WhereArgs,
     downstream: Option<flotilla::DeploymentHandle>,
+    in_flight: std::sync::atomic::AtomicU32,
 }
 
 impl Deployment for Where {
@@ -64,6 +67,9 @@ impl Deployment for Where {
     type Response = Here;
 
     async fn handle(&self, echo: String) -> Result<Here, UserError> {
+        use std::sync::atomic::Ordering;
+        let concurrent = self.in_flight.fetch_add(1, Ordering::AcqRel) + 1;
+        let _done = Done(&self.in_flight);
         if self.args.delay_ms > 0 {
             tokio::time::sleep(Duration::from_millis(self.args.delay_ms)).await;
         }
@@ -81,6 +87,7 @@ impl Deployment for Where {
             tag: self.args.tag.clone(),
             echo,
             downstream,
+            concurrent,
         })
     }
 
@@ -96,10 +103,20 @@ impl Deployment for Where {
                     tag: self.args.tag.clone(),
                     echo: format!("{echo}#{i}"),
                     downstream: None,
+                    concurrent: 0,
                 })
             })
             .collect();
         stream::iter(items)
+    }
+}
+
+/// Counts a request out however it ends.
+struct Done<'a>(&'a std::sync::atomic::AtomicU32);
+
+impl Drop for Done<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
     }
 }
 
@@ -117,6 +134,7 @@ pub fn registry() -> Registry {
                 replica: ctx.replica.0,
                 args,
                 downstream,
+                in_flight: Default::default(),
             })
         })
         .unwrap()
@@ -282,8 +300,20 @@ pub fn run_child(line: &str) {
                 }
             }
         });
+        let mut live = node.watch_replicas();
+        let counter = tokio::spawn(async move {
+            loop {
+                let n = *live.borrow_and_update();
+                println!("NODE_REPLICAS {n}");
+                let _ = std::io::stdout().flush();
+                if live.changed().await.is_err() {
+                    return;
+                }
+            }
+        });
         let r = node.wait().await;
         printer.abort();
+        counter.abort();
         match r {
             Ok(()) => 0,
             Err(e) => {
@@ -299,6 +329,7 @@ pub fn run_child(line: &str) {
 pub struct NodeProc {
     pub child: Child,
     ids: Arc<Mutex<Vec<String>>>,
+    replicas: Arc<std::sync::atomic::AtomicUsize>,
     id_changed: Arc<tokio::sync::Notify>,
     pub log: PathBuf,
 }
@@ -325,7 +356,8 @@ impl NodeProc {
         let ids = Arc::new(Mutex::new(Vec::new()));
         let id_changed = Arc::new(tokio::sync::Notify::new());
         let out = child.stdout.take().unwrap();
-        let (ids2, changed2) = (ids.clone(), id_changed.clone());
+        let replicas = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (ids2, changed2, replicas2) = (ids.clone(), id_changed.clone(), replicas.clone());
         std::thread::spawn(move || {
             for line in BufReader::new(out).lines() {
                 let Ok(line) = line else { return };
@@ -333,14 +365,36 @@ impl NodeProc {
                     ids2.lock().unwrap().push(line[at + 8..].trim().to_owned());
                     changed2.notify_waiters();
                 }
+                if let Some(at) = line.find("NODE_REPLICAS ") {
+                    if let Ok(n) = line[at + 14..].trim().parse() {
+                        replicas2.store(n, std::sync::atomic::Ordering::Release);
+                    }
+                }
             }
         });
         NodeProc {
             child,
             ids,
+            replicas,
             id_changed,
             log,
         }
+    }
+
+    /// Replicas the node process runs now (as it last printed).
+    pub fn replicas(&self) -> usize {
+        self.replicas.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Wait for its exit code (at most 30 s).
+    pub fn wait_exit(&mut self) -> Option<i32> {
+        for _ in 0..3000 {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return status.code();
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        None
     }
 
     /// Every node id it had, in order.

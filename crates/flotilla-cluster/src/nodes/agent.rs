@@ -98,6 +98,9 @@ pub(crate) struct AgentState {
     mirrors: HashMap<ReplicaId, ((AppName, DeploymentName), RemoteEndpoint)>,
     peers: Vec<String>,
     shutting_down: bool,
+    /// Refused by the head (declared lost): the replicas are being killed, and
+    /// the incarnation ends with this reason once the last has exited.
+    fencing: Option<String>,
     timer: Option<JoinHandle<()>>,
 }
 
@@ -148,6 +151,7 @@ impl Actor for Agent {
             mirrors: HashMap::new(),
             peers: Vec::new(),
             shutting_down: false,
+            fencing: None,
             timer: Some(timer),
         })
     }
@@ -236,8 +240,12 @@ impl Actor for Agent {
             crashed: how.is_crash(),
             why: how.to_string(),
         });
-        if state.replicas.is_empty() && state.shutting_down {
-            state.end(Ending::Stopped);
+        if state.replicas.is_empty() {
+            if let Some(reason) = state.fencing.take() {
+                state.end(Ending::Fenced(reason));
+            } else if state.shutting_down {
+                state.end(Ending::Stopped);
+            }
         }
         Ok(())
     }
@@ -355,10 +363,16 @@ async fn control(myself: &ActorRef<AgentMsg>, state: &mut AgentState, env: Envel
         Control::Refused { reason } => {
             warn!(node = %state.args.id, %reason,
                 "the head refused this node: fencing (stopping every replica) to join as a new node");
+            // The next incarnation joins only once no replica of this one
+            // runs (handle_supervisor_evt ends it after the last exit).
             for (_, actor) in state.children.actors() {
                 actor.kill();
             }
-            state.end(Ending::Fenced(reason));
+            if state.replicas.is_empty() {
+                state.end(Ending::Fenced(reason));
+            } else {
+                state.fencing = Some(reason);
+            }
         }
         Control::Heartbeat { seq } => {
             state.to_head(Control::Heartbeat { seq });

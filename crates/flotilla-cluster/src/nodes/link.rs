@@ -3,7 +3,7 @@
 //! is waiting on, and the local replicas it serves to other processes.
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     net::{IpAddr, SocketAddr},
     sync::{
         Arc, Mutex, MutexGuard, PoisonError,
@@ -279,6 +279,15 @@ impl Shared {
         header: &DataHeader,
         body: Vec<u8>,
     ) -> Result<(), Option<Vec<u8>>> {
+        // A peer whose session closed is not sent to: ractor drops a cast to
+        // a remote actor whose session is gone without an error, so the call
+        // would wait forever. Callers register their call before sending and
+        // a closing session is removed before its calls fail (`on_session`),
+        // so a call either sees the session gone here (not sent: retried) or
+        // is failed with it.
+        if !lock(&self.sessions).contains_key(peer) {
+            return Err(Some(body));
+        }
         let Ok(h) = wire::encode("data", header) else {
             return Err(Some(body));
         };
@@ -343,7 +352,10 @@ impl Shared {
 }
 
 /// Forwards ractor_cluster's session events (called on the NodeServer's task).
-struct Events(Arc<Shared>);
+/// It remembers which sessions authenticated: a session that failed the
+/// cookie challenge still carries the peer's name (the server sends it in the
+/// challenge), so the name alone does not say it was accepted.
+struct Events(Arc<Shared>, Mutex<HashSet<ractor_cluster::NodeId>>);
 
 fn peer_of(ses: &NodeServerSessionInformation) -> Option<String> {
     ses.peer_name.as_ref().map(|p| p.name.clone())
@@ -360,7 +372,9 @@ impl NodeEventSubscription for Events {
         );
     }
 
-    fn node_session_authenticated(&self, _ses: NodeServerSessionInformation) {}
+    fn node_session_authenticated(&self, ses: NodeServerSessionInformation) {
+        lock(&self.1).insert(ses.node_id);
+    }
 
     fn node_session_ready(&self, ses: NodeServerSessionInformation) {
         let Some(peer) = peer_of(&ses) else {
@@ -376,8 +390,8 @@ impl NodeEventSubscription for Events {
     }
 
     fn node_session_disconnected(&self, ses: NodeServerSessionInformation) {
-        let peer = peer_of(&ses);
-        let authenticated = peer.is_some();
+        let authenticated = lock(&self.1).remove(&ses.node_id);
+        let peer = peer_of(&ses).filter(|_| authenticated);
         self.0.on_session(
             SessionEvent::Closed {
                 peer,
@@ -634,7 +648,7 @@ impl Link {
         };
         let subscribed = server.cast(NodeServerMessage::SubscribeToEvents {
             id: "flotilla".to_owned(),
-            subscription: Box::new(Events(shared.clone())),
+            subscription: Box::new(Events(shared.clone(), Mutex::default())),
         });
         let link = Link {
             shared,

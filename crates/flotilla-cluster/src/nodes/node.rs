@@ -46,6 +46,11 @@ impl Node {
         *self.live.borrow()
     }
 
+    /// Watch how many replicas run on this node.
+    pub fn watch_replicas(&self) -> watch::Receiver<usize> {
+        self.live.clone()
+    }
+
     /// Wait until the node ends: `Ok` after [`shutdown`](Self::shutdown), the
     /// error if the head refused it (a wrong cookie) or it could not run.
     pub async fn wait(self) -> Result<(), NodeError> {

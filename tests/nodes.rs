@@ -607,3 +607,74 @@ async fn a_redeploy_rolls_replicas_on_several_nodes() {
     serve.shutdown().await.unwrap();
     drop((a, b));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_and_metrics_show_each_replicas_node_and_count_nodes() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let serve = head(dir.path(), cpus(1.0)).await;
+    let addr = serve.node_address().unwrap();
+    let mut a = NodeProc::start(addr, &NodeSpec::new("a", 2.0), dir.path());
+    let a_id = a.id().await;
+    eventually(30, "a joined", || async {
+        serve.metrics().await.unwrap().nodes.live == 1
+    })
+    .await;
+    serve.run(where_app("app", 3, cpus(1.0))).await.unwrap();
+
+    // Each replica's node, in the deployment details (what the REST API's
+    // ReplicaDetails.node_id shows) and the node list.
+    let details = serve.deployment_details(Duration::from_secs(5)).await;
+    let snap = details
+        .iter()
+        .find(|d| d.app.as_str() == "app")
+        .and_then(|d| d.snapshot.clone())
+        .unwrap();
+    let mut per_node: BTreeMap<String, usize> = BTreeMap::new();
+    for r in &snap.replicas {
+        *per_node.entry(r.node.clone()).or_default() += 1;
+    }
+    let want: BTreeMap<String, usize> = [("head".to_owned(), 1), (a_id.clone(), 2)].into();
+    assert_eq!(per_node, want);
+    let nodes = serve.nodes();
+    assert_eq!(nodes.len(), 1);
+    assert_eq!((nodes[0].id.as_str(), nodes[0].replicas), (a_id.as_str(), 2));
+    let m = serve.metrics().await.unwrap().nodes;
+    assert_eq!(
+        (m.joined, m.lost, m.live, m.replicas_on_nodes, m.replicas_lost),
+        (1, 0, 1, 2, 0)
+    );
+
+    // a is killed: lost with its two replicas, which wait for room.
+    a.kill();
+    eventually(10, "a declared lost", || async {
+        serve.metrics().await.unwrap().nodes.lost == 1
+    })
+    .await;
+    let m = serve.metrics().await.unwrap().nodes;
+    assert_eq!(
+        (m.joined, m.lost, m.live, m.replicas_on_nodes, m.replicas_lost),
+        (1, 1, 0, 0, 2)
+    );
+    assert!(!serve.nodes()[0].alive);
+
+    // b joins: the two are placed on it.
+    let b = NodeProc::start(addr, &NodeSpec::new("b", 2.0), dir.path());
+    let b_id = b.id().await;
+    eventually(20, "two replicas running on b", || async {
+        replica_nodes(&serve, "app", "where")
+            .await
+            .iter()
+            .filter(|(_, n, s)| *n == b_id && *s == ReplicaState::Running)
+            .count()
+            == 2
+    })
+    .await;
+    let m = serve.metrics().await.unwrap().nodes;
+    assert_eq!(
+        (m.joined, m.lost, m.live, m.replicas_on_nodes, m.replicas_lost),
+        (2, 1, 1, 2, 2)
+    );
+    serve.shutdown().await.unwrap();
+    drop(b);
+}

@@ -72,6 +72,9 @@ pub struct NodeCounters {
     pub live: usize,
     /// Replicas placed on nodes now (not on the head).
     pub replicas_on_nodes: usize,
+    /// Replicas that were on nodes when those were declared lost (each
+    /// replaced by its DeploymentActor).
+    pub replicas_lost: u64,
 }
 
 /// One joined node, as the registry keeps it.
@@ -117,6 +120,8 @@ pub(crate) struct HeadShared {
     pub(crate) export_wake: Notify,
     pub(crate) joined: AtomicU64,
     pub(crate) lost_count: AtomicU64,
+    /// Replicas on nodes declared lost, when they were.
+    pub(crate) replicas_lost: AtomicU64,
     pub(crate) refused: AtomicU64,
     /// (a node re-attached, node ids still expected back).
     pub(crate) reattach: watch::Sender<(bool, usize)>,
@@ -305,6 +310,7 @@ impl Head {
             export_wake: Notify::new(),
             joined: AtomicU64::new(0),
             lost_count: AtomicU64::new(0),
+            replicas_lost: AtomicU64::new(0),
             refused: AtomicU64::new(0),
             reattach: watch::Sender::new((false, 0)),
         });
@@ -374,6 +380,7 @@ impl Head {
             refused: self.shared.refused.load(Ordering::Relaxed),
             live: nodes.iter().filter(|n| n.alive).count(),
             replicas_on_nodes: nodes.iter().map(|n| n.replicas).sum(),
+            replicas_lost: self.shared.replicas_lost.load(Ordering::Relaxed),
         }
     }
 

@@ -363,6 +363,9 @@ fn declare_lost(state: &mut RegistryState, id: &str, why: &str) {
     lock(&shared.lost).insert(id.to_owned());
     shared.lost_count.fetch_add(1, Ordering::Relaxed);
     let replicas = shared.pool().kill(id).map_or(0, |r| r.len());
+    shared
+        .replicas_lost
+        .fetch_add(replicas as u64, Ordering::Relaxed);
     warn!(node = id, %peer, why, replicas, "node lost");
     let failed = shared.link.shared.calls.fail_peer(&peer);
     let reason = format!("its node '{id}' was lost: {why}");

@@ -53,7 +53,8 @@ pub mod node {
 
 pub use details::{DeploymentDetail, READ_ATTEMPTS};
 pub use flotilla_cluster::nodes::{
-    Cookie, CookieError, CookieSource, HeadOptions, NodeCounters, NodeInfo, OptionsError,
+    Cookie, CookieError, CookieSource, DEFAULT_HEAD_PORT, HeadOptions, NodeCounters, NodeInfo,
+    OptionsError,
 };
 pub use flotilla_cluster::{
     Cluster, ClusterEvent, DEFAULT_LOCAL_CAPACITY, DeploymentKey, LOCAL_NODE, LocalCluster, NodeId,

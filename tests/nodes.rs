@@ -638,10 +638,19 @@ async fn status_and_metrics_show_each_replicas_node_and_count_nodes() {
     assert_eq!(per_node, want);
     let nodes = serve.nodes();
     assert_eq!(nodes.len(), 1);
-    assert_eq!((nodes[0].id.as_str(), nodes[0].replicas), (a_id.as_str(), 2));
+    assert_eq!(
+        (nodes[0].id.as_str(), nodes[0].replicas),
+        (a_id.as_str(), 2)
+    );
     let m = serve.metrics().await.unwrap().nodes;
     assert_eq!(
-        (m.joined, m.lost, m.live, m.replicas_on_nodes, m.replicas_lost),
+        (
+            m.joined,
+            m.lost,
+            m.live,
+            m.replicas_on_nodes,
+            m.replicas_lost
+        ),
         (1, 0, 1, 2, 0)
     );
 
@@ -653,7 +662,13 @@ async fn status_and_metrics_show_each_replicas_node_and_count_nodes() {
     .await;
     let m = serve.metrics().await.unwrap().nodes;
     assert_eq!(
-        (m.joined, m.lost, m.live, m.replicas_on_nodes, m.replicas_lost),
+        (
+            m.joined,
+            m.lost,
+            m.live,
+            m.replicas_on_nodes,
+            m.replicas_lost
+        ),
         (1, 1, 0, 0, 2)
     );
     assert!(!serve.nodes()[0].alive);
@@ -672,7 +687,13 @@ async fn status_and_metrics_show_each_replicas_node_and_count_nodes() {
     .await;
     let m = serve.metrics().await.unwrap().nodes;
     assert_eq!(
-        (m.joined, m.lost, m.live, m.replicas_on_nodes, m.replicas_lost),
+        (
+            m.joined,
+            m.lost,
+            m.live,
+            m.replicas_on_nodes,
+            m.replicas_lost
+        ),
         (2, 1, 1, 2, 2)
     );
     serve.shutdown().await.unwrap();

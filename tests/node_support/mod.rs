@@ -365,10 +365,10 @@ impl NodeProc {
                     ids2.lock().unwrap().push(line[at + 8..].trim().to_owned());
                     changed2.notify_waiters();
                 }
-                if let Some(at) = line.find("NODE_REPLICAS ") {
-                    if let Ok(n) = line[at + 14..].trim().parse() {
-                        replicas2.store(n, std::sync::atomic::Ordering::Release);
-                    }
+                if let Some(at) = line.find("NODE_REPLICAS ")
+                    && let Ok(n) = line[at + 14..].trim().parse()
+                {
+                    replicas2.store(n, std::sync::atomic::Ordering::Release);
                 }
             }
         });

@@ -209,8 +209,10 @@ pub(crate) struct Shared {
     streams: Mutex<HashMap<(String, u64), tokio::task::AbortHandle>>,
     /// Peer ports found so far, by ractor name.
     peers: Mutex<HashMap<String, ActorRef<PortMsg>>>,
-    /// Authenticated sessions, by peer ractor name.
-    sessions: Mutex<HashMap<String, ActorRef<NodeSessionMessage>>>,
+    /// Authenticated sessions, by peer ractor name. Usually one per peer; two
+    /// nodes that dial each other at once have two for a moment, until
+    /// ractor_cluster closes the one it did not elect.
+    sessions: Mutex<HashMap<String, Vec<ActorRef<NodeSessionMessage>>>>,
     inbound: mpsc::UnboundedSender<Inbound>,
     /// Frames that did not decode.
     pub(crate) undecodable: AtomicU64,
@@ -313,9 +315,11 @@ impl Shared {
         let session = lock(&self.sessions).remove(peer);
         lock(&self.peers).remove(peer);
         match session {
-            Some(s) => {
+            Some(all) => {
                 info!(node = %self.me, peer, why, "stopping the session");
-                s.stop(Some(format!("flotilla: {why}")));
+                for s in all {
+                    s.stop(Some(format!("flotilla: {why}")));
+                }
                 true
             }
             None => false,
@@ -330,15 +334,31 @@ impl Shared {
     fn on_session(&self, event: SessionEvent, session: Option<ActorRef<NodeSessionMessage>>) {
         match (&event, session) {
             (SessionEvent::Ready { peer, .. }, Some(actor)) => {
-                lock(&self.sessions).insert(peer.clone(), actor);
+                lock(&self.sessions)
+                    .entry(peer.clone())
+                    .or_default()
+                    .push(actor);
             }
             (
                 SessionEvent::Closed {
                     peer: Some(peer), ..
                 },
-                _,
+                closing,
             ) => {
-                lock(&self.sessions).remove(peer);
+                {
+                    let mut sessions = lock(&self.sessions);
+                    if let (Some(all), Some(closing)) = (sessions.get_mut(peer), closing) {
+                        all.retain(|s| s.get_id() != closing.get_id());
+                        if !all.is_empty() {
+                            // A duplicate session closed; the peer is still
+                            // connected by the other: nothing is lost.
+                            debug!(node = %self.me, peer, "a duplicate session closed");
+                            lock(&self.peers).remove(peer);
+                            return;
+                        }
+                    }
+                    sessions.remove(peer);
+                }
                 lock(&self.peers).remove(peer);
                 let failed = self.calls.fail_peer(peer);
                 if failed > 0 {
@@ -398,7 +418,7 @@ impl NodeEventSubscription for Events {
                 addr: ses.peer_addr,
                 authenticated,
             },
-            None,
+            Some(ses.actor),
         );
     }
 }

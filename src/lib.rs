@@ -35,7 +35,27 @@ mod details;
 mod logging;
 mod serve;
 
+/// Node processes: the user's own binary, run in node mode, joins a head
+/// (a process whose `Serve` was started with [`ServeOptions::nodes`]) and runs
+/// the replicas the head places on it (`docs/nodes.md`).
+///
+/// ```no_run
+/// # async fn demo(registry: flotilla::Registry) -> Result<(), Box<dyn std::error::Error>> {
+/// use flotilla::{Cookie, node::{self, NodeOptions}};
+/// let options = NodeOptions::new("127.0.0.1:4697".parse()?, Cookie::from_env("FLOTILLA_COOKIE")?)
+///     .name("worker-1");
+/// node::run(registry, options).await?; // until Ctrl-C, or the head refuses it
+/// # Ok(()) }
+/// ```
+pub mod node {
+    pub use flotilla_cluster::nodes::{Node, NodeError, NodeOptions, run, start};
+}
+
 pub use details::{DeploymentDetail, READ_ATTEMPTS};
+pub use flotilla_cluster::nodes::{
+    Cookie, CookieError, CookieSource, DEFAULT_HEAD_PORT, HeadOptions, NodeCounters, NodeInfo,
+    OptionsError,
+};
 pub use flotilla_cluster::{
     Cluster, ClusterEvent, DEFAULT_LOCAL_CAPACITY, DeploymentKey, LOCAL_NODE, LocalCluster, NodeId,
     NodePool, NodeSpec, PLACEMENT_RETRY, PlacementRequest, PoolNode, Refusal, StaticCluster,

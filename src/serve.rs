@@ -9,7 +9,10 @@ use std::{
     time::SystemTime,
 };
 
-use flotilla_cluster::{Cluster, LocalCluster};
+use flotilla_cluster::{
+    Cluster, LocalCluster,
+    nodes::{Head, HeadOptions, NodeCounters, NodeInfo},
+};
 use flotilla_controller::{
     Checkpoint, CheckpointCloser, ControllerArgs, ControllerMsg, ControllerSnapshot, LogSettings,
     Preloaded, RouteTable, ServeError, StatusBoard, StoreCounters, Supervisor, SupervisorArgs,
@@ -47,6 +50,9 @@ pub struct ServeOptions {
     /// The wall clock that stamps each accepted target (a status's
     /// `last_deployed`); `SystemTime::now` by default.
     pub clock: WallClock,
+    /// Listen for node processes and place replicas on them too (`None`, the
+    /// default: this process only). See [`ServeOptions::nodes`].
+    pub nodes: Option<HeadOptions>,
 }
 
 impl ServeOptions {
@@ -61,7 +67,27 @@ impl ServeOptions {
             faults: Faults::new(),
             logging: LogSettings::new(),
             clock: Arc::new(SystemTime::now),
+            nodes: None,
         }
+    }
+
+    /// Make this process a head: listen for node processes
+    /// ([`crate::node::run`]) as `head` says (loopback and a cookie by default)
+    /// and place replicas on the head and every joined node by their resources.
+    /// It replaces [`cluster`](Self::cluster). See `docs/nodes.md`.
+    ///
+    /// ```no_run
+    /// # async fn demo(registry: flotilla::Registry) -> Result<(), Box<dyn std::error::Error>> {
+    /// use flotilla::{Cookie, HeadOptions, Serve, ServeOptions};
+    /// let head = HeadOptions::new(Cookie::from_env("FLOTILLA_COOKIE")?)
+    ///     .listen("127.0.0.1:4697".parse()?);
+    /// let serve = Serve::start(ServeOptions::new(registry).nodes(head)).await?;
+    /// println!("nodes join at {:?}", serve.node_address());
+    /// # Ok(()) }
+    /// ```
+    pub fn nodes(mut self, head: HeadOptions) -> Self {
+        self.nodes = Some(head);
+        self
     }
 
     /// Use the checkpoint file at `path`.
@@ -132,6 +158,9 @@ pub struct Metrics {
     pub deployments: usize,
     /// Replicas serving now (published to routes).
     pub running_replicas: usize,
+    /// Nodes joined, lost and refused, live nodes and the replicas on them
+    /// (all zero without [`ServeOptions::nodes`]).
+    pub nodes: NodeCounters,
 }
 
 struct Inner {
@@ -147,6 +176,8 @@ struct Inner {
     faults: Faults,
     /// Set by `shutdown` and `crash_process`: the instance serves no more.
     stopped: AtomicBool,
+    /// The head's node machinery, with [`ServeOptions::nodes`].
+    head: Option<Head>,
 }
 
 impl Inner {
@@ -180,6 +211,10 @@ impl Inner {
         }
         self.directory.shut_down();
         self.checkpoint.close();
+        if let Some(head) = &self.head {
+            // As a crash: the nodes see their sessions drop, and keep their replicas.
+            head.kill();
+        }
         cells
     }
 }
@@ -226,6 +261,7 @@ impl Serve {
         // and checks all of it, and the Controller starts from what it read.
         let (checkpoint, snapshot) = Checkpoint::open(&options.store_path)?;
         let closer = checkpoint.closer();
+        let recovering = !snapshot.apps.is_empty();
         let preloaded = Preloaded::new(snapshot);
         let ns = options
             .namespace
@@ -233,6 +269,30 @@ impl Serve {
         let board = StatusBoard::new();
         let route_table = RouteTable::new();
         let directory = Directory::new();
+        let mut cluster = options.cluster;
+        let head = match options.nodes {
+            None => None,
+            Some(head_options) => {
+                let reporter: flotilla_cluster::nodes::ReporterFactory =
+                    Arc::new(flotilla_deployment::replica_reporter);
+                let head = match Head::start(head_options, ns.clone(), directory.clone(), reporter)
+                    .await
+                {
+                    Ok(h) => h,
+                    Err(e) => {
+                        closer.close();
+                        return Err(e.into());
+                    }
+                };
+                if recovering {
+                    // Nodes that outlived the previous head re-attach before the
+                    // recovered DeploymentActors look for their replicas.
+                    head.await_reattach().await;
+                }
+                cluster = head.cluster();
+                Some(head)
+            }
+        };
         let (fatal_tx, fatal) = watch::channel(None);
         let args = SupervisorArgs {
             controller: ControllerArgs {
@@ -240,7 +300,7 @@ impl Serve {
                 checkpoint,
                 registry: options.registry,
                 directory: directory.clone(),
-                cluster: options.cluster,
+                cluster,
                 board: board.clone(),
                 restart: options.restart,
                 faults: options.faults.clone(),
@@ -251,9 +311,18 @@ impl Serve {
             },
             fatal: fatal_tx,
         };
-        let (supervisor, _) = Actor::spawn(Some(format!("{ns}/supervisor")), Supervisor, args)
-            .await
-            .map_err(|e| ServeError::Unavailable(format!("supervisor failed to start: {e}")))?;
+        let (supervisor, _) =
+            match Actor::spawn(Some(format!("{ns}/supervisor")), Supervisor, args).await {
+                Ok(s) => s,
+                Err(e) => {
+                    if let Some(head) = &head {
+                        head.stop().await;
+                    }
+                    return Err(ServeError::Unavailable(format!(
+                        "supervisor failed to start: {e}"
+                    )));
+                }
+            };
         Ok(Serve {
             inner: Arc::new(Inner {
                 ns,
@@ -265,6 +334,7 @@ impl Serve {
                 fatal,
                 faults: options.faults,
                 stopped: AtomicBool::new(false),
+                head,
             }),
         })
     }
@@ -597,7 +667,40 @@ impl Serve {
             controller_restarts: restarts,
             deployments,
             running_replicas,
+            nodes: self
+                .inner
+                .head
+                .as_ref()
+                .map(Head::counters)
+                .unwrap_or_default(),
         })
+    }
+
+    /// Where node processes connect, with [`ServeOptions::nodes`] (the bound
+    /// address: a port 0 in the options is the system's choice here).
+    pub fn node_address(&self) -> Option<std::net::SocketAddr> {
+        self.inner.head.as_ref().map(Head::address)
+    }
+
+    /// Every node that joined this head, alive or lost, sorted by id (empty
+    /// without [`ServeOptions::nodes`]).
+    pub fn nodes(&self) -> Vec<NodeInfo> {
+        self.inner
+            .head
+            .as_ref()
+            .map(Head::nodes)
+            .unwrap_or_default()
+    }
+
+    /// Drop the connection to node `id` as a network failure would (fault
+    /// injection): it is lost at once, its replicas are replaced, and when it
+    /// dials again it is fenced and joins as a new node. Returns whether it was
+    /// alive.
+    pub async fn drop_node_connection(&self, id: &str) -> bool {
+        match &self.inner.head {
+            Some(head) => head.drop_node(id).await,
+            None => false,
+        }
     }
 
     /// Crash the Controller (fault injection); the Supervisor restarts it.
@@ -677,6 +780,9 @@ impl Serve {
         }
         self.inner.directory.shut_down();
         self.inner.checkpoint.close();
+        if let Some(head) = &self.inner.head {
+            head.stop().await;
+        }
     }
 
     /// Every living replica of this instance, sorted (for fault injection with

@@ -157,6 +157,22 @@ pub trait Cluster: Send + Sync + 'static {
         let _ = node;
         true
     }
+
+    /// Where a replica placed on `node` runs when it is another process: the
+    /// DeploymentActor then starts a [`RemoteReplica`](crate::nodes::RemoteReplica)
+    /// for it instead of a `ReplicaActor`. Default: `None`, every node is this
+    /// process.
+    fn host(&self, node: &str) -> Option<crate::nodes::RemoteHost> {
+        let _ = node;
+        None
+    }
+
+    /// A DeploymentActor published a changed replica set on `route` (a cluster
+    /// of several processes tells the others; see `docs/nodes.md`). Default:
+    /// nothing.
+    fn route_changed(&self, route: &std::sync::Arc<flotilla_replica::DeploymentRoute>) {
+        let _ = route;
+    }
 }
 
 /// How many replicas [`LocalCluster::new`] holds: every deployment's replicas

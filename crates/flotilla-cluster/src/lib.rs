@@ -38,6 +38,7 @@
 
 mod cluster;
 mod node_pool;
+pub mod nodes;
 mod static_cluster;
 
 use std::time::Duration;

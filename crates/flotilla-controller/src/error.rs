@@ -128,4 +128,7 @@ pub enum ServeError {
     /// Flotilla is shut down, or its supervisor gave up.
     #[error("flotilla is not running: {0}")]
     Unavailable(String),
+    /// The head could not start listening for nodes (`ServeOptions::nodes`).
+    #[error("the head could not start listening for nodes")]
+    Nodes(#[from] flotilla_cluster::nodes::NodeError),
 }

@@ -80,6 +80,9 @@ pub enum ControllerMsg {
     Internal(Internal),
 }
 
+/// `ractor`'s `cluster` feature (on for nodes) wants every message type to say it is one; this one stays local.
+impl ractor::Message for ControllerMsg {}
+
 /// A Controller's message to itself; opaque outside this crate.
 #[derive(Debug)]
 pub struct Internal(pub(crate) InternalMsg);

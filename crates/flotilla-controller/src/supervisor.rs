@@ -32,6 +32,9 @@ pub enum SupervisorMsg {
     Internal(SupervisorInternal),
 }
 
+/// `ractor`'s `cluster` feature (on for nodes) wants every message type to say it is one; this one stays local.
+impl ractor::Message for SupervisorMsg {}
+
 /// The Supervisor's message to itself; opaque outside this crate.
 #[derive(Debug)]
 pub struct SupervisorInternal(Restart);

@@ -311,6 +311,11 @@ impl DeploymentActor {
                     Some(ReplicaState::Starting | ReplicaState::Recovering)
                 ) {
                     if let Some(r) = state.replicas.get_mut(&id) {
+                        // An adopted replica can say it is ready before it
+                        // answers `Observe`: its endpoint knows its node.
+                        if r.node.is_empty() {
+                            r.node = endpoint.node().to_owned();
+                        }
                         r.endpoint = Some(endpoint);
                         r.version = version;
                     }

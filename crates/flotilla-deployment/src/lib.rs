@@ -32,6 +32,7 @@ pub use messages::{
 };
 pub use observe::observe;
 pub use recovery::RECOVER_TIMEOUT;
+pub use state::replica_reporter;
 pub use status::{
     FAILED_BACKOFF, FIRST_BACKOFF, MAX_BACKOFF, MAX_CONSTRUCTOR_RETRIES, SLOW_START, backoff,
 };

@@ -146,6 +146,9 @@ pub enum DeploymentMsg {
     Internal(Internal),
 }
 
+/// `ractor`'s `cluster` feature (on for nodes) wants every message type to say it is one; this one stays local.
+impl ractor::Message for DeploymentMsg {}
+
 /// A DeploymentActor's message to itself; opaque outside this crate.
 #[derive(Debug)]
 pub struct Internal(pub(crate) InternalMsg);

@@ -88,11 +88,21 @@ pub(crate) async fn start_replica(
     let name = actor_names::replica(&a.ns, &a.app, &a.target.spec.name, id.0);
     // (The caller boxes this whole future: the spawn stays out of the actor's loop future.)
     let parent = myself.get_cell();
-    match state
-        .children
-        .start(&parent, id, name, ReplicaActor, args)
-        .await
-    {
+    let started = match state.args.cluster.host(&node) {
+        // Another process: its stand-in here (docs/nodes.md), watched as any replica.
+        Some(host) => {
+            let remote = flotilla_cluster::nodes::RemoteReplicaArgs::new(args, host);
+            let proxy = flotilla_cluster::nodes::RemoteReplica;
+            state.children.start(&parent, id, name, proxy, remote).await
+        }
+        None => {
+            state
+                .children
+                .start(&parent, id, name, ReplicaActor, args)
+                .await
+        }
+    };
+    match started {
         Ok(_) => {
             let replica = Replica {
                 state: ReplicaState::Starting,

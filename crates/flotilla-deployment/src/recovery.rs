@@ -97,7 +97,12 @@ pub(crate) fn recovered(
     snap: Option<Box<ReplicaSnapshot>>,
 ) -> Recovered {
     if state.replicas.get(&id).map(|r| r.state) != Some(ReplicaState::Recovering) {
-        // An event from the replica already told us.
+        // An event from the replica already told us (all but, perhaps, its node).
+        if let (Some(r), Some(snap)) = (state.replicas.get_mut(&id), &snap)
+            && r.node.is_empty()
+        {
+            r.node = snap.node.clone();
+        }
         return Recovered::Known;
     }
     let Some(snap) = snap else {

@@ -88,6 +88,19 @@ pub struct DeploymentState {
     _membership: Membership,
 }
 
+/// How a replica of `app`/`deployment` in namespace `ns` reports to its
+/// DeploymentActor: by name, so a restarted actor hears it (the head's node
+/// registry gives one to the proxy of a replica a node re-attached with).
+pub fn replica_reporter(
+    ns: &str,
+    app: &flotilla_core::AppName,
+    deployment: &flotilla_core::DeploymentName,
+) -> ReplicaReporter {
+    let me: Parent<crate::DeploymentMsg> =
+        Parent::new(actor_names::deployment(ns, app, deployment));
+    Arc::new(move |id, event| me.cast(InternalMsg::Replica(id, event).into()))
+}
+
 /// Replica state changes a DeploymentActor may make (`None` = not owned).
 fn allowed(from: Option<ReplicaState>, to: Option<ReplicaState>) -> bool {
     use ReplicaState::*;
@@ -116,13 +129,7 @@ impl DeploymentState {
         route: Arc<DeploymentRoute>,
         membership: Membership,
     ) -> Self {
-        let me: Parent<crate::DeploymentMsg> = Parent::new(actor_names::deployment(
-            &args.ns,
-            &args.app,
-            &args.target.spec.name,
-        ));
-        let replica_reporter: ReplicaReporter =
-            Arc::new(move |id, event| me.cast(InternalMsg::Replica(id, event).into()));
+        let replica_reporter = replica_reporter(&args.ns, &args.app, &args.target.spec.name);
         let mut status = DeploymentStatusInfo::default();
         if args.target.deleting {
             status.handle(DeploymentTrigger::Delete, "");
@@ -261,7 +268,12 @@ impl DeploymentState {
             .filter_map(|r| r.endpoint.clone())
             .filter(|e| e.is_accepting())
             .collect();
+        let before = self.route.replicas();
         self.route.publish(set);
+        if !Arc::ptr_eq(&before, &self.route.replicas()) {
+            // Other processes copy the route (docs/nodes.md).
+            self.args.cluster.route_changed(&self.route);
+        }
     }
 
     /// Tell the ApplicationActor about a status it has not seen.

@@ -506,6 +506,7 @@ impl Proxy {
         match e {
             CallError::User(m) | CallError::Panicked(m) => (500, m),
             CallError::Killed { .. }
+            | CallError::NodeLost { .. }
             | CallError::BatchSize { .. }
             | CallError::ModelLoad { .. } => (500, e.to_string()),
             CallError::BadRequest(m) => (

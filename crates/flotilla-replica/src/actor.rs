@@ -136,6 +136,9 @@ pub enum ReplicaMsg {
     Internal(Internal),
 }
 
+/// `ractor`'s `cluster` feature (on for nodes) wants every message type to say it is one; this one stays local.
+impl ractor::Message for ReplicaMsg {}
+
 /// A ReplicaActor's message to itself; opaque outside this crate.
 #[derive(Debug)]
 pub struct Internal(pub(crate) InternalMsg);

@@ -30,6 +30,12 @@ impl ReplicaId {
     pub fn fresh() -> Self {
         ReplicaId(NEXT_REPLICA.fetch_add(1, Ordering::Relaxed))
     }
+
+    /// Make every later [`fresh`](Self::fresh) id at least `floor` (a head with
+    /// nodes seeds it from the clock, so ids stay unique across its restarts).
+    pub fn seed(floor: u64) {
+        NEXT_REPLICA.fetch_max(floor, Ordering::Relaxed);
+    }
 }
 
 impl fmt::Display for ReplicaId {
@@ -57,8 +63,11 @@ pub struct ReplicaEndpoint {
     pub(crate) kill_signal: Notify,
     /// Wakes callers queued on the deployment when a slot frees.
     slot_freed: Arc<Notify>,
-    /// Its actor (`None` only in this crate's unit tests).
+    /// Its replica actor; `None` for a replica in another process (and in
+    /// this crate's unit tests).
     actor: Option<ActorRef<ReplicaMsg>>,
+    /// How requests reach a replica in another process (`crate::remote`).
+    remote: Option<Arc<dyn crate::remote::RemoteCall>>,
     /// Where a multiplexed deployment's model ids are published.
     models: Option<Arc<ModelHub>>,
     /// Its batcher, started by the first batched request.
@@ -106,11 +115,52 @@ impl ReplicaEndpoint {
             slot_freed,
             actor: Some(actor),
             batcher: OnceLock::new(),
+            remote: None,
             faults,
             stats: ReplicaStats::default(),
             started_at: SystemTime::now(),
             published: AtomicBool::new(false),
         }
+    }
+
+    /// The endpoint of a replica in another process: requests go through `call`.
+    pub(crate) fn new_remote(
+        id: ReplicaId,
+        node: String,
+        call: Arc<dyn crate::remote::RemoteCall>,
+        max_ongoing: u32,
+        slot_freed: Arc<Notify>,
+    ) -> Self {
+        ReplicaEndpoint {
+            id,
+            node,
+            user: Arc::new(crate::remote::Elsewhere),
+            in_flight: AtomicU32::new(0),
+            max_ongoing: AtomicU32::new(max_ongoing),
+            accepting: AtomicBool::new(true),
+            kill_signal: Notify::new(),
+            slot_freed,
+            actor: None,
+            remote: Some(call),
+            // A replica elsewhere batches and loads its models there; the
+            // head's routers do not see its model ids (docs/nodes.md).
+            models: None,
+            batcher: OnceLock::new(),
+            faults: Faults::new(),
+            stats: ReplicaStats::default(),
+            started_at: SystemTime::now(),
+            published: AtomicBool::new(false),
+        }
+    }
+
+    /// Whether the replica runs in another process (its requests cross the
+    /// wire; see `docs/nodes.md`).
+    pub fn is_remote(&self) -> bool {
+        self.remote.is_some()
+    }
+
+    pub(crate) fn remote_call(&self) -> Option<&Arc<dyn crate::remote::RemoteCall>> {
+        self.remote.as_ref()
     }
 
     /// Its request counters: successes, errors by kind and the processing
@@ -226,7 +276,8 @@ impl ReplicaEndpoint {
     }
 
     pub(crate) fn report_panic(&self, message: String) {
-        // The replica may already be gone; then there is nobody left to tell.
+        // The replica may already be gone; then there is nobody left to tell. A
+        // replica elsewhere reports its own panics.
         if let Some(actor) = &self.actor {
             let _ = actor.cast(crate::actor::InternalMsg::Panicked(message).into());
         }
@@ -309,6 +360,7 @@ fn test_endpoint_of(
         kill_signal: Notify::new(),
         slot_freed: Arc::new(Notify::new()),
         actor: None,
+        remote: None,
         models: hub,
         batcher: OnceLock::new(),
         faults: Faults::new(),
@@ -451,7 +503,7 @@ impl ErrorKind {
         match error {
             E::User(_) => Some(ErrorKind::User),
             E::Panicked(_) => Some(ErrorKind::Panicked),
-            E::Killed { .. } => Some(ErrorKind::Killed),
+            E::Killed { .. } | E::NodeLost { .. } => Some(ErrorKind::Killed),
             E::BadRequest(_) => Some(ErrorKind::BadRequest),
             E::BadResponse(_) => Some(ErrorKind::BadResponse),
             // User code's doing: a batch handler's wrong length, a failed loader.

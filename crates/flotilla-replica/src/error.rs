@@ -16,6 +16,19 @@ pub enum CallError {
         /// The replica.
         replica: String,
     },
+    /// The node of the replica running the request was lost (its process died,
+    /// it stopped answering heartbeats, or its connection dropped) after the
+    /// request was sent to it: it may or may not have run. Not retried (a
+    /// request that was not sent yet is routed to another replica instead).
+    #[error(
+        "replica {replica} was lost with its node '{node}' after the request was sent to it (it may have run)"
+    )]
+    NodeLost {
+        /// The node.
+        node: String,
+        /// The replica.
+        replica: String,
+    },
     /// The request could not be decoded as the deployment's request type.
     #[error("bad request: {0}")]
     BadRequest(String),

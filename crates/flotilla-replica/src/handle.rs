@@ -15,6 +15,7 @@ use crate::{
     CallError, Directory, ModelIdError, ReplicaEndpoint, RoutingRequest,
     endpoint::{ErrorKind, Slot},
     multiplex::validate_model_id,
+    remote::Attempt,
     route::{DeploymentRoute, ReplicaSet},
     user::{Call, ItemSender},
 };
@@ -162,18 +163,35 @@ impl DeploymentHandle {
         }
     }
 
-    async fn call_bytes(&self, bytes: Vec<u8>) -> Result<Vec<u8>, CallError> {
-        let (route, slot) = self.acquire().await?;
-        let replica = slot.0.id();
-        let call = Call {
-            bytes,
-            model_id: self.model_id.clone(),
-        };
-        let result = run(&route, slot, call).await;
-        tracing::info!(target: ACCESS_TARGET, app = %route.app(),
-            deployment = %route.deployment(), replica = %replica, ok = result.is_ok(),
-            "request");
-        result
+    async fn call_bytes(&self, mut bytes: Vec<u8>) -> Result<Vec<u8>, CallError> {
+        let mut refusals = 0;
+        loop {
+            let (route, slot) = self.acquire().await?;
+            let replica = slot.0.id();
+            let result = match slot.0.remote_call().cloned() {
+                None => {
+                    let call = Call {
+                        bytes,
+                        model_id: self.model_id.clone(),
+                    };
+                    run(Some(&route), slot, call).await
+                }
+                // A replica in another process; one that refused the request
+                // before running it leaves it to be routed again.
+                Some(remote) => match crate::remote::run(slot, remote, bytes).await {
+                    Attempt::Ran(result) => result,
+                    Attempt::Refused { request, full } => {
+                        bytes = request;
+                        crate::remote::back_off(&mut refusals, full).await;
+                        continue;
+                    }
+                },
+            };
+            tracing::info!(target: ACCESS_TARGET, app = %route.app(),
+                deployment = %route.deployment(), replica = %replica, ok = result.is_ok(),
+                "request");
+            return result;
+        }
     }
 
     /// Wait (in this handle's queue, up to `max_queued_requests`) for a slot on a
@@ -245,17 +263,36 @@ impl DeploymentHandle {
                 Ok(bytes) => {
                     let handle = self.clone();
                     let work = async move {
-                        let (route, slot) = handle.acquire().await?;
-                        let replica = slot.0.id();
-                        let call = Call {
-                            bytes,
-                            model_id: handle.model_id.clone(),
-                        };
-                        let result = run_stream(&route, slot, call, tx).await;
-                        tracing::info!(target: ACCESS_TARGET, app = %route.app(),
-                            deployment = %route.deployment(), replica = %replica,
-                            ok = result.is_ok(), stream = true, "request");
-                        result
+                        let (mut bytes, mut refusals) = (bytes, 0);
+                        loop {
+                            let (route, slot) = handle.acquire().await?;
+                            let replica = slot.0.id();
+                            let result = match slot.0.remote_call().cloned() {
+                                None => {
+                                    let call = Call {
+                                        bytes,
+                                        model_id: handle.model_id.clone(),
+                                    };
+                                    run_stream(Some(&route), slot, call, tx.clone()).await
+                                }
+                                // As in `call_bytes`: a refused request is routed again.
+                                Some(remote) => {
+                                    match crate::remote::run_stream(slot, remote, bytes, &tx).await
+                                    {
+                                        Attempt::Ran(result) => result,
+                                        Attempt::Refused { request, full } => {
+                                            bytes = request;
+                                            crate::remote::back_off(&mut refusals, full).await;
+                                            continue;
+                                        }
+                                    }
+                                }
+                            };
+                            tracing::info!(target: ACCESS_TARGET, app = %route.app(),
+                                deployment = %route.deployment(), replica = %replica,
+                                ok = result.is_ok(), stream = true, "request");
+                            return result;
+                        }
                     };
                     match self.timeout {
                         None => Box::pin(work),
@@ -413,7 +450,14 @@ fn injected(ep: &ReplicaEndpoint) -> Option<CallError> {
     None
 }
 
-async fn run(route: &DeploymentRoute, slot: Slot, call: Call) -> Result<Vec<u8>, CallError> {
+/// Run `call` on the replica holding `slot`: through its batcher when its
+/// `route` batches, else its handler. `route` is `None` for a request from
+/// another process, which runs unbatched (docs/nodes.md).
+pub(crate) async fn run(
+    route: Option<&DeploymentRoute>,
+    slot: Slot,
+    call: Call,
+) -> Result<Vec<u8>, CallError> {
     let ep = slot.0.clone();
     if let Some(e) = injected(&ep) {
         drop(slot);
@@ -422,7 +466,7 @@ async fn run(route: &DeploymentRoute, slot: Slot, call: Call) -> Result<Vec<u8>,
     let running = Running::new(slot);
     let killed = ep.kill_signal.notified();
     let work = async {
-        if route.settings().batching_enabled() {
+        if let Some(route) = route.filter(|r| r.settings().batching_enabled()) {
             // Waits for its batch holding its slot: it counts as load.
             ep.batcher(route).submit(call.bytes, call.model_id).await
         } else {
@@ -442,8 +486,9 @@ async fn run(route: &DeploymentRoute, slot: Slot, call: Call) -> Result<Vec<u8>,
     result
 }
 
-async fn run_stream(
-    route: &DeploymentRoute,
+/// [`run`] for the streaming handler.
+pub(crate) async fn run_stream(
+    route: Option<&DeploymentRoute>,
     slot: Slot,
     call: Call,
     items: ItemSender,
@@ -457,7 +502,7 @@ async fn run_stream(
     let ep = running.endpoint();
     let killed = ep.kill_signal.notified();
     let work = async {
-        if route.settings().batching_enabled() {
+        if let Some(route) = route.filter(|r| r.settings().batching_enabled()) {
             // Batched deployments answer a stream with their one batch response.
             let item = ep.batcher(route).submit(call.bytes, call.model_id).await?;
             let _ = items.send(item).await;

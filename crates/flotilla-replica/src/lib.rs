@@ -30,6 +30,7 @@ mod model_cache;
 mod multiplex;
 mod policy;
 mod registry;
+pub mod remote;
 mod route;
 mod router;
 mod settings;

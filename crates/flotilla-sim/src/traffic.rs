@@ -310,6 +310,7 @@ fn error_kind(e: &CallError) -> &'static str {
         CallError::User(_) => "user",
         CallError::Panicked(_) => "panicked",
         CallError::Killed { .. } => "killed",
+        CallError::NodeLost { .. } => "node_lost",
         CallError::BadRequest(_) => "bad_request",
         CallError::BadResponse(_) => "bad_response",
         CallError::BackPressure { .. } => "back_pressure",

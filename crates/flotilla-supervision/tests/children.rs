@@ -10,11 +10,19 @@ use flotilla_supervision::{ChildExit, Children, RestartPolicy, StartError, Start
 use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
 use tokio::sync::mpsc;
 
+/// What a [`Child`] is told: `"fail"` or `"stop"`. (With ractor's `cluster`
+/// feature on, which nodes need, a message type must say it is one, and
+/// `&'static str` cannot.)
+#[derive(Debug)]
+struct Cmd(&'static str);
+
+impl ractor::Message for Cmd {}
+
 /// A child that fails its handler when asked to.
 struct Child;
 
 impl Actor for Child {
-    type Msg = &'static str;
+    type Msg = Cmd;
     type State = ();
     type Arguments = ();
 
@@ -25,7 +33,7 @@ impl Actor for Child {
     async fn handle(
         &self,
         myself: ActorRef<Self::Msg>,
-        msg: &'static str,
+        Cmd(msg): Cmd,
         _: &mut (),
     ) -> Result<(), ActorProcessingErr> {
         match msg {
@@ -84,7 +92,7 @@ impl Actor for Forwarder {
 struct Rig {
     parent: ActorRef<u32>,
     seen: mpsc::UnboundedReceiver<Seen>,
-    children: Children<&'static str, &'static str>,
+    children: Children<&'static str, Cmd>,
 }
 
 impl Rig {
@@ -98,7 +106,7 @@ impl Rig {
         }
     }
 
-    async fn start(&mut self, key: &'static str, name: &str) -> ActorRef<&'static str> {
+    async fn start(&mut self, key: &'static str, name: &str) -> ActorRef<Cmd> {
         let started = self
             .children
             .start(&self.parent.get_cell(), key, name.to_owned(), Child, ())
@@ -133,13 +141,13 @@ impl Rig {
 async fn exits_are_typed() {
     let mut rig = Rig::new().await;
     let a = rig.start("a", "children-test/typed-a").await;
-    a.cast("stop").unwrap();
+    a.cast(Cmd("stop")).unwrap();
     assert_eq!(rig.exit().await, Some(("a", ChildExit::Stopped)));
     let b = rig.start("b", "children-test/typed-b").await;
     b.kill();
     assert_eq!(rig.exit().await, Some(("b", ChildExit::Killed)));
     let c = rig.start("c", "children-test/typed-c").await;
-    c.cast("fail").unwrap();
+    c.cast(Cmd("fail")).unwrap();
     let (key, how) = rig.exit().await.unwrap();
     assert_eq!(key, "c");
     assert!(
@@ -248,7 +256,7 @@ async fn a_child_gone_before_it_is_watched_is_not_a_child() {
     // A name nobody holds and a spawn that cannot run: a typed error to retry on.
     struct Refuses;
     impl Actor for Refuses {
-        type Msg = &'static str;
+        type Msg = Cmd;
         type State = ();
         type Arguments = ();
         async fn pre_start(&self, _: ActorRef<Self::Msg>, _: ()) -> Result<(), ActorProcessingErr> {

@@ -1,0 +1,588 @@
+//! The node agent: one actor per node incarnation. It joins (or re-attaches
+//! to) the head, starts the replicas the head asks for and reports on them,
+//! answers heartbeats, keeps the node's copy of every route, and fences the
+//! node when the head refuses it (`docs/nodes.md`).
+
+use std::{collections::HashMap, sync::Arc};
+
+use flotilla_core::{
+    AppName, DeploymentName, DeploymentSpec, DeploymentVersion, Faults, actor_names,
+};
+use flotilla_replica::{
+    Directory, Registry, ReplicaActor, ReplicaArgs, ReplicaEndpoint, ReplicaEvent, ReplicaId,
+    ReplicaMsg, ReplicaPhase, ReplicaReporter, remote::RemoteEndpoint,
+};
+use flotilla_supervision::Children;
+use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
+use tokio::{
+    sync::{oneshot, watch},
+    task::JoinHandle,
+    time::Instant,
+};
+use tracing::{error, info, warn};
+
+use super::{
+    NodeOptions,
+    link::{Inbound, Link, SessionEvent},
+    options::CHECK_PERIOD,
+    transport::PeerCall,
+    wire::{Control, Envelope, Hello, ReplicaReport, RouteEntry, Start, WireEvent, WirePhase},
+};
+
+/// How an incarnation ended.
+#[derive(Debug, Clone)]
+pub(crate) enum Ending {
+    /// The head declared this node lost: its replicas are stopped; join as a
+    /// new node.
+    Fenced(String),
+    /// The head refused the handshake (wrong cookie).
+    Refused(String),
+    /// Shut down.
+    Stopped,
+}
+
+/// The agent's messages (local only).
+#[derive(Debug)]
+pub(crate) enum AgentMsg {
+    Inbound(Inbound),
+    Replica(ReplicaId, ReplicaEvent),
+    /// A dial of the head ended (an error: the reason).
+    Dialed(Option<String>),
+    /// Dial the head again.
+    Redial,
+    Tick,
+    /// Stop every replica, then end.
+    Shutdown,
+}
+
+impl ractor::Message for AgentMsg {}
+
+pub(crate) struct AgentArgs {
+    pub(crate) id: String,
+    pub(crate) options: NodeOptions,
+    pub(crate) registry: Registry,
+    pub(crate) link: Arc<Link>,
+    /// The epoch of the head the previous incarnation knew.
+    pub(crate) last_head: Option<u64>,
+    pub(crate) ending: Option<oneshot::Sender<Ending>>,
+    /// The node's live replica count, for shutdown.
+    pub(crate) live: watch::Sender<usize>,
+}
+
+struct Local {
+    app: AppName,
+    spec: Arc<DeploymentSpec>,
+    version: DeploymentVersion,
+    phase: ReplicaPhase,
+    condemned: Option<String>,
+    endpoint: Option<Arc<ReplicaEndpoint>>,
+}
+
+struct Head {
+    ns: String,
+}
+
+pub(crate) struct Agent;
+
+pub(crate) struct AgentState {
+    args: AgentArgs,
+    directory: Directory,
+    /// The head's session (authenticated), and the head once it welcomed us.
+    session: Option<String>,
+    head: Option<Head>,
+    last_heard: Instant,
+    dialing: bool,
+    replicas: HashMap<ReplicaId, Local>,
+    children: Children<ReplicaId, ReplicaMsg>,
+    routes: HashMap<(AppName, DeploymentName), RouteEntry>,
+    mirrors: HashMap<ReplicaId, ((AppName, DeploymentName), RemoteEndpoint)>,
+    peers: Vec<String>,
+    shutting_down: bool,
+    /// Refused by the head (declared lost): the replicas are being killed, and
+    /// the incarnation ends with this reason once the last has exited.
+    fencing: Option<String>,
+    timer: Option<JoinHandle<()>>,
+}
+
+impl AgentState {
+    fn to_head(&self, control: Control) -> bool {
+        match &self.session {
+            Some(peer) => self.args.link.shared.send_control(peer, control),
+            None => false,
+        }
+    }
+
+    fn end(&mut self, ending: Ending) {
+        if let Some(tx) = self.args.ending.take() {
+            let _ = tx.send(ending);
+        }
+    }
+
+    fn live_changed(&self) {
+        self.args.live.send_replace(self.replicas.len());
+    }
+}
+
+fn is_head(peer: &str) -> bool {
+    peer.starts_with("flotilla-head-")
+}
+
+impl Actor for Agent {
+    type Msg = AgentMsg;
+    type State = AgentState;
+    type Arguments = AgentArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<AgentMsg>,
+        args: AgentArgs,
+    ) -> Result<AgentState, ActorProcessingErr> {
+        let timer = myself.send_interval(CHECK_PERIOD, || AgentMsg::Tick);
+        Ok(AgentState {
+            args,
+            directory: Directory::new(),
+            session: None,
+            head: None,
+            last_heard: Instant::now(),
+            dialing: false,
+            replicas: HashMap::new(),
+            children: Children::new(),
+            routes: HashMap::new(),
+            mirrors: HashMap::new(),
+            peers: Vec::new(),
+            shutting_down: false,
+            fencing: None,
+            timer: Some(timer),
+        })
+    }
+
+    async fn post_start(
+        &self,
+        myself: ActorRef<AgentMsg>,
+        state: &mut AgentState,
+    ) -> Result<(), ActorProcessingErr> {
+        dial(&myself, state);
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<AgentMsg>,
+        msg: AgentMsg,
+        state: &mut AgentState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            AgentMsg::Inbound(Inbound::Control(env)) => {
+                Box::pin(control(&myself, state, env)).await;
+            }
+            AgentMsg::Inbound(Inbound::Session(ev)) => session(&myself, state, ev),
+            AgentMsg::Replica(id, event) => replica_event(state, id, event),
+            AgentMsg::Dialed(None) => {}
+            AgentMsg::Dialed(Some(reason)) => {
+                state.dialing = false;
+                if state.session.is_none() && !state.shutting_down {
+                    warn!(node = %state.args.id, head = %state.args.options.head, %reason,
+                        "head not reachable; dialing again");
+                    myself.send_after(state.args.options.redial, || AgentMsg::Redial);
+                }
+            }
+            AgentMsg::Redial => {
+                if state.session.is_none() && !state.dialing && !state.shutting_down {
+                    dial(&myself, state);
+                }
+            }
+            AgentMsg::Tick => {
+                let timeout = state.args.options.heartbeat_timeout;
+                if let Some(peer) = state.session.clone()
+                    && state.last_heard.elapsed() > timeout
+                {
+                    warn!(node = %state.args.id, head = %peer,
+                        "no heartbeat from the head for {} ms: dropping its session",
+                        timeout.as_millis());
+                    state
+                        .args
+                        .link
+                        .shared
+                        .drop_session(&peer, "heartbeat timeout");
+                }
+            }
+            AgentMsg::Shutdown => {
+                state.shutting_down = true;
+                for (_, actor) in state.children.actors() {
+                    let _ = actor.cast(ReplicaMsg::Stop { graceful: true });
+                }
+                if state.replicas.is_empty() {
+                    state.end(Ending::Stopped);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        _myself: ActorRef<AgentMsg>,
+        evt: SupervisionEvent,
+        state: &mut AgentState,
+    ) -> Result<(), ActorProcessingErr> {
+        let Some((id, how)) = state.children.exited(&evt) else {
+            return Ok(());
+        };
+        state.children.remove(&id);
+        state.args.link.shared.unserve(id);
+        if let Some(r) = state.replicas.remove(&id) {
+            info!(node = %state.args.id, app = %r.app, deployment = %r.spec.name,
+                replica = %id, %how, "replica ended");
+        }
+        state.live_changed();
+        state.to_head(Control::Exited {
+            replica: id.0,
+            crashed: how.is_crash(),
+            why: how.to_string(),
+        });
+        if state.replicas.is_empty() {
+            if let Some(reason) = state.fencing.take() {
+                state.end(Ending::Fenced(reason));
+            } else if state.shutting_down {
+                state.end(Ending::Stopped);
+            }
+        }
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<AgentMsg>,
+        state: &mut AgentState,
+    ) -> Result<(), ActorProcessingErr> {
+        if let Some(t) = state.timer.take() {
+            t.abort();
+        }
+        Ok(())
+    }
+}
+
+/// Dial the head, off the mailbox.
+fn dial(myself: &ActorRef<AgentMsg>, state: &mut AgentState) {
+    state.dialing = true;
+    let (link, addr, timeout) = (
+        state.args.link.clone(),
+        state.args.options.head,
+        state.args.options.connect_timeout,
+    );
+    let me = myself.clone();
+    tokio::spawn(async move {
+        let r = link.dial(addr, timeout).await.err().map(|e| e.to_string());
+        let _ = me.cast(AgentMsg::Dialed(r));
+    });
+}
+
+fn session(myself: &ActorRef<AgentMsg>, state: &mut AgentState, ev: SessionEvent) {
+    match ev {
+        SessionEvent::Opened { .. } => {}
+        SessionEvent::Ready { peer, .. } if is_head(&peer) => {
+            state.dialing = false;
+            state.session = Some(peer.clone());
+            state.last_heard = Instant::now();
+            let hello = hello(state);
+            info!(node = %state.args.id, head = %peer, replicas = hello.replicas.len(),
+                "connected to the head: joining");
+            if !state.to_head(Control::Hello(hello)) {
+                warn!(node = %state.args.id, "hello not sent: the head's port is not visible");
+            }
+        }
+        SessionEvent::Ready { peer, .. } => {
+            info!(node = %state.args.id, %peer, "connected to a peer node");
+        }
+        SessionEvent::Closed {
+            peer: None,
+            authenticated: false,
+            addr,
+            ..
+        } => {
+            if state.dialing && state.session.is_none() {
+                let reason = "authentication failed (wrong cookie?)".to_owned();
+                error!(node = %state.args.id, head = %addr,
+                    "the head refused this node: {reason}");
+                state.end(Ending::Refused(reason));
+            }
+        }
+        SessionEvent::Closed {
+            peer: Some(peer), ..
+        } => {
+            if state.session.as_deref() == Some(peer.as_str()) {
+                warn!(node = %state.args.id, head = %peer,
+                    "lost the head; replicas keep serving; dialing again");
+                state.session = None;
+                state.head = None;
+                if !state.shutting_down {
+                    myself.send_after(state.args.options.redial, || AgentMsg::Redial);
+                }
+            }
+        }
+        SessionEvent::Closed { .. } => {}
+    }
+}
+
+fn hello(state: &AgentState) -> Hello {
+    let replicas = state
+        .replicas
+        .iter()
+        .map(|(id, r)| ReplicaReport {
+            id: id.0,
+            app: r.app.clone(),
+            spec: Box::new((*r.spec).clone()),
+            version: r.version.clone(),
+            phase: WirePhase::from(r.phase),
+            condemned: r.condemned.clone(),
+        })
+        .collect();
+    Hello {
+        node: state.args.id.clone(),
+        resources: state.args.options.resources.clone(),
+        labels: state.args.options.labels.clone(),
+        last_head: state.args.last_head,
+        peers: state.peers.clone(),
+        replicas,
+    }
+}
+
+async fn control(myself: &ActorRef<AgentMsg>, state: &mut AgentState, env: Envelope) {
+    if !is_head(&env.from) {
+        warn!(node = %state.args.id, from = %env.from, "control frame from a non-head: ignored");
+        return;
+    }
+    state.last_heard = Instant::now();
+    match env.control {
+        Control::Welcome(w) => {
+            info!(node = %state.args.id, head = %env.from, epoch = w.epoch,
+                head_node = %w.head_node, "joined the head");
+            state.args.last_head = Some(w.epoch);
+            state.head = Some(Head { ns: w.ns });
+        }
+        Control::Refused { reason } => {
+            warn!(node = %state.args.id, %reason,
+                "the head refused this node: fencing (stopping every replica) to join as a new node");
+            // The next incarnation joins only once no replica of this one
+            // runs (handle_supervisor_evt ends it after the last exit).
+            for (_, actor) in state.children.actors() {
+                actor.kill();
+            }
+            if state.replicas.is_empty() {
+                state.end(Ending::Fenced(reason));
+            } else {
+                state.fencing = Some(reason);
+            }
+        }
+        Control::Heartbeat { seq } => {
+            state.to_head(Control::Heartbeat { seq });
+        }
+        Control::Start(s) => Box::pin(start_replica(myself, state, *s)).await,
+        Control::Reconfigure { replica, spec } => {
+            let spec = Arc::new(*spec);
+            if let Some(r) = state.replicas.get_mut(&ReplicaId(replica)) {
+                r.spec = spec.clone();
+            }
+            state.cast(ReplicaId(replica), ReplicaMsg::Reconfigure(spec));
+        }
+        Control::Stop { replica, graceful } => {
+            let id = ReplicaId(replica);
+            match state.children.actor(&id) {
+                Some(actor) => {
+                    if let Some(r) = state.replicas.get_mut(&id) {
+                        r.phase = ReplicaPhase::Stopping;
+                    }
+                    let _ = actor.cast(ReplicaMsg::Stop { graceful });
+                }
+                None => {
+                    state.to_head(Control::Exited {
+                        replica,
+                        crashed: false,
+                        why: "not running on this node".to_owned(),
+                    });
+                }
+            }
+        }
+        Control::Routes(entries) => {
+            for e in entries {
+                let key = (e.app.clone(), e.deployment.clone());
+                state.routes.insert(key.clone(), e);
+                publish(state, &key);
+            }
+        }
+        Control::Nodes { alive, ids } => {
+            state.peers = ids;
+            for peer in state.args.link.shared.connected() {
+                if !is_head(&peer) && !alive.contains(&peer) {
+                    state
+                        .args
+                        .link
+                        .shared
+                        .drop_session(&peer, "the head declared that node lost");
+                }
+            }
+        }
+        other => {
+            warn!(node = %state.args.id, frame = ?other, "node: unexpected control frame");
+        }
+    }
+}
+
+impl AgentState {
+    fn cast(&self, id: ReplicaId, msg: ReplicaMsg) {
+        if let Some(a) = self.children.actor(&id) {
+            let _ = a.cast(msg);
+        }
+    }
+}
+
+async fn start_replica(myself: &ActorRef<AgentMsg>, state: &mut AgentState, s: Start) {
+    let id = ReplicaId(s.replica);
+    let Some(ns) = state.head.as_ref().map(|h| h.ns.clone()) else {
+        warn!(node = %state.args.id, replica = %id, "start before the head's welcome: ignored");
+        return;
+    };
+    if state.replicas.contains_key(&id) {
+        return;
+    }
+    let spec = Arc::new(s.spec);
+    let dep = spec.name.clone();
+    let agent = myself.clone();
+    let reporter: ReplicaReporter = Arc::new(move |id, event| {
+        let _ = agent.cast(AgentMsg::Replica(id, event));
+    });
+    let args = ReplicaArgs {
+        id,
+        app: s.app.clone(),
+        deployment: dep.clone(),
+        spec: spec.clone(),
+        version: s.version.clone(),
+        registry: state.args.registry.clone(),
+        directory: state.directory.clone(),
+        route: state.directory.route(&s.app, &dep),
+        reporter,
+        group: actor_names::replica_group(&ns, &s.app, &dep),
+        node: state.args.id.clone(),
+        faults: Faults::new(),
+    };
+    let name = actor_names::replica(&ns, &s.app, &dep, id.0);
+    let parent = myself.get_cell();
+    match state
+        .children
+        .start(&parent, id, name, ReplicaActor, args)
+        .await
+    {
+        Ok(_) => {
+            info!(node = %state.args.id, app = %s.app, deployment = %dep, replica = %id,
+                "replica started");
+            state.replicas.insert(
+                id,
+                Local {
+                    app: s.app,
+                    spec,
+                    version: s.version,
+                    phase: ReplicaPhase::Starting,
+                    condemned: None,
+                    endpoint: None,
+                },
+            );
+            state.live_changed();
+        }
+        Err(e) => {
+            warn!(node = %state.args.id, replica = %id, error = %e, "replica not started");
+            state.to_head(Control::Event {
+                replica: id.0,
+                event: WireEvent::StartFailed {
+                    error: format!("the replica actor could not start on its node: {e}"),
+                },
+            });
+        }
+    }
+}
+
+fn replica_event(state: &mut AgentState, id: ReplicaId, event: ReplicaEvent) {
+    let wire = WireEvent::of(&event);
+    let Some(r) = state.replicas.get_mut(&id) else {
+        return;
+    };
+    match event {
+        ReplicaEvent::Ready { endpoint, version } => {
+            r.phase = ReplicaPhase::Running;
+            r.version = version;
+            state.args.link.shared.serve(endpoint.clone());
+            r.endpoint = Some(endpoint);
+            let keys: Vec<_> = state
+                .routes
+                .iter()
+                .filter(|(_, e)| e.replicas.iter().any(|x| x.id == id.0))
+                .map(|(k, _)| k.clone())
+                .collect();
+            for k in keys {
+                publish(state, &k);
+            }
+        }
+        ReplicaEvent::Reconfigured { version } => {
+            if r.phase != ReplicaPhase::Stopping {
+                r.phase = ReplicaPhase::Running;
+            }
+            r.version = version;
+        }
+        ReplicaEvent::StartFailed { error } => {
+            r.phase = ReplicaPhase::StartFailed;
+            r.condemned = Some(error);
+        }
+        ReplicaEvent::Unhealthy { reason } => {
+            r.condemned.get_or_insert(reason);
+        }
+        ReplicaEvent::ReconfigureFailed { error } => {
+            r.condemned.get_or_insert(error);
+        }
+    }
+    if !state.to_head(Control::Event {
+        replica: id.0,
+        event: wire,
+    }) {
+        warn!(node = %state.args.id, replica = %id,
+            "replica event not sent: no head (it re-attaches with the replica's state)");
+    }
+}
+
+/// Publish the node's copy of a route: its own replicas' endpoints, and remote
+/// endpoints (kept per replica) for the rest.
+fn publish(state: &mut AgentState, key: &(AppName, DeploymentName)) {
+    let Some(entry) = state.routes.get(key) else {
+        return;
+    };
+    let route = state.directory.route(&key.0, &key.1);
+    route.set_max_queued(entry.max_queued);
+    let me = state.args.link.shared.me.clone();
+    let mut set = Vec::with_capacity(entry.replicas.len());
+    let mut ids = Vec::with_capacity(entry.replicas.len());
+    for r in &entry.replicas {
+        let id = ReplicaId(r.id);
+        ids.push(id);
+        if r.peer == me {
+            if let Some(ep) = state.replicas.get(&id).and_then(|l| l.endpoint.clone()) {
+                set.push(ep);
+            }
+            continue;
+        }
+        let (_, remote) = state.mirrors.entry(id).or_insert_with(|| {
+            let call = PeerCall::boxed(
+                state.args.link.shared.clone(),
+                r.peer.clone(),
+                r.node.clone(),
+            );
+            (
+                key.clone(),
+                RemoteEndpoint::new(id, r.node.clone(), call, r.max_ongoing, &route),
+            )
+        });
+        remote.set_max_ongoing(r.max_ongoing);
+        set.push(remote.endpoint().clone());
+    }
+    state
+        .mirrors
+        .retain(|id, (k, _)| k != key || ids.contains(id));
+    route.publish(set);
+}

@@ -1,0 +1,135 @@
+//! Routes reach every node by subscription (`docs/nodes.md`): a
+//! DeploymentActor's publish marks its route dirty here, and one exporter task
+//! sends every dirty route to every live node in one frame (bursts coalesce).
+//! A joining node gets every route. Head-local replicas in exported routes are
+//! served to the nodes.
+
+use std::{collections::HashSet, sync::Arc};
+
+use flotilla_core::{AppName, DeploymentName};
+use flotilla_replica::{DeploymentRoute, ReplicaId};
+
+use super::{
+    head::{Export, HeadShared, lock},
+    wire::{Control, RouteEntry, RouteReplica},
+};
+
+/// Routes per `Routes` frame of a full copy.
+const CHUNK: usize = 512;
+
+/// A DeploymentActor published a changed set on `route`.
+pub(crate) fn changed(shared: &HeadShared, route: &Arc<DeploymentRoute>) {
+    let key = (route.app().clone(), route.deployment().clone());
+    let wake = shared.any_alive();
+    let mut ex = lock(&shared.export);
+    if wake {
+        ex.dirty.insert(key.clone());
+    }
+    ex.known.insert(key, route.clone());
+    drop(ex);
+    if wake {
+        shared.export_wake.notify_one();
+    }
+}
+
+/// `route` as nodes copy it; head-local replicas in it are served to nodes.
+fn entry(
+    shared: &HeadShared,
+    ex: &mut Export,
+    key: &(AppName, DeploymentName),
+    route: &DeploymentRoute,
+) -> RouteEntry {
+    let set = if route.is_closed() {
+        Arc::from(Vec::new())
+    } else {
+        route.replicas()
+    };
+    let me = &shared.link.shared.me;
+    let mut local = Vec::new();
+    let mut replicas = Vec::with_capacity(set.len());
+    for ep in set.iter() {
+        let peer = if ep.is_remote() {
+            match shared.peer_of(ep.node()) {
+                Some(p) => p,
+                None => continue,
+            }
+        } else {
+            shared.link.shared.serve(ep.clone());
+            local.push(ep.id());
+            me.clone()
+        };
+        replicas.push(RouteReplica {
+            id: ep.id().0,
+            node: ep.node().to_owned(),
+            peer,
+            max_ongoing: ep.max_ongoing_requests(),
+        });
+    }
+    let old = ex
+        .served
+        .insert(key.clone(), local.clone())
+        .unwrap_or_default();
+    let keep: HashSet<ReplicaId> = local.into_iter().collect();
+    for id in old.into_iter().filter(|id| !keep.contains(id)) {
+        shared.link.shared.unserve(id);
+    }
+    RouteEntry {
+        app: key.0.clone(),
+        deployment: key.1.clone(),
+        max_queued: route.max_queued(),
+        replicas,
+    }
+}
+
+/// The exporter: wakes on changes, sends the dirty routes to every live node.
+pub(crate) async fn run(shared: Arc<HeadShared>) {
+    loop {
+        shared.export_wake.notified().await;
+        // Let a burst of publishes land in this one frame.
+        tokio::task::yield_now().await;
+        let entries: Vec<RouteEntry> = {
+            let mut ex = lock(&shared.export);
+            let dirty: Vec<_> = ex.dirty.drain().collect();
+            dirty
+                .iter()
+                .filter_map(|k| {
+                    let route = ex.known.get(k)?.clone();
+                    Some(entry(&shared, &mut ex, k, &route))
+                })
+                .collect()
+        };
+        if entries.is_empty() {
+            continue;
+        }
+        for (_, peer) in shared.alive() {
+            for chunk in entries.chunks(CHUNK) {
+                shared
+                    .link
+                    .shared
+                    .send_control(&peer, Control::Routes(chunk.to_vec()));
+            }
+        }
+    }
+}
+
+/// Send every known route to `peer` (a node that just joined).
+pub(crate) fn full_copy(shared: &HeadShared, peer: &str) {
+    let entries: Vec<RouteEntry> = {
+        let mut ex = lock(&shared.export);
+        let known: Vec<_> = ex
+            .known
+            .iter()
+            .map(|(k, r)| (k.clone(), r.clone()))
+            .collect();
+        known
+            .iter()
+            .map(|(k, r)| entry(shared, &mut ex, k, r))
+            .collect()
+    };
+    for chunk in entries.chunks(CHUNK) {
+        shared
+            .link
+            .shared
+            .send_control(peer, Control::Routes(chunk.to_vec()));
+    }
+}

@@ -1,0 +1,429 @@
+//! The head's side: [`NodeCluster`] (the `Cluster` over the head and every
+//! joined node) and [`Head`] (its link, registry and route exporter).
+
+use std::{
+    collections::{HashMap, HashSet},
+    net::SocketAddr,
+    sync::{
+        Arc, Mutex, MutexGuard, PoisonError,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::SystemTime,
+};
+
+use flotilla_core::{AppName, DeploymentName, Resources};
+use flotilla_replica::{DeploymentRoute, Directory, ReplicaId, ReplicaReporter};
+use ractor::{Actor, ActorRef};
+use tokio::{
+    sync::{Notify, broadcast, mpsc, watch},
+    task::JoinHandle,
+};
+use tracing::info;
+
+use super::{
+    HeadOptions, NodeError,
+    link::{Link, Listen},
+    proxy::ProxyReport,
+    registry::{Registry, RegistryMsg},
+};
+use crate::{Cluster, ClusterEvent, NodeId, NodePool, NodeSpec, PlacementRequest, Refusal};
+
+/// Events a slow subscriber may fall behind by before it resynchronises.
+const EVENT_BUFFER: usize = 1024;
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Makes the reporter of a replica of `app`/`deployment` under namespace `ns`
+/// (how a proxy made for a re-attached replica reaches its DeploymentActor).
+pub type ReporterFactory =
+    Arc<dyn Fn(&str, &AppName, &DeploymentName) -> ReplicaReporter + Send + Sync>;
+
+/// One node the head knows, as [`Head::nodes`] lists it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeInfo {
+    /// Its node id.
+    pub id: String,
+    /// Its process's ractor name (`name@host`).
+    pub peer: String,
+    /// The address its connection came from.
+    pub address: String,
+    /// What it offers.
+    pub resources: Resources,
+    /// Its labels.
+    pub labels: Vec<(String, String)>,
+    /// Whether it is alive (a lost node stays listed, never comes back).
+    pub alive: bool,
+    /// Replicas placed on it now.
+    pub replicas: usize,
+}
+
+/// Counters of the nodes a head has seen.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeCounters {
+    /// Nodes accepted (a node re-attaching to a restarted head counts).
+    pub joined: u64,
+    /// Nodes declared lost.
+    pub lost: u64,
+    /// Connections refused (a failed cookie handshake, a fenced node).
+    pub refused: u64,
+    /// Nodes alive now.
+    pub live: usize,
+    /// Replicas placed on nodes now (not on the head).
+    pub replicas_on_nodes: usize,
+    /// Replicas that were on nodes when those were declared lost (each
+    /// replaced by its DeploymentActor).
+    pub replicas_lost: u64,
+}
+
+/// One joined node, as the registry keeps it.
+#[derive(Debug)]
+pub(crate) struct NodeEntry {
+    pub(crate) peer: String,
+    pub(crate) address: String,
+    pub(crate) resources: Resources,
+    pub(crate) labels: Vec<(String, String)>,
+    pub(crate) alive: bool,
+    pub(crate) last_heard: tokio::time::Instant,
+}
+
+/// Route export bookkeeping (see `export.rs`).
+#[derive(Default)]
+pub(crate) struct Export {
+    /// Every route published so far, for a joining node's full copy.
+    pub(crate) known: HashMap<(AppName, DeploymentName), Arc<DeploymentRoute>>,
+    /// Routes changed since the exporter last ran.
+    pub(crate) dirty: HashSet<(AppName, DeploymentName)>,
+    /// Head-local replicas served to nodes, per route.
+    pub(crate) served: HashMap<(AppName, DeploymentName), Vec<ReplicaId>>,
+}
+
+/// What the head's parts share.
+pub(crate) struct HeadShared {
+    pub(crate) options: HeadOptions,
+    pub(crate) ns: String,
+    /// Random per head process life: a node re-attaching with another epoch
+    /// re-attaches to a restarted head.
+    pub(crate) epoch: u64,
+    pub(crate) link: Arc<Link>,
+    pub(crate) directory: Directory,
+    pub(crate) reporter: ReporterFactory,
+    pool: Mutex<NodePool>,
+    events: broadcast::Sender<ClusterEvent>,
+    /// Joined nodes by node id, and the ids declared lost this epoch.
+    pub(crate) nodes: Mutex<HashMap<String, NodeEntry>>,
+    pub(crate) lost: Mutex<HashSet<String>>,
+    /// Proxies of replicas on nodes: their node and where their reports go.
+    pub(crate) proxies: Mutex<HashMap<ReplicaId, (String, mpsc::UnboundedSender<ProxyReport>)>>,
+    pub(crate) export: Mutex<Export>,
+    pub(crate) export_wake: Notify,
+    pub(crate) joined: AtomicU64,
+    pub(crate) lost_count: AtomicU64,
+    /// Replicas on nodes declared lost, when they were.
+    pub(crate) replicas_lost: AtomicU64,
+    pub(crate) refused: AtomicU64,
+    /// (a node re-attached, node ids still expected back).
+    pub(crate) reattach: watch::Sender<(bool, usize)>,
+}
+
+impl HeadShared {
+    pub(crate) fn pool(&self) -> MutexGuard<'_, NodePool> {
+        lock(&self.pool)
+    }
+
+    pub(crate) fn announce(&self, event: ClusterEvent) {
+        let _ = self.events.send(event);
+    }
+
+    /// The ractor name of node `id`'s process, if it joined.
+    pub(crate) fn peer_of(&self, id: &str) -> Option<String> {
+        lock(&self.nodes).get(id).map(|n| n.peer.clone())
+    }
+
+    /// Whether any node is alive (routes are exported only then).
+    pub(crate) fn any_alive(&self) -> bool {
+        lock(&self.nodes).values().any(|n| n.alive)
+    }
+
+    /// Node ids and peers of the live nodes.
+    pub(crate) fn alive(&self) -> Vec<(String, String)> {
+        lock(&self.nodes)
+            .iter()
+            .filter(|(_, n)| n.alive)
+            .map(|(id, n)| (id.clone(), n.peer.clone()))
+            .collect()
+    }
+}
+
+/// The `Cluster` over the head and every node joined to it: placement by
+/// resources on a [`NodePool`] (spread, or packed with [`HeadOptions::pack`]),
+/// with `max_replicas_per_node` and placement groups as the pool applies them;
+/// a join announces [`ClusterEvent::CapacityFreed`], a lost node
+/// [`ClusterEvent::NodeDied`]. Made by [`Head::start`].
+#[derive(Clone)]
+pub struct NodeCluster {
+    shared: Arc<HeadShared>,
+}
+
+impl std::fmt::Debug for NodeCluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeCluster")
+            .field("head", &self.shared.options.node_id)
+            .finish()
+    }
+}
+
+impl Cluster for NodeCluster {
+    fn place(&self, request: &PlacementRequest<'_>) -> Result<NodeId, Refusal> {
+        let mut pool = self.shared.pool();
+        if self.shared.options.pack {
+            // The node that runs the most replicas first: fill nodes one by one.
+            pool.place(request, |i, n, _| (std::cmp::Reverse(n.replicas()), i))
+        } else {
+            pool.place(request, |i, n, key| (n.replicas_of(key), n.replicas(), i))
+        }
+    }
+
+    fn release(&self, replica: ReplicaId) {
+        if self.shared.pool().release(replica) {
+            self.shared.announce(ClusterEvent::CapacityFreed);
+        }
+    }
+
+    fn subscribe(&self) -> Option<broadcast::Receiver<ClusterEvent>> {
+        Some(self.shared.events.subscribe())
+    }
+
+    fn is_alive(&self, node: &str) -> bool {
+        self.shared.pool().is_alive(node)
+    }
+
+    fn host(&self, node: &str) -> Option<super::RemoteHost> {
+        (node != self.shared.options.node_id).then(|| super::RemoteHost {
+            shared: self.shared.clone(),
+            node: node.to_owned(),
+        })
+    }
+
+    fn route_changed(&self, route: &Arc<DeploymentRoute>) {
+        super::export::changed(&self.shared, route);
+    }
+}
+
+/// The head's node machinery: its link (ractor_cluster `NodeServer`, listener,
+/// port), the registry of nodes, the route exporter, and the [`NodeCluster`].
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::sync::Arc;
+/// use flotilla_cluster::nodes::{Cookie, Head, HeadOptions};
+/// let options = HeadOptions::new(Cookie::from_env("FLOTILLA_COOKIE")?);
+/// let reporter = Arc::new(|_: &str, _: &_, _: &_| -> flotilla_replica::ReplicaReporter {
+///     Arc::new(|_, _| {})
+/// });
+/// let head = Head::start(options, "ns".into(), Default::default(), reporter).await?;
+/// println!("nodes join at {}", head.address());
+/// head.stop().await;
+/// # Ok(()) }
+/// ```
+pub struct Head {
+    shared: Arc<HeadShared>,
+    address: SocketAddr,
+    registry: ActorRef<RegistryMsg>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Head {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Head")
+            .field("address", &self.address)
+            .field("epoch", &self.shared.epoch)
+            .finish()
+    }
+}
+
+fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.write_u32(std::process::id());
+    h.finish()
+}
+
+pub(crate) fn random_suffix() -> String {
+    format!("{:06x}", random_u64() & 0xff_ffff)
+}
+
+impl Head {
+    /// Listen for nodes as `options` say, for the Serve instance of namespace
+    /// `ns` whose routes are `directory`. Seeds [`ReplicaId::fresh`] from the
+    /// clock, so ids stay unique across restarts of the head.
+    pub async fn start(
+        options: HeadOptions,
+        ns: String,
+        directory: Directory,
+        reporter: ReporterFactory,
+    ) -> Result<Head, NodeError> {
+        options.validate()?;
+        let millis = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        ReplicaId::seed(millis << 16);
+        let listener = tokio::net::TcpListener::bind(options.listen)
+            .await
+            .map_err(|source| NodeError::Bind {
+                addr: options.listen,
+                source,
+            })?;
+        let address = listener.local_addr().map_err(|source| NodeError::Io {
+            what: "reading the listener's address",
+            source,
+        })?;
+        let epoch = random_u64();
+        let name = format!("flotilla-head-{ns}-{:08x}", epoch as u32);
+        let host = address.ip().to_string();
+        let (link, inbound) =
+            Link::start(&name, &host, options.cookie.secret(), Listen::Own(listener)).await?;
+        let link = Arc::new(link);
+        let pool = NodePool::new([NodeSpec::new(
+            options.node_id.clone(),
+            options.resources.clone(),
+        )]);
+        let shared = Arc::new(HeadShared {
+            options,
+            ns,
+            epoch,
+            link: link.clone(),
+            directory,
+            reporter,
+            pool: Mutex::new(pool),
+            events: broadcast::Sender::new(EVENT_BUFFER),
+            nodes: Mutex::default(),
+            lost: Mutex::default(),
+            proxies: Mutex::default(),
+            export: Mutex::default(),
+            export_wake: Notify::new(),
+            joined: AtomicU64::new(0),
+            lost_count: AtomicU64::new(0),
+            replicas_lost: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+            reattach: watch::Sender::new((false, 0)),
+        });
+        let (registry, _) = match Actor::spawn(None, Registry, shared.clone()).await {
+            Ok(r) => r,
+            Err(source) => {
+                link.stop().await;
+                return Err(NodeError::Spawn {
+                    what: "node registry",
+                    source,
+                });
+            }
+        };
+        let forward = super::forward(inbound, registry.clone(), RegistryMsg::Inbound);
+        let exporter = tokio::spawn(super::export::run(shared.clone()));
+        info!(node = %shared.options.node_id, %address, peer = %link.shared.me,
+            "head listening for nodes");
+        Ok(Head {
+            shared,
+            address,
+            registry,
+            tasks: vec![forward, exporter],
+        })
+    }
+
+    /// Where nodes connect.
+    pub fn address(&self) -> SocketAddr {
+        self.address
+    }
+
+    /// The cluster over the head and its nodes, for the DeploymentActors.
+    pub fn cluster(&self) -> Arc<dyn Cluster> {
+        Arc::new(NodeCluster {
+            shared: self.shared.clone(),
+        })
+    }
+
+    /// Every node the head knows, alive or lost, sorted by id.
+    pub fn nodes(&self) -> Vec<NodeInfo> {
+        let pool = self.shared.pool();
+        let mut out: Vec<NodeInfo> = lock(&self.shared.nodes)
+            .iter()
+            .map(|(id, n)| NodeInfo {
+                id: id.clone(),
+                peer: n.peer.clone(),
+                address: n.address.clone(),
+                resources: n.resources.clone(),
+                labels: n.labels.clone(),
+                alive: n.alive,
+                replicas: if n.alive {
+                    pool.node(id).map_or(0, crate::PoolNode::replicas)
+                } else {
+                    0
+                },
+            })
+            .collect();
+        out.sort_by(|a, b| a.id.cmp(&b.id));
+        out
+    }
+
+    /// Nodes joined, lost and refused; live nodes and their replicas.
+    pub fn counters(&self) -> NodeCounters {
+        let nodes = self.nodes();
+        NodeCounters {
+            joined: self.shared.joined.load(Ordering::Relaxed),
+            lost: self.shared.lost_count.load(Ordering::Relaxed),
+            refused: self.shared.refused.load(Ordering::Relaxed),
+            live: nodes.iter().filter(|n| n.alive).count(),
+            replicas_on_nodes: nodes.iter().map(|n| n.replicas).sum(),
+            replicas_lost: self.shared.replicas_lost.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Wait (at most the re-attach grace) until the nodes of a previous head
+    /// are back: the first node that re-attaches says which it knew, and the
+    /// wait ends when all of them are back. A head whose checkpoint is empty
+    /// need not call this.
+    pub async fn await_reattach(&self) {
+        let grace = self.shared.options.reattach_grace;
+        if grace.is_zero() {
+            return;
+        }
+        let mut rx = self.shared.reattach.subscribe();
+        let _ = tokio::time::timeout(grace, rx.wait_for(|(any, left)| *any && *left == 0)).await;
+        let (any, left) = *rx.borrow();
+        info!(
+            reattached = any,
+            missing = left,
+            "head: waited for nodes to re-attach"
+        );
+    }
+
+    /// Drop the connection to node `id` as a network failure would (fault
+    /// injection): the node is lost at once. Returns whether it was alive.
+    pub async fn drop_node(&self, id: &str) -> bool {
+        ractor::call!(self.registry, RegistryMsg::DropNode, id.to_owned()).unwrap_or(false)
+    }
+
+    /// Stop listening and drop every node session, waiting for the NodeServer.
+    pub async fn stop(&self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+        self.registry.stop(None);
+        self.shared.link.stop().await;
+    }
+
+    /// Stop at once, as a crash would (the nodes see their sessions drop).
+    pub fn kill(&self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+        self.registry.kill();
+        self.shared.link.kill();
+    }
+}

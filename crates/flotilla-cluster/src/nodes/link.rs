@@ -1,0 +1,777 @@
+//! One process's place in the cluster: its ractor_cluster `NodeServer`, its
+//! [`Port`] (the one remotable actor), the sessions to its peers, the calls it
+//! is waiting on, and the local replicas it serves to other processes.
+
+use std::{
+    collections::{HashMap, HashSet},
+    net::{IpAddr, SocketAddr},
+    sync::{
+        Arc, Mutex, MutexGuard, PoisonError,
+        atomic::{AtomicU64, Ordering},
+    },
+};
+
+use flotilla_replica::{CallError, ReplicaEndpoint, ReplicaId};
+use ractor::{Actor, ActorProcessingErr, ActorRef, ActorStatus, MessagingErr, pg};
+use ractor_cluster::{
+    NetworkStream, NodeEventSubscription, NodeServer, NodeServerMessage, NodeSessionMessage,
+    node::{NodeConnectionMode, NodeServerSessionInformation},
+};
+use tokio::{
+    sync::{mpsc, oneshot},
+    task::JoinHandle,
+};
+use tracing::{debug, info, warn};
+
+use super::{
+    NodeError,
+    wire::{self, DataHeader, Envelope, PortMsg, WireCallError},
+};
+
+/// The cluster-wide process group every port joins.
+pub(crate) const PORTS: &str = "flotilla/ports";
+/// The largest frame a process accepts (ractor_cluster's default is 16 MiB;
+/// a larger one drops the whole session).
+pub(crate) const MAX_FRAME: u64 = 64 << 20;
+
+/// The registered name of the port of the process called `peer` (`name@host`).
+pub(crate) fn port_name(peer: &str) -> String {
+    format!("flotilla/port:{peer}")
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// What a session did, as the registry or agent hears it.
+#[derive(Debug, Clone)]
+pub(crate) enum SessionEvent {
+    /// A connection opened (not yet authenticated).
+    Opened { id: u64, addr: String },
+    /// It authenticated; `peer` is the peer's ractor name.
+    Ready { peer: String, addr: String },
+    /// It closed; `peer` is `None` if it never authenticated (a wrong cookie
+    /// looks like this on both sides).
+    Closed {
+        peer: Option<String>,
+        addr: String,
+        authenticated: bool,
+    },
+}
+
+/// What reaches the registry (head) or agent (node) from the link.
+#[derive(Debug)]
+pub(crate) enum Inbound {
+    /// A decoded control frame.
+    Control(Envelope),
+    /// A session event.
+    Session(SessionEvent),
+}
+
+/// How a call to another process ended, as its waiter learns it.
+#[derive(Debug)]
+pub(crate) enum Outcome<T> {
+    /// It ran there.
+    Ran(Result<T, CallError>),
+    /// It did not start; the request comes back.
+    Refused { request: Vec<u8>, full: bool },
+}
+
+/// One piece of a streaming call's answer, in order.
+#[derive(Debug)]
+pub(crate) enum Piece {
+    Item(Vec<u8>),
+    End(Outcome<()>),
+}
+
+enum Waiter {
+    Unary(oneshot::Sender<Outcome<Vec<u8>>>),
+    Stream(mpsc::UnboundedSender<Piece>),
+}
+
+struct Pending {
+    peer: String,
+    node: String,
+    replica: ReplicaId,
+    waiter: Waiter,
+}
+
+/// Calls this process waits on, by call id.
+#[derive(Default)]
+pub(crate) struct Calls {
+    next: AtomicU64,
+    pending: Mutex<HashMap<u64, Pending>>,
+}
+
+impl Calls {
+    pub(crate) fn unary(
+        &self,
+        peer: &str,
+        node: &str,
+        replica: ReplicaId,
+    ) -> (u64, oneshot::Receiver<Outcome<Vec<u8>>>) {
+        let (tx, rx) = oneshot::channel();
+        (self.add(peer, node, replica, Waiter::Unary(tx)), rx)
+    }
+
+    pub(crate) fn stream(
+        &self,
+        peer: &str,
+        node: &str,
+        replica: ReplicaId,
+    ) -> (u64, mpsc::UnboundedReceiver<Piece>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        (self.add(peer, node, replica, Waiter::Stream(tx)), rx)
+    }
+
+    fn add(&self, peer: &str, node: &str, replica: ReplicaId, waiter: Waiter) -> u64 {
+        let call = self.next.fetch_add(1, Ordering::Relaxed);
+        let p = Pending {
+            peer: peer.to_owned(),
+            node: node.to_owned(),
+            replica,
+            waiter,
+        };
+        lock(&self.pending).insert(call, p);
+        call
+    }
+
+    /// Forget `call` (its caller went away, or it could not be sent).
+    pub(crate) fn forget(&self, call: u64) -> bool {
+        lock(&self.pending).remove(&call).is_some()
+    }
+
+    fn finish(&self, call: u64, outcome: Outcome<Vec<u8>>) {
+        let Some(p) = lock(&self.pending).remove(&call) else {
+            return;
+        };
+        match (p.waiter, outcome) {
+            (Waiter::Unary(tx), o) => {
+                let _ = tx.send(o);
+            }
+            (Waiter::Stream(tx), Outcome::Refused { request, full }) => {
+                let _ = tx.send(Piece::End(Outcome::Refused { request, full }));
+            }
+            (Waiter::Stream(tx), Outcome::Ran(r)) => {
+                let _ = tx.send(Piece::End(Outcome::Ran(r.map(|_| ()))));
+            }
+        }
+    }
+
+    fn item(&self, call: u64, body: Vec<u8>) {
+        if let Some(Pending {
+            waiter: Waiter::Stream(tx),
+            ..
+        }) = lock(&self.pending).get(&call)
+        {
+            let _ = tx.send(Piece::Item(body));
+        }
+    }
+
+    /// Every call waiting on `peer` fails: it was sent, so it may have run.
+    pub(crate) fn fail_peer(&self, peer: &str) -> usize {
+        let lost: Vec<Pending> = {
+            let mut pending = lock(&self.pending);
+            let ids: Vec<u64> = pending
+                .iter()
+                .filter(|(_, p)| p.peer == peer)
+                .map(|(id, _)| *id)
+                .collect();
+            ids.iter().filter_map(|id| pending.remove(id)).collect()
+        };
+        let n = lost.len();
+        for p in lost {
+            let e = CallError::NodeLost {
+                node: p.node,
+                replica: p.replica.to_string(),
+            };
+            match p.waiter {
+                Waiter::Unary(tx) => {
+                    let _ = tx.send(Outcome::Ran(Err(e)));
+                }
+                Waiter::Stream(tx) => {
+                    let _ = tx.send(Piece::End(Outcome::Ran(Err(e))));
+                }
+            }
+        }
+        n
+    }
+}
+
+/// What a process shares between its port, its transport and its owner.
+pub(crate) struct Shared {
+    /// This process's ractor name (`name@host`).
+    pub(crate) me: String,
+    pub(crate) calls: Calls,
+    /// Local replicas other processes may call, by id.
+    serving: Mutex<HashMap<ReplicaId, Arc<ReplicaEndpoint>>>,
+    /// Streams running here for other processes, for `Cancel`.
+    streams: Mutex<HashMap<(String, u64), tokio::task::AbortHandle>>,
+    /// Peer ports found so far, by ractor name.
+    peers: Mutex<HashMap<String, ActorRef<PortMsg>>>,
+    /// Authenticated sessions, by peer ractor name. Usually one per peer; two
+    /// nodes that dial each other at once have two for a moment, until
+    /// ractor_cluster closes the one it did not elect.
+    sessions: Mutex<HashMap<String, Vec<ActorRef<NodeSessionMessage>>>>,
+    inbound: mpsc::UnboundedSender<Inbound>,
+    /// Frames that did not decode.
+    pub(crate) undecodable: AtomicU64,
+}
+
+impl Shared {
+    /// Serve `ep` to other processes.
+    pub(crate) fn serve(&self, ep: Arc<ReplicaEndpoint>) {
+        lock(&self.serving).insert(ep.id(), ep);
+    }
+
+    /// Stop serving replica `id`.
+    pub(crate) fn unserve(&self, id: ReplicaId) {
+        lock(&self.serving).remove(&id);
+    }
+
+    fn served(&self, id: ReplicaId) -> Option<Arc<ReplicaEndpoint>> {
+        lock(&self.serving).get(&id).cloned()
+    }
+
+    /// The port of `peer`, looked up in the cluster-wide group once.
+    fn port_of(&self, peer: &str) -> Option<ActorRef<PortMsg>> {
+        if let Some(p) = lock(&self.peers).get(peer)
+            && p.get_status() < ActorStatus::Stopping
+        {
+            return Some(p.clone());
+        }
+        let name = port_name(peer);
+        let cell = pg::get_members(&PORTS.to_owned())
+            .into_iter()
+            .find(|c| !c.get_id().is_local() && c.get_name().as_deref() == Some(name.as_str()))?;
+        let port: ActorRef<PortMsg> = cell.into();
+        lock(&self.peers).insert(peer.to_owned(), port.clone());
+        Some(port)
+    }
+
+    /// Send a control frame to `peer`. False if it is not reachable.
+    pub(crate) fn send_control(&self, peer: &str, control: wire::Control) -> bool {
+        let envelope = Envelope {
+            from: self.me.clone(),
+            control,
+        };
+        let bytes = match wire::encode("control", &envelope) {
+            Ok(b) => b,
+            Err(e) => {
+                warn!(node = %self.me, peer, error = %e, "node control frame not sent");
+                return false;
+            }
+        };
+        let Some(port) = self.port_of(peer) else {
+            return false;
+        };
+        if port.cast(PortMsg::Control(bytes)).is_err() {
+            lock(&self.peers).remove(peer);
+            return false;
+        }
+        true
+    }
+
+    /// Send a data frame to `peer`. When it could not go, the body comes back
+    /// (`Err(Some)`), unless ractor kept it (`Err(None)`, after it was
+    /// serialized).
+    pub(crate) fn send_data(
+        &self,
+        peer: &str,
+        header: &DataHeader,
+        body: Vec<u8>,
+    ) -> Result<(), Option<Vec<u8>>> {
+        // A peer whose session closed is not sent to: ractor drops a cast to
+        // a remote actor whose session is gone without an error, so the call
+        // would wait forever. Callers register their call before sending and
+        // a closing session is removed before its calls fail (`on_session`),
+        // so a call either sees the session gone here (not sent: retried) or
+        // is failed with it.
+        if !lock(&self.sessions).contains_key(peer) {
+            return Err(Some(body));
+        }
+        let Ok(h) = wire::encode("data", header) else {
+            return Err(Some(body));
+        };
+        let Some(port) = self.port_of(peer) else {
+            return Err(Some(body));
+        };
+        match port.cast(PortMsg::Data(h, body)) {
+            Ok(()) => Ok(()),
+            Err(MessagingErr::SendErr(PortMsg::Data(_, body))) => {
+                lock(&self.peers).remove(peer);
+                Err(Some(body))
+            }
+            Err(_) => {
+                lock(&self.peers).remove(peer);
+                Err(None)
+            }
+        }
+    }
+
+    /// Stop the session to `peer` (a heartbeat timeout, a lost or fenced
+    /// node). Returns whether there was one.
+    pub(crate) fn drop_session(&self, peer: &str, why: &str) -> bool {
+        let session = lock(&self.sessions).remove(peer);
+        lock(&self.peers).remove(peer);
+        match session {
+            Some(all) => {
+                info!(node = %self.me, peer, why, "stopping the session");
+                for s in all {
+                    s.stop(Some(format!("flotilla: {why}")));
+                }
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Peers with an authenticated session now.
+    pub(crate) fn connected(&self) -> Vec<String> {
+        lock(&self.sessions).keys().cloned().collect()
+    }
+
+    fn on_session(&self, event: SessionEvent, session: Option<ActorRef<NodeSessionMessage>>) {
+        match (&event, session) {
+            (SessionEvent::Ready { peer, .. }, Some(actor)) => {
+                lock(&self.sessions)
+                    .entry(peer.clone())
+                    .or_default()
+                    .push(actor);
+            }
+            (
+                SessionEvent::Closed {
+                    peer: Some(peer), ..
+                },
+                closing,
+            ) => {
+                {
+                    let mut sessions = lock(&self.sessions);
+                    if let (Some(all), Some(closing)) = (sessions.get_mut(peer), closing) {
+                        all.retain(|s| s.get_id() != closing.get_id());
+                        if !all.is_empty() {
+                            // A duplicate session closed; the peer is still
+                            // connected by the other: nothing is lost.
+                            debug!(node = %self.me, peer, "a duplicate session closed");
+                            lock(&self.peers).remove(peer);
+                            return;
+                        }
+                    }
+                    sessions.remove(peer);
+                }
+                lock(&self.peers).remove(peer);
+                let failed = self.calls.fail_peer(peer);
+                if failed > 0 {
+                    warn!(node = %self.me, peer, failed, "calls lost with their session");
+                }
+            }
+            _ => {}
+        }
+        let _ = self.inbound.send(Inbound::Session(event));
+    }
+}
+
+/// Forwards ractor_cluster's session events (called on the NodeServer's task).
+/// It remembers which sessions authenticated: a session that failed the
+/// cookie challenge still carries the peer's name (the server sends it in the
+/// challenge), so the name alone does not say it was accepted.
+struct Events(Arc<Shared>, Mutex<HashSet<ractor_cluster::NodeId>>);
+
+fn peer_of(ses: &NodeServerSessionInformation) -> Option<String> {
+    ses.peer_name.as_ref().map(|p| p.name.clone())
+}
+
+impl NodeEventSubscription for Events {
+    fn node_session_opened(&self, ses: NodeServerSessionInformation) {
+        self.0.on_session(
+            SessionEvent::Opened {
+                id: ses.node_id,
+                addr: ses.peer_addr,
+            },
+            None,
+        );
+    }
+
+    fn node_session_authenticated(&self, ses: NodeServerSessionInformation) {
+        lock(&self.1).insert(ses.node_id);
+    }
+
+    fn node_session_ready(&self, ses: NodeServerSessionInformation) {
+        let Some(peer) = peer_of(&ses) else {
+            return;
+        };
+        self.0.on_session(
+            SessionEvent::Ready {
+                peer,
+                addr: ses.peer_addr.clone(),
+            },
+            Some(ses.actor),
+        );
+    }
+
+    fn node_session_disconnected(&self, ses: NodeServerSessionInformation) {
+        let authenticated = lock(&self.1).remove(&ses.node_id);
+        let peer = peer_of(&ses).filter(|_| authenticated);
+        self.0.on_session(
+            SessionEvent::Closed {
+                peer,
+                addr: ses.peer_addr,
+                authenticated,
+            },
+            Some(ses.actor),
+        );
+    }
+}
+
+/// The one remotable actor of a process: decodes frames and dispatches them
+/// without waiting (see `docs/nodes.md`, "Actors").
+struct Port;
+
+impl Actor for Port {
+    type Msg = PortMsg;
+    type State = Arc<Shared>;
+    type Arguments = Arc<Shared>;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<PortMsg>,
+        shared: Arc<Shared>,
+    ) -> Result<Arc<Shared>, ActorProcessingErr> {
+        pg::join(PORTS.to_owned(), vec![myself.get_cell()]);
+        Ok(shared)
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<PortMsg>,
+        msg: PortMsg,
+        shared: &mut Arc<Shared>,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            PortMsg::Control(bytes) => match wire::decode::<Envelope>("control", &bytes) {
+                Ok(env) => {
+                    let _ = shared.inbound.send(Inbound::Control(env));
+                }
+                Err(e) => undecodable(shared, &e),
+            },
+            PortMsg::Data(header, body) => match wire::decode::<DataHeader>("data", &header) {
+                Ok(h) => data(shared, h, body),
+                Err(e) => undecodable(shared, &e),
+            },
+        }
+        Ok(())
+    }
+}
+
+fn undecodable(shared: &Shared, e: &wire::WireError) {
+    shared.undecodable.fetch_add(1, Ordering::Relaxed);
+    warn!(node = %shared.me, error = %e, "node port: undecodable frame dropped");
+}
+
+fn error_of(e: Option<WireCallError>) -> Option<CallError> {
+    e.map(CallError::from)
+}
+
+/// One data frame: a call to serve here, or the answer to one of ours.
+fn data(shared: &Arc<Shared>, header: DataHeader, body: Vec<u8>) {
+    match header {
+        DataHeader::Call {
+            call,
+            replica,
+            stream,
+            from,
+        } => serve_call(shared, call, ReplicaId(replica), stream, from, body),
+        DataHeader::Cancel { call, from } => {
+            if let Some(task) = lock(&shared.streams).remove(&(from, call)) {
+                task.abort();
+            }
+        }
+        DataHeader::Reply { call, error } => {
+            let outcome = match error_of(error) {
+                None => Outcome::Ran(Ok(body)),
+                Some(e) => Outcome::Ran(Err(e)),
+            };
+            shared.calls.finish(call, outcome);
+        }
+        DataHeader::Item { call } => shared.calls.item(call, body),
+        DataHeader::End { call, error } => {
+            let outcome = match error_of(error) {
+                None => Outcome::Ran(Ok(Vec::new())),
+                Some(e) => Outcome::Ran(Err(e)),
+            };
+            shared.calls.finish(call, outcome);
+        }
+        DataHeader::Refused { call, full } => {
+            shared.calls.finish(
+                call,
+                Outcome::Refused {
+                    request: body,
+                    full,
+                },
+            );
+        }
+    }
+}
+
+/// Run a request from `from` on local replica `replica`, in a task of its own.
+fn serve_call(
+    shared: &Arc<Shared>,
+    call: u64,
+    replica: ReplicaId,
+    stream: bool,
+    from: String,
+    body: Vec<u8>,
+) {
+    let Some(ep) = shared.served(replica) else {
+        debug!(node = %shared.me, %replica, "call for a replica not served here: refused");
+        let _ = shared.send_data(&from, &DataHeader::Refused { call, full: false }, body);
+        return;
+    };
+    let s = shared.clone();
+    if !stream {
+        tokio::spawn(async move {
+            let (header, body) = match flotilla_replica::remote::serve(&ep, body).await {
+                flotilla_replica::remote::Served::Ran(Ok(out)) => {
+                    (DataHeader::Reply { call, error: None }, out)
+                }
+                flotilla_replica::remote::Served::Ran(Err(e)) => (
+                    DataHeader::Reply {
+                        call,
+                        error: Some((&e).into()),
+                    },
+                    Vec::new(),
+                ),
+                flotilla_replica::remote::Served::Refused { full, request } => {
+                    (DataHeader::Refused { call, full }, request)
+                }
+            };
+            let _ = s.send_data(&from, &header, body);
+        });
+        return;
+    }
+    let key = (from.clone(), call);
+    let task = tokio::spawn(async move {
+        let (tx, mut rx) = mpsc::channel::<Vec<u8>>(8);
+        let serving = flotilla_replica::remote::serve_stream(&ep, body, tx);
+        let forward = async {
+            while let Some(item) = rx.recv().await {
+                if s.send_data(&from, &DataHeader::Item { call }, item)
+                    .is_err()
+                {
+                    return;
+                }
+            }
+        };
+        let (served, ()) = tokio::join!(serving, forward);
+        let (header, body) = match served {
+            flotilla_replica::remote::Served::Ran(r) => (
+                DataHeader::End {
+                    call,
+                    error: r.err().as_ref().map(Into::into),
+                },
+                Vec::new(),
+            ),
+            flotilla_replica::remote::Served::Refused { full, request } => {
+                (DataHeader::Refused { call, full }, request)
+            }
+        };
+        let _ = s.send_data(&from, &header, body);
+        lock(&s.streams).remove(&(from, call));
+    });
+    let abort = task.abort_handle();
+    if !task.is_finished() {
+        lock(&shared.streams).insert(key, abort);
+    }
+}
+
+/// A process's link: its NodeServer, port, and everything they share.
+pub(crate) struct Link {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) server: ActorRef<NodeServerMessage>,
+    server_done: Mutex<Option<JoinHandle<()>>>,
+    port: ActorRef<PortMsg>,
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for Link {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Link").field("me", &self.shared.me).finish()
+    }
+}
+
+/// Where a link listens.
+pub(crate) enum Listen {
+    /// Accept on this bound listener (the head: port 0 readable).
+    Own(tokio::net::TcpListener),
+    /// Only ractor_cluster's own listener, on this address and a system port
+    /// (nodes: what `Transitive` peers dial).
+    Server(IpAddr),
+}
+
+impl Link {
+    /// Start a NodeServer named `name@host` with `cookie`, its port and its
+    /// event subscription. Inbound control frames and session events come out
+    /// of the returned receiver.
+    pub(crate) async fn start(
+        name: &str,
+        host: &str,
+        cookie: &str,
+        listen: Listen,
+    ) -> Result<(Link, mpsc::UnboundedReceiver<Inbound>), NodeError> {
+        let (inbound, rx) = mpsc::unbounded_channel();
+        let me = format!("{name}@{host}");
+        let shared = Arc::new(Shared {
+            me: me.clone(),
+            calls: Calls::default(),
+            serving: Mutex::default(),
+            streams: Mutex::default(),
+            peers: Mutex::default(),
+            sessions: Mutex::default(),
+            inbound,
+            undecodable: AtomicU64::new(0),
+        });
+        let (port, _) = Actor::spawn(Some(port_name(&me)), Port, shared.clone())
+            .await
+            .map_err(|source| NodeError::Spawn {
+                what: "node port",
+                source,
+            })?;
+        let ip = match &listen {
+            Listen::Own(l) => l
+                .local_addr()
+                .map(|a| a.ip())
+                .map_err(|source| NodeError::Io {
+                    what: "reading the listener's address",
+                    source,
+                })?,
+            Listen::Server(ip) => *ip,
+        };
+        let server = NodeServer::new(
+            0,
+            cookie.to_owned(),
+            name.to_owned(),
+            host.to_owned(),
+            None,
+            Some(NodeConnectionMode::Transitive),
+        )
+        .with_listen_addr(ip)
+        .with_max_inbound_frame_size(MAX_FRAME);
+        let (server, server_done) = match Actor::spawn(None, server, ()).await {
+            Ok(s) => s,
+            Err(source) => {
+                port.stop(None);
+                return Err(NodeError::Spawn {
+                    what: "ractor_cluster NodeServer",
+                    source,
+                });
+            }
+        };
+        let subscribed = server.cast(NodeServerMessage::SubscribeToEvents {
+            id: "flotilla".to_owned(),
+            subscription: Box::new(Events(shared.clone(), Mutex::default())),
+        });
+        let link = Link {
+            shared,
+            server,
+            server_done: Mutex::new(Some(server_done)),
+            port,
+            tasks: Mutex::default(),
+        };
+        if subscribed.is_err() {
+            link.stop().await;
+            return Err(NodeError::Stopped {
+                what: "ractor_cluster NodeServer",
+            });
+        }
+        if let Listen::Own(listener) = listen {
+            let server = link.server.clone();
+            let me = me.clone();
+            let accept = tokio::spawn(async move {
+                loop {
+                    let (stream, peer_addr) = match listener.accept().await {
+                        Ok(s) => s,
+                        Err(e) => {
+                            warn!(node = %me, error = %e, "node listener: accept failed");
+                            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                            continue;
+                        }
+                    };
+                    let _ = stream.set_nodelay(true);
+                    let Ok(local_addr) = stream.local_addr() else {
+                        continue;
+                    };
+                    let opened = NodeServerMessage::ConnectionOpened {
+                        stream: Box::new(NetworkStream::Raw {
+                            peer_addr,
+                            local_addr,
+                            stream,
+                        }),
+                        is_server: true,
+                    };
+                    if server.cast(opened).is_err() {
+                        return;
+                    }
+                }
+            });
+            lock(&link.tasks).push(accept);
+        }
+        Ok((link, rx))
+    }
+
+    /// Dial `addr` (bounded by `timeout`: ractor_cluster's dial has none).
+    /// `Ok` means connected: the handshake runs after.
+    pub(crate) async fn dial(
+        &self,
+        addr: SocketAddr,
+        timeout: std::time::Duration,
+    ) -> Result<(), NodeError> {
+        match tokio::time::timeout(
+            timeout,
+            ractor_cluster::client_connect(&self.server, addr.to_string()),
+        )
+        .await
+        {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(NodeError::Connect {
+                addr,
+                reason: e.to_string(),
+            }),
+            Err(_) => Err(NodeError::Connect {
+                addr,
+                reason: format!("no connection within {timeout:?}"),
+            }),
+        }
+    }
+
+    /// Stop the NodeServer (every session drops) and the port, and wait for the
+    /// server, so its listener is not respawned while the runtime winds down.
+    pub(crate) async fn stop(&self) {
+        for t in lock(&self.tasks).drain(..) {
+            t.abort();
+        }
+        self.server.stop(None);
+        let done = lock(&self.server_done).take();
+        if let Some(done) = done {
+            let _ = done.await;
+        }
+        self.port.stop(None);
+        let me = self.shared.me.clone();
+        for peer in lock(&self.shared.sessions)
+            .keys()
+            .cloned()
+            .collect::<Vec<_>>()
+        {
+            self.shared.calls.fail_peer(&peer);
+        }
+        debug!(node = %me, "link stopped");
+    }
+
+    /// Stop at once without waiting (a drop, a crash).
+    pub(crate) fn kill(&self) {
+        for t in lock(&self.tasks).drain(..) {
+            t.abort();
+        }
+        self.server.kill();
+        self.port.kill();
+    }
+}

@@ -1,0 +1,144 @@
+//! Nodes: replicas in other processes, joined over ractor's own cluster layer,
+//! `ractor_cluster` (`docs/nodes.md` is the design).
+//!
+//! - The head (the process that runs `Serve`) starts a [`Head`]: a
+//!   ractor_cluster `NodeServer` behind its own listener (loopback by default,
+//!   port 0 allowed), the registry of nodes (joins, cookie refusals,
+//!   heartbeats, losses, re-attachment after a head restart), the route
+//!   exporter, and [`NodeCluster`], the `Cluster` over the head and its nodes.
+//! - A node process runs [`run`] (or [`start`]): its agent starts the replicas
+//!   the head asks for (ractor_cluster cannot spawn remotely), reports their
+//!   events, keeps a copy of every route for the handles its replicas hold,
+//!   re-attaches to a restarted head, and fences itself (stops every replica
+//!   and joins as a new node) when the head has declared it lost.
+//! - On the head, each replica on a node is a [`RemoteReplica`]: a local actor
+//!   with `ReplicaMsg`, which the DeploymentActor starts where
+//!   [`Cluster::host`](crate::Cluster::host) says the node is remote, and then
+//!   treats as any replica.
+//! - Requests cross as the handle's MessagePack bytes, in one remotable
+//!   message type ([`wire::PortMsg`]); replies come back the same way.
+//!
+//! It must not decide how many replicas run (the DeploymentActor does) and
+//! must not block an actor: every network wait runs in a task.
+
+mod agent;
+mod cookie;
+mod export;
+mod head;
+mod link;
+mod node;
+mod options;
+mod proxy;
+mod registry;
+mod transport;
+pub mod wire;
+
+use std::{net::SocketAddr, sync::Arc};
+
+use ractor::{ActorRef, Message};
+use tokio::{sync::mpsc, task::JoinHandle};
+
+pub use cookie::{Cookie, CookieError, CookieSource};
+pub use head::{Head, NodeCluster, NodeCounters, NodeInfo, ReporterFactory};
+pub use node::{Node, run, start};
+pub use options::{
+    CHECK_PERIOD, DEFAULT_HEAD_PORT, HEARTBEAT, HEARTBEAT_TIMEOUT, HeadOptions, NodeOptions,
+    OptionsError, REATTACH_GRACE,
+};
+pub use proxy::{RemoteReplica, RemoteReplicaArgs, RemoteReplicaState};
+
+/// Why a head or a node could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    /// The options are not usable.
+    #[error(transparent)]
+    Options(#[from] OptionsError),
+    /// An actor of the node machinery could not be spawned.
+    #[error("could not start the {what}")]
+    Spawn {
+        /// Which.
+        what: &'static str,
+        /// Why.
+        #[source]
+        source: ractor::SpawnErr,
+    },
+    /// The head could not listen.
+    #[error("the head could not listen on {addr}")]
+    Bind {
+        /// Where.
+        addr: SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Another I/O failure.
+    #[error("node I/O failed: {what}")]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The head could not be reached.
+    #[error("could not connect to the head at {addr}: {reason}")]
+    Connect {
+        /// Where.
+        addr: SocketAddr,
+        /// ractor_cluster's error, as it words it.
+        reason: String,
+    },
+    /// The head refused this node: the cookie handshake failed.
+    #[error("the head at {addr} refused this node: {reason}")]
+    Refused {
+        /// The head.
+        addr: SocketAddr,
+        /// Why.
+        reason: String,
+    },
+    /// A part of the node machinery stopped.
+    #[error("the {what} stopped")]
+    Stopped {
+        /// Which.
+        what: &'static str,
+    },
+}
+
+/// A node a replica was placed on, as the head reaches it: what
+/// [`Cluster::host`](crate::Cluster::host) gives the DeploymentActor, which
+/// starts a [`RemoteReplica`] with it.
+#[derive(Clone)]
+pub struct RemoteHost {
+    pub(crate) shared: Arc<head::HeadShared>,
+    pub(crate) node: String,
+}
+
+impl RemoteHost {
+    /// The node's id.
+    pub fn node(&self) -> &str {
+        &self.node
+    }
+}
+
+impl std::fmt::Debug for RemoteHost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemoteHost")
+            .field("node", &self.node)
+            .finish()
+    }
+}
+
+/// Forward what the link receives into `actor`'s mailbox.
+fn forward<M: Message>(
+    mut rx: mpsc::UnboundedReceiver<link::Inbound>,
+    actor: ActorRef<M>,
+    wrap: fn(link::Inbound) -> M,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        while let Some(x) = rx.recv().await {
+            if actor.cast(wrap(x)).is_err() {
+                return;
+            }
+        }
+    })
+}

@@ -1,0 +1,264 @@
+//! How a head listens for nodes, and how a node joins its head.
+
+use std::{
+    net::{IpAddr, Ipv4Addr, SocketAddr},
+    time::Duration,
+};
+
+use flotilla_core::Resources;
+
+use super::Cookie;
+
+/// The port a head listens on by default (ractor_cluster's examples' port).
+pub const DEFAULT_HEAD_PORT: u16 = 4697;
+/// How often head and node send each other a heartbeat.
+pub const HEARTBEAT: Duration = Duration::from_millis(500);
+/// Silence after which a peer is lost (its session is stopped).
+pub const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(2);
+/// How often silence is checked: a lost peer is declared within
+/// `HEARTBEAT_TIMEOUT + CHECK_PERIOD`.
+pub const CHECK_PERIOD: Duration = Duration::from_millis(250);
+/// How long a restarted head waits for its nodes to re-attach.
+pub const REATTACH_GRACE: Duration = Duration::from_secs(2);
+
+fn machine_cpus() -> f64 {
+    std::thread::available_parallelism().map_or(1.0, |n| n.get() as f64)
+}
+
+/// How the head listens for nodes (`ServeOptions::nodes`).
+///
+/// ```
+/// use flotilla_cluster::nodes::{Cookie, HeadOptions};
+/// let head = HeadOptions::new(Cookie::new("s3cret").unwrap())
+///     .listen("127.0.0.1:0".parse().unwrap());
+/// assert!(head.validate().is_ok());
+/// let open = HeadOptions::new(Cookie::new("s3cret").unwrap())
+///     .listen("0.0.0.0:4697".parse().unwrap());
+/// assert!(open.validate().is_err(), "off loopback, the cookie must come from a file or env");
+/// ```
+#[derive(Debug, Clone)]
+pub struct HeadOptions {
+    /// Where to listen (default `127.0.0.1:4697`; port 0 picks one, see
+    /// `Serve::node_address`).
+    pub listen: SocketAddr,
+    /// The shared secret.
+    pub cookie: Cookie,
+    /// The head's own node id, where head-local replicas run (default `head`).
+    pub node_id: String,
+    /// What the head offers replicas (default: this machine's CPUs).
+    pub resources: Resources,
+    /// Pack replicas onto the fullest node with room instead of spreading
+    /// them (default: spread, as `StaticCluster`).
+    pub pack: bool,
+    /// Heartbeat period (default 500 ms).
+    pub heartbeat: Duration,
+    /// Silence after which a node is lost (default 2 s).
+    pub heartbeat_timeout: Duration,
+    /// How long a restarted head waits for nodes to re-attach before it
+    /// recovers its checkpoint (default 2 s; zero: not at all).
+    pub reattach_grace: Duration,
+}
+
+/// Why head options cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OptionsError {
+    /// A head off loopback was given its cookie in code.
+    #[error(
+        "the head listens on {listen}, off loopback: its cookie must come from a file or an \
+         environment variable (Cookie::from_file, Cookie::from_env), not from code"
+    )]
+    InlineCookieOffLoopback {
+        /// The address.
+        listen: SocketAddr,
+    },
+    /// A period is zero, or the timeout is not above the period.
+    #[error("heartbeat_timeout ({timeout:?}) must be above a non-zero heartbeat ({period:?})")]
+    Heartbeat {
+        /// The period.
+        period: Duration,
+        /// The timeout.
+        timeout: Duration,
+    },
+    /// A node or head id that is empty or holds characters ractor names cannot.
+    #[error("node id {id:?} must be 1 to 64 letters, digits, '-', '_' or '.'")]
+    NodeId {
+        /// The id.
+        id: String,
+    },
+}
+
+pub(crate) fn check_id(id: &str) -> Result<(), OptionsError> {
+    let ok = !id.is_empty()
+        && id.len() <= 64
+        && id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(OptionsError::NodeId { id: id.to_owned() })
+    }
+}
+
+fn check_heartbeat(period: Duration, timeout: Duration) -> Result<(), OptionsError> {
+    if period.is_zero() || timeout <= period {
+        return Err(OptionsError::Heartbeat { period, timeout });
+    }
+    Ok(())
+}
+
+impl HeadOptions {
+    /// Defaults around `cookie`.
+    pub fn new(cookie: Cookie) -> Self {
+        HeadOptions {
+            listen: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), DEFAULT_HEAD_PORT),
+            cookie,
+            node_id: "head".to_owned(),
+            resources: Resources::none().with_cpus(machine_cpus()),
+            pack: false,
+            heartbeat: HEARTBEAT,
+            heartbeat_timeout: HEARTBEAT_TIMEOUT,
+            reattach_grace: REATTACH_GRACE,
+        }
+    }
+
+    /// Listen on `addr`.
+    pub fn listen(mut self, addr: SocketAddr) -> Self {
+        self.listen = addr;
+        self
+    }
+
+    /// The head offers `resources`.
+    pub fn resources(mut self, resources: Resources) -> Self {
+        self.resources = resources;
+        self
+    }
+
+    /// Call the head's own node `id`.
+    pub fn node_id(mut self, id: impl Into<String>) -> Self {
+        self.node_id = id.into();
+        self
+    }
+
+    /// Pack replicas instead of spreading them.
+    pub fn pack(mut self) -> Self {
+        self.pack = true;
+        self
+    }
+
+    /// Wait `grace` for nodes to re-attach after a restart.
+    pub fn reattach_grace(mut self, grace: Duration) -> Self {
+        self.reattach_grace = grace;
+        self
+    }
+
+    /// Heartbeat every `period`; a node silent for `timeout` is lost.
+    pub fn heartbeat(mut self, period: Duration, timeout: Duration) -> Self {
+        self.heartbeat = period;
+        self.heartbeat_timeout = timeout;
+        self
+    }
+
+    /// Check the options as a whole (`Serve::start` does).
+    pub fn validate(&self) -> Result<(), OptionsError> {
+        if !self.listen.ip().is_loopback() && self.cookie.source() == super::CookieSource::Inline {
+            return Err(OptionsError::InlineCookieOffLoopback {
+                listen: self.listen,
+            });
+        }
+        check_id(&self.node_id)?;
+        check_heartbeat(self.heartbeat, self.heartbeat_timeout)
+    }
+}
+
+/// How a node joins its head (`flotilla::node::run`).
+///
+/// ```
+/// use flotilla_cluster::nodes::{Cookie, NodeOptions};
+/// use flotilla_core::Resources;
+/// let node = NodeOptions::new("127.0.0.1:4697".parse().unwrap(), Cookie::new("s3cret").unwrap())
+///     .name("gpu-box")
+///     .resources(Resources::none().with_cpus(8.0).with_gpus(1.0))
+///     .label("zone", "a");
+/// assert!(node.validate().is_ok());
+/// ```
+#[derive(Debug, Clone)]
+pub struct NodeOptions {
+    /// The head's address.
+    pub head: SocketAddr,
+    /// The shared secret.
+    pub cookie: Cookie,
+    /// The node's name; its node id is the name and a random suffix, new at
+    /// every (re)join as a new node (default `node`).
+    pub name: String,
+    /// What it offers (default: this machine's CPUs).
+    pub resources: Resources,
+    /// Labels, shown in the head's node list.
+    pub labels: Vec<(String, String)>,
+    /// The address other nodes dial this one on (port chosen by the system;
+    /// default `127.0.0.1`).
+    pub listen: IpAddr,
+    /// Heartbeat period (default 500 ms).
+    pub heartbeat: Duration,
+    /// Silence after which the head is taken for lost (default 2 s).
+    pub heartbeat_timeout: Duration,
+    /// How long one dial of the head may take (default 2 s).
+    pub connect_timeout: Duration,
+    /// Wait between dials of an unreachable head (default 250 ms).
+    pub redial: Duration,
+}
+
+impl NodeOptions {
+    /// Defaults for a node joining the head at `head` with `cookie`.
+    pub fn new(head: SocketAddr, cookie: Cookie) -> Self {
+        NodeOptions {
+            head,
+            cookie,
+            name: "node".to_owned(),
+            resources: Resources::none().with_cpus(machine_cpus()),
+            labels: Vec::new(),
+            listen: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            heartbeat: HEARTBEAT,
+            heartbeat_timeout: HEARTBEAT_TIMEOUT,
+            connect_timeout: Duration::from_secs(2),
+            redial: Duration::from_millis(250),
+        }
+    }
+
+    /// Name the node.
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// It offers `resources`.
+    pub fn resources(mut self, resources: Resources) -> Self {
+        self.resources = resources;
+        self
+    }
+
+    /// Add a label.
+    pub fn label(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.labels.push((key.into(), value.into()));
+        self
+    }
+
+    /// Other nodes dial it on `ip`.
+    pub fn listen(mut self, ip: IpAddr) -> Self {
+        self.listen = ip;
+        self
+    }
+
+    /// Heartbeat every `period`; a head silent for `timeout` is lost.
+    pub fn heartbeat(mut self, period: Duration, timeout: Duration) -> Self {
+        self.heartbeat = period;
+        self.heartbeat_timeout = timeout;
+        self
+    }
+
+    /// Check the options as a whole (`run` does).
+    pub fn validate(&self) -> Result<(), OptionsError> {
+        check_id(&self.name)?;
+        check_heartbeat(self.heartbeat, self.heartbeat_timeout)
+    }
+}

@@ -1,0 +1,362 @@
+//! `RemoteReplica`: on the head, the stand-in of one replica running on a node.
+//! Its message is `ReplicaMsg`, so the DeploymentActor starts, watches, adopts
+//! and stops it as any replica; it forwards to the node, mirrors what the node
+//! reports, and ends as the remote replica ended (`docs/nodes.md`).
+
+use std::sync::{Arc, Mutex};
+
+use flotilla_core::{AppName, DeploymentName, DeploymentSpec, DeploymentVersion};
+use flotilla_replica::{
+    DeploymentRoute, ReplicaArgs, ReplicaEvent, ReplicaId, ReplicaMsg, ReplicaPhase,
+    ReplicaReporter, ReplicaSnapshot, remote::RemoteEndpoint,
+};
+use flotilla_supervision::groups::{self, Membership};
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use tokio::{sync::mpsc, task::JoinHandle};
+use tracing::{info, warn};
+
+use super::{
+    RemoteHost,
+    head::lock,
+    transport::PeerCall,
+    wire::{Control, Start, WireEvent},
+};
+
+/// What the registry tells a proxy about its replica.
+#[derive(Debug)]
+pub(crate) enum ProxyReport {
+    /// The replica's event.
+    Event(WireEvent),
+    /// The replica ended.
+    Exited { crashed: bool, why: String },
+    /// Its node was lost.
+    NodeLost { why: String },
+}
+
+/// A replica found on a re-attaching node: the proxy mirrors it instead of
+/// starting one.
+#[derive(Debug, Clone)]
+pub(crate) struct Adopted {
+    pub(crate) phase: ReplicaPhase,
+    pub(crate) condemned: Option<String>,
+}
+
+/// What a [`RemoteReplica`] needs.
+pub struct RemoteReplicaArgs {
+    id: ReplicaId,
+    app: AppName,
+    deployment: DeploymentName,
+    spec: Arc<DeploymentSpec>,
+    version: DeploymentVersion,
+    route: Arc<DeploymentRoute>,
+    reporter: ReplicaReporter,
+    group: String,
+    host: RemoteHost,
+    adopted: Option<Adopted>,
+}
+
+impl RemoteReplicaArgs {
+    /// Stand for the replica `args` describe, started on `host`'s node.
+    pub fn new(args: ReplicaArgs, host: RemoteHost) -> Self {
+        RemoteReplicaArgs {
+            id: args.id,
+            app: args.app,
+            deployment: args.deployment,
+            spec: args.spec,
+            version: args.version,
+            route: args.route,
+            reporter: args.reporter,
+            group: args.group,
+            host,
+            adopted: None,
+        }
+    }
+
+    /// Stand for a replica `host`'s node already runs (a re-attach).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn adopted(
+        id: ReplicaId,
+        app: AppName,
+        spec: Arc<DeploymentSpec>,
+        version: DeploymentVersion,
+        route: Arc<DeploymentRoute>,
+        reporter: ReplicaReporter,
+        group: String,
+        host: RemoteHost,
+        adopted: Adopted,
+    ) -> Self {
+        RemoteReplicaArgs {
+            id,
+            app,
+            deployment: spec.name.clone(),
+            spec,
+            version,
+            route,
+            reporter,
+            group,
+            host,
+            adopted: Some(adopted),
+        }
+    }
+}
+
+/// The head's stand-in for a replica on a node.
+pub struct RemoteReplica;
+
+struct Mirror {
+    phase: ReplicaPhase,
+    version: DeploymentVersion,
+    condemned: Option<String>,
+    spec: Arc<DeploymentSpec>,
+}
+
+/// A [`RemoteReplica`]'s state.
+pub struct RemoteReplicaState {
+    id: ReplicaId,
+    app: AppName,
+    deployment: DeploymentName,
+    host: RemoteHost,
+    mirror: Arc<Mutex<Mirror>>,
+    endpoint: RemoteEndpoint,
+    reporter: ReplicaReporter,
+    start: Option<Box<Start>>,
+    reports: Option<mpsc::UnboundedReceiver<ProxyReport>>,
+    task: Option<JoinHandle<()>>,
+    _membership: Membership,
+}
+
+impl RemoteReplicaState {
+    fn peer(&self) -> Option<String> {
+        self.host.shared.peer_of(&self.host.node)
+    }
+
+    fn send(&self, control: Control) -> bool {
+        match self.peer() {
+            Some(peer) => self.host.shared.link.shared.send_control(&peer, control),
+            None => false,
+        }
+    }
+}
+
+impl Actor for RemoteReplica {
+    type Msg = ReplicaMsg;
+    type State = RemoteReplicaState;
+    type Arguments = RemoteReplicaArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<ReplicaMsg>,
+        a: RemoteReplicaArgs,
+    ) -> Result<RemoteReplicaState, ActorProcessingErr> {
+        let membership = groups::join(a.group.clone(), myself.get_cell());
+        let shared = &a.host.shared;
+        let peer = shared.peer_of(&a.host.node).unwrap_or_default();
+        let call = PeerCall::boxed(shared.link.shared.clone(), peer, a.host.node.clone());
+        let endpoint = RemoteEndpoint::new(
+            a.id,
+            a.host.node.clone(),
+            call,
+            a.spec.config.max_ongoing_requests,
+            &a.route,
+        );
+        let (tx, rx) = mpsc::unbounded_channel();
+        lock(&shared.proxies).insert(a.id, (a.host.node.clone(), tx));
+        let (phase, condemned, start) = match a.adopted {
+            Some(ad) => (ad.phase, ad.condemned, None),
+            None => (
+                ReplicaPhase::Starting,
+                None,
+                Some(Box::new(Start {
+                    replica: a.id.0,
+                    app: a.app.clone(),
+                    spec: (*a.spec).clone(),
+                    version: a.version.clone(),
+                })),
+            ),
+        };
+        Ok(RemoteReplicaState {
+            id: a.id,
+            app: a.app,
+            deployment: a.deployment,
+            host: a.host,
+            mirror: Arc::new(Mutex::new(Mirror {
+                phase,
+                version: a.version,
+                condemned,
+                spec: a.spec,
+            })),
+            endpoint,
+            reporter: a.reporter,
+            start,
+            reports: Some(rx),
+            task: None,
+            _membership: membership,
+        })
+    }
+
+    async fn post_start(
+        &self,
+        myself: ActorRef<ReplicaMsg>,
+        state: &mut RemoteReplicaState,
+    ) -> Result<(), ActorProcessingErr> {
+        if let Some(start) = state.start.take()
+            && !state.send(Control::Start(start))
+        {
+            warn!(app = %state.app, deployment = %state.deployment, replica = %state.id,
+                node = %state.host.node, "replica not started: its node is not reachable");
+            myself.stop(Some("its node is not reachable".to_owned()));
+            return Ok(());
+        }
+        let running = lock(&state.mirror).phase == ReplicaPhase::Running;
+        if running {
+            // Re-attached while serving: say so, so a DeploymentActor that did
+            // not find it in its group adopts it by name.
+            let version = lock(&state.mirror).version.clone();
+            (state.reporter)(
+                state.id,
+                ReplicaEvent::Ready {
+                    endpoint: state.endpoint.endpoint().clone(),
+                    version,
+                },
+            );
+        }
+        if let Some(rx) = state.reports.take() {
+            state.task = Some(tokio::spawn(reports(
+                rx,
+                myself,
+                state.id,
+                state.mirror.clone(),
+                state.endpoint.clone(),
+                state.reporter.clone(),
+            )));
+        }
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<ReplicaMsg>,
+        msg: ReplicaMsg,
+        state: &mut RemoteReplicaState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            ReplicaMsg::Observe(reply) => {
+                let m = lock(&state.mirror);
+                let serving = matches!(m.phase, ReplicaPhase::Running | ReplicaPhase::Updating);
+                let _ = reply.send(ReplicaSnapshot {
+                    id: state.id,
+                    version: m.version.clone(),
+                    phase: m.phase,
+                    endpoint: serving.then(|| state.endpoint.endpoint().clone()),
+                    node: state.host.node.clone(),
+                    condemned: m.condemned.clone(),
+                    // Model ids of a replica elsewhere are not reported across
+                    // the wire (docs/nodes.md).
+                    model_ids: Vec::new(),
+                });
+            }
+            ReplicaMsg::Reconfigure(spec) => {
+                lock(&state.mirror).spec = spec.clone();
+                let sent = state.send(Control::Reconfigure {
+                    replica: state.id.0,
+                    spec: Box::new((*spec).clone()),
+                });
+                if !sent {
+                    warn!(replica = %state.id, node = %state.host.node,
+                        "reconfigure not sent: the node is not reachable");
+                }
+            }
+            ReplicaMsg::Stop { graceful } => {
+                lock(&state.mirror).phase = ReplicaPhase::Stopping;
+                state.endpoint.stop_accepting();
+                let sent = state.send(Control::Stop {
+                    replica: state.id.0,
+                    graceful,
+                });
+                if !sent {
+                    // Nobody to stop there: gone with its node.
+                    myself.stop(None);
+                }
+            }
+            // A remote endpoint reports no panics (the node's replica does).
+            ReplicaMsg::Internal(_) => {}
+        }
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<ReplicaMsg>,
+        state: &mut RemoteReplicaState,
+    ) -> Result<(), ActorProcessingErr> {
+        lock(&state.host.shared.proxies).remove(&state.id);
+        state.endpoint.stop_accepting();
+        if let Some(t) = state.task.take() {
+            t.abort();
+        }
+        info!(app = %state.app, deployment = %state.deployment, replica = %state.id,
+            node = %state.host.node, "remote replica stopped");
+        Ok(())
+    }
+}
+
+/// Apply the node's reports to the mirror, tell the DeploymentActor, and end
+/// the proxy as the replica ended.
+async fn reports(
+    mut rx: mpsc::UnboundedReceiver<ProxyReport>,
+    myself: ActorRef<ReplicaMsg>,
+    id: ReplicaId,
+    mirror: Arc<Mutex<Mirror>>,
+    endpoint: RemoteEndpoint,
+    reporter: ReplicaReporter,
+) {
+    while let Some(report) = rx.recv().await {
+        let event = match report {
+            ProxyReport::Event(e) => e,
+            ProxyReport::Exited { crashed, why } => {
+                endpoint.stop_accepting();
+                myself.stop(crashed.then_some(why));
+                return;
+            }
+            ProxyReport::NodeLost { why } => {
+                endpoint.stop_accepting();
+                myself.stop(Some(why));
+                return;
+            }
+        };
+        let mut m = lock(&mirror);
+        let out = match event {
+            WireEvent::Ready { version } => {
+                m.phase = ReplicaPhase::Running;
+                m.version = version.clone();
+                ReplicaEvent::Ready {
+                    endpoint: endpoint.endpoint().clone(),
+                    version,
+                }
+            }
+            WireEvent::Reconfigured { version } => {
+                if m.phase != ReplicaPhase::Stopping {
+                    m.phase = ReplicaPhase::Running;
+                }
+                m.version = version.clone();
+                endpoint.set_max_ongoing(m.spec.config.max_ongoing_requests);
+                ReplicaEvent::Reconfigured { version }
+            }
+            WireEvent::StartFailed { error } => {
+                m.phase = ReplicaPhase::StartFailed;
+                m.condemned = Some(error.clone());
+                ReplicaEvent::StartFailed { error }
+            }
+            WireEvent::Unhealthy { reason } => {
+                m.condemned.get_or_insert_with(|| reason.clone());
+                ReplicaEvent::Unhealthy { reason }
+            }
+            WireEvent::ReconfigureFailed { error } => {
+                m.condemned.get_or_insert_with(|| error.clone());
+                ReplicaEvent::ReconfigureFailed { error }
+            }
+        };
+        drop(m);
+        reporter(id, out);
+    }
+}

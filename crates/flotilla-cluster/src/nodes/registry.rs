@@ -1,0 +1,413 @@
+//! The head's registry of nodes: joins and refusals, heartbeats, losses,
+//! re-attachment after a head restart, and the reports of remote replicas.
+
+use std::{
+    collections::{HashMap, HashSet},
+    sync::{Arc, atomic::Ordering},
+};
+
+use flotilla_core::actor_names;
+use flotilla_replica::ReplicaId;
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use tokio::{task::JoinHandle, time::Instant};
+use tracing::{info, warn};
+
+use super::{
+    RemoteHost,
+    head::{HeadShared, NodeEntry, lock},
+    link::{Inbound, SessionEvent},
+    options::CHECK_PERIOD,
+    proxy::{Adopted, ProxyReport, RemoteReplica, RemoteReplicaArgs},
+    wire::{Control, Envelope, Hello, ReplicaReport, Welcome},
+};
+use crate::{ClusterEvent, NodeSpec, PlacementRequest};
+
+/// The registry's messages (local only).
+#[derive(Debug)]
+pub(crate) enum RegistryMsg {
+    /// A frame or session event from the link.
+    Inbound(Inbound),
+    /// Time to check silences and send heartbeats.
+    Tick,
+    /// Drop the connection to a node (fault injection).
+    DropNode(String, RpcReplyPort<bool>),
+}
+
+impl ractor::Message for RegistryMsg {}
+
+pub(crate) struct Registry;
+
+pub(crate) struct RegistryState {
+    shared: Arc<HeadShared>,
+    /// Node ids by peer ractor name.
+    by_peer: HashMap<String, String>,
+    /// Where each authenticated session came from.
+    addresses: HashMap<String, String>,
+    seq: u64,
+    last_beat: Instant,
+    /// Node ids a re-attached node knew alive and that are not back yet.
+    expected: HashSet<String>,
+    reattached: bool,
+    timer: Option<JoinHandle<()>>,
+}
+
+impl Actor for Registry {
+    type Msg = RegistryMsg;
+    type State = RegistryState;
+    type Arguments = Arc<HeadShared>;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<RegistryMsg>,
+        shared: Arc<HeadShared>,
+    ) -> Result<RegistryState, ActorProcessingErr> {
+        let timer = myself.send_interval(CHECK_PERIOD, || RegistryMsg::Tick);
+        Ok(RegistryState {
+            shared,
+            by_peer: HashMap::new(),
+            addresses: HashMap::new(),
+            seq: 0,
+            last_beat: Instant::now(),
+            expected: HashSet::new(),
+            reattached: false,
+            timer: Some(timer),
+        })
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<RegistryMsg>,
+        msg: RegistryMsg,
+        state: &mut RegistryState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            RegistryMsg::Inbound(Inbound::Control(env)) => control(state, env).await,
+            RegistryMsg::Inbound(Inbound::Session(ev)) => session(state, ev),
+            RegistryMsg::Tick => tick(state),
+            RegistryMsg::DropNode(id, reply) => {
+                let peer = state.shared.peer_of(&id);
+                let alive = lock(&state.shared.nodes).get(&id).is_some_and(|n| n.alive);
+                if let (true, Some(peer)) = (alive, peer) {
+                    state
+                        .shared
+                        .link
+                        .shared
+                        .drop_session(&peer, "connection dropped (fault injection)");
+                    declare_lost(state, &id, "its connection was dropped");
+                }
+                let _ = reply.send(alive);
+            }
+        }
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<RegistryMsg>,
+        state: &mut RegistryState,
+    ) -> Result<(), ActorProcessingErr> {
+        if let Some(t) = state.timer.take() {
+            t.abort();
+        }
+        Ok(())
+    }
+}
+
+fn touch(state: &RegistryState, peer: &str) {
+    if let Some(id) = state.by_peer.get(peer)
+        && let Some(n) = lock(&state.shared.nodes).get_mut(id)
+    {
+        n.last_heard = Instant::now();
+    }
+}
+
+fn report(state: &RegistryState, replica: u64, report: ProxyReport) {
+    let proxies = lock(&state.shared.proxies);
+    match proxies.get(&ReplicaId(replica)) {
+        Some((_, tx)) => {
+            let _ = tx.send(report);
+        }
+        None => warn!(
+            replica,
+            ?report,
+            "report for a replica the head has no proxy of"
+        ),
+    }
+}
+
+async fn control(state: &mut RegistryState, env: Envelope) {
+    let from = env.from;
+    match env.control {
+        Control::Hello(hello) => {
+            Box::pin(self::hello(state, from, hello)).await;
+        }
+        Control::Heartbeat { .. } => touch(state, &from),
+        Control::Event { replica, event } => {
+            touch(state, &from);
+            report(state, replica, ProxyReport::Event(event));
+        }
+        Control::Exited {
+            replica,
+            crashed,
+            why,
+        } => {
+            touch(state, &from);
+            report(state, replica, ProxyReport::Exited { crashed, why });
+        }
+        other => warn!(peer = %from, frame = ?other, "head: unexpected control frame"),
+    }
+}
+
+fn session(state: &mut RegistryState, ev: SessionEvent) {
+    match ev {
+        SessionEvent::Opened { id, addr } => {
+            tracing::debug!(session = id, %addr, "head: node connection opened");
+        }
+        SessionEvent::Ready { peer, addr, .. } => {
+            info!(%peer, %addr, "head: node session authenticated");
+            state.addresses.insert(peer, addr);
+        }
+        SessionEvent::Closed {
+            peer: None,
+            addr,
+            authenticated: false,
+            ..
+        } => {
+            state.shared.refused.fetch_add(1, Ordering::Relaxed);
+            warn!(%addr, "node connection refused: authentication failed (wrong cookie?)");
+        }
+        SessionEvent::Closed { peer, .. } => {
+            let Some(peer) = peer else { return };
+            if let Some(id) = state.by_peer.get(&peer).cloned() {
+                let alive = lock(&state.shared.nodes).get(&id).is_some_and(|n| n.alive);
+                if alive {
+                    declare_lost(state, &id, "its connection closed");
+                }
+            }
+        }
+    }
+}
+
+/// Send `control` to `peer`, logging a failure.
+fn send(state: &RegistryState, peer: &str, control: Control) {
+    if !state.shared.link.shared.send_control(peer, control) {
+        warn!(%peer, "head: control frame not sent (peer unreachable)");
+    }
+}
+
+fn refuse(state: &RegistryState, peer: &str, node: &str, reason: String) {
+    state.shared.refused.fetch_add(1, Ordering::Relaxed);
+    warn!(%peer, %node, %reason, "head: node refused");
+    send(state, peer, Control::Refused { reason });
+}
+
+async fn hello(state: &mut RegistryState, from: String, h: Hello) {
+    let shared = state.shared.clone();
+    if lock(&shared.lost).contains(&h.node) {
+        let reason = format!(
+            "node {} was declared lost by this head: its replicas were replaced; stop them \
+             and join as a new node",
+            h.node
+        );
+        refuse(state, &from, &h.node, reason);
+        return;
+    }
+    if lock(&shared.nodes).get(&h.node).is_some_and(|n| n.alive) {
+        refuse(
+            state,
+            &from,
+            &h.node,
+            format!("node {} already joined", h.node),
+        );
+        return;
+    }
+    let address = state.addresses.get(&from).cloned().unwrap_or_default();
+    lock(&shared.nodes).insert(
+        h.node.clone(),
+        NodeEntry {
+            peer: from.clone(),
+            address: address.clone(),
+            resources: h.resources.clone(),
+            labels: h.labels.clone(),
+            alive: true,
+            last_heard: Instant::now(),
+        },
+    );
+    state.by_peer.insert(from.clone(), h.node.clone());
+    shared
+        .pool()
+        .add(NodeSpec::new(h.node.clone(), h.resources.clone()));
+    shared.joined.fetch_add(1, Ordering::Relaxed);
+    let reattach = h.last_head.is_some_and(|e| e != shared.epoch);
+    info!(node = %h.node, peer = %from, %address, cpus = h.resources.cpus,
+        replicas = h.replicas.len(), reattach, "node joined");
+    send(
+        state,
+        &from,
+        Control::Welcome(Welcome {
+            epoch: shared.epoch,
+            ns: shared.ns.clone(),
+            head_node: shared.options.node_id.clone(),
+        }),
+    );
+    if reattach {
+        for r in h.replicas {
+            Box::pin(adopt(state, &h.node, r)).await;
+        }
+        let joined: HashSet<String> = shared.alive().into_iter().map(|(id, _)| id).collect();
+        state
+            .expected
+            .extend(h.peers.into_iter().filter(|p| !joined.contains(p)));
+        state.expected.remove(&h.node);
+        state.reattached = true;
+    } else {
+        state.expected.remove(&h.node);
+        for r in &h.replicas {
+            // Replicas of this head's own epoch on a node it does not know:
+            // nobody counts them, so they must not run.
+            send(
+                state,
+                &from,
+                Control::Stop {
+                    replica: r.id,
+                    graceful: false,
+                },
+            );
+        }
+    }
+    let _ = shared
+        .reattach
+        .send((state.reattached, state.expected.len()));
+    super::export::full_copy(&shared, &from);
+    broadcast_nodes(state);
+    shared.announce(ClusterEvent::CapacityFreed);
+}
+
+/// A replica a re-attaching node runs: reserve its resources there again and
+/// make its proxy, which its DeploymentActor adopts.
+async fn adopt(state: &RegistryState, node: &str, r: ReplicaReport) {
+    let shared = &state.shared;
+    let id = ReplicaId(r.id);
+    ReplicaId::seed(r.id.saturating_add(1));
+    let spec = Arc::new(*r.spec);
+    let dep = spec.name.clone();
+    {
+        let mut pool = shared.pool();
+        let req = PlacementRequest::for_config(id, &r.app, &dep, &spec.config);
+        match pool.place(&req, |_, n, _| n.name() != node) {
+            Ok(at) if at == node => {}
+            Ok(at) => {
+                pool.release(id);
+                warn!(replica = %id, node, elsewhere = %at,
+                    "re-attached replica's resources do not fit its node again: not reserved");
+            }
+            Err(refusal) => warn!(replica = %id, node, %refusal,
+                "re-attached replica's resources do not fit: not reserved"),
+        }
+    }
+    let ns = &shared.ns;
+    let args = RemoteReplicaArgs::adopted(
+        id,
+        r.app.clone(),
+        spec,
+        r.version,
+        shared.directory.route(&r.app, &dep),
+        (shared.reporter)(ns, &r.app, &dep),
+        actor_names::replica_group(ns, &r.app, &dep),
+        RemoteHost {
+            shared: shared.clone(),
+            node: node.to_owned(),
+        },
+        Adopted {
+            phase: r.phase.into(),
+            condemned: r.condemned,
+        },
+    );
+    let name = actor_names::replica(ns, &r.app, &dep, id.0);
+    match Actor::spawn(Some(name), RemoteReplica, args).await {
+        Ok(_) => info!(app = %r.app, deployment = %dep, replica = %id, node,
+            "re-attached replica adopted"),
+        Err(e) => warn!(app = %r.app, deployment = %dep, replica = %id, node, error = %e,
+            "re-attached replica could not be adopted"),
+    }
+}
+
+fn broadcast_nodes(state: &RegistryState) {
+    let alive = state.shared.alive();
+    let (ids, peers): (Vec<String>, Vec<String>) = alive.iter().cloned().unzip();
+    for (_, peer) in &alive {
+        send(
+            state,
+            peer,
+            Control::Nodes {
+                alive: peers.clone(),
+                ids: ids.clone(),
+            },
+        );
+    }
+}
+
+/// Node `id` is lost: its replicas are gone (replaced elsewhere by their
+/// DeploymentActors), its calls fail, and it never comes back under this id.
+fn declare_lost(state: &mut RegistryState, id: &str, why: &str) {
+    let shared = state.shared.clone();
+    let peer = {
+        let mut nodes = lock(&shared.nodes);
+        let Some(n) = nodes.get_mut(id) else { return };
+        if !n.alive {
+            return;
+        }
+        n.alive = false;
+        n.peer.clone()
+    };
+    lock(&shared.lost).insert(id.to_owned());
+    shared.lost_count.fetch_add(1, Ordering::Relaxed);
+    let replicas = shared.pool().kill(id).map_or(0, |r| r.len());
+    shared
+        .replicas_lost
+        .fetch_add(replicas as u64, Ordering::Relaxed);
+    warn!(node = id, %peer, why, replicas, "node lost");
+    let failed = shared.link.shared.calls.fail_peer(&peer);
+    let reason = format!("its node '{id}' was lost: {why}");
+    for (node, tx) in lock(&shared.proxies).values() {
+        if node == id {
+            let _ = tx.send(ProxyReport::NodeLost {
+                why: reason.clone(),
+            });
+        }
+    }
+    if failed > 0 {
+        warn!(node = id, failed, "calls in flight to a lost node failed");
+    }
+    shared.announce(ClusterEvent::NodeDied(id.to_owned()));
+    broadcast_nodes(state);
+}
+
+fn tick(state: &mut RegistryState) {
+    let shared = state.shared.clone();
+    let timeout = shared.options.heartbeat_timeout;
+    let silent: Vec<(String, String)> = lock(&shared.nodes)
+        .iter()
+        .filter(|(_, n)| n.alive && n.last_heard.elapsed() > timeout)
+        .map(|(id, n)| (id.clone(), n.peer.clone()))
+        .collect();
+    for (id, peer) in silent {
+        shared.link.shared.drop_session(&peer, "heartbeat timeout");
+        declare_lost(
+            state,
+            &id,
+            &format!("no heartbeat for {}", humantime(timeout)),
+        );
+    }
+    if state.last_beat.elapsed() >= shared.options.heartbeat {
+        state.last_beat = Instant::now();
+        state.seq += 1;
+        for (_, peer) in shared.alive() {
+            send(state, &peer, Control::Heartbeat { seq: state.seq });
+        }
+    }
+}
+
+fn humantime(d: std::time::Duration) -> String {
+    format!("{} ms", d.as_millis())
+}

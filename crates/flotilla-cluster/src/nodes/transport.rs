@@ -1,0 +1,152 @@
+//! Requests to replicas of other processes: the [`RemoteCall`] behind every
+//! remote endpoint (`docs/nodes.md`, "Requests across nodes").
+
+use std::sync::Arc;
+
+use flotilla_replica::{
+    CallError, ReplicaId,
+    remote::{Attempt, RemoteCall},
+};
+use futures::future::BoxFuture;
+use tokio::sync::mpsc;
+
+use super::{
+    link::{Outcome, Piece, Shared},
+    wire::DataHeader,
+};
+
+/// Calls to the replicas of one peer process.
+pub(crate) struct PeerCall {
+    shared: Arc<Shared>,
+    /// The peer's ractor name (where frames go).
+    peer: String,
+    /// The peer's Flotilla node id (for errors).
+    node: String,
+}
+
+impl PeerCall {
+    pub(crate) fn boxed(shared: Arc<Shared>, peer: String, node: String) -> Arc<dyn RemoteCall> {
+        Arc::new(PeerCall { shared, peer, node })
+    }
+}
+
+/// Forgets a call whose caller went away (and cancels a stream there).
+struct Forget {
+    shared: Arc<Shared>,
+    call: u64,
+    /// The peer to send `Cancel` to, for a stream.
+    cancel: Option<String>,
+    done: bool,
+}
+
+impl Drop for Forget {
+    fn drop(&mut self) {
+        if self.done || !self.shared.calls.forget(self.call) {
+            return;
+        }
+        if let Some(peer) = &self.cancel {
+            let cancel = DataHeader::Cancel {
+                call: self.call,
+                from: self.shared.me.clone(),
+            };
+            let _ = self.shared.send_data(peer, &cancel, Vec::new());
+        }
+    }
+}
+
+fn lost(node: &str, replica: ReplicaId) -> CallError {
+    CallError::NodeLost {
+        node: node.to_owned(),
+        replica: replica.to_string(),
+    }
+}
+
+/// A call that could not be sent: refused (not started) when the request
+/// came back, else lost with the node.
+fn unsent<T>(kept: Option<Vec<u8>>, node: &str, replica: ReplicaId) -> Attempt<T> {
+    match kept {
+        Some(request) => Attempt::Refused {
+            request,
+            full: false,
+        },
+        None => Attempt::Ran(Err(lost(node, replica))),
+    }
+}
+
+impl RemoteCall for PeerCall {
+    fn call(&self, replica: ReplicaId, request: Vec<u8>) -> BoxFuture<'static, Attempt<Vec<u8>>> {
+        let (shared, peer, node) = (self.shared.clone(), self.peer.clone(), self.node.clone());
+        Box::pin(async move {
+            let (call, rx) = shared.calls.unary(&peer, &node, replica);
+            let mut guard = Forget {
+                shared: shared.clone(),
+                call,
+                cancel: None,
+                done: false,
+            };
+            let header = DataHeader::Call {
+                call,
+                replica: replica.0,
+                stream: false,
+                from: shared.me.clone(),
+            };
+            if let Err(kept) = shared.send_data(&peer, &header, request) {
+                return unsent(kept, &node, replica);
+            }
+            let outcome = rx.await;
+            guard.done = true;
+            match outcome {
+                Ok(Outcome::Ran(r)) => Attempt::Ran(r),
+                Ok(Outcome::Refused { request, full }) => Attempt::Refused { request, full },
+                Err(_) => Attempt::Ran(Err(lost(&node, replica))),
+            }
+        })
+    }
+
+    fn call_stream(
+        &self,
+        replica: ReplicaId,
+        request: Vec<u8>,
+        items: mpsc::Sender<Vec<u8>>,
+    ) -> BoxFuture<'static, Attempt<()>> {
+        let (shared, peer, node) = (self.shared.clone(), self.peer.clone(), self.node.clone());
+        Box::pin(async move {
+            let (call, mut rx) = shared.calls.stream(&peer, &node, replica);
+            let mut guard = Forget {
+                shared: shared.clone(),
+                call,
+                cancel: Some(peer.clone()),
+                done: false,
+            };
+            let header = DataHeader::Call {
+                call,
+                replica: replica.0,
+                stream: true,
+                from: shared.me.clone(),
+            };
+            if let Err(kept) = shared.send_data(&peer, &header, request) {
+                return unsent(kept, &node, replica);
+            }
+            while let Some(piece) = rx.recv().await {
+                match piece {
+                    Piece::Item(item) => {
+                        if items.send(item).await.is_err() {
+                            // The caller dropped the stream: the guard cancels it there.
+                            return Attempt::Ran(Ok(()));
+                        }
+                    }
+                    Piece::End(Outcome::Ran(r)) => {
+                        guard.done = true;
+                        return Attempt::Ran(r);
+                    }
+                    Piece::End(Outcome::Refused { request, full }) => {
+                        guard.done = true;
+                        return Attempt::Refused { request, full };
+                    }
+                }
+            }
+            guard.done = true;
+            Attempt::Ran(Err(lost(&node, replica)))
+        })
+    }
+}

@@ -1,0 +1,383 @@
+//! What crosses the wire between processes (`docs/nodes.md`, "What crosses the
+//! wire"): one remotable message type, [`PortMsg`], carrying MessagePack
+//! encodings of typed frames. Decoding never panics: bad bytes are a
+//! [`WireError`].
+
+use flotilla_core::{AppName, DeploymentName, DeploymentSpec, DeploymentVersion, Resources};
+use flotilla_replica::{CallError, ReplicaEvent};
+use ractor_cluster::RactorClusterMessage;
+use serde::{Deserialize, Serialize, de::DeserializeOwned};
+
+/// The one message Flotilla sends across processes, to a process's port.
+/// Every field is bytes, so the derive needs no hand-written conversion.
+#[derive(RactorClusterMessage)]
+pub enum PortMsg {
+    /// A control frame: an encoded [`Envelope`].
+    Control(Vec<u8>),
+    /// A data frame: an encoded [`DataHeader`], and the request or response
+    /// bytes exactly as the handle or the replica made them.
+    Data(Vec<u8>, Vec<u8>),
+}
+
+/// A frame that could not be encoded or decoded.
+#[derive(Debug, thiserror::Error)]
+pub enum WireError {
+    /// Encoding failed (a value serde cannot write).
+    #[error("could not encode a {what} frame")]
+    Encode {
+        /// Which frame.
+        what: &'static str,
+        /// Why.
+        #[source]
+        source: rmp_serde::encode::Error,
+    },
+    /// The bytes are not a frame of this kind (another version, or damage).
+    #[error("could not decode a {what} frame of {len} bytes")]
+    Decode {
+        /// Which frame.
+        what: &'static str,
+        /// Its length.
+        len: usize,
+        /// Why.
+        #[source]
+        source: rmp_serde::decode::Error,
+    },
+}
+
+pub(crate) fn encode<T: Serialize>(what: &'static str, value: &T) -> Result<Vec<u8>, WireError> {
+    rmp_serde::to_vec_named(value).map_err(|source| WireError::Encode { what, source })
+}
+
+pub(crate) fn decode<T: DeserializeOwned>(
+    what: &'static str,
+    bytes: &[u8],
+) -> Result<T, WireError> {
+    rmp_serde::from_slice(bytes).map_err(|source| WireError::Decode {
+        what,
+        len: bytes.len(),
+        source,
+    })
+}
+
+/// A control frame and who sent it (ractor gives a receiver no sender).
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct Envelope {
+    /// The sender's ractor node name (`name@host`), its port's address.
+    pub from: String,
+    /// The frame.
+    pub control: Control,
+}
+
+/// Control frames: joins, heartbeats, replica lifecycle, routes.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) enum Control {
+    /// Node -> head: join, or re-attach with the replicas it runs.
+    Hello(Hello),
+    /// Head -> node: accepted.
+    Welcome(Welcome),
+    /// Head -> node: not accepted; the node fences and joins as a new node.
+    Refused {
+        /// Why, for the node's log.
+        reason: String,
+    },
+    /// Both ways, every heartbeat period.
+    Heartbeat {
+        /// A counter, for logs.
+        seq: u64,
+    },
+    /// Head -> node: start a replica.
+    Start(Box<Start>),
+    /// Head -> node: take a new config in place.
+    Reconfigure {
+        /// The replica.
+        replica: u64,
+        /// The new spec.
+        spec: Box<DeploymentSpec>,
+    },
+    /// Head -> node: stop a replica.
+    Stop {
+        /// The replica.
+        replica: u64,
+        /// Drain first.
+        graceful: bool,
+    },
+    /// Node -> head: a replica's event.
+    Event {
+        /// The replica.
+        replica: u64,
+        /// What happened.
+        event: WireEvent,
+    },
+    /// Node -> head: a replica ended.
+    Exited {
+        /// The replica.
+        replica: u64,
+        /// It crashed or was killed (else it stopped gracefully).
+        crashed: bool,
+        /// How, for logs.
+        why: String,
+    },
+    /// Head -> node: routes that changed.
+    Routes(Vec<RouteEntry>),
+    /// Head -> node: the live nodes (ractor names), after every change.
+    Nodes {
+        /// Their ractor names.
+        alive: Vec<String>,
+        /// Their Flotilla node ids, in the same order.
+        ids: Vec<String>,
+    },
+}
+
+/// A node's join.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct Hello {
+    /// Its Flotilla node id (new for every incarnation).
+    pub node: String,
+    /// What it offers.
+    pub resources: Resources,
+    /// Its labels.
+    pub labels: Vec<(String, String)>,
+    /// The epoch of the head it was last welcomed by (re-attach), if any.
+    pub last_head: Option<u64>,
+    /// The node ids it last knew alive (a restarted head waits for them).
+    pub peers: Vec<String>,
+    /// Every replica it runs.
+    pub replicas: Vec<ReplicaReport>,
+}
+
+/// One replica a re-attaching node runs.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct ReplicaReport {
+    /// Its id.
+    pub id: u64,
+    /// Its application.
+    pub app: AppName,
+    /// Its spec (names the deployment; its resources are reserved again).
+    pub spec: Box<DeploymentSpec>,
+    /// The version it runs.
+    pub version: DeploymentVersion,
+    /// Where it is in its life.
+    pub phase: WirePhase,
+    /// Why it must be replaced, if it knows.
+    pub condemned: Option<String>,
+}
+
+/// A replica's phase, as `flotilla_replica::ReplicaPhase`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum WirePhase {
+    Starting,
+    Running,
+    Updating,
+    Stopping,
+    StartFailed,
+}
+
+impl From<flotilla_replica::ReplicaPhase> for WirePhase {
+    fn from(p: flotilla_replica::ReplicaPhase) -> Self {
+        use flotilla_replica::ReplicaPhase as P;
+        match p {
+            P::Starting => WirePhase::Starting,
+            P::Running => WirePhase::Running,
+            P::Updating => WirePhase::Updating,
+            P::Stopping => WirePhase::Stopping,
+            P::StartFailed => WirePhase::StartFailed,
+        }
+    }
+}
+
+impl From<WirePhase> for flotilla_replica::ReplicaPhase {
+    fn from(p: WirePhase) -> Self {
+        use flotilla_replica::ReplicaPhase as P;
+        match p {
+            WirePhase::Starting => P::Starting,
+            WirePhase::Running => P::Running,
+            WirePhase::Updating => P::Updating,
+            WirePhase::Stopping => P::Stopping,
+            WirePhase::StartFailed => P::StartFailed,
+        }
+    }
+}
+
+/// The head's welcome.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct Welcome {
+    /// The head's epoch (random per head process life).
+    pub epoch: u64,
+    /// The head's namespace (replica actor names carry it).
+    pub ns: String,
+    /// The head's own node id (where head-local replicas run).
+    pub head_node: String,
+}
+
+/// Start one replica.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct Start {
+    /// Its id.
+    pub replica: u64,
+    /// Its application.
+    pub app: AppName,
+    /// Its spec.
+    pub spec: DeploymentSpec,
+    /// The spec's version, as the DeploymentActor computed it.
+    pub version: DeploymentVersion,
+}
+
+/// A replica's event as it crosses: `ReplicaEvent` without the endpoint (the
+/// head makes a remote endpoint for it).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) enum WireEvent {
+    Ready { version: DeploymentVersion },
+    StartFailed { error: String },
+    Unhealthy { reason: String },
+    Reconfigured { version: DeploymentVersion },
+    ReconfigureFailed { error: String },
+}
+
+impl WireEvent {
+    pub(crate) fn of(event: &ReplicaEvent) -> Self {
+        match event {
+            ReplicaEvent::Ready { version, .. } => WireEvent::Ready {
+                version: version.clone(),
+            },
+            ReplicaEvent::StartFailed { error } => WireEvent::StartFailed {
+                error: error.clone(),
+            },
+            ReplicaEvent::Unhealthy { reason } => WireEvent::Unhealthy {
+                reason: reason.clone(),
+            },
+            ReplicaEvent::Reconfigured { version } => WireEvent::Reconfigured {
+                version: version.clone(),
+            },
+            ReplicaEvent::ReconfigureFailed { error } => WireEvent::ReconfigureFailed {
+                error: error.clone(),
+            },
+        }
+    }
+}
+
+/// One deployment's route, as nodes copy it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct RouteEntry {
+    pub app: AppName,
+    pub deployment: DeploymentName,
+    /// `None` is unbounded.
+    pub max_queued: Option<u32>,
+    pub replicas: Vec<RouteReplica>,
+}
+
+/// One replica of a route.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct RouteReplica {
+    pub id: u64,
+    /// Its Flotilla node id (what `prefer_node` compares).
+    pub node: String,
+    /// Its process's ractor name (where requests go).
+    pub peer: String,
+    pub max_ongoing: u32,
+}
+
+/// The header of a data frame; the body travels beside it, unencoded.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) enum DataHeader {
+    /// Caller -> replica's process: run the body on `replica`.
+    Call {
+        call: u64,
+        replica: u64,
+        stream: bool,
+        /// The caller's ractor name (where the reply goes).
+        from: String,
+    },
+    /// The caller went away.
+    Cancel { call: u64, from: String },
+    /// The response (the body), or the call's error.
+    Reply {
+        call: u64,
+        error: Option<WireCallError>,
+    },
+    /// One item of a stream (the body).
+    Item { call: u64 },
+    /// A stream ended, with its error if it failed.
+    End {
+        call: u64,
+        error: Option<WireCallError>,
+    },
+    /// Not started: the replica is full, stopping or unknown here.
+    Refused { call: u64, full: bool },
+}
+
+/// A `CallError` from a replica's process.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) enum WireCallError {
+    User(String),
+    Panicked(String),
+    Killed { replica: String },
+    BadRequest(String),
+    BadResponse(String),
+    NodeLost { node: String, replica: String },
+    Other(String),
+}
+
+impl From<&CallError> for WireCallError {
+    fn from(e: &CallError) -> Self {
+        match e {
+            CallError::User(m) => WireCallError::User(m.clone()),
+            CallError::Panicked(m) => WireCallError::Panicked(m.clone()),
+            CallError::Killed { replica } => WireCallError::Killed {
+                replica: replica.clone(),
+            },
+            CallError::BadRequest(m) => WireCallError::BadRequest(m.clone()),
+            CallError::BadResponse(m) => WireCallError::BadResponse(m.clone()),
+            CallError::NodeLost { node, replica } => WireCallError::NodeLost {
+                node: node.clone(),
+                replica: replica.clone(),
+            },
+            other => WireCallError::Other(other.to_string()),
+        }
+    }
+}
+
+impl From<WireCallError> for CallError {
+    fn from(e: WireCallError) -> Self {
+        match e {
+            WireCallError::User(m) => CallError::User(m),
+            WireCallError::Panicked(m) => CallError::Panicked(m),
+            WireCallError::Killed { replica } => CallError::Killed { replica },
+            WireCallError::BadRequest(m) => CallError::BadRequest(m),
+            WireCallError::BadResponse(m) | WireCallError::Other(m) => CallError::BadResponse(m),
+            WireCallError::NodeLost { node, replica } => CallError::NodeLost { node, replica },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_round_trip_and_bad_bytes_are_typed_errors() {
+        let e = Envelope {
+            from: "n@h".into(),
+            control: Control::Heartbeat { seq: 7 },
+        };
+        let bytes = encode("control", &e).unwrap_or_default();
+        let back: Envelope = decode("control", &bytes).unwrap_or_else(|e| panic!("{e}"));
+        assert!(matches!(back.control, Control::Heartbeat { seq: 7 }));
+        let bad = decode::<Envelope>("control", &[0xc1, 0xff, 3]).unwrap_err();
+        assert!(
+            bad.to_string().contains("control frame of 3 bytes"),
+            "{bad}"
+        );
+        let h = encode(
+            "data",
+            &DataHeader::Call {
+                call: 1,
+                replica: 2,
+                stream: false,
+                from: "x".into(),
+            },
+        )
+        .unwrap_or_default();
+        assert!(h.len() < 40, "a call header is small: {} bytes", h.len());
+        assert!(decode::<DataHeader>("data", &h[..h.len() - 1]).is_err());
+    }
+}

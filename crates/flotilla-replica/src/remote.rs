@@ -1,0 +1,251 @@
+//! The data plane's seam for replicas in other processes (`docs/nodes.md`).
+//!
+//! A route holds endpoints; a replica in another process has a *remote*
+//! endpoint ([`RemoteEndpoint`]), whose requests go through a [`RemoteCall`]
+//! (the node transport, in `flotilla-cluster`) instead of running against user
+//! code. Routers treat both alike: the caller's in-flight count per replica is
+//! its power-of-two-choices signal and its own `max_ongoing_requests` bound. The
+//! replica's process is authoritative for the limit across every caller: it
+//! serves a request with [`serve`] (or [`serve_stream`]), which takes a slot on
+//! the replica's own endpoint or refuses; a refused request has not started,
+//! and the handle routes it again ([`Attempt::Refused`]).
+
+use std::{sync::Arc, time::Duration};
+
+use futures::future::BoxFuture;
+
+use crate::{
+    CallError, DeploymentRoute, ReplicaEndpoint, ReplicaId,
+    endpoint::{ErrorKind, Slot},
+    user::{ErasedDeployment, ItemSender},
+};
+
+/// How one request to a replica in another process went.
+#[derive(Debug)]
+pub enum Attempt<T> {
+    /// It was sent, and this is its outcome (a failure of its node after it
+    /// was sent is [`CallError::NodeLost`]).
+    Ran(Result<T, CallError>),
+    /// It did not start: the replica was at its limit (`full`), stopping,
+    /// unknown there, or its process could not be reached. The request comes
+    /// back to be routed again.
+    Refused {
+        /// The request, unchanged.
+        request: Vec<u8>,
+        /// The replica refused because it was at `max_ongoing_requests`.
+        full: bool,
+    },
+}
+
+/// How requests reach replicas of another process: implemented by the node
+/// transport. The futures are `'static` (they own what they need) and are
+/// dropped when the caller goes away (the transport then cancels the call).
+pub trait RemoteCall: Send + Sync + 'static {
+    /// Send `request` to `replica` and await its response.
+    fn call(&self, replica: ReplicaId, request: Vec<u8>) -> BoxFuture<'static, Attempt<Vec<u8>>>;
+
+    /// Send `request` to `replica`'s streaming handler; each item it produces
+    /// goes to `items`, and the result says how the stream ended.
+    fn call_stream(
+        &self,
+        replica: ReplicaId,
+        request: Vec<u8>,
+        items: tokio::sync::mpsc::Sender<Vec<u8>>,
+    ) -> BoxFuture<'static, Attempt<()>>;
+}
+
+/// The endpoint of a replica in another process, as its transport holds it:
+/// the [`ReplicaEndpoint`] routes publish, and the controls only the transport
+/// uses.
+#[derive(Debug, Clone)]
+pub struct RemoteEndpoint(Arc<ReplicaEndpoint>);
+
+impl RemoteEndpoint {
+    /// The endpoint of `id`, running on `node`, reached through `call`, whose
+    /// callers here send it at most `max_ongoing` requests at once; freed slots
+    /// wake the callers queued on `route`.
+    pub fn new(
+        id: ReplicaId,
+        node: impl Into<String>,
+        call: Arc<dyn RemoteCall>,
+        max_ongoing: u32,
+        route: &DeploymentRoute,
+    ) -> Self {
+        RemoteEndpoint(Arc::new(ReplicaEndpoint::new_remote(
+            id,
+            node.into(),
+            call,
+            max_ongoing,
+            route.slot_freed.clone(),
+        )))
+    }
+
+    /// The endpoint to publish.
+    pub fn endpoint(&self) -> &Arc<ReplicaEndpoint> {
+        &self.0
+    }
+
+    /// The replica's limit changed.
+    pub fn set_max_ongoing(&self, n: u32) {
+        self.0.set_max_ongoing(n);
+    }
+
+    /// Route nothing more to it (it is stopping, or its node is lost).
+    pub fn stop_accepting(&self) {
+        self.0.stop_accepting();
+    }
+}
+
+/// What the replica's process did with a request from another process.
+#[derive(Debug)]
+pub enum Served<T> {
+    /// It ran; this is its outcome.
+    Ran(Result<T, CallError>),
+    /// It did not start: `full` if the replica was at its limit, else it was
+    /// stopping (or not serving yet). The request comes back, to return to
+    /// its caller, who routes it again.
+    Refused {
+        /// At `max_ongoing_requests`.
+        full: bool,
+        /// The request, unchanged.
+        request: Vec<u8>,
+    },
+}
+
+/// Serve a request from another process on the local replica `ep`: take a slot
+/// on its own endpoint (the limit shared by every caller everywhere) and run
+/// it as a local call runs, or refuse without running it.
+pub async fn serve(ep: &Arc<ReplicaEndpoint>, request: Vec<u8>) -> Served<Vec<u8>> {
+    match ep.try_acquire() {
+        Some(slot) => Served::Ran(crate::handle::run(None, slot, unrouted(request)).await),
+        None => Served::Refused {
+            full: ep.is_accepting(),
+            request,
+        },
+    }
+}
+
+/// A request from another process: its model id does not cross the wire
+/// (docs/nodes.md).
+fn unrouted(bytes: Vec<u8>) -> crate::user::Call {
+    crate::user::Call {
+        bytes,
+        model_id: None,
+    }
+}
+
+/// [`serve`] for the streaming handler: items go to `items` as produced.
+pub async fn serve_stream(
+    ep: &Arc<ReplicaEndpoint>,
+    request: Vec<u8>,
+    items: tokio::sync::mpsc::Sender<Vec<u8>>,
+) -> Served<()> {
+    match ep.try_acquire() {
+        Some(slot) => {
+            Served::Ran(crate::handle::run_stream(None, slot, unrouted(request), items).await)
+        }
+        None => Served::Refused {
+            full: ep.is_accepting(),
+            request,
+        },
+    }
+}
+
+/// Run one request through a remote endpoint's transport, holding the
+/// caller's slot on it meanwhile, and record the outcome on its counters.
+pub(crate) async fn run(
+    slot: Slot,
+    remote: Arc<dyn RemoteCall>,
+    request: Vec<u8>,
+) -> Attempt<Vec<u8>> {
+    let started = std::time::Instant::now();
+    let attempt = remote.call(slot.0.id(), request).await;
+    record(&slot, &attempt, started);
+    attempt
+}
+
+/// [`run`] for a streaming call.
+pub(crate) async fn run_stream(
+    slot: Slot,
+    remote: Arc<dyn RemoteCall>,
+    request: Vec<u8>,
+    items: &ItemSender,
+) -> Attempt<()> {
+    let started = std::time::Instant::now();
+    let attempt = remote
+        .call_stream(slot.0.id(), request, items.clone())
+        .await;
+    record(&slot, &attempt, started);
+    attempt
+}
+
+fn record<T>(slot: &Slot, attempt: &Attempt<T>, started: std::time::Instant) {
+    if let Attempt::Ran(result) = attempt {
+        let outcome = match result {
+            Ok(_) => Ok(()),
+            Err(e) => Err(ErrorKind::of(e).unwrap_or(ErrorKind::User)),
+        };
+        slot.0.stats().record(outcome, started.elapsed());
+    }
+}
+
+/// Refusals in a row after which the backoff stops growing.
+const MAX_BACKOFF_STEP: u32 = 7;
+
+/// Wait before routing a refused request again: nothing for the first refusal
+/// of a replica that was not full (the router skips it now), else 100 µs
+/// doubling to 12.8 ms, so callers held back by other processes' load wait
+/// for slots instead of spinning.
+pub(crate) async fn back_off(refusals: &mut u32, full: bool) {
+    let n = *refusals;
+    *refusals = n.saturating_add(1);
+    if !full && n == 0 {
+        tokio::task::yield_now().await;
+        return;
+    }
+    let step = n.min(MAX_BACKOFF_STEP);
+    tokio::time::sleep(Duration::from_micros(100) * (1 << step)).await;
+}
+
+/// The user code of a remote endpoint: requests never reach it (the handle
+/// sends them through the endpoint's [`RemoteCall`]), so it only says so.
+pub(crate) struct Elsewhere;
+
+impl ErasedDeployment for Elsewhere {
+    fn handle(&self, _call: crate::user::Call) -> BoxFuture<'_, Result<Vec<u8>, CallError>> {
+        Box::pin(std::future::ready(Err(CallError::BadRequest(
+            "a replica in another process is called through its transport".to_owned(),
+        ))))
+    }
+
+    fn handle_batch(
+        &self,
+        _model_id: Option<Arc<str>>,
+        _requests: Vec<Vec<u8>>,
+    ) -> BoxFuture<'_, crate::user::BatchResult> {
+        // Never reached: `run` batches only with a route, and a remote
+        // endpoint's requests go through its transport.
+        Box::pin(std::future::ready(Ok(Vec::new())))
+    }
+
+    fn handle_stream(
+        &self,
+        _call: crate::user::Call,
+        _items: ItemSender,
+    ) -> BoxFuture<'_, Result<(), CallError>> {
+        Box::pin(std::future::ready(Err(CallError::BadRequest(
+            "a replica in another process is called through its transport".to_owned(),
+        ))))
+    }
+
+    fn reconfigure(
+        &self,
+        _user_config: flotilla_core::Args,
+    ) -> BoxFuture<'_, Result<(), crate::UserError>> {
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn check_health(&self) -> BoxFuture<'_, Result<(), crate::UserError>> {
+        Box::pin(std::future::ready(Ok(())))
+    }
+}

@@ -1,0 +1,491 @@
+//! Support for the node tests: a deployment that says where it runs, node
+//! processes of this test binary (started and killed by the tests), and waits
+//! on events instead of sleeps.
+
+#![allow(dead_code, clippy::unwrap_used)]
+
+use std::{
+    io::{BufRead, BufReader, Write},
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use flotilla::{
+    ApplicationSpec, Cookie, Deployment, DeploymentSpec, HeadOptions, InitContext, Registry,
+    Resources, Serve, ServeOptions, UserError,
+};
+use futures::{Stream, stream};
+use serde::{Deserialize, Serialize};
+
+/// The cookie every test process shares.
+pub const COOKIE: &str = "flotilla-test-cookie";
+/// Set (to a config line) to make `node_child` act as a node process.
+pub const CHILD_ENV: &str = "FLOTILLA_NODE_CHILD";
+
+/// What a `Where` replica answers: where it ran, and what it was asked.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Here {
+    /// The node it runs on.
+    pub node: String,
+    /// Its replica id.
+    pub replica: u64,
+    /// Its tag (init args).
+    pub tag: String,
+    /// The request.
+    pub echo: String,
+    /// What its downstream answered, if it has one.
+    pub downstream: Option<Box<Here>>,
+    /// Requests running on this replica when this one began (itself included).
+    pub concurrent: u32,
+}
+
+/// `Where`'s init args.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct WhereArgs {
+    /// Changes the code version.
+    pub tag: String,
+    /// Call this deployment of the same application and nest its answer.
+    pub downstream: Option<String>,
+    /// Sleep this long per request.
+    pub delay_ms: u64,
+}
+
+/// Says where it runs.
+pub struct Where {
+    node: String,
+    replica: u64,
+    args: WhereArgs,
+    downstream: Option<flotilla::DeploymentHandle>,
+    in_flight: std::sync::atomic::AtomicU32,
+}
+
+impl Deployment for Where {
+    type Request = String;
+    type Response = Here;
+
+    async fn handle(&self, echo: String) -> Result<Here, UserError> {
+        use std::sync::atomic::Ordering;
+        let concurrent = self.in_flight.fetch_add(1, Ordering::AcqRel) + 1;
+        let _done = Done(&self.in_flight);
+        if self.args.delay_ms > 0 {
+            tokio::time::sleep(Duration::from_millis(self.args.delay_ms)).await;
+        }
+        let downstream = match &self.downstream {
+            Some(h) => Some(Box::new(
+                h.call::<_, Here>(&echo)
+                    .await
+                    .map_err(|e| UserError::new(e.to_string()))?,
+            )),
+            None => None,
+        };
+        Ok(Here {
+            node: self.node.clone(),
+            replica: self.replica,
+            tag: self.args.tag.clone(),
+            echo,
+            downstream,
+            concurrent,
+        })
+    }
+
+    fn handle_stream(
+        &self,
+        echo: String,
+    ) -> impl Stream<Item = Result<Here, UserError>> + Send + '_ {
+        let items: Vec<Result<Here, UserError>> = (0..3)
+            .map(|i| {
+                Ok(Here {
+                    node: self.node.clone(),
+                    replica: self.replica,
+                    tag: self.args.tag.clone(),
+                    echo: format!("{echo}#{i}"),
+                    downstream: None,
+                    concurrent: 0,
+                })
+            })
+            .collect();
+        stream::iter(items)
+    }
+}
+
+/// Counts a request out however it ends.
+struct Done<'a>(&'a std::sync::atomic::AtomicU32);
+
+impl Drop for Done<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
+/// The registry every test process uses.
+pub fn registry() -> Registry {
+    Registry::new()
+        .register("where::Where", |ctx: InitContext| async move {
+            let args: WhereArgs = ctx.args().unwrap_or_default();
+            let downstream = match &args.downstream {
+                Some(d) => Some(ctx.handle(d)?),
+                None => None,
+            };
+            Ok(Where {
+                node: ctx.node.clone(),
+                replica: ctx.replica.0,
+                args,
+                downstream,
+                in_flight: Default::default(),
+            })
+        })
+        .unwrap()
+}
+
+/// A deployment of `Where` with `replicas` replicas reserving `resources`.
+pub fn where_dep(
+    name: &str,
+    replicas: u32,
+    resources: Resources,
+    args: &WhereArgs,
+) -> flotilla::DeploymentSpecBuilder {
+    DeploymentSpec::builder(name, "where::Where")
+        .replicas(replicas)
+        .init_args(args)
+        .with_config(|c| c.with_resources(resources))
+}
+
+/// An application of one `Where` deployment.
+pub fn where_app(name: &str, replicas: u32, resources: Resources) -> ApplicationSpec {
+    ApplicationSpec::builder(name)
+        .deployment(where_dep(
+            "where",
+            replicas,
+            resources,
+            &WhereArgs::default(),
+        ))
+        .build()
+        .unwrap()
+}
+
+/// A head on loopback, port 0, with `resources`, storing in `dir`.
+pub async fn head(dir: &Path, resources: Resources) -> Serve {
+    head_at(dir, resources, "127.0.0.1:0".parse().unwrap()).await
+}
+
+/// A head listening on `listen`.
+pub async fn head_at(dir: &Path, resources: Resources, listen: SocketAddr) -> Serve {
+    let options = HeadOptions::new(Cookie::new(COOKIE).unwrap())
+        .listen(listen)
+        .resources(resources)
+        .reattach_grace(Duration::from_secs(10));
+    Serve::start(
+        ServeOptions::new(registry())
+            .store_path(dir.join("flotilla.redb"))
+            .nodes(options),
+    )
+    .await
+    .unwrap()
+}
+
+/// What a node process offers and is called.
+#[derive(Debug, Clone)]
+pub struct NodeSpec {
+    pub name: String,
+    pub cpus: f64,
+    pub gpus: f64,
+    pub custom: Vec<(String, f64)>,
+    pub cookie: String,
+}
+
+impl NodeSpec {
+    pub fn new(name: &str, cpus: f64) -> Self {
+        NodeSpec {
+            name: name.to_owned(),
+            cpus,
+            gpus: 0.0,
+            custom: Vec::new(),
+            cookie: COOKIE.to_owned(),
+        }
+    }
+
+    pub fn gpus(mut self, gpus: f64) -> Self {
+        self.gpus = gpus;
+        self
+    }
+
+    pub fn custom(mut self, name: &str, amount: f64) -> Self {
+        self.custom.push((name.to_owned(), amount));
+        self
+    }
+
+    pub fn cookie(mut self, cookie: &str) -> Self {
+        self.cookie = cookie.to_owned();
+        self
+    }
+
+    fn line(&self, head: SocketAddr) -> String {
+        let custom: Vec<String> = self
+            .custom
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        format!(
+            "{head} {} {} {} {} {}",
+            self.cookie,
+            self.name,
+            self.cpus,
+            self.gpus,
+            if custom.is_empty() {
+                "-".to_owned()
+            } else {
+                custom.join(",")
+            }
+        )
+    }
+}
+
+/// The node child's side: parse the config line, run a node, print each node
+/// id, end when stdin closes (the parent went away).
+pub fn run_child(line: &str) {
+    let parts: Vec<&str> = line.split(' ').collect();
+    let head: SocketAddr = parts[0].parse().unwrap();
+    let mut resources = Resources::none()
+        .with_cpus(parts[3].parse().unwrap())
+        .with_gpus(parts[4].parse().unwrap());
+    if parts[5] != "-" {
+        for kv in parts[5].split(',') {
+            let (k, v) = kv.split_once('=').unwrap();
+            resources = resources.with_custom(k, v.parse().unwrap());
+        }
+    }
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_max_level(tracing::Level::INFO)
+        .try_init();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    std::thread::spawn(|| {
+        let mut buf = String::new();
+        while std::io::stdin()
+            .read_line(&mut buf)
+            .map(|n| n > 0)
+            .unwrap_or(false)
+        {
+            buf.clear();
+        }
+        std::process::exit(0);
+    });
+    let code = rt.block_on(async move {
+        let options = flotilla::node::NodeOptions::new(head, Cookie::new(parts[1]).unwrap())
+            .name(parts[2])
+            .resources(resources)
+            .label("test", "yes");
+        let node = match flotilla::node::start(registry(), options).await {
+            Ok(n) => n,
+            Err(e) => {
+                eprintln!("node failed to start: {e}");
+                return 2;
+            }
+        };
+        let mut ids = node.watch_id();
+        let printer = tokio::spawn(async move {
+            loop {
+                let id = ids.borrow_and_update().clone();
+                println!("NODE_ID {id}");
+                let _ = std::io::stdout().flush();
+                if ids.changed().await.is_err() {
+                    return;
+                }
+            }
+        });
+        let mut live = node.watch_replicas();
+        let counter = tokio::spawn(async move {
+            loop {
+                let n = *live.borrow_and_update();
+                println!("NODE_REPLICAS {n}");
+                let _ = std::io::stdout().flush();
+                if live.changed().await.is_err() {
+                    return;
+                }
+            }
+        });
+        let r = node.wait().await;
+        printer.abort();
+        counter.abort();
+        match r {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("NODE_ERROR {e}");
+                3
+            }
+        }
+    });
+    std::process::exit(code);
+}
+
+/// A node process of this test binary; killed when dropped.
+pub struct NodeProc {
+    pub child: Child,
+    ids: Arc<Mutex<Vec<String>>>,
+    replicas: Arc<std::sync::atomic::AtomicUsize>,
+    id_changed: Arc<tokio::sync::Notify>,
+    pub log: PathBuf,
+}
+
+impl NodeProc {
+    /// Start one as `node_child` of this binary, joining `head`.
+    pub fn start(head: SocketAddr, spec: &NodeSpec, log_dir: &Path) -> NodeProc {
+        let log = log_dir.join(format!("{}.log", spec.name));
+        let err = std::fs::File::create(&log).unwrap();
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "--ignored",
+                "node_child",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(CHILD_ENV, spec.line(head))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(err)
+            .spawn()
+            .unwrap();
+        let ids = Arc::new(Mutex::new(Vec::new()));
+        let id_changed = Arc::new(tokio::sync::Notify::new());
+        let out = child.stdout.take().unwrap();
+        let replicas = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (ids2, changed2, replicas2) = (ids.clone(), id_changed.clone(), replicas.clone());
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines() {
+                let Ok(line) = line else { return };
+                if let Some(at) = line.find("NODE_ID ") {
+                    ids2.lock().unwrap().push(line[at + 8..].trim().to_owned());
+                    changed2.notify_waiters();
+                }
+                if let Some(at) = line.find("NODE_REPLICAS ")
+                    && let Ok(n) = line[at + 14..].trim().parse()
+                {
+                    replicas2.store(n, std::sync::atomic::Ordering::Release);
+                }
+            }
+        });
+        NodeProc {
+            child,
+            ids,
+            replicas,
+            id_changed,
+            log,
+        }
+    }
+
+    /// Replicas the node process runs now (as it last printed).
+    pub fn replicas(&self) -> usize {
+        self.replicas.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Wait for its exit code (at most 30 s).
+    pub fn wait_exit(&mut self) -> Option<i32> {
+        for _ in 0..3000 {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return status.code();
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        None
+    }
+
+    /// Every node id it had, in order.
+    pub fn ids(&self) -> Vec<String> {
+        self.ids.lock().unwrap().clone()
+    }
+
+    /// Its node id once it printed one (at most 30 s).
+    pub async fn id(&self) -> String {
+        self.nth_id(0).await
+    }
+
+    /// Its `n`th node id (0 = the first), waiting for it.
+    pub async fn nth_id(&self, n: usize) -> String {
+        tokio::time::timeout(Duration::from_secs(30), async {
+            loop {
+                let notified = self.id_changed.notified();
+                if let Some(id) = self.ids().get(n) {
+                    return id.clone();
+                }
+                notified.await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("node id #{n} not printed; log:\n{}", self.log_text()))
+    }
+
+    /// Its log so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGKILL.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGSTOP / SIGCONT (a hung process, as a partition looks).
+    pub fn signal(&self, sig: &str) {
+        let _ = Command::new("kill")
+            .args([sig, &self.child.id().to_string()])
+            .status();
+    }
+}
+
+impl Drop for NodeProc {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("--- {} ---\n{}", self.log.display(), self.log_text());
+        }
+        self.signal("-CONT");
+        self.kill();
+    }
+}
+
+/// Wait until `check` holds, re-checking every 20 ms, for at most `secs`.
+/// (Used where a cross-process state has no event to wait on here.)
+pub async fn eventually<F, Fut>(secs: u64, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+    loop {
+        if check().await {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The node of every replica of `app`/`deployment`, from its snapshot.
+pub async fn replica_nodes(
+    serve: &Serve,
+    app: &str,
+    dep: &str,
+) -> Vec<(u64, String, flotilla::ReplicaState)> {
+    serve
+        .deployment_snapshot(app, dep)
+        .await
+        .unwrap()
+        .map(|s| {
+            s.replicas
+                .iter()
+                .map(|r| (r.id.0, r.node.clone(), r.state))
+                .collect()
+        })
+        .unwrap_or_default()
+}

@@ -1,0 +1,701 @@
+//! Nodes on loopback, with real processes: this test binary is the head, and
+//! starts node processes of itself (`node_child`). See `docs/nodes.md`.
+
+#![allow(clippy::unwrap_used)]
+
+mod node_support;
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use flotilla::{ApplicationSpec, CallError, ReplicaState, Resources, RunManyOptions};
+use node_support::*;
+
+/// The node tests share two cores: one at a time.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// A node process (run by the tests below, with its config in the environment).
+#[test]
+#[ignore = "a node process of the tests in this file, which run it"]
+fn node_child() {
+    let line = std::env::var(CHILD_ENV).expect("run by a node test, with its config");
+    run_child(&line);
+}
+
+fn cpus(n: f64) -> Resources {
+    Resources::none().with_cpus(n)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn placement_by_resources_over_three_processes() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let serve = head(dir.path(), cpus(1.0)).await;
+    let addr = serve.node_address().unwrap();
+    let a = NodeProc::start(addr, &NodeSpec::new("a", 2.0), dir.path());
+    let b = NodeProc::start(addr, &NodeSpec::new("b", 1.0).gpus(1.0), dir.path());
+    let (a_id, b_id) = (a.id().await, b.id().await);
+    eventually(30, "both nodes joined", || async {
+        serve.metrics().await.unwrap().nodes.live == 2
+    })
+    .await;
+
+    // Four one-CPU replicas: the head holds one, a two, b one.
+    let handle = serve.run(where_app("spread", 4, cpus(1.0))).await.unwrap();
+    let mut per_node: BTreeMap<String, usize> = BTreeMap::new();
+    for (_, node, state) in replica_nodes(&serve, "spread", "where").await {
+        assert_eq!(state, ReplicaState::Running);
+        *per_node.entry(node).or_default() += 1;
+    }
+    let want: BTreeMap<String, usize> =
+        [("head".to_owned(), 1), (a_id.clone(), 2), (b_id.clone(), 1)].into();
+    assert_eq!(per_node, want);
+
+    // Calls reach every replica, wherever it runs (p2c over 4).
+    let mut seen = BTreeMap::new();
+    for i in 0..200 {
+        let here: Here = handle.call(&format!("hi {i}")).await.unwrap();
+        assert_eq!(here.echo, format!("hi {i}"));
+        *seen.entry(here.node).or_insert(0) += 1;
+    }
+    assert_eq!(
+        seen.len(),
+        3,
+        "answers from the head and both nodes: {seen:?}"
+    );
+
+    // A GPU replica goes where the GPU is; one needing two GPUs is pending,
+    // naming what is missing, until a node with two joins.
+    let gpu = flotilla::ApplicationSpec::builder("gpu")
+        .deployment(where_dep(
+            "where",
+            1,
+            Resources::none().with_gpus(1.0),
+            &WhereArgs::default(),
+        ))
+        .build()
+        .unwrap();
+    serve.run(gpu).await.unwrap();
+    assert_eq!(replica_nodes(&serve, "gpu", "where").await[0].1, b_id);
+    let big = flotilla::ApplicationSpec::builder("big")
+        .deployment(where_dep(
+            "where",
+            1,
+            Resources::none().with_gpus(2.0),
+            &WhereArgs::default(),
+        ))
+        .build()
+        .unwrap();
+    serve
+        .run_many(
+            vec![big],
+            flotilla::RunManyOptions {
+                wait_for_applications_running: false,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    eventually(10, "the big replica pending", || async {
+        serve
+            .deployment_snapshot("big", "where")
+            .await
+            .unwrap()
+            .is_some_and(|s| s.pending == 1)
+    })
+    .await;
+    let s = serve
+        .deployment_snapshot("big", "where")
+        .await
+        .unwrap()
+        .unwrap();
+    let why = s.pending_reason.unwrap();
+    assert!(why.contains("gpus: need 2"), "{why}");
+    let c = NodeProc::start(addr, &NodeSpec::new("c", 0.0).gpus(2.0), dir.path());
+    let c_id = c.id().await;
+    eventually(30, "the big replica placed on c and running", || async {
+        replica_nodes(&serve, "big", "where")
+            .await
+            .iter()
+            .any(|(_, n, s)| *n == c_id && *s == ReplicaState::Running)
+    })
+    .await;
+
+    // Status and metrics show nodes.
+    let m = serve.metrics().await.unwrap();
+    assert_eq!((m.nodes.joined, m.nodes.live, m.nodes.lost), (3, 3, 0));
+    assert_eq!(m.nodes.replicas_on_nodes, 5);
+    let nodes = serve.nodes();
+    assert!(
+        nodes
+            .iter()
+            .all(|n| n.alive && n.labels == [("test".to_owned(), "yes".to_owned())])
+    );
+    serve.shutdown().await.unwrap();
+    drop((a, b, c));
+}
+
+fn custom(name: &str) -> Resources {
+    Resources::none().with_custom(name, 1.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_composition_streams_and_the_limit_across_nodes() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let serve = head(dir.path(), cpus(0.0)).await;
+    let addr = serve.node_address().unwrap();
+    let a = NodeProc::start(
+        addr,
+        // Room for two fronts: shop's and near's.
+        &NodeSpec::new("a", 0.0)
+            .custom("front", 2.0)
+            .custom("near", 1.0),
+        dir.path(),
+    );
+    let b = NodeProc::start(
+        addr,
+        &NodeSpec::new("b", 0.0)
+            .custom("back", 1.0)
+            .custom("near", 1.0),
+        dir.path(),
+    );
+    let (a_id, b_id) = (a.id().await, b.id().await);
+
+    // front on a calls back on b: the request crosses node to node.
+    let front = WhereArgs {
+        downstream: Some("back".into()),
+        ..Default::default()
+    };
+    let back = WhereArgs {
+        delay_ms: 50,
+        ..Default::default()
+    };
+    let shop = ApplicationSpec::builder("shop")
+        .deployment(where_dep("front", 1, custom("front"), &front))
+        .deployment(
+            where_dep("back", 1, custom("back"), &back)
+                .with_config(|c| c.with_max_ongoing_requests(2)),
+        )
+        .ingress("front")
+        .build()
+        .unwrap();
+    let handle = serve.run(shop).await.unwrap();
+    let here: Here = handle.call("order").await.unwrap();
+    assert_eq!(here.node, a_id);
+    let down = here.downstream.unwrap();
+    assert_eq!(
+        (down.node.as_str(), down.echo.as_str()),
+        (b_id.as_str(), "order")
+    );
+
+    // max_ongoing_requests holds at the replica across callers on two
+    // processes: the head calls back directly while front (on a) calls it too.
+    let direct = serve.deployment_handle("shop", "back").unwrap();
+    let mut calls = Vec::new();
+    for i in 0..6 {
+        let (h, d) = (handle.clone(), direct.clone());
+        calls.push(tokio::spawn(async move {
+            let via: Here = h.call(&format!("via {i}")).await.unwrap();
+            let own: Here = d.call(&format!("direct {i}")).await.unwrap();
+            (via.downstream.unwrap().concurrent, own.concurrent)
+        }));
+    }
+    for c in calls {
+        let (x, y) = c.await.unwrap();
+        assert!(
+            x <= 2 && y <= 2,
+            "the replica ran {x} / {y} at once, limit 2"
+        );
+    }
+
+    // A handle made on a node prefers replicas of its own node.
+    let near = ApplicationSpec::builder("near")
+        .deployment(where_dep(
+            "front",
+            1,
+            custom("front"),
+            &WhereArgs {
+                downstream: Some("back".into()),
+                ..Default::default()
+            },
+        ))
+        .deployment(
+            where_dep("back", 2, custom("near"), &WhereArgs::default())
+                .with_config(|c| c.with_max_replicas_per_node(1)),
+        )
+        .ingress("front")
+        .build()
+        .unwrap();
+    let near = serve.run(near).await.unwrap();
+    // The route reaches a's copy by subscription, a moment after `run`
+    // returns: once a's back is in it, front keeps to it.
+    eventually(10, "a's route copy has its own back", || async {
+        let here: Here = near.call("warm").await.unwrap();
+        here.downstream.unwrap().node == a_id
+    })
+    .await;
+    for i in 0..20 {
+        let here: Here = near.call(&format!("n{i}")).await.unwrap();
+        assert_eq!(
+            here.downstream.unwrap().node,
+            a_id,
+            "front on a keeps to the back on a"
+        );
+    }
+
+    // Streaming to a replica on another node: every item, in order.
+    use futures::StreamExt;
+    let items: Vec<Here> = direct
+        .call_stream::<_, Here>("s")
+        .map(|r| r.unwrap())
+        .collect()
+        .await;
+    let echoes: Vec<&str> = items.iter().map(|h| h.echo.as_str()).collect();
+    assert_eq!(echoes, ["s#0", "s#1", "s#2"]);
+    assert!(items.iter().all(|h| h.node == b_id));
+    serve.shutdown().await.unwrap();
+    drop((a, b));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_killed_under_load_is_replaced_and_unsent_requests_succeed() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let serve = head(dir.path(), cpus(1.0)).await;
+    let addr = serve.node_address().unwrap();
+    let a = NodeProc::start(addr, &NodeSpec::new("a", 3.0), dir.path());
+    let mut b = NodeProc::start(addr, &NodeSpec::new("b", 2.0), dir.path());
+    let (a_id, b_id) = (a.id().await, b.id().await);
+    eventually(30, "both nodes joined", || async {
+        serve.metrics().await.unwrap().nodes.live == 2
+    })
+    .await;
+    let app = ApplicationSpec::builder("load")
+        .deployment(where_dep(
+            "where",
+            4,
+            cpus(1.0),
+            &WhereArgs {
+                delay_ms: 5,
+                ..Default::default()
+            },
+        ))
+        .build()
+        .unwrap();
+    let handle = serve.run(app).await.unwrap();
+    let on_b = replica_nodes(&serve, "load", "where")
+        .await
+        .iter()
+        .filter(|(_, n, _)| *n == b_id)
+        .count();
+    assert!(on_b >= 1, "b runs some of the replicas");
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let lost_at: Arc<Mutex<Option<Instant>>> = Arc::default();
+    let mut callers = Vec::new();
+    for c in 0..16 {
+        let (h, stop, lost_at) = (handle.clone(), stop.clone(), lost_at.clone());
+        callers.push(tokio::spawn(async move {
+            let (mut ok, mut lost, mut late_failures) = (0u32, 0u32, Vec::new());
+            while !stop.load(Ordering::Acquire) {
+                let began = Instant::now();
+                match h.call::<_, Here>(&format!("c{c}")).await {
+                    Ok(_) => ok += 1,
+                    Err(CallError::NodeLost { .. }) => {
+                        lost += 1;
+                        if lost_at.lock().unwrap().is_some_and(|t| began > t) {
+                            late_failures.push("NodeLost".to_owned());
+                        }
+                    }
+                    Err(e) => late_failures.push(e.to_string()),
+                }
+            }
+            (ok, lost, late_failures)
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    b.kill(); // SIGKILL
+    let killed = Instant::now();
+    eventually(10, "b declared lost", || async {
+        serve.metrics().await.unwrap().nodes.lost == 1
+    })
+    .await;
+    *lost_at.lock().unwrap() = Some(Instant::now());
+    let detected = killed.elapsed();
+    eventually(20, "4 running replicas again, none on b", || async {
+        let r = replica_nodes(&serve, "load", "where").await;
+        r.len() == 4
+            && r.iter()
+                .all(|(_, n, s)| *n != b_id && *s == ReplicaState::Running)
+    })
+    .await;
+    let replaced = killed.elapsed();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, Ordering::Release);
+    let (mut ok, mut lost) = (0, 0);
+    for c in callers {
+        let (o, l, late) = c.await.unwrap();
+        assert!(
+            late.is_empty(),
+            "requests that began after the loss failed: {late:?}"
+        );
+        ok += o;
+        lost += l;
+    }
+    eprintln!(
+        "kill under load: {ok} ok, {lost} lost in flight, detected in {detected:?}, replaced in {replaced:?}"
+    );
+    assert!(ok > 100, "{ok}");
+    assert!(
+        lost <= 16,
+        "at most one request in flight per caller was lost: {lost}"
+    );
+    let nodes: BTreeSet<String> = replica_nodes(&serve, "load", "where")
+        .await
+        .into_iter()
+        .map(|(_, n, _)| n)
+        .collect();
+    assert!(nodes.iter().all(|n| n == "head" || *n == a_id), "{nodes:?}");
+    serve.shutdown().await.unwrap();
+    drop(a);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_connection_fences_the_node_which_joins_as_a_new_node() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let serve = head(dir.path(), cpus(0.0)).await;
+    let addr = serve.node_address().unwrap();
+    let a = NodeProc::start(addr, &NodeSpec::new("a", 2.0), dir.path());
+    let a_id = a.id().await;
+    let handle = serve.run(where_app("app", 2, cpus(1.0))).await.unwrap();
+    assert!(
+        replica_nodes(&serve, "app", "where")
+            .await
+            .iter()
+            .all(|(_, n, _)| *n == a_id)
+    );
+    let b = NodeProc::start(addr, &NodeSpec::new("b", 2.0), dir.path());
+    let b_id = b.id().await;
+    eventually(30, "b joined", || async {
+        serve.metrics().await.unwrap().nodes.live == 2
+    })
+    .await;
+
+    assert!(serve.drop_node_connection(&a_id).await);
+    // a dials again, is refused (declared lost), stops its replicas, and
+    // joins under a new id.
+    let new_a = a.nth_id(1).await;
+    assert_ne!(new_a, a_id);
+    eventually(30, "two running replicas, both on b", || async {
+        let r = replica_nodes(&serve, "app", "where").await;
+        r.len() == 2
+            && r.iter()
+                .all(|(_, n, s)| *n == b_id && *s == ReplicaState::Running)
+    })
+    .await;
+    eventually(30, "the new a joined", || async {
+        serve.nodes().iter().any(|n| n.id == new_a && n.alive)
+    })
+    .await;
+    eventually(10, "the fenced node runs no replica", || async {
+        a.replicas() == 0
+    })
+    .await;
+    let m = serve.metrics().await.unwrap();
+    assert_eq!((m.nodes.lost, m.nodes.live), (1, 2));
+    assert!(m.nodes.refused >= 1, "the old id was refused");
+    let old = serve.nodes().into_iter().find(|n| n.id == a_id).unwrap();
+    assert!(!old.alive);
+    for i in 0..20 {
+        let here: Here = handle.call(&format!("x{i}")).await.unwrap();
+        assert_eq!(here.node, b_id);
+    }
+    serve.shutdown().await.unwrap();
+    drop((a, b));
+}
+
+/// Captures this process's log lines (the head's side of a refusal).
+#[derive(Clone, Default)]
+struct Capture(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Capture {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_cookie_is_refused_and_logged_on_both_sides() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let capture = Capture::default();
+    let writer = capture.clone();
+    let _ = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::INFO)
+        .with_writer(move || writer.clone())
+        .try_init();
+    let dir = tempfile::tempdir().unwrap();
+    let serve = head(dir.path(), cpus(1.0)).await;
+    let addr = serve.node_address().unwrap();
+    let mut bad = NodeProc::start(
+        addr,
+        &NodeSpec::new("bad", 1.0).cookie("not-the-cookie"),
+        dir.path(),
+    );
+    let code = tokio::task::spawn_blocking(move || {
+        let code = bad.wait_exit();
+        (code, bad.log_text())
+    });
+    let (code, log) = code.await.unwrap();
+    assert_eq!(code, Some(3), "the node ends with an error; log:\n{log}");
+    assert!(
+        log.contains("the head refused this node: authentication failed"),
+        "{log}"
+    );
+    eventually(10, "the head counted the refusal", || async {
+        serve.metrics().await.unwrap().nodes.refused >= 1
+    })
+    .await;
+    let head_log = String::from_utf8_lossy(&capture.0.lock().unwrap()).into_owned();
+    assert!(
+        head_log.contains("node connection refused: authentication failed"),
+        "{head_log}"
+    );
+    assert!(
+        !head_log.contains(COOKIE) && !log.contains(COOKIE),
+        "the cookie is never logged"
+    );
+    assert_eq!(serve.metrics().await.unwrap().nodes.joined, 0);
+    serve.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_crash_and_restart_readopts_the_replicas_of_nodes_that_stayed_up() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let serve = head(dir.path(), cpus(0.0)).await;
+    let addr = serve.node_address().unwrap();
+    let a = NodeProc::start(addr, &NodeSpec::new("a", 2.0), dir.path());
+    let b = NodeProc::start(addr, &NodeSpec::new("b", 2.0), dir.path());
+    let (a_id, b_id) = (a.id().await, b.id().await);
+    eventually(30, "both nodes joined", || async {
+        serve.metrics().await.unwrap().nodes.live == 2
+    })
+    .await;
+    serve.run(where_app("app", 4, cpus(1.0))).await.unwrap();
+    let before: BTreeSet<(u64, String)> = replica_nodes(&serve, "app", "where")
+        .await
+        .into_iter()
+        .map(|(id, n, _)| (id, n))
+        .collect();
+    assert_eq!(before.len(), 4);
+
+    serve.crash_process().await;
+    drop(serve);
+    let serve = head_at(dir.path(), cpus(0.0), addr).await;
+    let handle = serve.app_handle("app").unwrap();
+    let here: Here = handle.call("back").await.unwrap();
+    assert!(here.node == a_id || here.node == b_id);
+    eventually(
+        20,
+        "the recovered deployment runs its 4 replicas",
+        || async {
+            let r = replica_nodes(&serve, "app", "where").await;
+            r.len() == 4 && r.iter().all(|(_, _, s)| *s == ReplicaState::Running)
+        },
+    )
+    .await;
+    let after: BTreeSet<(u64, String)> = replica_nodes(&serve, "app", "where")
+        .await
+        .into_iter()
+        .map(|(id, n, _)| (id, n))
+        .collect();
+    assert_eq!(
+        after, before,
+        "the same replicas, re-adopted: none restarted"
+    );
+    assert_eq!(
+        (a.ids().len(), b.ids().len()),
+        (1, 1),
+        "the nodes kept their ids"
+    );
+    assert_eq!((a.replicas(), b.replicas()), (2, 2));
+    serve.shutdown().await.unwrap();
+    drop((a, b));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redeploy_rolls_replicas_on_several_nodes() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let serve = head(dir.path(), cpus(1.0)).await;
+    let addr = serve.node_address().unwrap();
+    let a = NodeProc::start(addr, &NodeSpec::new("a", 3.0), dir.path());
+    let b = NodeProc::start(addr, &NodeSpec::new("b", 3.0), dir.path());
+    let (_a_id, _b_id) = (a.id().await, b.id().await);
+    eventually(30, "both nodes joined", || async {
+        serve.metrics().await.unwrap().nodes.live == 2
+    })
+    .await;
+    let app = |tag: &str| {
+        ApplicationSpec::builder("roll")
+            .deployment(where_dep(
+                "where",
+                4,
+                cpus(1.0),
+                &WhereArgs {
+                    tag: tag.into(),
+                    ..Default::default()
+                },
+            ))
+            .build()
+            .unwrap()
+    };
+    let handle = serve.run(app("v1")).await.unwrap();
+    let v1: BTreeSet<u64> = replica_nodes(&serve, "roll", "where")
+        .await
+        .into_iter()
+        .map(|(id, _, _)| id)
+        .collect();
+    let nodes: BTreeSet<String> = replica_nodes(&serve, "roll", "where")
+        .await
+        .into_iter()
+        .map(|(_, n, _)| n)
+        .collect();
+    assert_eq!(
+        nodes.len(),
+        3,
+        "spread over the head and both nodes: {nodes:?}"
+    );
+    serve.run(app("v2")).await.unwrap();
+    eventually(20, "4 replicas, none of v1", || async {
+        let r = replica_nodes(&serve, "roll", "where").await;
+        r.len() == 4
+            && r.iter()
+                .all(|(id, _, s)| !v1.contains(id) && *s == ReplicaState::Running)
+    })
+    .await;
+    let nodes: BTreeSet<String> = replica_nodes(&serve, "roll", "where")
+        .await
+        .into_iter()
+        .map(|(_, n, _)| n)
+        .collect();
+    assert!(
+        nodes.len() >= 2,
+        "the new replicas run on several processes: {nodes:?}"
+    );
+    for i in 0..40 {
+        let here: Here = handle.call(&format!("r{i}")).await.unwrap();
+        assert_eq!(here.tag, "v2");
+    }
+    eventually(10, "the nodes stopped their v1 replicas", || async {
+        a.replicas() + b.replicas() <= 3
+    })
+    .await;
+    let _ = RunManyOptions::default();
+    serve.shutdown().await.unwrap();
+    drop((a, b));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_and_metrics_show_each_replicas_node_and_count_nodes() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let serve = head(dir.path(), cpus(1.0)).await;
+    let addr = serve.node_address().unwrap();
+    let mut a = NodeProc::start(addr, &NodeSpec::new("a", 2.0), dir.path());
+    let a_id = a.id().await;
+    eventually(30, "a joined", || async {
+        serve.metrics().await.unwrap().nodes.live == 1
+    })
+    .await;
+    serve.run(where_app("app", 3, cpus(1.0))).await.unwrap();
+
+    // Each replica's node, in the deployment details (what the REST API's
+    // ReplicaDetails.node_id shows) and the node list.
+    let details = serve.deployment_details(Duration::from_secs(5)).await;
+    let snap = details
+        .iter()
+        .find(|d| d.app.as_str() == "app")
+        .and_then(|d| d.snapshot.clone())
+        .unwrap();
+    let mut per_node: BTreeMap<String, usize> = BTreeMap::new();
+    for r in &snap.replicas {
+        *per_node.entry(r.node.clone()).or_default() += 1;
+    }
+    let want: BTreeMap<String, usize> = [("head".to_owned(), 1), (a_id.clone(), 2)].into();
+    assert_eq!(per_node, want);
+    let nodes = serve.nodes();
+    assert_eq!(nodes.len(), 1);
+    assert_eq!(
+        (nodes[0].id.as_str(), nodes[0].replicas),
+        (a_id.as_str(), 2)
+    );
+    let m = serve.metrics().await.unwrap().nodes;
+    assert_eq!(
+        (
+            m.joined,
+            m.lost,
+            m.live,
+            m.replicas_on_nodes,
+            m.replicas_lost
+        ),
+        (1, 0, 1, 2, 0)
+    );
+
+    // a is killed: lost with its two replicas, which wait for room.
+    a.kill();
+    eventually(10, "a declared lost", || async {
+        serve.metrics().await.unwrap().nodes.lost == 1
+    })
+    .await;
+    let m = serve.metrics().await.unwrap().nodes;
+    assert_eq!(
+        (
+            m.joined,
+            m.lost,
+            m.live,
+            m.replicas_on_nodes,
+            m.replicas_lost
+        ),
+        (1, 1, 0, 0, 2)
+    );
+    assert!(!serve.nodes()[0].alive);
+
+    // b joins: the two are placed on it.
+    let b = NodeProc::start(addr, &NodeSpec::new("b", 2.0), dir.path());
+    let b_id = b.id().await;
+    eventually(20, "two replicas running on b", || async {
+        replica_nodes(&serve, "app", "where")
+            .await
+            .iter()
+            .filter(|(_, n, s)| *n == b_id && *s == ReplicaState::Running)
+            .count()
+            == 2
+    })
+    .await;
+    let m = serve.metrics().await.unwrap().nodes;
+    assert_eq!(
+        (
+            m.joined,
+            m.lost,
+            m.live,
+            m.replicas_on_nodes,
+            m.replicas_lost
+        ),
+        (2, 1, 1, 2, 2)
+    );
+    serve.shutdown().await.unwrap();
+    drop(b);
+}

@@ -386,7 +386,9 @@ impl NodeProc {
         self.replicas.load(std::sync::atomic::Ordering::Acquire)
     }
 
-    /// Wait for its exit code (at most 30 s).
+    /// Wait for its exit code (at most 30 s), polling: `Child::wait` would
+    /// close its stdin first, and a node process exits when its stdin closes
+    /// (its parent, the test, is gone). Blocking: call it off the runtime.
     pub fn wait_exit(&mut self) -> Option<i32> {
         for _ in 0..3000 {
             if let Ok(Some(status)) = self.child.try_wait() {

@@ -146,6 +146,51 @@ fn custom(name: &str) -> Resources {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_id_crosses_to_a_replica_on_a_node() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let serve = head(dir.path(), cpus(0.0)).await;
+    let addr = serve.node_address().unwrap();
+    let a = NodeProc::start(
+        addr,
+        &NodeSpec::new("a", 0.0).custom("gpu", 1.0),
+        dir.path(),
+    );
+    let a_id = a.id().await;
+    let app = ApplicationSpec::builder("mx")
+        .deployment(
+            flotilla::DeploymentSpec::builder("models", "where::Models")
+                .with_config(|c| c.with_resources(custom("gpu"))),
+        )
+        .build()
+        .unwrap();
+    let handle = serve.run(app).await.unwrap();
+    let nodes = replica_nodes(&serve, "mx", "models").await;
+    assert_eq!(nodes.len(), 1);
+    assert_eq!(nodes[0].1, a_id, "the replica runs on node a");
+    for id in ["m1", "m2"] {
+        let answer: String = handle
+            .clone()
+            .with_model_id(id)
+            .unwrap()
+            .call("hello")
+            .await
+            .unwrap();
+        assert_eq!(answer, format!("model {id} on {a_id}: hello"));
+    }
+    // Streaming carries it too.
+    let mut items = handle
+        .with_model_id("m3")
+        .unwrap()
+        .call_stream::<_, String>("hi");
+    let first = futures::StreamExt::next(&mut items).await.unwrap().unwrap();
+    assert_eq!(first, format!("model m3 on {a_id}: hi"));
+    drop(items);
+    serve.shutdown().await.unwrap();
+    drop(a);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_composition_streams_and_the_limit_across_nodes() {
     let _one = ONE_AT_A_TIME.lock().await;
     let dir = tempfile::tempdir().unwrap();

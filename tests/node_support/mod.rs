@@ -120,9 +120,36 @@ impl Drop for Done<'_> {
     }
 }
 
+/// A multiplexed deployment: its models are named by id and know the node
+/// that loaded them.
+pub struct Models {
+    node: String,
+}
+
+impl flotilla::MultiplexedDeployment for Models {
+    type Request = String;
+    /// "model <id> on <node>: <request>"
+    type Response = String;
+    type Model = String;
+
+    async fn load_model(&self, model_id: &str) -> Result<String, UserError> {
+        Ok(format!("model {model_id} on {}", self.node))
+    }
+
+    async fn handle(&self, model: &String, request: String) -> Result<String, UserError> {
+        Ok(format!("{model}: {request}"))
+    }
+}
+
 /// The registry every test process uses.
 pub fn registry() -> Registry {
     Registry::new()
+        .register_multiplexed("where::Models", |ctx: InitContext| async move {
+            Ok(Models {
+                node: ctx.node.clone(),
+            })
+        })
+        .unwrap()
         .register("where::Where", |ctx: InitContext| async move {
             let args: WhereArgs = ctx.args().unwrap_or_default();
             let downstream = match &args.downstream {

@@ -178,14 +178,16 @@ impl DeploymentHandle {
                 }
                 // A replica in another process; one that refused the request
                 // before running it leaves it to be routed again.
-                Some(remote) => match crate::remote::run(slot, remote, bytes).await {
-                    Attempt::Ran(result) => result,
-                    Attempt::Refused { request, full } => {
-                        bytes = request;
-                        crate::remote::back_off(&mut refusals, full).await;
-                        continue;
+                Some(remote) => {
+                    match crate::remote::run(slot, remote, bytes, self.model_id.clone()).await {
+                        Attempt::Ran(result) => result,
+                        Attempt::Refused { request, full } => {
+                            bytes = request;
+                            crate::remote::back_off(&mut refusals, full).await;
+                            continue;
+                        }
                     }
-                },
+                }
             };
             tracing::info!(target: ACCESS_TARGET, app = %route.app(),
                 deployment = %route.deployment(), replica = %replica, ok = result.is_ok(),
@@ -277,7 +279,14 @@ impl DeploymentHandle {
                                 }
                                 // As in `call_bytes`: a refused request is routed again.
                                 Some(remote) => {
-                                    match crate::remote::run_stream(slot, remote, bytes, &tx).await
+                                    match crate::remote::run_stream(
+                                        slot,
+                                        remote,
+                                        bytes,
+                                        handle.model_id.clone(),
+                                        &tx,
+                                    )
+                                    .await
                                     {
                                         Attempt::Ran(result) => result,
                                         Attempt::Refused { request, full } => {

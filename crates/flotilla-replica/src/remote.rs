@@ -41,8 +41,14 @@ pub enum Attempt<T> {
 /// transport. The futures are `'static` (they own what they need) and are
 /// dropped when the caller goes away (the transport then cancels the call).
 pub trait RemoteCall: Send + Sync + 'static {
-    /// Send `request` to `replica` and await its response.
-    fn call(&self, replica: ReplicaId, request: Vec<u8>) -> BoxFuture<'static, Attempt<Vec<u8>>>;
+    /// Send `request` (for model `model_id`, if it has one) to `replica` and
+    /// await its response.
+    fn call(
+        &self,
+        replica: ReplicaId,
+        request: Vec<u8>,
+        model_id: Option<Arc<str>>,
+    ) -> BoxFuture<'static, Attempt<Vec<u8>>>;
 
     /// Send `request` to `replica`'s streaming handler; each item it produces
     /// goes to `items`, and the result says how the stream ended.
@@ -50,6 +56,7 @@ pub trait RemoteCall: Send + Sync + 'static {
         &self,
         replica: ReplicaId,
         request: Vec<u8>,
+        model_id: Option<Arc<str>>,
         items: tokio::sync::mpsc::Sender<Vec<u8>>,
     ) -> BoxFuture<'static, Attempt<()>>;
 }
@@ -115,9 +122,15 @@ pub enum Served<T> {
 /// Serve a request from another process on the local replica `ep`: take a slot
 /// on its own endpoint (the limit shared by every caller everywhere) and run
 /// it as a local call runs, or refuse without running it.
-pub async fn serve(ep: &Arc<ReplicaEndpoint>, request: Vec<u8>) -> Served<Vec<u8>> {
+pub async fn serve(
+    ep: &Arc<ReplicaEndpoint>,
+    request: Vec<u8>,
+    model_id: Option<Arc<str>>,
+) -> Served<Vec<u8>> {
     match ep.try_acquire() {
-        Some(slot) => Served::Ran(crate::handle::run(None, slot, unrouted(request)).await),
+        Some(slot) => {
+            Served::Ran(crate::handle::run(None, slot, unrouted(request, model_id)).await)
+        }
         None => Served::Refused {
             full: ep.is_accepting(),
             request,
@@ -125,25 +138,23 @@ pub async fn serve(ep: &Arc<ReplicaEndpoint>, request: Vec<u8>) -> Served<Vec<u8
     }
 }
 
-/// A request from another process: its model id does not cross the wire
-/// (docs/nodes.md).
-fn unrouted(bytes: Vec<u8>) -> crate::user::Call {
-    crate::user::Call {
-        bytes,
-        model_id: None,
-    }
+/// A request from another process, with its caller's model id. It runs
+/// unbatched: this process has no route config to batch by (docs/nodes.md).
+fn unrouted(bytes: Vec<u8>, model_id: Option<Arc<str>>) -> crate::user::Call {
+    crate::user::Call { bytes, model_id }
 }
 
 /// [`serve`] for the streaming handler: items go to `items` as produced.
 pub async fn serve_stream(
     ep: &Arc<ReplicaEndpoint>,
     request: Vec<u8>,
+    model_id: Option<Arc<str>>,
     items: tokio::sync::mpsc::Sender<Vec<u8>>,
 ) -> Served<()> {
     match ep.try_acquire() {
-        Some(slot) => {
-            Served::Ran(crate::handle::run_stream(None, slot, unrouted(request), items).await)
-        }
+        Some(slot) => Served::Ran(
+            crate::handle::run_stream(None, slot, unrouted(request, model_id), items).await,
+        ),
         None => Served::Refused {
             full: ep.is_accepting(),
             request,
@@ -157,9 +168,10 @@ pub(crate) async fn run(
     slot: Slot,
     remote: Arc<dyn RemoteCall>,
     request: Vec<u8>,
+    model_id: Option<Arc<str>>,
 ) -> Attempt<Vec<u8>> {
     let started = std::time::Instant::now();
-    let attempt = remote.call(slot.0.id(), request).await;
+    let attempt = remote.call(slot.0.id(), request, model_id).await;
     record(&slot, &attempt, started);
     attempt
 }
@@ -169,11 +181,12 @@ pub(crate) async fn run_stream(
     slot: Slot,
     remote: Arc<dyn RemoteCall>,
     request: Vec<u8>,
+    model_id: Option<Arc<str>>,
     items: &ItemSender,
 ) -> Attempt<()> {
     let started = std::time::Instant::now();
     let attempt = remote
-        .call_stream(slot.0.id(), request, items.clone())
+        .call_stream(slot.0.id(), request, model_id, items.clone())
         .await;
     record(&slot, &attempt, started);
     attempt

@@ -480,7 +480,8 @@ fn data(shared: &Arc<Shared>, header: DataHeader, body: Vec<u8>) {
             replica,
             stream,
             from,
-        } => serve_call(shared, call, ReplicaId(replica), stream, from, body),
+            model,
+        } => serve_call(shared, call, ReplicaId(replica), stream, from, model, body),
         DataHeader::Cancel { call, from } => {
             if let Some(task) = lock(&shared.streams).remove(&(from, call)) {
                 task.abort();
@@ -520,8 +521,10 @@ fn serve_call(
     replica: ReplicaId,
     stream: bool,
     from: String,
+    model: Option<String>,
     body: Vec<u8>,
 ) {
+    let model: Option<Arc<str>> = model.map(Arc::from);
     let Some(ep) = shared.served(replica) else {
         debug!(node = %shared.me, %replica, "call for a replica not served here: refused");
         let _ = shared.send_data(&from, &DataHeader::Refused { call, full: false }, body);
@@ -530,7 +533,7 @@ fn serve_call(
     let s = shared.clone();
     if !stream {
         tokio::spawn(async move {
-            let (header, body) = match flotilla_replica::remote::serve(&ep, body).await {
+            let (header, body) = match flotilla_replica::remote::serve(&ep, body, model).await {
                 flotilla_replica::remote::Served::Ran(Ok(out)) => {
                     (DataHeader::Reply { call, error: None }, out)
                 }
@@ -552,7 +555,7 @@ fn serve_call(
     let key = (from.clone(), call);
     let task = tokio::spawn(async move {
         let (tx, mut rx) = mpsc::channel::<Vec<u8>>(8);
-        let serving = flotilla_replica::remote::serve_stream(&ep, body, tx);
+        let serving = flotilla_replica::remote::serve_stream(&ep, body, model, tx);
         let forward = async {
             while let Some(item) = rx.recv().await {
                 if s.send_data(&from, &DataHeader::Item { call }, item)

@@ -74,7 +74,12 @@ fn unsent<T>(kept: Option<Vec<u8>>, node: &str, replica: ReplicaId) -> Attempt<T
 }
 
 impl RemoteCall for PeerCall {
-    fn call(&self, replica: ReplicaId, request: Vec<u8>) -> BoxFuture<'static, Attempt<Vec<u8>>> {
+    fn call(
+        &self,
+        replica: ReplicaId,
+        request: Vec<u8>,
+        model_id: Option<Arc<str>>,
+    ) -> BoxFuture<'static, Attempt<Vec<u8>>> {
         let (shared, peer, node) = (self.shared.clone(), self.peer.clone(), self.node.clone());
         Box::pin(async move {
             let (call, rx) = shared.calls.unary(&peer, &node, replica);
@@ -89,6 +94,7 @@ impl RemoteCall for PeerCall {
                 replica: replica.0,
                 stream: false,
                 from: shared.me.clone(),
+                model: model_id.map(|m| m.to_string()),
             };
             if let Err(kept) = shared.send_data(&peer, &header, request) {
                 return unsent(kept, &node, replica);
@@ -107,6 +113,7 @@ impl RemoteCall for PeerCall {
         &self,
         replica: ReplicaId,
         request: Vec<u8>,
+        model_id: Option<Arc<str>>,
         items: mpsc::Sender<Vec<u8>>,
     ) -> BoxFuture<'static, Attempt<()>> {
         let (shared, peer, node) = (self.shared.clone(), self.peer.clone(), self.node.clone());
@@ -123,6 +130,7 @@ impl RemoteCall for PeerCall {
                 replica: replica.0,
                 stream: true,
                 from: shared.me.clone(),
+                model: model_id.map(|m| m.to_string()),
             };
             if let Err(kept) = shared.send_data(&peer, &header, request) {
                 return unsent(kept, &node, replica);

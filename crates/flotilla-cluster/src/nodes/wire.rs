@@ -286,6 +286,10 @@ pub(crate) enum DataHeader {
         stream: bool,
         /// The caller's ractor name (where the reply goes).
         from: String,
+        /// The request's multiplexed model id, if it has one (left out of the
+        /// frame when it has none).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        model: Option<String>,
     },
     /// The caller went away.
     Cancel { call: u64, from: String },
@@ -374,10 +378,24 @@ mod tests {
                 replica: 2,
                 stream: false,
                 from: "x".into(),
+                model: None,
             },
         )
         .unwrap_or_default();
         assert!(h.len() < 40, "a call header is small: {} bytes", h.len());
         assert!(decode::<DataHeader>("data", &h[..h.len() - 1]).is_err());
+        let with_model = DataHeader::Call {
+            call: 1,
+            replica: 2,
+            stream: true,
+            from: "x".into(),
+            model: Some("m1".into()),
+        };
+        let h = encode("data", &with_model).unwrap_or_default();
+        let back: DataHeader = decode("data", &h).unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            matches!(&back, DataHeader::Call { model: Some(m), stream: true, .. } if m == "m1"),
+            "{back:?}"
+        );
     }
 }

@@ -122,18 +122,24 @@ async fn bare_server() -> SocketAddr {
     addr
 }
 
+/// One keep-alive HTTP/1.1 connection to `addr`, its driver spawned.
+async fn connect(addr: SocketAddr) -> hyper::client::conn::http1::SendRequest<Full<Bytes>> {
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream.set_nodelay(true).unwrap();
+    let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    send
+}
+
 /// One round: `conns` connections for `secs`; returns (req/s, p50 ms, p99 ms).
 async fn load(addr: SocketAddr, path: &'static str, conns: usize, secs: f64) -> (f64, f64, f64) {
     let deadline = Instant::now() + Duration::from_secs_f64(secs);
     let tasks: Vec<_> = (0..conns)
         .map(|_| {
             tokio::spawn(async move {
-                let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-                stream.set_nodelay(true).unwrap();
-                let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-                    .await
-                    .unwrap();
-                tokio::spawn(conn);
+                let mut send = connect(addr).await;
                 let mut latencies = Vec::with_capacity(4096);
                 while Instant::now() < deadline {
                     send.ready().await.unwrap();
@@ -159,12 +165,7 @@ async fn load(addr: SocketAddr, path: &'static str, conns: usize, secs: f64) -> 
     }
     let elapsed = started.elapsed().as_secs_f64();
     all.sort_unstable();
-    let q = |p: f64| {
-        all.get(((all.len() as f64 - 1.0) * p) as usize)
-            .copied()
-            .unwrap_or(0) as f64
-            / 1000.0
-    };
+    let q = |p: f64| percentile_ms(&all, p);
     (all.len() as f64 / elapsed, q(0.50), q(0.99))
 }
 
@@ -191,12 +192,7 @@ async fn open_load(
             let connected = connected.clone();
             let mut start_rx = start_rx.clone();
             tokio::spawn(async move {
-                let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-                stream.set_nodelay(true).unwrap();
-                let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-                    .await
-                    .unwrap();
-                tokio::spawn(conn);
+                let mut send = connect(addr).await;
                 connected.wait().await;
                 let start = start_rx.wait_for(Option::is_some).await.unwrap().unwrap();
                 let end = start + Duration::from_secs_f64(secs);
@@ -232,13 +228,17 @@ async fn open_load(
         all.extend(t.await.unwrap());
     }
     all.sort_unstable();
-    let q = |p: f64| {
-        all.get(((all.len() as f64 - 1.0) * p) as usize)
-            .copied()
-            .unwrap_or(0) as f64
-            / 1000.0
-    };
+    let q = |p: f64| percentile_ms(&all, p);
     (all.len() as f64 / secs, q(0.50), q(0.99))
+}
+
+/// The `p` quantile of sorted latencies in microseconds, in ms.
+fn percentile_ms(sorted_us: &[u64], p: f64) -> f64 {
+    sorted_us
+        .get(((sorted_us.len() as f64 - 1.0) * p) as usize)
+        .copied()
+        .unwrap_or(0) as f64
+        / 1000.0
 }
 
 fn figure(scenario: &str, metric: &str, value: f64, unit: &str, extra: serde_json::Value) {

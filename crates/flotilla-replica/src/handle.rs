@@ -427,10 +427,6 @@ impl Running {
         }
     }
 
-    fn endpoint(&self) -> Arc<ReplicaEndpoint> {
-        self.slot.0.clone()
-    }
-
     fn finish<T>(mut self, result: &Result<T, CallError>) {
         self.recorded = true;
         let outcome = match result {
@@ -467,32 +463,15 @@ pub(crate) async fn run(
     slot: Slot,
     call: Call,
 ) -> Result<Vec<u8>, CallError> {
-    let ep = slot.0.clone();
-    if let Some(e) = injected(&ep) {
-        drop(slot);
-        return Err(e);
-    }
-    let running = Running::new(slot);
-    let killed = ep.kill_signal.notified();
-    let work = async {
+    on_replica(slot, |ep| async move {
         if let Some(route) = route.filter(|r| r.settings().batching_enabled()) {
             // Waits for its batch holding its slot: it counts as load.
             ep.batcher(route).submit(call.bytes, call.model_id).await
         } else {
             ep.user.handle(call).await
         }
-    };
-    let result = tokio::select! {
-        r = work => r,
-        _ = killed => Err(CallError::Killed {
-            replica: ep.id().to_string(),
-        }),
-    };
-    running.finish(&result);
-    if let Err(CallError::Panicked(m)) = &result {
-        ep.report_panic(m.clone());
-    }
-    result
+    })
+    .await
 }
 
 /// [`run`] for the streaming handler.
@@ -502,15 +481,7 @@ pub(crate) async fn run_stream(
     call: Call,
     items: ItemSender,
 ) -> Result<(), CallError> {
-    let ep = slot.0.clone();
-    if let Some(e) = injected(&ep) {
-        drop(slot);
-        return Err(e);
-    }
-    let running = Running::new(slot);
-    let ep = running.endpoint();
-    let killed = ep.kill_signal.notified();
-    let work = async {
+    on_replica(slot, |ep| async move {
         if let Some(route) = route.filter(|r| r.settings().batching_enabled()) {
             // Batched deployments answer a stream with their one batch response.
             let item = ep.batcher(route).submit(call.bytes, call.model_id).await?;
@@ -519,9 +490,30 @@ pub(crate) async fn run_stream(
         } else {
             ep.user.handle_stream(call, items).await
         }
-    };
+    })
+    .await
+}
+
+/// The frame of every request on a local replica: the `ReplicaHandler` fault
+/// point, then `work` holding the slot until it ends or the replica is
+/// killed, its outcome recorded on the replica's counters, and a panic
+/// reported to the replica.
+async fn on_replica<T, Fut>(
+    slot: Slot,
+    work: impl FnOnce(Arc<ReplicaEndpoint>) -> Fut,
+) -> Result<T, CallError>
+where
+    Fut: Future<Output = Result<T, CallError>>,
+{
+    let ep = slot.0.clone();
+    if let Some(e) = injected(&ep) {
+        drop(slot);
+        return Err(e);
+    }
+    let running = Running::new(slot);
+    let killed = ep.kill_signal.notified();
     let result = tokio::select! {
-        r = work => r,
+        r = work(ep.clone()) => r,
         _ = killed => Err(CallError::Killed {
             replica: ep.id().to_string(),
         }),

@@ -191,6 +191,146 @@ async fn a_model_id_crosses_to_a_replica_on_a_node() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batching_and_the_model_limit_reach_replicas_on_a_node() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let serve = head(dir.path(), cpus(0.0)).await;
+    let addr = serve.node_address().unwrap();
+    let a = NodeProc::start(
+        addr,
+        &NodeSpec::new("a", 0.0).custom("gpu", 2.0),
+        dir.path(),
+    );
+    let a_id = a.id().await;
+    // Batches form by size: the wait is far longer than the test.
+    let batching = flotilla::BatchConfig::new(4, Duration::from_secs(600));
+    let app = ApplicationSpec::builder("node-data-plane")
+        .deployment(
+            flotilla::DeploymentSpec::builder("batched", "where::Batched").with_config(|c| {
+                c.with_resources(custom("gpu"))
+                    .with_max_ongoing_requests(8)
+                    .with_batching(batching)
+            }),
+        )
+        .deployment(
+            flotilla::DeploymentSpec::builder("counted", "where::Counted").with_config(|c| {
+                c.with_resources(custom("gpu"))
+                    .with_max_num_models_per_replica(Some(1))
+            }),
+        )
+        .build()
+        .unwrap();
+    serve.run(app).await.unwrap();
+    for dep in ["batched", "counted"] {
+        let nodes = replica_nodes(&serve, "node-data-plane", dep).await;
+        assert_eq!(nodes.len(), 1);
+        assert_eq!(nodes[0].1, a_id, "{dep} runs on node a");
+    }
+
+    // Four calls at once make one batch of four on the node's replica.
+    let batched = serve
+        .deployment_handle("node-data-plane", "batched")
+        .unwrap();
+    let calls = (0..4).map(|i| {
+        let h = batched.clone();
+        async move { h.call::<_, String>(&format!("r{i}")).await.unwrap() }
+    });
+    let answers = futures::future::join_all(calls).await;
+    for (i, answer) in answers.iter().enumerate() {
+        assert_eq!(answer, &format!("r{i} in a batch of 4"));
+    }
+
+    // One model per replica: the second evicts the first there.
+    let counted = serve
+        .deployment_handle("node-data-plane", "counted")
+        .unwrap();
+    for id in ["m1", "m2", "m1"] {
+        let held: u32 = counted
+            .clone()
+            .with_model_id(id)
+            .unwrap()
+            .call(&())
+            .await
+            .unwrap();
+        assert_eq!(held, 1, "model {id}: the node's replica holds one model");
+    }
+    serve.shutdown().await.unwrap();
+    drop(a);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routing_prefers_the_replica_on_a_node_that_holds_the_model() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let serve = head(dir.path(), cpus(0.0)).await;
+    let addr = serve.node_address().unwrap();
+    let gpu = |name| NodeSpec::new(name, 0.0).custom("gpu", 1.0);
+    let a = NodeProc::start(addr, &gpu("a"), dir.path());
+    let b = NodeProc::start(addr, &gpu("b"), dir.path());
+    let (a_id, b_id) = (a.id().await, b.id().await);
+    let app = ApplicationSpec::builder("mx-route")
+        .deployment(
+            flotilla::DeploymentSpec::builder("models", "where::Models")
+                .replicas(2)
+                .with_config(|c| c.with_resources(custom("gpu"))),
+        )
+        .build()
+        .unwrap();
+    let handle = serve.run(app).await.unwrap();
+    let nodes: BTreeSet<String> = replica_nodes(&serve, "mx-route", "models")
+        .await
+        .into_iter()
+        .map(|(_, node, _)| node)
+        .collect();
+    assert_eq!(nodes, BTreeSet::from([a_id.clone(), b_id.clone()]));
+
+    // m1 loads on one of the two; its answer says which.
+    let m1 = || handle.clone().with_model_id("m1").unwrap();
+    let first: String = m1().call("x").await.unwrap();
+    let holder = [&a_id, &b_id]
+        .into_iter()
+        .find(|n| first == format!("model m1 on {n}: x"))
+        .unwrap_or_else(|| panic!("answer from neither node: {first}"))
+        .clone();
+    // The head learns it from the node's report, by subscription.
+    let replicas = handle.replicas();
+    let on_holder = replicas.iter().find(|e| e.node() == holder).unwrap();
+    let mut models = on_holder.watch_models().unwrap();
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        models.wait_for(|m| m.loaded.iter().any(|id| &**id == "m1")),
+    )
+    .await
+    .expect("the holder's report reached the head")
+    .unwrap();
+    assert!(on_holder.is_multiplexed());
+
+    // From then on every request for m1 goes to the holder (model-blind
+    // routing would send about half to the other node).
+    for _ in 0..20 {
+        let answer: String = m1().call("x").await.unwrap();
+        assert_eq!(answer, format!("model m1 on {holder}: x"));
+    }
+    // Its status details show what it holds.
+    let snapshot = serve
+        .deployment_snapshot("mx-route", "models")
+        .await
+        .unwrap()
+        .unwrap();
+    let held: Vec<(String, Vec<String>)> = snapshot
+        .replicas
+        .iter()
+        .map(|r| (r.node.clone(), r.model_ids.clone()))
+        .collect();
+    assert!(
+        held.contains(&(holder.clone(), vec!["m1".to_owned()])),
+        "{held:?}"
+    );
+    serve.shutdown().await.unwrap();
+    drop((a, b));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_composition_streams_and_the_limit_across_nodes() {
     let _one = ONE_AT_A_TIME.lock().await;
     let dir = tempfile::tempdir().unwrap();

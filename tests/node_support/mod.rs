@@ -141,9 +141,67 @@ impl flotilla::MultiplexedDeployment for Models {
     }
 }
 
+/// A batched deployment that says how its requests were served.
+pub struct Batched;
+
+impl Deployment for Batched {
+    type Request = String;
+    /// "<request> alone", or "<request> in a batch of <n>".
+    type Response = String;
+
+    async fn handle(&self, request: String) -> Result<String, UserError> {
+        Ok(format!("{request} alone"))
+    }
+
+    async fn handle_batch(&self, requests: Vec<String>) -> Result<Vec<String>, UserError> {
+        let n = requests.len();
+        Ok(requests
+            .into_iter()
+            .map(|r| format!("{r} in a batch of {n}"))
+            .collect())
+    }
+}
+
+/// A multiplexed deployment that answers how many models its replica holds.
+#[derive(Default)]
+pub struct Counted {
+    loaded: std::sync::atomic::AtomicU32,
+}
+
+impl flotilla::MultiplexedDeployment for Counted {
+    type Request = ();
+    /// The models this replica holds, the request's included.
+    type Response = u32;
+    type Model = ();
+
+    async fn load_model(&self, _model_id: &str) -> Result<(), UserError> {
+        self.loaded
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        Ok(())
+    }
+
+    async fn unload_model(&self, _model_id: &str, _model: Arc<()>) {
+        self.loaded
+            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+
+    async fn handle(&self, _model: &(), _request: ()) -> Result<u32, UserError> {
+        Ok(self.loaded.load(std::sync::atomic::Ordering::Acquire))
+    }
+}
+
 /// The registry every test process uses.
 pub fn registry() -> Registry {
     Registry::new()
+        .register(
+            "where::Batched",
+            |_ctx: InitContext| async move { Ok(Batched) },
+        )
+        .unwrap()
+        .register_multiplexed("where::Counted", |_ctx: InitContext| async move {
+            Ok(Counted::default())
+        })
+        .unwrap()
         .register_multiplexed("where::Models", |ctx: InitContext| async move {
             Ok(Models {
                 node: ctx.node.clone(),

@@ -167,9 +167,10 @@ pub trait Cluster: Send + Sync + 'static {
         None
     }
 
-    /// A DeploymentActor published a changed replica set on `route` (a cluster
-    /// of several processes tells the others; see `docs/nodes.md`). Default:
-    /// nothing.
+    /// A DeploymentActor published a changed replica set on `route`, or
+    /// changed the settings other processes copy (the queue limit, batching,
+    /// the model limit): a cluster of several processes tells the others (see
+    /// `docs/nodes.md`). Default: nothing.
     fn route_changed(&self, route: &std::sync::Arc<flotilla_replica::DeploymentRoute>) {
         let _ = route;
     }

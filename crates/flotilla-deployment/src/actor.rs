@@ -218,9 +218,13 @@ impl DeploymentActor {
         let (from, to) = (old.replicas, target.replicas);
         let deleting = target.deleting && !old.deleting;
         let undeleting = !target.deleting && old.deleting;
-        state
+        if state
             .route
-            .configure(&target.spec.config, &state.args.registry);
+            .configure(&target.spec.config, &state.args.registry)
+        {
+            // Other processes copy these settings (docs/nodes.md).
+            state.args.cluster.route_changed(&state.route);
+        }
         state.version = target.spec.version();
         state.args.target = target;
         if deleting {
@@ -376,7 +380,9 @@ impl Actor for DeploymentActor {
             myself.get_cell(),
         );
         let route = args.directory.route(&args.app, &args.target.spec.name);
-        route.configure(&args.target.spec.config, &args.registry);
+        if route.configure(&args.target.spec.config, &args.registry) {
+            args.cluster.route_changed(&route);
+        }
         Ok(DeploymentState::new(args, route, membership))
     }
 

@@ -238,3 +238,62 @@ async fn a_cluster_without_events_is_retried_on_a_timer() {
     assert_eq!(s.status.status, DeploymentStatus::Healthy);
     actor.stop(None);
 }
+
+/// Places everything on one node and counts the routes it is told changed.
+#[derive(Default)]
+struct Recording {
+    changed: std::sync::Mutex<Vec<Option<flotilla_core::BatchConfig>>>,
+}
+
+impl Cluster for Recording {
+    fn place(&self, _request: &PlacementRequest<'_>) -> Result<NodeId, Refusal> {
+        Ok("only".into())
+    }
+
+    fn release(&self, _replica: ReplicaId) {}
+
+    fn route_changed(&self, route: &Arc<flotilla_replica::DeploymentRoute>) {
+        self.changed.lock().unwrap().push(route.batching());
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_config_only_change_of_what_nodes_copy_is_exported() {
+    let cluster = Arc::new(Recording::default());
+    let actor = spawn_deployment("actor-test-export", 1, cluster.clone()).await;
+    while observe(&actor).await.count(ReplicaState::Running) < 1 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let before = observe(&actor).await.replicas[0].id;
+    let seen = || cluster.changed.lock().unwrap().clone();
+    // The replica set's publish: settings as deployed (no batching).
+    assert_eq!(seen(), vec![None]);
+
+    let batching = flotilla_core::BatchConfig::new(4, Duration::from_millis(50));
+    let mut changed = target(1);
+    changed.spec = DeploymentSpec::builder("d", "t::Echo")
+        .replicas(1)
+        .with_config(|c| c.with_batching(batching))
+        .build()
+        .unwrap()
+        .into();
+    actor
+        .cast(DeploymentMsg::SetTarget(Box::new(changed.clone())))
+        .unwrap();
+    observe(&actor).await;
+    assert_eq!(seen(), vec![None, Some(batching)]);
+    while observe(&actor).await.count(ReplicaState::Running) < 1 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let s = observe(&actor).await;
+    assert_eq!(s.replicas.len(), 1);
+    assert_eq!(s.replicas[0].id, before, "changed in place, not replaced");
+
+    // The same target again changes nothing, and tells nobody.
+    actor
+        .cast(DeploymentMsg::SetTarget(Box::new(changed)))
+        .unwrap();
+    observe(&actor).await;
+    assert_eq!(seen(), vec![None, Some(batching)]);
+    actor.stop(None);
+}

@@ -460,7 +460,7 @@ fn started(
                 a.node.clone(),
                 user.clone(),
                 a.spec.config.max_ongoing_requests,
-                a.route.slot_freed.clone(),
+                &a.route,
                 myself.clone(),
                 a.faults.clone(),
             ));

@@ -3,7 +3,7 @@
 use std::{
     fmt,
     sync::{
-        Arc, OnceLock,
+        Arc, OnceLock, Weak,
         atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering},
     },
     time::{Duration, SystemTime},
@@ -72,6 +72,9 @@ pub struct ReplicaEndpoint {
     models: Option<Arc<ModelHub>>,
     /// Its batcher, started by the first batched request.
     batcher: OnceLock<Batcher>,
+    /// The route of its deployment in this process (weak: the route holds
+    /// its endpoints), whose settings requests from other processes run by.
+    route: Weak<DeploymentRoute>,
     /// For the `ReplicaHandler` fault point.
     pub(crate) faults: Faults,
     /// Request counters, read at scrape time.
@@ -99,7 +102,7 @@ impl ReplicaEndpoint {
         node: String,
         user: Arc<dyn ErasedDeployment>,
         max_ongoing: u32,
-        slot_freed: Arc<Notify>,
+        route: &Arc<DeploymentRoute>,
         actor: ActorRef<ReplicaMsg>,
         faults: Faults,
     ) -> Self {
@@ -112,9 +115,10 @@ impl ReplicaEndpoint {
             max_ongoing: AtomicU32::new(max_ongoing),
             accepting: AtomicBool::new(true),
             kill_signal: Notify::new(),
-            slot_freed,
+            slot_freed: route.slot_freed.clone(),
             actor: Some(actor),
             batcher: OnceLock::new(),
+            route: Arc::downgrade(route),
             remote: None,
             faults,
             stats: ReplicaStats::default(),
@@ -142,10 +146,11 @@ impl ReplicaEndpoint {
             slot_freed,
             actor: None,
             remote: Some(call),
-            // A replica elsewhere batches and loads its models there; the
-            // head's routers do not see its model ids (docs/nodes.md).
-            models: None,
+            // A replica elsewhere batches and loads its models there; its
+            // process reports its model ids (docs/nodes.md).
+            models: Some(Arc::new(ModelHub::mirror())),
             batcher: OnceLock::new(),
+            route: Weak::new(),
             faults: Faults::new(),
             stats: ReplicaStats::default(),
             started_at: SystemTime::now(),
@@ -207,7 +212,7 @@ impl ReplicaEndpoint {
 
     /// Whether it runs a multiplexed deployment (one that loads models).
     pub fn is_multiplexed(&self) -> bool {
-        self.models.is_some()
+        self.models.as_ref().is_some_and(|m| m.is_known())
     }
 
     /// Whether it has model `model_id` loaded, or is loading it; false for a
@@ -232,9 +237,32 @@ impl ReplicaEndpoint {
     }
 
     /// A subscription to its model ids, updated as it loads and unloads
-    /// models; `None` unless multiplexed.
+    /// models; `None` unless multiplexed (for a replica in another process,
+    /// always a subscription, updated as its process reports).
     pub fn watch_models(&self) -> Option<watch::Receiver<ModelIds>> {
         self.models.as_ref().map(|m| m.subscribe())
+    }
+
+    /// The models it has loaded and is loading now; `None` unless multiplexed.
+    pub fn models(&self) -> Option<ModelIds> {
+        self.models
+            .as_ref()
+            .filter(|m| m.is_known())
+            .map(|m| m.current())
+    }
+
+    /// A replica in another process reported `ids` (see
+    /// [`RemoteEndpoint::set_models`](crate::remote::RemoteEndpoint::set_models)).
+    pub(crate) fn mirror_models(&self, ids: ModelIds) {
+        if let Some(m) = self.models.as_ref().filter(|_| self.is_remote()) {
+            m.set(ids);
+        }
+    }
+
+    /// Its deployment's route in this process, while it lasts (`None` for a
+    /// replica in another process).
+    pub(crate) fn own_route(&self) -> Option<Arc<DeploymentRoute>> {
+        self.route.upgrade()
     }
 
     /// Its batcher, started on first use.
@@ -268,6 +296,7 @@ impl ReplicaEndpoint {
             b.close();
         }
         if self.models.is_some()
+            && !self.is_remote()
             && let Ok(rt) = tokio::runtime::Handle::try_current()
         {
             let user = self.user.clone();
@@ -363,6 +392,7 @@ fn test_endpoint_of(
         remote: None,
         models: hub,
         batcher: OnceLock::new(),
+        route: Weak::new(),
         faults: Faults::new(),
         stats: ReplicaStats::default(),
         started_at: SystemTime::now(),

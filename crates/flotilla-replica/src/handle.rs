@@ -456,8 +456,9 @@ fn injected(ep: &ReplicaEndpoint) -> Option<CallError> {
 }
 
 /// Run `call` on the replica holding `slot`: through its batcher when its
-/// `route` batches, else its handler. `route` is `None` for a request from
-/// another process, which runs unbatched (docs/nodes.md).
+/// `route` batches, else its handler. `route` is `None` only when the
+/// deployment's route in this process is gone (a request from another
+/// process arriving as its deployment is deleted): it runs unbatched.
 pub(crate) async fn run(
     route: Option<&DeploymentRoute>,
     slot: Slot,

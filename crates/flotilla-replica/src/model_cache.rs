@@ -18,7 +18,10 @@
 
 use std::{
     collections::VecDeque,
-    sync::{Arc, Mutex, MutexGuard},
+    sync::{
+        Arc, Mutex, MutexGuard,
+        atomic::{AtomicBool, Ordering},
+    },
 };
 
 use tokio::sync::watch;
@@ -52,12 +55,50 @@ impl ModelIds {
 }
 
 /// Where one replica's model ids are published: the cache writes, routers read.
-#[derive(Debug, Default)]
+/// A replica in another process has a mirror hub, written from its reports.
+#[derive(Debug)]
 pub(crate) struct ModelHub {
     ids: watch::Sender<ModelIds>,
+    /// Whether the replica is known to be multiplexed: always for a local
+    /// replica's cache; for a mirror, from its first report.
+    known: AtomicBool,
 }
 
 impl ModelHub {
+    /// The hub of a local replica's cache.
+    pub(crate) fn local() -> Self {
+        ModelHub {
+            ids: watch::Sender::new(ModelIds::default()),
+            known: AtomicBool::new(true),
+        }
+    }
+
+    /// The mirror of a replica in another process, empty and not known to be
+    /// multiplexed until it reports.
+    pub(crate) fn mirror() -> Self {
+        ModelHub {
+            ids: watch::Sender::new(ModelIds::default()),
+            known: AtomicBool::new(false),
+        }
+    }
+
+    /// Take a mirrored replica's report: it is multiplexed, and holds `ids`.
+    pub(crate) fn set(&self, ids: ModelIds) {
+        self.known.store(true, Ordering::Release);
+        self.ids.send_if_modified(|cur| {
+            let changed = *cur != ids;
+            if changed {
+                *cur = ids;
+            }
+            changed
+        });
+    }
+
+    /// Whether its replica is multiplexed (a mirror: once it reported).
+    pub(crate) fn is_known(&self) -> bool {
+        self.known.load(Ordering::Acquire)
+    }
+
     /// Whether `model_id` is loaded or loading (no allocation).
     pub(crate) fn contains(&self, model_id: &str) -> bool {
         self.ids.borrow().contains(model_id)
@@ -87,6 +128,7 @@ impl ModelHub {
                 loaded: ids.iter().map(|m| Arc::from(*m)).collect(),
                 loading: Vec::new(),
             }),
+            known: AtomicBool::new(true),
         }
     }
 }
@@ -131,7 +173,7 @@ impl<M: MultiplexedDeployment> ModelCache<M> {
             }),
             turn: tokio::sync::Mutex::new(()),
             settings,
-            hub: Arc::new(ModelHub::default()),
+            hub: Arc::new(ModelHub::local()),
             span,
         }
     }

@@ -97,6 +97,12 @@ impl RemoteEndpoint {
         self.0.set_max_ongoing(n);
     }
 
+    /// Its replica reported the models it holds (a multiplexed deployment's):
+    /// routers here prefer it for those from now on.
+    pub fn set_models(&self, ids: crate::ModelIds) {
+        self.0.mirror_models(ids);
+    }
+
     /// Route nothing more to it (it is stopping, or its node is lost).
     pub fn stop_accepting(&self) {
         self.0.stop_accepting();
@@ -121,7 +127,9 @@ pub enum Served<T> {
 
 /// Serve a request from another process on the local replica `ep`: take a slot
 /// on its own endpoint (the limit shared by every caller everywhere) and run
-/// it as a local call runs, or refuse without running it.
+/// it as a local call runs (batched by its deployment's route in this
+/// process, which follows the head's: docs/nodes.md), or refuse without
+/// running it.
 pub async fn serve(
     ep: &Arc<ReplicaEndpoint>,
     request: Vec<u8>,
@@ -129,19 +137,18 @@ pub async fn serve(
 ) -> Served<Vec<u8>> {
     match ep.try_acquire() {
         Some(slot) => {
-            Served::Ran(crate::handle::run(None, slot, unrouted(request, model_id)).await)
+            let route = ep.own_route();
+            let call = crate::user::Call {
+                bytes: request,
+                model_id,
+            };
+            Served::Ran(crate::handle::run(route.as_deref(), slot, call).await)
         }
         None => Served::Refused {
             full: ep.is_accepting(),
             request,
         },
     }
-}
-
-/// A request from another process, with its caller's model id. It runs
-/// unbatched: this process has no route config to batch by (docs/nodes.md).
-fn unrouted(bytes: Vec<u8>, model_id: Option<Arc<str>>) -> crate::user::Call {
-    crate::user::Call { bytes, model_id }
 }
 
 /// [`serve`] for the streaming handler: items go to `items` as produced.
@@ -152,9 +159,14 @@ pub async fn serve_stream(
     items: tokio::sync::mpsc::Sender<Vec<u8>>,
 ) -> Served<()> {
     match ep.try_acquire() {
-        Some(slot) => Served::Ran(
-            crate::handle::run_stream(None, slot, unrouted(request, model_id), items).await,
-        ),
+        Some(slot) => {
+            let route = ep.own_route();
+            let call = crate::user::Call {
+                bytes: request,
+                model_id,
+            };
+            Served::Ran(crate::handle::run_stream(route.as_deref(), slot, call, items).await)
+        }
         None => Served::Refused {
             full: ep.is_accepting(),
             request,

@@ -9,8 +9,8 @@ use std::{
 };
 
 use flotilla_core::{
-    AppName, BackpressureConfig, DeploymentConfig, DeploymentName, RequestRouterConfig,
-    is_builtin_router,
+    AppName, BackpressureConfig, BatchConfig, DeploymentConfig, DeploymentName,
+    RequestRouterConfig, is_builtin_router,
 };
 use tokio::sync::{Notify, watch};
 
@@ -103,18 +103,23 @@ impl DeploymentRoute {
     /// A router class the registry cannot make (the controller refuses such a
     /// config before it gets here) leaves the built-in router in place, with an
     /// error logged.
-    pub fn configure(&self, config: &DeploymentConfig, registry: &Registry) {
-        self.set_max_queued(config.max_queued_requests);
-        self.set_backpressure(config.backpressure);
+    ///
+    /// Returns whether the part that other processes copy (the queue limit,
+    /// batching, the model limit: see `docs/nodes.md`) changed.
+    pub fn configure(&self, config: &DeploymentConfig, registry: &Registry) -> bool {
         if let Some(b) = &config.batching
             && self.settings.batching() != Some(*b)
             && let Some(warning) = b.max_ongoing_warning(config.max_ongoing_requests)
         {
             tracing::warn!(app = %self.app, deployment = %self.deployment, "{warning}");
         }
-        self.settings.set_batching(config.batching);
-        self.settings
-            .set_max_models(config.max_num_models_per_replica);
+        let copied = self.max_queued() != config.max_queued_requests
+            || self.batching() != config.batching
+            || self.max_models_per_replica() != config.max_num_models_per_replica;
+        self.set_max_queued(config.max_queued_requests);
+        self.set_backpressure(config.backpressure);
+        self.set_batching(config.batching);
+        self.set_max_models_per_replica(config.max_num_models_per_replica);
         let wanted = &config.request_router;
         let same = self
             .router
@@ -127,7 +132,7 @@ impl DeploymentRoute {
                     && made.request_router_kwargs == wanted.request_router_kwargs
             });
         if same {
-            return;
+            return copied;
         }
         let (router, custom) = match registry.request_router(wanted) {
             Ok(r) => (r, !is_builtin_router(wanted.request_router_class.as_str())),
@@ -143,6 +148,30 @@ impl DeploymentRoute {
             router,
         };
         self.custom_router.store(custom, Ordering::Release);
+        copied
+    }
+
+    /// Batch requests with `batching` from each replica's next batch (`None`:
+    /// off). [`configure`](Self::configure) sets it from the deployment's
+    /// config; a node sets it on its copy of the route.
+    pub fn set_batching(&self, batching: Option<BatchConfig>) {
+        self.settings.set_batching(batching);
+    }
+
+    /// The batching settings replicas use now (`None`: off).
+    pub fn batching(&self) -> Option<BatchConfig> {
+        self.settings.batching()
+    }
+
+    /// Keep at most `limit` models per replica from each replica's next load
+    /// (`None`: no limit). Set as [`set_batching`](Self::set_batching) is.
+    pub fn set_max_models_per_replica(&self, limit: Option<u32>) {
+        self.settings.set_max_models(limit);
+    }
+
+    /// The model limit per replica now (`None`: no limit).
+    pub fn max_models_per_replica(&self) -> Option<u32> {
+        self.settings.max_models()
     }
 
     /// Route with `router` from now on (until the next

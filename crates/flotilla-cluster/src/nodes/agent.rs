@@ -26,7 +26,10 @@ use super::{
     link::{Inbound, Link, SessionEvent},
     options::CHECK_PERIOD,
     transport::PeerCall,
-    wire::{Control, Envelope, Hello, ReplicaReport, RouteEntry, Start, WireEvent, WirePhase},
+    wire::{
+        Control, Envelope, Hello, ReplicaReport, RouteEntry, Start, WireEvent, WireModels,
+        WirePhase,
+    },
 };
 
 /// How an incarnation ended.
@@ -46,6 +49,8 @@ pub(crate) enum Ending {
 pub(crate) enum AgentMsg {
     Inbound(Inbound),
     Replica(ReplicaId, ReplicaEvent),
+    /// A local multiplexed replica's models changed: tell the head.
+    Models(ReplicaId),
     /// A dial of the head ended (an error: the reason).
     Dialed(Option<String>),
     /// Dial the head again.
@@ -76,6 +81,17 @@ struct Local {
     phase: ReplicaPhase,
     condemned: Option<String>,
     endpoint: Option<Arc<ReplicaEndpoint>>,
+    /// Forwards a multiplexed replica's model changes while it serves.
+    models: Option<AbortOnDrop>,
+}
+
+/// A task that ends with its owner.
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 struct Head {
@@ -176,7 +192,20 @@ impl Actor for Agent {
                 Box::pin(control(&myself, state, env)).await;
             }
             AgentMsg::Inbound(Inbound::Session(ev)) => session(&myself, state, ev),
-            AgentMsg::Replica(id, event) => replica_event(state, id, event),
+            AgentMsg::Replica(id, event) => replica_event(&myself, state, id, event),
+            AgentMsg::Models(id) => {
+                let models = state
+                    .replicas
+                    .get(&id)
+                    .and_then(|r| r.endpoint.as_ref())
+                    .and_then(|e| e.models());
+                if let Some(m) = models {
+                    state.to_head(Control::Models {
+                        replica: id.0,
+                        models: WireModels::from(&m),
+                    });
+                }
+            }
             AgentMsg::Dialed(None) => {}
             AgentMsg::Dialed(Some(reason)) => {
                 state.dialing = false;
@@ -335,6 +364,11 @@ fn hello(state: &AgentState) -> Hello {
             version: r.version.clone(),
             phase: WirePhase::from(r.phase),
             condemned: r.condemned.clone(),
+            models: r
+                .endpoint
+                .as_ref()
+                .and_then(|e| e.models())
+                .map(|m| WireModels::from(&m)),
         })
         .collect();
     Hello {
@@ -447,6 +481,12 @@ async fn start_replica(myself: &ActorRef<AgentMsg>, state: &mut AgentState, s: S
     }
     let spec = Arc::new(s.spec);
     let dep = spec.name.clone();
+    // Its first requests may come before the route's next copy: take the
+    // batching and model limit its spec was deployed with (later changes
+    // come with the route).
+    let route = state.directory.route(&s.app, &dep);
+    route.set_batching(spec.config.batching);
+    route.set_max_models_per_replica(spec.config.max_num_models_per_replica);
     let agent = myself.clone();
     let reporter: ReplicaReporter = Arc::new(move |id, event| {
         let _ = agent.cast(AgentMsg::Replica(id, event));
@@ -459,7 +499,7 @@ async fn start_replica(myself: &ActorRef<AgentMsg>, state: &mut AgentState, s: S
         version: s.version.clone(),
         registry: state.args.registry.clone(),
         directory: state.directory.clone(),
-        route: state.directory.route(&s.app, &dep),
+        route,
         reporter,
         group: actor_names::replica_group(&ns, &s.app, &dep),
         node: state.args.id.clone(),
@@ -484,6 +524,7 @@ async fn start_replica(myself: &ActorRef<AgentMsg>, state: &mut AgentState, s: S
                     phase: ReplicaPhase::Starting,
                     condemned: None,
                     endpoint: None,
+                    models: None,
                 },
             );
             state.live_changed();
@@ -500,7 +541,12 @@ async fn start_replica(myself: &ActorRef<AgentMsg>, state: &mut AgentState, s: S
     }
 }
 
-fn replica_event(state: &mut AgentState, id: ReplicaId, event: ReplicaEvent) {
+fn replica_event(
+    myself: &ActorRef<AgentMsg>,
+    state: &mut AgentState,
+    id: ReplicaId,
+    event: ReplicaEvent,
+) {
     let wire = WireEvent::of(&event);
     let Some(r) = state.replicas.get_mut(&id) else {
         return;
@@ -510,6 +556,23 @@ fn replica_event(state: &mut AgentState, id: ReplicaId, event: ReplicaEvent) {
             r.phase = ReplicaPhase::Running;
             r.version = version;
             state.args.link.shared.serve(endpoint.clone());
+            // The head's routers prefer the replica holding a request's model:
+            // tell it what this one holds, now and after every change.
+            if r.models.is_none()
+                && let Some(mut rx) = endpoint.watch_models()
+            {
+                let agent = myself.clone();
+                r.models = Some(AbortOnDrop(tokio::spawn(async move {
+                    loop {
+                        if agent.cast(AgentMsg::Models(id)).is_err() {
+                            return;
+                        }
+                        if rx.changed().await.is_err() {
+                            return;
+                        }
+                    }
+                })));
+            }
             r.endpoint = Some(endpoint);
             let keys: Vec<_> = state
                 .routes
@@ -555,6 +618,8 @@ fn publish(state: &mut AgentState, key: &(AppName, DeploymentName)) {
     };
     let route = state.directory.route(&key.0, &key.1);
     route.set_max_queued(entry.max_queued);
+    route.set_batching(entry.batching);
+    route.set_max_models_per_replica(entry.max_models);
     let me = state.args.link.shared.me.clone();
     let mut set = Vec::with_capacity(entry.replicas.len());
     let mut ids = Vec::with_capacity(entry.replicas.len());

@@ -1,5 +1,6 @@
 //! Routes reach every node by subscription (`docs/nodes.md`): a
-//! DeploymentActor's publish marks its route dirty here, and one exporter task
+//! DeploymentActor's publish (of a changed replica set, or of a changed queue
+//! limit, batching or model limit) marks its route dirty here, and one exporter task
 //! sends every dirty route to every live node in one frame (bursts coalesce).
 //! A joining node gets every route. Head-local replicas in exported routes are
 //! served to the nodes.
@@ -17,7 +18,7 @@ use super::{
 /// Routes per `Routes` frame of a full copy.
 const CHUNK: usize = 512;
 
-/// A DeploymentActor published a changed set on `route`.
+/// A DeploymentActor changed `route`'s replica set or copied settings.
 pub(crate) fn changed(shared: &HeadShared, route: &Arc<DeploymentRoute>) {
     let key = (route.app().clone(), route.deployment().clone());
     let wake = shared.any_alive();
@@ -77,6 +78,8 @@ fn entry(
         app: key.0.clone(),
         deployment: key.1.clone(),
         max_queued: route.max_queued(),
+        batching: route.batching(),
+        max_models: route.max_models_per_replica(),
         replicas,
     }
 }

@@ -19,7 +19,7 @@ use super::{
     RemoteHost,
     head::lock,
     transport::PeerCall,
-    wire::{Control, Start, WireEvent},
+    wire::{Control, Start, WireEvent, WireModels},
 };
 
 /// What the registry tells a proxy about its replica.
@@ -27,6 +27,8 @@ use super::{
 pub(crate) enum ProxyReport {
     /// The replica's event.
     Event(WireEvent),
+    /// The models it holds now (a multiplexed replica).
+    Models(WireModels),
     /// The replica ended.
     Exited { crashed: bool, why: String },
     /// Its node was lost.
@@ -39,6 +41,8 @@ pub(crate) enum ProxyReport {
 pub(crate) struct Adopted {
     pub(crate) phase: ReplicaPhase,
     pub(crate) condemned: Option<String>,
+    /// The models it holds, if it is multiplexed.
+    pub(crate) models: Option<WireModels>,
 }
 
 /// What a [`RemoteReplica`] needs.
@@ -162,7 +166,12 @@ impl Actor for RemoteReplica {
         let (tx, rx) = mpsc::unbounded_channel();
         lock(&shared.proxies).insert(a.id, (a.host.node.clone(), tx));
         let (phase, condemned, start) = match a.adopted {
-            Some(ad) => (ad.phase, ad.condemned, None),
+            Some(ad) => {
+                if let Some(models) = ad.models {
+                    endpoint.set_models(models.into());
+                }
+                (ad.phase, ad.condemned, None)
+            }
             None => (
                 ReplicaPhase::Starting,
                 None,
@@ -250,9 +259,7 @@ impl Actor for RemoteReplica {
                     endpoint: serving.then(|| state.endpoint.endpoint().clone()),
                     node: state.host.node.clone(),
                     condemned: m.condemned.clone(),
-                    // Model ids of a replica elsewhere are not reported across
-                    // the wire (docs/nodes.md).
-                    model_ids: Vec::new(),
+                    model_ids: state.endpoint.endpoint().model_ids(),
                 });
             }
             ReplicaMsg::Reconfigure(spec) => {
@@ -313,6 +320,11 @@ async fn reports(
     while let Some(report) = rx.recv().await {
         let event = match report {
             ProxyReport::Event(e) => e,
+            // For routers only: the DeploymentActor is not told.
+            ProxyReport::Models(m) => {
+                endpoint.set_models(m.into());
+                continue;
+            }
             ProxyReport::Exited { crashed, why } => {
                 endpoint.stop_accepting();
                 myself.stop(crashed.then_some(why));

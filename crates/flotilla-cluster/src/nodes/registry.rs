@@ -146,6 +146,10 @@ async fn control(state: &mut RegistryState, env: Envelope) {
             touch(state, &from);
             report(state, replica, ProxyReport::Event(event));
         }
+        Control::Models { replica, models } => {
+            touch(state, &from);
+            report(state, replica, ProxyReport::Models(models));
+        }
         Control::Exited {
             replica,
             crashed,
@@ -321,6 +325,7 @@ async fn adopt(state: &RegistryState, node: &str, r: ReplicaReport) {
         Adopted {
             phase: r.phase.into(),
             condemned: r.condemned,
+            models: r.models,
         },
     );
     let name = actor_names::replica(ns, &r.app, &dep, id.0);

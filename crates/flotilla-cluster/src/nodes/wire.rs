@@ -3,8 +3,12 @@
 //! encodings of typed frames. Decoding never panics: bad bytes are a
 //! [`WireError`].
 
-use flotilla_core::{AppName, DeploymentName, DeploymentSpec, DeploymentVersion, Resources};
-use flotilla_replica::{CallError, ReplicaEvent};
+use std::sync::Arc;
+
+use flotilla_core::{
+    AppName, BatchConfig, DeploymentName, DeploymentSpec, DeploymentVersion, Resources,
+};
+use flotilla_replica::{CallError, ModelIds, ReplicaEvent};
 use ractor_cluster::RactorClusterMessage;
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
@@ -108,6 +112,14 @@ pub(crate) enum Control {
         /// What happened.
         event: WireEvent,
     },
+    /// Node -> head: the models a multiplexed replica holds now (sent when it
+    /// starts serving and after every load and eviction).
+    Models {
+        /// The replica.
+        replica: u64,
+        /// What it holds.
+        models: WireModels,
+    },
     /// Node -> head: a replica ended.
     Exited {
         /// The replica.
@@ -160,6 +172,35 @@ pub(crate) struct ReplicaReport {
     pub phase: WirePhase,
     /// Why it must be replaced, if it knows.
     pub condemned: Option<String>,
+    /// The models it holds, if it is multiplexed and serving.
+    pub models: Option<WireModels>,
+}
+
+/// A multiplexed replica's models, as `flotilla_replica::ModelIds`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct WireModels {
+    pub loaded: Vec<String>,
+    pub loading: Vec<String>,
+}
+
+impl From<&ModelIds> for WireModels {
+    fn from(ids: &ModelIds) -> Self {
+        let strings = |v: &[Arc<str>]| v.iter().map(|m| m.to_string()).collect();
+        WireModels {
+            loaded: strings(&ids.loaded),
+            loading: strings(&ids.loading),
+        }
+    }
+}
+
+impl From<WireModels> for ModelIds {
+    fn from(m: WireModels) -> Self {
+        let arcs = |v: Vec<String>| v.into_iter().map(Arc::from).collect();
+        ModelIds {
+            loaded: arcs(m.loaded),
+            loading: arcs(m.loading),
+        }
+    }
 }
 
 /// A replica's phase, as `flotilla_replica::ReplicaPhase`.
@@ -262,6 +303,10 @@ pub(crate) struct RouteEntry {
     pub deployment: DeploymentName,
     /// `None` is unbounded.
     pub max_queued: Option<u32>,
+    /// The deployment's batching (`None`: off), for its replicas there.
+    pub batching: Option<BatchConfig>,
+    /// Its models per replica (`None`: no limit), for its replicas there.
+    pub max_models: Option<u32>,
     pub replicas: Vec<RouteReplica>,
 }
 

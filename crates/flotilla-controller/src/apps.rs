@@ -24,29 +24,32 @@ impl Controller {
         state: &mut ControllerState,
         name: &AppName,
     ) {
-        let Some(record) = state.apps.get(name).map(|e| e.record.clone()) else {
+        let Some(entry) = state.apps.get(name) else {
             return;
         };
+        // One copy of the record per message: a restarted Controller sends
+        // one to every application.
         if let Some(actor) = state.actors.actor(name) {
-            if actor.cast(state.set_target(&record)).is_ok() {
+            if actor.cast(state.set_target(&entry.record)).is_ok() {
                 return;
             }
             // It is gone (its exit event may still be queued): start another.
             state.actors.lost(name);
         }
-        Self::start_app(myself, state, name, record).await;
+        Self::start_app(myself, state, name).await;
     }
 
     async fn start_app(
         myself: &ActorRef<ControllerMsg>,
         state: &mut ControllerState,
         name: &AppName,
-        record: flotilla_core::AppRecord,
     ) {
         if state.actors.is_waiting(name) {
             return;
         }
-        let args = state.app_args(&record);
+        let Some(args) = state.apps.get(name).map(|e| state.app_args(&e.record)) else {
+            return;
+        };
         let actor_name = actor_names::application(&state.ns, name);
         let parent = myself.get_cell();
         match state
@@ -57,7 +60,9 @@ impl Controller {
             Ok(Started::Spawned(_)) => {}
             // A living actor we did not watch held the name: it is ours now.
             Ok(Started::Adopted(actor)) => {
-                let _ = actor.cast(state.set_target(&record));
+                if let Some(e) = state.apps.get(name) {
+                    let _ = actor.cast(state.set_target(&e.record));
+                }
             }
             // Already gone (a finished deletion): its Deleted report is on its way.
             Err(StartError::Exited) => Self::restart_later(myself, state, name.clone(), RETRY),

@@ -175,8 +175,8 @@ impl ControllerState {
                 controller.cast(InternalMsg::App(event).into());
             }),
             args,
+            actors: Children::with_capacity(apps.len()),
             apps,
-            actors: Children::new(),
             routes,
             autoscaled,
             removals: Vec::new(),

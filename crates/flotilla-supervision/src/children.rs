@@ -117,6 +117,16 @@ where
         Self::default()
     }
 
+    /// No children yet, with room for `n` of them (a parent about to adopt
+    /// or start that many).
+    pub fn with_capacity(n: usize) -> Self {
+        Children {
+            slots: HashMap::with_capacity(n),
+            by_actor: HashMap::with_capacity(n),
+            restarts: 0,
+        }
+    }
+
     /// The living child of `key`, if it has one.
     pub fn actor(&self, key: &K) -> Option<&ActorRef<M>> {
         self.slots.get(key)?.actor.as_ref()

@@ -15,12 +15,19 @@
 //!   under a Zipf load (exponent 1.0: the k-th most popular model gets a
 //!   share proportional to 1/k), 32 closed-loop callers, a 1 ms handler and a
 //!   20 ms load, with the default router (model-aware) against model-blind
-//!   power of two choices (a registered router class). A request hits when
+//!   power of two choices and against Ray's multiplexed rule (`rays-rule`:
+//!   a new model to one of the replicas with the fewest models at random,
+//!   where the default router takes the one whose least recently used model
+//!   is coldest), both registered router classes. A request hits when
 //!   its model was loaded on its replica before it was sent. Figures: the hit
 //!   rates, their ratio (goals: >= 0.9, and >= 2x the model-blind rate), the
 //!   loads each made and the requests per second. The first 0.5 s of each
 //!   round (the first loads into empty replicas) is a warm-up: requests sent
-//!   and loads begun in it are not counted.
+//!   and loads begun in it are not counted. The same figures follow for
+//!   steeper skews (exponents 1.25 and 1.5), each with the workload's
+//!   ceiling (`static_optimum_hit_rate`: the share of requests for the 24
+//!   most popular models, which a placement that never changed and loaded
+//!   for free would hit).
 //!
 //! Each pair alternates (baseline, feature, baseline, feature) and each figure
 //! is the better of its two rounds. Prints one JSON figure per line.
@@ -44,7 +51,8 @@ use flotilla_core::{
 };
 use flotilla_replica::{
     Deployment, DeploymentHandle, Directory, MultiplexedDeployment, PowerOfTwoChoicesRouter,
-    Registry, ReplicaActor, ReplicaArgs, ReplicaEvent, ReplicaId, ReplicaMsg, UserError,
+    Registry, ReplicaActor, ReplicaArgs, ReplicaEndpoint, ReplicaEvent, ReplicaId, ReplicaMsg,
+    RequestRouter, RoutingRequest, UserError, power_of_two_choices,
 };
 use ractor::{Actor, ActorRef};
 
@@ -56,7 +64,10 @@ const CALLERS: usize = 64;
 const REPLICAS: u32 = 8;
 const SLOTS: u32 = 3;
 const MODELS: usize = 32;
-const ZIPF_S: f64 = 1.0;
+/// Zipf exponents: the workload (1.0, the k-th model's share
+/// proportional to 1/k) first, then steeper skews, to show where the hit rate
+/// stands against the workload's own ceiling.
+const SKEWS: [f64; 3] = [1.0, 1.25, 1.5];
 const MX_CALLERS: usize = 32;
 const LOAD: Duration = Duration::from_millis(20);
 const MX_HANDLER: Duration = Duration::from_millis(1);
@@ -64,6 +75,34 @@ const MX_HANDLER: Duration = Duration::from_millis(1);
 const MX_WARMUP: Duration = Duration::from_millis(500);
 
 const BLIND: &str = "bench.routers:ModelBlind";
+const RAY: &str = "bench.routers:RaysRule";
+
+/// Ray's multiplexed rule, for comparison with the default router: a holder
+/// of the model by power of two choices, else one of the replicas holding the
+/// fewest models by power of two choices (at random among equals, where the
+/// default router takes the one whose least recently used model is coldest).
+struct RaysRule;
+
+impl RequestRouter for RaysRule {
+    fn choose(
+        &self,
+        request: &RoutingRequest<'_>,
+        replicas: &[Arc<ReplicaEndpoint>],
+    ) -> Option<usize> {
+        let id = request.model_id()?;
+        if let Some(i) = power_of_two_choices(replicas, request.random(), |e| e.has_model(id)) {
+            return Some(i);
+        }
+        let fewest = replicas
+            .iter()
+            .filter(|e| e.has_room())
+            .map(|e| e.model_count())
+            .min()?;
+        power_of_two_choices(replicas, request.random().rotate_left(29), |e| {
+            e.model_count() == fewest
+        })
+    }
+}
 
 /// A replica with a device that runs one call at a time.
 struct Device(tokio::sync::Mutex<()>);
@@ -221,6 +260,8 @@ fn registry(hits: &Arc<Hits>) -> Registry {
         .unwrap()
         .register_request_router(BLIND, |_kwargs| Ok(PowerOfTwoChoicesRouter))
         .unwrap()
+        .register_request_router(RAY, |_kwargs| Ok(RaysRule))
+        .unwrap()
 }
 
 /// The requests `callers` closed-loop callers made in `secs`, and how long
@@ -322,16 +363,24 @@ struct MxResult {
     rps: f64,
 }
 
-async fn multiplexing_round(aware: bool, secs: Duration, round: u32) -> MxResult {
+async fn multiplexing_round(
+    router: Option<&str>,
+    zipf_s: f64,
+    secs: Duration,
+    round: u32,
+) -> MxResult {
     let hits = Arc::new(Hits::default());
-    let router = if aware {
-        RequestRouterConfig::default()
-    } else {
-        RequestRouterConfig {
-            request_router_class: BLIND.try_into().unwrap(),
+    let router = match router {
+        None => RequestRouterConfig::default(),
+        Some(class) => RequestRouterConfig {
+            request_router_class: class.try_into().unwrap(),
             ..RequestRouterConfig::default()
-        }
+        },
     };
+    let tag = router
+        .request_router_class
+        .as_str()
+        .replace([':', '.'], "-");
     let spec = DeploymentSpec::builder("models", "bench::Models")
         .with_config(|c| {
             c.with_max_ongoing_requests(16)
@@ -340,9 +389,9 @@ async fn multiplexing_round(aware: bool, secs: Duration, round: u32) -> MxResult
         })
         .build()
         .unwrap();
-    let ns = format!("bench-mx-{aware}-{round}");
+    let ns = format!("bench-mx-{tag}-{zipf_s}-{round}");
     let rig = Rig::start(&ns, &registry(&hits), spec, REPLICAS).await;
-    let cdf = Arc::new(zipf_cdf(MODELS, ZIPF_S));
+    let cdf = Arc::new(zipf_cdf(MODELS, zipf_s));
     let ids: Arc<Vec<DeploymentHandle>> = Arc::new(
         (0..MODELS)
             .map(|m| rig.handle.clone().with_model_id(format!("m{m}")).unwrap())
@@ -384,6 +433,93 @@ async fn multiplexing_round(aware: bool, secs: Duration, round: u32) -> MxResult
         requests: h + m,
         rps: (h + m) as f64 / elapsed,
     }
+}
+
+/// The multiplexing figures of one skew: each router twice, alternating.
+async fn multiplexing(zipf_s: f64, secs: Duration) {
+    let (mut blind, mut rays, mut aware): (Option<MxResult>, Option<MxResult>, Option<MxResult>) =
+        (None, None, None);
+    let better = |best: Option<MxResult>, r: MxResult| match best {
+        Some(b) if b.hit_rate >= r.hit_rate => Some(b),
+        _ => Some(r),
+    };
+    for round in 0..2 {
+        blind = better(
+            blind,
+            multiplexing_round(Some(BLIND), zipf_s, secs, round).await,
+        );
+        rays = better(
+            rays,
+            multiplexing_round(Some(RAY), zipf_s, secs, round).await,
+        );
+        aware = better(aware, multiplexing_round(None, zipf_s, secs, round).await);
+    }
+    let (blind, rays, aware) = (blind.unwrap(), rays.unwrap(), aware.unwrap());
+    let at = format!(
+        ", \"replicas\": {REPLICAS}, \"slots\": {SLOTS}, \"models\": {MODELS}, \"zipf_s\": {zipf_s}, \"callers\": {MX_CALLERS}"
+    );
+    for (target, r) in [
+        ("model-blind", &blind),
+        ("rays-rule", &rays),
+        ("model-aware", &aware),
+    ] {
+        figure(
+            "multiplexing",
+            "hit_rate",
+            r.hit_rate,
+            "fraction",
+            &format!(", \"target\": \"{target}\"{at}"),
+        );
+        figure(
+            "multiplexing",
+            "loads",
+            r.loads as f64,
+            "loads",
+            &format!(
+                ", \"target\": \"{target}\", \"requests\": {}{at}",
+                r.requests
+            ),
+        );
+        figure(
+            "multiplexing",
+            "req_per_s",
+            r.rps,
+            "req/s",
+            &format!(", \"target\": \"{target}\"{at}"),
+        );
+    }
+    // The workload's ceiling: the share of requests for the models that fit
+    // in every slot at once (a placement that never changes, loads free).
+    let cdf = zipf_cdf(MODELS, zipf_s);
+    let slots = (REPLICAS * SLOTS) as usize;
+    figure(
+        "multiplexing",
+        "static_optimum_hit_rate",
+        cdf[slots.min(MODELS) - 1],
+        "fraction",
+        &at,
+    );
+    figure(
+        "multiplexing",
+        "aware_over_blind_hit_rate",
+        aware.hit_rate / blind.hit_rate.max(f64::MIN_POSITIVE),
+        "x",
+        &format!(", \"goal\": 2{at}"),
+    );
+    figure(
+        "multiplexing",
+        "aware_over_blind_req_per_s",
+        aware.rps / blind.rps.max(f64::MIN_POSITIVE),
+        "x",
+        &at,
+    );
+    figure(
+        "multiplexing",
+        "aware_over_rays_rule_hit_rate",
+        aware.hit_rate / rays.hit_rate.max(f64::MIN_POSITIVE),
+        "x",
+        &at,
+    );
 }
 
 fn figure(scenario: &str, metric: &str, value: f64, unit: &str, extra: &str) {
@@ -428,56 +564,9 @@ fn main() {
             ", \"goal\": 10",
         );
 
-        let (mut blind, mut aware): (Option<MxResult>, Option<MxResult>) = (None, None);
-        let better = |best: Option<MxResult>, r: MxResult| match best {
-            Some(b) if b.hit_rate >= r.hit_rate => Some(b),
-            _ => Some(r),
-        };
-        for round in 0..2 {
-            blind = better(blind, multiplexing_round(false, secs, round).await);
-            aware = better(aware, multiplexing_round(true, secs, round).await);
+        for zipf_s in SKEWS {
+            multiplexing(zipf_s, secs).await;
         }
-        let (blind, aware) = (blind.unwrap(), aware.unwrap());
-        let at = format!(
-            ", \"replicas\": {REPLICAS}, \"slots\": {SLOTS}, \"models\": {MODELS}, \"zipf_s\": {ZIPF_S}, \"callers\": {MX_CALLERS}"
-        );
-        for (target, r) in [("model-blind", &blind), ("model-aware", &aware)] {
-            figure(
-                "multiplexing",
-                "hit_rate",
-                r.hit_rate,
-                "fraction",
-                &format!(", \"target\": \"{target}\"{at}"),
-            );
-            figure(
-                "multiplexing",
-                "loads",
-                r.loads as f64,
-                "loads",
-                &format!(", \"target\": \"{target}\", \"requests\": {}{at}", r.requests),
-            );
-            figure(
-                "multiplexing",
-                "req_per_s",
-                r.rps,
-                "req/s",
-                &format!(", \"target\": \"{target}\"{at}"),
-            );
-        }
-        figure(
-            "multiplexing",
-            "aware_over_blind_hit_rate",
-            aware.hit_rate / blind.hit_rate.max(f64::MIN_POSITIVE),
-            "x",
-            ", \"goal\": 2",
-        );
-        figure(
-            "multiplexing",
-            "aware_over_blind_req_per_s",
-            aware.rps / blind.rps.max(f64::MIN_POSITIVE),
-            "x",
-            "",
-        );
     });
     // Exit at once: tearing the actors down measures nothing.
     std::process::exit(0);

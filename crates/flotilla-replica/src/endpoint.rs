@@ -228,6 +228,22 @@ impl ReplicaEndpoint {
         self.models.as_ref().map_or(0, |m| m.count())
     }
 
+    /// When its least recently used model was last used, on its deployment's
+    /// use counter (0 if it holds none); `None` unless multiplexed and local.
+    /// A new model loaded here evicts that one when the replica is full.
+    pub(crate) fn coldest_model_use(&self) -> Option<u64> {
+        self.models.as_ref().and_then(|m| m.coldest())
+    }
+
+    /// Set what [`coldest_model_use`](Self::coldest_model_use) reports
+    /// (router tests).
+    #[cfg(test)]
+    pub(crate) fn set_coldest_model_use(&self, used: u64) {
+        if let Some(m) = &self.models {
+            m.set_coldest(used);
+        }
+    }
+
     /// The ids of the models it has loaded, sorted (empty unless multiplexed).
     pub fn model_ids(&self) -> Vec<String> {
         self.models

@@ -20,7 +20,7 @@ use std::{
     collections::VecDeque,
     sync::{
         Arc, Mutex, MutexGuard,
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
     },
 };
 
@@ -62,6 +62,9 @@ pub(crate) struct ModelHub {
     /// Whether the replica is known to be multiplexed: always for a local
     /// replica's cache; for a mirror, from its first report.
     known: AtomicBool,
+    /// The last use of its least recently used loaded model (0: none
+    /// loaded; `u64::MAX`: not known, a mirror).
+    coldest: AtomicU64,
 }
 
 impl ModelHub {
@@ -70,6 +73,7 @@ impl ModelHub {
         ModelHub {
             ids: watch::Sender::new(ModelIds::default()),
             known: AtomicBool::new(true),
+            coldest: AtomicU64::new(0),
         }
     }
 
@@ -79,6 +83,7 @@ impl ModelHub {
         ModelHub {
             ids: watch::Sender::new(ModelIds::default()),
             known: AtomicBool::new(false),
+            coldest: AtomicU64::new(u64::MAX),
         }
     }
 
@@ -92,6 +97,21 @@ impl ModelHub {
             }
             changed
         });
+    }
+
+    /// When the least recently used of its loaded models was last used, on
+    /// its deployment's use counter (0 if it holds none; `None` for a
+    /// mirror, whose process keeps that to itself): what a new model would
+    /// evict there, the lower the colder.
+    pub(crate) fn coldest(&self) -> Option<u64> {
+        match self.coldest.load(Ordering::Relaxed) {
+            u64::MAX => None,
+            n => Some(n),
+        }
+    }
+
+    pub(crate) fn set_coldest(&self, used: u64) {
+        self.coldest.store(used, Ordering::Relaxed);
     }
 
     /// Whether its replica is multiplexed (a mirror: once it reported).
@@ -129,6 +149,7 @@ impl ModelHub {
                 loading: Vec::new(),
             }),
             known: AtomicBool::new(true),
+            coldest: AtomicU64::new(0),
         }
     }
 }
@@ -142,8 +163,8 @@ struct Loading<T> {
 }
 
 struct State<T> {
-    /// Least recently used first.
-    loaded: VecDeque<(Arc<str>, Arc<T>)>,
+    /// Least recently used first, each with its last use (see [`Settings::next_use`]).
+    loaded: VecDeque<(Arc<str>, Arc<T>, u64)>,
     loading: Vec<Loading<T>>,
     /// The replica stopped: no more loads.
     closed: bool,
@@ -187,8 +208,9 @@ impl<M: MultiplexedDeployment> ModelCache<M> {
     }
 
     fn publish(&self, s: &State<M::Model>) {
+        self.hub.set_coldest(s.loaded.front().map_or(0, |e| e.2));
         self.hub.ids.send_replace(ModelIds {
-            loaded: s.loaded.iter().map(|(id, _)| id.clone()).collect(),
+            loaded: s.loaded.iter().map(|(id, ..)| id.clone()).collect(),
             loading: s.loading.iter().map(|l| l.id.clone()).collect(),
         });
     }
@@ -200,11 +222,15 @@ impl<M: MultiplexedDeployment> ModelCache<M> {
             if s.closed {
                 return Err(load_error(id, "the replica is stopping"));
             }
-            if let Some(pos) = s.loaded.iter().position(|(k, _)| k == id)
-                && let Some(entry) = s.loaded.remove(pos)
+            if let Some(pos) = s.loaded.iter().position(|(k, ..)| k == id)
+                && let Some(mut entry) = s.loaded.remove(pos)
             {
                 let model = entry.1.clone();
+                entry.2 = self.settings.next_use();
                 s.loaded.push_back(entry);
+                if pos == 0 {
+                    self.hub.set_coldest(s.loaded.front().map_or(0, |e| e.2));
+                }
                 return Ok(model);
             }
             match s.loading.iter().find(|l| &l.id == id) {
@@ -246,7 +272,8 @@ impl<M: MultiplexedDeployment> ModelCache<M> {
                     if s.closed {
                         (Ok(model.clone()), Some(model))
                     } else {
-                        s.loaded.push_back((id.clone(), model.clone()));
+                        let used = self.settings.next_use();
+                        s.loaded.push_back((id.clone(), model.clone(), used));
                         (Ok(model), None)
                     }
                 }
@@ -282,7 +309,7 @@ impl<M: MultiplexedDeployment> ModelCache<M> {
                 victim
             };
             match victim {
-                Some((id, model)) => self.unload(id, model).await,
+                Some((id, model, _)) => self.unload(id, model).await,
                 None => return,
             }
         }
@@ -312,7 +339,7 @@ impl<M: MultiplexedDeployment> ModelCache<M> {
             self.publish(&s);
             models
         };
-        for (id, model) in models {
+        for (id, model, _) in models {
             self.unload(id, model).await;
         }
     }
@@ -396,15 +423,25 @@ mod tests {
     async fn evicts_the_least_recently_used_and_unloads_it_first() {
         // Ray's test_multiplex_wrapper, cap 2.
         let (zoo, c) = cache(Some(2));
+        assert_eq!(c.hub().coldest(), Some(0), "nothing loaded");
         c.get(&id("1")).await.unwrap();
         c.get(&id("2")).await.unwrap();
         assert_eq!(loaded(&c), ["1", "2"]);
+        // The uses so far: load 1 (1), load 2 (2); "1" is the coldest.
+        assert_eq!(c.hub().coldest(), Some(1));
         c.get(&id("3")).await.unwrap();
         assert_eq!(loaded(&c), ["2", "3"]);
+        assert_eq!(c.hub().coldest(), Some(2));
         // A hit makes "2" the most recently used, so "3" goes next.
         assert_eq!(*c.get(&id("2")).await.unwrap(), "model 2");
+        assert_eq!(c.hub().coldest(), Some(3), "\"3\", loaded third");
         c.get(&id("4")).await.unwrap();
-        let mut now: Vec<String> = c.lock().loaded.iter().map(|(k, _)| k.to_string()).collect();
+        let mut now: Vec<String> = c
+            .lock()
+            .loaded
+            .iter()
+            .map(|(k, ..)| k.to_string())
+            .collect();
         now.sort();
         assert_eq!(now, ["2", "4"]);
         assert_eq!(

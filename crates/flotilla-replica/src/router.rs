@@ -147,8 +147,12 @@ impl RequestRouter for PowerOfTwoChoicesRouter {
 /// goes to a replica that has the model loaded (or loading), by power of two
 /// choices among those with room; when none of those has room (or none holds
 /// the model), to one of the replicas with room that hold the fewest models
-/// (loaded or loading), by power of two choices, so that a new model lands
-/// where it evicts least (Ray's `_get_replica_ids_with_fewest_multiplexed_models`).
+/// (loaded or loading), so that a new model lands where it evicts least (Ray's
+/// `_get_replica_ids_with_fewest_multiplexed_models`). Among those, unlike
+/// Ray (which draws at random), the one whose least recently used model was
+/// used longest ago: a full deployment evicts its coldest model, as one cache
+/// would, instead of some replica's (power of two choices when a candidate is
+/// in another process and cannot tell).
 /// A request without a model id, or for a deployment that is not
 /// multiplexed, is the `fallback` router's.
 ///
@@ -182,17 +186,45 @@ impl<F: RequestRouter> RequestRouter for MultiplexedRouter<F> {
                 .filter(|e| e.is_multiplexed() && e.has_room())
                 .map(|e| e.model_count())
                 .min();
-            if let Some(fewest) = fewest
-                && let Some(i) =
-                    power_of_two_choices(replicas, request.random().rotate_left(29), |e| {
-                        e.is_multiplexed() && e.model_count() == fewest
-                    })
-            {
-                return Some(i);
+            if let Some(fewest) = fewest {
+                let eligible =
+                    |e: &ReplicaEndpoint| e.is_multiplexed() && e.model_count() == fewest;
+                if let Some(i) = coldest(replicas, request.random(), eligible).or_else(|| {
+                    power_of_two_choices(replicas, request.random().rotate_left(29), eligible)
+                }) {
+                    return Some(i);
+                }
             }
         }
         self.fallback.choose(request, replicas)
     }
+}
+
+/// Among the replicas with room that `eligible` accepts, the one whose least
+/// recently used model was used longest ago (ties: the less loaded, then from
+/// a place drawn with `random`), so that a new model evicts the deployment's
+/// coldest model, not one a replica happens to use least. `None` if none
+/// qualifies or one of them cannot tell (a replica in another process).
+fn coldest(
+    replicas: &[Arc<ReplicaEndpoint>],
+    random: u64,
+    eligible: impl Fn(&ReplicaEndpoint) -> bool,
+) -> Option<usize> {
+    let n = replicas.len();
+    let start = (random % n.max(1) as u64) as usize;
+    let mut best: Option<(u64, u32, usize)> = None;
+    for k in 0..n {
+        let i = (start + k) % n;
+        let e = &replicas[i];
+        if !(e.has_room() && eligible(e)) {
+            continue;
+        }
+        let key = (e.coldest_model_use()?, e.in_flight(), i);
+        if best.is_none_or(|b| (key.0, key.1) < (b.0, b.1)) {
+            best = Some(key);
+        }
+    }
+    best.map(|(_, _, i)| i)
 }
 
 /// The router Ray's default class names: [`MultiplexedRouter`] over
@@ -354,6 +386,34 @@ pub(crate) mod tests {
         }
         // No model id: model-blind.
         assert!(router.choose(&RoutingRequest::new(9), &eps).is_some());
+    }
+
+    #[tokio::test]
+    async fn a_new_model_evicts_the_deployments_coldest_model() {
+        // Three full replicas: the new model goes where the least recently
+        // used model was used longest ago.
+        let eps: Vec<_> = [&["a", "b"][..], &["c", "d"], &["e", "f"]]
+            .iter()
+            .enumerate()
+            .map(|(i, models)| test_multiplexed_endpoint(i as u64, "n", 1, models))
+            .collect();
+        for (ep, used) in eps.iter().zip([7, 3, 9]) {
+            ep.set_coldest_model_use(used);
+        }
+        let router = MultiplexedRouter::new(PowerOfTwoChoicesRouter);
+        let pick = |r: u64| {
+            let req = RoutingRequest::new(r.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+                .with_model_id(Some("new"));
+            router.choose(&req, &eps)
+        };
+        for r in 0..50u64 {
+            assert_eq!(pick(r), Some(1));
+        }
+        // The coldest has no room: the next coldest.
+        let _held = eps[1].try_acquire().unwrap();
+        for r in 0..50u64 {
+            assert_eq!(pick(r), Some(0));
+        }
     }
 
     #[tokio::test]

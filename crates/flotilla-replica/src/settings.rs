@@ -20,6 +20,9 @@ pub(crate) struct Settings {
     max_concurrent_batches: AtomicU32,
     /// 0: no limit.
     max_models: AtomicU32,
+    /// Model uses so far on every replica of this process: a logical clock
+    /// that orders the replicas' least recently used models.
+    uses: AtomicU64,
 }
 
 impl Default for Settings {
@@ -29,6 +32,7 @@ impl Default for Settings {
             batch_wait_timeout_ns: AtomicU64::new(0),
             max_concurrent_batches: AtomicU32::new(1),
             max_models: AtomicU32::new(DEFAULT_MAX_NUM_MODELS_PER_REPLICA),
+            uses: AtomicU64::new(0),
         }
     }
 }
@@ -70,6 +74,11 @@ impl Settings {
     /// Most batches running at once per replica (at least 1).
     pub(crate) fn max_concurrent_batches(&self) -> u32 {
         self.max_concurrent_batches.load(Ordering::Acquire).max(1)
+    }
+
+    /// The next tick of the model-use clock (at least 1).
+    pub(crate) fn next_use(&self) -> u64 {
+        self.uses.fetch_add(1, Ordering::Relaxed) + 1
     }
 
     /// Keep at most `limit` models per replica (`None`: no limit).

@@ -671,7 +671,11 @@ async fn a_head_crash_and_restart_readopts_the_replicas_of_nodes_that_stayed_up(
     let dir = tempfile::tempdir().unwrap();
     let serve = head(dir.path(), cpus(0.0)).await;
     let addr = serve.node_address().unwrap();
-    let a = NodeProc::start(addr, &NodeSpec::new("a", 2.0), dir.path());
+    let a = NodeProc::start(
+        addr,
+        &NodeSpec::new("a", 2.0).custom("gpu", 1.0),
+        dir.path(),
+    );
     let b = NodeProc::start(addr, &NodeSpec::new("b", 2.0), dir.path());
     let (a_id, b_id) = (a.id().await, b.id().await);
     eventually(30, "both nodes joined", || async {
@@ -679,6 +683,24 @@ async fn a_head_crash_and_restart_readopts_the_replicas_of_nodes_that_stayed_up(
     })
     .await;
     serve.run(where_app("app", 4, cpus(1.0))).await.unwrap();
+    // A multiplexed replica on a, holding a model when the head crashes.
+    let models = ApplicationSpec::builder("mx")
+        .deployment(
+            flotilla::DeploymentSpec::builder("models", "where::Models")
+                .with_config(|c| c.with_resources(custom("gpu"))),
+        )
+        .build()
+        .unwrap();
+    let answer: String = serve
+        .run(models)
+        .await
+        .unwrap()
+        .with_model_id("m1")
+        .unwrap()
+        .call("x")
+        .await
+        .unwrap();
+    assert_eq!(answer, format!("model m1 on {a_id}: x"));
     let before: BTreeSet<(u64, String)> = replica_nodes(&serve, "app", "where")
         .await
         .into_iter()
@@ -715,7 +737,19 @@ async fn a_head_crash_and_restart_readopts_the_replicas_of_nodes_that_stayed_up(
         (1, 1),
         "the nodes kept their ids"
     );
-    assert_eq!((a.replicas(), b.replicas()), (2, 2));
+    assert_eq!((a.replicas(), b.replicas()), (3, 2));
+    // The re-attach told the new head what the multiplexed replica holds.
+    eventually(20, "the multiplexed replica re-adopted", || async {
+        serve
+            .deployment_handle("mx", "models")
+            .unwrap()
+            .replicas()
+            .len()
+            == 1
+    })
+    .await;
+    let mx = serve.deployment_handle("mx", "models").unwrap();
+    assert_eq!(mx.replicas()[0].model_ids(), ["m1"]);
     serve.shutdown().await.unwrap();
     drop((a, b));
 }

@@ -329,11 +329,19 @@ fn session(myself: &ActorRef<AgentMsg>, state: &mut AgentState, ev: SessionEvent
             addr,
             ..
         } => {
-            if state.dialing && state.session.is_none() {
+            // Only the session this node dialed tells that the head refused
+            // it. The head also dials the nodes it hears of from others (as
+            // it does on a re-attach), and that second session may close
+            // mid-handshake while this node's own one succeeds.
+            let ours = addr == state.args.options.head.to_string();
+            if ours && state.dialing && state.session.is_none() {
                 let reason = "authentication failed (wrong cookie?)".to_owned();
                 error!(node = %state.args.id, head = %addr,
                     "the head refused this node: {reason}");
                 state.end(Ending::Refused(reason));
+            } else if !ours {
+                info!(node = %state.args.id, peer = %addr,
+                    "a connection that never authenticated closed");
             }
         }
         SessionEvent::Closed {

@@ -157,14 +157,7 @@ async fn a_model_id_crosses_to_a_replica_on_a_node() {
         dir.path(),
     );
     let a_id = a.id().await;
-    let app = ApplicationSpec::builder("mx")
-        .deployment(
-            flotilla::DeploymentSpec::builder("models", "where::Models")
-                .with_config(|c| c.with_resources(custom("gpu"))),
-        )
-        .build()
-        .unwrap();
-    let handle = serve.run(app).await.unwrap();
+    let handle = serve.run(models_app("mx", 1)).await.unwrap();
     let nodes = replica_nodes(&serve, "mx", "models").await;
     assert_eq!(nodes.len(), 1);
     assert_eq!(nodes[0].1, a_id, "the replica runs on node a");
@@ -268,15 +261,7 @@ async fn routing_prefers_the_replica_on_a_node_that_holds_the_model() {
     let a = NodeProc::start(addr, &gpu("a"), dir.path());
     let b = NodeProc::start(addr, &gpu("b"), dir.path());
     let (a_id, b_id) = (a.id().await, b.id().await);
-    let app = ApplicationSpec::builder("mx-route")
-        .deployment(
-            flotilla::DeploymentSpec::builder("models", "where::Models")
-                .replicas(2)
-                .with_config(|c| c.with_resources(custom("gpu"))),
-        )
-        .build()
-        .unwrap();
-    let handle = serve.run(app).await.unwrap();
+    let handle = serve.run(models_app("mx-route", 2)).await.unwrap();
     let nodes: BTreeSet<String> = replica_nodes(&serve, "mx-route", "models")
         .await
         .into_iter()
@@ -684,15 +669,8 @@ async fn a_head_crash_and_restart_readopts_the_replicas_of_nodes_that_stayed_up(
     .await;
     serve.run(where_app("app", 4, cpus(1.0))).await.unwrap();
     // A multiplexed replica on a, holding a model when the head crashes.
-    let models = ApplicationSpec::builder("mx")
-        .deployment(
-            flotilla::DeploymentSpec::builder("models", "where::Models")
-                .with_config(|c| c.with_resources(custom("gpu"))),
-        )
-        .build()
-        .unwrap();
     let answer: String = serve
-        .run(models)
+        .run(models_app("mx", 1))
         .await
         .unwrap()
         .with_model_id("m1")

@@ -251,6 +251,19 @@ pub fn where_app(name: &str, replicas: u32, resources: Resources) -> Application
         .unwrap()
 }
 
+/// An application `name` of one multiplexed `Models` deployment, `models`,
+/// whose `replicas` replicas each need one `gpu` (a custom resource).
+pub fn models_app(name: &str, replicas: u32) -> ApplicationSpec {
+    ApplicationSpec::builder(name)
+        .deployment(
+            DeploymentSpec::builder("models", "where::Models")
+                .replicas(replicas)
+                .with_config(|c| c.with_resources(Resources::none().with_custom("gpu", 1.0))),
+        )
+        .build()
+        .unwrap()
+}
+
 /// A head on loopback, port 0, with `resources`, storing in `dir`.
 pub async fn head(dir: &Path, resources: Resources) -> Serve {
     head_at(dir, resources, "127.0.0.1:0".parse().unwrap()).await

@@ -134,6 +134,26 @@ async fn connect(addr: SocketAddr) -> hyper::client::conn::http1::SendRequest<Fu
 }
 
 /// One round: `conns` connections for `secs`; returns (req/s, p50 ms, p99 ms).
+/// One GET of `path` on `send` once it is ready: its latency in us (from
+/// sending to the whole body), after checking it answered 200 with a body.
+async fn get_us(
+    send: &mut hyper::client::conn::http1::SendRequest<Full<Bytes>>,
+    path: &str,
+) -> u64 {
+    send.ready().await.unwrap();
+    let req = http::Request::get(path)
+        .header("host", "bench")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let t = Instant::now();
+    let resp = send.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    let us = t.elapsed().as_micros() as u64;
+    debug_assert!(!body.is_empty());
+    us
+}
+
 async fn load(addr: SocketAddr, path: &'static str, conns: usize, secs: f64) -> (f64, f64, f64) {
     let deadline = Instant::now() + Duration::from_secs_f64(secs);
     let tasks: Vec<_> = (0..conns)
@@ -142,17 +162,7 @@ async fn load(addr: SocketAddr, path: &'static str, conns: usize, secs: f64) -> 
                 let mut send = connect(addr).await;
                 let mut latencies = Vec::with_capacity(4096);
                 while Instant::now() < deadline {
-                    send.ready().await.unwrap();
-                    let req = http::Request::get(path)
-                        .header("host", "bench")
-                        .body(Full::new(Bytes::new()))
-                        .unwrap();
-                    let t = Instant::now();
-                    let resp = send.send_request(req).await.unwrap();
-                    assert_eq!(resp.status(), 200);
-                    let body = resp.into_body().collect().await.unwrap().to_bytes();
-                    latencies.push(t.elapsed().as_micros() as u64);
-                    debug_assert!(!body.is_empty());
+                    latencies.push(get_us(&mut send, path).await);
                 }
                 latencies
             })
@@ -200,17 +210,7 @@ async fn open_load(
                 let mut due = start + Duration::from_secs_f64(i as f64 / rate);
                 while due < end {
                     tokio::time::sleep_until(due).await;
-                    send.ready().await.unwrap();
-                    let req = http::Request::get(path)
-                        .header("host", "bench")
-                        .body(Full::new(Bytes::new()))
-                        .unwrap();
-                    let t = Instant::now();
-                    let resp = send.send_request(req).await.unwrap();
-                    assert_eq!(resp.status(), 200);
-                    let body = resp.into_body().collect().await.unwrap().to_bytes();
-                    debug_assert!(!body.is_empty());
-                    latencies.push(t.elapsed().as_micros() as u64);
+                    latencies.push(get_us(&mut send, path).await);
                     due += period;
                 }
                 latencies

@@ -97,6 +97,37 @@ impl fmt::Debug for ReplicaEndpoint {
 }
 
 impl ReplicaEndpoint {
+    /// A fresh endpoint of `id` on `node` serving `user`, accepting, with no
+    /// request in flight: no actor, transport, models or route yet (the
+    /// constructors below add theirs).
+    fn base(
+        id: ReplicaId,
+        node: String,
+        user: Arc<dyn ErasedDeployment>,
+        max_ongoing: u32,
+        slot_freed: Arc<Notify>,
+    ) -> Self {
+        ReplicaEndpoint {
+            id,
+            node,
+            user,
+            in_flight: AtomicU32::new(0),
+            max_ongoing: AtomicU32::new(max_ongoing),
+            accepting: AtomicBool::new(true),
+            kill_signal: Notify::new(),
+            slot_freed,
+            actor: None,
+            remote: None,
+            models: None,
+            batcher: OnceLock::new(),
+            route: Weak::new(),
+            faults: Faults::new(),
+            stats: ReplicaStats::default(),
+            started_at: SystemTime::now(),
+            published: AtomicBool::new(false),
+        }
+    }
+
     pub(crate) fn new(
         id: ReplicaId,
         node: String,
@@ -107,23 +138,11 @@ impl ReplicaEndpoint {
         faults: Faults,
     ) -> Self {
         ReplicaEndpoint {
-            id,
-            node,
             models: user.models().cloned(),
-            user,
-            in_flight: AtomicU32::new(0),
-            max_ongoing: AtomicU32::new(max_ongoing),
-            accepting: AtomicBool::new(true),
-            kill_signal: Notify::new(),
-            slot_freed: route.slot_freed.clone(),
             actor: Some(actor),
-            batcher: OnceLock::new(),
             route: Arc::downgrade(route),
-            remote: None,
             faults,
-            stats: ReplicaStats::default(),
-            started_at: SystemTime::now(),
-            published: AtomicBool::new(false),
+            ..Self::base(id, node, user, max_ongoing, route.slot_freed.clone())
         }
     }
 
@@ -136,25 +155,17 @@ impl ReplicaEndpoint {
         slot_freed: Arc<Notify>,
     ) -> Self {
         ReplicaEndpoint {
-            id,
-            node,
-            user: Arc::new(crate::remote::Elsewhere),
-            in_flight: AtomicU32::new(0),
-            max_ongoing: AtomicU32::new(max_ongoing),
-            accepting: AtomicBool::new(true),
-            kill_signal: Notify::new(),
-            slot_freed,
-            actor: None,
             remote: Some(call),
             // A replica elsewhere batches and loads its models there; its
             // process reports its model ids (docs/nodes.md).
             models: Some(Arc::new(ModelHub::mirror())),
-            batcher: OnceLock::new(),
-            route: Weak::new(),
-            faults: Faults::new(),
-            stats: ReplicaStats::default(),
-            started_at: SystemTime::now(),
-            published: AtomicBool::new(false),
+            ..Self::base(
+                id,
+                node,
+                Arc::new(crate::remote::Elsewhere),
+                max_ongoing,
+                slot_freed,
+            )
         }
     }
 
@@ -394,25 +405,15 @@ fn test_endpoint_of(
             Ok(())
         }
     }
-    let hub = models.map(|m| Arc::new(ModelHub::with_ids(m)));
     Arc::new(ReplicaEndpoint {
-        id: ReplicaId(id),
-        node: node.to_owned(),
-        user: Arc::new(crate::user::Erased(Nothing)),
-        in_flight: AtomicU32::new(0),
-        max_ongoing: AtomicU32::new(max_ongoing),
-        accepting: AtomicBool::new(true),
-        kill_signal: Notify::new(),
-        slot_freed: Arc::new(Notify::new()),
-        actor: None,
-        remote: None,
-        models: hub,
-        batcher: OnceLock::new(),
-        route: Weak::new(),
-        faults: Faults::new(),
-        stats: ReplicaStats::default(),
-        started_at: SystemTime::now(),
-        published: AtomicBool::new(false),
+        models: models.map(|m| Arc::new(ModelHub::with_ids(m))),
+        ..ReplicaEndpoint::base(
+            ReplicaId(id),
+            node.to_owned(),
+            Arc::new(crate::user::Erased(Nothing)),
+            max_ongoing,
+            Arc::new(Notify::new()),
+        )
     })
 }
 

@@ -17,8 +17,9 @@
 //!   20 ms load, with the default router (model-aware) against model-blind
 //!   power of two choices and against Ray's multiplexed rule (`rays-rule`:
 //!   a new model to one of the replicas with the fewest models at random,
-//!   where the default router takes the one whose least recently used model
-//!   is coldest), both registered router classes. A request hits when
+//!   where the default router takes the one whose next victim, its least
+//!   recently used model, has been used least lately), both registered
+//!   router classes. A request hits when
 //!   its model was loaded on its replica before it was sent. Figures: the hit
 //!   rates, their ratio (goals: >= 0.9, and >= 2x the model-blind rate), the
 //!   loads each made and the requests per second. The first 0.5 s of each
@@ -80,7 +81,8 @@ const RAY: &str = "bench.routers:RaysRule";
 /// Ray's multiplexed rule, for comparison with the default router: a holder
 /// of the model by power of two choices, else one of the replicas holding the
 /// fewest models by power of two choices (at random among equals, where the
-/// default router takes the one whose least recently used model is coldest).
+/// default router takes the one whose least recently used model has been
+/// used least lately).
 struct RaysRule;
 
 impl RequestRouter for RaysRule {

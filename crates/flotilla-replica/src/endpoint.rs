@@ -239,19 +239,25 @@ impl ReplicaEndpoint {
         self.models.as_ref().map_or(0, |m| m.count())
     }
 
-    /// When its least recently used model was last used, on its deployment's
-    /// use counter (0 if it holds none); `None` unless multiplexed and local.
-    /// A new model loaded here evicts that one when the replica is full.
-    pub(crate) fn coldest_model_use(&self) -> Option<u64> {
+    /// How much its least recently used model has been used lately (its
+    /// heat: uses weighted by age, comparable across the deployment's
+    /// replicas in this process; `-inf` if it holds none); `None` unless
+    /// multiplexed and local. A new model loaded here evicts that one when
+    /// the replica is full.
+    pub(crate) fn coldest_model_heat(&self) -> Option<f64> {
         self.models.as_ref().and_then(|m| m.coldest())
     }
 
-    /// Set what [`coldest_model_use`](Self::coldest_model_use) reports
-    /// (router tests).
+    /// Set what [`coldest_model_heat`](Self::coldest_model_heat) reports:
+    /// a model used at each of `ticks` (router tests).
     #[cfg(test)]
-    pub(crate) fn set_coldest_model_use(&self, used: u64) {
+    pub(crate) fn set_coldest_model_uses(&self, ticks: &[u64]) {
+        use crate::model_cache::Heat;
+        let heat = ticks
+            .split_first()
+            .map(|(first, rest)| rest.iter().fold(Heat::first(*first), |h, &t| h.used(t)));
         if let Some(m) = &self.models {
-            m.set_coldest(used);
+            m.set_coldest(heat);
         }
     }
 

@@ -4,7 +4,10 @@
 //! subscription for routers.
 //!
 //! - A hit moves the model to the most recently used end and takes no lock
-//!   beyond the cache's own short one.
+//!   beyond the cache's own short one. Each model also keeps its [`Heat`]
+//!   (its uses weighted by age), and the cache publishes the heat of the
+//!   model it would evict next, so that routers send a new model where it
+//!   evicts the least used one.
 //! - A miss starts one load per id: requests for a model that is loading wait
 //!   for that load (they are not a second load), and all get its outcome. A
 //!   failed load fails every waiting request with the loader's error and
@@ -62,9 +65,44 @@ pub(crate) struct ModelHub {
     /// Whether the replica is known to be multiplexed: always for a local
     /// replica's cache; for a mirror, from its first report.
     known: AtomicBool,
-    /// The last use of its least recently used loaded model (0: none
-    /// loaded; `u64::MAX`: not known, a mirror).
+    /// The [`Heat`] of its least recently used loaded model, as `f64` bits
+    /// (`-inf`: none loaded; [`UNKNOWN`]: not known, a mirror).
     coldest: AtomicU64,
+}
+
+/// [`ModelHub::coldest`] of a mirror: its process keeps that to itself.
+const UNKNOWN: u64 = u64::MAX;
+
+/// How many uses (on the deployment's use clock, [`Settings::next_use`]) a
+/// use of a model counts for: its weight halves about every 0.7 windows.
+const HEAT_WINDOW: f64 = 4096.0;
+
+/// How much a model has been used lately: `ln Σ e^(t / HEAT_WINDOW)` over
+/// its uses `t` on its deployment's use clock, so that models compare by
+/// their uses weighted by age without any value changing as the clock runs
+/// (the common factor `e^(-now / HEAT_WINDOW)` cancels out). A model used
+/// often outranks one used once more recently; of two used equally often,
+/// the one used later is hotter.
+#[derive(Debug, Clone, Copy, PartialEq, PartialOrd)]
+pub(crate) struct Heat(f64);
+
+impl Heat {
+    /// A model first used (loaded) at `tick`.
+    pub(crate) fn first(tick: u64) -> Heat {
+        Heat(tick as f64 / HEAT_WINDOW)
+    }
+
+    /// The same model used again at `tick`.
+    pub(crate) fn used(self, tick: u64) -> Heat {
+        let (a, b) = (self.0, tick as f64 / HEAT_WINDOW);
+        let (hi, lo) = if a > b { (a, b) } else { (b, a) };
+        Heat(hi + (lo - hi).exp().ln_1p())
+    }
+
+    /// Its value, for comparisons.
+    pub(crate) fn value(self) -> f64 {
+        self.0
+    }
 }
 
 impl ModelHub {
@@ -73,7 +111,7 @@ impl ModelHub {
         ModelHub {
             ids: watch::Sender::new(ModelIds::default()),
             known: AtomicBool::new(true),
-            coldest: AtomicU64::new(0),
+            coldest: AtomicU64::new(f64::NEG_INFINITY.to_bits()),
         }
     }
 
@@ -83,7 +121,7 @@ impl ModelHub {
         ModelHub {
             ids: watch::Sender::new(ModelIds::default()),
             known: AtomicBool::new(false),
-            coldest: AtomicU64::new(u64::MAX),
+            coldest: AtomicU64::new(UNKNOWN),
         }
     }
 
@@ -99,19 +137,20 @@ impl ModelHub {
         });
     }
 
-    /// When the least recently used of its loaded models was last used, on
-    /// its deployment's use counter (0 if it holds none; `None` for a
-    /// mirror, whose process keeps that to itself): what a new model would
-    /// evict there, the lower the colder.
-    pub(crate) fn coldest(&self) -> Option<u64> {
+    /// The [`Heat`] of the least recently used of its loaded models, the
+    /// one a new model would evict there (`-inf` if it holds none; `None`
+    /// for a mirror, whose process keeps that to itself).
+    pub(crate) fn coldest(&self) -> Option<f64> {
         match self.coldest.load(Ordering::Relaxed) {
-            u64::MAX => None,
-            n => Some(n),
+            UNKNOWN => None,
+            bits => Some(f64::from_bits(bits)),
         }
     }
 
-    pub(crate) fn set_coldest(&self, used: u64) {
-        self.coldest.store(used, Ordering::Relaxed);
+    /// Publish the heat of its least recently used model (`None`: none).
+    pub(crate) fn set_coldest(&self, heat: Option<Heat>) {
+        let v = heat.map_or(f64::NEG_INFINITY, Heat::value);
+        self.coldest.store(v.to_bits(), Ordering::Relaxed);
     }
 
     /// Whether its replica is multiplexed (a mirror: once it reported).
@@ -149,7 +188,7 @@ impl ModelHub {
                 loading: Vec::new(),
             }),
             known: AtomicBool::new(true),
-            coldest: AtomicU64::new(0),
+            coldest: AtomicU64::new(f64::NEG_INFINITY.to_bits()),
         }
     }
 }
@@ -163,8 +202,8 @@ struct Loading<T> {
 }
 
 struct State<T> {
-    /// Least recently used first, each with its last use (see [`Settings::next_use`]).
-    loaded: VecDeque<(Arc<str>, Arc<T>, u64)>,
+    /// Least recently used first, each with its [`Heat`].
+    loaded: VecDeque<(Arc<str>, Arc<T>, Heat)>,
     loading: Vec<Loading<T>>,
     /// The replica stopped: no more loads.
     closed: bool,
@@ -208,7 +247,7 @@ impl<M: MultiplexedDeployment> ModelCache<M> {
     }
 
     fn publish(&self, s: &State<M::Model>) {
-        self.hub.set_coldest(s.loaded.front().map_or(0, |e| e.2));
+        self.hub.set_coldest(s.loaded.front().map(|e| e.2));
         self.hub.ids.send_replace(ModelIds {
             loaded: s.loaded.iter().map(|(id, ..)| id.clone()).collect(),
             loading: s.loading.iter().map(|l| l.id.clone()).collect(),
@@ -226,10 +265,10 @@ impl<M: MultiplexedDeployment> ModelCache<M> {
                 && let Some(mut entry) = s.loaded.remove(pos)
             {
                 let model = entry.1.clone();
-                entry.2 = self.settings.next_use();
+                entry.2 = entry.2.used(self.settings.next_use());
                 s.loaded.push_back(entry);
                 if pos == 0 {
-                    self.hub.set_coldest(s.loaded.front().map_or(0, |e| e.2));
+                    self.hub.set_coldest(s.loaded.front().map(|e| e.2));
                 }
                 return Ok(model);
             }
@@ -272,8 +311,8 @@ impl<M: MultiplexedDeployment> ModelCache<M> {
                     if s.closed {
                         (Ok(model.clone()), Some(model))
                     } else {
-                        let used = self.settings.next_use();
-                        s.loaded.push_back((id.clone(), model.clone(), used));
+                        let heat = Heat::first(self.settings.next_use());
+                        s.loaded.push_back((id.clone(), model.clone(), heat));
                         (Ok(model), None)
                     }
                 }
@@ -423,18 +462,19 @@ mod tests {
     async fn evicts_the_least_recently_used_and_unloads_it_first() {
         // Ray's test_multiplex_wrapper, cap 2.
         let (zoo, c) = cache(Some(2));
-        assert_eq!(c.hub().coldest(), Some(0), "nothing loaded");
+        let heat = |tick| Some(Heat::first(tick).value());
+        assert_eq!(c.hub().coldest(), Some(f64::NEG_INFINITY), "nothing loaded");
         c.get(&id("1")).await.unwrap();
         c.get(&id("2")).await.unwrap();
         assert_eq!(loaded(&c), ["1", "2"]);
         // The uses so far: load 1 (1), load 2 (2); "1" is the coldest.
-        assert_eq!(c.hub().coldest(), Some(1));
+        assert_eq!(c.hub().coldest(), heat(1));
         c.get(&id("3")).await.unwrap();
         assert_eq!(loaded(&c), ["2", "3"]);
-        assert_eq!(c.hub().coldest(), Some(2));
+        assert_eq!(c.hub().coldest(), heat(2));
         // A hit makes "2" the most recently used, so "3" goes next.
         assert_eq!(*c.get(&id("2")).await.unwrap(), "model 2");
-        assert_eq!(c.hub().coldest(), Some(3), "\"3\", loaded third");
+        assert_eq!(c.hub().coldest(), heat(3), "\"3\", loaded third");
         c.get(&id("4")).await.unwrap();
         let mut now: Vec<String> = c
             .lock()
@@ -454,6 +494,29 @@ mod tests {
         assert!(c.hub().current().is_empty());
         assert_eq!(zoo.log().len(), 8);
         assert!(c.get(&id("1")).await.is_err());
+    }
+
+    #[test]
+    fn heat_weighs_uses_by_their_age() {
+        let used = |ticks: &[u64]| {
+            let mut h = Heat::first(ticks[0]);
+            for &t in &ticks[1..] {
+                h = h.used(t);
+            }
+            h.value()
+        };
+        // Used often outranks used once more recently.
+        assert!(used(&[100, 200, 300, 400]) > used(&[500]));
+        // As often, the later is hotter.
+        assert!(used(&[100, 200]) > used(&[50, 150]));
+        // Uses long ago weigh almost nothing: ten uses ten windows back lose to
+        // two uses now.
+        let now = 20 * HEAT_WINDOW as u64;
+        let old: Vec<u64> = (1..=10).collect();
+        assert!(used(&[now, now + 1]) > used(&old));
+        // Adding one use to a huge total is exact enough to keep ordering.
+        let big = used(&(0..5000).map(|t| t * 1000).collect::<Vec<_>>());
+        assert!(Heat(big).used(5_000_001).value() > big);
     }
 
     #[tokio::test(start_paused = true)]

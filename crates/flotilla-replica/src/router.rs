@@ -149,10 +149,12 @@ impl RequestRouter for PowerOfTwoChoicesRouter {
 /// the model), to one of the replicas with room that hold the fewest models
 /// (loaded or loading), so that a new model lands where it evicts least (Ray's
 /// `_get_replica_ids_with_fewest_multiplexed_models`). Among those, unlike
-/// Ray (which draws at random), the one whose least recently used model was
-/// used longest ago: a full deployment evicts its coldest model, as one cache
-/// would, instead of some replica's (power of two choices when a candidate is
-/// in another process and cannot tell).
+/// Ray (which draws at random), the one whose next victim (its least
+/// recently used model) has been used least lately, by uses weighted by age:
+/// a full deployment evicts its least used model, as one frequency-aware
+/// cache would, instead of some replica's, and a model that a single request
+/// brought in goes first (power of two choices when a candidate is in
+/// another process and cannot tell).
 /// A request without a model id, or for a deployment that is not
 /// multiplexed, is the `fallback` router's.
 ///
@@ -201,10 +203,11 @@ impl<F: RequestRouter> RequestRouter for MultiplexedRouter<F> {
 }
 
 /// Among the replicas with room that `eligible` accepts, the one whose least
-/// recently used model was used longest ago (ties: the less loaded, then from
-/// a place drawn with `random`), so that a new model evicts the deployment's
-/// coldest model, not one a replica happens to use least. `None` if none
-/// qualifies or one of them cannot tell (a replica in another process).
+/// recently used model is coldest, by its heat (uses weighted by age; ties:
+/// the less loaded, then from a place drawn with `random`), so that a new
+/// model evicts the deployment's least used model, not one a replica happens
+/// to use least. `None` if none qualifies or one of them cannot tell (a
+/// replica in another process).
 fn coldest(
     replicas: &[Arc<ReplicaEndpoint>],
     random: u64,
@@ -212,15 +215,18 @@ fn coldest(
 ) -> Option<usize> {
     let n = replicas.len();
     let start = (random % n.max(1) as u64) as usize;
-    let mut best: Option<(u64, u32, usize)> = None;
+    let mut best: Option<(f64, u32, usize)> = None;
     for k in 0..n {
         let i = (start + k) % n;
         let e = &replicas[i];
         if !(e.has_room() && eligible(e)) {
             continue;
         }
-        let key = (e.coldest_model_use()?, e.in_flight(), i);
-        if best.is_none_or(|b| (key.0, key.1) < (b.0, b.1)) {
+        let key = (e.coldest_model_heat()?, e.in_flight(), i);
+        let colder = |b: &(f64, u32, usize)| {
+            key.0.total_cmp(&b.0).then(key.1.cmp(&b.1)) == std::cmp::Ordering::Less
+        };
+        if best.as_ref().is_none_or(colder) {
             best = Some(key);
         }
     }
@@ -389,16 +395,16 @@ pub(crate) mod tests {
     }
 
     #[tokio::test]
-    async fn a_new_model_evicts_the_deployments_coldest_model() {
+    async fn a_new_model_evicts_the_deployments_least_used_model() {
         // Three full replicas: the new model goes where the least recently
-        // used model was used longest ago.
+        // used model has been used least lately.
         let eps: Vec<_> = [&["a", "b"][..], &["c", "d"], &["e", "f"]]
             .iter()
             .enumerate()
             .map(|(i, models)| test_multiplexed_endpoint(i as u64, "n", 1, models))
             .collect();
         for (ep, used) in eps.iter().zip([7, 3, 9]) {
-            ep.set_coldest_model_use(used);
+            ep.set_coldest_model_uses(&[used]);
         }
         let router = MultiplexedRouter::new(PowerOfTwoChoicesRouter);
         let pick = |r: u64| {
@@ -410,9 +416,19 @@ pub(crate) mod tests {
             assert_eq!(pick(r), Some(1));
         }
         // The coldest has no room: the next coldest.
-        let _held = eps[1].try_acquire().unwrap();
+        let held = eps[1].try_acquire().unwrap();
         for r in 0..50u64 {
             assert_eq!(pick(r), Some(0));
+        }
+        drop(held);
+        // Used often a little earlier outranks used once a little later:
+        // replica 1's victim served ten requests up to tick 100, replica 2's
+        // one at tick 200 (the last use alone would pick replica 1).
+        eps[1].set_coldest_model_uses(&(91..=100).collect::<Vec<_>>());
+        eps[2].set_coldest_model_uses(&[200]);
+        eps[0].set_coldest_model_uses(&(191..=200).collect::<Vec<_>>());
+        for r in 0..50u64 {
+            assert_eq!(pick(r), Some(2));
         }
     }
 

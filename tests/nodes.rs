@@ -316,6 +316,139 @@ async fn routing_prefers_the_replica_on_a_node_that_holds_the_model() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_from_a_node_prefer_the_replica_on_another_node_that_holds_the_model() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let serve = head(dir.path(), cpus(0.0)).await;
+    let addr = serve.node_address().unwrap();
+    let gpu = |name| NodeSpec::new(name, 0.0).custom("gpu", 1.0);
+    let a = NodeProc::start(addr, &gpu("a"), dir.path());
+    let b = NodeProc::start(addr, &gpu("b"), dir.path());
+    let c = NodeProc::start(
+        addr,
+        &NodeSpec::new("c", 0.0).custom("caller", 1.0),
+        dir.path(),
+    );
+    let (a_id, b_id, c_id) = (a.id().await, b.id().await, c.id().await);
+    // The models on a and b, the deployment that calls them on c.
+    let app = ApplicationSpec::builder("mx-from-node")
+        .deployment(
+            flotilla::DeploymentSpec::builder("models", "where::Models")
+                .replicas(2)
+                .with_config(|cfg| cfg.with_resources(custom("gpu"))),
+        )
+        .deployment(
+            flotilla::DeploymentSpec::builder("caller", "where::ModelCaller")
+                .with_config(|cfg| cfg.with_resources(custom("caller"))),
+        )
+        .build()
+        .unwrap();
+    serve.run(app).await.unwrap();
+    let nodes: BTreeSet<String> = replica_nodes(&serve, "mx-from-node", "models")
+        .await
+        .into_iter()
+        .map(|(_, node, _)| node)
+        .collect();
+    assert_eq!(nodes, BTreeSet::from([a_id.clone(), b_id.clone()]));
+    let callers = replica_nodes(&serve, "mx-from-node", "caller").await;
+    assert_eq!(callers.len(), 1);
+    assert_eq!(callers[0].1, c_id, "the caller runs on node c");
+
+    let caller = serve.deployment_handle("mx-from-node", "caller").unwrap();
+    let call = |model: &str| CallerRequest::Call {
+        model: model.to_owned(),
+        request: "x".to_owned(),
+    };
+    // m1 loads on a or b; its answer says which.
+    let first: String = caller.call(&call("m1")).await.unwrap();
+    let holder = [&a_id, &b_id]
+        .into_iter()
+        .find(|n| first == format!("model m1 on {n}: x"))
+        .unwrap_or_else(|| panic!("answer from neither node: {first}"))
+        .clone();
+    // Node c learns who holds it: the holder's node reports to the head,
+    // which exports it with the route.
+    let seen: String = tokio::time::timeout(
+        Duration::from_secs(30),
+        caller.call(&CallerRequest::Holder {
+            model: "m1".to_owned(),
+        }),
+    )
+    .await
+    .expect("the holder's model ids reached node c")
+    .unwrap();
+    assert_eq!(seen, holder);
+    // From then on every call from c for m1 goes to the holder (model-blind
+    // routing would send about half to the other node).
+    for _ in 0..20 {
+        let answer: String = caller.call(&call("m1")).await.unwrap();
+        assert_eq!(answer, format!("model m1 on {holder}: x"));
+    }
+    serve.shutdown().await.unwrap();
+    drop((a, b, c));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_local_multiplexed_replicas_models_reach_the_nodes() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    // The models' one replica on the head, the caller on node c.
+    let serve = head(dir.path(), custom("gpu")).await;
+    let addr = serve.node_address().unwrap();
+    let c = NodeProc::start(
+        addr,
+        &NodeSpec::new("c", 0.0).custom("caller", 1.0),
+        dir.path(),
+    );
+    let c_id = c.id().await;
+    let app = ApplicationSpec::builder("mx-head")
+        .deployment(
+            flotilla::DeploymentSpec::builder("models", "where::Models").with_config(|cfg| {
+                cfg.with_resources(custom("gpu"))
+                    .with_max_num_models_per_replica(Some(1))
+            }),
+        )
+        .deployment(
+            flotilla::DeploymentSpec::builder("caller", "where::ModelCaller")
+                .with_config(|cfg| cfg.with_resources(custom("caller"))),
+        )
+        .build()
+        .unwrap();
+    serve.run(app).await.unwrap();
+    let models = replica_nodes(&serve, "mx-head", "models").await;
+    assert_eq!(models.len(), 1);
+    let head_id = models[0].1.clone();
+    assert_ne!(head_id, c_id);
+    assert_eq!(replica_nodes(&serve, "mx-head", "caller").await[0].1, c_id);
+
+    let caller = serve.deployment_handle("mx-head", "caller").unwrap();
+    // Each load (and the eviction that makes room for it) on the head reaches
+    // node c by subscription.
+    for model in ["m1", "m2"] {
+        let answer: String = caller
+            .call(&CallerRequest::Call {
+                model: model.to_owned(),
+                request: "x".to_owned(),
+            })
+            .await
+            .unwrap();
+        assert_eq!(answer, format!("model {model} on {head_id}: x"));
+        let seen: String = tokio::time::timeout(
+            Duration::from_secs(30),
+            caller.call(&CallerRequest::Holder {
+                model: model.to_owned(),
+            }),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("the head's load of {model} reached node c"))
+        .unwrap();
+        assert_eq!(seen, head_id);
+    }
+    serve.shutdown().await.unwrap();
+    drop(c);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_composition_streams_and_the_limit_across_nodes() {
     let _one = ONE_AT_A_TIME.lock().await;
     let dir = tempfile::tempdir().unwrap();

@@ -141,6 +141,65 @@ impl flotilla::MultiplexedDeployment for Models {
     }
 }
 
+/// What a [`ModelCaller`] is asked.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum CallerRequest {
+    /// Call `models` for `model` and answer what it answered.
+    Call { model: String, request: String },
+    /// Answer the node of a replica that this caller's process sees holding
+    /// `model` (waits until it sees one, by subscription to the replicas'
+    /// model ids).
+    Holder { model: String },
+}
+
+/// Calls the `models` deployment of its application with a model id: a
+/// handle in the process it runs in.
+pub struct ModelCaller {
+    models: flotilla::DeploymentHandle,
+}
+
+impl Deployment for ModelCaller {
+    type Request = CallerRequest;
+    type Response = String;
+
+    async fn handle(&self, request: CallerRequest) -> Result<String, UserError> {
+        let failed = |e: &dyn std::fmt::Display| UserError::new(e.to_string());
+        match request {
+            CallerRequest::Call { model, request } => self
+                .models
+                .clone()
+                .with_model_id(&model)
+                .map_err(|e| failed(&e))?
+                .call::<_, String>(&request)
+                .await
+                .map_err(|e| failed(&e)),
+            CallerRequest::Holder { model } => {
+                let mut waits: futures::stream::FuturesUnordered<_> = self
+                    .models
+                    .replicas()
+                    .iter()
+                    .filter_map(|e| Some((e.node().to_owned(), e.watch_models()?)))
+                    .map(|(node, mut ids)| {
+                        let model = model.clone();
+                        async move {
+                            ids.wait_for(|m| m.loaded.iter().any(|id| **id == *model))
+                                .await
+                                .ok()?;
+                            Some(node)
+                        }
+                    })
+                    .collect();
+                while let Some(seen) = futures::StreamExt::next(&mut waits).await {
+                    if let Some(node) = seen {
+                        return Ok(node);
+                    }
+                }
+                Err(UserError::new(format!("no replica here holds {model}")))
+            }
+        }
+    }
+}
+
 /// A batched deployment that says how its requests were served.
 pub struct Batched;
 
@@ -200,6 +259,12 @@ pub fn registry() -> Registry {
         .unwrap()
         .register_multiplexed("where::Counted", |_ctx: InitContext| async move {
             Ok(Counted::default())
+        })
+        .unwrap()
+        .register("where::ModelCaller", |ctx: InitContext| async move {
+            Ok(ModelCaller {
+                models: ctx.handle("models")?,
+            })
         })
         .unwrap()
         .register_multiplexed("where::Models", |ctx: InitContext| async move {

@@ -652,6 +652,9 @@ fn publish(state: &mut AgentState, key: &(AppName, DeploymentName)) {
             )
         });
         remote.set_max_ongoing(r.max_ongoing);
+        if let Some(models) = &r.models {
+            remote.set_models(models.clone().into());
+        }
         set.push(remote.endpoint().clone());
     }
     state

@@ -4,15 +4,21 @@
 //! sends every dirty route to every live node in one frame (bursts coalesce).
 //! A joining node gets every route. Head-local replicas in exported routes are
 //! served to the nodes.
+//!
+//! An entry carries each multiplexed replica's model ids, so that routers on
+//! every node prefer the replica holding a request's model wherever it runs.
+//! A replica on a node reports its ids to the head (its proxy marks the route
+//! dirty); a head-local one is watched, by subscription to its ids, while it
+//! is served.
 
 use std::{collections::HashSet, sync::Arc};
 
 use flotilla_core::{AppName, DeploymentName};
-use flotilla_replica::{DeploymentRoute, ReplicaId};
+use flotilla_replica::{DeploymentRoute, ReplicaEndpoint, ReplicaId};
 
 use super::{
     head::{Export, HeadShared, lock},
-    wire::{Control, RouteEntry, RouteReplica},
+    wire::{Control, RouteEntry, RouteReplica, WireModels},
 };
 
 /// Routes per `Routes` frame of a full copy.
@@ -33,12 +39,13 @@ pub(crate) fn changed(shared: &HeadShared, route: &Arc<DeploymentRoute>) {
     }
 }
 
-/// `route` as nodes copy it; head-local replicas in it are served to nodes.
+/// `route` as nodes copy it; head-local replicas in it are served to nodes
+/// (and watched for their model ids, if multiplexed).
 fn entry(
-    shared: &HeadShared,
+    shared: &Arc<HeadShared>,
     ex: &mut Export,
     key: &(AppName, DeploymentName),
-    route: &DeploymentRoute,
+    route: &Arc<DeploymentRoute>,
 ) -> RouteEntry {
     let set = if route.is_closed() {
         Arc::from(Vec::new())
@@ -57,6 +64,11 @@ fn entry(
         } else {
             shared.link.shared.serve(ep.clone());
             local.push(ep.id());
+            if !ex.watched.contains_key(&ep.id())
+                && let Some(watcher) = watch_models(shared, key, route, ep)
+            {
+                ex.watched.insert(ep.id(), watcher);
+            }
             me.clone()
         };
         replicas.push(RouteReplica {
@@ -64,6 +76,7 @@ fn entry(
             node: ep.node().to_owned(),
             peer,
             max_ongoing: ep.max_ongoing_requests(),
+            models: ep.models().map(|m| WireModels::from(&m)),
         });
     }
     let old = ex
@@ -73,6 +86,9 @@ fn entry(
     let keep: HashSet<ReplicaId> = local.into_iter().collect();
     for id in old.into_iter().filter(|id| !keep.contains(id)) {
         shared.link.shared.unserve(id);
+        if let Some(watcher) = ex.watched.remove(&id) {
+            watcher.abort();
+        }
     }
     RouteEntry {
         app: key.0.clone(),
@@ -82,6 +98,30 @@ fn entry(
         max_models: route.max_models_per_replica(),
         replicas,
     }
+}
+
+/// Export `route` again whenever head-local `ep` loads or evicts a model
+/// (`None` unless it is multiplexed). Ends when the replica is no longer
+/// served (aborted), when it ends, or with the head.
+fn watch_models(
+    shared: &Arc<HeadShared>,
+    key: &(AppName, DeploymentName),
+    route: &Arc<DeploymentRoute>,
+    ep: &ReplicaEndpoint,
+) -> Option<tokio::task::JoinHandle<()>> {
+    let mut ids = ep.watch_models()?;
+    let (shared, route) = (Arc::downgrade(shared), route.clone());
+    let span = tracing::debug_span!("export_models", app = %key.0, deployment = %key.1,
+        replica = %ep.id());
+    let watcher = async move {
+        while ids.changed().await.is_ok() {
+            let Some(shared) = shared.upgrade() else {
+                return;
+            };
+            changed(&shared, &route);
+        }
+    };
+    Some(tokio::spawn(tracing::Instrument::instrument(watcher, span)))
 }
 
 /// The exporter: wakes on changes, sends the dirty routes to every live node.
@@ -116,7 +156,7 @@ pub(crate) async fn run(shared: Arc<HeadShared>) {
 }
 
 /// Send every known route to `peer` (a node that just joined).
-pub(crate) fn full_copy(shared: &HeadShared, peer: &str) {
+pub(crate) fn full_copy(shared: &Arc<HeadShared>, peer: &str) {
     let entries: Vec<RouteEntry> = {
         let mut ex = lock(&shared.export);
         let known: Vec<_> = ex

@@ -97,6 +97,8 @@ pub(crate) struct Export {
     pub(crate) dirty: HashSet<(AppName, DeploymentName)>,
     /// Head-local replicas served to nodes, per route.
     pub(crate) served: HashMap<(AppName, DeploymentName), Vec<ReplicaId>>,
+    /// The watchers of served multiplexed replicas' model ids.
+    pub(crate) watched: HashMap<ReplicaId, tokio::task::JoinHandle<()>>,
 }
 
 /// What the head's parts share.

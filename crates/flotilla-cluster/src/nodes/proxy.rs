@@ -125,6 +125,8 @@ pub struct RemoteReplicaState {
     reporter: ReplicaReporter,
     start: Option<Box<Start>>,
     reports: Option<mpsc::UnboundedReceiver<ProxyReport>>,
+    /// Its deployment's route here (exported again when its models change).
+    route: Arc<DeploymentRoute>,
     task: Option<JoinHandle<()>>,
     _membership: Membership,
 }
@@ -198,6 +200,7 @@ impl Actor for RemoteReplica {
             reporter: a.reporter,
             start,
             reports: Some(rx),
+            route: a.route,
             task: None,
             _membership: membership,
         })
@@ -230,12 +233,19 @@ impl Actor for RemoteReplica {
             );
         }
         if let Some(rx) = state.reports.take() {
+            // The models it reports reach the other nodes with its route.
+            let (shared, route) = (Arc::downgrade(&state.host.shared), state.route.clone());
+            let models_changed = move || {
+                if let Some(shared) = shared.upgrade() {
+                    super::export::changed(&shared, &route);
+                }
+            };
             state.task = Some(tokio::spawn(reports(
                 rx,
                 myself,
                 state.id,
                 state.mirror.clone(),
-                state.endpoint.clone(),
+                (state.endpoint.clone(), Box::new(models_changed)),
                 state.reporter.clone(),
             )));
         }
@@ -308,13 +318,14 @@ impl Actor for RemoteReplica {
 }
 
 /// Apply the node's reports to the mirror, tell the DeploymentActor, and end
-/// the proxy as the replica ended.
+/// the proxy as the replica ended. Model ids go to the endpoint (for routers
+/// here), then `models_changed` (to export them to the other nodes).
 async fn reports(
     mut rx: mpsc::UnboundedReceiver<ProxyReport>,
     myself: ActorRef<ReplicaMsg>,
     id: ReplicaId,
     mirror: Arc<Mutex<Mirror>>,
-    endpoint: RemoteEndpoint,
+    (endpoint, models_changed): (RemoteEndpoint, Box<dyn Fn() + Send>),
     reporter: ReplicaReporter,
 ) {
     while let Some(report) = rx.recv().await {
@@ -323,6 +334,7 @@ async fn reports(
             // For routers only: the DeploymentActor is not told.
             ProxyReport::Models(m) => {
                 endpoint.set_models(m.into());
+                models_changed();
                 continue;
             }
             ProxyReport::Exited { crashed, why } => {

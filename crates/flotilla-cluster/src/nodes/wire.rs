@@ -319,6 +319,10 @@ pub(crate) struct RouteReplica {
     /// Its process's ractor name (where requests go).
     pub peer: String,
     pub max_ongoing: u32,
+    /// The models it holds, if it is multiplexed and has told (left out of
+    /// the frame otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub models: Option<WireModels>,
 }
 
 /// The header of a data frame; the body travels beside it, unencoded.

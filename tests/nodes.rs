@@ -17,9 +17,6 @@ use std::{
 use flotilla::{ApplicationSpec, CallError, ReplicaState, Resources, RunManyOptions};
 use node_support::*;
 
-/// The node tests share two cores: one at a time.
-static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
 /// A node process (run by the tests below, with its config in the environment).
 #[test]
 #[ignore = "a node process of the tests in this file, which run it"]
@@ -34,7 +31,7 @@ fn cpus(n: f64) -> Resources {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn placement_by_resources_over_three_processes() {
-    let _one = ONE_AT_A_TIME.lock().await;
+    let _turn = turn("placement_by_resources_over_three_processes").await;
     let dir = tempfile::tempdir().unwrap();
     let serve = head(dir.path(), cpus(1.0)).await;
     let addr = serve.node_address().unwrap();
@@ -147,7 +144,7 @@ fn custom(name: &str) -> Resources {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_model_id_crosses_to_a_replica_on_a_node() {
-    let _one = ONE_AT_A_TIME.lock().await;
+    let _turn = turn("a_model_id_crosses_to_a_replica_on_a_node").await;
     let dir = tempfile::tempdir().unwrap();
     let serve = head(dir.path(), cpus(0.0)).await;
     let addr = serve.node_address().unwrap();
@@ -185,7 +182,7 @@ async fn a_model_id_crosses_to_a_replica_on_a_node() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batching_and_the_model_limit_reach_replicas_on_a_node() {
-    let _one = ONE_AT_A_TIME.lock().await;
+    let _turn = turn("batching_and_the_model_limit_reach_replicas_on_a_node").await;
     let dir = tempfile::tempdir().unwrap();
     let serve = head(dir.path(), cpus(0.0)).await;
     let addr = serve.node_address().unwrap();
@@ -253,7 +250,7 @@ async fn batching_and_the_model_limit_reach_replicas_on_a_node() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn routing_prefers_the_replica_on_a_node_that_holds_the_model() {
-    let _one = ONE_AT_A_TIME.lock().await;
+    let _turn = turn("routing_prefers_the_replica_on_a_node_that_holds_the_model").await;
     let dir = tempfile::tempdir().unwrap();
     let serve = head(dir.path(), cpus(0.0)).await;
     let addr = serve.node_address().unwrap();
@@ -317,7 +314,8 @@ async fn routing_prefers_the_replica_on_a_node_that_holds_the_model() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_from_a_node_prefer_the_replica_on_another_node_that_holds_the_model() {
-    let _one = ONE_AT_A_TIME.lock().await;
+    let _turn =
+        turn("calls_from_a_node_prefer_the_replica_on_another_node_that_holds_the_model").await;
     let dir = tempfile::tempdir().unwrap();
     let serve = head(dir.path(), cpus(0.0)).await;
     let addr = serve.node_address().unwrap();
@@ -390,7 +388,7 @@ async fn calls_from_a_node_prefer_the_replica_on_another_node_that_holds_the_mod
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_head_local_multiplexed_replicas_models_reach_the_nodes() {
-    let _one = ONE_AT_A_TIME.lock().await;
+    let _turn = turn("a_head_local_multiplexed_replicas_models_reach_the_nodes").await;
     let dir = tempfile::tempdir().unwrap();
     // The models' one replica on the head, the caller on node c.
     let serve = head(dir.path(), custom("gpu")).await;
@@ -450,7 +448,7 @@ async fn a_head_local_multiplexed_replicas_models_reach_the_nodes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_composition_streams_and_the_limit_across_nodes() {
-    let _one = ONE_AT_A_TIME.lock().await;
+    let _turn = turn("calls_composition_streams_and_the_limit_across_nodes").await;
     let dir = tempfile::tempdir().unwrap();
     let serve = head(dir.path(), cpus(0.0)).await;
     let addr = serve.node_address().unwrap();
@@ -569,7 +567,7 @@ async fn calls_composition_streams_and_the_limit_across_nodes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_killed_under_load_is_replaced_and_unsent_requests_succeed() {
-    let _one = ONE_AT_A_TIME.lock().await;
+    let _turn = turn("a_node_killed_under_load_is_replaced_and_unsent_requests_succeed").await;
     let dir = tempfile::tempdir().unwrap();
     let serve = head(dir.path(), cpus(1.0)).await;
     let addr = serve.node_address().unwrap();
@@ -672,7 +670,7 @@ async fn a_node_killed_under_load_is_replaced_and_unsent_requests_succeed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_connection_fences_the_node_which_joins_as_a_new_node() {
-    let _one = ONE_AT_A_TIME.lock().await;
+    let _turn = turn("a_dropped_connection_fences_the_node_which_joins_as_a_new_node").await;
     let dir = tempfile::tempdir().unwrap();
     let serve = head(dir.path(), cpus(0.0)).await;
     let addr = serve.node_address().unwrap();
@@ -741,7 +739,7 @@ impl std::io::Write for Capture {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_cookie_is_refused_and_logged_on_both_sides() {
-    let _one = ONE_AT_A_TIME.lock().await;
+    let _turn = turn("a_wrong_cookie_is_refused_and_logged_on_both_sides").await;
     let capture = Capture::default();
     let writer = capture.clone();
     let _ = tracing_subscriber::fmt()
@@ -785,7 +783,8 @@ async fn a_wrong_cookie_is_refused_and_logged_on_both_sides() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_head_crash_and_restart_readopts_the_replicas_of_nodes_that_stayed_up() {
-    let _one = ONE_AT_A_TIME.lock().await;
+    let _turn =
+        turn("a_head_crash_and_restart_readopts_the_replicas_of_nodes_that_stayed_up").await;
     let dir = tempfile::tempdir().unwrap();
     let serve = head(dir.path(), cpus(0.0)).await;
     let addr = serve.node_address().unwrap();
@@ -867,7 +866,7 @@ async fn a_head_crash_and_restart_readopts_the_replicas_of_nodes_that_stayed_up(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redeploy_rolls_replicas_on_several_nodes() {
-    let _one = ONE_AT_A_TIME.lock().await;
+    let _turn = turn("a_redeploy_rolls_replicas_on_several_nodes").await;
     let dir = tempfile::tempdir().unwrap();
     let serve = head(dir.path(), cpus(1.0)).await;
     let addr = serve.node_address().unwrap();
@@ -940,7 +939,7 @@ async fn a_redeploy_rolls_replicas_on_several_nodes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_and_metrics_show_each_replicas_node_and_count_nodes() {
-    let _one = ONE_AT_A_TIME.lock().await;
+    let _turn = turn("status_and_metrics_show_each_replicas_node_and_count_nodes").await;
     let dir = tempfile::tempdir().unwrap();
     let serve = head(dir.path(), cpus(1.0)).await;
     let addr = serve.node_address().unwrap();

@@ -20,6 +20,44 @@ use flotilla::{
 use futures::{Stream, stream};
 use serde::{Deserialize, Serialize};
 
+/// The node tests share two cores: one at a time.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// How long one node test may run before its watchdog ends the test binary.
+const TEST_LIMIT: Duration = Duration::from_secs(180);
+
+/// A node test's turn: the tests in a binary run one at a time, and a
+/// watchdog ends the whole binary (exit code 101) if this one is still running
+/// after [`TEST_LIMIT`], so that a hang fails the run, naming the test, instead
+/// of holding it until the CI's own limit. Its node processes exit with it
+/// (their stdin closes).
+pub struct Turn {
+    _turn: tokio::sync::MutexGuard<'static, ()>,
+    _running: std::sync::mpsc::Sender<()>,
+}
+
+/// Wait for `test`'s turn, and watch it.
+pub async fn turn(test: &'static str) -> Turn {
+    let turn = ONE_AT_A_TIME.lock().await;
+    let (running, done) = std::sync::mpsc::channel::<()>();
+    std::thread::spawn(move || {
+        if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = done.recv_timeout(TEST_LIMIT) {
+            // Past the harness's output capture, which dies with the process.
+            if let Ok(mut err) = std::fs::OpenOptions::new().write(true).open("/dev/stderr") {
+                let _ = writeln!(
+                    err,
+                    "{test}: still running after {TEST_LIMIT:?}, a hang: ending the test binary"
+                );
+            }
+            std::process::exit(101);
+        }
+    });
+    Turn {
+        _turn: turn,
+        _running: running,
+    }
+}
+
 /// The cookie every test process shares.
 pub const COOKIE: &str = "flotilla-test-cookie";
 /// Set (to a config line) to make `node_child` act as a node process.

@@ -15,6 +15,8 @@
 //!
 //! ```sh
 //! cargo bench -p flotilla-http --bench proxy            # FLOTILLA_BENCH_SECS=2 per round
+//! # the proxy alone, for a profiler: one closed-loop round over 1 connection
+//! FLOTILLA_BENCH_PROFILE=/echo FLOTILLA_BENCH_CONNS=1 cargo bench -p flotilla-http --bench proxy
 //! ```
 
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
@@ -309,15 +311,20 @@ fn main() {
         load(proxy, "/echo", 8, 0.3).await;
         load(bare, "/echo", 8, 0.3).await;
         if let Ok(only) = std::env::var("FLOTILLA_BENCH_PROFILE") {
-            // Load the proxy alone (for a profiler): FLOTILLA_BENCH_PROFILE=/echo.
+            // Load the proxy alone (for a profiler): FLOTILLA_BENCH_PROFILE=/echo,
+            // over FLOTILLA_BENCH_CONNS connections (64).
             let only: &'static str = Box::leak(only.into_boxed_str());
-            let (rps, p50, p99) = load(proxy, only, 64, secs).await;
+            let conns = std::env::var("FLOTILLA_BENCH_CONNS")
+                .ok()
+                .and_then(|c| c.parse().ok())
+                .unwrap_or(64);
+            let (rps, p50, p99) = load(proxy, only, conns, secs).await;
             figure(
                 "proxy-profile",
                 "req_per_s",
                 rps,
                 "req/s",
-                serde_json::json!({"p50": p50, "p99": p99}),
+                serde_json::json!({"p50": p50, "p99": p99, "connections": conns}),
             );
             return;
         }

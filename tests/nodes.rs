@@ -31,10 +31,7 @@ fn cpus(n: f64) -> Resources {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn placement_by_resources_over_three_processes() {
-    let _turn = turn("placement_by_resources_over_three_processes").await;
-    let dir = tempfile::tempdir().unwrap();
-    let serve = head(dir.path(), cpus(1.0)).await;
-    let addr = serve.node_address().unwrap();
+    let (_turn, dir, serve, addr) = setup(cpus(1.0)).await;
     let a = NodeProc::start(addr, &NodeSpec::new("a", 2.0), dir.path());
     let b = NodeProc::start(addr, &NodeSpec::new("b", 1.0).gpus(1.0), dir.path());
     let (a_id, b_id) = (a.id().await, b.id().await);
@@ -144,10 +141,7 @@ fn custom(name: &str) -> Resources {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_model_id_crosses_to_a_replica_on_a_node() {
-    let _turn = turn("a_model_id_crosses_to_a_replica_on_a_node").await;
-    let dir = tempfile::tempdir().unwrap();
-    let serve = head(dir.path(), cpus(0.0)).await;
-    let addr = serve.node_address().unwrap();
+    let (_turn, dir, serve, addr) = setup(cpus(0.0)).await;
     let a = NodeProc::start(
         addr,
         &NodeSpec::new("a", 0.0).custom("gpu", 1.0),
@@ -182,10 +176,7 @@ async fn a_model_id_crosses_to_a_replica_on_a_node() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batching_and_the_model_limit_reach_replicas_on_a_node() {
-    let _turn = turn("batching_and_the_model_limit_reach_replicas_on_a_node").await;
-    let dir = tempfile::tempdir().unwrap();
-    let serve = head(dir.path(), cpus(0.0)).await;
-    let addr = serve.node_address().unwrap();
+    let (_turn, dir, serve, addr) = setup(cpus(0.0)).await;
     let a = NodeProc::start(
         addr,
         &NodeSpec::new("a", 0.0).custom("gpu", 2.0),
@@ -250,13 +241,9 @@ async fn batching_and_the_model_limit_reach_replicas_on_a_node() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn routing_prefers_the_replica_on_a_node_that_holds_the_model() {
-    let _turn = turn("routing_prefers_the_replica_on_a_node_that_holds_the_model").await;
-    let dir = tempfile::tempdir().unwrap();
-    let serve = head(dir.path(), cpus(0.0)).await;
-    let addr = serve.node_address().unwrap();
-    let gpu = |name| NodeSpec::new(name, 0.0).custom("gpu", 1.0);
-    let a = NodeProc::start(addr, &gpu("a"), dir.path());
-    let b = NodeProc::start(addr, &gpu("b"), dir.path());
+    let (_turn, dir, serve, addr) = setup(cpus(0.0)).await;
+    let a = NodeProc::start(addr, &gpu_node("a"), dir.path());
+    let b = NodeProc::start(addr, &gpu_node("b"), dir.path());
     let (a_id, b_id) = (a.id().await, b.id().await);
     let handle = serve.run(models_app("mx-route", 2)).await.unwrap();
     let nodes: BTreeSet<String> = replica_nodes(&serve, "mx-route", "models")
@@ -314,14 +301,9 @@ async fn routing_prefers_the_replica_on_a_node_that_holds_the_model() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_from_a_node_prefer_the_replica_on_another_node_that_holds_the_model() {
-    let _turn =
-        turn("calls_from_a_node_prefer_the_replica_on_another_node_that_holds_the_model").await;
-    let dir = tempfile::tempdir().unwrap();
-    let serve = head(dir.path(), cpus(0.0)).await;
-    let addr = serve.node_address().unwrap();
-    let gpu = |name| NodeSpec::new(name, 0.0).custom("gpu", 1.0);
-    let a = NodeProc::start(addr, &gpu("a"), dir.path());
-    let b = NodeProc::start(addr, &gpu("b"), dir.path());
+    let (_turn, dir, serve, addr) = setup(cpus(0.0)).await;
+    let a = NodeProc::start(addr, &gpu_node("a"), dir.path());
+    let b = NodeProc::start(addr, &gpu_node("b"), dir.path());
     let c = NodeProc::start(
         addr,
         &NodeSpec::new("c", 0.0).custom("caller", 1.0),
@@ -335,10 +317,7 @@ async fn calls_from_a_node_prefer_the_replica_on_another_node_that_holds_the_mod
                 .replicas(2)
                 .with_config(|cfg| cfg.with_resources(custom("gpu"))),
         )
-        .deployment(
-            flotilla::DeploymentSpec::builder("caller", "where::ModelCaller")
-                .with_config(|cfg| cfg.with_resources(custom("caller"))),
-        )
+        .deployment(caller_dep())
         .build()
         .unwrap();
     serve.run(app).await.unwrap();
@@ -353,12 +332,8 @@ async fn calls_from_a_node_prefer_the_replica_on_another_node_that_holds_the_mod
     assert_eq!(callers[0].1, c_id, "the caller runs on node c");
 
     let caller = serve.deployment_handle("mx-from-node", "caller").unwrap();
-    let call = |model: &str| CallerRequest::Call {
-        model: model.to_owned(),
-        request: "x".to_owned(),
-    };
     // m1 loads on a or b; its answer says which.
-    let first: String = caller.call(&call("m1")).await.unwrap();
+    let first: String = caller.call(&CallerRequest::call("m1")).await.unwrap();
     let holder = [&a_id, &b_id]
         .into_iter()
         .find(|n| first == format!("model m1 on {n}: x"))
@@ -368,9 +343,7 @@ async fn calls_from_a_node_prefer_the_replica_on_another_node_that_holds_the_mod
     // which exports it with the route.
     let seen: String = tokio::time::timeout(
         Duration::from_secs(30),
-        caller.call(&CallerRequest::Holder {
-            model: "m1".to_owned(),
-        }),
+        caller.call(&CallerRequest::holder("m1")),
     )
     .await
     .expect("the holder's model ids reached node c")
@@ -379,7 +352,7 @@ async fn calls_from_a_node_prefer_the_replica_on_another_node_that_holds_the_mod
     // From then on every call from c for m1 goes to the holder (model-blind
     // routing would send about half to the other node).
     for _ in 0..20 {
-        let answer: String = caller.call(&call("m1")).await.unwrap();
+        let answer: String = caller.call(&CallerRequest::call("m1")).await.unwrap();
         assert_eq!(answer, format!("model m1 on {holder}: x"));
     }
     serve.shutdown().await.unwrap();
@@ -388,11 +361,8 @@ async fn calls_from_a_node_prefer_the_replica_on_another_node_that_holds_the_mod
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_head_local_multiplexed_replicas_models_reach_the_nodes() {
-    let _turn = turn("a_head_local_multiplexed_replicas_models_reach_the_nodes").await;
-    let dir = tempfile::tempdir().unwrap();
     // The models' one replica on the head, the caller on node c.
-    let serve = head(dir.path(), custom("gpu")).await;
-    let addr = serve.node_address().unwrap();
+    let (_turn, dir, serve, addr) = setup(custom("gpu")).await;
     let c = NodeProc::start(
         addr,
         &NodeSpec::new("c", 0.0).custom("caller", 1.0),
@@ -406,10 +376,7 @@ async fn a_head_local_multiplexed_replicas_models_reach_the_nodes() {
                     .with_max_num_models_per_replica(Some(1))
             }),
         )
-        .deployment(
-            flotilla::DeploymentSpec::builder("caller", "where::ModelCaller")
-                .with_config(|cfg| cfg.with_resources(custom("caller"))),
-        )
+        .deployment(caller_dep())
         .build()
         .unwrap();
     serve.run(app).await.unwrap();
@@ -423,19 +390,11 @@ async fn a_head_local_multiplexed_replicas_models_reach_the_nodes() {
     // Each load (and the eviction that makes room for it) on the head reaches
     // node c by subscription.
     for model in ["m1", "m2"] {
-        let answer: String = caller
-            .call(&CallerRequest::Call {
-                model: model.to_owned(),
-                request: "x".to_owned(),
-            })
-            .await
-            .unwrap();
+        let answer: String = caller.call(&CallerRequest::call(model)).await.unwrap();
         assert_eq!(answer, format!("model {model} on {head_id}: x"));
         let seen: String = tokio::time::timeout(
             Duration::from_secs(30),
-            caller.call(&CallerRequest::Holder {
-                model: model.to_owned(),
-            }),
+            caller.call(&CallerRequest::holder(model)),
         )
         .await
         .unwrap_or_else(|_| panic!("the head's load of {model} reached node c"))
@@ -448,10 +407,7 @@ async fn a_head_local_multiplexed_replicas_models_reach_the_nodes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_composition_streams_and_the_limit_across_nodes() {
-    let _turn = turn("calls_composition_streams_and_the_limit_across_nodes").await;
-    let dir = tempfile::tempdir().unwrap();
-    let serve = head(dir.path(), cpus(0.0)).await;
-    let addr = serve.node_address().unwrap();
+    let (_turn, dir, serve, addr) = setup(cpus(0.0)).await;
     let a = NodeProc::start(
         addr,
         // Room for two fronts: shop's and near's.
@@ -567,10 +523,7 @@ async fn calls_composition_streams_and_the_limit_across_nodes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_killed_under_load_is_replaced_and_unsent_requests_succeed() {
-    let _turn = turn("a_node_killed_under_load_is_replaced_and_unsent_requests_succeed").await;
-    let dir = tempfile::tempdir().unwrap();
-    let serve = head(dir.path(), cpus(1.0)).await;
-    let addr = serve.node_address().unwrap();
+    let (_turn, dir, serve, addr) = setup(cpus(1.0)).await;
     let a = NodeProc::start(addr, &NodeSpec::new("a", 3.0), dir.path());
     let mut b = NodeProc::start(addr, &NodeSpec::new("b", 2.0), dir.path());
     let (a_id, b_id) = (a.id().await, b.id().await);
@@ -670,10 +623,7 @@ async fn a_node_killed_under_load_is_replaced_and_unsent_requests_succeed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_connection_fences_the_node_which_joins_as_a_new_node() {
-    let _turn = turn("a_dropped_connection_fences_the_node_which_joins_as_a_new_node").await;
-    let dir = tempfile::tempdir().unwrap();
-    let serve = head(dir.path(), cpus(0.0)).await;
-    let addr = serve.node_address().unwrap();
+    let (_turn, dir, serve, addr) = setup(cpus(0.0)).await;
     let a = NodeProc::start(addr, &NodeSpec::new("a", 2.0), dir.path());
     let a_id = a.id().await;
     let handle = serve.run(where_app("app", 2, cpus(1.0))).await.unwrap();
@@ -739,7 +689,7 @@ impl std::io::Write for Capture {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_cookie_is_refused_and_logged_on_both_sides() {
-    let _turn = turn("a_wrong_cookie_is_refused_and_logged_on_both_sides").await;
+    let _turn = turn().await;
     let capture = Capture::default();
     let writer = capture.clone();
     let _ = tracing_subscriber::fmt()
@@ -783,11 +733,7 @@ async fn a_wrong_cookie_is_refused_and_logged_on_both_sides() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_head_crash_and_restart_readopts_the_replicas_of_nodes_that_stayed_up() {
-    let _turn =
-        turn("a_head_crash_and_restart_readopts_the_replicas_of_nodes_that_stayed_up").await;
-    let dir = tempfile::tempdir().unwrap();
-    let serve = head(dir.path(), cpus(0.0)).await;
-    let addr = serve.node_address().unwrap();
+    let (_turn, dir, serve, addr) = setup(cpus(0.0)).await;
     let a = NodeProc::start(
         addr,
         &NodeSpec::new("a", 2.0).custom("gpu", 1.0),
@@ -866,10 +812,7 @@ async fn a_head_crash_and_restart_readopts_the_replicas_of_nodes_that_stayed_up(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redeploy_rolls_replicas_on_several_nodes() {
-    let _turn = turn("a_redeploy_rolls_replicas_on_several_nodes").await;
-    let dir = tempfile::tempdir().unwrap();
-    let serve = head(dir.path(), cpus(1.0)).await;
-    let addr = serve.node_address().unwrap();
+    let (_turn, dir, serve, addr) = setup(cpus(1.0)).await;
     let a = NodeProc::start(addr, &NodeSpec::new("a", 3.0), dir.path());
     let b = NodeProc::start(addr, &NodeSpec::new("b", 3.0), dir.path());
     let (_a_id, _b_id) = (a.id().await, b.id().await);
@@ -939,10 +882,7 @@ async fn a_redeploy_rolls_replicas_on_several_nodes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_and_metrics_show_each_replicas_node_and_count_nodes() {
-    let _turn = turn("status_and_metrics_show_each_replicas_node_and_count_nodes").await;
-    let dir = tempfile::tempdir().unwrap();
-    let serve = head(dir.path(), cpus(1.0)).await;
-    let addr = serve.node_address().unwrap();
+    let (_turn, dir, serve, addr) = setup(cpus(1.0)).await;
     let mut a = NodeProc::start(addr, &NodeSpec::new("a", 2.0), dir.path());
     let a_id = a.id().await;
     eventually(30, "a joined", || async {

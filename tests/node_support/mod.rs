@@ -36,8 +36,14 @@ pub struct Turn {
     _running: std::sync::mpsc::Sender<()>,
 }
 
-/// Wait for `test`'s turn, and watch it.
-pub async fn turn(test: &'static str) -> Turn {
+/// Wait for the calling test's turn, and watch it. Call it first, on the
+/// test's own thread (the harness names it after the test; a `#[tokio::test]`
+/// body runs there).
+pub async fn turn() -> Turn {
+    let test = std::thread::current()
+        .name()
+        .unwrap_or("a node test")
+        .to_owned();
     let turn = ONE_AT_A_TIME.lock().await;
     let (running, done) = std::sync::mpsc::channel::<()>();
     std::thread::spawn(move || {
@@ -56,6 +62,23 @@ pub async fn turn(test: &'static str) -> Turn {
         _turn: turn,
         _running: running,
     }
+}
+
+/// Start the calling test: wait for its [`turn`], then start its head with
+/// `resources` on loopback, port 0, in a fresh directory (the head's store
+/// and the node processes' logs). Returns the turn, the directory, the head
+/// and its node address.
+pub async fn setup(resources: Resources) -> (Turn, tempfile::TempDir, Serve, SocketAddr) {
+    let turn = turn().await;
+    let dir = tempfile::tempdir().unwrap();
+    let serve = head(dir.path(), resources).await;
+    let addr = serve.node_address().unwrap();
+    (turn, dir, serve, addr)
+}
+
+/// A node process `name` offering one `gpu` (a custom resource) and no CPUs.
+pub fn gpu_node(name: &str) -> NodeSpec {
+    NodeSpec::new(name, 0.0).custom("gpu", 1.0)
 }
 
 /// The cookie every test process shares.
@@ -188,6 +211,30 @@ pub enum CallerRequest {
     /// `model` (waits until it sees one, by subscription to the replicas'
     /// model ids).
     Holder { model: String },
+}
+
+impl CallerRequest {
+    /// Call for `model` with the request "x".
+    pub fn call(model: &str) -> Self {
+        CallerRequest::Call {
+            model: model.to_owned(),
+            request: "x".to_owned(),
+        }
+    }
+
+    /// Ask who holds `model`.
+    pub fn holder(model: &str) -> Self {
+        CallerRequest::Holder {
+            model: model.to_owned(),
+        }
+    }
+}
+
+/// A [`ModelCaller`] deployment, `caller`, on the node that offers a `caller`
+/// (a custom resource).
+pub fn caller_dep() -> flotilla::DeploymentSpecBuilder {
+    DeploymentSpec::builder("caller", "where::ModelCaller")
+        .with_config(|c| c.with_resources(Resources::none().with_custom("caller", 1.0)))
 }
 
 /// Calls the `models` deployment of its application with a model id: a

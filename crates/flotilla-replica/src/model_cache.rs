@@ -73,8 +73,9 @@ pub(crate) struct ModelHub {
 /// [`ModelHub::coldest`] of a mirror: its process keeps that to itself.
 const UNKNOWN: u64 = u64::MAX;
 
-/// How many uses (on the deployment's use clock, [`Settings::next_use`]) a
-/// use of a model counts for: its weight halves about every 0.7 windows.
+/// How fast a use's weight in a model's [`Heat`] fades, in ticks of the
+/// deployment's use clock ([`Settings::next_use`]): `HEAT_WINDOW` uses later
+/// it weighs `1/e` of a new use (half after about 0.7 windows).
 const HEAT_WINDOW: f64 = 4096.0;
 
 /// How much a model has been used lately: `ln Σ e^(t / HEAT_WINDOW)` over

@@ -318,7 +318,12 @@ fn main() {
                 .ok()
                 .and_then(|c| c.parse().ok())
                 .unwrap_or(64);
-            let (rps, p50, p99) = load(proxy, only, conns, secs).await;
+            let target = if std::env::var("FLOTILLA_BENCH_BARE").is_ok() {
+                bare
+            } else {
+                proxy
+            };
+            let (rps, p50, p99) = load(target, only, conns, secs).await;
             figure(
                 "proxy-profile",
                 "req_per_s",

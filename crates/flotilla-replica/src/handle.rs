@@ -355,22 +355,34 @@ impl<Item> std::fmt::Debug for CallStream<Item> {
 impl<Item: DeserializeOwned> Stream for CallStream<Item> {
     type Item = Result<Item, CallError>;
 
+    /// Items are only ever sent while the driver is polled here (the handler,
+    /// the batcher's answer and a remote transport all run inside it), so
+    /// while the driver lasts the channel is read without registering this
+    /// task's waker on it: a send never wakes the task that is sending (a
+    /// self-wake would re-poll the task once more and wake an idle worker
+    /// to steal it, for every request). The driver's own wakers wake it.
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        use tokio::sync::mpsc::error::TryRecvError;
         let this = self.get_mut();
+        let decoded = |bytes: Vec<u8>| {
+            Poll::Ready(Some(
+                rmp_serde::from_slice(&bytes).map_err(|e| CallError::BadResponse(e.to_string())),
+            ))
+        };
         loop {
-            match this.items.poll_recv(cx) {
-                Poll::Ready(Some(bytes)) => {
-                    return Poll::Ready(Some(
-                        rmp_serde::from_slice(&bytes)
-                            .map_err(|e| CallError::BadResponse(e.to_string())),
-                    ));
-                }
+            match this.items.try_recv() {
+                Ok(bytes) => return decoded(bytes),
                 // Every sender is gone: the driver finished (it owned the sender).
-                Poll::Ready(None) => return Poll::Ready(this.last.take().map(Err)),
-                Poll::Pending => {}
+                Err(TryRecvError::Disconnected) => return Poll::Ready(this.last.take().map(Err)),
+                Err(TryRecvError::Empty) => {}
             }
             let Some(driver) = this.driver.as_mut() else {
-                return Poll::Pending;
+                // Done, but a sender outlives the driver: wait on the channel.
+                return match this.items.poll_recv(cx) {
+                    Poll::Ready(Some(bytes)) => decoded(bytes),
+                    Poll::Ready(None) => Poll::Ready(this.last.take().map(Err)),
+                    Poll::Pending => Poll::Pending,
+                };
             };
             match driver.as_mut().poll(cx) {
                 Poll::Ready(result) => {
@@ -378,7 +390,15 @@ impl<Item: DeserializeOwned> Stream for CallStream<Item> {
                     this.last = result.err();
                     // Its sender is dropped now: drain what it sent, then end.
                 }
-                Poll::Pending => return Poll::Pending,
+                Poll::Pending => {
+                    // What it sent before it waited, if anything; else its
+                    // own wakers wake this task.
+                    return match this.items.try_recv() {
+                        Ok(bytes) => decoded(bytes),
+                        Err(TryRecvError::Disconnected) => Poll::Ready(this.last.take().map(Err)),
+                        Err(TryRecvError::Empty) => Poll::Pending,
+                    };
+                }
             }
         }
     }

@@ -16,6 +16,7 @@
 //! ```sh
 //! cargo bench -p flotilla-http --bench proxy            # FLOTILLA_BENCH_SECS=2 per round
 //! # the proxy alone, for a profiler: one closed-loop round over 1 connection
+//! # (FLOTILLA_BENCH_BARE=1: the bare server instead)
 //! FLOTILLA_BENCH_PROFILE=/echo FLOTILLA_BENCH_CONNS=1 cargo bench -p flotilla-http --bench proxy
 //! ```
 

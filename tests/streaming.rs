@@ -1,7 +1,8 @@
 //! Streaming calls through handles (`DeploymentHandle::call_stream`): items
 //! arrive as they are produced, the replica's slot is held until the stream ends
-//! or is dropped, dropping cancels the handler, errors end the stream, and a
-//! streaming deployment can forward another's stream. Paused tokio time.
+//! or is dropped, dropping cancels the handler, errors end the stream, a
+//! streaming deployment can forward another's stream, and a stream answered
+//! at once never wakes its own task. Paused tokio time.
 
 #![allow(clippy::unwrap_used)]
 
@@ -192,6 +193,42 @@ async fn a_deployment_that_does_not_stream_answers_with_one_item() {
             .failed(flotilla::ErrorKind::BadRequest),
         1
     );
+}
+
+/// Counts the wakes of the task that polls a stream.
+#[derive(Default)]
+struct Wakes(AtomicU32);
+
+impl futures::task::ArcWake for Wakes {
+    fn wake_by_ref(me: &Arc<Self>) {
+        me.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stream_answered_at_once_never_wakes_its_own_task() {
+    // The handler runs in the polling task and sends its item there: a wake
+    // of that task would only poll it again (and, on a busy runtime, wake an
+    // idle worker to steal it), for every request.
+    let f = start().await;
+    let app = ApplicationSpec::builder("plain")
+        .deployment(DeploymentSpec::builder("plain", "st::Plain"))
+        .build()
+        .unwrap();
+    let h = f.serve.run(app).await.unwrap();
+    let wakes = Arc::new(Wakes::default());
+    let waker = futures::task::waker(wakes.clone());
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut s = std::pin::pin!(h.call_stream::<_, u32>(&21u32));
+    assert!(matches!(
+        s.as_mut().poll_next(&mut cx),
+        std::task::Poll::Ready(Some(Ok(42)))
+    ));
+    assert!(matches!(
+        s.as_mut().poll_next(&mut cx),
+        std::task::Poll::Ready(None)
+    ));
+    assert_eq!(wakes.0.load(Ordering::SeqCst), 0, "the stream woke itself");
 }
 
 #[tokio::test(start_paused = true)]

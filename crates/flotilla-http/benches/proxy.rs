@@ -136,7 +136,6 @@ async fn connect(addr: SocketAddr) -> hyper::client::conn::http1::SendRequest<Fu
     send
 }
 
-/// One round: `conns` connections for `secs`; returns (req/s, p50 ms, p99 ms).
 /// One GET of `path` on `send` once it is ready: its latency in us (from
 /// sending to the whole body), after checking it answered 200 with a body.
 async fn get_us(
@@ -157,6 +156,7 @@ async fn get_us(
     us
 }
 
+/// One round: `conns` connections for `secs`; returns (req/s, p50 ms, p99 ms).
 async fn load(addr: SocketAddr, path: &'static str, conns: usize, secs: f64) -> (f64, f64, f64) {
     let deadline = Instant::now() + Duration::from_secs_f64(secs);
     let tasks: Vec<_> = (0..conns)

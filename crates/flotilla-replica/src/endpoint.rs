@@ -252,12 +252,8 @@ impl ReplicaEndpoint {
     /// a model used at each of `ticks` (router tests).
     #[cfg(test)]
     pub(crate) fn set_coldest_model_uses(&self, ticks: &[u64]) {
-        use crate::model_cache::Heat;
-        let heat = ticks
-            .split_first()
-            .map(|(first, rest)| rest.iter().fold(Heat::first(*first), |h, &t| h.used(t)));
         if let Some(m) = &self.models {
-            m.set_coldest(heat);
+            m.set_coldest(crate::model_cache::Heat::of_uses(ticks));
         }
     }
 

@@ -84,7 +84,7 @@ const HEAT_WINDOW: f64 = 4096.0;
 /// (the common factor `e^(-now / HEAT_WINDOW)` cancels out). A model used
 /// often outranks one used once more recently; of two used equally often,
 /// the one used later is hotter.
-#[derive(Debug, Clone, Copy, PartialEq, PartialOrd)]
+#[derive(Debug, Clone, Copy)]
 pub(crate) struct Heat(f64);
 
 impl Heat {
@@ -103,6 +103,13 @@ impl Heat {
     /// Its value, for comparisons.
     pub(crate) fn value(self) -> f64 {
         self.0
+    }
+
+    /// A model used at each of `ticks`, in order (`None`: never; tests).
+    #[cfg(test)]
+    pub(crate) fn of_uses(ticks: &[u64]) -> Option<Heat> {
+        let (first, rest) = ticks.split_first()?;
+        Some(rest.iter().fold(Heat::first(*first), |h, &t| h.used(t)))
     }
 }
 
@@ -183,14 +190,12 @@ impl ModelHub {
     /// A hub that shows `ids` loaded (unit tests of routers).
     #[cfg(test)]
     pub(crate) fn with_ids(ids: &[&str]) -> Self {
-        ModelHub {
-            ids: watch::Sender::new(ModelIds {
-                loaded: ids.iter().map(|m| Arc::from(*m)).collect(),
-                loading: Vec::new(),
-            }),
-            known: AtomicBool::new(true),
-            coldest: AtomicU64::new(f64::NEG_INFINITY.to_bits()),
-        }
+        let hub = ModelHub::local();
+        hub.ids.send_replace(ModelIds {
+            loaded: ids.iter().map(|m| Arc::from(*m)).collect(),
+            loading: Vec::new(),
+        });
+        hub
     }
 }
 
@@ -247,8 +252,13 @@ impl<M: MultiplexedDeployment> ModelCache<M> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn publish(&self, s: &State<M::Model>) {
+    /// Publish the heat of the model it would evict next.
+    fn publish_coldest(&self, s: &State<M::Model>) {
         self.hub.set_coldest(s.loaded.front().map(|e| e.2));
+    }
+
+    fn publish(&self, s: &State<M::Model>) {
+        self.publish_coldest(s);
         self.hub.ids.send_replace(ModelIds {
             loaded: s.loaded.iter().map(|(id, ..)| id.clone()).collect(),
             loading: s.loading.iter().map(|l| l.id.clone()).collect(),
@@ -269,7 +279,7 @@ impl<M: MultiplexedDeployment> ModelCache<M> {
                 entry.2 = entry.2.used(self.settings.next_use());
                 s.loaded.push_back(entry);
                 if pos == 0 {
-                    self.hub.set_coldest(s.loaded.front().map(|e| e.2));
+                    self.publish_coldest(&s);
                 }
                 return Ok(model);
             }
@@ -499,13 +509,7 @@ mod tests {
 
     #[test]
     fn heat_weighs_uses_by_their_age() {
-        let used = |ticks: &[u64]| {
-            let mut h = Heat::first(ticks[0]);
-            for &t in &ticks[1..] {
-                h = h.used(t);
-            }
-            h.value()
-        };
+        let used = |ticks: &[u64]| Heat::of_uses(ticks).map_or(f64::NEG_INFINITY, Heat::value);
         // Used often outranks used once more recently.
         assert!(used(&[100, 200, 300, 400]) > used(&[500]));
         // As often, the later is hotter.

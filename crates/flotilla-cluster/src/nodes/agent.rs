@@ -22,8 +22,9 @@ use tokio::{
 use tracing::{error, info, warn};
 
 use super::{
-    NodeOptions,
+    AbortOnDrop, NodeOptions,
     link::{Inbound, Link, SessionEvent},
+    on_model_changes,
     options::CHECK_PERIOD,
     transport::PeerCall,
     wire::{
@@ -83,15 +84,6 @@ struct Local {
     endpoint: Option<Arc<ReplicaEndpoint>>,
     /// Forwards a multiplexed replica's model changes while it serves.
     models: Option<AbortOnDrop>,
-}
-
-/// A task that ends with its owner.
-struct AbortOnDrop(JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
 }
 
 struct Head {
@@ -566,20 +558,13 @@ fn replica_event(
             state.args.link.shared.serve(endpoint.clone());
             // The head's routers prefer the replica holding a request's model:
             // tell it what this one holds, now and after every change.
-            if r.models.is_none()
-                && let Some(mut rx) = endpoint.watch_models()
-            {
+            if r.models.is_none() && endpoint.is_multiplexed() {
+                let _ = myself.cast(AgentMsg::Models(id));
                 let agent = myself.clone();
-                r.models = Some(AbortOnDrop(tokio::spawn(async move {
-                    loop {
-                        if agent.cast(AgentMsg::Models(id)).is_err() {
-                            return;
-                        }
-                        if rx.changed().await.is_err() {
-                            return;
-                        }
-                    }
-                })));
+                let span = tracing::debug_span!("report_models", replica = %id);
+                r.models = on_model_changes(&endpoint, span, move || {
+                    agent.cast(AgentMsg::Models(id)).is_ok()
+                });
             }
             r.endpoint = Some(endpoint);
             let keys: Vec<_> = state

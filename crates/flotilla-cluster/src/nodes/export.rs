@@ -17,7 +17,9 @@ use flotilla_core::{AppName, DeploymentName};
 use flotilla_replica::{DeploymentRoute, ReplicaEndpoint, ReplicaId};
 
 use super::{
+    AbortOnDrop,
     head::{Export, HeadShared, lock},
+    on_model_changes,
     wire::{Control, RouteEntry, RouteReplica, WireModels},
 };
 
@@ -86,9 +88,8 @@ fn entry(
     let keep: HashSet<ReplicaId> = local.into_iter().collect();
     for id in old.into_iter().filter(|id| !keep.contains(id)) {
         shared.link.shared.unserve(id);
-        if let Some(watcher) = ex.watched.remove(&id) {
-            watcher.abort();
-        }
+        // Its watcher ends with its guard.
+        ex.watched.remove(&id);
     }
     RouteEntry {
         app: key.0.clone(),
@@ -102,26 +103,23 @@ fn entry(
 
 /// Export `route` again whenever head-local `ep` loads or evicts a model
 /// (`None` unless it is multiplexed). Ends when the replica is no longer
-/// served (aborted), when it ends, or with the head.
+/// served (the guard is dropped), when it ends, or with the head.
 fn watch_models(
     shared: &Arc<HeadShared>,
     key: &(AppName, DeploymentName),
     route: &Arc<DeploymentRoute>,
     ep: &ReplicaEndpoint,
-) -> Option<tokio::task::JoinHandle<()>> {
-    let mut ids = ep.watch_models()?;
+) -> Option<AbortOnDrop> {
     let (shared, route) = (Arc::downgrade(shared), route.clone());
     let span = tracing::debug_span!("export_models", app = %key.0, deployment = %key.1,
         replica = %ep.id());
-    let watcher = async move {
-        while ids.changed().await.is_ok() {
-            let Some(shared) = shared.upgrade() else {
-                return;
-            };
+    on_model_changes(ep, span, move || match shared.upgrade() {
+        Some(shared) => {
             changed(&shared, &route);
+            true
         }
-    };
-    Some(tokio::spawn(tracing::Instrument::instrument(watcher, span)))
+        None => false,
+    })
 }
 
 /// The exporter: wakes on changes, sends the dirty routes to every live node.

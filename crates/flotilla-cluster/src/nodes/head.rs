@@ -98,7 +98,7 @@ pub(crate) struct Export {
     /// Head-local replicas served to nodes, per route.
     pub(crate) served: HashMap<(AppName, DeploymentName), Vec<ReplicaId>>,
     /// The watchers of served multiplexed replicas' model ids.
-    pub(crate) watched: HashMap<ReplicaId, tokio::task::JoinHandle<()>>,
+    pub(crate) watched: HashMap<ReplicaId, super::AbortOnDrop>,
 }
 
 /// What the head's parts share.

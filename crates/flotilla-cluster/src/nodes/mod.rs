@@ -128,6 +128,37 @@ impl std::fmt::Debug for RemoteHost {
     }
 }
 
+/// A task that ends with its owner.
+pub(crate) struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Call `changed` after every change of local replica `ep`'s model ids, until
+/// it returns false or the replica's cache is gone, in a task (in `span`)
+/// that ends with the returned guard; `None` unless `ep` is multiplexed.
+/// A node tells the head with it; the head re-exports a route with it.
+pub(crate) fn on_model_changes(
+    ep: &flotilla_replica::ReplicaEndpoint,
+    span: tracing::Span,
+    changed: impl Fn() -> bool + Send + 'static,
+) -> Option<AbortOnDrop> {
+    let mut ids = ep.watch_models()?;
+    let watcher = async move {
+        while ids.changed().await.is_ok() {
+            if !changed() {
+                return;
+            }
+        }
+    };
+    Some(AbortOnDrop(tokio::spawn(tracing::Instrument::instrument(
+        watcher, span,
+    ))))
+}
+
 /// Forward what the link receives into `actor`'s mailbox.
 fn forward<M: Message>(
     mut rx: mpsc::UnboundedReceiver<link::Inbound>,

@@ -171,14 +171,18 @@ fn tokens_app(name: &str, max_ongoing: u32) -> ApplicationSpec {
         .unwrap()
 }
 
+/// An application of one `st::Plain` deployment (it does not stream).
+fn plain_app() -> ApplicationSpec {
+    ApplicationSpec::builder("plain")
+        .deployment(DeploymentSpec::builder("plain", "st::Plain"))
+        .build()
+        .unwrap()
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_deployment_that_does_not_stream_answers_with_one_item() {
     let f = start().await;
-    let app = ApplicationSpec::builder("plain")
-        .deployment(DeploymentSpec::builder("plain", "st::Plain"))
-        .build()
-        .unwrap();
-    let h = f.serve.run(app).await.unwrap();
+    let h = f.serve.run(plain_app()).await.unwrap();
     let items: Vec<Result<u32, CallError>> = h.call_stream(&21u32).collect().await;
     assert_eq!(items, vec![Ok(42)]);
     let bad: Vec<Result<u32, CallError>> = h.call_stream("not a number").collect().await;
@@ -211,11 +215,7 @@ async fn a_stream_answered_at_once_never_wakes_its_own_task() {
     // of that task would only poll it again (and, on a busy runtime, wake an
     // idle worker to steal it), for every request.
     let f = start().await;
-    let app = ApplicationSpec::builder("plain")
-        .deployment(DeploymentSpec::builder("plain", "st::Plain"))
-        .build()
-        .unwrap();
-    let h = f.serve.run(app).await.unwrap();
+    let h = f.serve.run(plain_app()).await.unwrap();
     let wakes = Arc::new(Wakes::default());
     let waker = futures::task::waker(wakes.clone());
     let mut cx = std::task::Context::from_waker(&waker);

@@ -362,8 +362,9 @@ impl Proxy {
         if no_replica && let Some(why) = self.unavailable_now(&entry, &handle).await {
             return text(503, why, &request_id, Some(done));
         }
-        let mut stream: CallStream<HttpResponse> = handle.call_stream(&request);
-        drop(request);
+        // By value: an ingress of this process that takes `HttpRequest` gets it
+        // without encoding.
+        let mut stream: CallStream<HttpResponse> = handle.call_stream_owned(request);
         let gave_up = async {
             if no_replica {
                 self.became_unavailable(&entry).await

@@ -1,5 +1,6 @@
 //! What an HTTP ingress deployment receives and answers: serde types that cross
-//! the data plane as MessagePack (bodies as binaries).
+//! the data plane as MessagePack between processes (bodies as binaries), and
+//! are moved, not encoded, to and from an ingress in the proxy's own process.
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize, de::DeserializeOwned};

@@ -15,9 +15,10 @@ use crate::{
     CallError, Directory, ModelIdError, ReplicaEndpoint, RoutingRequest,
     endpoint::{ErrorKind, Slot},
     multiplex::validate_model_id,
+    payload::{ItemSender, Payload},
     remote::Attempt,
     route::{DeploymentRoute, ReplicaSet},
-    user::{Call, ItemSender},
+    user::Call,
 };
 
 /// The target of per-request access log events (one `INFO` event per call, with
@@ -127,24 +128,50 @@ impl DeploymentHandle {
     }
 
     /// Send `request` and await the response. Requests and responses cross as
-    /// MessagePack, so the deployment decodes into its own types.
+    /// MessagePack, so the deployment decodes into its own types (a response
+    /// of the type asked for, from a replica in this process, is moved).
     pub async fn call<Req, Resp>(&self, request: &Req) -> Result<Resp, CallError>
     where
         Req: Serialize + ?Sized,
-        Resp: DeserializeOwned,
+        Resp: DeserializeOwned + 'static,
     {
-        let bytes =
-            rmp_serde::to_vec_named(request).map_err(|e| CallError::BadRequest(e.to_string()))?;
+        let payload = Payload::encode(request).map_err(|e| CallError::BadRequest(e.0))?;
+        self.call_with(payload).await
+    }
+
+    /// [`call`](Self::call), taking the request by value: a replica in this
+    /// process whose request type is `Req` gets the value itself, not a
+    /// decoded copy (the fastest call; a field that `serde` skips keeps its
+    /// value). A replica of another request type, or in another process, gets
+    /// it encoded, as from [`call`](Self::call).
+    ///
+    /// ```no_run
+    /// # async fn demo(handle: flotilla_replica::DeploymentHandle) -> Result<(), flotilla_replica::CallError> {
+    /// let answer: String = handle.call_owned(String::from("hello")).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn call_owned<Req, Resp>(&self, request: Req) -> Result<Resp, CallError>
+    where
+        Req: Serialize + Send + 'static,
+        Resp: DeserializeOwned + 'static,
+    {
+        self.call_with(Payload::of(request)).await
+    }
+
+    async fn call_with<Resp: DeserializeOwned + 'static>(
+        &self,
+        payload: Payload,
+    ) -> Result<Resp, CallError> {
         let out = match self.timeout {
-            None => self.call_bytes(bytes).await?,
-            Some(t) => tokio::time::timeout(t, self.call_bytes(bytes))
+            None => self.call_payload(payload).await?,
+            Some(t) => tokio::time::timeout(t, self.call_payload(payload))
                 .await
                 .map_err(|_| CallError::Timeout {
                     app: self.app().to_owned(),
                     deployment: self.deployment().to_owned(),
                 })??,
         };
-        rmp_serde::from_slice(&out).map_err(|e| CallError::BadResponse(e.to_string()))
+        out.take().map_err(|e| CallError::BadResponse(e.0))
     }
 
     /// The route to use: ours, or the live one if ours was deleted and the
@@ -163,7 +190,7 @@ impl DeploymentHandle {
         }
     }
 
-    async fn call_bytes(&self, mut bytes: Vec<u8>) -> Result<Vec<u8>, CallError> {
+    async fn call_payload(&self, mut payload: Payload) -> Result<Payload, CallError> {
         let mut refusals = 0;
         loop {
             let (route, slot) = self.acquire().await?;
@@ -171,7 +198,7 @@ impl DeploymentHandle {
             let result = match slot.0.remote_call().cloned() {
                 None => {
                     let call = Call {
-                        bytes,
+                        payload,
                         model_id: self.model_id.clone(),
                     };
                     run(Some(&route), slot, call).await
@@ -179,10 +206,11 @@ impl DeploymentHandle {
                 // A replica in another process; one that refused the request
                 // before running it leaves it to be routed again.
                 Some(remote) => {
+                    let bytes = encoded_request(payload)?;
                     match crate::remote::run(slot, remote, bytes, self.model_id.clone()).await {
-                        Attempt::Ran(result) => result,
+                        Attempt::Ran(result) => result.map(Payload::Encoded),
                         Attempt::Refused { request, full } => {
-                            bytes = request;
+                            payload = Payload::Encoded(request);
                             crate::remote::back_off(&mut refusals, full).await;
                             continue;
                         }
@@ -254,69 +282,89 @@ impl DeploymentHandle {
     pub fn call_stream<Req, Item>(&self, request: &Req) -> CallStream<Item>
     where
         Req: Serialize + ?Sized,
-        Item: DeserializeOwned,
+        Item: DeserializeOwned + 'static,
     {
+        match Payload::encode(request) {
+            Ok(payload) => self.stream_with(payload),
+            Err(e) => {
+                let (tx, rx) = tokio::sync::mpsc::channel(1);
+                drop(tx);
+                CallStream {
+                    driver: None,
+                    items: rx,
+                    last: Some(CallError::BadRequest(e.0)),
+                    _item: PhantomData,
+                }
+            }
+        }
+    }
+
+    /// [`call_stream`](Self::call_stream), taking the request by value: a
+    /// replica in this process whose request type is `Req` gets the value
+    /// itself (see [`call_owned`](Self::call_owned)).
+    pub fn call_stream_owned<Req, Item>(&self, request: Req) -> CallStream<Item>
+    where
+        Req: Serialize + Send + 'static,
+        Item: DeserializeOwned + 'static,
+    {
+        self.stream_with(Payload::of(request))
+    }
+
+    fn stream_with<Item>(&self, payload: Payload) -> CallStream<Item> {
         let (tx, rx) = tokio::sync::mpsc::channel(STREAM_BUFFER);
-        let driver: BoxFuture<'static, Result<(), CallError>> =
-            match rmp_serde::to_vec_named(request) {
-                Err(e) => Box::pin(std::future::ready(Err(CallError::BadRequest(
-                    e.to_string(),
-                )))),
-                Ok(bytes) => {
-                    let handle = self.clone();
-                    let work = async move {
-                        let (mut bytes, mut refusals) = (bytes, 0);
-                        loop {
-                            let (route, slot) = handle.acquire().await?;
-                            let replica = slot.0.id();
-                            let result = match slot.0.remote_call().cloned() {
-                                None => {
-                                    let call = Call {
-                                        bytes,
-                                        model_id: handle.model_id.clone(),
-                                    };
-                                    run_stream(Some(&route), slot, call, tx.clone()).await
-                                }
-                                // As in `call_bytes`: a refused request is routed again.
-                                Some(remote) => {
-                                    match crate::remote::run_stream(
-                                        slot,
-                                        remote,
-                                        bytes,
-                                        handle.model_id.clone(),
-                                        &tx,
-                                    )
-                                    .await
-                                    {
-                                        Attempt::Ran(result) => result,
-                                        Attempt::Refused { request, full } => {
-                                            bytes = request;
-                                            crate::remote::back_off(&mut refusals, full).await;
-                                            continue;
-                                        }
-                                    }
-                                }
-                            };
-                            tracing::info!(target: ACCESS_TARGET, app = %route.app(),
-                                deployment = %route.deployment(), replica = %replica,
-                                ok = result.is_ok(), stream = true, "request");
-                            return result;
-                        }
-                    };
-                    match self.timeout {
-                        None => Box::pin(work),
-                        Some(t) => {
-                            let (app, deployment) =
-                                (self.app().to_owned(), self.deployment().to_owned());
-                            Box::pin(async move {
-                                tokio::time::timeout(t, work)
-                                    .await
-                                    .map_err(|_| CallError::Timeout { app, deployment })?
-                            })
+        let tx = ItemSender::local(tx);
+        let handle = self.clone();
+        let work = async move {
+            let (mut payload, mut refusals) = (payload, 0);
+            loop {
+                let (route, slot) = handle.acquire().await?;
+                let replica = slot.0.id();
+                let result = match slot.0.remote_call().cloned() {
+                    None => {
+                        let call = Call {
+                            payload,
+                            model_id: handle.model_id.clone(),
+                        };
+                        run_stream(Some(&route), slot, call, tx.clone()).await
+                    }
+                    // As in `call_payload`: a refused request is routed again.
+                    Some(remote) => {
+                        let bytes = encoded_request(payload)?;
+                        match crate::remote::run_stream(
+                            slot,
+                            remote,
+                            bytes,
+                            handle.model_id.clone(),
+                            &tx,
+                        )
+                        .await
+                        {
+                            Attempt::Ran(result) => result,
+                            Attempt::Refused { request, full } => {
+                                payload = Payload::Encoded(request);
+                                crate::remote::back_off(&mut refusals, full).await;
+                                continue;
+                            }
                         }
                     }
-                }
-            };
+                };
+                tracing::info!(target: ACCESS_TARGET, app = %route.app(),
+                    deployment = %route.deployment(), replica = %replica,
+                    ok = result.is_ok(), stream = true, "request");
+                return result;
+            }
+        };
+        let driver: BoxFuture<'static, Result<(), CallError>> = match self.timeout {
+            None => Box::pin(work),
+            Some(t) => {
+                let (app, deployment) = (self.app().to_owned(), self.deployment().to_owned());
+                Box::pin(async move {
+                    tokio::time::timeout(t, work)
+                        .await
+                        .map_err(|_| CallError::Timeout { app, deployment })?
+                })
+            }
+        };
         CallStream {
             driver: Some(driver),
             items: rx,
@@ -324,6 +372,11 @@ impl DeploymentHandle {
             _item: PhantomData,
         }
     }
+}
+
+/// A request encoded for a replica in another process.
+fn encoded_request(payload: Payload) -> Result<Vec<u8>, CallError> {
+    payload.into_bytes().map_err(|e| CallError::BadRequest(e.0))
 }
 
 /// Items a streaming call may produce ahead of its consumer: the handler runs
@@ -338,7 +391,7 @@ const STREAM_BUFFER: usize = 8;
 pub struct CallStream<Item> {
     /// Routes the request and runs the handler, sending items; `None` once done.
     driver: Option<BoxFuture<'static, Result<(), CallError>>>,
-    items: tokio::sync::mpsc::Receiver<Vec<u8>>,
+    items: tokio::sync::mpsc::Receiver<Payload>,
     /// The driver's error, given after the items sent before it.
     last: Option<CallError>,
     _item: PhantomData<fn() -> Item>,
@@ -352,7 +405,7 @@ impl<Item> std::fmt::Debug for CallStream<Item> {
     }
 }
 
-impl<Item: DeserializeOwned> Stream for CallStream<Item> {
+impl<Item: DeserializeOwned + 'static> Stream for CallStream<Item> {
     type Item = Result<Item, CallError>;
 
     /// Items are only ever sent while the driver is polled here (the handler,
@@ -364,14 +417,11 @@ impl<Item: DeserializeOwned> Stream for CallStream<Item> {
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         use tokio::sync::mpsc::error::TryRecvError;
         let this = self.get_mut();
-        let decoded = |bytes: Vec<u8>| {
-            Poll::Ready(Some(
-                rmp_serde::from_slice(&bytes).map_err(|e| CallError::BadResponse(e.to_string())),
-            ))
-        };
+        let decoded =
+            |item: Payload| Poll::Ready(Some(item.take().map_err(|e| CallError::BadResponse(e.0))));
         loop {
             match this.items.try_recv() {
-                Ok(bytes) => return decoded(bytes),
+                Ok(item) => return decoded(item),
                 // Every sender is gone: the driver finished (it owned the sender).
                 Err(TryRecvError::Disconnected) => return Poll::Ready(this.last.take().map(Err)),
                 Err(TryRecvError::Empty) => {}
@@ -379,7 +429,7 @@ impl<Item: DeserializeOwned> Stream for CallStream<Item> {
             let Some(driver) = this.driver.as_mut() else {
                 // Done, but a sender outlives the driver: wait on the channel.
                 return match this.items.poll_recv(cx) {
-                    Poll::Ready(Some(bytes)) => decoded(bytes),
+                    Poll::Ready(Some(item)) => decoded(item),
                     Poll::Ready(None) => Poll::Ready(this.last.take().map(Err)),
                     Poll::Pending => Poll::Pending,
                 };
@@ -394,7 +444,7 @@ impl<Item: DeserializeOwned> Stream for CallStream<Item> {
                     // What it sent before it waited, if anything; else its
                     // own wakers wake this task.
                     return match this.items.try_recv() {
-                        Ok(bytes) => decoded(bytes),
+                        Ok(item) => decoded(item),
                         Err(TryRecvError::Disconnected) => Poll::Ready(this.last.take().map(Err)),
                         Err(TryRecvError::Empty) => Poll::Pending,
                     };
@@ -483,11 +533,15 @@ pub(crate) async fn run(
     route: Option<&DeploymentRoute>,
     slot: Slot,
     call: Call,
-) -> Result<Vec<u8>, CallError> {
+) -> Result<Payload, CallError> {
     on_replica(slot, |ep| async move {
         if let Some(route) = route.filter(|r| r.settings().batching_enabled()) {
             // Waits for its batch holding its slot: it counts as load.
-            ep.batcher(route).submit(call.bytes, call.model_id).await
+            let bytes = encoded_request(call.payload)?;
+            ep.batcher(route)
+                .submit(bytes, call.model_id)
+                .await
+                .map(Payload::Encoded)
         } else {
             ep.user.handle(call).await
         }
@@ -505,8 +559,9 @@ pub(crate) async fn run_stream(
     on_replica(slot, |ep| async move {
         if let Some(route) = route.filter(|r| r.settings().batching_enabled()) {
             // Batched deployments answer a stream with their one batch response.
-            let item = ep.batcher(route).submit(call.bytes, call.model_id).await?;
-            let _ = items.send(item).await;
+            let bytes = encoded_request(call.payload)?;
+            let item = ep.batcher(route).submit(bytes, call.model_id).await?;
+            let _ = items.send_encoded(item).await;
             Ok(())
         } else {
             ep.user.handle_stream(call, items).await

@@ -17,10 +17,11 @@ use serde::{Serialize, de::DeserializeOwned};
 use crate::{
     CallError, ModelIds, UserError,
     model_cache::{ModelCache, ModelHub},
+    payload::{ItemSender, Payload},
     settings::Settings,
     user::{
-        BatchResult, Call, ErasedDeployment, ItemSender, decode, drive_stream, guarded,
-        panic_message, serve_batch, serve_one,
+        BatchResult, Call, ErasedDeployment, drive_stream, guarded, panic_message, request,
+        serve_batch, serve_one,
     },
 };
 
@@ -115,9 +116,9 @@ pub fn validate_model_id(id: &str) -> Result<(), ModelIdError> {
 /// ```
 pub trait MultiplexedDeployment: Send + Sync + 'static {
     /// What callers send.
-    type Request: DeserializeOwned + Send;
+    type Request: DeserializeOwned + Send + 'static;
     /// What callers get back.
-    type Response: Serialize + Send;
+    type Response: Serialize + Send + 'static;
     /// One loaded model, shared by the requests that use it.
     type Model: Send + Sync + 'static;
 
@@ -221,10 +222,10 @@ impl<M: MultiplexedDeployment> ErasedMultiplexed<M> {
 }
 
 impl<M: MultiplexedDeployment> ErasedDeployment for ErasedMultiplexed<M> {
-    fn handle(&self, call: Call) -> BoxFuture<'_, Result<Vec<u8>, CallError>> {
+    fn handle(&self, call: Call) -> BoxFuture<'_, Result<Payload, CallError>> {
         Box::pin(async move {
             let model = self.model(call.model_id.as_ref()).await?;
-            serve_one(&call.bytes, |req| self.inner.handle(&model, req)).await
+            serve_one(call.payload, |req| self.inner.handle(&model, req)).await
         })
     }
 
@@ -245,7 +246,7 @@ impl<M: MultiplexedDeployment> ErasedDeployment for ErasedMultiplexed<M> {
     fn handle_stream(&self, call: Call, items: ItemSender) -> BoxFuture<'_, Result<(), CallError>> {
         Box::pin(async move {
             let model = self.model(call.model_id.as_ref()).await?;
-            let req: M::Request = decode(&call.bytes)?;
+            let req: M::Request = request(call.payload)?;
             let stream =
                 std::panic::catch_unwind(AssertUnwindSafe(|| self.inner.handle_stream(model, req)))
                     .map_err(|p| CallError::Panicked(panic_message(p)))?;

@@ -17,7 +17,8 @@ use futures::future::BoxFuture;
 use crate::{
     CallError, DeploymentRoute, ReplicaEndpoint, ReplicaId,
     endpoint::{ErrorKind, Slot},
-    user::{ErasedDeployment, ItemSender},
+    payload::{ItemSender, Payload},
+    user::ErasedDeployment,
 };
 
 /// How one request to a replica in another process went.
@@ -51,13 +52,14 @@ pub trait RemoteCall: Send + Sync + 'static {
     ) -> BoxFuture<'static, Attempt<Vec<u8>>>;
 
     /// Send `request` to `replica`'s streaming handler; each item it produces
-    /// goes to `items`, and the result says how the stream ended.
+    /// goes to `items` ([`ItemSender::send_encoded`]), and the result says how
+    /// the stream ended.
     fn call_stream(
         &self,
         replica: ReplicaId,
         request: Vec<u8>,
         model_id: Option<Arc<str>>,
-        items: tokio::sync::mpsc::Sender<Vec<u8>>,
+        items: ItemSender,
     ) -> BoxFuture<'static, Attempt<()>>;
 }
 
@@ -139,10 +141,13 @@ pub async fn serve(
         Some(slot) => {
             let route = ep.own_route();
             let call = crate::user::Call {
-                bytes: request,
+                payload: Payload::Encoded(request),
                 model_id,
             };
-            Served::Ran(crate::handle::run(route.as_deref(), slot, call).await)
+            let result = crate::handle::run(route.as_deref(), slot, call).await;
+            Served::Ran(
+                result.and_then(|out| out.into_bytes().map_err(|e| CallError::BadResponse(e.0))),
+            )
         }
         None => Served::Refused {
             full: ep.is_accepting(),
@@ -162,9 +167,10 @@ pub async fn serve_stream(
         Some(slot) => {
             let route = ep.own_route();
             let call = crate::user::Call {
-                bytes: request,
+                payload: Payload::Encoded(request),
                 model_id,
             };
+            let items = ItemSender::encoded(items);
             Served::Ran(crate::handle::run_stream(route.as_deref(), slot, call, items).await)
         }
         None => Served::Refused {
@@ -237,7 +243,7 @@ pub(crate) async fn back_off(refusals: &mut u32, full: bool) {
 pub(crate) struct Elsewhere;
 
 impl ErasedDeployment for Elsewhere {
-    fn handle(&self, _call: crate::user::Call) -> BoxFuture<'_, Result<Vec<u8>, CallError>> {
+    fn handle(&self, _call: crate::user::Call) -> BoxFuture<'_, Result<Payload, CallError>> {
         Box::pin(std::future::ready(Err(CallError::BadRequest(
             "a replica in another process is called through its transport".to_owned(),
         ))))

@@ -6,7 +6,11 @@ use flotilla_core::Args;
 use futures::{FutureExt, Stream, StreamExt, future::BoxFuture};
 use serde::{Serialize, de::DeserializeOwned};
 
-use crate::{CallError, model_cache::ModelHub};
+use crate::{
+    CallError,
+    model_cache::ModelHub,
+    payload::{ItemSender, Payload, SendError},
+};
 
 /// An error returned by user code; its message reaches callers and statuses.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -88,9 +92,9 @@ impl From<&str> for UserError {
 /// ```
 pub trait Deployment: Send + Sync + 'static {
     /// What callers send.
-    type Request: DeserializeOwned + Send;
+    type Request: DeserializeOwned + Send + 'static;
     /// What callers get back.
-    type Response: Serialize + Send;
+    type Response: Serialize + Send + 'static;
 
     /// Serve one request.
     fn handle(
@@ -171,10 +175,10 @@ pub trait Deployment: Send + Sync + 'static {
     }
 }
 
-/// A request as it reaches a replica: MessagePack bytes and the caller's
-/// model id, if any.
+/// A request as it reaches a replica (encoded, or the caller's value) and
+/// the caller's model id, if any.
 pub(crate) struct Call {
-    pub(crate) bytes: Vec<u8>,
+    pub(crate) payload: Payload,
     pub(crate) model_id: Option<Arc<str>>,
 }
 
@@ -191,18 +195,18 @@ pub(crate) enum BatchError {
     Length { expected: usize, got: usize },
 }
 
-/// A [`Deployment`] (or a multiplexed one) behind MessagePack bytes, so
-/// replicas are location-transparent. Panics in user code are caught and
-/// turned into errors here.
+/// A [`Deployment`] (or a multiplexed one) behind [`Payload`]s (MessagePack
+/// bytes, or values inside one process), so replicas are location-transparent.
+/// Panics in user code are caught and turned into errors here.
 pub(crate) trait ErasedDeployment: Send + Sync + 'static {
-    fn handle(&self, call: Call) -> BoxFuture<'_, Result<Vec<u8>, CallError>>;
+    fn handle(&self, call: Call) -> BoxFuture<'_, Result<Payload, CallError>>;
     /// Serve a batch of requests, all with the same model id.
     fn handle_batch(
         &self,
         model_id: Option<Arc<str>>,
         requests: Vec<Vec<u8>>,
     ) -> BoxFuture<'_, BatchResult>;
-    /// Run the streaming handler, sending each encoded item to `items` (waiting
+    /// Run the streaming handler, sending each item to `items` (waiting
     /// while it is full); returns once the stream ended, with its error if it
     /// failed. A closed `items` (the caller went away) ends it early.
     fn handle_stream(&self, call: Call, items: ItemSender) -> BoxFuture<'_, Result<(), CallError>>;
@@ -217,9 +221,6 @@ pub(crate) trait ErasedDeployment: Send + Sync + 'static {
         Box::pin(async {})
     }
 }
-
-/// Where a streaming handler's encoded items go.
-pub(crate) type ItemSender = tokio::sync::mpsc::Sender<Vec<u8>>;
 
 pub(crate) fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
     p.downcast_ref::<&str>()
@@ -274,24 +275,31 @@ pub(crate) fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, CallError> 
     rmp_serde::from_slice(bytes).map_err(|e| CallError::BadRequest(e.to_string()))
 }
 
+/// A request as the handler's type: moved, or decoded.
+pub(crate) fn request<T: DeserializeOwned + 'static>(payload: Payload) -> Result<T, CallError> {
+    payload.take().map_err(|e| CallError::BadRequest(e.0))
+}
+
 /// Encode a response.
 pub(crate) fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, CallError> {
     rmp_serde::to_vec_named(value).map_err(|e| CallError::BadResponse(e.to_string()))
 }
 
-/// Run a handler: decode, call (panics caught), encode.
+/// Run a handler: take its request, call it (panics caught), and hand its
+/// response back as a value (encoded only if its caller wants another type,
+/// or is in another process).
 pub(crate) async fn serve_one<Req, Resp, Fut>(
-    bytes: &[u8],
+    payload: Payload,
     handler: impl FnOnce(Req) -> Fut,
-) -> Result<Vec<u8>, CallError>
+) -> Result<Payload, CallError>
 where
-    Req: DeserializeOwned,
-    Resp: Serialize,
+    Req: DeserializeOwned + 'static,
+    Resp: Serialize + Send + 'static,
     Fut: Future<Output = Result<Resp, UserError>>,
 {
-    let req = decode(bytes)?;
+    let req = request(payload)?;
     let resp = guarded(handler(req)).await?;
-    encode(&resp)
+    Ok(Payload::of(resp))
 }
 
 /// Run a batch handler: decode every request (one that does not decode gets
@@ -339,8 +347,8 @@ where
     Ok(out)
 }
 
-/// Drive a streaming handler's stream, sending each encoded item.
-pub(crate) async fn drive_stream<Resp: Serialize>(
+/// Drive a streaming handler's stream, sending each item.
+pub(crate) async fn drive_stream<Resp: Serialize + Send + 'static>(
     stream: impl Stream<Item = Result<Resp, UserError>>,
     items: ItemSender,
 ) -> Result<(), CallError> {
@@ -351,9 +359,11 @@ pub(crate) async fn drive_stream<Resp: Serialize>(
             Ok(Err(e)) => return Err(CallError::User(e.0)),
             Err(p) => return Err(CallError::Panicked(panic_message(p))),
         };
-        if items.send(encode(&resp)?).await.is_err() {
+        match items.send(resp).await {
+            Ok(()) => {}
             // The caller dropped the stream: stop producing.
-            return Ok(());
+            Err(SendError::Closed) => return Ok(()),
+            Err(SendError::Encode(e)) => return Err(CallError::BadResponse(e.0)),
         }
     }
     Ok(())
@@ -362,8 +372,8 @@ pub(crate) async fn drive_stream<Resp: Serialize>(
 pub(crate) struct Erased<D>(pub D);
 
 impl<D: Deployment> ErasedDeployment for Erased<D> {
-    fn handle(&self, call: Call) -> BoxFuture<'_, Result<Vec<u8>, CallError>> {
-        Box::pin(async move { serve_one(&call.bytes, |req| self.0.handle(req)).await })
+    fn handle(&self, call: Call) -> BoxFuture<'_, Result<Payload, CallError>> {
+        Box::pin(async move { serve_one(call.payload, |req| self.0.handle(req)).await })
     }
 
     fn handle_batch(
@@ -376,7 +386,7 @@ impl<D: Deployment> ErasedDeployment for Erased<D> {
 
     fn handle_stream(&self, call: Call, items: ItemSender) -> BoxFuture<'_, Result<(), CallError>> {
         Box::pin(async move {
-            let req: D::Request = decode(&call.bytes)?;
+            let req: D::Request = request(call.payload)?;
             // Making the stream runs user code too: a panic there is caught as well.
             let stream = std::panic::catch_unwind(AssertUnwindSafe(|| self.0.handle_stream(req)))
                 .map_err(|p| CallError::Panicked(panic_message(p)))?;

@@ -4,11 +4,10 @@
 use std::sync::Arc;
 
 use flotilla_replica::{
-    CallError, ReplicaId,
+    CallError, ItemSender, ReplicaId,
     remote::{Attempt, RemoteCall},
 };
 use futures::future::BoxFuture;
-use tokio::sync::mpsc;
 
 use super::{
     link::{Outcome, Piece, Shared},
@@ -114,7 +113,7 @@ impl RemoteCall for PeerCall {
         replica: ReplicaId,
         request: Vec<u8>,
         model_id: Option<Arc<str>>,
-        items: mpsc::Sender<Vec<u8>>,
+        items: ItemSender,
     ) -> BoxFuture<'static, Attempt<()>> {
         let (shared, peer, node) = (self.shared.clone(), self.peer.clone(), self.node.clone());
         Box::pin(async move {
@@ -138,7 +137,7 @@ impl RemoteCall for PeerCall {
             while let Some(piece) = rx.recv().await {
                 match piece {
                     Piece::Item(item) => {
-                        if items.send(item).await.is_err() {
+                        if items.send_encoded(item).await.is_err() {
                             // The caller dropped the stream: the guard cancels it there.
                             return Attempt::Ran(Ok(()));
                         }

@@ -1,0 +1,235 @@
+//! What a request or a response is on its way between a caller and a
+//! replica: MessagePack bytes, or, inside one process, the value itself.
+//!
+//! Between processes every request and response is encoded. Inside one, a
+//! caller that hands its request over by value
+//! ([`DeploymentHandle::call_owned`](crate::DeploymentHandle::call_owned),
+//! [`call_stream_owned`](crate::DeploymentHandle::call_stream_owned)) and a
+//! replica's responses travel as values: a value of the receiver's own type is
+//! moved, and only a value of another type is encoded and decoded, as between
+//! processes. So the caller's and the deployment's types may differ as they
+//! always could, and the common case (the same type on both sides) costs no
+//! encoding.
+
+use std::any::Any;
+
+use serde::{Serialize, de::DeserializeOwned};
+
+/// A request or a response in flight.
+pub(crate) enum Payload {
+    /// MessagePack (`rmp_serde::to_vec_named`).
+    Encoded(Vec<u8>),
+    /// The value, not encoded.
+    Value(Box<dyn AnyValue>),
+}
+
+/// A value that can still be encoded if its receiver wants another type.
+pub(crate) trait AnyValue: Send {
+    fn encode(&self) -> Result<Vec<u8>, rmp_serde::encode::Error>;
+    fn as_any(&self) -> &dyn Any;
+    fn into_any(self: Box<Self>) -> Box<dyn Any + Send>;
+}
+
+impl<T: Serialize + Send + 'static> AnyValue for T {
+    fn encode(&self) -> Result<Vec<u8>, rmp_serde::encode::Error> {
+        rmp_serde::to_vec_named(self)
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn into_any(self: Box<Self>) -> Box<dyn Any + Send> {
+        self
+    }
+}
+
+/// Why a payload could not be had as the receiver's type (the message of
+/// the encoder's or the decoder's error).
+#[derive(Debug)]
+pub(crate) struct PayloadError(pub(crate) String);
+
+impl Payload {
+    /// `value`, not encoded.
+    pub(crate) fn of<T: Serialize + Send + 'static>(value: T) -> Self {
+        Payload::Value(Box::new(value))
+    }
+
+    /// `value`, encoded.
+    pub(crate) fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Self, PayloadError> {
+        rmp_serde::to_vec_named(value)
+            .map(Payload::Encoded)
+            .map_err(|e| PayloadError(e.to_string()))
+    }
+
+    /// The payload as a `T`: a value of that type is moved; bytes, or a value
+    /// of another type (encoded first), are decoded.
+    pub(crate) fn take<T: DeserializeOwned + 'static>(self) -> Result<T, PayloadError> {
+        let bytes =
+            match self {
+                Payload::Encoded(bytes) => bytes,
+                Payload::Value(value) if value.as_any().is::<T>() => {
+                    return value.into_any().downcast::<T>().map(|v| *v).map_err(|_| {
+                        PayloadError("the value is not of the type it had".to_owned())
+                    });
+                }
+                Payload::Value(value) => value.encode().map_err(|e| PayloadError(e.to_string()))?,
+            };
+        rmp_serde::from_slice(&bytes).map_err(|e| PayloadError(e.to_string()))
+    }
+
+    /// The payload as bytes, for a transport or a batch.
+    pub(crate) fn into_bytes(self) -> Result<Vec<u8>, PayloadError> {
+        match self {
+            Payload::Encoded(bytes) => Ok(bytes),
+            Payload::Value(value) => value.encode().map_err(|e| PayloadError(e.to_string())),
+        }
+    }
+}
+
+/// Where a streaming call's items go: to its caller in this process (values
+/// are moved), or to a transport that sends them to another process (each is
+/// encoded first).
+#[derive(Clone)]
+pub struct ItemSender(Items);
+
+#[derive(Clone)]
+enum Items {
+    Local(tokio::sync::mpsc::Sender<Payload>),
+    Encoded(tokio::sync::mpsc::Sender<Vec<u8>>),
+}
+
+impl std::fmt::Debug for ItemSender {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = match &self.0 {
+            Items::Local(_) => "local",
+            Items::Encoded(_) => "encoded",
+        };
+        f.debug_tuple("ItemSender").field(&kind).finish()
+    }
+}
+
+/// Why an item was not sent.
+#[derive(Debug)]
+pub(crate) enum SendError {
+    /// The receiver went away (the caller dropped its stream).
+    Closed,
+    /// The item could not be encoded for its transport.
+    Encode(PayloadError),
+}
+
+/// The receiver of a streaming call's items went away.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ItemsClosed;
+
+impl ItemSender {
+    /// Items for a caller in this process.
+    pub(crate) fn local(tx: tokio::sync::mpsc::Sender<Payload>) -> Self {
+        ItemSender(Items::Local(tx))
+    }
+
+    /// Items for a transport to another process: each is encoded.
+    pub fn encoded(tx: tokio::sync::mpsc::Sender<Vec<u8>>) -> Self {
+        ItemSender(Items::Encoded(tx))
+    }
+
+    /// Send an item (waiting while the receiver is full).
+    pub(crate) async fn send<T: Serialize + Send + 'static>(
+        &self,
+        item: T,
+    ) -> Result<(), SendError> {
+        match &self.0 {
+            Items::Local(tx) => tx
+                .send(Payload::of(item))
+                .await
+                .map_err(|_| SendError::Closed),
+            Items::Encoded(tx) => {
+                let bytes = rmp_serde::to_vec_named(&item)
+                    .map_err(|e| SendError::Encode(PayloadError(e.to_string())))?;
+                tx.send(bytes).await.map_err(|_| SendError::Closed)
+            }
+        }
+    }
+
+    /// Send an item that is encoded already (from another process, or a
+    /// batch's response).
+    pub async fn send_encoded(&self, bytes: Vec<u8>) -> Result<(), ItemsClosed> {
+        match &self.0 {
+            Items::Local(tx) => tx
+                .send(Payload::Encoded(bytes))
+                .await
+                .map_err(|_| ItemsClosed),
+            Items::Encoded(tx) => tx.send(bytes).await.map_err(|_| ItemsClosed),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Fails to encode: taking it as its own type proves it was moved.
+    struct Unencodable(u32);
+
+    impl Serialize for Unencodable {
+        fn serialize<S: serde::Serializer>(&self, _: S) -> Result<S::Ok, S::Error> {
+            Err(serde::ser::Error::custom("not encodable"))
+        }
+    }
+
+    impl<'de> serde::Deserialize<'de> for Unencodable {
+        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            u32::deserialize(d).map(Unencodable)
+        }
+    }
+
+    #[test]
+    fn a_value_taken_as_its_own_type_is_moved() {
+        let v: Unencodable = Payload::of(Unencodable(3)).take().unwrap();
+        assert_eq!(v.0, 3);
+        let e = Payload::of(Unencodable(3)).into_bytes().unwrap_err();
+        assert!(e.0.contains("not encodable"), "{}", e.0);
+    }
+
+    #[test]
+    fn a_value_of_another_type_is_encoded_and_decoded() {
+        // u8 -> u64: the same MessagePack integer.
+        assert_eq!(Payload::of(7u8).take::<u64>().unwrap(), 7);
+        assert_eq!(
+            Payload::of(String::from("x")).into_bytes().unwrap(),
+            rmp_serde::to_vec_named("x").unwrap()
+        );
+        let e = Payload::of(String::from("x")).take::<u64>().unwrap_err();
+        assert!(!e.0.is_empty());
+        let e = Payload::of(Unencodable(1)).take::<u32>().unwrap_err();
+        assert!(e.0.contains("not encodable"), "{}", e.0);
+    }
+
+    #[test]
+    fn bytes_are_decoded() {
+        let p = Payload::encode("hi").unwrap();
+        assert_eq!(p.take::<String>().unwrap(), "hi");
+    }
+
+    #[tokio::test]
+    async fn items_for_a_transport_are_encoded_and_local_ones_moved() {
+        let (tx, mut rx) = tokio::sync::mpsc::channel(2);
+        let encoded = ItemSender::encoded(tx);
+        encoded.send(5u32).await.unwrap();
+        assert_eq!(
+            rx.recv().await.unwrap(),
+            rmp_serde::to_vec_named(&5u32).unwrap()
+        );
+        assert!(matches!(
+            encoded.send(Unencodable(1)).await,
+            Err(SendError::Encode(_))
+        ));
+        let (tx, mut rx) = tokio::sync::mpsc::channel(2);
+        let local = ItemSender::local(tx);
+        local.send(Unencodable(9)).await.unwrap();
+        assert_eq!(rx.recv().await.unwrap().take::<Unencodable>().unwrap().0, 9);
+        drop(rx);
+        assert!(matches!(local.send(1u8).await, Err(SendError::Closed)));
+        assert_eq!(local.send_encoded(Vec::new()).await, Err(ItemsClosed));
+    }
+}

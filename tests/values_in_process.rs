@@ -130,3 +130,30 @@ async fn a_streams_items_reach_a_caller_of_their_type_as_values() {
     let texts: Vec<&str> = copied.iter().map(|p| p.text.as_str()).collect();
     assert_eq!(texts, ["t:0:0", "t:0:1", "t:0:2"]);
 }
+
+/// Never encodes.
+struct Unencodable;
+
+impl Serialize for Unencodable {
+    fn serialize<S: serde::Serializer>(&self, _: S) -> Result<S::Ok, S::Error> {
+        Err(serde::ser::Error::custom("cannot be encoded"))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_that_cannot_be_encoded_fails_at_once_and_runs_nothing() {
+    let (_dir, _serve, h) = echo_app().await;
+    let mut stream = h.call_stream::<_, Marked>(&Unencodable);
+    let first = stream.next().await.unwrap().unwrap_err();
+    assert!(
+        matches!(&first, CallError::BadRequest(m) if m.contains("cannot be encoded")),
+        "{first}"
+    );
+    assert!(
+        stream.next().await.is_none(),
+        "the error is the stream's only item"
+    );
+    // By value, as another type than the handler's: encoded when it is taken.
+    let bad = h.call_owned::<_, Marked>(Unencodable).await.unwrap_err();
+    assert!(matches!(bad, CallError::BadRequest(_)), "{bad}");
+}

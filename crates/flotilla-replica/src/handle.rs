@@ -286,16 +286,7 @@ impl DeploymentHandle {
     {
         match Payload::encode(request) {
             Ok(payload) => self.stream_with(payload),
-            Err(e) => {
-                let (tx, rx) = tokio::sync::mpsc::channel(1);
-                drop(tx);
-                CallStream {
-                    driver: None,
-                    items: rx,
-                    last: Some(CallError::BadRequest(e.0)),
-                    _item: PhantomData,
-                }
-            }
+            Err(e) => CallStream::failed(CallError::BadRequest(e.0)),
         }
     }
 
@@ -395,6 +386,20 @@ pub struct CallStream<Item> {
     /// The driver's error, given after the items sent before it.
     last: Option<CallError>,
     _item: PhantomData<fn() -> Item>,
+}
+
+impl<Item> CallStream<Item> {
+    /// A stream of one item, `error`: nothing was sent.
+    fn failed(error: CallError) -> Self {
+        // No sender: the stream ends after `last`.
+        let (_, items) = tokio::sync::mpsc::channel(1);
+        CallStream {
+            driver: None,
+            items,
+            last: Some(error),
+            _item: PhantomData,
+        }
+    }
 }
 
 impl<Item> std::fmt::Debug for CallStream<Item> {

@@ -164,11 +164,20 @@ async fn a_model_id_crosses_to_a_replica_on_a_node() {
     }
     // Streaming carries it too.
     let mut items = handle
+        .clone()
         .with_model_id("m3")
         .unwrap()
         .call_stream::<_, String>("hi");
     let first = futures::StreamExt::next(&mut items).await.unwrap().unwrap();
     assert_eq!(first, format!("model m3 on {a_id}: hi"));
+    drop(items);
+    // By value: encoded at the transport, as by reference.
+    let owned = handle.clone().with_model_id("m1").unwrap();
+    let answer: String = owned.call_owned(String::from("owned")).await.unwrap();
+    assert_eq!(answer, format!("model m1 on {a_id}: owned"));
+    let mut items = owned.call_stream_owned::<_, String>(String::from("streamed"));
+    let first = futures::StreamExt::next(&mut items).await.unwrap().unwrap();
+    assert_eq!(first, format!("model m1 on {a_id}: streamed"));
     drop(items);
     serve.shutdown().await.unwrap();
     drop(a);

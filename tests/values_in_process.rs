@@ -9,7 +9,12 @@
 
 mod support;
 
-use flotilla::{ApplicationSpec, CallError, Deployment, DeploymentSpec, Registry, UserError};
+use std::time::Duration;
+
+use flotilla::{
+    ApplicationSpec, BatchConfig, CallError, Deployment, DeploymentConfig, DeploymentSpec,
+    Registry, UserError,
+};
 use futures::{Stream, StreamExt, stream};
 use serde::{Deserialize, Serialize};
 
@@ -55,18 +60,26 @@ impl Deployment for Echo {
     }
 }
 
-async fn echo_app() -> (
+/// The app and its handle, with its store's directory and its Serve.
+type EchoApp = (
     tempfile::TempDir,
     flotilla::Serve,
     flotilla::DeploymentHandle,
-) {
+);
+
+async fn echo_app() -> EchoApp {
+    echo_app_with(|c| c).await
+}
+
+/// The echo, its deployment's config changed by `config`.
+async fn echo_app_with(config: impl FnOnce(DeploymentConfig) -> DeploymentConfig) -> EchoApp {
     let dir = tempfile::tempdir().unwrap();
     let registry = Registry::new()
         .register("values::Echo", |_| async { Ok(Echo) })
         .unwrap();
     let serve = support::start_with(&dir, registry).await;
     let app = ApplicationSpec::builder("values")
-        .deployment(DeploymentSpec::builder("echo", "values::Echo"))
+        .deployment(DeploymentSpec::builder("echo", "values::Echo").with_config(config))
         .build()
         .unwrap();
     let handle = serve.run(app).await.unwrap();
@@ -156,4 +169,14 @@ async fn a_request_that_cannot_be_encoded_fails_at_once_and_runs_nothing() {
     // By value, as another type than the handler's: encoded when it is taken.
     let bad = h.call_owned::<_, Marked>(Unencodable).await.unwrap_err();
     assert!(matches!(bad, CallError::BadRequest(_)), "{bad}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_batched_deployment_gets_its_requests_encoded() {
+    // Its batcher gathers bytes: by value or not, the handler sees a decoded
+    // copy, and the caller the response's.
+    let (_dir, _serve, h) =
+        echo_app_with(|c| c.with_batching(BatchConfig::new(4, Duration::from_millis(1)))).await;
+    let answer: Marked = h.call_owned(marked("b", 5)).await.unwrap();
+    assert_eq!(answer, marked("b:0", 0));
 }

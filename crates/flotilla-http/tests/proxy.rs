@@ -284,6 +284,17 @@ async fn a_timeout_is_408_cancels_the_handler_and_frees_its_slot() {
     f.stop().await;
 }
 
+/// `step`'s output, or a failure naming `what` if it has not come after 30 s:
+/// a watchdog over a step that waits on an event, so that a lost event fails
+/// the test and says where instead of holding the run (one such hang was seen
+/// in ~90 runs, and not again).
+async fn within<T>(what: &str, step: impl std::future::Future<Output = T>) -> T {
+    match tokio::time::timeout(Duration::from_secs(30), step).await {
+        Ok(out) => out,
+        Err(_) => panic!("stuck for 30 s: {what}"),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_disconnects_cancels_its_request() {
     let f = start().await;
@@ -298,11 +309,16 @@ async fn a_client_that_disconnects_cancels_its_request() {
         };
         let url = f.url("/e/hang");
         let call = tokio::spawn(async move { get(&c, &url).await });
-        started.await;
+        let version = if http2 { "HTTP/2" } else { "HTTP/1.1" };
+        within(&format!("the handler starts ({version})"), started).await;
         let h = f.serve.deployment_handle("e", "ingress").unwrap();
         assert_eq!(h.replicas()[0].in_flight(), 1);
         call.abort(); // drops the client and its connection
-        f.probe.wait_dropped(before + 1).await;
+        within(
+            &format!("the disconnect drops the handler ({version})"),
+            f.probe.wait_dropped(before + 1),
+        )
+        .await;
         // The handler's future is dropped a moment before its slot is freed.
         support::until(|| h.replicas()[0].in_flight() == 0).await;
     }

@@ -15,7 +15,7 @@ use crate::{
     CallError, Directory, ModelIdError, ReplicaEndpoint, RoutingRequest,
     endpoint::{ErrorKind, Slot},
     multiplex::validate_model_id,
-    payload::{ItemSender, Payload},
+    payload::{ItemSender, Payload, PayloadError},
     remote::Attempt,
     route::{DeploymentRoute, ReplicaSet},
     user::Call,
@@ -135,7 +135,7 @@ impl DeploymentHandle {
         Req: Serialize + ?Sized,
         Resp: DeserializeOwned + 'static,
     {
-        let payload = Payload::encode(request).map_err(|e| CallError::BadRequest(e.0))?;
+        let payload = Payload::encode(request).map_err(PayloadError::bad_request)?;
         self.call_with(payload).await
     }
 
@@ -166,12 +166,17 @@ impl DeploymentHandle {
             None => self.call_payload(payload).await?,
             Some(t) => tokio::time::timeout(t, self.call_payload(payload))
                 .await
-                .map_err(|_| CallError::Timeout {
-                    app: self.app().to_owned(),
-                    deployment: self.deployment().to_owned(),
-                })??,
+                .map_err(|_| self.timed_out())??,
         };
-        out.take().map_err(|e| CallError::BadResponse(e.0))
+        out.take().map_err(PayloadError::bad_response)
+    }
+
+    /// The error of a call that outlived the handle's timeout.
+    fn timed_out(&self) -> CallError {
+        CallError::Timeout {
+            app: self.app().to_owned(),
+            deployment: self.deployment().to_owned(),
+        }
     }
 
     /// The route to use: ours, or the live one if ours was deleted and the
@@ -286,7 +291,7 @@ impl DeploymentHandle {
     {
         match Payload::encode(request) {
             Ok(payload) => self.stream_with(payload),
-            Err(e) => CallStream::failed(CallError::BadRequest(e.0)),
+            Err(e) => CallStream::failed(e.bad_request()),
         }
     }
 
@@ -348,12 +353,8 @@ impl DeploymentHandle {
         let driver: BoxFuture<'static, Result<(), CallError>> = match self.timeout {
             None => Box::pin(work),
             Some(t) => {
-                let (app, deployment) = (self.app().to_owned(), self.deployment().to_owned());
-                Box::pin(async move {
-                    tokio::time::timeout(t, work)
-                        .await
-                        .map_err(|_| CallError::Timeout { app, deployment })?
-                })
+                let timed_out = self.timed_out();
+                Box::pin(async move { tokio::time::timeout(t, work).await.map_err(|_| timed_out)? })
             }
         };
         CallStream {
@@ -367,7 +368,7 @@ impl DeploymentHandle {
 
 /// A request encoded for a replica in another process.
 fn encoded_request(payload: Payload) -> Result<Vec<u8>, CallError> {
-    payload.into_bytes().map_err(|e| CallError::BadRequest(e.0))
+    payload.into_bytes().map_err(PayloadError::bad_request)
 }
 
 /// Items a streaming call may produce ahead of its consumer: the handler runs
@@ -423,7 +424,7 @@ impl<Item: DeserializeOwned + 'static> Stream for CallStream<Item> {
         use tokio::sync::mpsc::error::TryRecvError;
         let this = self.get_mut();
         let decoded =
-            |item: Payload| Poll::Ready(Some(item.take().map_err(|e| CallError::BadResponse(e.0))));
+            |item: Payload| Poll::Ready(Some(item.take().map_err(PayloadError::bad_response)));
         loop {
             match this.items.try_recv() {
                 Ok(item) => return decoded(item),

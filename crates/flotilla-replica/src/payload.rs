@@ -15,6 +15,8 @@ use std::any::Any;
 
 use serde::{Serialize, de::DeserializeOwned};
 
+use crate::CallError;
+
 /// A request or a response in flight.
 pub(crate) enum Payload {
     /// MessagePack (`rmp_serde::to_vec_named`).
@@ -44,10 +46,31 @@ impl<T: Serialize + Send + 'static> AnyValue for T {
     }
 }
 
-/// Why a payload could not be had as the receiver's type (the message of
-/// the encoder's or the decoder's error).
-#[derive(Debug)]
-pub(crate) struct PayloadError(pub(crate) String);
+/// Why a payload could not be had as its receiver's type, or as bytes.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum PayloadError {
+    /// A value did not encode.
+    #[error("{0}")]
+    Encode(#[from] rmp_serde::encode::Error),
+    /// Bytes did not decode as the receiver's type.
+    #[error("{0}")]
+    Decode(#[from] rmp_serde::decode::Error),
+    /// A value lost its type between the check and the downcast (never).
+    #[error("the value is not of the type it had")]
+    Lost,
+}
+
+impl PayloadError {
+    /// As the error of a request that could not be had.
+    pub(crate) fn bad_request(self) -> CallError {
+        CallError::BadRequest(self.to_string())
+    }
+
+    /// As the error of a response that could not be had.
+    pub(crate) fn bad_response(self) -> CallError {
+        CallError::BadResponse(self.to_string())
+    }
+}
 
 impl Payload {
     /// `value`, not encoded.
@@ -57,32 +80,31 @@ impl Payload {
 
     /// `value`, encoded.
     pub(crate) fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Self, PayloadError> {
-        rmp_serde::to_vec_named(value)
-            .map(Payload::Encoded)
-            .map_err(|e| PayloadError(e.to_string()))
+        Ok(Payload::Encoded(rmp_serde::to_vec_named(value)?))
     }
 
     /// The payload as a `T`: a value of that type is moved; bytes, or a value
     /// of another type (encoded first), are decoded.
     pub(crate) fn take<T: DeserializeOwned + 'static>(self) -> Result<T, PayloadError> {
-        let bytes =
-            match self {
-                Payload::Encoded(bytes) => bytes,
-                Payload::Value(value) if value.as_any().is::<T>() => {
-                    return value.into_any().downcast::<T>().map(|v| *v).map_err(|_| {
-                        PayloadError("the value is not of the type it had".to_owned())
-                    });
-                }
-                Payload::Value(value) => value.encode().map_err(|e| PayloadError(e.to_string()))?,
-            };
-        rmp_serde::from_slice(&bytes).map_err(|e| PayloadError(e.to_string()))
+        let bytes = match self {
+            Payload::Encoded(bytes) => bytes,
+            Payload::Value(value) if value.as_any().is::<T>() => {
+                return value
+                    .into_any()
+                    .downcast::<T>()
+                    .map(|v| *v)
+                    .map_err(|_| PayloadError::Lost);
+            }
+            Payload::Value(value) => value.encode()?,
+        };
+        Ok(rmp_serde::from_slice(&bytes)?)
     }
 
     /// The payload as bytes, for a transport or a batch.
     pub(crate) fn into_bytes(self) -> Result<Vec<u8>, PayloadError> {
         match self {
             Payload::Encoded(bytes) => Ok(bytes),
-            Payload::Value(value) => value.encode().map_err(|e| PayloadError(e.to_string())),
+            Payload::Value(value) => Ok(value.encode()?),
         }
     }
 }
@@ -144,8 +166,7 @@ impl ItemSender {
                 .await
                 .map_err(|_| SendError::Closed),
             Items::Encoded(tx) => {
-                let bytes = rmp_serde::to_vec_named(&item)
-                    .map_err(|e| SendError::Encode(PayloadError(e.to_string())))?;
+                let bytes = AnyValue::encode(&item).map_err(|e| SendError::Encode(e.into()))?;
                 tx.send(bytes).await.map_err(|_| SendError::Closed)
             }
         }
@@ -188,7 +209,7 @@ mod tests {
         let v: Unencodable = Payload::of(Unencodable(3)).take().unwrap();
         assert_eq!(v.0, 3);
         let e = Payload::of(Unencodable(3)).into_bytes().unwrap_err();
-        assert!(e.0.contains("not encodable"), "{}", e.0);
+        assert!(e.to_string().contains("not encodable"), "{e}");
     }
 
     #[test]
@@ -200,9 +221,9 @@ mod tests {
             rmp_serde::to_vec_named("x").unwrap()
         );
         let e = Payload::of(String::from("x")).take::<u64>().unwrap_err();
-        assert!(!e.0.is_empty());
+        assert!(matches!(e, PayloadError::Decode(_)), "{e}");
         let e = Payload::of(Unencodable(1)).take::<u32>().unwrap_err();
-        assert!(e.0.contains("not encodable"), "{}", e.0);
+        assert!(e.to_string().contains("not encodable"), "{e}");
     }
 
     #[test]

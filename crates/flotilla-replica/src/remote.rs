@@ -17,7 +17,7 @@ use futures::future::BoxFuture;
 use crate::{
     CallError, DeploymentRoute, ReplicaEndpoint, ReplicaId,
     endpoint::{ErrorKind, Slot},
-    payload::{ItemSender, Payload},
+    payload::{ItemSender, Payload, PayloadError},
     user::ErasedDeployment,
 };
 
@@ -145,9 +145,7 @@ pub async fn serve(
                 model_id,
             };
             let result = crate::handle::run(route.as_deref(), slot, call).await;
-            Served::Ran(
-                result.and_then(|out| out.into_bytes().map_err(|e| CallError::BadResponse(e.0))),
-            )
+            Served::Ran(result.and_then(|out| out.into_bytes().map_err(PayloadError::bad_response)))
         }
         None => Served::Refused {
             full: ep.is_accepting(),

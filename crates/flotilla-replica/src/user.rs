@@ -9,7 +9,7 @@ use serde::{Serialize, de::DeserializeOwned};
 use crate::{
     CallError,
     model_cache::ModelHub,
-    payload::{ItemSender, Payload, SendError},
+    payload::{ItemSender, Payload, PayloadError, SendError},
 };
 
 /// An error returned by user code; its message reaches callers and statuses.
@@ -277,7 +277,7 @@ pub(crate) fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, CallError> 
 
 /// A request as the handler's type: moved, or decoded.
 pub(crate) fn request<T: DeserializeOwned + 'static>(payload: Payload) -> Result<T, CallError> {
-    payload.take().map_err(|e| CallError::BadRequest(e.0))
+    payload.take().map_err(PayloadError::bad_request)
 }
 
 /// Encode a response.
@@ -363,7 +363,7 @@ pub(crate) async fn drive_stream<Resp: Serialize + Send + 'static>(
             Ok(()) => {}
             // The caller dropped the stream: stop producing.
             Err(SendError::Closed) => return Ok(()),
-            Err(SendError::Encode(e)) => return Err(CallError::BadResponse(e.0)),
+            Err(SendError::Encode(e)) => return Err(e.bad_response()),
         }
     }
     Ok(())

@@ -28,7 +28,11 @@
 //!   steeper skews (exponents 1.25 and 1.5), each with the workload's
 //!   ceiling (`static_optimum_hit_rate`: the share of requests for the 24
 //!   most popular models, which a placement that never changed and loaded
-//!   for free would hit).
+//!   for free would hit). Then the exponent again, open-loop:
+//!   requests offered at 1,000 and 2,000 a second (`"load": "open"`), each
+//!   sent without waiting for the others, so that the hit rate is also
+//!   measured where the replicas' loads have room (the closed loop keeps them
+//!   busy: a replica loads one model at a time, 20 ms each).
 //!
 //! Each pair alternates (baseline, feature, baseline, feature) and each figure
 //! is the better of its two rounds. Prints one JSON figure per line.
@@ -72,6 +76,11 @@ const SKEWS: [f64; 3] = [1.0, 1.25, 1.5];
 const MX_CALLERS: usize = 32;
 const LOAD: Duration = Duration::from_millis(20);
 const MX_HANDLER: Duration = Duration::from_millis(1);
+/// The offered rates (requests per second) of the open-loop multiplexing
+/// rounds, at the exponent: the closed loop runs the replicas' loads
+/// flat out (one load at a time per replica, so at most 400 loads a second),
+/// and these show the hit rate where loads have room.
+const MX_OPEN_RATES: [f64; 2] = [1000.0, 2000.0];
 /// Run before the multiplexing figures are counted.
 const MX_WARMUP: Duration = Duration::from_millis(500);
 
@@ -365,9 +374,22 @@ struct MxResult {
     rps: f64,
 }
 
+/// How a multiplexing round's requests are sent.
+#[derive(Clone, Copy)]
+enum Load {
+    /// [`MX_CALLERS`] callers, each sending its next request when the last
+    /// is answered: as fast as the deployment serves (and loads).
+    Closed,
+    /// Requests at this many per second, at exponential intervals from one
+    /// seeded stream, each sent without waiting for the others: an offered
+    /// rate that does not rise as the hit rate does.
+    Open(f64),
+}
+
 async fn multiplexing_round(
     router: Option<&str>,
     zipf_s: f64,
+    load: Load,
     secs: Duration,
     round: u32,
 ) -> MxResult {
@@ -391,7 +413,11 @@ async fn multiplexing_round(
         })
         .build()
         .unwrap();
-    let ns = format!("bench-mx-{tag}-{zipf_s}-{round}");
+    let shape = match load {
+        Load::Closed => "closed".to_owned(),
+        Load::Open(rate) => format!("open{rate}"),
+    };
+    let ns = format!("bench-mx-{tag}-{zipf_s}-{shape}-{round}");
     let rig = Rig::start(&ns, &registry(&hits), spec, REPLICAS).await;
     let cdf = Arc::new(zipf_cdf(MODELS, zipf_s));
     let ids: Arc<Vec<DeploymentHandle>> = Arc::new(
@@ -407,19 +433,42 @@ async fn multiplexing_round(
         Ordering::Relaxed,
     );
     let until = MX_WARMUP + secs;
-    let tasks: Vec<_> = (0..MX_CALLERS)
-        .map(|i| {
-            let (cdf, ids) = (cdf.clone(), ids.clone());
-            tokio::spawn(async move {
-                let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ (i as u64 + 1).wrapping_mul(0xD1B5));
-                while start.elapsed() < until {
-                    let u = rng.next_f64();
-                    let m = cdf.partition_point(|c| *c < u).min(MODELS - 1);
-                    let _: bool = ids[m].call(&since_epoch()).await.unwrap();
-                }
+    let pick = move |rng: &mut Rng| {
+        let u = rng.next_f64();
+        cdf.partition_point(|c| *c < u).min(MODELS - 1)
+    };
+    let tasks: Vec<_> = match load {
+        Load::Closed => (0..MX_CALLERS)
+            .map(|i| {
+                let (ids, pick) = (ids.clone(), pick.clone());
+                tokio::spawn(async move {
+                    let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ (i as u64 + 1).wrapping_mul(0xD1B5));
+                    while start.elapsed() < until {
+                        let m = pick(&mut rng);
+                        let _: bool = ids[m].call(&since_epoch()).await.unwrap();
+                    }
+                })
             })
-        })
-        .collect();
+            .collect(),
+        Load::Open(rate) => {
+            let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ u64::from(round + 1).wrapping_mul(0xD1B5));
+            let mut sent = Vec::new();
+            // Each request's send time on one schedule: a late timer sends
+            // the ones due together rather than lowering the rate.
+            let mut at = Duration::ZERO;
+            while at < until {
+                tokio::time::sleep_until((start + at).into()).await;
+                while at <= start.elapsed() && at < until {
+                    let h = ids[pick(&mut rng)].clone();
+                    sent.push(tokio::spawn(async move {
+                        let _: bool = h.call(&since_epoch()).await.unwrap();
+                    }));
+                    at += Duration::from_secs_f64(-(1.0 - rng.next_f64()).ln() / rate);
+                }
+            }
+            sent
+        }
+    };
     for t in tasks {
         t.await.unwrap();
     }
@@ -437,8 +486,9 @@ async fn multiplexing_round(
     }
 }
 
-/// The multiplexing figures of one skew: each router twice, alternating.
-async fn multiplexing(zipf_s: f64, secs: Duration) {
+/// The multiplexing figures of one skew and load: each router twice,
+/// alternating.
+async fn multiplexing(zipf_s: f64, load: Load, secs: Duration) {
     let (mut blind, mut rays, mut aware): (Option<MxResult>, Option<MxResult>, Option<MxResult>) =
         (None, None, None);
     let better = |best: Option<MxResult>, r: MxResult| match best {
@@ -448,17 +498,24 @@ async fn multiplexing(zipf_s: f64, secs: Duration) {
     for round in 0..2 {
         blind = better(
             blind,
-            multiplexing_round(Some(BLIND), zipf_s, secs, round).await,
+            multiplexing_round(Some(BLIND), zipf_s, load, secs, round).await,
         );
         rays = better(
             rays,
-            multiplexing_round(Some(RAY), zipf_s, secs, round).await,
+            multiplexing_round(Some(RAY), zipf_s, load, secs, round).await,
         );
-        aware = better(aware, multiplexing_round(None, zipf_s, secs, round).await);
+        aware = better(
+            aware,
+            multiplexing_round(None, zipf_s, load, secs, round).await,
+        );
     }
     let (blind, rays, aware) = (blind.unwrap(), rays.unwrap(), aware.unwrap());
+    let shape = match load {
+        Load::Closed => format!("\"callers\": {MX_CALLERS}"),
+        Load::Open(rate) => format!("\"load\": \"open\", \"offered_req_per_s\": {rate}"),
+    };
     let at = format!(
-        ", \"replicas\": {REPLICAS}, \"slots\": {SLOTS}, \"models\": {MODELS}, \"zipf_s\": {zipf_s}, \"callers\": {MX_CALLERS}"
+        ", \"replicas\": {REPLICAS}, \"slots\": {SLOTS}, \"models\": {MODELS}, \"zipf_s\": {zipf_s}, {shape}"
     );
     for (target, r) in [
         ("model-blind", &blind),
@@ -567,7 +624,10 @@ fn main() {
         );
 
         for zipf_s in SKEWS {
-            multiplexing(zipf_s, secs).await;
+            multiplexing(zipf_s, Load::Closed, secs).await;
+        }
+        for rate in MX_OPEN_RATES {
+            multiplexing(SKEWS[0], Load::Open(rate), secs).await;
         }
     });
     // Exit at once: tearing the actors down measures nothing.

@@ -2,7 +2,10 @@
 
 use std::{
     collections::HashMap,
-    sync::{Arc, PoisonError, RwLock},
+    sync::{
+        Arc, PoisonError, RwLock,
+        atomic::{AtomicU64, Ordering},
+    },
 };
 
 use flotilla_core::{AppName, DeploymentName, RoutePrefix};
@@ -27,6 +30,9 @@ pub struct Route {
 #[derive(Clone)]
 pub struct RouteTable {
     routes: Arc<RwLock<HashMap<RoutePrefix, Route>>>,
+    /// How many changes were made: read without a lock by [`version`](Self::version).
+    changes: Arc<AtomicU64>,
+    /// The same count, for subscribers.
     version: watch::Sender<u64>,
 }
 
@@ -34,6 +40,7 @@ impl Default for RouteTable {
     fn default() -> Self {
         RouteTable {
             routes: Arc::default(),
+            changes: Arc::default(),
             version: watch::Sender::new(0),
         }
     }
@@ -81,6 +88,20 @@ impl RouteTable {
         self.version.subscribe()
     }
 
+    /// How many changes were made so far (one atomic load, no lock): a reader
+    /// that derived something from the table at version `v` is current while
+    /// this is still `v`. A change is counted after it is in the table, so
+    /// [`routes`](Self::routes) read after this holds at least that version.
+    pub fn version(&self) -> u64 {
+        self.changes.load(Ordering::Acquire)
+    }
+
+    /// Count one change, for [`version`](Self::version) and the subscribers.
+    fn changed(&self) {
+        let v = self.changes.fetch_add(1, Ordering::AcqRel) + 1;
+        self.version.send_replace(v);
+    }
+
     /// `app` (entering through `ingress`) holds `prefix` now.
     pub(crate) fn insert(&self, prefix: RoutePrefix, app: AppName, ingress: DeploymentName) {
         let route = Route {
@@ -90,7 +111,7 @@ impl RouteTable {
         };
         let changed = self.write().insert(prefix, route.clone()).as_ref() != Some(&route);
         if changed {
-            self.version.send_modify(|v| *v += 1);
+            self.changed();
         }
     }
 
@@ -100,7 +121,7 @@ impl RouteTable {
         if routes.get(prefix).is_some_and(|r| &r.app == app) {
             routes.remove(prefix);
             drop(routes);
-            self.version.send_modify(|v| *v += 1);
+            self.changed();
         }
     }
 
@@ -112,7 +133,7 @@ impl RouteTable {
         if *current != fresh {
             *current = fresh;
             drop(current);
-            self.version.send_modify(|v| *v += 1);
+            self.changed();
         }
     }
 
@@ -154,5 +175,20 @@ mod tests {
         t.remove(&p("/a"), &a("one"));
         assert!(rx.has_changed().unwrap_or(false));
         assert!(t.is_empty());
+    }
+
+    #[test]
+    fn the_version_counts_changes_and_subscribers_see_the_same_count() {
+        let t = RouteTable::new();
+        let rx = t.subscribe();
+        assert_eq!(t.version(), 0);
+        t.insert(p("/a"), a("one"), d("front"));
+        t.insert(p("/a"), a("one"), d("front")); // no change
+        t.insert(p("/b"), a("two"), d("front"));
+        assert_eq!(t.version(), 2);
+        t.replace_all(t.routes()); // the same routes: no change
+        t.replace_all(Vec::new());
+        assert_eq!(t.version(), 3);
+        assert_eq!(*rx.borrow(), t.version());
     }
 }

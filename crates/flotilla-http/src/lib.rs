@@ -5,7 +5,9 @@
 //! - the **proxy** ([`HttpServer`], default `127.0.0.1:8000`): HTTP/1.1 and h2c,
 //!   routed by longest route prefix with Ray's boundary rule ([`PrefixRouter`])
 //!   to each application's ingress deployment through its `DeploymentHandle`,
-//!   following the Controller's route index by subscription; Ray's status codes
+//!   following the Controller's route index by subscription (a request
+//!   sees every change acknowledged before it came: `run` returned means the
+//!   prefix routes, `delete_apps` returned means it 404s); Ray's status codes
 //!   and bodies (see the [`proxy`] module), `/-/healthz`, `/-/routes`, request
 //!   ids, timeouts, body limits, streamed responses;
 //! - the **REST API** on a second listener (default `127.0.0.1:8265`): Ray's

@@ -47,7 +47,7 @@ use crate::{
     HttpOptions, HttpRequest, HttpResponse, REQUEST_ID_HEADER,
     body::{Done, ProxyBody},
     metrics::{ProxyMetrics, method_index},
-    table::{RouteEntry, RouteFollower},
+    table::{RouteEntry, RouteFollower, RouteSnapshot},
 };
 
 /// The per-request timeout header (Ray's `SERVE_HTTP_REQUEST_TIMEOUT_S_HEADER`):
@@ -202,10 +202,10 @@ impl Proxy {
             let done = Done::new(self.metrics.unmatched.clone(), method, started, None);
             return Ok(text(400, "Invalid request path.", &request_id, Some(done)));
         };
+        let snapshot = self.routes.fresh().await;
         if path == "/-/healthz" || path == "/-/routes" {
-            return Ok(self.health_or_routes(&path, method, started, &request_id));
+            return Ok(self.health_or_routes(&snapshot, &path, method, started, &request_id));
         }
-        let snapshot = self.routes.current();
         let Some((_, entry)) = snapshot.router.route(&path) else {
             let done = Done::new(self.metrics.unmatched.clone(), method, started, None);
             let body = format!(
@@ -238,6 +238,7 @@ impl Proxy {
 
     fn health_or_routes(
         &self,
+        snapshot: &RouteSnapshot,
         path: &str,
         method: u8,
         started: Instant,
@@ -261,7 +262,7 @@ impl Proxy {
             (Some(why), _) => text(503, why, request_id, done),
             (None, false) => text(200, "success", request_id, done),
             (None, true) => {
-                let body = self.routes.current().routes_json.clone();
+                let body = snapshot.routes_json.clone();
                 let mut r = text(200, body, request_id, done);
                 r.headers_mut().insert(
                     header::CONTENT_TYPE,

@@ -217,8 +217,11 @@ impl HttpServer {
         let options = Arc::new(options);
         let grace = options.shutdown_grace;
         let (stop, stop_rx) = watch::channel(false);
-        let (routes, follower) =
-            RouteFollower::follow(serve.clone(), options.root_path.clone(), stop_rx.clone());
+        let (routes, follower) = RouteFollower::follow(
+            serve.routes().clone(),
+            options.root_path.clone(),
+            stop_rx.clone(),
+        );
         let metrics = Arc::new(ProxyMetrics::new(
             flotilla::LOCAL_NODE.to_owned(),
             proxy_addr.map(|a| a.ip().to_string()).unwrap_or_default(),

@@ -1,6 +1,12 @@
 //! The proxy's route table: the Controller's route index
 //! ([`Serve::routes`](flotilla::Serve::routes)) followed by subscription, each
 //! prefix with its ingress handle and counters.
+//!
+//! A request reads the table through [`RouteFollower::fresh`]: if the index
+//! changed since the table was built (one atomic load tells), the table is
+//! rebuilt first, so that a route is served as soon as `run` returns and a
+//! deleted one 404s as soon as `delete_apps` does, however late the follower
+//! task runs.
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -8,7 +14,7 @@ use std::{
 };
 
 use bytes::Bytes;
-use flotilla::{DeploymentHandle, Serve, ServeError};
+use flotilla::{DeploymentHandle, RouteTable, Serve, ServeError};
 use tokio::sync::watch;
 
 use crate::{metrics::HttpStats, router::PrefixRouter};
@@ -60,6 +66,9 @@ pub(crate) struct RouteSnapshot {
     pub(crate) router: PrefixRouter<Arc<RouteEntry>>,
     /// The `/-/routes` body: `{"<prefix>": "<application>"}`.
     pub(crate) routes_json: Bytes,
+    /// The route index's [`version`](RouteTable::version) it was built from
+    /// (or a later one).
+    version: u64,
 }
 
 impl RouteSnapshot {
@@ -74,20 +83,45 @@ impl RouteSnapshot {
 }
 
 /// The followed table, swapped whole on every change.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct RouteFollower {
+    root_path: String,
+    /// The index followed ([`Serve::routes`]).
+    index: RouteTable,
     current: RwLock<Arc<RouteSnapshot>>,
+    /// Held while the table is rebuilt: changes that come while one rebuild
+    /// runs are taken together by the next.
+    rebuilding: tokio::sync::Mutex<()>,
     /// Ray's `_route_table_populated`: true once a non-empty table was seen.
     populated: std::sync::atomic::AtomicBool,
 }
 
 impl RouteFollower {
-    /// The table now.
+    /// The table as last built, which may lag the index (the `/-/routes`
+    /// body and the metrics; requests use [`fresh`](Self::fresh)).
     pub(crate) fn current(&self) -> Arc<RouteSnapshot> {
         self.current
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
+    }
+
+    /// The table as of the index now: the current one while the index has
+    /// not changed since it was built (one atomic load), else rebuilt first.
+    pub(crate) async fn fresh(&self) -> Arc<RouteSnapshot> {
+        let table = self.current();
+        let want = self.index.version();
+        if table.version >= want {
+            return table;
+        }
+        let _turn = self.rebuilding.lock().await;
+        let table = self.current();
+        if table.version >= want {
+            // Rebuilt while this waited.
+            return table;
+        }
+        self.rebuild();
+        self.current()
     }
 
     /// Whether a non-empty table was ever seen.
@@ -97,13 +131,17 @@ impl RouteFollower {
 
     /// Build the table from the route index as it is, reusing the entries
     /// (handles, counters) of prefixes that still lead to the same ingress.
-    fn rebuild(&self, serve: &Serve, root_path: &str) {
+    /// The caller holds `rebuilding`.
+    fn rebuild(&self) {
+        // Read before the routes: they hold at least this version's changes.
+        let version = self.index.version();
+        let root_path = self.root_path.as_str();
         let old = self.current();
         let mut reuse: HashMap<(&str, &str, &str), &Arc<RouteEntry>> = old
             .entries()
             .map(|e| ((e.prefix.as_str(), e.app.as_str(), e.ingress.as_str()), e))
             .collect();
-        let routes = serve.routes().routes();
+        let routes = self.index.routes();
         let mut json = BTreeMap::new();
         let entries: Vec<(String, Arc<RouteEntry>)> = routes
             .iter()
@@ -123,6 +161,7 @@ impl RouteFollower {
         let fresh = Arc::new(RouteSnapshot {
             router: PrefixRouter::new(entries),
             routes_json,
+            version,
         });
         if !fresh.router.is_empty() {
             self.populated
@@ -132,18 +171,25 @@ impl RouteFollower {
         *self.current.write().unwrap_or_else(PoisonError::into_inner) = fresh;
     }
 
-    /// Follow `serve`'s route index until `stop` turns true: the table is
+    /// Follow `index` (an instance's [`Serve::routes`]) until `stop` turns true: the table is
     /// current when this returns, and is rebuilt on every change (changes that
-    /// come in a burst are taken together).
+    /// come in a burst are taken together), ahead of the requests that would
+    /// otherwise rebuild it in [`fresh`](Self::fresh).
     pub(crate) fn follow(
-        serve: Serve,
+        index: RouteTable,
         root_path: String,
         mut stop: watch::Receiver<bool>,
     ) -> (Arc<RouteFollower>, tokio::task::JoinHandle<()>) {
-        let follower = Arc::new(RouteFollower::default());
-        let mut changes = serve.routes().subscribe();
+        let mut changes = index.subscribe();
         changes.mark_unchanged();
-        follower.rebuild(&serve, &root_path);
+        let follower = Arc::new(RouteFollower {
+            root_path,
+            index,
+            current: RwLock::default(),
+            rebuilding: tokio::sync::Mutex::new(()),
+            populated: std::sync::atomic::AtomicBool::new(false),
+        });
+        follower.rebuild();
         let f = follower.clone();
         let task = tokio::spawn(async move {
             loop {
@@ -153,12 +199,79 @@ impl RouteFollower {
                             return;
                         }
                         changes.mark_unchanged();
-                        f.rebuild(&serve, &root_path);
+                        let _ = f.fresh().await;
                     }
                     () = crate::stopped(&mut stop) => return,
                 }
             }
         });
         (follower, task)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use flotilla::{
+        ApplicationSpec, Deployment, DeploymentSpec, Registry, ServeOptions, UserError,
+    };
+
+    use super::*;
+
+    struct Nop;
+
+    impl Deployment for Nop {
+        type Request = u8;
+        type Response = u8;
+        async fn handle(&self, x: u8) -> Result<u8, UserError> {
+            Ok(x)
+        }
+    }
+
+    fn app(name: &str, prefix: &str) -> ApplicationSpec {
+        ApplicationSpec::builder(name)
+            .route_prefix(prefix)
+            .deployment(DeploymentSpec::builder("ingress", "t::Nop"))
+            .build()
+            .unwrap()
+    }
+
+    /// A request reads the index as it is when it comes, even if the follower
+    /// task never ran after the change (here it stopped before it): what `run`
+    /// and `delete_apps` acknowledged is what the proxy routes.
+    #[tokio::test(start_paused = true)]
+    async fn a_lookup_sees_every_change_made_before_it_without_the_follower_task() {
+        let dir = tempfile::tempdir().unwrap();
+        let registry = Registry::new()
+            .register("t::Nop", |_ctx| async { Ok(Nop) })
+            .unwrap();
+        let serve = Serve::start(ServeOptions::new(registry).store_path(dir.path().join("t.redb")))
+            .await
+            .unwrap();
+        let (_stop, stopped) = watch::channel(true);
+        let (follower, task) =
+            RouteFollower::follow(serve.routes().clone(), "/root".into(), stopped);
+        task.await.unwrap(); // the task has ended: only lookups rebuild now
+        assert!(follower.fresh().await.router.route("/a/x").is_none());
+
+        serve.run(app("a", "/a")).await.unwrap();
+        let table = follower.fresh().await;
+        let (_, entry) = table.router.route("/a/x").unwrap();
+        assert_eq!(
+            (entry.app.as_str(), entry.root_path.as_str()),
+            ("a", "/root/a")
+        );
+        assert_eq!(&table.routes_json[..], br#"{"/a":"a"}"#);
+        assert!(follower.populated());
+        // Unchanged since: the same table, not a rebuild.
+        assert!(Arc::ptr_eq(&table, &follower.fresh().await));
+
+        serve.run(app("b", "/b")).await.unwrap();
+        serve.delete_apps(["a"], false).await.unwrap();
+        let table = follower.fresh().await;
+        assert!(table.router.route("/a/x").is_none(), "deleted");
+        assert_eq!(table.router.route("/b").unwrap().1.app, "b");
+        serve.shutdown().await.unwrap();
     }
 }

@@ -29,7 +29,7 @@
 //!   ceiling (`static_optimum_hit_rate`: the share of requests for the 24
 //!   most popular models, which a placement that never changed and loaded
 //!   for free would hit). Then the exponent again, open-loop:
-//!   requests offered at 1,000 and 2,000 a second (`"load": "open"`), each
+//!   requests offered at 500, 1,000 and 2,000 a second (`"load": "open"`), each
 //!   sent without waiting for the others, so that the hit rate is also
 //!   measured where the replicas' loads have room (the closed loop keeps them
 //!   busy: a replica loads one model at a time, 20 ms each).
@@ -80,7 +80,7 @@ const MX_HANDLER: Duration = Duration::from_millis(1);
 /// rounds, at the exponent: the closed loop runs the replicas' loads
 /// flat out (one load at a time per replica, so at most 400 loads a second),
 /// and these show the hit rate where loads have room.
-const MX_OPEN_RATES: [f64; 2] = [1000.0, 2000.0];
+const MX_OPEN_RATES: [f64; 3] = [500.0, 1000.0, 2000.0];
 /// Run before the multiplexing figures are counted.
 const MX_WARMUP: Duration = Duration::from_millis(500);
 

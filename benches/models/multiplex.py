@@ -1,0 +1,205 @@
+#!/usr/bin/env python3
+"""A discrete-event model of the multiplexing figure of
+`cargo bench -p flotilla-replica --bench batch_multiplex`, for asking what
+another routing or eviction rule would give without building it.
+
+It models what the bench measures: 8 replicas with 3 model slots each, 32
+models under a Zipf load, one 20 ms load at a time per replica (Ray's lock;
+the victim is evicted when the load starts), a 1.5 ms handler (the bench's
+1 ms sleep as tokio's timer runs it), `max_ongoing_requests` 16, and a request
+that hits when its model was loaded on its replica when it was sent. The load
+is 32 closed-loop callers, or an open-loop offered rate. The first 2 s are a
+warm-up and are not counted.
+
+Routing, as `flotilla-replica/src/router.rs` has it: a replica with room that
+holds (or is loading) the model, by power of two choices; else, among the
+replicas with room holding the fewest models,
+- `ray`: one at random (Ray's rule);
+- `heat`: the one whose next victim has the lowest heat (the default router:
+  `ln sum e^(t/4096)` over the model's uses `t` on the deployment's use clock);
+- `queue`: as `heat`, but a replica that is loading may take one more load,
+  judged by the heat of the model it is loading (an experiment, not built).
+Eviction inside a replica: `lru` (Ray's, the issue's, Flotilla's) or `lfu`
+(the lowest heat; an experiment, not built).
+
+It is a model, not the code: it reproduced the bench within about 0.01 of hit
+rate (session 9 of BENCHMARKS.md). Deterministic for a given seed.
+
+    python3 benches/models/multiplex.py            # the table of BENCHMARKS.md
+"""
+
+import heapq
+import math
+import random
+
+REPLICAS, SLOTS, MODELS, CALLERS = 8, 3, 32, 32
+LOAD_MS, HANDLER_MS = 20.0, 1.5
+MAX_ONGOING = 16
+HEAT_WINDOW = 4096.0
+
+
+def zipf_cdf(n, s):
+    weights = [1 / (k + 1) ** s for k in range(n)]
+    total, acc, cdf = sum(weights), 0.0, []
+    for w in weights:
+        acc += w / total
+        cdf.append(acc)
+    return cdf
+
+
+class Replica:
+    def __init__(self, index):
+        self.index = index
+        self.loaded = []  # [model, heat], least recently used first
+        self.loading = []  # models waiting for the lane; the first is loading
+        self.waiters = {}  # model -> callers waiting for its load
+        self.in_flight = 0
+        self.loading_heat = 0.0  # the use clock's heat when its load began
+
+    def holds(self, model):
+        return model in self.loading or any(m == model for m, _ in self.loaded)
+
+    def count(self):
+        return len(self.loaded) + len(self.loading)
+
+    def has_room(self):
+        return self.in_flight < MAX_ONGOING
+
+
+class Model:
+    def __init__(self, routing, eviction, zipf_s, rate_per_s, seed):
+        self.routing, self.eviction, self.rate = routing, eviction, rate_per_s
+        self.rng = random.Random(seed)
+        self.cdf = zipf_cdf(MODELS, zipf_s)
+        self.replicas = [Replica(i) for i in range(REPLICAS)]
+        self.events, self.seq, self.clock = [], 0, 0
+        self.hits = self.misses = self.loads = 0
+
+    def at(self, t, *event):
+        self.seq += 1
+        heapq.heappush(self.events, (t, self.seq) + event)
+
+    def use(self, heat):
+        """One tick of the use clock: a new use's heat, added to `heat`."""
+        self.clock += 1
+        tick = self.clock / HEAT_WINDOW
+        if heat is None:
+            return tick
+        hi, lo = max(heat, tick), min(heat, tick)
+        return hi + math.log1p(math.exp(lo - hi))
+
+    def victim(self, r):
+        if not r.loaded:
+            return None
+        if self.eviction == "lru":
+            return r.loaded[0]
+        return min(r.loaded, key=lambda e: e[1])
+
+    def victim_heat(self, r):
+        v = self.victim(r)
+        return v[1] if v else -math.inf
+
+    def p2c(self, candidates):
+        if len(candidates) == 1:
+            return candidates[0]
+        a, b = self.rng.sample(candidates, 2)
+        return b if b.in_flight < a.in_flight else a
+
+    def rotated(self, candidates):
+        k = self.rng.randrange(len(candidates))
+        return candidates[k:] + candidates[:k]
+
+    def choose(self, model):
+        holders = [r for r in self.replicas if r.has_room() and r.holds(model)]
+        if holders:
+            return self.p2c(holders)
+        room = [r for r in self.replicas if r.has_room()]
+        fewest = min(r.count() for r in room)
+        eligible = [r for r in room if r.count() == fewest]
+        if self.routing == "ray":
+            return self.rng.choice(eligible)
+        if self.routing == "heat":
+            return min(self.rotated(eligible), key=lambda r: (self.victim_heat(r), r.in_flight))
+        # "queue": a loading replica may take one more load.
+        eligible = [r for r in room if r.count() <= SLOTS + (1 if r.loading else 0)]
+
+        def next_victim(r):
+            v = self.victim_heat(r)
+            return min(v, r.loading_heat) if r.loading else v
+
+        return min(
+            self.rotated(eligible), key=lambda r: (next_victim(r), len(r.loading), r.in_flight)
+        )
+
+    def send(self, t, caller, counted):
+        u = self.rng.random()
+        model = next((k for k, c in enumerate(self.cdf) if c >= u), MODELS - 1)
+        r = self.choose(model)
+        r.in_flight += 1
+        for entry in r.loaded:
+            if entry[0] == model:
+                entry[1] = self.use(entry[1])
+                r.loaded.remove(entry)
+                r.loaded.append(entry)
+                self.hits += counted
+                self.at(t + HANDLER_MS, "done", r.index, caller)
+                return
+        self.misses += counted
+        r.waiters.setdefault(model, []).append(caller)
+        if model not in r.loading:
+            r.loading.append(model)
+            self.loads += counted
+            if len(r.loading) == 1:
+                self.start_load(t, r)
+
+    def start_load(self, t, r):
+        r.loading_heat = self.clock / HEAT_WINDOW
+        if len(r.loaded) >= SLOTS:
+            r.loaded.remove(self.victim(r))
+        self.at(t + LOAD_MS, "loaded", r.index, r.loading[0])
+
+    def finish_load(self, t, r, model):
+        r.loading.remove(model)
+        r.loaded.append([model, self.use(None)])
+        for caller in r.waiters.pop(model, []):
+            self.at(t + HANDLER_MS, "done", r.index, caller)
+        if r.loading:
+            self.start_load(t, r)
+
+    def run(self, until_ms=20_000.0, warmup_ms=2_000.0):
+        open_loop = self.rate is not None
+        for caller in range(1 if open_loop else CALLERS):
+            self.at(self.rng.random(), "send", None, caller)
+        while self.events:
+            t, _, kind, index, arg = heapq.heappop(self.events)
+            if t > until_ms:
+                break
+            if kind == "send":
+                self.send(t, arg, t >= warmup_ms)
+                if open_loop:
+                    self.at(t + self.rng.expovariate(self.rate / 1000.0), "send", None, 0)
+            elif kind == "done":
+                self.replicas[index].in_flight -= 1
+                if not open_loop:
+                    self.at(t, "send", None, arg)
+            else:
+                self.finish_load(t, self.replicas[index], arg)
+        n = self.hits + self.misses
+        return self.hits / n, n / (until_ms - warmup_ms) * 1000.0, self.loads
+
+
+def main():
+    rules = [("ray", "lru"), ("heat", "lru"), ("heat", "lfu"), ("queue", "lru")]
+    print("Zipf 1; hit rate (req/s) by load and rule")
+    print("load".ljust(14) + "".join(f"{r}/{e}".ljust(18) for r, e in rules))
+    for rate in [None, 500, 1000, 2000]:
+        label = "closed, 32" if rate is None else f"open, {rate}/s"
+        cells = []
+        for routing, eviction in rules:
+            hit, rps, _ = Model(routing, eviction, 1.0, rate, seed=1).run()
+            cells.append(f"{hit:.3f} ({rps:.0f})".ljust(18))
+        print(label.ljust(14) + "".join(cells))
+
+
+if __name__ == "__main__":
+    main()

@@ -131,7 +131,8 @@ impl RouteFollower {
 
     /// Build the table from the route index as it is, reusing the entries
     /// (handles, counters) of prefixes that still lead to the same ingress.
-    /// The caller holds `rebuilding`.
+    /// Callers hold `rebuilding` (the first build, in `follow`, has the
+    /// follower to itself), so that one rebuild never overwrites a later one.
     fn rebuild(&self) {
         // Read before the routes: they hold at least this version's changes.
         let version = self.index.version();

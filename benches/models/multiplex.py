@@ -120,8 +120,9 @@ class Model:
             return self.rng.choice(eligible)
         if self.routing == "heat":
             return min(self.rotated(eligible), key=lambda r: (self.victim_heat(r), r.in_flight))
-        # "queue": a loading replica may take one more load.
-        eligible = [r for r in room if r.count() <= SLOTS + (1 if r.loading else 0)]
+        # "queue": a loading replica may take one more load (while none
+        # qualifies, every replica with room does).
+        eligible = [r for r in room if r.count() <= SLOTS + (1 if r.loading else 0)] or room
 
         def next_victim(r):
             v = self.victim_heat(r)

@@ -368,6 +368,61 @@ async fn calls_from_a_node_prefer_the_replica_on_another_node_that_holds_the_mod
     drop((a, b, c));
 }
 
+/// Lines of a node's log that contain `what`.
+fn log_lines(node: &NodeProc, what: &str) -> Vec<String> {
+    node.log_text()
+        .lines()
+        .filter(|l| l.contains(what))
+        .map(str::to_owned)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_nodes_meet_on_one_session_dialed_by_the_name_that_sorts_last() {
+    // Joined in the order z, m, a: a node that dials the peers it hears of
+    // (ractor_cluster's `Transitive` mode) would have m dial z and a dial
+    // both. Both of two nodes that hear of each other at once would dial, and
+    // the session ractor_cluster then closes as a duplicate fails the calls
+    // in flight on it. The node whose name sorts last dials, the other waits.
+    let (_turn, dir, serve, addr) = setup(cpus(0.0)).await;
+    let z = NodeProc::start(addr, &NodeSpec::new("z", 1.0), dir.path());
+    z.id().await;
+    let m = NodeProc::start(addr, &NodeSpec::new("m", 1.0), dir.path());
+    m.id().await;
+    let a = NodeProc::start(addr, &NodeSpec::new("a", 1.0), dir.path());
+    a.id().await;
+    eventually(30, "each node connected to both others", || async {
+        [&z, &m, &a]
+            .iter()
+            .all(|n| log_lines(n, "connected to a peer node").len() == 2)
+    })
+    .await;
+    for (node, dialed) in [(&z, 2), (&m, 1), (&a, 0)] {
+        let log = node.log_text();
+        // ractor_cluster logs each connection this process dialed (its
+        // listener logs the accepted ones the same, from another module): the one
+        // to the head, and one per peer it dialed.
+        let opened = log_lines(node, "node::client: TCP Session opened").len();
+        assert_eq!(opened, 1 + dialed, "connections opened; log:\n{log}");
+        let dials = log_lines(node, "dialing a peer node");
+        let connected = log_lines(node, "connected to a peer node");
+        let ours = connected
+            .iter()
+            .filter(|l| l.contains("dialed=true"))
+            .count();
+        assert_eq!(dials.len(), dialed, "dials; log:\n{log}");
+        assert_eq!(ours, dialed, "sessions it dialed; log:\n{log}");
+        assert!(
+            log_lines(node, "duplicate").is_empty(),
+            "no duplicate session; log:\n{log}"
+        );
+    }
+    // Calls between nodes over these sessions: the tests below
+    // (composition, multiplexed routing from a node).
+    serve.shutdown().await.unwrap();
+    drop((z, m, a));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_head_local_multiplexed_replicas_models_reach_the_nodes() {
     // The models' one replica on the head, the caller on node c.

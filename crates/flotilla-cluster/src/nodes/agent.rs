@@ -3,7 +3,10 @@
 //! answers heartbeats, keeps the node's copy of every route, and fences the
 //! node when the head refuses it (`docs/nodes.md`).
 
-use std::{collections::HashMap, sync::Arc};
+use std::{
+    collections::{HashMap, HashSet},
+    sync::Arc,
+};
 
 use flotilla_core::{
     AppName, DeploymentName, DeploymentSpec, DeploymentVersion, Faults, actor_names,
@@ -23,7 +26,7 @@ use tracing::{error, info, warn};
 
 use super::{
     AbortOnDrop, NodeOptions,
-    link::{Inbound, Link, SessionEvent},
+    link::{Inbound, Link, SessionEvent, dials},
     on_model_changes,
     options::CHECK_PERIOD,
     transport::PeerCall,
@@ -56,6 +59,11 @@ pub(crate) enum AgentMsg {
     Dialed(Option<String>),
     /// Dial the head again.
     Redial,
+    /// A dial of the peer node `peer` ended (an error: the reason).
+    PeerDialed {
+        peer: String,
+        error: Option<String>,
+    },
     Tick,
     /// Stop every replica, then end.
     Shutdown,
@@ -105,6 +113,14 @@ pub(crate) struct AgentState {
     routes: HashMap<(AppName, DeploymentName), RouteEntry>,
     mirrors: HashMap<ReplicaId, ((AppName, DeploymentName), RemoteEndpoint)>,
     peers: Vec<String>,
+    /// The live peer nodes this node dials ([`dials`]), by ractor name, with
+    /// where each listens.
+    to_dial: HashMap<String, String>,
+    /// Peers being dialed, since when: not dialed again until the session is
+    /// ready, the dial fails, or `connect_timeout` passed twice over.
+    dialing_peers: HashMap<String, Instant>,
+    /// Peers whose last dial failed (warned once, then retried quietly).
+    unreachable: HashSet<String>,
     shutting_down: bool,
     /// Refused by the head (declared lost): the replicas are being killed, and
     /// the incarnation ends with this reason once the last has exited.
@@ -158,6 +174,9 @@ impl Actor for Agent {
             routes: HashMap::new(),
             mirrors: HashMap::new(),
             peers: Vec::new(),
+            to_dial: HashMap::new(),
+            dialing_peers: HashMap::new(),
+            unreachable: HashSet::new(),
             shutting_down: false,
             fencing: None,
             timer: Some(timer),
@@ -212,7 +231,20 @@ impl Actor for Agent {
                     dial(&myself, state);
                 }
             }
+            AgentMsg::PeerDialed { peer, error } => match error {
+                None => {
+                    state.unreachable.remove(&peer);
+                }
+                Some(reason) => {
+                    state.dialing_peers.remove(&peer);
+                    if state.unreachable.insert(peer.clone()) {
+                        warn!(node = %state.args.id, %peer, %reason,
+                            "peer node not reachable; dialing again");
+                    }
+                }
+            },
             AgentMsg::Tick => {
+                meet_peers(&myself, state);
                 let timeout = state.args.options.heartbeat_timeout;
                 if let Some(peer) = state.session.clone()
                     && state.last_heard.elapsed() > timeout
@@ -293,9 +325,44 @@ fn dial(myself: &ActorRef<AgentMsg>, state: &mut AgentState) {
     );
     let me = myself.clone();
     tokio::spawn(async move {
-        let r = link.dial(addr, timeout).await.err().map(|e| e.to_string());
+        let r = link
+            .dial(&addr.to_string(), timeout)
+            .await
+            .err()
+            .map(|e| e.to_string());
         let _ = me.cast(AgentMsg::Dialed(r));
     });
+}
+
+/// Dial every live peer node this one dials ([`dials`]) and has no session
+/// to, off the mailbox: the other of each pair waits to be dialed.
+fn meet_peers(myself: &ActorRef<AgentMsg>, state: &mut AgentState) {
+    if state.shutting_down || state.fencing.is_some() {
+        return;
+    }
+    let link = &state.args.link;
+    let connected: HashSet<String> = link.shared.connected().into_iter().collect();
+    let patience = state.args.options.connect_timeout * 2;
+    state
+        .dialing_peers
+        .retain(|peer, since| !connected.contains(peer) && since.elapsed() < patience);
+    for (peer, listen) in &state.to_dial {
+        if connected.contains(peer) || state.dialing_peers.contains_key(peer) {
+            continue;
+        }
+        state.dialing_peers.insert(peer.clone(), Instant::now());
+        info!(node = %state.args.id, %peer, %listen, "dialing a peer node");
+        let (link, me, peer, listen) = (link.clone(), myself.clone(), peer.clone(), listen.clone());
+        let timeout = state.args.options.connect_timeout;
+        tokio::spawn(async move {
+            let error = link
+                .dial(&listen, timeout)
+                .await
+                .err()
+                .map(|e| e.to_string());
+            let _ = me.cast(AgentMsg::PeerDialed { peer, error });
+        });
+    }
 }
 
 fn session(myself: &ActorRef<AgentMsg>, state: &mut AgentState, ev: SessionEvent) {
@@ -313,7 +380,8 @@ fn session(myself: &ActorRef<AgentMsg>, state: &mut AgentState, ev: SessionEvent
             }
         }
         SessionEvent::Ready { peer, .. } => {
-            info!(node = %state.args.id, %peer, "connected to a peer node");
+            let dialed = state.dialing_peers.remove(&peer).is_some();
+            info!(node = %state.args.id, %peer, dialed, "connected to a peer node");
         }
         SessionEvent::Closed {
             peer: None,
@@ -321,10 +389,10 @@ fn session(myself: &ActorRef<AgentMsg>, state: &mut AgentState, ev: SessionEvent
             addr,
             ..
         } => {
-            // Only the session this node dialed tells that the head refused
-            // it. The head also dials the nodes it hears of from others (as
-            // it does on a re-attach), and that second session may close
-            // mid-handshake while this node's own one succeeds.
+            // Only the session this node dialed to the head tells that the
+            // head refused it: peer nodes dial this one too, and one with a
+            // wrong cookie closes mid-handshake without saying anything
+            // about the head.
             let ours = addr == state.args.options.head.to_string();
             if ours && state.dialing && state.session.is_none() {
                 let reason = "authentication failed (wrong cookie?)".to_owned();
@@ -444,8 +512,22 @@ async fn control(myself: &ActorRef<AgentMsg>, state: &mut AgentState, env: Envel
                 publish(state, &key);
             }
         }
-        Control::Nodes { alive, ids } => {
+        Control::Nodes { alive, ids, listen } => {
             state.peers = ids;
+            let me = state.args.link.shared.me.clone();
+            state.to_dial = alive
+                .iter()
+                .zip(listen)
+                .filter(|(peer, listen)| !is_head(peer) && dials(&me, peer) && !listen.is_empty())
+                .map(|(peer, listen)| (peer.clone(), listen))
+                .collect();
+            state
+                .dialing_peers
+                .retain(|peer, _| state.to_dial.contains_key(peer));
+            state
+                .unreachable
+                .retain(|peer| state.to_dial.contains_key(peer));
+            meet_peers(myself, state);
             for peer in state.args.link.shared.connected() {
                 if !is_head(&peer) && !alive.contains(&peer) {
                     state

@@ -4,7 +4,7 @@
 
 use std::{
     collections::{HashMap, HashSet},
-    net::{IpAddr, SocketAddr},
+    net::IpAddr,
     sync::{
         Arc, Mutex, MutexGuard, PoisonError,
         atomic::{AtomicU64, Ordering},
@@ -39,6 +39,16 @@ pub(crate) fn port_name(peer: &str) -> String {
     format!("flotilla/port:{peer}")
 }
 
+/// Whether the process called `me` dials the peer called `peer` (ractor
+/// names), once the head has said both are alive: the one whose name sorts
+/// last does, never the other, so two processes that learn of each other at
+/// once still open one session. It is the side ractor_cluster's election
+/// (Erlang's simultaneous-connect rule) would keep. Nobody dials itself, and
+/// nodes dial the head, never the reverse (`is_head` at the caller).
+pub(crate) fn dials(me: &str, peer: &str) -> bool {
+    me > peer
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -48,8 +58,13 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 pub(crate) enum SessionEvent {
     /// A connection opened (not yet authenticated).
     Opened { id: u64, addr: String },
-    /// It authenticated; `peer` is the peer's ractor name.
-    Ready { peer: String, addr: String },
+    /// It authenticated; `peer` is the peer's ractor name, `listen` the
+    /// address its `NodeServer` listens on (`host:port`, what a peer dials).
+    Ready {
+        peer: String,
+        addr: String,
+        listen: String,
+    },
     /// It closed; `peer` is `None` if it never authenticated (a wrong cookie
     /// looks like this on both sides).
     Closed {
@@ -209,9 +224,10 @@ pub(crate) struct Shared {
     streams: Mutex<HashMap<(String, u64), tokio::task::AbortHandle>>,
     /// Peer ports found so far, by ractor name.
     peers: Mutex<HashMap<String, ActorRef<PortMsg>>>,
-    /// Authenticated sessions, by peer ractor name. Usually one per peer; two
-    /// nodes that dial each other at once have two for a moment, until
-    /// ractor_cluster closes the one it did not elect.
+    /// Authenticated sessions, by peer ractor name. One per peer: of two
+    /// nodes only one dials the other ([`dials`]), so ractor_cluster never
+    /// has two to elect between. A second one (a peer that dials against the
+    /// rule) is kept until ractor_cluster closes the loser.
     sessions: Mutex<HashMap<String, Vec<ActorRef<NodeSessionMessage>>>>,
     inbound: mpsc::UnboundedSender<Inbound>,
     /// Frames that did not decode.
@@ -351,8 +367,11 @@ impl Shared {
                         all.retain(|s| s.get_id() != closing.get_id());
                         if !all.is_empty() {
                             // A duplicate session closed; the peer is still
-                            // connected by the other: nothing is lost.
-                            debug!(node = %self.me, peer, "a duplicate session closed");
+                            // connected by the other. Only a peer that dials
+                            // against `dials` opens one, and the calls in
+                            // flight on it may be lost with it (they wait for
+                            // their callers' timeouts): say so.
+                            warn!(node = %self.me, peer, "a duplicate session closed");
                             lock(&self.peers).remove(peer);
                             return;
                         }
@@ -400,10 +419,16 @@ impl NodeEventSubscription for Events {
         let Some(peer) = peer_of(&ses) else {
             return;
         };
+        let listen = ses
+            .peer_name
+            .as_ref()
+            .map(|p| p.connection_string.clone())
+            .unwrap_or_default();
         self.0.on_session(
             SessionEvent::Ready {
                 peer,
                 addr: ses.peer_addr.clone(),
+                listen,
             },
             Some(ses.actor),
         );
@@ -607,7 +632,7 @@ pub(crate) enum Listen {
     /// Accept on this bound listener (the head: port 0 readable).
     Own(tokio::net::TcpListener),
     /// Only ractor_cluster's own listener, on this address and a system port
-    /// (nodes: what `Transitive` peers dial).
+    /// (nodes: what the peers that [`dials`] picks dial).
     Server(IpAddr),
 }
 
@@ -655,7 +680,11 @@ impl Link {
             name.to_owned(),
             host.to_owned(),
             None,
-            Some(NodeConnectionMode::Transitive),
+            // Isolated: ractor_cluster dials nobody by itself. Its
+            // `Transitive` mode has both of two nodes that learn of each other
+            // at once dial, and the session it then closes as a duplicate
+            // takes the calls in flight on it along (`docs/nodes.md`).
+            Some(NodeConnectionMode::Isolated),
         )
         .with_listen_addr(ip)
         .with_max_inbound_frame_size(MAX_FRAME);
@@ -721,26 +750,23 @@ impl Link {
         Ok((link, rx))
     }
 
-    /// Dial `addr` (bounded by `timeout`: ractor_cluster's dial has none).
-    /// `Ok` means connected: the handshake runs after.
+    /// Dial `addr` (`host:port`; bounded by `timeout`: ractor_cluster's dial
+    /// has none). `Ok` means connected: the handshake runs after.
     pub(crate) async fn dial(
         &self,
-        addr: SocketAddr,
+        addr: &str,
         timeout: std::time::Duration,
     ) -> Result<(), NodeError> {
-        match tokio::time::timeout(
-            timeout,
-            ractor_cluster::client_connect(&self.server, addr.to_string()),
-        )
-        .await
+        match tokio::time::timeout(timeout, ractor_cluster::client_connect(&self.server, addr))
+            .await
         {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(NodeError::Connect {
-                addr,
+                addr: addr.to_owned(),
                 reason: e.to_string(),
             }),
             Err(_) => Err(NodeError::Connect {
-                addr,
+                addr: addr.to_owned(),
                 reason: format!("no connection within {timeout:?}"),
             }),
         }
@@ -776,5 +802,23 @@ impl Link {
         }
         self.server.kill();
         self.port.kill();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::dials;
+
+    #[test]
+    fn of_two_processes_exactly_one_dials_the_other() {
+        let names = ["a-1@127.0.0.1", "m-2@127.0.0.1", "z-3@127.0.0.1", "z-3@::1"];
+        for x in names {
+            assert!(!dials(x, x), "{x} dials itself");
+            for y in names.iter().filter(|y| **y != x) {
+                assert!(dials(x, y) != dials(y, x), "{x} and {y}: one dials");
+            }
+        }
+        // The one that dials is the one ractor_cluster's election keeps.
+        assert!(dials("z-3@127.0.0.1", "a-1@127.0.0.1"));
     }
 }

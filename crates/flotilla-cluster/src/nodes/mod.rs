@@ -80,11 +80,11 @@ pub enum NodeError {
         #[source]
         source: std::io::Error,
     },
-    /// The head could not be reached.
-    #[error("could not connect to the head at {addr}: {reason}")]
+    /// A dial failed: the head (from a node's agent) or a peer node.
+    #[error("could not connect to {addr}: {reason}")]
     Connect {
-        /// Where.
-        addr: SocketAddr,
+        /// Where (`host:port`).
+        addr: String,
         /// ractor_cluster's error, as it words it.
         reason: String,
     },

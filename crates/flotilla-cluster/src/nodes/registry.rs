@@ -43,6 +43,9 @@ pub(crate) struct RegistryState {
     by_peer: HashMap<String, String>,
     /// Where each authenticated session came from.
     addresses: HashMap<String, String>,
+    /// Where each peer's `NodeServer` listens, as it advertised it: what the
+    /// other nodes dial.
+    listen: HashMap<String, String>,
     seq: u64,
     last_beat: Instant,
     /// Node ids a re-attached node knew alive and that are not back yet.
@@ -66,6 +69,7 @@ impl Actor for Registry {
             shared,
             by_peer: HashMap::new(),
             addresses: HashMap::new(),
+            listen: HashMap::new(),
             seq: 0,
             last_beat: Instant::now(),
             expected: HashSet::new(),
@@ -167,9 +171,21 @@ fn session(state: &mut RegistryState, ev: SessionEvent) {
         SessionEvent::Opened { id, addr } => {
             tracing::debug!(session = id, %addr, "head: node connection opened");
         }
-        SessionEvent::Ready { peer, addr, .. } => {
-            info!(%peer, %addr, "head: node session authenticated");
-            state.addresses.insert(peer, addr);
+        SessionEvent::Ready { peer, addr, listen } => {
+            info!(%peer, %addr, %listen, "head: node session authenticated");
+            state.listen.insert(peer.clone(), listen);
+            // Its hello may have come first (the two travel apart): then the
+            // nodes heard of it without where it listens, and hear again.
+            let joined = state.by_peer.get(&peer).cloned();
+            state.addresses.insert(peer, addr.clone());
+            if let Some(id) = joined {
+                if let Some(n) = lock(&state.shared.nodes).get_mut(&id)
+                    && n.address.is_empty()
+                {
+                    n.address = addr;
+                }
+                broadcast_nodes(state);
+            }
         }
         SessionEvent::Closed {
             peer: None,
@@ -182,6 +198,8 @@ fn session(state: &mut RegistryState, ev: SessionEvent) {
         }
         SessionEvent::Closed { peer, .. } => {
             let Some(peer) = peer else { return };
+            state.addresses.remove(&peer);
+            state.listen.remove(&peer);
             if let Some(id) = state.by_peer.get(&peer).cloned() {
                 let alive = lock(&state.shared.nodes).get(&id).is_some_and(|n| n.alive);
                 if alive {
@@ -340,6 +358,10 @@ async fn adopt(state: &RegistryState, node: &str, r: ReplicaReport) {
 fn broadcast_nodes(state: &RegistryState) {
     let alive = state.shared.alive();
     let (ids, peers): (Vec<String>, Vec<String>) = alive.iter().cloned().unzip();
+    let listen: Vec<String> = peers
+        .iter()
+        .map(|p| state.listen.get(p).cloned().unwrap_or_default())
+        .collect();
     for (_, peer) in &alive {
         send(
             state,
@@ -347,6 +369,7 @@ fn broadcast_nodes(state: &RegistryState) {
             Control::Nodes {
                 alive: peers.clone(),
                 ids: ids.clone(),
+                listen: listen.clone(),
             },
         );
     }

@@ -137,6 +137,10 @@ pub(crate) enum Control {
         alive: Vec<String>,
         /// Their Flotilla node ids, in the same order.
         ids: Vec<String>,
+        /// Where each one's `NodeServer` listens (`host:port`), in the same
+        /// order: what the node that [`dials`](super::link::dials) a peer
+        /// dials.
+        listen: Vec<String>,
     },
 }
 

@@ -368,11 +368,17 @@ impl Shared {
                         if !all.is_empty() {
                             // A duplicate session closed; the peer is still
                             // connected by the other. Only a peer that dials
-                            // against `dials` opens one, and the calls in
-                            // flight on it may be lost with it (they wait for
-                            // their callers' timeouts): say so.
-                            warn!(node = %self.me, peer, "a duplicate session closed");
+                            // against `dials` opens one. A call in flight on
+                            // it, or whose answer was, would wait forever
+                            // (item 12 of `docs/nodes.md`), and which one
+                            // went that way is not known here: they all fail
+                            // as lost (they may have run), and later ones go
+                            // by the other.
+                            drop(sessions);
                             lock(&self.peers).remove(peer);
+                            let failed = self.calls.fail_peer(peer);
+                            warn!(node = %self.me, peer, failed,
+                                "a duplicate session closed; the calls in flight to that peer fail");
                             return;
                         }
                     }

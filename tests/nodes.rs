@@ -797,7 +797,11 @@ async fn a_wrong_cookie_is_refused_and_logged_on_both_sides() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_head_crash_and_restart_readopts_the_replicas_of_nodes_that_stayed_up() {
-    let (_turn, dir, serve, addr) = setup(cpus(0.0)).await;
+    // The restarted head listens where the first one did.
+    let _turn = turn().await;
+    let dir = tempfile::tempdir().unwrap();
+    let addr = restartable_addr();
+    let serve = head_at(dir.path(), cpus(0.0), addr).await;
     let a = NodeProc::start(
         addr,
         &NodeSpec::new("a", 2.0).custom("gpu", 1.0),

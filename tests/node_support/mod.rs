@@ -419,6 +419,36 @@ pub async fn head(dir: &Path, resources: Resources) -> Serve {
     head_at(dir, resources, "127.0.0.1:0".parse().unwrap()).await
 }
 
+/// A loopback address with a free port outside the kernel's ephemeral range,
+/// for a head that must listen on the same port again after a restart: a
+/// port that `bind(0)` or an outgoing connection may be given could be taken
+/// by one in between (the nodes redial the dead head's port, and a connection
+/// to a local port without a listener can even be given that port itself).
+/// The search starts at a port derived from this process's id, so two test
+/// binaries at once look in different places.
+pub fn restartable_addr() -> SocketAddr {
+    let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| {
+            let mut it = r.split_whitespace().map(|p| p.parse::<u16>().ok());
+            Some((it.next()??, it.next()??))
+        })
+        .unwrap_or((32768, 60999));
+    // Below the range if there is room there, else above it.
+    let (lo, hi) = if range.0 > 11024 {
+        (10000, range.0 - 1)
+    } else {
+        (range.1 + 1, u16::MAX)
+    };
+    let span = u32::from(hi - lo) + 1;
+    let start = std::process::id() % span;
+    (0..span)
+        .map(|i| lo + ((start + i) % span) as u16)
+        .map(|port| SocketAddr::from(([127, 0, 0, 1], port)))
+        .find(|addr| std::net::TcpListener::bind(addr).is_ok())
+        .expect("a free loopback port outside the ephemeral range")
+}
+
 /// A head listening on `listen`.
 pub async fn head_at(dir: &Path, resources: Resources, listen: SocketAddr) -> Serve {
     let options = HeadOptions::new(Cookie::new(COOKIE).unwrap())

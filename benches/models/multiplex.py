@@ -193,13 +193,24 @@ def main():
     rules = [("ray", "lru"), ("heat", "lru"), ("heat", "lfu"), ("queue", "lru")]
     print("Zipf 1; hit rate (req/s) by load and rule")
     print("load".ljust(14) + "".join(f"{r}/{e}".ljust(18) for r, e in rules))
+    split = []
     for rate in [None, 500, 1000, 2000]:
         label = "closed, 32" if rate is None else f"open, {rate}/s"
         cells = []
         for routing, eviction in rules:
-            hit, rps, _ = Model(routing, eviction, 1.0, rate, seed=1).run()
+            model = Model(routing, eviction, 1.0, rate, seed=1)
+            hit, rps, loads = model.run()
             cells.append(f"{hit:.3f} ({rps:.0f})".ljust(18))
+            if (routing, eviction) == ("heat", "lru"):
+                n = model.hits + model.misses
+                split.append((label, loads / n, (model.misses - loads) / n))
         print(label.ljust(14) + "".join(cells))
+    # A miss either begins a load or waits for one in progress (of the same
+    # model on the same replica): how the default's misses divide.
+    print()
+    print("heat/lru misses per request: loads begun, waits for a load in progress")
+    for label, began, joined in split:
+        print(label.ljust(14) + f"{began:.3f}".ljust(18) + f"{joined:.3f}")
 
 
 if __name__ == "__main__":

@@ -243,6 +243,19 @@ async fn hello(state: &mut RegistryState, from: String, h: Hello) {
         );
         return;
     }
+    // The welcome goes before the node joins the pool: once it is there, a
+    // DeploymentActor may place a replica on it at once, and the node ignores
+    // a `Start` that comes before its welcome (it has no namespace yet). Both
+    // go over the one session, in the order sent.
+    send(
+        state,
+        &from,
+        Control::Welcome(Welcome {
+            epoch: shared.epoch,
+            ns: shared.ns.clone(),
+            head_node: shared.options.node_id.clone(),
+        }),
+    );
     let address = state.addresses.get(&from).cloned().unwrap_or_default();
     lock(&shared.nodes).insert(
         h.node.clone(),
@@ -263,15 +276,6 @@ async fn hello(state: &mut RegistryState, from: String, h: Hello) {
     let reattach = h.last_head.is_some_and(|e| e != shared.epoch);
     info!(node = %h.node, peer = %from, %address, cpus = h.resources.cpus,
         replicas = h.replicas.len(), reattach, "node joined");
-    send(
-        state,
-        &from,
-        Control::Welcome(Welcome {
-            epoch: shared.epoch,
-            ns: shared.ns.clone(),
-            head_node: shared.options.node_id.clone(),
-        }),
-    );
     if reattach {
         for r in h.replicas {
             Box::pin(adopt(state, &h.node, r)).await;

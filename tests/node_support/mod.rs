@@ -434,11 +434,12 @@ pub fn restartable_addr() -> SocketAddr {
             Some((it.next()??, it.next()??))
         })
         .unwrap_or((32768, 60999));
-    // Below the range if there is room there, else above it.
-    let (lo, hi) = if range.0 > 11024 {
-        (10000, range.0 - 1)
-    } else {
-        (range.1 + 1, u16::MAX)
+    // Below the range (from 10000, clear of well-known ports) if there is
+    // room there, else above it.
+    let (lo, hi) = match (range.0.checked_sub(1), range.1.checked_add(1)) {
+        (Some(below), _) if below >= 10000 => (10000, below),
+        (_, Some(above)) => (above, u16::MAX),
+        _ => panic!("no loopback port outside the ephemeral range {range:?}"),
     };
     let span = u32::from(hi - lo) + 1;
     let start = std::process::id() % span;

@@ -361,31 +361,35 @@ impl Shared {
                 },
                 closing,
             ) => {
-                {
+                // The session goes before its calls fail (see `send_data`).
+                let duplicate = {
                     let mut sessions = lock(&self.sessions);
-                    if let (Some(all), Some(closing)) = (sessions.get_mut(peer), closing) {
-                        all.retain(|s| s.get_id() != closing.get_id());
-                        if !all.is_empty() {
-                            // A duplicate session closed; the peer is still
-                            // connected by the other. Only a peer that dials
-                            // against `dials` opens one. A call in flight on
-                            // it, or whose answer was, would wait forever
-                            // (item 12 of `docs/nodes.md`), and which one
-                            // went that way is not known here: they all fail
-                            // as lost (they may have run), and later ones go
-                            // by the other.
-                            drop(sessions);
-                            lock(&self.peers).remove(peer);
-                            let failed = self.calls.fail_peer(peer);
-                            warn!(node = %self.me, peer, failed,
-                                "a duplicate session closed; the calls in flight to that peer fail");
-                            return;
+                    let others = match (sessions.get_mut(peer), closing) {
+                        (Some(all), Some(closing)) => {
+                            all.retain(|s| s.get_id() != closing.get_id());
+                            !all.is_empty()
                         }
+                        _ => false,
+                    };
+                    if !others {
+                        sessions.remove(peer);
                     }
-                    sessions.remove(peer);
-                }
+                    others
+                };
                 lock(&self.peers).remove(peer);
+                // A duplicate session (only a peer that dials against `dials`
+                // opens one) leaves the peer connected by the other. Still,
+                // a call in flight on it, or whose answer was, would wait
+                // forever (item 12 of `docs/nodes.md`), and which ones went
+                // that way is not known here: all fail as lost (they may have
+                // run), and later ones go by the other session.
                 let failed = self.calls.fail_peer(peer);
+                if duplicate {
+                    warn!(node = %self.me, peer, failed,
+                        "a duplicate session closed; the calls in flight to that peer fail");
+                    // The peer is still connected: nobody hears of a close.
+                    return;
+                }
                 if failed > 0 {
                     warn!(node = %self.me, peer, failed, "calls lost with their session");
                 }

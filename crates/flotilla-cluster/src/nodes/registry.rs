@@ -37,15 +37,21 @@ impl ractor::Message for RegistryMsg {}
 
 pub(crate) struct Registry;
 
+/// Where an authenticated peer is.
+struct Reach {
+    /// The address its session came from.
+    addr: String,
+    /// Where its `NodeServer` listens, as it advertised it: what the other
+    /// nodes dial.
+    listen: String,
+}
+
 pub(crate) struct RegistryState {
     shared: Arc<HeadShared>,
     /// Node ids by peer ractor name.
     by_peer: HashMap<String, String>,
-    /// Where each authenticated session came from.
-    addresses: HashMap<String, String>,
-    /// Where each peer's `NodeServer` listens, as it advertised it: what the
-    /// other nodes dial.
-    listen: HashMap<String, String>,
+    /// Where each authenticated session's peer is, by peer ractor name.
+    reach: HashMap<String, Reach>,
     seq: u64,
     last_beat: Instant,
     /// Node ids a re-attached node knew alive and that are not back yet.
@@ -68,8 +74,7 @@ impl Actor for Registry {
         Ok(RegistryState {
             shared,
             by_peer: HashMap::new(),
-            addresses: HashMap::new(),
-            listen: HashMap::new(),
+            reach: HashMap::new(),
             seq: 0,
             last_beat: Instant::now(),
             expected: HashSet::new(),
@@ -173,11 +178,16 @@ fn session(state: &mut RegistryState, ev: SessionEvent) {
         }
         SessionEvent::Ready { peer, addr, listen } => {
             info!(%peer, %addr, %listen, "head: node session authenticated");
-            state.listen.insert(peer.clone(), listen);
             // Its hello may have come first (the two travel apart): then the
             // nodes heard of it without where it listens, and hear again.
             let joined = state.by_peer.get(&peer).cloned();
-            state.addresses.insert(peer, addr.clone());
+            state.reach.insert(
+                peer,
+                Reach {
+                    addr: addr.clone(),
+                    listen,
+                },
+            );
             if let Some(id) = joined {
                 if let Some(n) = lock(&state.shared.nodes).get_mut(&id)
                     && n.address.is_empty()
@@ -198,8 +208,7 @@ fn session(state: &mut RegistryState, ev: SessionEvent) {
         }
         SessionEvent::Closed { peer, .. } => {
             let Some(peer) = peer else { return };
-            state.addresses.remove(&peer);
-            state.listen.remove(&peer);
+            state.reach.remove(&peer);
             if let Some(id) = state.by_peer.get(&peer).cloned() {
                 let alive = lock(&state.shared.nodes).get(&id).is_some_and(|n| n.alive);
                 if alive {
@@ -256,7 +265,11 @@ async fn hello(state: &mut RegistryState, from: String, h: Hello) {
             head_node: shared.options.node_id.clone(),
         }),
     );
-    let address = state.addresses.get(&from).cloned().unwrap_or_default();
+    let address = state
+        .reach
+        .get(&from)
+        .map(|r| r.addr.clone())
+        .unwrap_or_default();
     lock(&shared.nodes).insert(
         h.node.clone(),
         NodeEntry {
@@ -364,7 +377,13 @@ fn broadcast_nodes(state: &RegistryState) {
     let (ids, peers): (Vec<String>, Vec<String>) = alive.iter().cloned().unzip();
     let listen: Vec<String> = peers
         .iter()
-        .map(|p| state.listen.get(p).cloned().unwrap_or_default())
+        .map(|p| {
+            state
+                .reach
+                .get(p)
+                .map(|r| r.listen.clone())
+                .unwrap_or_default()
+        })
         .collect();
     for (_, peer) in &alive {
         send(

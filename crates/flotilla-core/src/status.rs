@@ -263,6 +263,9 @@ pub struct ApplicationStatusInfo {
     /// When its current target was accepted (Ray's `last_deployed_time_s`);
     /// `None` while a config build of a new application has produced no target.
     pub last_deployed: Option<SystemTime>,
+    /// Whether its replica counts may be set from outside (Ray's
+    /// `external_scaler_enabled`, as its current target declares).
+    pub external_scaler_enabled: bool,
 }
 
 /// What an application's status is derived from, all of it: the one place that
@@ -290,6 +293,7 @@ impl ApplicationStatusInfo {
             deployments: BTreeMap::new(),
             api_type: None,
             last_deployed: None,
+            external_scaler_enabled: false,
         }
     }
 
@@ -345,6 +349,7 @@ impl ApplicationStatusInfo {
                 .map(|r| r.api_type)
                 .or(build_failure.map(|_| ApiType::Declarative)),
             last_deployed: record.and_then(|r| r.deployed_at),
+            external_scaler_enabled: record.is_some_and(|r| r.spec.external_scaler_enabled),
         }
     }
 }

@@ -83,7 +83,7 @@ pub struct ApplicationDetails {
     pub source: String,
     /// Its deployments by name.
     pub deployments: BTreeMap<String, DeploymentDetails>,
-    /// Always false.
+    /// Whether its replica counts may be set from outside (the scale route).
     pub external_scaler_enabled: bool,
     /// Its deployments and which is the ingress (Flotilla does not track calls
     /// between deployments: `outbound_deployments` is empty).
@@ -355,7 +355,7 @@ pub(crate) async fn instance_details(
                 }
                 .to_owned(),
                 deployments,
-                external_scaler_enabled: false,
+                external_scaler_enabled: s.external_scaler_enabled,
                 deployment_topology: topology,
                 name,
             },

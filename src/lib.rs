@@ -86,5 +86,5 @@ pub use flotilla_replica::{
     UserError, default_router, power_of_two_choices, validate_model_id,
 };
 pub use flotilla_supervision::RestartPolicy;
-pub use logging::{ACCESS_TARGET, AppLogLayer};
+pub use logging::{ACCESS_TARGET, AppLogLayer, is_access_log};
 pub use serve::{LivingReplica, Metrics, RunManyOptions, Serve, ServeOptions};

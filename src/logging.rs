@@ -4,8 +4,9 @@
 //!
 //! An event belongs to the application (deployment) named by its `app`
 //! (`deployment`) field, or by that field of the innermost span around it that
-//! has one. Request access logs are events with target [`ACCESS_TARGET`]; they
-//! are dropped where `enable_access_log` is off. A config with `logs_dir` writes
+//! has one. Request access logs are events with target [`ACCESS_TARGET`] or one
+//! under it (the HTTP proxy's); they are dropped where `enable_access_log` is
+//! off. A config with `logs_dir` writes
 //! its lines to `<logs_dir>/<application>.log` (appended, the directory created)
 //! instead of the layer's writer; `additional_log_standard_attrs` adds Ray's
 //! standard attributes that have an equivalent to every line.
@@ -29,7 +30,7 @@ use tracing::{
 };
 use tracing_subscriber::{Layer, fmt::MakeWriter, layer::Context, registry::LookupSpan};
 
-pub use flotilla_replica::ACCESS_TARGET;
+pub use flotilla_replica::{ACCESS_TARGET, is_access_log};
 
 /// Filters and formats events by their application's [`LoggingConfig`].
 ///
@@ -303,7 +304,7 @@ where
         if !allows(&config, meta.level()) {
             return;
         }
-        if meta.target() == ACCESS_TARGET && !config.enable_access_log {
+        if is_access_log(meta.target()) && !config.enable_access_log {
             return;
         }
         let origin = Origin {
@@ -434,6 +435,7 @@ mod tests {
             tracing::info!(app = "quiet", "dropped: below the global WARNING");
             tracing::warn!(app = "quiet", "kept as text");
             tracing::info!(target: "flotilla::access", app = "verbose", "dropped: access log off");
+            tracing::info!(target: "flotilla::access::http", app = "verbose", "dropped: the proxy's too");
             let span = tracing::info_span!("reconcile", app = "verbose");
             let _g = span.enter();
             tracing::debug!("kept: the span names the app");

@@ -75,13 +75,19 @@ applications:
     args: {tag: l}
     logging_config: {log_level: INFO, encoding: JSON, enable_access_log: true}
   - {name: quiet, route_prefix: /quiet, import_path: test::app, args: {tag: q}}
+  - name: muted
+    route_prefix: /muted
+    import_path: test::app
+    args: {tag: m}
+    logging_config: {log_level: INFO, enable_access_log: false}
 ",
         ))
         .await
         .unwrap();
     wait_status(&serve, "loud", A::Running).await;
     wait_status(&serve, "quiet", A::Running).await;
-    for app in ["loud", "quiet"] {
+    wait_status(&serve, "muted", A::Running).await;
+    for app in ["loud", "quiet", "muted"] {
         serve
             .app_handle(app)
             .unwrap()
@@ -108,5 +114,18 @@ applications:
             .iter()
             .any(|l| l.contains("app=quiet") || l.contains("\"app\":\"quiet\"")),
         "quiet's INFO events and access logs are filtered by the global WARNING: {lines:#?}"
+    );
+    // muted logs at INFO, but not its access logs.
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("app=muted") && l.contains("application status")),
+        "muted INFO events are kept: {lines:#?}"
+    );
+    assert!(
+        !lines
+            .iter()
+            .any(|l| l.contains("app=muted") && l.contains("flotilla::access")),
+        "muted's access logs are off: {lines:#?}"
     );
 }

@@ -66,13 +66,14 @@ impl Done {
 impl Drop for Done {
     fn drop(&mut self) {
         let latency = self.started.elapsed();
+        // Logged before it is counted: a request /metrics counts was logged.
+        tracing::info!(target: crate::ACCESS_LOG_TARGET, app = %self.stats.app,
+            route = %self.stats.route, status = self.status,
+            latency_ms = latency.as_secs_f64() * 1_000.0, "http request");
         self.stats.record(self.method, self.status, latency);
         if let Some(m) = &self.ongoing {
             m.ongoing.fetch_sub(1, Ordering::Relaxed);
         }
-        tracing::info!(target: crate::ACCESS_LOG_TARGET, app = %self.stats.app,
-            route = %self.stats.route, status = self.status,
-            latency_ms = latency.as_secs_f64() * 1_000.0, "http request");
     }
 }
 

@@ -136,8 +136,10 @@ pub use types::{HttpRequest, HttpResponse};
 /// response carries it.
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
 
-/// The `tracing` target of the per-request access log events.
-pub const ACCESS_LOG_TARGET: &str = "flotilla::http::access";
+/// The `tracing` target of the proxy's and the REST API's per-request access
+/// log events: under [`flotilla::ACCESS_TARGET`], so an application's
+/// `enable_access_log: false` silences them too.
+pub const ACCESS_LOG_TARGET: &str = "flotilla::access::http";
 
 /// Resolves once `stop` turns true (or its sender is gone).
 pub(crate) async fn stopped(stop: &mut tokio::sync::watch::Receiver<bool>) {

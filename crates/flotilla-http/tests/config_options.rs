@@ -225,6 +225,130 @@ async fn rays_scale_route_sets_an_external_scalers_count() {
             .unwrap()
             .starts_with("Invalid request body")
     );
+    // The details say which application an external scaler may scale.
+    let details = get(&c, &format!("http://{rest}/api/serve/applications/"))
+        .await
+        .json();
+    assert_eq!(
+        details["applications"]["ext"]["external_scaler_enabled"],
+        true
+    );
+    assert_eq!(
+        details["applications"]["plain"]["external_scaler_enabled"],
+        false
+    );
+    http.shutdown().await;
+    serve.shutdown().await.unwrap();
+}
+
+/// A log sink the test reads.
+#[derive(Clone, Default)]
+struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl Captured {
+    fn lines_with(&self, what: &[&str]) -> Vec<String> {
+        String::from_utf8_lossy(&self.0.lock().unwrap())
+            .lines()
+            .filter(|l| what.iter().all(|w| l.contains(w)))
+            .map(str::to_owned)
+            .collect()
+    }
+}
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
+    type Writer = Captured;
+    fn make_writer(&'a self) -> Captured {
+        self.clone()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_applications_enable_access_log_governs_the_proxys_access_log() {
+    use tracing_subscriber::layer::SubscriberExt;
+    let dir = tempfile::tempdir().unwrap();
+    let probe = Arc::new(Probe::default());
+    let options =
+        ServeOptions::new(support::registry(&probe)).store_path(dir.path().join("f.redb"));
+    let out = Captured::default();
+    // The proxy logs on its own tasks, on every worker thread: the one
+    // subscriber of this test binary.
+    let layer = flotilla::AppLogLayer::new(options.logging.clone(), out.clone());
+    tracing::subscriber::set_global_default(tracing_subscriber::registry().with(layer)).unwrap();
+    let serve = Serve::start(options).await.unwrap();
+    serve
+        .apply_config(
+            ServeConfig::from_yaml(
+                "applications:
+  - {name: log-on, route_prefix: /on, import_path: t.echo:app, args: {tag: on}}
+  - name: log-off
+    route_prefix: /off
+    import_path: t.echo:app
+    args: {tag: off}
+    logging_config: {enable_access_log: false}
+",
+            )
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    wait_status(&serve, "log-on", ApplicationStatus::Running).await;
+    wait_status(&serve, "log-off", ApplicationStatus::Running).await;
+    let http = HttpServer::start(&serve, test_options().build().unwrap())
+        .await
+        .unwrap();
+    let (proxy, rest) = (http.proxy_addr().unwrap(), http.rest_addr().unwrap());
+    wait_routes(&serve, |r| r.len() == 2).await;
+    let c = support::client();
+    for prefix in ["off", "on"] {
+        let r = get(&c, &format!("http://{proxy}/{prefix}/x")).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+    // A request's access event comes before it is counted (both as its body
+    // is dropped): once /metrics counts both, each was logged or dropped.
+    let counted = |app: &str| {
+        let (c, url) = (c.clone(), format!("http://{rest}/metrics"));
+        let label = format!(r#"application="{app}""#);
+        async move {
+            get(&c, &url).await.body.lines().any(|l| {
+                l.starts_with("ray_serve_num_http_requests_total{")
+                    && l.contains(&label)
+                    && l.ends_with(" 1")
+            })
+        }
+    };
+    for app in ["log-off", "log-on"] {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !counted(app).await {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{app}'s request never counted"
+            );
+            tokio::task::yield_now().await;
+        }
+    }
+    let target = flotilla_http::ACCESS_LOG_TARGET;
+    assert_eq!(
+        out.lines_with(&[target, "app=log-on"]).len(),
+        1,
+        "log-on's request is logged"
+    );
+    assert_eq!(
+        out.lines_with(&[target, "app=log-off"]),
+        Vec::<String>::new(),
+        "log-off's access log is off"
+    );
+    // Its other events still are.
+    assert!(!out.lines_with(&["app=log-off"]).is_empty());
     http.shutdown().await;
     serve.shutdown().await.unwrap();
 }

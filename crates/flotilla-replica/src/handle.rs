@@ -23,8 +23,24 @@ use crate::{
 
 /// The target of per-request access log events (one `INFO` event per call, with
 /// `app`, `deployment`, `replica` and `ok`); filtered per application by its
-/// logging config's `enable_access_log`.
+/// logging config's `enable_access_log`, as is every target under it (the HTTP
+/// proxy's is `flotilla::access::http`): see [`is_access_log`].
 pub const ACCESS_TARGET: &str = "flotilla::access";
+
+/// Whether events of `target` are access logs: [`ACCESS_TARGET`] or a target
+/// under it.
+///
+/// ```
+/// use flotilla_replica::is_access_log;
+/// assert!(is_access_log("flotilla::access"));
+/// assert!(is_access_log("flotilla::access::http"));
+/// assert!(!is_access_log("flotilla::accessor"));
+/// ```
+pub fn is_access_log(target: &str) -> bool {
+    target
+        .strip_prefix(ACCESS_TARGET)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with("::"))
+}
 
 /// A cheap, clonable handle to one deployment. Each call picks a replica with
 /// the deployment's request router (by default power-of-two-choices over

@@ -72,9 +72,9 @@ pub use flotilla_core::{
     DEFAULT_MAX_NUM_MODELS_PER_REPLICA, DeploymentConfig, DeploymentName, DeploymentSpec,
     DeploymentSpecBuilder, DeploymentStatus, DeploymentStatusInfo, DeploymentVersion,
     Error as SpecError, FaultPoint, Faults, GrpcOptions, HttpOptions, Location, LogAttr,
-    LogEncoding, LogLevel, LoggingConfig, MAX_REPLICAS, PlacementGroup, PlacementStrategy,
-    ProxyLocation, ReplicaCount, ReplicaState, RequestRouterConfig, Resources, RolloutConfig,
-    RoutePrefix, ServeConfig, StatusTrigger,
+    LogEncoding, LogLevel, LoggingConfig, MAX_DURATION, MAX_REPLICAS, PlacementGroup,
+    PlacementStrategy, ProxyLocation, ReplicaCount, ReplicaState, RequestRouterConfig, Resources,
+    RolloutConfig, RoutePrefix, ServeConfig, StatusTrigger,
 };
 pub use flotilla_deployment::{DeploymentSnapshot, DeploymentTarget, ReplicaInfo, StateCount};
 pub use flotilla_replica::{

@@ -18,6 +18,27 @@ use crate::{
 /// capacity bounds what actually runs (a target beyond it is pending).
 pub const MAX_REPLICAS: u32 = 10_000;
 
+/// The longest duration a config may set (10^9 s, about 31.7 years). Longer
+/// ones are refused: a timer that far ahead would overflow the clock it is
+/// added to. Ray has no bound; no wait that long is meant as anything but
+/// "never".
+pub const MAX_DURATION: Duration = Duration::from_secs(1_000_000_000);
+
+/// Refuse `d` as `field` if it is longer than [`MAX_DURATION`].
+pub(crate) fn check_max_duration(field: &'static str, d: Duration) -> Result<(), Error> {
+    if d > MAX_DURATION {
+        return Err(Error::field(
+            field,
+            format!(
+                "must be at most {} s, got {} s",
+                MAX_DURATION.as_secs(),
+                d.as_secs_f64()
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// How many replicas a deployment wants.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum ReplicaCount {
@@ -335,6 +356,17 @@ impl DeploymentConfig {
                 "must be longer than zero",
             ));
         }
+        for (field, d) in [
+            ("health_check_period", self.health_check_period),
+            ("health_check_timeout", self.health_check_timeout),
+            (
+                "graceful_shutdown_wait_loop",
+                self.graceful_shutdown_wait_loop,
+            ),
+            ("graceful_shutdown_timeout", self.graceful_shutdown_timeout),
+        ] {
+            check_max_duration(field, d)?;
+        }
         let f = self.rollout.max_changing_fraction;
         if !(f.is_finite() && f > 0.0 && f <= 1.0) {
             return Err(Error::field(
@@ -435,6 +467,19 @@ mod tests {
         assert_eq!(
             field_of(d().with_health_check(Duration::ZERO, Duration::from_secs(1))),
             "health_check_period"
+        );
+        assert_eq!(
+            field_of(d().with_health_check(Duration::MAX, Duration::from_secs(1))),
+            "health_check_period"
+        );
+        assert_eq!(
+            field_of(d().with_graceful_shutdown(Duration::from_secs(1), MAX_DURATION * 2)),
+            "graceful_shutdown_timeout"
+        );
+        assert!(
+            d().with_health_check(MAX_DURATION, MAX_DURATION)
+                .validate()
+                .is_ok()
         );
         let bounds = AutoscalingConfig {
             min_replicas: 5,

@@ -34,7 +34,7 @@ pub use autoscaling::{
     DEFAULT_AUTOSCALING_POLICY, is_builtin_policy,
 };
 pub use batching::{BatchConfig, DEFAULT_MAX_NUM_MODELS_PER_REPLICA};
-pub use config::{DeploymentConfig, MAX_REPLICAS, ReplicaCount, RolloutConfig};
+pub use config::{DeploymentConfig, MAX_DURATION, MAX_REPLICAS, ReplicaCount, RolloutConfig};
 pub use error::{Error, Location, MAX_QUOTED, Result, shown};
 pub use fault::{FaultPoint, Faults};
 pub use logging::{LogAttr, LogAttrError, LogEncoding, LogLevel, LoggingConfig, MAX_LOGS_DIR_LEN};

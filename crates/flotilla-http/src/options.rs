@@ -122,6 +122,12 @@ impl HttpOptions {
         if self.request_timeout == Some(Duration::ZERO) {
             return bad("request_timeout", "must be positive (or none)");
         }
+        if self.request_timeout > Some(flotilla::MAX_DURATION) {
+            return bad(
+                "request_timeout",
+                "must be at most flotilla::MAX_DURATION (or none)",
+            );
+        }
         if self.keep_alive_timeout.is_zero() {
             return bad("keep_alive_timeout", "must be positive");
         }
@@ -186,7 +192,9 @@ impl HttpOptionsBuilder {
     pub fn request_timeout_s(mut self, seconds: Option<f64>) -> Self {
         self.0.request_timeout = seconds
             .filter(|s| *s >= 0.0 && s.is_finite())
-            .map(Duration::from_secs_f64);
+            // Too long for a Duration: refused by `validate`, as any over
+            // MAX_DURATION.
+            .map(|s| Duration::try_from_secs_f64(s).unwrap_or(Duration::MAX));
         self
     }
 
@@ -283,5 +291,32 @@ impl HttpOptionsBuilder {
     pub fn build(self) -> Result<HttpOptions, HttpError> {
         self.0.validate()?;
         Ok(self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_timeout_longer_than_the_longest_duration_is_refused() {
+        let field = |b: HttpOptionsBuilder| match b.build() {
+            Err(HttpError::InvalidOption { field, .. }) => field,
+            other => panic!("accepted: {other:?}"),
+        };
+        let b = HttpOptions::builder;
+        assert_eq!(field(b().request_timeout(Duration::MAX)), "request_timeout");
+        assert_eq!(field(b().request_timeout_s(Some(1e20))), "request_timeout");
+        assert_eq!(field(b().request_timeout_s(Some(1e10))), "request_timeout");
+        let longest = b().request_timeout(flotilla::MAX_DURATION).build();
+        assert_eq!(
+            longest.map(|o| o.request_timeout).ok(),
+            Some(Some(flotilla::MAX_DURATION))
+        );
+        // Negative or infinite is none (Ray's proxy).
+        for none in [-1.0, f64::INFINITY] {
+            let o = b().request_timeout_s(Some(none)).build();
+            assert_eq!(o.map(|o| o.request_timeout).ok(), Some(None), "{none}");
+        }
     }
 }

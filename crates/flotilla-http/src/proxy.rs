@@ -169,14 +169,18 @@ fn decode_path(raw: &str) -> Option<Cow<'_, str>> {
 }
 
 /// The request's timeout: the header's if it has a valid one, else the server's.
+/// A header of zero or less, or longer than [`flotilla::MAX_DURATION`], is no
+/// timeout (as an infinite one).
 fn request_timeout(headers: &http::HeaderMap, default: Option<Duration>) -> Option<Duration> {
     let parsed = headers
         .get(REQUEST_TIMEOUT_HEADER)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<f64>().ok())
-        .filter(|v| v.is_finite());
+        .filter(|v| !v.is_nan());
     match parsed {
-        Some(s) if s > 0.0 => Some(Duration::from_secs_f64(s)),
+        Some(s) if s > 0.0 => Duration::try_from_secs_f64(s)
+            .ok()
+            .filter(|t| *t <= flotilla::MAX_DURATION),
         Some(_) => None,
         None => default,
     }
@@ -356,7 +360,9 @@ impl Proxy {
             }
         };
         let timeout = request_timeout(&parts.headers, self.options.request_timeout);
-        let deadline = timeout.map(|t| tokio::time::Instant::from_std(done.started() + t));
+        let deadline = timeout
+            .and_then(|t| done.started().checked_add(t))
+            .map(tokio::time::Instant::from_std);
         // No replica now: answer at once if none can come soon; else wait (in the
         // handle's queue) but give up as soon as the application fails.
         let no_replica = handle.replicas().is_empty();
@@ -591,6 +597,24 @@ mod tests {
                 matches!(&groups[3][..1], "8" | "9" | "a" | "b"),
                 "variant: {id}"
             );
+        }
+    }
+
+    #[test]
+    fn a_timeout_header_beyond_the_longest_duration_is_no_timeout() {
+        let with = |v: &str| {
+            let mut h = http::HeaderMap::new();
+            h.insert(REQUEST_TIMEOUT_HEADER, v.parse().unwrap());
+            request_timeout(&h, Some(Duration::from_secs(7)))
+        };
+        assert_eq!(with("0.5"), Some(Duration::from_millis(500)));
+        assert_eq!(with("1e9"), Some(flotilla::MAX_DURATION));
+        for none in ["1e20", "1e10", "inf", "0", "-1"] {
+            assert_eq!(with(none), None, "{none}");
+        }
+        // Not a number: the server's.
+        for default in ["soon", "NaN"] {
+            assert_eq!(with(default), Some(Duration::from_secs(7)), "{default}");
         }
     }
 

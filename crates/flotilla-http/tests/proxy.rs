@@ -281,6 +281,19 @@ async fn a_timeout_is_408_cancels_the_handler_and_frees_its_slot() {
         (408, "Request rid-2 timed out after 0.1s.")
     );
     assert_eq!(get(&c, &f.url("/e/ok")).await.status, 200);
+    // A header too long for the clock is no timeout: served, not a panic that
+    // drops the connection (1e20 s overflows a Duration, 1e19 s an Instant).
+    for huge in ["1e20", "1e19", "inf"] {
+        let r = send(
+            &c,
+            "GET",
+            &f.url("/e/ok"),
+            &[("x-request-timeout-seconds", huge)],
+            Bytes::new(),
+        )
+        .await;
+        assert_eq!(r.status, 200, "timeout header {huge}: {}", r.body);
+    }
     f.stop().await;
 }
 

@@ -4,7 +4,10 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Location};
+use crate::{
+    MAX_DURATION,
+    error::{Error, Location},
+};
 
 use super::{Sited, lax, top};
 
@@ -150,13 +153,17 @@ impl GrpcOptions {
     }
 }
 
-/// A request timeout must be > 0 (infinite is none). Ray does not check it; a
-/// timeout of zero or less would fail every request, so Flotilla refuses it.
+/// A request timeout must be > 0 and at most [`MAX_DURATION`] (none is left
+/// out). Ray does not check it; a timeout of zero or less would fail every
+/// request, and one longer would overflow the clock, so Flotilla refuses both.
 fn check_timeout(field: &'static str, t: f64) -> Result<(), Sited> {
-    if t.is_nan() || t <= 0.0 {
+    let max = MAX_DURATION.as_secs_f64();
+    if t.is_nan() || t <= 0.0 || t > max {
         return Err(refuse(
             field,
-            format!("must be a number of seconds > 0 (or left out: no timeout), got {t}"),
+            format!(
+                "must be a number of seconds > 0 and at most {max} (or left out: no timeout), got {t}"
+            ),
         ));
     }
     Ok(())

@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use crate::{
-    ApplicationSpec, AutoscalingConfig, BackpressureConfig, DeploymentConfig, PlacementGroup,
-    ReplicaCount, RequestRouterConfig, bundle_resources,
+    ApplicationSpec, AutoscalingConfig, BackpressureConfig, DeploymentConfig, MAX_DURATION,
+    PlacementGroup, ReplicaCount, RequestRouterConfig, bundle_resources,
     error::{Error, Location},
     spec::set_app_policy,
 };
@@ -384,7 +384,14 @@ fn seconds(field: &'static str, s: f64) -> Result<Duration, Error> {
         ));
     }
     Duration::try_from_secs_f64(s)
-        .map_err(|_| Error::field(field, format!("{s} seconds is too long")))
+        .ok()
+        .filter(|d| *d <= MAX_DURATION)
+        .ok_or_else(|| {
+            Error::field(
+                field,
+                format!("must be at most {} s, got {s}", MAX_DURATION.as_secs()),
+            )
+        })
 }
 
 fn positive_seconds(field: &'static str, s: f64) -> Result<Duration, Error> {
@@ -406,6 +413,7 @@ pub(crate) fn config_field_names(e: Error) -> Error {
                 "health_check_period" => "health_check_period_s",
                 "health_check_timeout" => "health_check_timeout_s",
                 "graceful_shutdown_wait_loop" => "graceful_shutdown_wait_loop_s",
+                "graceful_shutdown_timeout" => "graceful_shutdown_timeout_s",
                 "autoscaling_config.look_back_period" => "autoscaling_config.look_back_period_s",
                 "resources.cpus" => "ray_actor_options.num_cpus",
                 "resources.gpus" => "ray_actor_options.num_gpus",

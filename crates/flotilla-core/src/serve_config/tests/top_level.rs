@@ -91,6 +91,14 @@ fn http_options_are_kept_with_rays_defaults_and_checks() {
         "http_options.request_timeout_s",
         "> 0",
     );
+    let forever = with("http_options:\n  request_timeout_s: 1e20\n");
+    assert_at(
+        &err(&forever),
+        &forever,
+        "1e20\n",
+        "http_options.request_timeout_s",
+        "at most 1000000000",
+    );
     let port = with("http_options: {port: 70000}\n");
     assert_parse_at(&err(&port), &port, "70000", "at most 65535");
     let typo = with("http_options: {hots: x}\n");

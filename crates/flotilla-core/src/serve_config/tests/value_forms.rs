@@ -1,7 +1,7 @@
 //! Value forms Ray (pydantic v2, lax mode) accepts: numeric text, integral
 //! floats for integers, numeric log levels; and the strict fields.
 
-use super::{applied, assert_parse_at, err, front, parse};
+use super::{applied, assert_at, assert_parse_at, err, front, parse};
 use crate::{LogLevel, NumReplicas, ReplicaCount};
 
 #[test]
@@ -62,6 +62,27 @@ fn float_fields_take_numeric_text() {
     assert_eq!((a.max_replicas, a.target_ongoing_requests), (4, 1.5));
     let text = front("        health_check_period_s: soon\n");
     assert!(matches!(err(&text), crate::Error::Parse { line: 6, .. }));
+}
+
+#[test]
+fn a_duration_longer_than_the_longest_is_refused_by_name() {
+    // 1e19 s fits a Duration, but a timer that far ahead overflows the clock.
+    for field in [
+        "health_check_period_s",
+        "health_check_timeout_s",
+        "graceful_shutdown_wait_loop_s",
+        "graceful_shutdown_timeout_s",
+    ] {
+        for v in ["1e19", "1e20"] {
+            let text = front(&format!("        {field}: {v}\n"));
+            let e = err(&text);
+            assert_at(&e, &text, &format!("{v}\n"), field, "at most 1000000000");
+        }
+    }
+    assert_eq!(
+        applied("        health_check_period_s: 1e9\n").health_check_period,
+        crate::MAX_DURATION
+    );
 }
 
 #[test]

@@ -162,6 +162,21 @@ async fn a_model_id_crosses_to_a_replica_on_a_node() {
             .unwrap();
         assert_eq!(answer, format!("model {id} on {a_id}: hello"));
     }
+    // A failed load comes back as what it is, from the other process too.
+    let failed = handle
+        .clone()
+        .with_model_id("broken-1")
+        .unwrap()
+        .call::<_, String>("hello")
+        .await
+        .unwrap_err();
+    assert_eq!(
+        failed,
+        CallError::ModelLoad {
+            model_id: "broken-1".into(),
+            message: "no model broken-1 here".into()
+        }
+    );
     // Streaming carries it too.
     let mut items = handle
         .clone()

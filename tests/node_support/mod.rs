@@ -193,7 +193,11 @@ impl flotilla::MultiplexedDeployment for Models {
     type Response = String;
     type Model = String;
 
+    /// Fails for an id that starts with "broken".
     async fn load_model(&self, model_id: &str) -> Result<String, UserError> {
+        if model_id.starts_with("broken") {
+            return Err(UserError::new(format!("no model {model_id} here")));
+        }
         Ok(format!("model {model_id} on {}", self.node))
     }
 

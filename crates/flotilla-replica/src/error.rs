@@ -1,7 +1,10 @@
 //! Errors a caller of a deployment can get.
 
 /// Why a call through a [`DeploymentHandle`](crate::DeploymentHandle) failed.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+///
+/// Serializable: a call served in another process comes back with its error
+/// as it was, every variant intact (`flotilla-cluster`'s reply frames).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, serde::Serialize, serde::Deserialize)]
 pub enum CallError {
     /// The user's handler returned an error; it ran, and is not retried.
     #[error("the deployment returned an error: {0}")]

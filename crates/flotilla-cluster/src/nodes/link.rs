@@ -25,7 +25,7 @@ use tracing::{debug, info, warn};
 
 use super::{
     NodeError,
-    wire::{self, DataHeader, Envelope, PortMsg, WireCallError},
+    wire::{self, DataHeader, Envelope, PortMsg},
 };
 
 /// The cluster-wide process group every port joins.
@@ -503,10 +503,6 @@ fn undecodable(shared: &Shared, e: &wire::WireError) {
     warn!(node = %shared.me, error = %e, "node port: undecodable frame dropped");
 }
 
-fn error_of(e: Option<WireCallError>) -> Option<CallError> {
-    e.map(CallError::from)
-}
-
 /// One data frame: a call to serve here, or the answer to one of ours.
 fn data(shared: &Arc<Shared>, header: DataHeader, body: Vec<u8>) {
     match header {
@@ -523,7 +519,7 @@ fn data(shared: &Arc<Shared>, header: DataHeader, body: Vec<u8>) {
             }
         }
         DataHeader::Reply { call, error } => {
-            let outcome = match error_of(error) {
+            let outcome = match error {
                 None => Outcome::Ran(Ok(body)),
                 Some(e) => Outcome::Ran(Err(e)),
             };
@@ -531,7 +527,7 @@ fn data(shared: &Arc<Shared>, header: DataHeader, body: Vec<u8>) {
         }
         DataHeader::Item { call } => shared.calls.item(call, body),
         DataHeader::End { call, error } => {
-            let outcome = match error_of(error) {
+            let outcome = match error {
                 None => Outcome::Ran(Ok(Vec::new())),
                 Some(e) => Outcome::Ran(Err(e)),
             };
@@ -575,7 +571,7 @@ fn serve_call(
                 flotilla_replica::remote::Served::Ran(Err(e)) => (
                     DataHeader::Reply {
                         call,
-                        error: Some((&e).into()),
+                        error: Some(e),
                     },
                     Vec::new(),
                 ),
@@ -605,7 +601,7 @@ fn serve_call(
             flotilla_replica::remote::Served::Ran(r) => (
                 DataHeader::End {
                     call,
-                    error: r.err().as_ref().map(Into::into),
+                    error: r.err(),
                 },
                 Vec::new(),
             ),

@@ -347,68 +347,74 @@ pub(crate) enum DataHeader {
     /// The caller went away.
     Cancel { call: u64, from: String },
     /// The response (the body), or the call's error.
-    Reply {
-        call: u64,
-        error: Option<WireCallError>,
-    },
+    Reply { call: u64, error: Option<CallError> },
     /// One item of a stream (the body).
     Item { call: u64 },
     /// A stream ended, with its error if it failed.
-    End {
-        call: u64,
-        error: Option<WireCallError>,
-    },
+    End { call: u64, error: Option<CallError> },
     /// Not started: the replica is full, stopping or unknown here.
     Refused { call: u64, full: bool },
-}
-
-/// A `CallError` from a replica's process.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub(crate) enum WireCallError {
-    User(String),
-    Panicked(String),
-    Killed { replica: String },
-    BadRequest(String),
-    BadResponse(String),
-    NodeLost { node: String, replica: String },
-    Other(String),
-}
-
-impl From<&CallError> for WireCallError {
-    fn from(e: &CallError) -> Self {
-        match e {
-            CallError::User(m) => WireCallError::User(m.clone()),
-            CallError::Panicked(m) => WireCallError::Panicked(m.clone()),
-            CallError::Killed { replica } => WireCallError::Killed {
-                replica: replica.clone(),
-            },
-            CallError::BadRequest(m) => WireCallError::BadRequest(m.clone()),
-            CallError::BadResponse(m) => WireCallError::BadResponse(m.clone()),
-            CallError::NodeLost { node, replica } => WireCallError::NodeLost {
-                node: node.clone(),
-                replica: replica.clone(),
-            },
-            other => WireCallError::Other(other.to_string()),
-        }
-    }
-}
-
-impl From<WireCallError> for CallError {
-    fn from(e: WireCallError) -> Self {
-        match e {
-            WireCallError::User(m) => CallError::User(m),
-            WireCallError::Panicked(m) => CallError::Panicked(m),
-            WireCallError::Killed { replica } => CallError::Killed { replica },
-            WireCallError::BadRequest(m) => CallError::BadRequest(m),
-            WireCallError::BadResponse(m) | WireCallError::Other(m) => CallError::BadResponse(m),
-            WireCallError::NodeLost { node, replica } => CallError::NodeLost { node, replica },
-        }
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_call_error_crosses_as_it_was() {
+        let (app, deployment) = (String::from("a"), String::from("d"));
+        let errors = [
+            CallError::User("u".into()),
+            CallError::Panicked("p".into()),
+            CallError::Killed {
+                replica: "r".into(),
+            },
+            CallError::NodeLost {
+                node: "n".into(),
+                replica: "r".into(),
+            },
+            CallError::BadRequest("q".into()),
+            CallError::BadResponse("s".into()),
+            CallError::BackPressure {
+                app: app.clone(),
+                deployment: deployment.clone(),
+                queued: 3,
+            },
+            CallError::NotFound {
+                app: app.clone(),
+                deployment: deployment.clone(),
+            },
+            CallError::Unavailable {
+                app: app.clone(),
+                deployment: deployment.clone(),
+            },
+            CallError::BatchSize {
+                app: app.clone(),
+                deployment: deployment.clone(),
+                requests: 4,
+                responses: 3,
+            },
+            CallError::ModelLoad {
+                model_id: "m".into(),
+                message: "no".into(),
+            },
+            CallError::Timeout { app, deployment },
+        ];
+        for e in errors {
+            let header = DataHeader::End {
+                call: 9,
+                error: Some(e.clone()),
+            };
+            let bytes = encode("data", &header).unwrap_or_default();
+            match decode::<DataHeader>("data", &bytes) {
+                Ok(DataHeader::End {
+                    call: 9,
+                    error: Some(back),
+                }) => assert_eq!(back, e),
+                other => panic!("{e:?} came back as {other:?}"),
+            }
+        }
+    }
 
     #[test]
     fn frames_round_trip_and_bad_bytes_are_typed_errors() {

@@ -59,9 +59,10 @@ pub struct HttpOptions {
     /// Serve the proxy (default true; a config's `proxy_location: Disabled`
     /// turns it off).
     pub proxy: bool,
-    /// A config asked for TLS (`ssl_keyfile`/`ssl_certfile`), which the proxy
-    /// does not serve: refused by [`validate`](Self::validate).
-    pub tls_asked: bool,
+    /// The `ssl_*` field a config asked for TLS with (`ssl_keyfile`,
+    /// `ssl_certfile`, `ssl_keyfile_password` or `ssl_ca_certs`), which the
+    /// proxy does not serve: refused by [`validate`](Self::validate), by name.
+    pub tls_asked: Option<&'static str>,
 }
 
 impl Default for HttpOptions {
@@ -79,7 +80,7 @@ impl Default for HttpOptions {
             token: None,
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
             proxy: true,
-            tls_asked: false,
+            tls_asked: None,
         }
     }
 }
@@ -134,9 +135,9 @@ impl HttpOptions {
         if self.max_request_body_bytes == 0 {
             return bad("max_request_body_bytes", "must be at least 1");
         }
-        if self.tls_asked {
+        if let Some(field) = self.tls_asked {
             return bad(
-                "http_options.ssl_certfile",
+                field,
                 "the proxy serves plain HTTP: terminate TLS in front of it (the ssl_* \
                  fields do not apply)",
             );
@@ -275,7 +276,7 @@ impl HttpOptionsBuilder {
         if let Some(s) = h.keep_alive_timeout_s {
             self = self.keep_alive_timeout(Duration::from_secs(u64::from(s)));
         }
-        self.0.tls_asked |= h.tls();
+        self.0.tls_asked = self.0.tls_asked.or(h.tls_field());
         self.0.proxy = config.proxy_location != flotilla::ProxyLocation::Disabled;
         self
     }

@@ -100,6 +100,27 @@ async fn proxy_location_disabled_starts_no_proxy_and_tls_is_refused() {
         ),
         "{err}"
     );
+    // Any ssl_* field asks for TLS: a CA bundle alone (client certificates) too.
+    serve
+        .apply_config(
+            ServeConfig::from_yaml("http_options: {ssl_ca_certs: /ca.pem}\napplications: []\n")
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    let err = HttpServer::start(&serve, test_options().build().unwrap())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            HttpError::InvalidOption {
+                field: "http_options.ssl_ca_certs",
+                ..
+            }
+        ),
+        "{err}"
+    );
     serve.shutdown().await.unwrap();
 }
 

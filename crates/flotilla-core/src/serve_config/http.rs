@@ -88,9 +88,26 @@ impl HttpOptions {
         self.root_path.as_deref().unwrap_or("")
     }
 
-    /// Whether the proxy serves HTTPS (both TLS files given).
+    /// Whether the config asks for TLS: any `ssl_*` field given (`check` makes
+    /// the key and certificate come together).
     pub fn tls(&self) -> bool {
-        self.ssl_keyfile.is_some() && self.ssl_certfile.is_some()
+        self.tls_field().is_some()
+    }
+
+    /// The first `ssl_*` field given, as `http_options.<field>`: what a proxy
+    /// that serves no TLS names when it refuses the config.
+    pub fn tls_field(&self) -> Option<&'static str> {
+        [
+            ("http_options.ssl_certfile", self.ssl_certfile.is_some()),
+            ("http_options.ssl_keyfile", self.ssl_keyfile.is_some()),
+            (
+                "http_options.ssl_keyfile_password",
+                self.ssl_keyfile_password.is_some(),
+            ),
+            ("http_options.ssl_ca_certs", self.ssl_ca_certs.is_some()),
+        ]
+        .into_iter()
+        .find_map(|(field, given)| given.then_some(field))
     }
 
     pub(super) fn check(&self) -> Result<(), Sited> {

@@ -44,6 +44,8 @@ pub struct RequestRouterConfig {
     /// How often a replica's routing stats are recorded (10 s). Accepted and
     /// checked as Ray does, but it has no effect: Flotilla's replicas have no
     /// `record_routing_stats` hook, and routers read replicas' live counters.
+    /// A config file that sets it, or any of the four below, is warned
+    /// about ([`ConfigWarning::RouterSettingsWithoutEffect`](crate::ConfigWarning::RouterSettingsWithoutEffect)).
     pub request_routing_stats_period: Duration,
     /// How long recording routing stats may take before it fails (30 s).
     /// Accepted and checked, without effect (see

@@ -60,6 +60,19 @@ pub enum ConfigWarning {
         /// The deployment.
         deployment: DeploymentName,
     },
+    /// `request_router_config` sets routing-stats or retry-backoff fields:
+    /// Flotilla's replicas record no routing stats (routers read their live
+    /// counters), and a handle with no replica free waits for a slot by
+    /// notification instead of backing off, so these change nothing.
+    RouterSettingsWithoutEffect {
+        /// The application.
+        app: AppName,
+        /// The deployment.
+        deployment: DeploymentName,
+        /// The fields given, in the config's order
+        /// (`request_router_config.initial_backoff_s`, ...).
+        fields: Vec<&'static str>,
+    },
     /// `controller_options` were given: Flotilla's controller runs in this
     /// process, so its environment variables are the process's own; none is set.
     ControllerOptionsNotApplied {
@@ -79,7 +92,8 @@ impl ConfigWarning {
             | ConfigWarning::DeprecatedField { app, .. }
             | ConfigWarning::MetricsIntervalIgnored { app, .. }
             | ConfigWarning::ApplicationPolicyWins { app, .. }
-            | ConfigWarning::ObjectStoreMemoryIgnored { app, .. } => Some(app),
+            | ConfigWarning::ObjectStoreMemoryIgnored { app, .. }
+            | ConfigWarning::RouterSettingsWithoutEffect { app, .. } => Some(app),
             ConfigWarning::ControllerOptionsNotApplied { .. }
             | ConfigWarning::TracingNotExported => None,
         }
@@ -91,7 +105,8 @@ impl ConfigWarning {
             ConfigWarning::DeprecatedField { deployment, .. }
             | ConfigWarning::MetricsIntervalIgnored { deployment, .. }
             | ConfigWarning::ApplicationPolicyWins { deployment, .. }
-            | ConfigWarning::ObjectStoreMemoryIgnored { deployment, .. } => Some(deployment),
+            | ConfigWarning::ObjectStoreMemoryIgnored { deployment, .. }
+            | ConfigWarning::RouterSettingsWithoutEffect { deployment, .. } => Some(deployment),
             _ => None,
         }
     }
@@ -136,6 +151,17 @@ impl fmt::Display for ConfigWarning {
                 f,
                 "application '{app}', deployment '{deployment}': a placement group bundle \
                  reserves object_store_memory; Flotilla has no object store, so it is dropped"
+            ),
+            ConfigWarning::RouterSettingsWithoutEffect {
+                app,
+                deployment,
+                fields,
+            } => write!(
+                f,
+                "application '{app}', deployment '{deployment}': {} change nothing: Flotilla's \
+                 routers read replicas' live counters (no routing stats are recorded) and a \
+                 request waits for a free replica by notification (no retry backoff)",
+                fields.join(", ")
             ),
             ConfigWarning::ControllerOptionsNotApplied { env_vars } => write!(
                 f,
@@ -244,6 +270,40 @@ fn deployment_warnings(app: &AppConfig, d: &DeploymentOverride, out: &mut Vec<Co
             out.push(ConfigWarning::ApplicationPolicyWins {
                 app: app.name.clone(),
                 deployment: d.name.clone(),
+            });
+        }
+    }
+    if let Some(r) = &d.request_router_config {
+        let fields: Vec<&'static str> = [
+            (
+                r.request_routing_stats_period_s.is_some(),
+                "request_router_config.request_routing_stats_period_s",
+            ),
+            (
+                r.request_routing_stats_timeout_s.is_some(),
+                "request_router_config.request_routing_stats_timeout_s",
+            ),
+            (
+                r.initial_backoff_s.is_some(),
+                "request_router_config.initial_backoff_s",
+            ),
+            (
+                r.backoff_multiplier.is_some(),
+                "request_router_config.backoff_multiplier",
+            ),
+            (
+                r.max_backoff_s.is_some(),
+                "request_router_config.max_backoff_s",
+            ),
+        ]
+        .into_iter()
+        .filter_map(|(given, field)| given.then_some(field))
+        .collect();
+        if !fields.is_empty() {
+            out.push(ConfigWarning::RouterSettingsWithoutEffect {
+                app: app.name.clone(),
+                deployment: d.name.clone(),
+                fields,
             });
         }
     }

@@ -231,6 +231,32 @@ fn request_router_config_takes_the_default_router_and_its_settings() {
         }
     );
     assert!(c.request_router.is_builtin());
+    // Kept, and said to change nothing.
+    let with_stats = parse(&front(
+        "        request_router_config:\n          initial_backoff_s: 0.05\n          request_routing_stats_period_s: 5\n",
+    ));
+    let warnings = with_stats.warnings();
+    assert_eq!(
+        warnings,
+        vec![ConfigWarning::RouterSettingsWithoutEffect {
+            app: crate::AppName::new("shop").unwrap(),
+            deployment: crate::DeploymentName::new("front").unwrap(),
+            fields: vec![
+                "request_router_config.request_routing_stats_period_s",
+                "request_router_config.initial_backoff_s",
+            ],
+        }]
+    );
+    assert!(
+        warnings[0].to_string().contains("change nothing"),
+        "{}",
+        warnings[0]
+    );
+    // The class and its kwargs alone are no warning.
+    let class_only = parse(&front(
+        "        request_router_config:\n          request_router_class: shop.routers.Uniform\n",
+    ));
+    assert_eq!(class_only.warnings(), vec![]);
     // Another class is kept: whether the Registry has it is checked when the
     // config is applied.
     let custom = applied(

@@ -214,6 +214,17 @@ fn a_config_with_every_field_warns_about_what_it_does_not_do() {
                 app: app(),
                 deployment: dep("search"),
             },
+            ConfigWarning::RouterSettingsWithoutEffect {
+                app: app(),
+                deployment: dep("search"),
+                fields: vec![
+                    "request_router_config.request_routing_stats_period_s",
+                    "request_router_config.request_routing_stats_timeout_s",
+                    "request_router_config.initial_backoff_s",
+                    "request_router_config.backoff_multiplier",
+                    "request_router_config.max_backoff_s",
+                ],
+            },
             ConfigWarning::DeprecatedField {
                 app: app(),
                 deployment: dep("index"),

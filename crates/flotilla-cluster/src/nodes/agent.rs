@@ -342,7 +342,7 @@ fn meet_peers(myself: &ActorRef<AgentMsg>, state: &mut AgentState) {
     }
     let link = &state.args.link;
     let connected: HashSet<String> = link.shared.connected().into_iter().collect();
-    let patience = state.args.options.connect_timeout * 2;
+    let patience = state.args.options.connect_timeout.saturating_mul(2);
     state
         .dialing_peers
         .retain(|peer, since| !connected.contains(peer) && since.elapsed() < patience);

@@ -79,6 +79,17 @@ pub enum OptionsError {
         /// The timeout.
         timeout: Duration,
     },
+    /// A wait is zero (where zero would spin) or longer than
+    /// [`flotilla_core::MAX_DURATION`].
+    #[error("{field} ({value:?}) must be at most {max:?}, and above zero but for reattach_grace")]
+    Duration {
+        /// The option.
+        field: &'static str,
+        /// Its value.
+        value: Duration,
+        /// The longest allowed.
+        max: Duration,
+    },
     /// A node or head id that is empty or holds characters ractor names cannot.
     #[error("node id {id:?} must be 1 to 64 letters, digits, '-', '_' or '.'")]
     NodeId {
@@ -104,7 +115,17 @@ fn check_heartbeat(period: Duration, timeout: Duration) -> Result<(), OptionsErr
     if period.is_zero() || timeout <= period {
         return Err(OptionsError::Heartbeat { period, timeout });
     }
-    Ok(())
+    check_waits(&[("heartbeat", period), ("heartbeat_timeout", timeout)])
+}
+
+/// Each wait must be above zero (a zero redial would spin) and at most
+/// [`flotilla_core::MAX_DURATION`] (a timer beyond it overflows the clock).
+fn check_waits(waits: &[(&'static str, Duration)]) -> Result<(), OptionsError> {
+    let max = flotilla_core::MAX_DURATION;
+    match waits.iter().find(|(_, d)| d.is_zero() || *d > max) {
+        Some(&(field, value)) => Err(OptionsError::Duration { field, value, max }),
+        None => Ok(()),
+    }
 }
 
 impl HeadOptions {
@@ -167,7 +188,16 @@ impl HeadOptions {
             });
         }
         check_id(&self.node_id)?;
-        check_heartbeat(self.heartbeat, self.heartbeat_timeout)
+        check_heartbeat(self.heartbeat, self.heartbeat_timeout)?;
+        let max = flotilla_core::MAX_DURATION;
+        if self.reattach_grace > max {
+            return Err(OptionsError::Duration {
+                field: "reattach_grace",
+                value: self.reattach_grace,
+                max,
+            });
+        }
+        Ok(())
     }
 }
 
@@ -259,6 +289,45 @@ impl NodeOptions {
     /// Check the options as a whole (`run` does).
     pub fn validate(&self) -> Result<(), OptionsError> {
         check_id(&self.name)?;
-        check_heartbeat(self.heartbeat, self.heartbeat_timeout)
+        check_heartbeat(self.heartbeat, self.heartbeat_timeout)?;
+        check_waits(&[
+            ("connect_timeout", self.connect_timeout),
+            ("redial", self.redial),
+        ])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_wait_of_zero_or_beyond_the_longest_duration_is_refused_by_name() {
+        let cookie = || Cookie::new("secret").unwrap_or_else(|e| panic!("{e}"));
+        let node = || {
+            NodeOptions::new(
+                "127.0.0.1:1".parse().unwrap_or_else(|e| panic!("{e}")),
+                cookie(),
+            )
+        };
+        let field = |r: Result<(), OptionsError>| match r {
+            Err(OptionsError::Duration { field, .. }) => field,
+            other => panic!("{other:?}"),
+        };
+        assert!(node().validate().is_ok());
+        let mut n = node();
+        n.redial = Duration::ZERO;
+        assert_eq!(field(n.validate()), "redial");
+        let mut n = node();
+        n.connect_timeout = Duration::MAX;
+        assert_eq!(field(n.validate()), "connect_timeout");
+        let n = node().heartbeat(Duration::from_secs(1), Duration::MAX);
+        assert_eq!(field(n.validate()), "heartbeat_timeout");
+        let head = || HeadOptions::new(cookie());
+        assert!(head().reattach_grace(Duration::ZERO).validate().is_ok());
+        assert_eq!(
+            field(head().reattach_grace(Duration::MAX).validate()),
+            "reattach_grace"
+        );
     }
 }

@@ -632,15 +632,24 @@ async fn a_node_killed_under_load_is_replaced_and_unsent_requests_succeed() {
 
     let stop = Arc::new(AtomicBool::new(false));
     let lost_at: Arc<Mutex<Option<Instant>>> = Arc::default();
+    let served = Arc::new(std::sync::atomic::AtomicU32::new(0));
     let mut callers = Vec::new();
     for c in 0..16 {
-        let (h, stop, lost_at) = (handle.clone(), stop.clone(), lost_at.clone());
+        let (h, stop, lost_at, served) = (
+            handle.clone(),
+            stop.clone(),
+            lost_at.clone(),
+            served.clone(),
+        );
         callers.push(tokio::spawn(async move {
             let (mut ok, mut lost, mut late_failures) = (0u32, 0u32, Vec::new());
             while !stop.load(Ordering::Acquire) {
                 let began = Instant::now();
                 match h.call::<_, Here>(&format!("c{c}")).await {
-                    Ok(_) => ok += 1,
+                    Ok(_) => {
+                        ok += 1;
+                        served.fetch_add(1, Ordering::AcqRel);
+                    }
                     Err(CallError::NodeLost { .. }) => {
                         lost += 1;
                         if lost_at.lock().unwrap().is_some_and(|t| began > t) {
@@ -653,7 +662,11 @@ async fn a_node_killed_under_load_is_replaced_and_unsent_requests_succeed() {
             (ok, lost, late_failures)
         }));
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Under load: the callers are being served.
+    eventually(20, "50 calls served before the kill", || async {
+        served.load(Ordering::Acquire) >= 50
+    })
+    .await;
     b.kill(); // SIGKILL
     let killed = Instant::now();
     eventually(10, "b declared lost", || async {
@@ -670,7 +683,13 @@ async fn a_node_killed_under_load_is_replaced_and_unsent_requests_succeed() {
     })
     .await;
     let replaced = killed.elapsed();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // And served again after it (a failure of a call begun after the loss is
+    // kept by its caller and fails the test below).
+    let before = served.load(Ordering::Acquire);
+    eventually(20, "50 more calls served after the replacement", || async {
+        served.load(Ordering::Acquire) >= before + 50
+    })
+    .await;
     stop.store(true, Ordering::Release);
     let (mut ok, mut lost) = (0, 0);
     for c in callers {
@@ -685,7 +704,6 @@ async fn a_node_killed_under_load_is_replaced_and_unsent_requests_succeed() {
     eprintln!(
         "kill under load: {ok} ok, {lost} lost in flight, detected in {detected:?}, replaced in {replaced:?}"
     );
-    assert!(ok > 100, "{ok}");
     assert!(
         lost <= 16,
         "at most one request in flight per caller was lost: {lost}"

@@ -179,17 +179,7 @@ impl HttpServer {
             false => None,
         };
         let token = options.token.as_ref().map(Token::load).transpose()?;
-        if token.is_none() {
-            // With a REST listener, exposing either listener needs the token; without
-            // one there is no mutating endpoint to protect.
-            if let Some(rest) = rest_addr {
-                for (listener, addr) in [("proxy", proxy_addr), ("rest", rest)] {
-                    if !addr.ip().is_loopback() {
-                        return Err(HttpError::TokenRequired { listener, addr });
-                    }
-                }
-            }
-        }
+        check_exposure(proxy_addr, rest_addr, token.is_some())?;
         let proxy_listener = match options.proxy {
             true => Some(bind(proxy_addr).await?),
             false => None,
@@ -318,5 +308,47 @@ impl HttpServer {
 impl Drop for HttpServer {
     fn drop(&mut self) {
         let _ = self.stop.send(true);
+    }
+}
+
+/// With a REST listener, exposing either listener off loopback needs a token;
+/// without one there is no mutating endpoint to protect.
+fn check_exposure(
+    proxy: SocketAddr,
+    rest: Option<SocketAddr>,
+    token: bool,
+) -> Result<(), HttpError> {
+    let Some(rest) = rest.filter(|_| !token) else {
+        return Ok(());
+    };
+    for (listener, addr) in [("proxy", proxy), ("rest", rest)] {
+        if !addr.ip().is_loopback() {
+            return Err(HttpError::TokenRequired { listener, addr });
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn off_loopback_needs_a_token_only_beside_a_rest_listener() {
+        let (public, local) = (
+            SocketAddr::from(([0, 0, 0, 0], 8000)),
+            SocketAddr::from(([127, 0, 0, 1], 52365)),
+        );
+        let refused = |proxy, rest, token| match check_exposure(proxy, rest, token) {
+            Err(HttpError::TokenRequired { listener, .. }) => Some(listener),
+            Ok(()) => None,
+            Err(e) => panic!("{e}"),
+        };
+        assert_eq!(refused(public, Some(local), false), Some("proxy"));
+        assert_eq!(refused(local, Some(public), false), Some("rest"));
+        assert_eq!(refused(public, Some(public), true), None);
+        assert_eq!(refused(local, Some(local), false), None);
+        // No REST listener: nothing to protect.
+        assert_eq!(refused(public, None, false), None);
     }
 }

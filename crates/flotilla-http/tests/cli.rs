@@ -107,8 +107,14 @@ async fn deploy_status_config_delete_against_a_running_server() {
     assert!(ok && out.contains("No configuration was found."), "{out}");
     f.stop().await;
 
-    // Nobody listening: a clear error, non-zero.
-    let (ok, _, err) = flotilla(args(&address, &["status"])).await;
+    // Nobody listening: a clear error, non-zero. The port is held, bound but
+    // not listening, so nothing else can take it and every connect is refused
+    // (the stopped server's port could be given to another test).
+    let held = tokio::net::TcpSocket::new_v4().unwrap();
+    held.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let nobody = format!("http://{}", held.local_addr().unwrap());
+    let (ok, _, err) = flotilla(args(&nobody, &["status"])).await;
+    drop(held);
     assert!(
         !ok && err.contains("Failed to connect to Flotilla at address"),
         "{err}"

@@ -55,12 +55,9 @@ async fn requests_through_the_proxy_survive_control_plane_crashes() {
     done.wait_for(|n| *n >= total / 2).await.unwrap();
     // The ApplicationActor may still be coming back: kill its DeploymentActor
     // once it runs again.
-    let mut tries = 0;
-    while !f.serve.crash_deployment("steady", "ingress") {
-        tries += 1;
-        assert!(tries < 100_000, "the DeploymentActor never came back");
-        tokio::task::yield_now().await;
-    }
+    // (A count of tries would depend on the scheduler; `until` fails after
+    // 10 s of wall time.)
+    support::until(|| f.serve.crash_deployment("steady", "ingress")).await;
     let mut failures = Vec::new();
     for w in workers {
         failures.extend(w.await.unwrap());

@@ -70,10 +70,8 @@ fn a_socket_is_refused() {
 #[cfg(unix)]
 #[test]
 fn a_device_is_refused() {
+    // Every unix has it: a test that found none would test nothing.
     let path = Path::new("/dev/null");
-    if !path.exists() {
-        return;
-    }
     refused_as(path, FileKind::CharDevice, "character device");
 }
 

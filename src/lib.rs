@@ -7,6 +7,13 @@
 //! recovers it all after a crash. Requests reach replicas through
 //! [`DeploymentHandle`]s that keep working while control actors restart.
 //!
+//! This crate is the facade: it owns [`Serve`] (starting the actor tree on a
+//! store, and the public calls, each a message to the Controller), the
+//! per-application log layer and the re-exports of the crates below it. It
+//! must not hold control state of its own or decide anything the Controller
+//! decides: every change goes through the Controller's messages, and every
+//! status is read from the status board the Controller writes.
+//!
 //! ```no_run
 //! use flotilla::{ApplicationSpec, Deployment, DeploymentSpec, Registry, Serve, ServeOptions, UserError};
 //!

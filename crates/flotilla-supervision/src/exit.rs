@@ -6,12 +6,14 @@ use ractor::{ActorId, SupervisionEvent};
 
 /// How a child actor ended (quickwit's `ActorExitStatus`, in ractor's terms).
 ///
-/// Flotilla's actors stop themselves only gracefully, without a reason: every
-/// other ending is one of the abnormal kinds. Nothing here reads a reason's
-/// text: a termination that carries one at all is [`ChildExit::Killed`] (ractor
-/// gives a killed actor a reason; our own actors never stop with one), and a
-/// child that wants its parent to know *why* it is done says so in a typed
-/// report before it stops.
+/// Nothing here reads a reason's text: a termination that carries one at all
+/// is [`ChildExit::Killed`]. ractor gives a killed actor a reason; of
+/// Flotilla's own actors only a head's stand-in for a replica on a node
+/// (`flotilla-cluster`'s `RemoteReplica`) stops with one, when the replica it
+/// stands for crashed or was lost with its node, so that its parent sees what
+/// happened: a kill. Every other actor of ours stops itself only gracefully,
+/// without a reason, and a child that wants its parent to know *why* it is
+/// done says so in a typed report before it stops.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ChildExit {
     /// It stopped itself, or was stopped, gracefully.

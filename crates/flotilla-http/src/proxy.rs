@@ -296,7 +296,23 @@ impl Proxy {
         if declared.is_some_and(|n| n > limit as u64) {
             return text(413, too_large(), &request_id, Some(done));
         }
-        let body = match http_body_util::Limited::new(body, limit).collect().await {
+        // The request's timeout runs from its arrival: a body that comes too
+        // slowly times it out too.
+        let timeout = request_timeout(&parts.headers, self.options.request_timeout);
+        let deadline = timeout
+            .and_then(|t| done.started().checked_add(t))
+            .map(tokio::time::Instant::from_std);
+        let read = http_body_util::Limited::new(body, limit).collect();
+        let read = match deadline {
+            Some(d) => tokio::time::timeout_at(d, read).await.ok(),
+            None => Some(read.await),
+        };
+        let Some(read) = read else {
+            done.status = TIMEOUT_STATUS;
+            let body = timeout_text(&request_id, timeout);
+            return text(TIMEOUT_STATUS, body, &request_id, Some(done));
+        };
+        let body = match read {
             Ok(b) => b.to_bytes(),
             Err(e) if e.is::<http_body_util::LengthLimitError>() => {
                 return text(413, too_large(), &request_id, Some(done));
@@ -359,10 +375,6 @@ impl Proxy {
                 return text(400, body, &request_id, Some(done));
             }
         };
-        let timeout = request_timeout(&parts.headers, self.options.request_timeout);
-        let deadline = timeout
-            .and_then(|t| done.started().checked_add(t))
-            .map(tokio::time::Instant::from_std);
         // No replica now: answer at once if none can come soon; else wait (in the
         // handle's queue) but give up as soon as the application fails.
         let no_replica = handle.replicas().is_empty();

@@ -294,6 +294,36 @@ async fn a_timeout_is_408_cancels_the_handler_and_frees_its_slot() {
         .await;
         assert_eq!(r.status, 200, "timeout header {huge}: {}", r.body);
     }
+    // A body that never finishes arriving times the request out too: 5 of its
+    // 10 bytes, then nothing (the connection stays open).
+    let handled = f.probe.handled.load(Ordering::SeqCst);
+    let mut s = tokio::net::TcpStream::connect(f.proxy).await.unwrap();
+    s.write_all(
+        b"POST /e/ok HTTP/1.1\r\nHost: x\r\nx-request-id: rid-3\r\nContent-Length: 10\r\n\r\nhello",
+    )
+    .await
+    .unwrap();
+    // Read the answer, however it is split into writes.
+    let mut out = Vec::new();
+    let read = async {
+        let mut buf = [0u8; 1024];
+        while !out.ends_with(b"timed out after 0.3s.") {
+            match s.read(&mut buf).await.unwrap() {
+                0 => break,
+                n => out.extend_from_slice(&buf[..n]),
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), read)
+        .await
+        .expect("an answer before the body ends");
+    let answer = String::from_utf8_lossy(&out);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(
+        answer.ends_with("Request rid-3 timed out after 0.3s."),
+        "{answer}"
+    );
+    assert_eq!(f.probe.handled.load(Ordering::SeqCst), handled);
     f.stop().await;
 }
 

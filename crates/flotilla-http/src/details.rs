@@ -174,7 +174,36 @@ fn deployment_config(name: &str, c: &flotilla::DeploymentConfig) -> Value {
         },
         "rolling_update_percentage": c.rollout.max_changing_fraction,
     });
+    let r = &c.request_router;
+    v["request_router_config"] = serde_json::json!({
+        "request_router_class": r.request_router_class.as_str(),
+        "request_router_kwargs": r.request_router_kwargs.decode::<Value>().ok(),
+        "request_routing_stats_period_s": r.request_routing_stats_period.as_secs_f64(),
+        "request_routing_stats_timeout_s": r.request_routing_stats_timeout.as_secs_f64(),
+        "initial_backoff_s": r.initial_backoff.as_secs_f64(),
+        "backoff_multiplier": r.backoff_multiplier,
+        "max_backoff_s": r.max_backoff.as_secs_f64(),
+    });
+    if let Some(n) = c.max_replicas_per_node {
+        v["max_replicas_per_node"] = n.into();
+    }
+    if let Some(pg) = &c.placement_group {
+        v["placement_group_bundles"] =
+            serde_json::to_value(pg.bundles.iter().map(resources).collect::<Vec<_>>())
+                .unwrap_or(Value::Null);
+        v["placement_group_strategy"] = serde_json::to_value(pg.strategy).unwrap_or(Value::Null);
+    }
+    if let Some(l) = &c.logging {
+        v["logging_config"] = serde_json::to_value(l).unwrap_or(Value::Null);
+    }
+    if let Some(p) = c.rollout.max_surge_percent {
+        v["max_surge_percent"] = p.into();
+    }
     // Flotilla's extensions, under the config file's names, when set.
+    v["backpressure_config"] = serde_json::json!({
+        "status_code": c.backpressure.status_code.code(),
+        "retry_after_s": c.backpressure.retry_after.map(|d| d.as_secs_f64()),
+    });
     if let Some(b) = &c.batching {
         v["max_batch_size"] = b.max_batch_size.into();
         v["batch_wait_timeout_s"] = b.batch_wait_timeout.as_secs_f64().into();
@@ -196,6 +225,12 @@ fn deployment_config(name: &str, c: &flotilla::DeploymentConfig) -> Value {
                 "upscaling_factor": a.upscaling_factor,
                 "downscaling_factor": a.downscaling_factor,
                 "look_back_period_s": a.look_back_period.as_secs_f64(),
+                "downscale_to_zero_delay_s": a.downscale_to_zero_delay.map(|d| d.as_secs_f64()),
+                "aggregation_function": a.aggregation_function.name(),
+                "policy": {
+                    "policy_function": a.policy.policy_function.as_str(),
+                    "policy_kwargs": a.policy.policy_kwargs.decode::<Value>().ok(),
+                },
             });
         }
     }
@@ -403,4 +438,72 @@ pub(crate) async fn instance_details(
         applications,
         target_capacity: None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use flotilla::{
+        AggregationFunction, AutoscalingConfig, BackpressureConfig, BackpressureStatus,
+        DeploymentConfig, LogLevel, LoggingConfig, PlacementGroup, PlacementStrategy, ReplicaCount,
+        Resources, RolloutConfig,
+    };
+
+    use super::*;
+
+    #[test]
+    fn a_deployment_config_shows_every_setting_that_applies() {
+        let c = DeploymentConfig {
+            num_replicas: ReplicaCount::Auto(AutoscalingConfig {
+                max_replicas: 4,
+                downscale_to_zero_delay: Some(Duration::from_secs(900)),
+                aggregation_function: AggregationFunction::Max,
+                ..Default::default()
+            }),
+            max_replicas_per_node: Some(2),
+            logging: Some(LoggingConfig {
+                log_level: LogLevel::Debug,
+                ..Default::default()
+            }),
+            backpressure: BackpressureConfig {
+                status_code: BackpressureStatus::TooManyRequests,
+                retry_after: Some(Duration::from_secs(3)),
+            },
+            rollout: RolloutConfig {
+                max_surge_percent: Some(50),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let v = strip_nulls(deployment_config("d", &c));
+        let a = &v["autoscaling_config"];
+        assert_eq!(a["downscale_to_zero_delay_s"], 900.0);
+        assert_eq!(a["aggregation_function"], "max");
+        assert_eq!(a["policy"]["policy_kwargs"], serde_json::json!({}));
+        assert!(a["policy"]["policy_function"].is_string(), "{a}");
+        assert_eq!(v["max_replicas_per_node"], 2);
+        assert_eq!(v["logging_config"]["log_level"], "DEBUG");
+        assert_eq!(v["backpressure_config"]["status_code"], 429);
+        assert_eq!(v["backpressure_config"]["retry_after_s"], 3.0);
+        assert_eq!(v["max_surge_percent"], 50);
+        assert_eq!(v["request_router_config"]["initial_backoff_s"], 0.025);
+        assert!(v.get("placement_group_bundles").is_none());
+        let pg = DeploymentConfig {
+            placement_group: Some(PlacementGroup::new(
+                vec![
+                    Resources::none().with_cpus(1.0),
+                    Resources::none().with_gpus(1.0),
+                ],
+                PlacementStrategy::StrictPack,
+            )),
+            ..Default::default()
+        };
+        let v = strip_nulls(deployment_config("d", &pg));
+        assert_eq!(v["placement_group_strategy"], "STRICT_PACK");
+        assert_eq!(
+            v["placement_group_bundles"],
+            serde_json::json!([{"CPU": 1.0}, {"CPU": 0.0, "GPU": 1.0}])
+        );
+    }
 }

@@ -555,7 +555,16 @@ impl AgentState {
 async fn start_replica(myself: &ActorRef<AgentMsg>, state: &mut AgentState, s: Start) {
     let id = ReplicaId(s.replica);
     let Some(ns) = state.head.as_ref().map(|h| h.ns.clone()) else {
-        warn!(node = %state.args.id, replica = %id, "start before the head's welcome: ignored");
+        // The head welcomes a node before it places a replica there, so this
+        // should not happen; if it does, the head hears that the replica
+        // ended at once (and starts another) instead of waiting for it.
+        warn!(node = %state.args.id, replica = %id,
+            "start before the head's welcome: not started");
+        state.to_head(Control::Exited {
+            replica: s.replica,
+            crashed: false,
+            why: "start before the head's welcome".to_owned(),
+        });
         return;
     };
     if state.replicas.contains_key(&id) {

@@ -439,6 +439,60 @@ async fn two_nodes_meet_on_one_session_dialed_by_the_name_that_sorts_last() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_session_between_two_nodes_is_dialed_again_by_the_name_that_sorts_last() {
+    let (_turn, dir, serve, addr) = setup(cpus(0.0)).await;
+    let mut a = NodeProc::start(addr, &gpu_node("a"), dir.path());
+    let m = NodeProc::start(
+        addr,
+        &NodeSpec::new("m", 0.0).custom("caller", 1.0),
+        dir.path(),
+    );
+    let (a_id, m_id) = (a.id().await, m.id().await);
+    // The model's one replica on a, the deployment that calls it on m: every
+    // call goes over the session between them, which m dialed.
+    let app = ApplicationSpec::builder("redial")
+        .deployment(
+            flotilla::DeploymentSpec::builder("models", "where::Models")
+                .with_config(|cfg| cfg.with_resources(custom("gpu"))),
+        )
+        .deployment(caller_dep())
+        .build()
+        .unwrap();
+    serve.run(app).await.unwrap();
+    let caller = serve.deployment_handle("redial", "caller").unwrap();
+    let expected = format!("model m1 on {a_id}: x");
+    let answer: String = caller.call(&CallerRequest::call("m1")).await.unwrap();
+    assert_eq!(answer, expected);
+    assert_eq!(log_lines(&m, "dialing a peer node").len(), 1);
+    // a, whose name sorts first, closes the session: m must see it close and
+    // dial again, while both nodes stay in the cluster.
+    a.drop_peer_session(&m_id);
+    eventually(30, "a closed its session to m", || async {
+        !log_lines(&a, "stopping the session").is_empty()
+    })
+    .await;
+    eventually(30, "m connected to a again", || async {
+        log_lines(&m, "connected to a peer node").len() == 2
+    })
+    .await;
+    let answer: String = caller.call(&CallerRequest::call("m1")).await.unwrap();
+    assert_eq!(answer, expected);
+    let log = m.log_text();
+    assert_eq!(
+        log_lines(&m, "dialing a peer node").len(),
+        2,
+        "m dialed twice; log:\n{log}"
+    );
+    assert!(
+        log_lines(&a, "dialing a peer node").is_empty(),
+        "a never dials m"
+    );
+    assert_eq!(serve.metrics().await.unwrap().nodes.lost, 0);
+    serve.shutdown().await.unwrap();
+    drop((a, m));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_head_local_multiplexed_replicas_models_reach_the_nodes() {
     // The models' one replica on the head, the caller on node c.
     let (_turn, dir, serve, addr) = setup(custom("gpu")).await;

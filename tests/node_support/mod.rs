@@ -549,13 +549,19 @@ pub fn run_child(line: &str) {
         .enable_all()
         .build()
         .unwrap();
-    std::thread::spawn(|| {
+    // Its stdin: `DROP_PEER <node id>` lines (NodeProc::drop_peer_session),
+    // and the end when the parent goes away.
+    let (drops_tx, mut drops) = tokio::sync::mpsc::unbounded_channel::<String>();
+    std::thread::spawn(move || {
         let mut buf = String::new();
         while std::io::stdin()
             .read_line(&mut buf)
             .map(|n| n > 0)
             .unwrap_or(false)
         {
+            if let Some(id) = buf.trim().strip_prefix("DROP_PEER ") {
+                let _ = drops_tx.send(id.to_owned());
+            }
             buf.clear();
         }
         std::process::exit(0);
@@ -594,7 +600,24 @@ pub fn run_child(line: &str) {
                 }
             }
         });
-        let r = node.wait().await;
+        let node = Arc::new(node);
+        let dropping = node.clone();
+        let dropper = tokio::spawn(async move {
+            while let Some(id) = drops.recv().await {
+                let dropped = dropping.drop_peer_session(&id).await;
+                println!("NODE_DROPPED {id} {dropped}");
+                let _ = std::io::stdout().flush();
+            }
+        });
+        // The node's task ended once its id can no longer change.
+        let mut ended = node.watch_id();
+        while ended.changed().await.is_ok() {}
+        dropper.abort();
+        let _ = dropper.await;
+        let r = match Arc::into_inner(node) {
+            Some(node) => node.wait().await,
+            None => Ok(()),
+        };
         printer.abort();
         counter.abort();
         match r {
@@ -710,6 +733,14 @@ impl NodeProc {
     /// Its log so far.
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Ask it to close its session to the node `peer` (its id), as
+    /// `Node::drop_peer_session`; it logs "stopping the session".
+    pub fn drop_peer_session(&mut self, peer: &str) {
+        let stdin = self.child.stdin.as_mut().expect("piped stdin");
+        writeln!(stdin, "DROP_PEER {peer}").unwrap();
+        stdin.flush().unwrap();
     }
 
     /// SIGKILL.

@@ -6,7 +6,7 @@ use std::{sync::Arc, time::Duration};
 use flotilla_replica::Registry;
 use ractor::Actor;
 use tokio::{
-    sync::{oneshot, watch},
+    sync::{mpsc, oneshot, watch},
     task::JoinHandle,
 };
 use tracing::{info, warn};
@@ -27,7 +27,18 @@ pub struct Node {
     id: watch::Receiver<String>,
     live: watch::Receiver<usize>,
     stop: watch::Sender<bool>,
+    commands: mpsc::UnboundedSender<Command>,
     task: JoinHandle<Result<(), NodeError>>,
+}
+
+/// What a [`Node`]'s owner asks of its current incarnation.
+#[derive(Debug)]
+enum Command {
+    /// Close the session to the node with this id; answer whether there was one.
+    DropPeer {
+        node: String,
+        done: oneshot::Sender<bool>,
+    },
 }
 
 impl Node {
@@ -59,6 +70,20 @@ impl Node {
             .unwrap_or(Err(NodeError::Stopped { what: "node task" }))
     }
 
+    /// Close this node's session to the node whose id is `node` (fault
+    /// injection, as the head's `drop_node_connection`): calls in flight on it
+    /// fail as lost, and of the two nodes the one whose name sorts last dials
+    /// the other again on its next tick (`docs/nodes.md`). `false` if there was
+    /// no such session, or the node has ended.
+    pub async fn drop_peer_session(&self, node: &str) -> bool {
+        let (done, answer) = oneshot::channel();
+        let asked = self.commands.send(Command::DropPeer {
+            node: node.to_owned(),
+            done,
+        });
+        asked.is_ok() && answer.await.unwrap_or(false)
+    }
+
     /// Stop every replica gracefully (at most 30 s), leave the cluster, end.
     pub async fn shutdown(self) -> Result<(), NodeError> {
         let _ = self.stop.send(true);
@@ -86,16 +111,23 @@ pub async fn start(registry: Registry, options: NodeOptions) -> Result<Node, Nod
     let (id_tx, id) = watch::channel(String::new());
     let (live_tx, live) = watch::channel(0);
     let (stop, stop_rx) = watch::channel(false);
+    let (commands, commands_rx) = mpsc::unbounded_channel();
     // The first incarnation starts here, so a bad option fails `start`.
     let first = Incarnation::start(&registry, &options, None, live_tx.clone()).await?;
     id_tx.send_replace(first.id.clone());
     let task = tokio::spawn(incarnations(
-        registry, options, first, id_tx, live_tx, stop_rx,
+        registry,
+        options,
+        first,
+        (id_tx, live_tx),
+        stop_rx,
+        commands_rx,
     ));
     Ok(Node {
         id,
         live,
         stop,
+        commands,
         task,
     })
 }
@@ -131,7 +163,7 @@ impl Incarnation {
         live: watch::Sender<usize>,
     ) -> Result<Incarnation, NodeError> {
         let id = format!("{}-{}", options.name, random_suffix());
-        let name = format!("flotilla-node-{id}");
+        let name = peer_name(&id);
         let host = options.listen.to_string();
         let (link, inbound) = Link::start(
             &name,
@@ -172,6 +204,24 @@ impl Incarnation {
         })
     }
 
+    fn command(&self, command: Command) {
+        match command {
+            Command::DropPeer { node, done } => {
+                // A session's peer is `<ractor name>@<host>`.
+                let name = peer_name(&node);
+                let shared = &self.link.shared;
+                let dropped = shared
+                    .connected()
+                    .into_iter()
+                    .filter(|peer| peer.split('@').next() == Some(name.as_str()))
+                    .filter(|peer| shared.drop_session(peer, "asked to drop the session"))
+                    .count()
+                    > 0;
+                let _ = done.send(dropped);
+            }
+        }
+    }
+
     async fn stop(self) {
         self.forward.abort();
         self.agent.stop(None);
@@ -179,24 +229,32 @@ impl Incarnation {
     }
 }
 
+/// The ractor name of the node process whose node id is `id`.
+fn peer_name(id: &str) -> String {
+    format!("flotilla-node-{id}")
+}
+
 async fn incarnations(
     registry: Registry,
     options: NodeOptions,
     mut current: Incarnation,
-    id: watch::Sender<String>,
-    live: watch::Sender<usize>,
+    (id, live): (watch::Sender<String>, watch::Sender<usize>),
     mut stop: watch::Receiver<bool>,
+    mut commands: mpsc::UnboundedReceiver<Command>,
 ) -> Result<(), NodeError> {
     loop {
-        let ending = tokio::select! {
-            e = &mut current.ending => e.unwrap_or(Ending::Stopped),
-            _ = async { stop.wait_for(|s| *s).await.map(|_| ()) } => {
-                let _ = current.agent.cast(AgentMsg::Shutdown);
-                let drained = tokio::time::timeout(DRAIN, &mut current.ending).await;
-                if drained.is_err() {
-                    warn!(node = %current.id, "replicas did not drain in {DRAIN:?}: leaving");
+        let ending = loop {
+            tokio::select! {
+                e = &mut current.ending => break e.unwrap_or(Ending::Stopped),
+                Some(command) = commands.recv() => current.command(command),
+                _ = async { stop.wait_for(|s| *s).await.map(|_| ()) } => {
+                    let _ = current.agent.cast(AgentMsg::Shutdown);
+                    let drained = tokio::time::timeout(DRAIN, &mut current.ending).await;
+                    if drained.is_err() {
+                        warn!(node = %current.id, "replicas did not drain in {DRAIN:?}: leaving");
+                    }
+                    break Ending::Stopped;
                 }
-                Ending::Stopped
             }
         };
         match ending {

@@ -199,7 +199,8 @@ fn deployment_config(name: &str, c: &flotilla::DeploymentConfig) -> Value {
     if let Some(p) = c.rollout.max_surge_percent {
         v["max_surge_percent"] = p.into();
     }
-    // Flotilla's extensions, under the config file's names, when set.
+    // Flotilla's extensions, under the config file's names (the batching and
+    // model settings when set).
     v["backpressure_config"] = serde_json::json!({
         "status_code": c.backpressure.status_code.code(),
         "retry_after_s": c.backpressure.retry_after.map(|d| d.as_secs_f64()),

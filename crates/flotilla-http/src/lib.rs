@@ -137,8 +137,9 @@ pub use types::{HttpRequest, HttpResponse};
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
 
 /// The `tracing` target of the proxy's and the REST API's per-request access
-/// log events: under [`flotilla::ACCESS_TARGET`], so an application's
-/// `enable_access_log: false` silences them too.
+/// log events: under [`flotilla::ACCESS_TARGET`], so `enable_access_log: false`
+/// silences them too (the proxy's by their application's logging config; the
+/// REST API's, which belong to no application, by the top-level one).
 pub const ACCESS_LOG_TARGET: &str = "flotilla::access::http";
 
 /// Resolves once `stop` turns true (or its sender is gone).

@@ -126,7 +126,14 @@ impl HttpOptions {
         if self.request_timeout > Some(flotilla::MAX_DURATION) {
             return bad(
                 "request_timeout",
-                "must be at most flotilla::MAX_DURATION (or none)",
+                "must be at most flotilla::MAX_DURATION, 1000000000 s (or none)",
+            );
+        }
+        if self.keep_alive_timeout > flotilla::MAX_DURATION {
+            // hyper adds it to the clock unchecked, on every connection.
+            return bad(
+                "keep_alive_timeout",
+                "must be at most flotilla::MAX_DURATION, 1000000000 s",
             );
         }
         if self.keep_alive_timeout.is_zero() {
@@ -309,6 +316,10 @@ mod tests {
         assert_eq!(field(b().request_timeout(Duration::MAX)), "request_timeout");
         assert_eq!(field(b().request_timeout_s(Some(1e20))), "request_timeout");
         assert_eq!(field(b().request_timeout_s(Some(1e10))), "request_timeout");
+        assert_eq!(
+            field(b().keep_alive_timeout(Duration::MAX)),
+            "keep_alive_timeout"
+        );
         let longest = b().request_timeout(flotilla::MAX_DURATION).build();
         assert_eq!(
             longest.map(|o| o.request_timeout).ok(),

@@ -51,8 +51,9 @@ use crate::{
 };
 
 /// The per-request timeout header (Ray's `SERVE_HTTP_REQUEST_TIMEOUT_S_HEADER`):
-/// a value > 0 overrides `request_timeout`, <= 0 disables it, anything else is
-/// ignored.
+/// a value > 0 overrides `request_timeout` (one beyond
+/// [`flotilla::MAX_DURATION`], or `inf`, disables it, as an infinite one), <= 0
+/// disables it, anything else is ignored.
 pub const REQUEST_TIMEOUT_HEADER: &str = "x-request-timeout-seconds";
 
 /// Ray's status for a request timeout.

@@ -3,7 +3,8 @@
 /// Why a call through a [`DeploymentHandle`](crate::DeploymentHandle) failed.
 ///
 /// Serializable: a call served in another process comes back with its error
-/// as it was, every variant intact (`flotilla-cluster`'s reply frames).
+/// as it was, every variant intact (`flotilla-cluster`'s reply frames). This
+/// makes it part of the wire format: the head and its nodes run one build.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, serde::Serialize, serde::Deserialize)]
 pub enum CallError {
     /// The user's handler returned an error; it ran, and is not retried.

@@ -10,8 +10,8 @@ use ractor::{ActorId, SupervisionEvent};
 /// is [`ChildExit::Killed`]. ractor gives a killed actor a reason; of
 /// Flotilla's own actors only a head's stand-in for a replica on a node
 /// (`flotilla-cluster`'s `RemoteReplica`) stops with one, when the replica it
-/// stands for crashed or was lost with its node, so that its parent sees what
-/// happened: a kill. Every other actor of ours stops itself only gracefully,
+/// stands for crashed, could not be started (its node unreachable) or was lost
+/// with its node, so that its parent sees what happened: a kill. Every other actor of ours stops itself only gracefully,
 /// without a reason, and a child that wants its parent to know *why* it is
 /// done says so in a typed report before it stops.
 #[derive(Debug, Clone, PartialEq, Eq)]

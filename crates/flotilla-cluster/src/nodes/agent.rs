@@ -557,12 +557,13 @@ async fn start_replica(myself: &ActorRef<AgentMsg>, state: &mut AgentState, s: S
     let Some(ns) = state.head.as_ref().map(|h| h.ns.clone()) else {
         // The head welcomes a node before it places a replica there, so this
         // should not happen; if it does, the head hears that the replica
-        // ended at once (and starts another) instead of waiting for it.
+        // ended at once, as a failed start (counted and backed off), instead
+        // of waiting for it.
         warn!(node = %state.args.id, replica = %id,
             "start before the head's welcome: not started");
         state.to_head(Control::Exited {
             replica: s.replica,
-            crashed: false,
+            crashed: true,
             why: "start before the head's welcome".to_owned(),
         });
         return;

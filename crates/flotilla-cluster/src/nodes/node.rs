@@ -210,13 +210,12 @@ impl Incarnation {
                 // A session's peer is `<ractor name>@<host>`.
                 let name = peer_name(&node);
                 let shared = &self.link.shared;
-                let dropped = shared
-                    .connected()
-                    .into_iter()
-                    .filter(|peer| peer.split('@').next() == Some(name.as_str()))
-                    .filter(|peer| shared.drop_session(peer, "asked to drop the session"))
-                    .count()
-                    > 0;
+                let mut dropped = false;
+                for peer in shared.connected() {
+                    if peer.split('@').next() == Some(name.as_str()) {
+                        dropped |= shared.drop_session(&peer, "asked to drop the session");
+                    }
+                }
                 let _ = done.send(dropped);
             }
         }

@@ -81,7 +81,9 @@ pub enum OptionsError {
     },
     /// A wait is zero (where zero would spin) or longer than
     /// [`flotilla_core::MAX_DURATION`].
-    #[error("{field} ({value:?}) must be at most {max:?}, and above zero but for reattach_grace")]
+    #[error(
+        "{field} ({value:?}) must be at most {max:?} (and, but for reattach_grace, above zero)"
+    )]
     Duration {
         /// The option.
         field: &'static str,

@@ -170,11 +170,15 @@ impl GrpcOptions {
     }
 }
 
-/// A request timeout must be > 0 and at most [`MAX_DURATION`] (none is left
-/// out). Ray does not check it; a timeout of zero or less would fail every
-/// request, and one longer would overflow the clock, so Flotilla refuses both.
+/// A request timeout must be > 0 and at most [`MAX_DURATION`], or infinite
+/// (none, as left out). Ray does not check it; a timeout of zero or less would
+/// fail every request, and a finite one longer would overflow the clock, so
+/// Flotilla refuses both.
 fn check_timeout(field: &'static str, t: f64) -> Result<(), Sited> {
     let max = MAX_DURATION.as_secs_f64();
+    if t == f64::INFINITY {
+        return Ok(());
+    }
     if t.is_nan() || t <= 0.0 || t > max {
         return Err(refuse(
             field,

@@ -69,8 +69,8 @@ pub enum ConfigWarning {
         app: AppName,
         /// The deployment.
         deployment: DeploymentName,
-        /// The fields given, in the config's order
-        /// (`request_router_config.initial_backoff_s`, ...).
+        /// The fields given, in the schema's order
+        /// (`request_router_config.request_routing_stats_period_s`, ...).
         fields: Vec<&'static str>,
     },
     /// `controller_options` were given: Flotilla's controller runs in this
@@ -158,7 +158,7 @@ impl fmt::Display for ConfigWarning {
                 fields,
             } => write!(
                 f,
-                "application '{app}', deployment '{deployment}': {} change nothing: Flotilla's \
+                "application '{app}', deployment '{deployment}': {} (no effect): Flotilla's \
                  routers read replicas' live counters (no routing stats are recorded) and a \
                  request waits for a free replica by notification (no retry backoff)",
                 fields.join(", ")

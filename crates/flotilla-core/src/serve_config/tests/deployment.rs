@@ -248,7 +248,7 @@ fn request_router_config_takes_the_default_router_and_its_settings() {
         }]
     );
     assert!(
-        warnings[0].to_string().contains("change nothing"),
+        warnings[0].to_string().contains("(no effect)"),
         "{}",
         warnings[0]
     );

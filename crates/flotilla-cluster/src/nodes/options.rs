@@ -62,13 +62,15 @@ pub struct HeadOptions {
 /// Why head options cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum OptionsError {
-    /// A head off loopback was given its cookie in code.
+    /// A head or node listening off loopback was given its cookie in code.
     #[error(
-        "the head listens on {listen}, off loopback: its cookie must come from a file or an \
+        "the {role} listens on {listen}, off loopback: its cookie must come from a file or an \
          environment variable (Cookie::from_file, Cookie::from_env), not from code"
     )]
     InlineCookieOffLoopback {
-        /// The address.
+        /// `head` or `node`.
+        role: &'static str,
+        /// The address (a node's port is chosen when it starts: 0 here).
         listen: SocketAddr,
     },
     /// A period is zero, or the timeout is not above the period.
@@ -111,6 +113,19 @@ pub(crate) fn check_id(id: &str) -> Result<(), OptionsError> {
     } else {
         Err(OptionsError::NodeId { id: id.to_owned() })
     }
+}
+
+/// Off loopback, anyone who can read the program can read an inline cookie:
+/// it must come from a file or the environment.
+fn check_cookie(
+    role: &'static str,
+    listen: SocketAddr,
+    cookie: &Cookie,
+) -> Result<(), OptionsError> {
+    if !listen.ip().is_loopback() && cookie.source() == super::CookieSource::Inline {
+        return Err(OptionsError::InlineCookieOffLoopback { role, listen });
+    }
+    Ok(())
 }
 
 fn check_heartbeat(period: Duration, timeout: Duration) -> Result<(), OptionsError> {
@@ -184,11 +199,7 @@ impl HeadOptions {
 
     /// Check the options as a whole (`Serve::start` does).
     pub fn validate(&self) -> Result<(), OptionsError> {
-        if !self.listen.ip().is_loopback() && self.cookie.source() == super::CookieSource::Inline {
-            return Err(OptionsError::InlineCookieOffLoopback {
-                listen: self.listen,
-            });
-        }
+        check_cookie("head", self.listen, &self.cookie)?;
         check_id(&self.node_id)?;
         check_heartbeat(self.heartbeat, self.heartbeat_timeout)?;
         let max = flotilla_core::MAX_DURATION;
@@ -290,6 +301,7 @@ impl NodeOptions {
 
     /// Check the options as a whole (`run` does).
     pub fn validate(&self) -> Result<(), OptionsError> {
+        check_cookie("node", SocketAddr::new(self.listen, 0), &self.cookie)?;
         check_id(&self.name)?;
         check_heartbeat(self.heartbeat, self.heartbeat_timeout)?;
         check_waits(&[
@@ -330,6 +342,36 @@ mod tests {
         assert_eq!(
             field(head().reattach_grace(Duration::MAX).validate()),
             "reattach_grace"
+        );
+    }
+
+    #[test]
+    fn a_node_listening_off_loopback_refuses_an_inline_cookie_as_a_head_does() {
+        let open: IpAddr = "0.0.0.0".parse().unwrap_or_else(|e| panic!("{e}"));
+        let head: SocketAddr = "127.0.0.1:1".parse().unwrap_or_else(|e| panic!("{e}"));
+        let inline = Cookie::new("secret").unwrap_or_else(|e| panic!("{e}"));
+        match NodeOptions::new(head, inline.clone())
+            .listen(open)
+            .validate()
+        {
+            Err(OptionsError::InlineCookieOffLoopback {
+                role: "node",
+                listen,
+            }) => {
+                assert_eq!(listen.ip(), open);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(NodeOptions::new(head, inline).validate().is_ok());
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let path = dir.path().join("cookie");
+        std::fs::write(&path, "secret").unwrap_or_else(|e| panic!("{e}"));
+        let from_file = Cookie::from_file(&path).unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            NodeOptions::new(head, from_file)
+                .listen(open)
+                .validate()
+                .is_ok()
         );
     }
 }

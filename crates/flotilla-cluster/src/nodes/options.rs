@@ -94,24 +94,42 @@ pub enum OptionsError {
         /// The longest allowed.
         max: Duration,
     },
-    /// A node or head id that is empty or holds characters ractor names cannot.
-    #[error("node id {id:?} must be 1 to 64 letters, digits, '-', '_' or '.'")]
+    /// A node or head id (or a node's name) that is empty, too long, or holds
+    /// characters ractor names cannot.
+    #[error("{what} {id:?} must be 1 to {max} letters, digits, '-', '_' or '.'")]
     NodeId {
+        /// `node id` or `node name`.
+        what: &'static str,
         /// The id.
         id: String,
+        /// The longest allowed.
+        max: usize,
     },
 }
 
+/// The longest node id.
+pub(crate) const MAX_NODE_ID: usize = 64;
+/// What a node adds to its name to make its id (`-` and six hex digits).
+pub(crate) const NODE_ID_SUFFIX: usize = 7;
+
 pub(crate) fn check_id(id: &str) -> Result<(), OptionsError> {
+    check_chars("node id", id, MAX_NODE_ID)
+}
+
+fn check_chars(what: &'static str, id: &str, max: usize) -> Result<(), OptionsError> {
     let ok = !id.is_empty()
-        && id.len() <= 64
+        && id.len() <= max
         && id
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
     if ok {
         Ok(())
     } else {
-        Err(OptionsError::NodeId { id: id.to_owned() })
+        Err(OptionsError::NodeId {
+            what,
+            id: id.to_owned(),
+            max,
+        })
     }
 }
 
@@ -302,7 +320,8 @@ impl NodeOptions {
     /// Check the options as a whole (`run` does).
     pub fn validate(&self) -> Result<(), OptionsError> {
         check_cookie("node", SocketAddr::new(self.listen, 0), &self.cookie)?;
-        check_id(&self.name)?;
+        // Its id is the name and a suffix, and must pass `check_id` at the head.
+        check_chars("node name", &self.name, MAX_NODE_ID - NODE_ID_SUFFIX)?;
         check_heartbeat(self.heartbeat, self.heartbeat_timeout)?;
         check_waits(&[
             ("connect_timeout", self.connect_timeout),
@@ -373,5 +392,29 @@ mod tests {
                 .validate()
                 .is_ok()
         );
+    }
+
+    #[test]
+    fn a_node_name_leaves_room_for_its_ids_suffix() {
+        let head: SocketAddr = "127.0.0.1:1".parse().unwrap_or_else(|e| panic!("{e}"));
+        let node = |name: String| {
+            NodeOptions::new(head, Cookie::new("s").unwrap_or_else(|e| panic!("{e}"))).name(name)
+        };
+        let longest = "n".repeat(MAX_NODE_ID - NODE_ID_SUFFIX);
+        assert!(node(longest.clone()).validate().is_ok());
+        let id = format!("{longest}-{}", super::super::head::random_suffix());
+        assert_eq!(id.len(), MAX_NODE_ID);
+        assert!(
+            check_id(&id).is_ok(),
+            "the longest name's id passes the head's check"
+        );
+        match node(format!("{longest}n")).validate() {
+            Err(OptionsError::NodeId {
+                what: "node name",
+                max: 57,
+                ..
+            }) => {}
+            other => panic!("{other:?}"),
+        }
     }
 }

@@ -16,7 +16,7 @@ use super::{
     RemoteHost,
     head::{HeadShared, NodeEntry, lock},
     link::{Inbound, SessionEvent},
-    options::CHECK_PERIOD,
+    options::{CHECK_PERIOD, check_id},
     proxy::{Adopted, ProxyReport, RemoteReplica, RemoteReplicaArgs},
     wire::{Control, Envelope, Hello, ReplicaReport, Welcome},
 };
@@ -226,6 +226,27 @@ fn send(state: &RegistryState, peer: &str, control: Control) {
     }
 }
 
+/// Whether a node saying hello as `node` may join: its id must be one a
+/// node could have (`check_id`), not the head's own (the head's replicas run
+/// under it, and the session's close would declare it lost), not one that
+/// is `joined` (alive), and not one this head declared `lost`.
+fn admission(node: &str, head: &str, lost: bool, joined: bool) -> Result<(), String> {
+    check_id(node).map_err(|e| e.to_string())?;
+    if node == head {
+        return Err(format!("node id {node} is the head's own"));
+    }
+    if lost {
+        return Err(format!(
+            "node {node} was declared lost by this head: its replicas were replaced; stop them \
+             and join as a new node"
+        ));
+    }
+    if joined {
+        return Err(format!("node {node} already joined"));
+    }
+    Ok(())
+}
+
 fn refuse(state: &RegistryState, peer: &str, node: &str, reason: String) {
     state.shared.refused.fetch_add(1, Ordering::Relaxed);
     warn!(%peer, %node, %reason, "head: node refused");
@@ -234,22 +255,11 @@ fn refuse(state: &RegistryState, peer: &str, node: &str, reason: String) {
 
 async fn hello(state: &mut RegistryState, from: String, h: Hello) {
     let shared = state.shared.clone();
-    if lock(&shared.lost).contains(&h.node) {
-        let reason = format!(
-            "node {} was declared lost by this head: its replicas were replaced; stop them \
-             and join as a new node",
-            h.node
-        );
+    let lost = lock(&shared.lost).contains(&h.node);
+    let joined = lock(&shared.nodes).get(&h.node).is_some_and(|n| n.alive)
+        || shared.pool().is_alive(&h.node);
+    if let Err(reason) = admission(&h.node, &shared.options.node_id, lost, joined) {
         refuse(state, &from, &h.node, reason);
-        return;
-    }
-    if lock(&shared.nodes).get(&h.node).is_some_and(|n| n.alive) {
-        refuse(
-            state,
-            &from,
-            &h.node,
-            format!("node {} already joined", h.node),
-        );
         return;
     }
     // The welcome goes before the node joins the pool: once it is there, a
@@ -461,4 +471,24 @@ fn tick(state: &mut RegistryState) {
 
 fn humantime(d: std::time::Duration) -> String {
     format!("{} ms", d.as_millis())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::admission;
+
+    #[test]
+    fn a_hello_with_the_heads_id_a_bad_id_a_joined_or_a_lost_id_is_refused() {
+        assert_eq!(admission("node-a1b2c3", "head", false, false), Ok(()));
+        let refused = |node: &str, lost, joined| match admission(node, "head", lost, joined) {
+            Err(reason) => reason,
+            Ok(()) => panic!("{node} was admitted"),
+        };
+        assert!(refused("head", false, false).contains("the head's own"));
+        assert!(refused("", false, false).contains("1 to 64"));
+        assert!(refused("a/b", false, false).contains("1 to 64"));
+        assert!(refused(&"n".repeat(65), false, false).contains("1 to 64"));
+        assert!(refused("node-1", true, false).contains("declared lost"));
+        assert!(refused("node-1", false, true).contains("already joined"));
+    }
 }

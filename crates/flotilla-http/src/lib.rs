@@ -46,8 +46,9 @@
 //!   Ray sets no limit and streams request bodies to the replica.
 //! - HTTP/2 (h2c with prior knowledge, and on the REST listener) is served;
 //!   Ray's uvicorn proxy speaks HTTP/1.1 only. `keep_alive_timeout` is the idle
-//!   timeout of HTTP/1.1 connections (as uvicorn's); HTTP/2 connections are not
-//!   closed for idleness.
+//!   timeout of HTTP/1.1 connections (as uvicorn's) and how long any new
+//!   connection may take to start its first request; an HTTP/2 connection that
+//!   has served a request is not closed for idleness.
 //! - With no replica, a request answers 503 at once when the application cannot
 //!   get one soon (DEPLOY_FAILED, UNHEALTHY, DELETING, or a fixed target of 0),
 //!   and waits in the handle's queue otherwise (DEPLOYING, autoscaled to zero)

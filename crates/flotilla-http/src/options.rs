@@ -41,7 +41,9 @@ pub struct HttpOptions {
     /// End-to-end timeout of a request, queueing included (default none): 408
     /// when it passes before the response started, the stream cut after.
     pub request_timeout: Option<Duration>,
-    /// How long an idle HTTP/1.1 keep-alive connection stays open (default 90 s).
+    /// How long an idle HTTP/1.1 keep-alive connection stays open, and how
+    /// long a new connection (HTTP/1.1 or 2) may take to start its first
+    /// request (default 90 s).
     pub keep_alive_timeout: Duration,
     /// The largest request body accepted (default
     /// [`DEFAULT_MAX_REQUEST_BODY_BYTES`]); larger is 413.

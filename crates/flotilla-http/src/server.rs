@@ -12,7 +12,11 @@ use hyper_util::{
     rt::{TokioExecutor, TokioIo, TokioTimer},
     server::{conn::auto, graceful::GracefulShutdown},
 };
-use tokio::{net::TcpListener, sync::watch, task::JoinHandle};
+use tokio::{
+    net::TcpListener,
+    sync::{Notify, watch},
+    task::JoinHandle,
+};
 
 use crate::{
     HttpError, HttpOptions,
@@ -112,6 +116,8 @@ where
         // Started whenever a connection waits for a request's head, so an idle
         // keep-alive connection closes after this long (uvicorn's timeout_keep_alive).
         .header_read_timeout(options.keep_alive_timeout);
+    // A new connection gets as long to start its first request.
+    let keep_alive = options.keep_alive_timeout;
     builder.http2().timer(TokioTimer::new());
     tokio::spawn(async move {
         let graceful = GracefulShutdown::new();
@@ -128,14 +134,38 @@ where
                         }
                     };
                     let _ = stream.set_nodelay(true);
+                    // Notified at the connection's first request. Before it,
+                    // hyper waits with no timeout: hyper-util's auto builder
+                    // reads the HTTP/2 preface before handing over to HTTP/1's
+                    // header_read_timeout, and an HTTP/2 connection without a
+                    // stream has none.
+                    let first = Arc::new(Notify::new());
                     let svc = service.clone();
+                    let started = first.clone();
                     let conn = builder.serve_connection_with_upgrades(
                         TokioIo::new(stream),
-                        service_fn(svc),
+                        service_fn(move |req| {
+                            started.notify_one();
+                            svc(req)
+                        }),
                     );
                     let conn = graceful.watch(conn.into_owned());
+                    let deadline = keep_alive;
                     tokio::spawn(async move {
-                        if let Err(e) = conn.await {
+                        tokio::pin!(conn);
+                        let ended = tokio::select! {
+                            ended = &mut conn => Some(ended),
+                            () = first.notified() => None,
+                            () = tokio::time::sleep(deadline) => {
+                                tracing::debug!(listener = name, %peer, "no request within keep_alive_timeout: closed");
+                                return;
+                            }
+                        };
+                        let ended = match ended {
+                            Some(ended) => ended,
+                            None => conn.await,
+                        };
+                        if let Err(e) = ended {
                             tracing::debug!(listener = name, %peer, error = %e, "connection ended with an error");
                         }
                     });

@@ -568,6 +568,46 @@ async fn keep_alive_serves_many_requests_on_one_connection_and_idles_out() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_that_starts_no_request_is_closed_after_keep_alive_timeout() {
+    let f = start_with(
+        test_options()
+            .keep_alive_timeout(Duration::from_millis(200))
+            .rest(true)
+            .build()
+            .unwrap(),
+    )
+    .await;
+    f.serve.run(echo_app("e", "/e", "e")).await.unwrap();
+    let rest = f.rest.unwrap();
+    // Silent, a partial HTTP/2 preface (hyper-util waits for the rest of it
+    // with no timeout of its own), and a partial HTTP/1.1 request head.
+    for (addr, sent) in [
+        (f.proxy, &b""[..]),
+        (f.proxy, b"PRI * HTTP/2"),
+        (rest, b""),
+        (rest, b"GET /api/serve/applications/ HTTP/1.1\r\nho"),
+    ] {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        stream.write_all(sent).await.unwrap();
+        let mut buf = [0u8; 64];
+        let read = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut buf)).await;
+        match read {
+            Ok(Ok(n)) => assert!(
+                n == 0 || String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 408"),
+                "{addr} after {sent:?}: {:?}",
+                String::from_utf8_lossy(&buf[..n])
+            ),
+            Ok(Err(e)) => assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}"),
+            Err(_) => panic!("{addr} after {sent:?}: the connection stayed open"),
+        }
+    }
+    // A connection that does send its request in time is served as before.
+    let resp = get(&support::client(), &f.url("/e/x")).await;
+    assert_eq!(resp.status, 200, "{}", resp.body);
+    f.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn root_path_is_applied_as_ray_applies_it() {
     let f = start_with(test_options().root_path("/serve").build().unwrap()).await;
     f.serve

@@ -6,8 +6,16 @@
 //! refuses anything else). Reads (`GET`, `/metrics`) never need it, as Ray's
 //! dashboard. The token is read once at start, compared in constant time, and
 //! never logged or shown by `Debug`.
+//!
+//! Whatever the token, a mutation that looks like it comes from a browser is
+//! refused with 405, as Ray's dashboard refuses it
+//! (`ray._private.browser_request`): a web page can make a browser send a
+//! request to a loopback listener (cross-site, or through DNS rebinding), and
+//! Flotilla's clients are programs, never pages.
 
 use std::{fmt, path::PathBuf};
+
+use http::HeaderMap;
 
 use subtle::ConstantTimeEq;
 
@@ -83,6 +91,27 @@ impl Token {
         let given = value[7..].trim_ascii();
         given.ct_eq(&self.0).into()
     }
+}
+
+/// Ray's best-effort test for a request a browser sent: a `User-Agent`
+/// starting `Mozilla` (which scripts in a page cannot change), or any of the
+/// headers browsers add and programs do not (`Referer`, `Origin`,
+/// `Sec-Fetch-*`, the CORS preflight's `Access-Control-Request-*`).
+pub(crate) fn is_browser_request(headers: &HeaderMap) -> bool {
+    const BROWSER_HEADERS: [&str; 8] = [
+        "referer",
+        "origin",
+        "sec-fetch-mode",
+        "sec-fetch-dest",
+        "sec-fetch-site",
+        "sec-fetch-user",
+        "access-control-request-method",
+        "access-control-request-headers",
+    ];
+    headers
+        .get(http::header::USER_AGENT)
+        .is_some_and(|ua| ua.as_bytes().starts_with(b"Mozilla"))
+        || BROWSER_HEADERS.iter().any(|h| headers.contains_key(*h))
 }
 
 #[cfg(test)]

@@ -13,6 +13,10 @@
 //! anything else alike go through [`ServeConfig::from_yaml`](flotilla::ServeConfig::from_yaml)
 //! (JSON is YAML 1.2), whose errors carry the line and column and name the
 //! application and field. Paths are accepted with or without the trailing `/`.
+//!
+//! A `PUT`, `DELETE` or `POST` that looks like a browser's (Ray's heuristic:
+//! [`crate::auth`]) is 405 `'PUT' method not allowed for browser traffic.`,
+//! with or without a token; reads are served to browsers.
 
 use std::{convert::Infallible, sync::Arc};
 
@@ -23,7 +27,7 @@ use http_body_util::{BodyExt, Full};
 
 use crate::{
     HttpOptions,
-    auth::Token,
+    auth::{Token, is_browser_request},
     details::{ApiFilter, instance_details},
     metrics::{METRICS_CONTENT_TYPE, ProxyMetrics, scrape},
     table::RouteFollower,
@@ -185,8 +189,16 @@ impl Rest {
         }
     }
 
-    /// `Some(401)` unless the request may mutate.
+    /// `Some(405)` for a browser's request (Ray's refusal of browser traffic,
+    /// see [`crate::auth`]), `Some(401)` without the token; `None` if the
+    /// request may mutate.
     fn authorize(&self, req: &Request<hyper::body::Incoming>) -> Option<Response<Body>> {
+        if is_browser_request(req.headers()) {
+            return Some(text(
+                405,
+                format!("'{}' method not allowed for browser traffic.", req.method()),
+            ));
+        }
         let token = self.token.as_ref()?;
         let given = req
             .headers()

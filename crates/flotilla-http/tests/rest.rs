@@ -302,6 +302,75 @@ async fn a_public_bind_needs_a_token_and_mutations_need_it_once_configured() {
     f.stop().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mutation_a_browser_sends_is_refused_as_ray_refuses_it_token_or_not() {
+    let f = start().await;
+    let c = support::client();
+    let url = f.rest_url("/api/serve/applications/");
+    let scale = f.rest_url("/api/v1/applications/app1/deployments/d/scale");
+    let browser_like: [(&str, &str); 5] = [
+        ("origin", "http://evil.example"),
+        ("referer", "http://evil.example/page"),
+        ("sec-fetch-site", "cross-site"),
+        ("user-agent", "Mozilla/5.0 (X11; Linux x86_64)"),
+        ("access-control-request-method", "PUT"),
+    ];
+    for header in browser_like {
+        let r = send(&c, "PUT", &url, &[header], CONFIG_YAML).await;
+        assert_eq!(r.status, 405, "{header:?}: {}", r.body);
+        assert_eq!(r.body, "'PUT' method not allowed for browser traffic.");
+        let r = send(&c, "DELETE", &url, &[header], "").await;
+        assert_eq!((r.status, header), (405, header), "{}", r.body);
+        let r = send(
+            &c,
+            "POST",
+            &scale,
+            &[header],
+            r#"{"target_num_replicas": 2}"#,
+        )
+        .await;
+        assert_eq!((r.status, header), (405, header), "{}", r.body);
+        // Reads are served to browsers, as Ray's dashboard serves them.
+        let r = send(&c, "GET", &url, &[header], "").await;
+        assert_eq!((r.status, header), (200, header), "{}", r.body);
+    }
+    assert!(
+        f.serve.applied_config().await.unwrap().is_none(),
+        "nothing applied"
+    );
+    // A program's request (no browser headers, its own user agent) is served.
+    let r = send(
+        &c,
+        "PUT",
+        &url,
+        &[("user-agent", "python-requests/2.32")],
+        CONFIG_YAML,
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    f.stop().await;
+
+    // With a token, the right token does not let a browser's request through.
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, "s3cret-token\n").unwrap();
+    let f = start_with(test_options().token_file(&token_file).build().unwrap()).await;
+    let url = f.rest_url("/api/serve/applications/");
+    let bearer = ("authorization", "Bearer s3cret-token");
+    let r = send(
+        &c,
+        "PUT",
+        &url,
+        &[bearer, ("origin", "http://evil.example")],
+        CONFIG_YAML,
+    )
+    .await;
+    assert_eq!(r.status, 405, "{}", r.body);
+    let r = send(&c, "PUT", &url, &[bearer], CONFIG_YAML).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    f.stop().await;
+}
+
 /// Parse Prometheus text into `name{labels} -> value` (labels sorted).
 fn parse(text: &str) -> BTreeMap<String, f64> {
     let mut out = BTreeMap::new();

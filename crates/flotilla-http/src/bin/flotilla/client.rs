@@ -96,6 +96,53 @@ impl Client {
         })
     }
 
+    /// Where the token would go in plaintext: `Some(warning)` when a token is
+    /// given and the address is not loopback (plain HTTP: anyone on the path
+    /// reads it).
+    pub fn plaintext_warning(&self) -> Option<String> {
+        self.token.as_ref()?;
+        let host = self
+            .address
+            .parse::<http::Uri>()
+            .ok()
+            .and_then(|u| u.host().map(str::to_owned))
+            .unwrap_or_default();
+        let ip = host.trim_start_matches('[').trim_end_matches(']');
+        let loopback = host == "localhost"
+            || ip
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|a| a.is_loopback());
+        (!loopback).then(|| {
+            format!(
+                "warning: the bearer token is sent unencrypted (plain HTTP) to {}; anyone on the \
+                 network path can read it",
+                self.address
+            )
+        })
+    }
+
+    /// The request: the token rides only on what changes state (`GET`s need
+    /// none, as the server's rule says), so reads never expose it.
+    fn request(
+        &self,
+        method: http::Method,
+        path: &str,
+        body: Vec<u8>,
+        content_type: Option<&str>,
+    ) -> Result<http::Request<Full<Bytes>>, ClientError> {
+        let mut req = http::Request::builder()
+            .method(method.clone())
+            .uri(format!("{}{path}", self.address));
+        if let Some(ct) = content_type {
+            req = req.header(http::header::CONTENT_TYPE, ct);
+        }
+        if let (Some(t), false) = (&self.token, method == http::Method::GET) {
+            req = req.header(http::header::AUTHORIZATION, format!("Bearer {t}"));
+        }
+        req.body(Full::new(Bytes::from(body)))
+            .map_err(|_| ClientError::Address(self.address.clone()))
+    }
+
     async fn send(
         &self,
         method: http::Method,
@@ -103,18 +150,7 @@ impl Client {
         body: Vec<u8>,
         content_type: Option<&str>,
     ) -> Result<Bytes, ClientError> {
-        let mut req = http::Request::builder()
-            .method(method)
-            .uri(format!("{}{path}", self.address));
-        if let Some(ct) = content_type {
-            req = req.header(http::header::CONTENT_TYPE, ct);
-        }
-        if let Some(t) = &self.token {
-            req = req.header(http::header::AUTHORIZATION, format!("Bearer {t}"));
-        }
-        let req = req
-            .body(Full::new(Bytes::from(body)))
-            .map_err(|_| ClientError::Address(self.address.clone()))?;
+        let req = self.request(method, path, body, content_type)?;
         let resp = self
             .http
             .request(req)
@@ -159,5 +195,55 @@ impl Client {
         self.send(http::Method::DELETE, APPLICATIONS, Vec::new(), None)
             .await
             .map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn client(address: &str, token: Option<&str>) -> Client {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let path = dir.path().join("token");
+        if let Some(t) = token {
+            std::fs::write(&path, t).unwrap_or_else(|e| panic!("{e}"));
+        }
+        Client::new(address, token.map(|_| path.as_path())).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn the_token_rides_only_on_mutations() {
+        let c = client("http://127.0.0.1:8265", Some("t0ken\n"));
+        let auth = |m: http::Method| {
+            c.request(m, APPLICATIONS, Vec::new(), None)
+                .unwrap_or_else(|e| panic!("{e}"))
+                .headers()
+                .get(http::header::AUTHORIZATION)
+                .map(|v| v.to_str().unwrap_or_default().to_owned())
+        };
+        assert_eq!(auth(http::Method::GET), None);
+        assert_eq!(auth(http::Method::PUT).as_deref(), Some("Bearer t0ken"));
+        assert_eq!(auth(http::Method::DELETE).as_deref(), Some("Bearer t0ken"));
+    }
+
+    #[test]
+    fn a_token_sent_off_loopback_is_warned_about() {
+        for loopback in [
+            "http://127.0.0.1:8265",
+            "http://localhost:8265",
+            "http://[::1]:8265",
+        ] {
+            assert_eq!(
+                client(loopback, Some("t")).plaintext_warning(),
+                None,
+                "{loopback}"
+            );
+        }
+        let w = client("http://10.0.0.5:8265", Some("t")).plaintext_warning();
+        assert!(w.is_some_and(|w| w.contains("unencrypted") && w.contains("10.0.0.5")));
+        assert_eq!(
+            client("http://10.0.0.5:8265", None).plaintext_warning(),
+            None
+        );
     }
 }

@@ -10,6 +10,8 @@
 //! `--address` (default `http://127.0.0.1:8265`, or `FLOTILLA_ADDRESS`) and
 //! `--token-file` (or `FLOTILLA_TOKEN_FILE`) apply to every command. An error
 //! from the server is printed as the server wrote it, and the exit status is 1.
+//! The token is sent only with deploy and delete, and a warning goes to stderr
+//! when it would cross the network in plain HTTP (an address off loopback).
 
 mod client;
 mod output;
@@ -84,6 +86,9 @@ enum Command {
 
 async fn run(cli: Cli) -> Result<(), ClientError> {
     let client = Client::new(&cli.address, cli.token_file.as_deref())?;
+    if let Some(warning) = client.plaintext_warning() {
+        eprintln!("{warning}");
+    }
     match cli.command {
         Command::Deploy { config } => {
             let text = std::fs::read(&config).map_err(|source| ClientError::ReadFile {

@@ -882,6 +882,84 @@ async fn a_wrong_cookie_is_refused_and_logged_on_both_sides() {
     serve.shutdown().await.unwrap();
 }
 
+/// A head whose connections must authenticate within `handshake`.
+async fn head_with_handshake(dir: &std::path::Path, handshake: Duration) -> flotilla::Serve {
+    let cookie = flotilla::Cookie::new(COOKIE).unwrap();
+    let options = flotilla::HeadOptions::new(cookie)
+        .listen("127.0.0.1:0".parse().unwrap())
+        .resources(cpus(1.0))
+        .handshake_timeout(handshake);
+    flotilla::Serve::start(
+        flotilla::ServeOptions::new(registry())
+            .store_path(dir.join("flotilla.redb"))
+            .nodes(options),
+    )
+    .await
+    .unwrap()
+}
+
+/// Whether the server closed `stream` (EOF or reset), waiting at most 10 s.
+async fn closed_by_server(stream: &mut tokio::net::TcpStream) -> bool {
+    use tokio::io::AsyncReadExt;
+    let mut buf = [0u8; 16];
+    match tokio::time::timeout(Duration::from_secs(10), stream.read(&mut buf)).await {
+        Ok(Ok(0)) => true,
+        Ok(Err(e)) => e.kind() == std::io::ErrorKind::ConnectionReset,
+        Ok(Ok(_)) | Err(_) => false,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_that_never_authenticate_are_closed_at_the_deadline_and_capped() {
+    let _turn = turn().await;
+    let dir = tempfile::tempdir().unwrap();
+    // A connection that sends nothing, or half of ractor_cluster's first
+    // frame, is closed once the handshake deadline passes.
+    let serve = head_with_handshake(dir.path(), Duration::from_millis(200)).await;
+    let addr = serve.node_address().unwrap();
+    let mut silent = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut partial = tokio::net::TcpStream::connect(addr).await.unwrap();
+    tokio::io::AsyncWriteExt::write_all(&mut partial, &[0, 0, 0, 64, 1])
+        .await
+        .unwrap();
+    assert!(
+        closed_by_server(&mut silent).await,
+        "the silent connection stayed open"
+    );
+    assert!(
+        closed_by_server(&mut partial).await,
+        "the partial one stayed open"
+    );
+    serve.shutdown().await.unwrap();
+
+    // With a long deadline: 64 connections may wait to authenticate; the next
+    // is closed at once, while those 64 stay open.
+    let dir = tempfile::tempdir().unwrap();
+    let serve = head_with_handshake(dir.path(), Duration::from_secs(300)).await;
+    let addr = serve.node_address().unwrap();
+    let mut waiting = Vec::new();
+    for _ in 0..64 {
+        waiting.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+    }
+    let mut over = tokio::net::TcpStream::connect(addr).await.unwrap();
+    assert!(closed_by_server(&mut over).await, "the 65th was not closed");
+    let mut buf = [0u8; 1];
+    for w in &waiting {
+        let open =
+            matches!(w.try_read(&mut buf), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock);
+        assert!(open, "a connection within the cap was closed");
+    }
+    // Once they close, their places are free: a node joins well before the
+    // deadline would have freed them.
+    drop(waiting);
+    let _node = NodeProc::start(addr, &NodeSpec::new("late", 1.0), dir.path());
+    eventually(30, "the node joined", || async {
+        serve.metrics().await.unwrap().nodes.joined == 1
+    })
+    .await;
+    serve.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_head_crash_and_restart_readopts_the_replicas_of_nodes_that_stayed_up() {
     // The restarted head listens where the first one did.

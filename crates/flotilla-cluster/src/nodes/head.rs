@@ -289,8 +289,14 @@ impl Head {
         let epoch = random_u64();
         let name = format!("flotilla-head-{ns}-{:08x}", epoch as u32);
         let host = address.ip().to_string();
-        let (link, inbound) =
-            Link::start(&name, &host, options.cookie.secret(), Listen::Own(listener)).await?;
+        let (link, inbound) = Link::start(
+            &name,
+            &host,
+            options.cookie.secret(),
+            Listen::Own(listener),
+            options.handshake_timeout,
+        )
+        .await?;
         let link = Arc::new(link);
         let pool = NodePool::new([NodeSpec::new(
             options.node_id.clone(),

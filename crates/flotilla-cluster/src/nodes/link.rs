@@ -25,6 +25,7 @@ use tracing::{debug, info, warn};
 
 use super::{
     NodeError,
+    handshake::Handshakes,
     wire::{self, DataHeader, Envelope, PortMsg},
 };
 
@@ -230,6 +231,8 @@ pub(crate) struct Shared {
     /// rule) is kept until ractor_cluster closes the loser.
     sessions: Mutex<HashMap<String, Vec<ActorRef<NodeSessionMessage>>>>,
     inbound: mpsc::UnboundedSender<Inbound>,
+    /// Deadlines and slots of sessions not yet authenticated.
+    handshakes: Arc<Handshakes>,
     /// Frames that did not decode.
     pub(crate) undecodable: AtomicU64,
 }
@@ -412,6 +415,7 @@ fn peer_of(ses: &NodeServerSessionInformation) -> Option<String> {
 
 impl NodeEventSubscription for Events {
     fn node_session_opened(&self, ses: NodeServerSessionInformation) {
+        self.0.handshakes.opened(&ses);
         self.0.on_session(
             SessionEvent::Opened {
                 id: ses.node_id,
@@ -422,6 +426,7 @@ impl NodeEventSubscription for Events {
     }
 
     fn node_session_authenticated(&self, ses: NodeServerSessionInformation) {
+        self.0.handshakes.done(&ses);
         lock(&self.1).insert(ses.node_id);
     }
 
@@ -445,6 +450,7 @@ impl NodeEventSubscription for Events {
     }
 
     fn node_session_disconnected(&self, ses: NodeServerSessionInformation) {
+        self.0.handshakes.done(&ses);
         let authenticated = lock(&self.1).remove(&ses.node_id);
         let peer = peer_of(&ses).filter(|_| authenticated);
         self.0.on_session(
@@ -645,12 +651,14 @@ pub(crate) enum Listen {
 impl Link {
     /// Start a NodeServer named `name@host` with `cookie`, its port and its
     /// event subscription. Inbound control frames and session events come out
-    /// of the returned receiver.
+    /// of the returned receiver. An inbound session that has not
+    /// authenticated within `handshake` is closed ([`Handshakes`]).
     pub(crate) async fn start(
         name: &str,
         host: &str,
         cookie: &str,
         listen: Listen,
+        handshake: std::time::Duration,
     ) -> Result<(Link, mpsc::UnboundedReceiver<Inbound>), NodeError> {
         let (inbound, rx) = mpsc::unbounded_channel();
         let me = format!("{name}@{host}");
@@ -662,6 +670,7 @@ impl Link {
             peers: Mutex::default(),
             sessions: Mutex::default(),
             inbound,
+            handshakes: Handshakes::new(me.clone(), handshake),
             undecodable: AtomicU64::new(0),
         });
         let (port, _) = Actor::spawn(Some(port_name(&me)), Port, shared.clone())
@@ -724,6 +733,7 @@ impl Link {
         if let Listen::Own(listener) = listen {
             let server = link.server.clone();
             let me = me.clone();
+            let handshakes = link.shared.handshakes.clone();
             let accept = tokio::spawn(async move {
                 loop {
                     let (stream, peer_addr) = match listener.accept().await {
@@ -734,6 +744,9 @@ impl Link {
                             continue;
                         }
                     };
+                    if !handshakes.admit(peer_addr.to_string()) {
+                        continue;
+                    }
                     let _ = stream.set_nodelay(true);
                     let Ok(local_addr) = stream.local_addr() else {
                         continue;

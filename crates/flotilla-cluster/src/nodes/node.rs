@@ -170,6 +170,7 @@ impl Incarnation {
             &host,
             options.cookie.secret(),
             Listen::Server(options.listen),
+            options.handshake_timeout,
         )
         .await?;
         let link = Arc::new(link);

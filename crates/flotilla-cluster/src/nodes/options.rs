@@ -20,6 +20,9 @@ pub const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(2);
 pub const CHECK_PERIOD: Duration = Duration::from_millis(250);
 /// How long a restarted head waits for its nodes to re-attach.
 pub const REATTACH_GRACE: Duration = Duration::from_secs(2);
+/// How long an inbound connection may take to authenticate before it is
+/// closed (ractor_cluster's handshake is three round trips).
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 
 fn machine_cpus() -> f64 {
     std::thread::available_parallelism().map_or(1.0, |n| n.get() as f64)
@@ -57,6 +60,9 @@ pub struct HeadOptions {
     /// How long a restarted head waits for nodes to re-attach before it
     /// recovers its checkpoint (default 2 s; zero: not at all).
     pub reattach_grace: Duration,
+    /// How long a connection may take to authenticate before it is closed
+    /// (default [`HANDSHAKE_TIMEOUT`]); at most 64 wait at once.
+    pub handshake_timeout: Duration,
 }
 
 /// Why head options cannot be used.
@@ -175,6 +181,7 @@ impl HeadOptions {
             heartbeat: HEARTBEAT,
             heartbeat_timeout: HEARTBEAT_TIMEOUT,
             reattach_grace: REATTACH_GRACE,
+            handshake_timeout: HANDSHAKE_TIMEOUT,
         }
     }
 
@@ -215,11 +222,18 @@ impl HeadOptions {
         self
     }
 
+    /// Close a connection that has not authenticated within `timeout`.
+    pub fn handshake_timeout(mut self, timeout: Duration) -> Self {
+        self.handshake_timeout = timeout;
+        self
+    }
+
     /// Check the options as a whole (`Serve::start` does).
     pub fn validate(&self) -> Result<(), OptionsError> {
         check_cookie("head", self.listen, &self.cookie)?;
         check_id(&self.node_id)?;
         check_heartbeat(self.heartbeat, self.heartbeat_timeout)?;
+        check_waits(&[("handshake_timeout", self.handshake_timeout)])?;
         let max = flotilla_core::MAX_DURATION;
         if self.reattach_grace > max {
             return Err(OptionsError::Duration {
@@ -267,6 +281,9 @@ pub struct NodeOptions {
     pub connect_timeout: Duration,
     /// Wait between dials of an unreachable head (default 250 ms).
     pub redial: Duration,
+    /// How long a connection from another node may take to authenticate
+    /// before it is closed (default [`HANDSHAKE_TIMEOUT`]).
+    pub handshake_timeout: Duration,
 }
 
 impl NodeOptions {
@@ -283,6 +300,7 @@ impl NodeOptions {
             heartbeat_timeout: HEARTBEAT_TIMEOUT,
             connect_timeout: Duration::from_secs(2),
             redial: Duration::from_millis(250),
+            handshake_timeout: HANDSHAKE_TIMEOUT,
         }
     }
 
@@ -326,6 +344,7 @@ impl NodeOptions {
         check_waits(&[
             ("connect_timeout", self.connect_timeout),
             ("redial", self.redial),
+            ("handshake_timeout", self.handshake_timeout),
         ])
     }
 }
@@ -356,8 +375,15 @@ mod tests {
         assert_eq!(field(n.validate()), "connect_timeout");
         let n = node().heartbeat(Duration::from_secs(1), Duration::MAX);
         assert_eq!(field(n.validate()), "heartbeat_timeout");
+        let mut n = node();
+        n.handshake_timeout = Duration::ZERO;
+        assert_eq!(field(n.validate()), "handshake_timeout");
         let head = || HeadOptions::new(cookie());
         assert!(head().reattach_grace(Duration::ZERO).validate().is_ok());
+        assert_eq!(
+            field(head().handshake_timeout(Duration::ZERO).validate()),
+            "handshake_timeout"
+        );
         assert_eq!(
             field(head().reattach_grace(Duration::MAX).validate()),
             "reattach_grace"

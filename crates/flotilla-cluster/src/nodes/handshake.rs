@@ -1,0 +1,108 @@
+//! Bounds on sessions that have not authenticated yet: a deadline for each
+//! (ractor_cluster waits for a silent peer's first frame for ever), and, on a
+//! listener of our own (the head's), a cap on how many are open at once. A
+//! peer without the cookie can therefore hold at most [`MAX_HANDSHAKES`]
+//! descriptors, each for at most the deadline.
+
+use std::{
+    collections::HashMap,
+    sync::{
+        Arc, Mutex, MutexGuard, PoisonError,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+
+use ractor_cluster::node::NodeServerSessionInformation;
+use tokio::{
+    sync::{OwnedSemaphorePermit, Semaphore},
+    task::JoinHandle,
+};
+use tracing::warn;
+
+/// Connections the head's listener holds at once before they authenticate;
+/// beyond it, new ones are closed at accept.
+pub(crate) const MAX_HANDSHAKES: usize = 64;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The handshakes of one process's link.
+pub(crate) struct Handshakes {
+    me: String,
+    deadline: Duration,
+    /// The deadline of each inbound session not yet authenticated, by
+    /// ractor_cluster's session id.
+    pending: Mutex<HashMap<ractor_cluster::NodeId, JoinHandle<()>>>,
+    /// The cap of our own listener.
+    slots: Arc<Semaphore>,
+    /// The slot of each accepted connection, by peer address (with the
+    /// accept's sequence number, so a late release spares a newer holder).
+    held: Mutex<HashMap<String, (u64, OwnedSemaphorePermit)>>,
+    seq: AtomicU64,
+}
+
+impl Handshakes {
+    pub(crate) fn new(me: String, deadline: Duration) -> Arc<Self> {
+        Arc::new(Handshakes {
+            me,
+            deadline,
+            pending: Mutex::default(),
+            slots: Arc::new(Semaphore::new(MAX_HANDSHAKES)),
+            held: Mutex::default(),
+            seq: AtomicU64::new(0),
+        })
+    }
+
+    /// At accept on our own listener: take a slot for the connection from
+    /// `peer`, or `false` if all are taken (the caller closes it). The slot
+    /// is given back when the session authenticates or closes, and at the
+    /// deadline whatever happened (ractor_cluster may drop a connection
+    /// without a session event).
+    pub(crate) fn admit(self: &Arc<Self>, peer: String) -> bool {
+        let Ok(permit) = self.slots.clone().try_acquire_owned() else {
+            warn!(node = %self.me, %peer, max = MAX_HANDSHAKES,
+                "node listener: too many connections waiting to authenticate; closed");
+            return false;
+        };
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+        lock(&self.held).insert(peer.clone(), (seq, permit));
+        let this = self.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(this.deadline).await;
+            let mut held = lock(&this.held);
+            if held.get(&peer).is_some_and(|(s, _)| *s == seq) {
+                held.remove(&peer);
+            }
+        });
+        true
+    }
+
+    /// A session opened: an inbound one must authenticate within the
+    /// deadline, or it is stopped.
+    pub(crate) fn opened(self: &Arc<Self>, ses: &NodeServerSessionInformation) {
+        if !ses.is_server {
+            return;
+        }
+        let (id, actor, peer) = (ses.node_id, ses.actor.clone(), ses.peer_addr.clone());
+        let this = self.clone();
+        let timer = tokio::spawn(async move {
+            tokio::time::sleep(this.deadline).await;
+            if lock(&this.pending).remove(&id).is_some() {
+                warn!(node = %this.me, %peer, deadline = ?this.deadline,
+                    "node connection closed: no handshake within the deadline");
+                actor.stop(Some("no handshake within the deadline".to_owned()));
+            }
+        });
+        lock(&self.pending).insert(id, timer);
+    }
+
+    /// A session authenticated or closed: its deadline and slot are done.
+    pub(crate) fn done(&self, ses: &NodeServerSessionInformation) {
+        if let Some(timer) = lock(&self.pending).remove(&ses.node_id) {
+            timer.abort();
+        }
+        lock(&self.held).remove(&ses.peer_addr);
+    }
+}

@@ -590,6 +590,9 @@ fn serve_call(
         return;
     }
     let key = (from.clone(), call);
+    // Held until the entry is in: the task's own removal, when it ends,
+    // takes the lock, so it cannot come first and leave the entry behind.
+    let mut streams = lock(&shared.streams);
     let task = tokio::spawn(async move {
         let (tx, mut rx) = mpsc::channel::<Vec<u8>>(8);
         let serving = flotilla_replica::remote::serve_stream(&ep, body, model, tx);
@@ -618,10 +621,7 @@ fn serve_call(
         let _ = s.send_data(&from, &header, body);
         lock(&s.streams).remove(&(from, call));
     });
-    let abort = task.abort_handle();
-    if !task.is_finished() {
-        lock(&shared.streams).insert(key, abort);
-    }
+    streams.insert(key, task.abort_handle());
 }
 
 /// A process's link: its NodeServer, port, and everything they share.

@@ -119,12 +119,52 @@ mod tests {
         let watchdog = Watchdog::start(Some(Duration::from_secs(3600)));
         let beat = watchdog.heartbeat();
         beat.sampled(1_000);
+        assert_eq!(beat.virtual_ms.load(Ordering::Acquire), 1_000);
         beat.step();
         beat.step();
+        assert!(beat.lock().is_some(), "a watchdog listens");
         drop(watchdog);
+        assert!(
+            beat.lock().is_none(),
+            "the end of the run closed the channel"
+        );
         // Beats after the end go nowhere.
         beat.step();
         // Without a limit nobody listens.
-        Watchdog::start(None).heartbeat().step();
+        let quiet = Watchdog::start(None);
+        assert!(quiet.thread.is_none() && quiet.heartbeat().lock().is_none());
+        quiet.heartbeat().step();
+    }
+
+    /// Set in the child process of the test below.
+    const STALL_CHILD: &str = "FLOTILLA_SIM_WATCHDOG_STALL_CHILD";
+
+    #[test]
+    fn a_stall_ends_the_process_with_code_3_naming_the_virtual_instant() {
+        if std::env::var_os(STALL_CHILD).is_some() {
+            // The child: one beat at 2.5 s of virtual time, then none.
+            let watchdog = Watchdog::start(Some(Duration::from_millis(20)));
+            watchdog.heartbeat().sampled(2_500);
+            loop {
+                std::thread::park();
+            }
+        }
+        let exe = std::env::current_exe().unwrap_or_else(|e| panic!("{e}"));
+        let out = std::process::Command::new(exe)
+            .args([
+                "--exact",
+                "run::watchdog::tests::a_stall_ends_the_process_with_code_3_naming_the_virtual_instant",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(STALL_CHILD, "1")
+            .output()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(3), "{stderr}");
+        assert!(
+            stderr.contains("virtual time has been stuck at 2.5s") && stderr.contains("live-lock"),
+            "{stderr}"
+        );
     }
 }

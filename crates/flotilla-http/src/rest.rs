@@ -279,10 +279,16 @@ impl Rest {
             Err(e) => return text(400, format!("Invalid config: {e}")),
         };
         let apps = config.applications.len();
-        let moved = crate::HttpOptionsBuilder::from((*self.options).clone())
+        // The server's next start lays this config over its options: one that
+        // start would refuse (an ssl_* field, an empty host) is refused now,
+        // before anything changes, not at that start.
+        let moved = match crate::HttpOptionsBuilder::from((*self.options).clone())
             .serve_config(&config)
             .build()
-            .map_or(true, |wanted| wanted != *self.options);
+        {
+            Ok(wanted) => wanted != *self.options,
+            Err(e) => return text(400, format!("Invalid config: {e}")),
+        };
         match self.serve.apply_config(config).await {
             Ok(()) => {
                 tracing::info!(applications = apps, "config applied over the REST API");

@@ -180,6 +180,12 @@ async fn an_invalid_config_is_400_naming_where_and_changes_nothing() {
         ),
         // Not even YAML.
         ("applications: [", "line"),
+        // http_options the HTTP server's next start would refuse: TLS, no host.
+        (
+            "http_options: {ssl_ca_certs: /ca.pem}\napplications: []\n",
+            "http_options.ssl_ca_certs",
+        ),
+        ("http_options: {host: ' '}\napplications: []\n", "host"),
     ];
     for (body, needle) in cases {
         let r = send(

@@ -46,9 +46,9 @@
 //!   Ray sets no limit and streams request bodies to the replica.
 //! - HTTP/2 (h2c with prior knowledge, and on the REST listener) is served;
 //!   Ray's uvicorn proxy speaks HTTP/1.1 only. `keep_alive_timeout` is the idle
-//!   timeout of HTTP/1.1 connections (as uvicorn's) and how long any new
-//!   connection may take to start its first request; an HTTP/2 connection that
-//!   has served a request is not closed for idleness.
+//!   timeout of every connection, HTTP/1.1 (as uvicorn's) and HTTP/2 alike: a
+//!   connection with no request in flight (none yet, or none since its last
+//!   response was sent) for that long is closed (an HTTP/2 one with GOAWAY).
 //! - With no replica, a request answers 503 at once when the application cannot
 //!   get one soon (DEPLOY_FAILED, UNHEALTHY, DELETING, or a fixed target of 0),
 //!   and waits in the handle's queue otherwise (DEPLOYING, autoscaled to zero)
@@ -110,6 +110,7 @@
 
 mod auth;
 mod body;
+mod connection;
 pub mod details;
 mod error;
 pub mod metrics;

@@ -41,9 +41,9 @@ pub struct HttpOptions {
     /// End-to-end timeout of a request, queueing included (default none): 408
     /// when it passes before the response started, the stream cut after.
     pub request_timeout: Option<Duration>,
-    /// How long an idle HTTP/1.1 keep-alive connection stays open, and how
-    /// long a new connection (HTTP/1.1 or 2) may take to start its first
-    /// request (default 90 s).
+    /// How long a connection (HTTP/1.1 or 2) with no request in flight stays
+    /// open: a new one until its first request, a kept-alive one between
+    /// requests (default 90 s).
     pub keep_alive_timeout: Duration,
     /// The largest request body accepted (default
     /// [`DEFAULT_MAX_REQUEST_BODY_BYTES`]); larger is 413.
@@ -208,7 +208,7 @@ impl HttpOptionsBuilder {
         self
     }
 
-    /// The idle timeout of HTTP/1.1 keep-alive connections.
+    /// The idle timeout of connections (see [`HttpOptions::keep_alive_timeout`]).
     pub fn keep_alive_timeout(mut self, timeout: Duration) -> Self {
         self.0.keep_alive_timeout = timeout;
         self

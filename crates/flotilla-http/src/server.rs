@@ -10,17 +10,14 @@ use flotilla::Serve;
 use hyper::service::service_fn;
 use hyper_util::{
     rt::{TokioExecutor, TokioIo, TokioTimer},
-    server::{conn::auto, graceful::GracefulShutdown},
+    server::conn::auto,
 };
-use tokio::{
-    net::TcpListener,
-    sync::{Notify, watch},
-    task::JoinHandle,
-};
+use tokio::{net::TcpListener, sync::watch, task::JoinHandle};
 
 use crate::{
     HttpError, HttpOptions,
     auth::Token,
+    connection::{self, Bounds, InFlight},
     metrics::ProxyMetrics,
     proxy::{Proxy, RequestIds},
     rest::Rest,
@@ -105,7 +102,7 @@ where
         + Send
         + Sync
         + 'static,
-    B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    B: http_body::Body<Data = bytes::Bytes> + Send + Unpin + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let mut builder = auto::Builder::new(TokioExecutor::new());
@@ -113,14 +110,14 @@ where
         .http1()
         .timer(TokioTimer::new())
         .keep_alive(true)
-        // Started whenever a connection waits for a request's head, so an idle
-        // keep-alive connection closes after this long (uvicorn's timeout_keep_alive).
+        // Started whenever a connection waits for a request's head (uvicorn's
+        // timeout_keep_alive); `connection::serve` bounds the rest.
         .header_read_timeout(options.keep_alive_timeout);
-    // A new connection gets as long to start its first request.
-    let keep_alive = options.keep_alive_timeout;
     builder.http2().timer(TokioTimer::new());
+    let idle = options.keep_alive_timeout;
     tokio::spawn(async move {
-        let graceful = GracefulShutdown::new();
+        // Each connection holds a receiver until it ends.
+        let (open, opened) = watch::channel(());
         loop {
             tokio::select! {
                 accepted = listener.accept() => {
@@ -134,56 +131,26 @@ where
                         }
                     };
                     let _ = stream.set_nodelay(true);
-                    // Notified at the connection's first request. Before it,
-                    // hyper waits with no timeout: hyper-util's auto builder
-                    // reads the HTTP/2 preface before handing over to HTTP/1's
-                    // header_read_timeout, and an HTTP/2 connection without a
-                    // stream has none.
-                    let first = Arc::new(Notify::new());
-                    let svc = service.clone();
-                    let started = first.clone();
-                    let conn = builder.serve_connection_with_upgrades(
-                        TokioIo::new(stream),
-                        service_fn(move |req| {
-                            started.notify_one();
-                            svc(req)
-                        }),
-                    );
-                    let conn = graceful.watch(conn.into_owned());
-                    let deadline = keep_alive;
+                    let load = InFlight::new();
+                    let (svc, counted) = (service.clone(), load.clone());
+                    let conn = builder
+                        .serve_connection_with_upgrades(
+                            TokioIo::new(stream),
+                            service_fn(move |req| counted.track(svc(req))),
+                        )
+                        .into_owned();
+                    let bounds = Bounds { listener: name, peer, idle, grace };
+                    let (stop, open) = (stop.clone(), opened.clone());
                     tokio::spawn(async move {
-                        tokio::pin!(conn);
-                        let ended = tokio::select! {
-                            ended = &mut conn => Some(ended),
-                            () = first.notified() => None,
-                            () = tokio::time::sleep(deadline) => {
-                                tracing::debug!(listener = name, %peer, "no request within keep_alive_timeout: closed");
-                                return;
-                            }
-                        };
-                        let ended = match ended {
-                            Some(ended) => ended,
-                            None => conn.await,
-                        };
-                        if let Err(e) = ended {
-                            tracing::debug!(listener = name, %peer, error = %e, "connection ended with an error");
-                        }
+                        connection::serve(conn, load, bounds, stop, open).await;
                     });
                 }
                 () = crate::stopped(&mut stop) => break,
             }
         }
-        drop(listener);
-        if tokio::time::timeout(grace, graceful.shutdown())
-            .await
-            .is_err()
-        {
-            tracing::warn!(
-                listener = name,
-                ?grace,
-                "connections still open after the shutdown grace period"
-            );
-        }
+        drop((listener, opened));
+        // Every connection bounds its own close by `grace`.
+        open.closed().await;
     })
 }
 

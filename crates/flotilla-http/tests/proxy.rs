@@ -568,6 +568,58 @@ async fn keep_alive_serves_many_requests_on_one_connection_and_idles_out() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_connection_is_kept_while_a_stream_runs_and_closed_once_idle() {
+    let f = start_with(
+        test_options()
+            .keep_alive_timeout(Duration::from_millis(200))
+            .build()
+            .unwrap(),
+    )
+    .await;
+    f.serve.run(echo_app("s", "/s", "s")).await.unwrap();
+    let stream = tokio::net::TcpStream::connect(f.proxy).await.unwrap();
+    let (mut send, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .unwrap();
+    let mut conn = tokio::spawn(conn);
+    let resp = send
+        .send_request(
+            http::Request::get(f.url("/s/stream/2"))
+                .body(Full::new(Bytes::new()))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    // The handler waits at the gate for its first chunk. A silent connection
+    // is closed keep_alive_timeout after it opens: once three in a row are,
+    // the stream has run for over three times that (past an idle close and
+    // its goodbye period), and must still be open.
+    for _ in 0..3 {
+        let mut silent = tokio::net::TcpStream::connect(f.proxy).await.unwrap();
+        let mut buf = [0u8; 8];
+        let closed = tokio::time::timeout(Duration::from_secs(10), silent.read(&mut buf)).await;
+        assert!(
+            matches!(closed, Ok(Ok(0)) | Ok(Err(_))),
+            "the silent connection was closed"
+        );
+    }
+    f.probe.gate.add_permits(2);
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&body[..], b"token0 token1 ", "the whole stream, uncut");
+    // Its stream over, the connection is idle: the server closes it.
+    let ended = tokio::time::timeout(Duration::from_secs(10), &mut conn).await;
+    assert!(
+        ended.is_ok(),
+        "the idle HTTP/2 connection was closed by the server"
+    );
+    f.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_that_starts_no_request_is_closed_after_keep_alive_timeout() {
     let f = start_with(
         test_options()

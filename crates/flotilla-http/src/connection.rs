@@ -1,0 +1,231 @@
+//! One accepted connection's life on either listener: served until it ends,
+//! closed once it has been idle for `keep_alive_timeout`, and shut down
+//! gracefully when its server stops, each close bounded in time.
+//!
+//! Idle means no request in flight, where a request is in flight from the
+//! moment hyper hands it to the service until its response body is dropped
+//! (sent whole, cut, or abandoned by a client that left). hyper bounds
+//! HTTP/1's wait for a request head (`header_read_timeout`) but not
+//! hyper-util's wait for the HTTP/2 preface, nor an HTTP/2 connection with no
+//! stream open; this one bound covers them all alike, so a connection that
+//! sends nothing, or nothing more, holds its task and descriptor for at most
+//! `keep_alive_timeout` (uvicorn's `timeout_keep_alive`, which Ray's proxy
+//! runs under).
+
+use std::{
+    convert::Infallible,
+    future::Future,
+    net::SocketAddr,
+    pin::Pin,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
+    },
+    task::{Context, Poll},
+    time::Duration,
+};
+
+use http_body::{Body, Frame, SizeHint};
+use hyper_util::server::graceful::GracefulConnection;
+use tokio::{sync::watch, time::Instant};
+
+/// One connection's requests, as its idle check reads them: atomics the
+/// requests update and the check reads only when its timer fires, so that a
+/// request costs no wake-up of the connection's task.
+struct Load {
+    in_flight: AtomicUsize,
+    started: AtomicBool,
+    /// When the last request ended, in nanoseconds since `epoch`.
+    last_end: AtomicU64,
+    /// When the connection was accepted.
+    epoch: Instant,
+}
+
+impl Load {
+    fn since_epoch(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// When the connection has been idle for `idle` if nothing starts, or
+    /// `None` if it already has (`now` is the check's own instant).
+    fn idle_deadline(&self, now: Instant, idle: Duration) -> Option<Instant> {
+        if self.in_flight.load(Ordering::Acquire) > 0 {
+            return Some(now + idle);
+        }
+        let at = self.epoch + Duration::from_nanos(self.last_end.load(Ordering::Acquire)) + idle;
+        (at > now).then_some(at)
+    }
+}
+
+/// Counts one connection's requests in flight (see the module doc).
+#[derive(Clone)]
+pub(crate) struct InFlight(Arc<Load>);
+
+impl InFlight {
+    pub(crate) fn new() -> Self {
+        InFlight(Arc::new(Load {
+            in_flight: AtomicUsize::new(0),
+            started: AtomicBool::new(false),
+            last_end: AtomicU64::new(0),
+            epoch: Instant::now(),
+        }))
+    }
+
+    /// Wrap a service call: its request is in flight until the response's
+    /// body is dropped (or the call itself, if it is dropped first).
+    pub(crate) fn track<B, F>(
+        &self,
+        call: F,
+    ) -> impl Future<Output = Result<http::Response<Tracked<B>>, Infallible>> + use<B, F>
+    where
+        F: Future<Output = Result<http::Response<B>, Infallible>>,
+    {
+        self.0.in_flight.fetch_add(1, Ordering::AcqRel);
+        self.0.started.store(true, Ordering::Release);
+        let counted = Counted(self.0.clone());
+        async move {
+            let response = call.await?;
+            Ok(response.map(|body| Tracked {
+                body,
+                _counted: counted,
+            }))
+        }
+    }
+}
+
+/// One request in flight; it ends when this is dropped.
+struct Counted(Arc<Load>);
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        // The end's instant first: a check that sees no request in flight
+        // also sees when the last one ended.
+        self.0
+            .last_end
+            .store(self.0.since_epoch(), Ordering::Release);
+        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A response body that keeps its request in flight until it is dropped.
+pub(crate) struct Tracked<B> {
+    body: B,
+    _counted: Counted,
+}
+
+impl<B: Body + Unpin> Body for Tracked<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// Resolves once `load` has had nothing in flight for `idle`: the timer
+/// wakes at most once per `idle` while requests come, and re-arms.
+async fn idle_for(load: &Load, idle: Duration) {
+    let mut deadline = load.epoch + idle;
+    loop {
+        tokio::time::sleep_until(deadline).await;
+        match load.idle_deadline(Instant::now(), idle) {
+            Some(later) => deadline = later,
+            None => return,
+        }
+    }
+}
+
+/// How one connection is bounded.
+pub(crate) struct Bounds {
+    /// The listener's name, for logs.
+    pub(crate) listener: &'static str,
+    /// The client, for logs.
+    pub(crate) peer: SocketAddr,
+    /// `keep_alive_timeout`: the idle limit, and how long a connection closing
+    /// for idleness may take to say goodbye.
+    pub(crate) idle: Duration,
+    /// The server's shutdown grace period.
+    pub(crate) grace: Duration,
+}
+
+/// Serve `conn` to its end: closed at once if it starts no request within
+/// `idle` (there is nothing to say goodbye to), gracefully once idle after
+/// requests (HTTP/2's GOAWAY) or when `stop` turns true (in-flight requests
+/// finish), and dropped if that goodbye outlasts `idle` (or `grace` on stop).
+/// `_open` is held until the end: the server's shutdown waits for every
+/// connection's.
+pub(crate) fn serve<C>(
+    conn: C,
+    load: InFlight,
+    bounds: Bounds,
+    stop: watch::Receiver<bool>,
+    open: watch::Receiver<()>,
+) -> impl Future<Output = ()> + Send
+where
+    C: GracefulConnection + Send,
+    C::Error: std::fmt::Display + Send,
+{
+    // Named `Send` here, where `C` is generic: proved at the spawn, through
+    // the concrete connection's closures, the compiler fails on lifetimes.
+    serve_inner(conn, load, bounds, stop, open)
+}
+
+async fn serve_inner<C>(
+    conn: C,
+    load: InFlight,
+    bounds: Bounds,
+    mut stop: watch::Receiver<bool>,
+    _open: watch::Receiver<()>,
+) where
+    C: GracefulConnection + Send,
+    C::Error: std::fmt::Display + Send,
+{
+    let Bounds {
+        listener,
+        peer,
+        idle,
+        grace,
+    } = bounds;
+    tokio::pin!(conn);
+    let ended = tokio::select! {
+        ended = conn.as_mut() => Some(ended),
+        () = crate::stopped(&mut stop) => None,
+        () = idle_for(&load.0, idle) => {
+            if !load.0.started.load(Ordering::Acquire) {
+                tracing::debug!(listener, %peer, "no request within keep_alive_timeout: closed");
+                return;
+            }
+            tracing::debug!(listener, %peer, "idle for keep_alive_timeout: closing");
+            None
+        }
+    };
+    let ended = match ended {
+        Some(ended) => ended,
+        None => {
+            let limit = if *stop.borrow() { grace } else { idle };
+            conn.as_mut().graceful_shutdown();
+            match tokio::time::timeout(limit, conn.as_mut()).await {
+                Ok(ended) => ended,
+                Err(_) => {
+                    tracing::warn!(listener, %peer, ?limit,
+                        "connection still open after its closing period: dropped");
+                    return;
+                }
+            }
+        }
+    };
+    if let Err(e) = ended {
+        tracing::debug!(listener, %peer, error = %e, "connection ended with an error");
+    }
+}

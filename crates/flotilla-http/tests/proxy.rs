@@ -538,14 +538,7 @@ async fn keep_alive_serves_many_requests_on_one_connection_and_idles_out() {
     );
 
     // HTTP/2: many concurrent streams on one connection.
-    let stream = tokio::net::TcpStream::connect(f.proxy).await.unwrap();
-    let (send2, conn2) = hyper::client::conn::http2::handshake(
-        hyper_util::rt::TokioExecutor::new(),
-        hyper_util::rt::TokioIo::new(stream),
-    )
-    .await
-    .unwrap();
-    tokio::spawn(conn2);
+    let (send2, _conn2) = support::h2_connection(f.proxy).await;
     let calls = (0..20).map(|i| {
         let mut s = send2.clone();
         let url = f.url(&format!("/e/{i}"));
@@ -577,14 +570,7 @@ async fn an_http2_connection_is_kept_while_a_stream_runs_and_closed_once_idle() 
     )
     .await;
     f.serve.run(echo_app("s", "/s", "s")).await.unwrap();
-    let stream = tokio::net::TcpStream::connect(f.proxy).await.unwrap();
-    let (mut send, conn) = hyper::client::conn::http2::handshake(
-        hyper_util::rt::TokioExecutor::new(),
-        hyper_util::rt::TokioIo::new(stream),
-    )
-    .await
-    .unwrap();
-    let mut conn = tokio::spawn(conn);
+    let (mut send, mut conn) = support::h2_connection(f.proxy).await;
     let resp = send
         .send_request(
             http::Request::get(f.url("/s/stream/2"))
@@ -616,6 +602,44 @@ async fn an_http2_connection_is_kept_while_a_stream_runs_and_closed_once_idle() 
         ended.is_ok(),
         "the idle HTTP/2 connection was closed by the server"
     );
+    f.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_closes_a_connection_still_busy_after_the_grace_period() {
+    let mut f = start_with(
+        test_options()
+            .shutdown_grace(Duration::from_millis(200))
+            .build()
+            .unwrap(),
+    )
+    .await;
+    f.serve.run(echo_app("e", "/e", "e")).await.unwrap();
+    let probe = f.probe.clone();
+    let started = probe.started.notified();
+    tokio::pin!(started);
+    started.as_mut().enable();
+    let hang = tokio::spawn({
+        let (c, url) = (support::client(), f.url("/e/hang"));
+        async move {
+            c.request(
+                http::Request::get(url)
+                    .body(Full::new(Bytes::new()))
+                    .unwrap(),
+            )
+            .await
+        }
+    });
+    started.await;
+    f.http.take().unwrap().shutdown().await;
+    // The grace period over, the connection is closed: the client sees it end
+    // without an answer, and the handler is cancelled (the Serve still runs).
+    let ended = tokio::time::timeout(Duration::from_secs(10), hang).await;
+    assert!(
+        matches!(ended, Ok(Ok(Err(_)))),
+        "the busy connection was closed at the end of the grace period: {ended:?}"
+    );
+    f.probe.wait_dropped(1).await;
     f.stop().await;
 }
 

@@ -357,6 +357,24 @@ pub fn client() -> HttpClient {
     Client::builder(TokioExecutor::new()).build_http()
 }
 
+/// One h2c connection to `addr` of its own (not pooled): its sender, and the
+/// task driving it, which ends when the connection closes.
+pub async fn h2_connection(
+    addr: SocketAddr,
+) -> (
+    hyper::client::conn::http2::SendRequest<Full<Bytes>>,
+    tokio::task::JoinHandle<Result<(), hyper::Error>>,
+) {
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (send, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .unwrap();
+    (send, tokio::spawn(conn))
+}
+
 /// An h2c client (HTTP/2 with prior knowledge).
 pub fn h2_client() -> HttpClient {
     Client::builder(TokioExecutor::new())

@@ -949,15 +949,60 @@ async fn connections_that_never_authenticate_are_closed_at_the_deadline_and_capp
             matches!(w.try_read(&mut buf), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock);
         assert!(open, "a connection within the cap was closed");
     }
-    // Once they close, their places are free: a node joins well before the
+    // A node that dials while they hold every place is closed at accept too:
+    // that is not a refusal, so it dials again (it ended, as refused, before).
+    let node = NodeProc::start(addr, &NodeSpec::new("late", 1.0), dir.path());
+    let closed = "the connection to the head ended before the handshake did; dialing again";
+    eventually(30, "the node's dial was closed at accept", || async {
+        !log_lines(&node, closed).is_empty()
+    })
+    .await;
+    // Once they close, their places are free: the node joins well before the
     // deadline would have freed them.
     drop(waiting);
-    let _node = NodeProc::start(addr, &NodeSpec::new("late", 1.0), dir.path());
     eventually(30, "the node joined", || async {
         serve.metrics().await.unwrap().nodes.joined == 1
     })
     .await;
+    assert_eq!(serve.metrics().await.unwrap().nodes.refused, 0);
     serve.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dial_whose_handshake_stalls_is_closed_at_the_deadline_and_dialed_again() {
+    let _turn = turn().await;
+    // Where the head should be, something accepts connections and never
+    // answers (a hung head, a half-open connection).
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut options =
+        flotilla::node::NodeOptions::new(addr, flotilla::Cookie::new(COOKIE).unwrap())
+            .name("stalled");
+    options.handshake_timeout = Duration::from_millis(200);
+    let node = flotilla::node::start(registry(), options).await.unwrap();
+    let accept = || async {
+        tokio::time::timeout(Duration::from_secs(30), listener.accept())
+            .await
+            .expect("the node dialed")
+            .unwrap()
+            .0
+    };
+    let mut first = accept().await;
+    // The node gives up on the silent connection at its deadline (it waited
+    // on it for ever before) and dials again.
+    let mut sent = Vec::new();
+    let ended = tokio::time::timeout(
+        Duration::from_secs(10),
+        tokio::io::AsyncReadExt::read_to_end(&mut first, &mut sent),
+    )
+    .await;
+    assert!(
+        matches!(&ended, Ok(Ok(_)))
+            || matches!(&ended, Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionReset),
+        "the node kept the stalled connection: {ended:?}"
+    );
+    let _second = accept().await;
+    node.shutdown().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

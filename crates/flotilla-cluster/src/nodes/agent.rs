@@ -26,7 +26,7 @@ use tracing::{error, info, warn};
 
 use super::{
     AbortOnDrop, NodeOptions,
-    link::{Inbound, Link, SessionEvent, dials},
+    link::{Inbound, Link, SessionEnd, SessionEvent, dials},
     on_model_changes,
     options::CHECK_PERIOD,
     transport::PeerCall,
@@ -144,6 +144,19 @@ impl AgentState {
 
     fn live_changed(&self) {
         self.args.live.send_replace(self.replicas.len());
+    }
+
+    /// Whether a session whose address is `addr` is this node's dial to the
+    /// head (a dialed session's address is the one dialed).
+    fn dials_head(&self, addr: &str) -> bool {
+        addr == self.args.options.head.to_string()
+    }
+
+    /// Dial the head again after `redial`, unless the node is shutting down.
+    fn redial_later(&self, myself: &ActorRef<AgentMsg>) {
+        if !self.shutting_down {
+            myself.send_after(self.args.options.redial, || AgentMsg::Redial);
+        }
     }
 }
 
@@ -368,7 +381,25 @@ fn meet_peers(myself: &ActorRef<AgentMsg>, state: &mut AgentState) {
 fn session(myself: &ActorRef<AgentMsg>, state: &mut AgentState, ev: SessionEvent) {
     match ev {
         SessionEvent::Opened { .. } => {}
-        SessionEvent::Ready { peer, .. } if is_head(&peer) => {
+        SessionEvent::Ready {
+            peer,
+            addr,
+            outbound,
+            ..
+        } if outbound && state.dials_head(&addr) => {
+            if !is_head(&peer) {
+                // Something else listens where the head should: a node's
+                // listener, or another program holding the cookie. Its
+                // close (below) dials again.
+                error!(node = %state.args.id, head = %addr, %peer,
+                    "the process at the head's address is not a Flotilla head; dialing again");
+                state
+                    .args
+                    .link
+                    .shared
+                    .drop_session(&peer, "not a Flotilla head");
+                return;
+            }
             state.dialing = false;
             state.session = Some(peer.clone());
             state.last_heard = Instant::now();
@@ -384,40 +415,50 @@ fn session(myself: &ActorRef<AgentMsg>, state: &mut AgentState, ev: SessionEvent
             info!(node = %state.args.id, %peer, dialed, "connected to a peer node");
         }
         SessionEvent::Closed {
-            peer: None,
-            authenticated: false,
             addr,
-            ..
-        } => {
-            // Only the session this node dialed to the head tells that the
-            // head refused it: peer nodes dial this one too, and one with a
-            // wrong cookie closes mid-handshake without saying anything
-            // about the head.
-            let ours = addr == state.args.options.head.to_string();
-            if ours && state.dialing && state.session.is_none() {
-                let reason = "authentication failed (wrong cookie?)".to_owned();
-                error!(node = %state.args.id, head = %addr,
-                    "the head refused this node: {reason}");
-                state.end(Ending::Refused(reason));
-            } else if !ours {
-                info!(node = %state.args.id, peer = %addr,
-                    "a connection that never authenticated closed");
-            }
-        }
-        SessionEvent::Closed {
-            peer: Some(peer), ..
+            outbound,
+            end: SessionEnd::Authenticated { peer },
         } => {
             if state.session.as_deref() == Some(peer.as_str()) {
                 warn!(node = %state.args.id, head = %peer,
                     "lost the head; replicas keep serving; dialing again");
                 state.session = None;
                 state.head = None;
-                if !state.shutting_down {
-                    myself.send_after(state.args.options.redial, || AgentMsg::Redial);
-                }
+                state.redial_later(myself);
+            } else if outbound && state.dials_head(&addr) && state.session.is_none() {
+                // The head dial's session ended before it became the head's
+                // (it closed before it was ready, or it was not a head).
+                state.dialing = false;
+                state.redial_later(myself);
             }
         }
-        SessionEvent::Closed { .. } => {}
+        // Only the session this node dialed to the head tells about the
+        // head: peer nodes dial this one too, and one with a wrong cookie
+        // closes mid-handshake without saying anything about the head.
+        SessionEvent::Closed {
+            addr,
+            outbound,
+            end,
+        } if outbound && state.dials_head(&addr) && state.session.is_none() => {
+            state.dialing = false;
+            if end == SessionEnd::Refused {
+                let reason = "authentication failed (wrong cookie?)".to_owned();
+                error!(node = %state.args.id, head = %addr,
+                    "the head refused this node: {reason}");
+                state.end(Ending::Refused(reason));
+            } else {
+                // Not a refusal: the head closed it before its challenge (a
+                // head holding as many handshakes as it may, as when many
+                // nodes dial a restarted head at once), or it stalled.
+                warn!(node = %state.args.id, head = %addr, ?end,
+                    "the connection to the head ended before the handshake did; dialing again");
+                state.redial_later(myself);
+            }
+        }
+        SessionEvent::Closed { addr, end, .. } => {
+            info!(node = %state.args.id, peer = %addr, ?end,
+                "a connection that never authenticated closed");
+        }
     }
 }
 
@@ -450,8 +491,9 @@ fn hello(state: &AgentState) -> Hello {
 }
 
 async fn control(myself: &ActorRef<AgentMsg>, state: &mut AgentState, env: Envelope) {
-    if !is_head(&env.from) {
-        warn!(node = %state.args.id, from = %env.from, "control frame from a non-head: ignored");
+    if state.session.as_deref() != Some(env.from.as_str()) {
+        warn!(node = %state.args.id, from = %env.from,
+            "control frame from a peer other than the head this node dialed: ignored");
         return;
     }
     state.last_heard = Instant::now();

@@ -1,11 +1,13 @@
-//! Bounds on sessions that have not authenticated yet: a deadline for each
-//! (ractor_cluster waits for a silent peer's first frame for ever), and, on a
-//! listener of our own (the head's), a cap on how many are open at once. A
-//! peer without the cookie can therefore hold at most [`MAX_HANDSHAKES`]
-//! descriptors, each for at most the deadline.
+//! Bounds on sessions that have not authenticated yet: a deadline for each,
+//! accepted or dialed (ractor_cluster waits for a silent peer's next frame for
+//! ever), and, on a listener of our own (the head's), a cap on how many are
+//! open at once. A peer without the cookie can therefore hold at most
+//! [`MAX_HANDSHAKES`] of the head's descriptors, each for at most the
+//! deadline, and a node whose dial stalls (a hung head, a half-open
+//! connection) gives up at the deadline and dials again.
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     sync::{
         Arc, Mutex, MutexGuard, PoisonError,
         atomic::{AtomicU64, Ordering},
@@ -32,9 +34,11 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 pub(crate) struct Handshakes {
     me: String,
     deadline: Duration,
-    /// The deadline of each inbound session not yet authenticated, by
+    /// The deadline of each session not yet authenticated, by
     /// ractor_cluster's session id.
     pending: Mutex<HashMap<ractor_cluster::NodeId, JoinHandle<()>>>,
+    /// Sessions stopped at their deadline, until they are reported closed.
+    timed_out: Mutex<HashSet<ractor_cluster::NodeId>>,
     /// The cap of our own listener.
     slots: Arc<Semaphore>,
     /// The slot of each accepted connection, by peer address (with the
@@ -49,6 +53,7 @@ impl Handshakes {
             me,
             deadline,
             pending: Mutex::default(),
+            timed_out: Mutex::default(),
             slots: Arc::new(Semaphore::new(MAX_HANDSHAKES)),
             held: Mutex::default(),
             seq: AtomicU64::new(0),
@@ -79,18 +84,17 @@ impl Handshakes {
         true
     }
 
-    /// A session opened: an inbound one must authenticate within the
+    /// A session opened, accepted or dialed: it must authenticate within the
     /// deadline, or it is stopped.
     pub(crate) fn opened(self: &Arc<Self>, ses: &NodeServerSessionInformation) {
-        if !ses.is_server {
-            return;
-        }
         let (id, actor, peer) = (ses.node_id, ses.actor.clone(), ses.peer_addr.clone());
+        let dialed = !ses.is_server;
         let this = self.clone();
         let timer = tokio::spawn(async move {
             tokio::time::sleep(this.deadline).await;
             if lock(&this.pending).remove(&id).is_some() {
-                warn!(node = %this.me, %peer, deadline = ?this.deadline,
+                lock(&this.timed_out).insert(id);
+                warn!(node = %this.me, %peer, dialed, deadline = ?this.deadline,
                     "node connection closed: no handshake within the deadline");
                 actor.stop(Some("no handshake within the deadline".to_owned()));
             }
@@ -99,10 +103,12 @@ impl Handshakes {
     }
 
     /// A session authenticated or closed: its deadline and slot are done.
-    pub(crate) fn done(&self, ses: &NodeServerSessionInformation) {
+    /// Returns whether its deadline had stopped it.
+    pub(crate) fn done(&self, ses: &NodeServerSessionInformation) -> bool {
         if let Some(timer) = lock(&self.pending).remove(&ses.node_id) {
             timer.abort();
         }
         lock(&self.held).remove(&ses.peer_addr);
+        lock(&self.timed_out).remove(&ses.node_id)
     }
 }

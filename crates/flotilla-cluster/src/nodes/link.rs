@@ -61,18 +61,36 @@ pub(crate) enum SessionEvent {
     Opened { id: u64, addr: String },
     /// It authenticated; `peer` is the peer's ractor name, `listen` the
     /// address its `NodeServer` listens on (`host:port`, what a peer dials).
+    /// `addr` is, for a session this process dialed (`outbound`), the
+    /// address it dialed; for one it accepted, the peer's source address.
     Ready {
         peer: String,
         addr: String,
         listen: String,
+        outbound: bool,
     },
-    /// It closed; `peer` is `None` if it never authenticated (a wrong cookie
-    /// looks like this on both sides).
+    /// It closed, as `end` says.
     Closed {
-        peer: Option<String>,
         addr: String,
-        authenticated: bool,
+        outbound: bool,
+        end: SessionEnd,
     },
+}
+
+/// How a session ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum SessionEnd {
+    /// After it authenticated as `peer` (the peer's ractor name).
+    Authenticated { peer: String },
+    /// The handshake failed after the peer had named itself: a wrong cookie,
+    /// on one side or the other.
+    Refused,
+    /// The handshake deadline passed first ([`Handshakes`]).
+    TimedOut,
+    /// It ended before the peer named itself: the other side closed it at
+    /// once (a head whose listener holds as many handshakes as it may), the
+    /// connection dropped, or the peer does not speak ractor_cluster.
+    Unanswered,
 }
 
 /// What reaches the registry (head) or agent (node) from the link.
@@ -360,25 +378,34 @@ impl Shared {
             }
             (
                 SessionEvent::Closed {
-                    peer: Some(peer), ..
+                    end: SessionEnd::Authenticated { peer },
+                    ..
                 },
                 closing,
             ) => {
                 // The session goes before its calls fail (see `send_data`).
-                let duplicate = {
+                let (registered, duplicate) = {
                     let mut sessions = lock(&self.sessions);
-                    let others = match (sessions.get_mut(peer), closing) {
+                    let (registered, others) = match (sessions.get_mut(peer), closing) {
                         (Some(all), Some(closing)) => {
+                            let before = all.len();
                             all.retain(|s| s.get_id() != closing.get_id());
-                            !all.is_empty()
+                            (all.len() < before, !all.is_empty())
                         }
-                        _ => false,
+                        _ => (false, false),
                     };
                     if !others {
                         sessions.remove(peer);
                     }
-                    others
+                    (registered, others)
                 };
+                if duplicate && !registered {
+                    // It authenticated under the name of a connected peer and
+                    // closed before it was ready: no call went by it, and the
+                    // peer's own session is untouched.
+                    info!(node = %self.me, peer, "a second session to a connected peer closed before it was ready");
+                    return;
+                }
                 lock(&self.peers).remove(peer);
                 // A duplicate session (only a peer that dials against `dials`
                 // opens one) leaves the peer connected by the other. Still,
@@ -444,20 +471,26 @@ impl NodeEventSubscription for Events {
                 peer,
                 addr: ses.peer_addr.clone(),
                 listen,
+                outbound: !ses.is_server,
             },
             Some(ses.actor),
         );
     }
 
     fn node_session_disconnected(&self, ses: NodeServerSessionInformation) {
-        self.0.handshakes.done(&ses);
+        let timed_out = self.0.handshakes.done(&ses);
         let authenticated = lock(&self.1).remove(&ses.node_id);
-        let peer = peer_of(&ses).filter(|_| authenticated);
+        let end = match peer_of(&ses) {
+            Some(peer) if authenticated => SessionEnd::Authenticated { peer },
+            _ if timed_out => SessionEnd::TimedOut,
+            Some(_) => SessionEnd::Refused,
+            None => SessionEnd::Unanswered,
+        };
         self.0.on_session(
             SessionEvent::Closed {
-                peer,
                 addr: ses.peer_addr,
-                authenticated,
+                outbound: !ses.is_server,
+                end,
             },
             Some(ses.actor),
         );

@@ -15,7 +15,7 @@ use tracing::{info, warn};
 use super::{
     RemoteHost,
     head::{HeadShared, NodeEntry, lock},
-    link::{Inbound, SessionEvent},
+    link::{Inbound, SessionEnd, SessionEvent},
     options::{CHECK_PERIOD, check_id},
     proxy::{Adopted, ProxyReport, RemoteReplica, RemoteReplicaArgs},
     wire::{Control, Envelope, Hello, ReplicaReport, Welcome},
@@ -130,12 +130,22 @@ fn touch(state: &RegistryState, peer: &str) {
     }
 }
 
-fn report(state: &RegistryState, replica: u64, report: ProxyReport) {
+/// Pass a node's report on `replica` to its proxy, if the node that sent it
+/// (`from`) is the one the replica runs on.
+fn report(state: &RegistryState, from: &str, replica: u64, report: ProxyReport) {
+    let sender = state.by_peer.get(from);
     let proxies = lock(&state.shared.proxies);
     match proxies.get(&ReplicaId(replica)) {
-        Some((_, tx)) => {
+        Some((node, tx)) if sender == Some(node) => {
             let _ = tx.send(report);
         }
+        Some((node, _)) => warn!(
+            replica,
+            %node,
+            peer = %from,
+            ?report,
+            "report on a replica from a peer other than its node: ignored"
+        ),
         None => warn!(
             replica,
             ?report,
@@ -153,11 +163,11 @@ async fn control(state: &mut RegistryState, env: Envelope) {
         Control::Heartbeat { .. } => touch(state, &from),
         Control::Event { replica, event } => {
             touch(state, &from);
-            report(state, replica, ProxyReport::Event(event));
+            report(state, &from, replica, ProxyReport::Event(event));
         }
         Control::Models { replica, models } => {
             touch(state, &from);
-            report(state, replica, ProxyReport::Models(models));
+            report(state, &from, replica, ProxyReport::Models(models));
         }
         Control::Exited {
             replica,
@@ -165,7 +175,7 @@ async fn control(state: &mut RegistryState, env: Envelope) {
             why,
         } => {
             touch(state, &from);
-            report(state, replica, ProxyReport::Exited { crashed, why });
+            report(state, &from, replica, ProxyReport::Exited { crashed, why });
         }
         other => warn!(peer = %from, frame = ?other, "head: unexpected control frame"),
     }
@@ -176,7 +186,9 @@ fn session(state: &mut RegistryState, ev: SessionEvent) {
         SessionEvent::Opened { id, addr } => {
             tracing::debug!(session = id, %addr, "head: node connection opened");
         }
-        SessionEvent::Ready { peer, addr, listen } => {
+        SessionEvent::Ready {
+            peer, addr, listen, ..
+        } => {
             info!(%peer, %addr, %listen, "head: node session authenticated");
             // Its hello may have come first (the two travel apart): then the
             // nodes heard of it without where it listens, and hear again.
@@ -198,16 +210,17 @@ fn session(state: &mut RegistryState, ev: SessionEvent) {
             }
         }
         SessionEvent::Closed {
-            peer: None,
             addr,
-            authenticated: false,
+            end: SessionEnd::Refused,
             ..
         } => {
             state.shared.refused.fetch_add(1, Ordering::Relaxed);
             warn!(%addr, "node connection refused: authentication failed (wrong cookie?)");
         }
-        SessionEvent::Closed { peer, .. } => {
-            let Some(peer) = peer else { return };
+        SessionEvent::Closed {
+            end: SessionEnd::Authenticated { peer },
+            ..
+        } => {
             state.reach.remove(&peer);
             if let Some(id) = state.by_peer.get(&peer).cloned() {
                 let alive = lock(&state.shared.nodes).get(&id).is_some_and(|n| n.alive);
@@ -215,6 +228,11 @@ fn session(state: &mut RegistryState, ev: SessionEvent) {
                     declare_lost(state, &id, "its connection closed");
                 }
             }
+        }
+        // Stopped at the deadline (logged there), or closed before the peer
+        // said who it is.
+        SessionEvent::Closed { addr, end, .. } => {
+            tracing::debug!(%addr, ?end, "head: a node connection closed before its handshake");
         }
     }
 }

@@ -969,6 +969,39 @@ async fn connections_that_never_authenticate_are_closed_at_the_deadline_and_capp
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nodes_listener_holds_at_most_64_connections_waiting_to_authenticate() {
+    let _turn = turn().await;
+    let dir = tempfile::tempdir().unwrap();
+    let serve = head(dir.path(), cpus(1.0)).await;
+    let _node = NodeProc::start(
+        serve.node_address().unwrap(),
+        &NodeSpec::new("capped", 1.0),
+        dir.path(),
+    );
+    eventually(30, "the node joined with its listen address", || async {
+        serve.nodes().iter().any(|n| !n.listen.is_empty())
+    })
+    .await;
+    let listen = serve.nodes()[0].listen.clone();
+    // ractor_cluster's listener has no accept hook: the node closes a
+    // connection beyond the cap as soon as its session opens, and keeps the
+    // 64 (until its 5 s handshake deadline).
+    let mut waiting = Vec::new();
+    for _ in 0..64 {
+        waiting.push(tokio::net::TcpStream::connect(&listen).await.unwrap());
+    }
+    let mut over = tokio::net::TcpStream::connect(&listen).await.unwrap();
+    assert!(closed_by_server(&mut over).await, "the 65th was not closed");
+    let mut buf = [0u8; 1];
+    for w in &waiting {
+        let open =
+            matches!(w.try_read(&mut buf), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock);
+        assert!(open, "a connection within the cap was closed");
+    }
+    serve.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dial_whose_handshake_stalls_is_closed_at_the_deadline_and_dialed_again() {
     let _turn = turn().await;
     // Where the head should be, something accepts connections and never

@@ -1,9 +1,11 @@
 //! Bounds on sessions that have not authenticated yet: a deadline for each,
 //! accepted or dialed (ractor_cluster waits for a silent peer's next frame for
-//! ever), and, on a listener of our own (the head's), a cap on how many are
-//! open at once. A peer without the cookie can therefore hold at most
-//! [`MAX_HANDSHAKES`] of the head's descriptors, each for at most the
-//! deadline, and a node whose dial stalls (a hung head, a half-open
+//! ever), and a cap on how many accepted ones are open at once: on a listener
+//! of our own (the head's) at accept, on ractor_cluster's (a node's) as soon
+//! as the session opens. A peer without the cookie can therefore hold at most
+//! [`MAX_HANDSHAKES`] of a process's descriptors (a node's: and each one it
+//! opens beyond them for as long as a session takes to start), each for at
+//! most the deadline, and a node whose dial stalls (a hung head, a half-open
 //! connection) gives up at the deadline and dials again.
 
 use std::{
@@ -22,8 +24,9 @@ use tokio::{
 };
 use tracing::warn;
 
-/// Connections the head's listener holds at once before they authenticate;
-/// beyond it, new ones are closed at accept.
+/// Connections a listener holds at once before they authenticate; beyond
+/// it, new ones are closed (the head's at accept, a node's as their session
+/// opens).
 pub(crate) const MAX_HANDSHAKES: usize = 64;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -35,8 +38,11 @@ pub(crate) struct Handshakes {
     me: String,
     deadline: Duration,
     /// The deadline of each session not yet authenticated, by
-    /// ractor_cluster's session id.
-    pending: Mutex<HashMap<ractor_cluster::NodeId, JoinHandle<()>>>,
+    /// ractor_cluster's session id, and whether it was accepted.
+    pending: Mutex<HashMap<ractor_cluster::NodeId, (bool, JoinHandle<()>)>>,
+    /// Whether accepted connections are capped at accept ([`Self::admit`]):
+    /// the listener is ours.
+    capped_at_accept: bool,
     /// Sessions stopped at their deadline, until they are reported closed.
     timed_out: Mutex<HashSet<ractor_cluster::NodeId>>,
     /// The cap of our own listener.
@@ -48,11 +54,12 @@ pub(crate) struct Handshakes {
 }
 
 impl Handshakes {
-    pub(crate) fn new(me: String, deadline: Duration) -> Arc<Self> {
+    pub(crate) fn new(me: String, deadline: Duration, capped_at_accept: bool) -> Arc<Self> {
         Arc::new(Handshakes {
             me,
             deadline,
             pending: Mutex::default(),
+            capped_at_accept,
             timed_out: Mutex::default(),
             slots: Arc::new(Semaphore::new(MAX_HANDSHAKES)),
             held: Mutex::default(),
@@ -85,10 +92,23 @@ impl Handshakes {
     }
 
     /// A session opened, accepted or dialed: it must authenticate within the
-    /// deadline, or it is stopped.
+    /// deadline, or it is stopped. One accepted on a listener that is not ours
+    /// is stopped at once if [`MAX_HANDSHAKES`] accepted ones wait already.
     pub(crate) fn opened(self: &Arc<Self>, ses: &NodeServerSessionInformation) {
         let (id, actor, peer) = (ses.node_id, ses.actor.clone(), ses.peer_addr.clone());
-        let dialed = !ses.is_server;
+        let accepted = ses.is_server;
+        if accepted && !self.capped_at_accept {
+            let waiting = lock(&self.pending).values().filter(|(a, _)| *a).count();
+            if waiting >= MAX_HANDSHAKES {
+                warn!(node = %self.me, %peer, max = MAX_HANDSHAKES,
+                    "node listener: too many connections waiting to authenticate; closed");
+                actor.stop(Some(
+                    "too many connections waiting to authenticate".to_owned(),
+                ));
+                return;
+            }
+        }
+        let dialed = !accepted;
         let this = self.clone();
         let timer = tokio::spawn(async move {
             tokio::time::sleep(this.deadline).await;
@@ -99,13 +119,13 @@ impl Handshakes {
                 actor.stop(Some("no handshake within the deadline".to_owned()));
             }
         });
-        lock(&self.pending).insert(id, timer);
+        lock(&self.pending).insert(id, (accepted, timer));
     }
 
     /// A session authenticated or closed: its deadline and slot are done.
     /// Returns whether its deadline had stopped it.
     pub(crate) fn done(&self, ses: &NodeServerSessionInformation) -> bool {
-        if let Some(timer) = lock(&self.pending).remove(&ses.node_id) {
+        if let Some((_, timer)) = lock(&self.pending).remove(&ses.node_id) {
             timer.abort();
         }
         lock(&self.held).remove(&ses.peer_addr);

@@ -49,6 +49,9 @@ pub struct NodeInfo {
     pub peer: String,
     /// The address its connection came from.
     pub address: String,
+    /// Where its own listener is (`host:port`, what other nodes dial), as it
+    /// advertised it; empty until its session is ready.
+    pub listen: String,
     /// What it offers.
     pub resources: Resources,
     /// Its labels.
@@ -82,6 +85,7 @@ pub struct NodeCounters {
 pub(crate) struct NodeEntry {
     pub(crate) peer: String,
     pub(crate) address: String,
+    pub(crate) listen: String,
     pub(crate) resources: Resources,
     pub(crate) labels: Vec<(String, String)>,
     pub(crate) alive: bool,
@@ -365,6 +369,7 @@ impl Head {
                 id: id.clone(),
                 peer: n.peer.clone(),
                 address: n.address.clone(),
+                listen: n.listen.clone(),
                 resources: n.resources.clone(),
                 labels: n.labels.clone(),
                 alive: n.alive,

@@ -703,7 +703,7 @@ impl Link {
             peers: Mutex::default(),
             sessions: Mutex::default(),
             inbound,
-            handshakes: Handshakes::new(me.clone(), handshake),
+            handshakes: Handshakes::new(me.clone(), handshake, matches!(listen, Listen::Own(_))),
             undecodable: AtomicU64::new(0),
         });
         let (port, _) = Actor::spawn(Some(port_name(&me)), Port, shared.clone())

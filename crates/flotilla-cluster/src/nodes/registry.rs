@@ -197,14 +197,15 @@ fn session(state: &mut RegistryState, ev: SessionEvent) {
                 peer,
                 Reach {
                     addr: addr.clone(),
-                    listen,
+                    listen: listen.clone(),
                 },
             );
             if let Some(id) = joined {
-                if let Some(n) = lock(&state.shared.nodes).get_mut(&id)
-                    && n.address.is_empty()
-                {
-                    n.address = addr;
+                if let Some(n) = lock(&state.shared.nodes).get_mut(&id) {
+                    if n.address.is_empty() {
+                        n.address = addr;
+                    }
+                    n.listen = listen;
                 }
                 broadcast_nodes(state);
             }
@@ -293,16 +294,17 @@ async fn hello(state: &mut RegistryState, from: String, h: Hello) {
             head_node: shared.options.node_id.clone(),
         }),
     );
-    let address = state
+    let (address, listen) = state
         .reach
         .get(&from)
-        .map(|r| r.addr.clone())
+        .map(|r| (r.addr.clone(), r.listen.clone()))
         .unwrap_or_default();
     lock(&shared.nodes).insert(
         h.node.clone(),
         NodeEntry {
             peer: from.clone(),
             address: address.clone(),
+            listen,
             resources: h.resources.clone(),
             labels: h.labels.clone(),
             alive: true,

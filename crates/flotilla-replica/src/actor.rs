@@ -306,7 +306,7 @@ async fn initialise(args: InitArgs) -> Result<Arc<dyn ErasedDeployment>, String>
     if faults.hit(FaultPoint::ReplicaConstructor) {
         return Err("constructor failed: injected fault: ReplicaConstructor".to_owned());
     }
-    let user = guarded(registry.construct(&spec.import_path, ctx))
+    let user = guarded(|| registry.construct(&spec.import_path, ctx))
         .await
         .map_err(|g| format!("constructor failed: {g}"))?;
     if let Some(uc) = spec.config.user_config.clone() {

@@ -26,10 +26,12 @@
 
 use std::{
     collections::VecDeque,
+    panic::AssertUnwindSafe,
     sync::{Arc, Mutex, MutexGuard},
 };
 
 use flotilla_core::{AppName, DeploymentName};
+use futures::FutureExt;
 use tokio::{
     sync::{mpsc, oneshot, watch},
     time::Instant,
@@ -253,7 +255,17 @@ fn start_waiting(shared: &Arc<Shared>, exec: &mut Exec) {
 async fn run_batches(shared: Arc<Shared>, batch: Vec<Entry>) {
     let mut next = Some(batch);
     while let Some(batch) = next.take() {
-        run_batch(&shared, batch).await;
+        // The handler's own panics are its batch's error (`guarded`); any
+        // other (a response's `Serialize`) must not end this task with its
+        // place among the running batches still taken: its callers are
+        // answered as killed, and the next batches run.
+        if let Err(p) = AssertUnwindSafe(run_batch(&shared, batch))
+            .catch_unwind()
+            .await
+        {
+            tracing::error!(panic = %crate::user::panic_message(p),
+                "a batch panicked outside its handler");
+        }
         let mut exec = shared.exec();
         if exec.running <= shared.settings.max_concurrent_batches() {
             next = exec.waiting.pop_front();
@@ -469,6 +481,51 @@ mod tests {
                 "{e}"
             );
         }
+    }
+
+    /// A batch handler written as a plain `fn`: it panics on 997 before it
+    /// returns its future.
+    struct Hasty;
+
+    impl Deployment for Hasty {
+        type Request = u32;
+        type Response = u32;
+        async fn handle(&self, x: u32) -> Result<u32, UserError> {
+            Ok(x)
+        }
+        #[allow(clippy::manual_async_fn)]
+        fn handle_batch(
+            &self,
+            xs: Vec<u32>,
+        ) -> impl Future<Output = Result<Vec<u32>, UserError>> + Send {
+            assert!(!xs.contains(&997), "asked to panic at once");
+            async move { Ok(xs) }
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_handler_that_panics_before_its_future_fails_its_batch_and_the_next_runs() {
+        let settings = Arc::new(Settings::default());
+        settings.set_batching(Some(BatchConfig::new(2, Duration::from_millis(1))));
+        let b = Arc::new(Batcher::start(
+            Arc::new(Erased(Hasty)),
+            settings,
+            AppName::new("a").unwrap(),
+            DeploymentName::new("d").unwrap(),
+            ReplicaId(7),
+        ));
+        let first = submit(&b, 997).await.unwrap().unwrap_err();
+        assert_eq!(
+            first,
+            CallError::Panicked("asked to panic at once".into()),
+            "{first}"
+        );
+        // The batcher's place for it was given back (with the default one
+        // batch at a time, a lost place stalled every later batch).
+        let next = tokio::time::timeout(Duration::from_secs(60), submit(&b, 5))
+            .await
+            .expect("the next batch ran");
+        assert_eq!(next.unwrap().unwrap(), 5);
     }
 
     #[tokio::test(start_paused = true)]

@@ -311,8 +311,23 @@ impl<M: MultiplexedDeployment> ModelCache<M> {
     /// to make room, and tell every waiter.
     async fn load(self: Arc<Self>, id: Arc<str>, done: watch::Sender<Outcome<M::Model>>) {
         let _turn = self.turn.lock().await;
+        let stopped = {
+            let mut s = self.lock();
+            if s.closed {
+                // The replica stopped while this load waited for its turn:
+                // load nothing (it would run, evict and unload after the
+                // replica's end).
+                s.loading.retain(|l| l.id != id);
+                self.publish(&s);
+            }
+            s.closed
+        };
+        if stopped {
+            done.send_replace(Some(Err(load_error(&id, "the replica is stopping"))));
+            return;
+        }
         self.make_room().await;
-        let result = guarded(self.source.load_model(&id)).await;
+        let result = guarded(|| self.source.load_model(&id)).await;
         let (outcome, late) = {
             let mut s = self.lock();
             s.loading.retain(|l| l.id != id);
@@ -366,7 +381,7 @@ impl<M: MultiplexedDeployment> ModelCache<M> {
     }
 
     async fn unload(&self, id: Arc<str>, model: Arc<M::Model>) {
-        let unloading = async {
+        let unloading = || async {
             self.source.unload_model(&id, model).await;
             Ok::<_, UserError>(())
         };
@@ -413,10 +428,13 @@ mod tests {
 
     use super::*;
 
-    /// Loads take 10 ms; loading "bad" fails; every load and unload is logged.
+    /// Loads take 10 ms; loading "bad" fails; the first load of "boom"
+    /// panics before the loader returns its future; every load and unload is
+    /// logged.
     #[derive(Default)]
     struct Zoo {
         loads: AtomicU32,
+        boomed: std::sync::atomic::AtomicBool,
         log: Mutex<Vec<String>>,
     }
 
@@ -430,14 +448,22 @@ mod tests {
         type Request = ();
         type Response = String;
         type Model = String;
-        async fn load_model(&self, id: &str) -> Result<String, UserError> {
+        #[allow(clippy::manual_async_fn)]
+        fn load_model(&self, id: &str) -> impl Future<Output = Result<String, UserError>> + Send {
             self.loads.fetch_add(1, Ordering::SeqCst);
             self.log.lock().unwrap().push(format!("load {id}"));
-            tokio::time::sleep(Duration::from_millis(10)).await;
-            if id == "bad" {
-                return Err(UserError::new("no such model"));
+            assert!(
+                id != "boom" || self.boomed.swap(true, Ordering::SeqCst),
+                "boom"
+            );
+            let id = id.to_owned();
+            async move {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                if id == "bad" {
+                    return Err(UserError::new("no such model"));
+                }
+                Ok(format!("model {id}"))
             }
-            Ok(format!("model {id}"))
         }
         async fn unload_model(&self, id: &str, model: Arc<String>) {
             assert_eq!(*model, format!("model {id}"));
@@ -573,6 +599,52 @@ mod tests {
         // Nothing was cached: the next request loads again.
         assert!(c.get(&id("bad")).await.is_err());
         assert_eq!(zoo.loads.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_loader_that_panics_before_its_future_fails_that_load_only() {
+        let (zoo, c) = cache(Some(3));
+        match c.get(&id("boom")).await {
+            Err(CallError::ModelLoad { model_id, message }) => {
+                assert_eq!(
+                    (model_id.as_str(), message.as_str()),
+                    ("boom", "panicked: boom")
+                );
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        // Nothing is left loading (the entry stayed, and every later request
+        // for the model failed at once, "abandoned"): the next one loads.
+        assert!(c.hub().current().is_empty());
+        assert_eq!(*c.get(&id("boom")).await.unwrap(), "model boom");
+        assert_eq!(zoo.loads.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn loads_queued_when_the_replica_stops_do_not_run() {
+        let (zoo, c) = cache(Some(1));
+        let mut rx = c.hub().subscribe();
+        let gets: Vec<_> = ["a", "b", "c"]
+            .into_iter()
+            .map(|m| {
+                let c = c.clone();
+                tokio::spawn(async move { c.get(&id(m)).await })
+            })
+            .collect();
+        // "a" loads; "b" and "c" wait for their turn.
+        rx.wait_for(|ids| ids.loading.len() == 3).await.unwrap();
+        c.shutdown().await;
+        let outcomes: Vec<_> = futures::future::join_all(gets)
+            .await
+            .into_iter()
+            .map(|g| g.unwrap().is_ok())
+            .collect();
+        // "a" was loading already: its caller gets it, and it is unloaded at
+        // once; "b" and "c" are never loaded.
+        assert_eq!(outcomes, [true, false, false]);
+        assert_eq!(zoo.loads.load(Ordering::SeqCst), 1);
+        assert_eq!(zoo.log(), ["load a", "unload a"]);
+        assert!(c.hub().current().is_empty());
     }
 
     #[tokio::test(start_paused = true)]

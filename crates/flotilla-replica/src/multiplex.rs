@@ -124,7 +124,12 @@ pub trait MultiplexedDeployment: Send + Sync + 'static {
 
     /// Load the model `model_id` (Ray's decorated loader). Runs in a task of
     /// its own, one load at a time per replica; its result serves every
-    /// request that waited for it.
+    /// request that waited for it. An error or a panic (before or after it
+    /// returns its future) fails that load: its requests get
+    /// [`CallError::ModelLoad`](crate::CallError::ModelLoad), nothing is
+    /// cached, and the replica is not replaced (as Ray, where a loader's
+    /// exception fails its requests only). A load still waiting for its turn
+    /// when the replica stops does not run.
     fn load_model(
         &self,
         model_id: &str,
@@ -256,7 +261,7 @@ impl<M: MultiplexedDeployment> ErasedDeployment for ErasedMultiplexed<M> {
 
     fn reconfigure(&self, user_config: Args) -> BoxFuture<'_, Result<(), UserError>> {
         Box::pin(async move {
-            guarded(async { self.inner.reconfigure(user_config).await })
+            guarded(|| self.inner.reconfigure(user_config))
                 .await
                 .map_err(Into::into)
         })
@@ -264,7 +269,7 @@ impl<M: MultiplexedDeployment> ErasedDeployment for ErasedMultiplexed<M> {
 
     fn check_health(&self) -> BoxFuture<'_, Result<(), UserError>> {
         Box::pin(async move {
-            guarded(async { self.inner.check_health().await })
+            guarded(|| self.inner.check_health())
                 .await
                 .map_err(Into::into)
         })

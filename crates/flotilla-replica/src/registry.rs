@@ -384,11 +384,7 @@ impl Registry {
         match self.builders.get(path.as_str()) {
             Some(b) => {
                 let b = b.clone();
-                Box::pin(async move {
-                    crate::user::guarded(async move { b(args).await })
-                        .await
-                        .map_err(Into::into)
-                })
+                Box::pin(async move { crate::user::guarded(|| b(args)).await.map_err(Into::into) })
             }
             None => {
                 let msg =

@@ -229,11 +229,17 @@ pub(crate) fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
         .unwrap_or_else(|| "non-string panic payload".to_owned())
 }
 
-/// Run user code, turning a panic into an error.
-pub(crate) async fn guarded<T>(
-    fut: impl Future<Output = Result<T, UserError>>,
-) -> Result<T, Guarded> {
-    match AssertUnwindSafe(fut).catch_unwind().await {
+/// Run user code, turning a panic into an error. It takes the call, not its
+/// future: user code may panic before it returns its future (a plain `fn`
+/// returning `impl Future`), and that panic is caught too.
+pub(crate) async fn guarded<T, Fut>(call: impl FnOnce() -> Fut) -> Result<T, Guarded>
+where
+    Fut: Future<Output = Result<T, UserError>>,
+{
+    match AssertUnwindSafe(async move { call().await })
+        .catch_unwind()
+        .await
+    {
         Ok(Ok(v)) => Ok(v),
         Ok(Err(e)) => Err(Guarded::Failed(e)),
         Err(p) => Err(Guarded::Panicked(panic_message(p))),
@@ -298,7 +304,7 @@ where
     Fut: Future<Output = Result<Resp, UserError>>,
 {
     let req = request(payload)?;
-    let resp = guarded(handler(req)).await?;
+    let resp = guarded(|| handler(req)).await?;
     Ok(Payload::of(resp))
 }
 
@@ -329,7 +335,7 @@ where
         return Ok(out);
     }
     let expected = decoded.len();
-    let responses = guarded(handler(decoded))
+    let responses = guarded(|| handler(decoded))
         .await
         .map_err(|g| BatchError::Failed(g.into()))?;
     if responses.len() != expected {
@@ -396,17 +402,13 @@ impl<D: Deployment> ErasedDeployment for Erased<D> {
 
     fn reconfigure(&self, user_config: Args) -> BoxFuture<'_, Result<(), UserError>> {
         Box::pin(async move {
-            guarded(async { self.0.reconfigure(user_config).await })
+            guarded(|| self.0.reconfigure(user_config))
                 .await
                 .map_err(Into::into)
         })
     }
 
     fn check_health(&self) -> BoxFuture<'_, Result<(), UserError>> {
-        Box::pin(async move {
-            guarded(async { self.0.check_health().await })
-                .await
-                .map_err(Into::into)
-        })
+        Box::pin(async move { guarded(|| self.0.check_health()).await.map_err(Into::into) })
     }
 }

@@ -632,6 +632,48 @@ async fn a_config_may_swap_its_own_applications_prefixes_whatever_order_builds_e
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_config_that_drops_an_application_whose_build_is_parked_does_not_bring_it_back() {
+    let (_dir, _, serve) = start_fresh_with(registry).await;
+    serve
+        .apply_config(pair(("/one", "a1", 0), ("/two", "b1", 0)))
+        .await
+        .unwrap();
+    both_running(&serve, (1, 1), ("a1", "b1")).await;
+    // A swap: a's build ends first and parks (b holds /two, and b's build
+    // runs for 100 s).
+    serve
+        .apply_config(pair(("/two", "a2", 1), ("/one", "b2", 100)))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(serve.app_status("a").observed_generation, 1, "a is parked");
+    // A config that names neither: both are deleted, and a's parked build
+    // must not land as a new generation of a's record being deleted.
+    apply(
+        &serve,
+        "applications:\n  - {name: c, route_prefix: /three, import_path: test::app, args: {tag: c1}}\n",
+    )
+    .await;
+    wait_status(&serve, "c", A::Running).await;
+    for app in ["a", "b"] {
+        wait_status(&serve, app, A::NotStarted).await;
+    }
+    tokio::time::sleep(Duration::from_secs(200)).await;
+    for app in ["a", "b"] {
+        assert_eq!(
+            serve.app_status(app).status,
+            A::NotStarted,
+            "{app} came back"
+        );
+    }
+    assert_eq!(
+        holders(&serve),
+        [("/three".to_owned(), "c".to_owned())],
+        "only c routes"
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_new_application_may_take_the_prefix_another_moves_off() {
     let (_dir, _, serve) = start_fresh_with(registry).await;
     apply(

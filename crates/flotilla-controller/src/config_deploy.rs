@@ -140,13 +140,22 @@ impl ConfigState {
     /// cancel what was building for the applications it dropped. Returns those
     /// that had no record yet (still building, or failed to build).
     pub(crate) fn release(&mut self, config: ServeConfig) -> Vec<AppName> {
-        let named: HashSet<AppName> = config.applications.iter().map(|a| a.name.clone()).collect();
+        let unbuilt = self.drop_unnamed(&config);
+        self.applied = Some(config);
+        unbuilt
+    }
+
+    /// Cancel what is building or parked for every application `config` does
+    /// not name (a parked build would otherwise land it again, as a new
+    /// generation of a record being deleted). Returns those that had no
+    /// record yet (still building, or failed to build).
+    fn drop_unnamed(&mut self, config: &ServeConfig) -> Vec<AppName> {
         let dropped: Vec<AppName> = self
             .builds
             .keys()
             .chain(self.parked.keys())
             .chain(self.unbuilt.iter())
-            .filter(|n| !named.contains(*n))
+            .filter(|n| config.application(n.as_str()).is_none())
             .cloned()
             .collect();
         let mut unbuilt = Vec::new();
@@ -156,7 +165,6 @@ impl ConfigState {
                 unbuilt.push(n);
             }
         }
-        self.applied = Some(config);
         unbuilt
     }
 
@@ -198,17 +206,10 @@ impl ControllerState {
     /// its logging, and put the applications it adds on the board, DEPLOYING,
     /// before the reply (Ray creates their state in the call).
     fn take_config(&mut self, config: ServeConfig, deleted: usize) {
-        let unnamed: Vec<AppName> = self
-            .config
-            .unbuilt
-            .iter()
-            .filter(|n| config.application(n.as_str()).is_none())
-            .cloned()
-            .collect();
-        for n in unnamed {
-            self.config.cancel(&n);
-            self.config.unbuilt.remove(&n);
-            self.board.remove(&n);
+        for unbuilt in self.config.drop_unnamed(&config) {
+            if !self.apps.contains_key(&unbuilt) {
+                self.board.remove(&unbuilt);
+            }
         }
         self.logging
             .set_global(config.logging_config.clone().unwrap_or_default());

@@ -84,6 +84,34 @@ async fn constructor_that_fails_a_few_times_recovers_without_a_redeploy() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_version_that_ran_and_then_fails_to_scale_up_is_unhealthy() {
+    let (_dir, sw, serve) = start_fresh().await;
+    serve.run(app("a", 1, tag("s"))).await.unwrap();
+    // Down to none, then up to two of the same version, whose constructor now
+    // always fails: past the retry limit (min(20, 3 x 2) = 6) with nothing
+    // running, Ray's REPLICA_STARTUP_FAILED makes a scaling deployment
+    // UNHEALTHY. It stayed UPSCALING for ever (the version had run once).
+    serve.run(app("a", 0, tag("s"))).await.unwrap();
+    sw.fail_starts.store(true, Ordering::SeqCst);
+    serve
+        .run_many(vec![app("a", 2, tag("s"))], no_wait())
+        .await
+        .unwrap();
+    let s = wait_status(&serve, "a", A::Unhealthy).await;
+    assert!(s.message.contains("6 times in a row"), "{}", s.message);
+    assert!(
+        s.message.contains("probe constructor failure"),
+        "{}",
+        s.message
+    );
+    assert!(sw.failed.load(Ordering::SeqCst) >= 6);
+    // It keeps starting replicas: once they start, it is RUNNING again.
+    sw.fail_starts.store(false, Ordering::SeqCst);
+    wait_status(&serve, "a", A::Running).await;
+    assert_eq!(serve.app_handle("a").unwrap().replicas().len(), 2);
+}
+
+#[tokio::test(start_paused = true)]
 async fn failing_health_checks_make_it_unhealthy_until_replaced() {
     let (_dir, sw, serve) = start_fresh().await;
     serve.run(app("a", 1, tag("h"))).await.unwrap();

@@ -50,6 +50,8 @@ pub struct Switches {
     pub constructed: AtomicU32,
     /// Constructor failures so far.
     pub failed: AtomicU32,
+    /// When set, constructors fail (whatever their args).
+    pub fail_starts: AtomicBool,
     /// Requests handled.
     pub handled: AtomicU32,
     /// When set, health checks fail.
@@ -163,7 +165,7 @@ async fn construct(ctx: InitContext, switches: Arc<Switches>) -> Result<Probe, U
         tokio::time::sleep(Duration::from_millis(delay)).await;
     }
     let n = switches.constructed.fetch_add(1, Ordering::SeqCst);
-    if n < args.fail_constructor {
+    if n < args.fail_constructor || switches.fail_starts.load(Ordering::SeqCst) {
         switches.failed.fetch_add(1, Ordering::SeqCst);
         return Err(UserError::new(format!(
             "probe constructor failure #{}",

@@ -65,25 +65,49 @@ impl DeploymentState {
 
     /// Count one startup failure (a constructor, first health check or reconfigure
     /// that failed) and return how long to wait before starting again. Past the
-    /// retry limit, before any replica of this version ran: DEPLOY_FAILED, retrying
-    /// every [`FAILED_BACKOFF`].
+    /// retry limit with no replica of this version running: REPLICA_STARTUP_FAILED
+    /// (Ray's `check_curr_status`: DEPLOY_FAILED while updating, UNHEALTHY while
+    /// scaling, ignored while HEALTHY). Before any replica of this version ever
+    /// ran, it retries every [`FAILED_BACKOFF`]; after (a version that ran, now
+    /// failing as it scales up again), at the usual backoff, as Ray keeps
+    /// starting replicas of a version that is not terminally failed.
     pub(crate) fn record_startup_failure(&mut self, replica: ReplicaId, error: &str) -> Duration {
         self.failures += 1;
         let limit = self.retry_limit();
         let n = self.failures;
-        if n >= limit && !self.has_started {
-            let message = format!(
-                "The deployment '{}' failed to start a replica {n} times (retry limit {limit}); \
-                 still retrying every {}s. Last error: {error}",
-                self.name(),
-                FAILED_BACKOFF.as_secs()
-            );
+        let running_at_target = self
+            .replicas
+            .values()
+            .any(|r| r.state == ReplicaState::Running && r.version == self.version);
+        if n >= limit && !running_at_target {
+            let (message, delay) = if self.has_started {
+                let delay = backoff(n);
+                (
+                    format!(
+                        "The deployment '{}' failed to start a replica {n} times in a row \
+                         (retry limit {limit}) and none is running; retrying in {delay:?}. \
+                         Last error: {error}",
+                        self.name()
+                    ),
+                    delay,
+                )
+            } else {
+                (
+                    format!(
+                        "The deployment '{}' failed to start a replica {n} times (retry limit \
+                         {limit}); still retrying every {}s. Last error: {error}",
+                        self.name(),
+                        FAILED_BACKOFF.as_secs()
+                    ),
+                    FAILED_BACKOFF,
+                )
+            };
             self.transition(
                 DeploymentTrigger::ReplicaStartupFailed,
                 message,
                 Some(replica),
             );
-            FAILED_BACKOFF
+            delay
         } else {
             let delay = backoff(n);
             if matches!(
@@ -93,9 +117,14 @@ impl DeploymentState {
                     | DeploymentStatus::Downscaling
             ) {
                 let more = limit.saturating_sub(n);
+                let tries = if n <= limit {
+                    format!("{n} of {limit} tries used")
+                } else {
+                    format!("{n} failures in a row")
+                };
                 self.set_message(format!(
-                    "Replica {replica} failed to start ({n} of {limit} tries used, retrying in \
-                     {delay:?}{}). Error: {error}",
+                    "Replica {replica} failed to start ({tries}, retrying in {delay:?}{}). \
+                     Error: {error}",
                     if self.has_started || more == 0 {
                         String::new()
                     } else {

@@ -101,6 +101,43 @@ async fn a_store_with_a_damaged_page_is_an_error_not_a_panic_and_left_byte_ident
     refused_as_corrupt(&dir).await;
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_store_whose_config_slot_is_not_a_valid_serve_config_is_refused_and_left_byte_identical()
+{
+    // Not a config at all, and a config no apply_config could have stored
+    // (target_capacity is refused): the first Controller would fail on
+    // either, and every restart after it.
+    let dir = tempfile::tempdir().unwrap();
+    written_checkpoint(&dir).await;
+    put_config(&dir, &"hello");
+    let message = refused_as_corrupt(&dir).await;
+    assert!(
+        message.contains("`config`") && message.contains("last_applied"),
+        "{message}"
+    );
+    let mut invalid = flotilla::ServeConfig::from_yaml("applications: []\n").unwrap();
+    invalid.target_capacity = Some(50.0);
+    let dir = tempfile::tempdir().unwrap();
+    written_checkpoint(&dir).await;
+    put_config(&dir, &invalid);
+    let message = refused_as_corrupt(&dir).await;
+    assert!(
+        message.contains("`config`")
+            && message.contains("last_applied")
+            && message.contains("target_capacity"),
+        "{message}"
+    );
+}
+
+/// Write `value` into the config slot of `dir`'s store, as no Serve would.
+fn put_config<T: serde::Serialize>(dir: &tempfile::TempDir, value: &T) {
+    let (store, _) = flotilla_store::Store::open(store_file(dir)).unwrap();
+    let mut batch = flotilla_store::Batch::new();
+    batch.put_config(value).unwrap();
+    store.commit(&batch).unwrap();
+    store.close();
+}
+
 #[cfg(unix)]
 #[tokio::test(start_paused = true)]
 async fn a_fifo_store_path_is_refused_at_once() {

@@ -6,7 +6,7 @@ use std::{
     sync::{Arc, Weak},
 };
 
-use flotilla_core::{FaultPoint, Faults};
+use flotilla_core::{FaultPoint, Faults, ServeConfig};
 use flotilla_store::{Batch, Snapshot, Store, StoreCounters, StoreError};
 use ractor::ActorProcessingErr;
 
@@ -55,7 +55,7 @@ impl Checkpoint {
     /// here, before anything runs, and left as it was. The snapshot is what the
     /// first Controller starts from ([`Preloaded`](crate::Preloaded)).
     pub fn open(path: impl AsRef<Path>) -> Result<(Checkpoint, Snapshot), ServeError> {
-        let (store, snapshot) = Store::open(path)?;
+        let (store, snapshot) = Store::open_checked(path, check_config)?;
         Ok((
             Checkpoint {
                 store: Arc::new(store),
@@ -132,3 +132,13 @@ pub(crate) fn crash_if(faults: &Faults, point: FaultPoint) -> Result<(), ActorPr
 #[derive(Debug, thiserror::Error)]
 #[error("injected fault: {0:?}")]
 pub(crate) struct InjectedCrash(pub(crate) FaultPoint);
+
+/// The config slot is the Controller's type, which the store does not know:
+/// decoded and validated before the file is opened for writing, so a damaged
+/// one is refused at open as a corrupt file left as it was (the first
+/// Controller would fail on it, and every restart after).
+fn check_config(path: &Path, snapshot: &Snapshot) -> Result<(), StoreError> {
+    snapshot
+        .config_checked(path, ServeConfig::validate)
+        .map(|_: Option<ServeConfig>| ())
+}

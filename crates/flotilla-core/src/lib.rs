@@ -42,7 +42,7 @@ pub use names::{AppName, DeploymentName, ImportPath, MAX_NAME_LEN, MAX_PATH_LEN,
 pub use placement::{
     BundleError, MAX_REPLICAS_PER_NODE, PlacementGroup, PlacementStrategy, bundle_resources,
 };
-pub use record::{ApiType, AppRecord, ConfigSource, DeploymentRecord};
+pub use record::{ApiType, AppRecord, ConfigSource, DeploymentRecord, MAX_GENERATION};
 pub use resources::Resources;
 pub use routing::{
     BUILTIN_REQUEST_ROUTERS, BackpressureConfig, BackpressureStatus, DEFAULT_REQUEST_ROUTER,

@@ -5,7 +5,12 @@ use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{ApplicationSpec, CodeVersion};
+use crate::{ApplicationSpec, CodeVersion, Error, MAX_REPLICAS};
+
+/// The highest generation a record may hold: beyond any real history (a new
+/// target every nanosecond for a century stays far below it), and far enough
+/// from `u64::MAX` that the next generation is always one more.
+pub const MAX_GENERATION: u64 = 1 << 62;
 
 /// How an application was deployed (Ray's `APIType`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -38,6 +43,21 @@ pub struct AppRecord {
     pub deployed_at: Option<SystemTime>,
 }
 
+impl AppRecord {
+    /// What an API call could have written: a valid spec and a generation at
+    /// most [`MAX_GENERATION`] (a record read back from a file is checked so).
+    pub fn validate(&self) -> Result<(), Error> {
+        self.spec.validate()?;
+        if self.generation > MAX_GENERATION {
+            return Err(Error::field(
+                "generation",
+                format!("must be at most {MAX_GENERATION}, got {}", self.generation),
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// Where a declarative application's target came from.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ConfigSource {
@@ -57,4 +77,18 @@ pub struct ConfigSource {
 pub struct DeploymentRecord {
     /// The replica target the autoscaler decided, if it has decided one.
     pub autoscaled_replicas: Option<u32>,
+}
+
+impl DeploymentRecord {
+    /// What an API call could have written: a decided target of at most
+    /// [`MAX_REPLICAS`].
+    pub fn validate(&self) -> Result<(), Error> {
+        match self.autoscaled_replicas {
+            Some(n) if n > MAX_REPLICAS => Err(Error::field(
+                "autoscaled_replicas",
+                format!("must be at most {MAX_REPLICAS}, got {n}"),
+            )),
+            _ => Ok(()),
+        }
+    }
 }

@@ -1,6 +1,6 @@
 //! Everything the checkpoint holds, as read by one transaction.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use flotilla_core::{AppName, AppRecord, DeploymentName, DeploymentRecord};
 use serde::de::DeserializeOwned;
@@ -42,5 +42,30 @@ impl Snapshot {
                 )
             })
             .transpose()
+    }
+
+    /// [`config`](Self::config), as read from the file at `path`, and checked by
+    /// `check` (the Controller's validation): a value that does not decode or
+    /// does not pass is [`StoreError::Corrupt`] naming the file, the table and
+    /// the key, and keeping the error that found it.
+    pub fn config_checked<T, E>(
+        &self,
+        path: &Path,
+        check: impl FnOnce(&T) -> Result<(), E>,
+    ) -> Result<Option<T>, StoreError>
+    where
+        T: DeserializeOwned,
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        let Some(bytes) = self.config.as_deref() else {
+            return Ok(None);
+        };
+        let config: T =
+            crate::codec::decode(path, CONFIG.name(), &format_args!("{CONFIG_KEY:?}"), bytes)?;
+        check(&config).map_err(|e| {
+            let reason = format!("table `{}`, key {CONFIG_KEY:?}: {e}", CONFIG.name());
+            StoreError::corrupt_because(path, reason, e)
+        })?;
+        Ok(Some(config))
     }
 }

@@ -127,6 +127,18 @@ impl Store {
     /// assert_eq!(config.unwrap().0, "my");
     /// ```
     pub fn open(path: impl AsRef<Path>) -> Result<(Store, Snapshot), StoreError> {
+        Self::open_checked(path, |_, _| Ok(()))
+    }
+
+    /// [`open`](Self::open), with one more check of the snapshot before the
+    /// file is opened for writing: `check` sees what the read-only look read
+    /// (the caller validates what the store cannot, such as the config slot,
+    /// whose type is its own: [`Snapshot::config_checked`]), and its error
+    /// refuses the file, left byte-for-byte as it was.
+    pub fn open_checked(
+        path: impl AsRef<Path>,
+        check: impl FnOnce(&Path, &Snapshot) -> Result<(), StoreError>,
+    ) -> Result<(Store, Snapshot), StoreError> {
         let path = path.as_ref().to_path_buf();
         // Looked at before anything opens it: opening a FIFO would wait for a writer.
         let created = match fs::metadata(&path) {
@@ -139,7 +151,7 @@ impl Store {
             Err(e) if e.kind() == io::ErrorKind::NotFound => create(&path)?,
             Err(e) => return Err(StoreError::io(&path, e)),
         };
-        open_existing(path, created)
+        open_existing(path, created, check)
     }
 
     /// The checkpoint file's path, as given to [`open`](Self::open).
@@ -290,7 +302,7 @@ fn read_snapshot(path: &Path, db: &impl ReadableDatabase) -> Result<Snapshot, St
             }
             // Decoded is not valid: a record no API call could have written
             // (autoscaling bounds crossed, say) would fail the actors that run it.
-            record.spec.validate().map_err(|e| {
+            record.validate().map_err(|e| {
                 let reason = format!("table `apps`, key {name:?}: {e}");
                 StoreError::corrupt_because(path, reason, e)
             })?;
@@ -303,14 +315,15 @@ fn read_snapshot(path: &Path, db: &impl ReadableDatabase) -> Result<Snapshot, St
             let (key, value) = entry.map_err(storage)?;
             let (app, dep) = key.value();
             let key_shown = format_args!("({app:?}, {dep:?})");
-            let bad_key = |e: flotilla_core::Error| {
+            let invalid = |e: flotilla_core::Error| {
                 let reason = format!("table `deployments`, key {key_shown}: {e}");
                 StoreError::corrupt_because(path, reason, e)
             };
-            let app_name = AppName::new(app).map_err(bad_key)?;
-            let dep_name = DeploymentName::new(dep).map_err(bad_key)?;
+            let app_name = AppName::new(app).map_err(invalid)?;
+            let dep_name = DeploymentName::new(dep).map_err(invalid)?;
             let record: DeploymentRecord =
                 decode(path, DEPLOYMENTS.name(), &key_shown, value.value())?;
+            record.validate().map_err(invalid)?;
             snapshot.deployments.push((app_name, dep_name, record));
         }
     }
@@ -513,6 +526,7 @@ fn initialise(path: &Path, file: LockedBackend) -> Result<(), StoreError> {
 fn open_existing(
     path: PathBuf,
     created: Option<LockedBackend>,
+    check: impl FnOnce(&Path, &Snapshot) -> Result<(), StoreError>,
 ) -> Result<(Store, Snapshot), StoreError> {
     let file = match created {
         Some(file) => file,
@@ -528,6 +542,7 @@ fn open_existing(
     #[cfg(test)]
     while_locked("checking");
     let snapshot = check_without_writing(&path, &file)?;
+    check(&path, &snapshot)?;
     #[cfg(test)]
     while_locked("opening");
 

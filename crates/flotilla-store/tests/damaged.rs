@@ -176,6 +176,17 @@ fn an_invalid_record_is_refused_at_open_and_the_file_is_byte_identical() {
 }
 
 #[test]
+fn a_record_whose_generation_no_deploy_could_reach_is_refused_at_open() {
+    let (_dir, path) = temp_checkpoint();
+    written_checkpoint(&path);
+    let bytes = rmp_serde::to_vec_named(&app_record("late", u64::MAX)).unwrap();
+    insert_raw(&path, APPS, "late", bytes.as_slice());
+    let err = refused_as_corrupt(&path);
+    assert!(err.to_string().contains("generation"), "{err}");
+    assert!(cause::<flotilla_core::Error>(&err).is_some(), "{err:?}");
+}
+
+#[test]
 fn a_record_under_another_name_is_refused_at_open_and_the_file_is_byte_identical() {
     let (_dir, path) = temp_checkpoint();
     written_checkpoint(&path);
@@ -188,8 +199,12 @@ fn a_record_under_another_name_is_refused_at_open_and_the_file_is_byte_identical
 #[test]
 fn a_bad_deployment_key_or_record_is_refused_at_open_and_the_file_is_byte_identical() {
     let good = rmp_serde::to_vec_named(&dep_record(Some(1))).unwrap();
+    // Decodes, but no API call writes a target above MAX_REPLICAS (its
+    // arithmetic would overflow in the actors that run it).
+    let huge = rmp_serde::to_vec_named(&dep_record(Some(4_000_000_000))).unwrap();
     for (key, value, shown) in [
         (("", "front"), good.as_slice(), "(\"\", \"front\")"),
+        ((NEEDLE, "huge"), huge.as_slice(), "autoscaled_replicas"),
         ((NEEDLE, "bad name!"), good.as_slice(), "bad name!"),
         (
             (NEEDLE, "model"),

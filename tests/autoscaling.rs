@@ -137,6 +137,42 @@ async fn a_recovered_deployment_resumes_from_its_durable_target() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_recovered_deployment_whose_policy_is_no_longer_registered_is_deploy_failed_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let sw = std::sync::Arc::new(support::Switches::default());
+    let with = support::registry(&sw)
+        .register_autoscaling_policy("test::wants_three", |_| 3.0)
+        .unwrap();
+    let serve = support::start_with(&dir, with).await;
+    let config = AutoscalingConfig {
+        min_replicas: 1,
+        initial_replicas: Some(2),
+        max_replicas: 6,
+        policy: flotilla::AutoscalingPolicy::named("test::wants_three".try_into().unwrap()),
+        ..Default::default()
+    };
+    serve
+        .run(app_of(
+            "auto",
+            probe(1, &ProbeArgs::default()).with_config(|c| c.with_autoscaling(config)),
+        ))
+        .await
+        .unwrap();
+    serve.shutdown().await.unwrap();
+    // Restarted without the policy: DEPLOY_FAILED naming it, however its
+    // replicas do (it was RUNNING with its target frozen, naming nothing).
+    let serve = support::start_with(&dir, support::registry(&sw)).await;
+    let s = support::wait_status(&serve, "auto", flotilla::ApplicationStatus::DeployFailed).await;
+    assert!(s.message.contains("test::wants_three"), "{}", s.message);
+    let d = wait_snapshot(&serve, "auto", "probe", |d| d.live() == d.target.replicas).await;
+    assert!(d.live() >= 1);
+    assert_eq!(
+        serve.app_status("auto").status,
+        flotilla::ApplicationStatus::DeployFailed
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_registered_custom_policy_drives_the_autoscaler_within_its_bounds() {
     // Always wants 9 replicas (with its kwargs' help); the config caps it at 6.
     let (_dir, _, serve) = support::start_fresh_with(|sw| {

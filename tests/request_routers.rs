@@ -217,3 +217,33 @@ async fn a_config_names_a_registered_router_by_its_class() {
     let highest = *ids.iter().max().unwrap();
     assert!(answers(&serve, 10).await.iter().all(|r| *r == highest));
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_recovered_deployment_whose_router_is_no_longer_registered_is_deploy_failed_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let serve = support::start_with(&dir, registry()).await;
+    serve.run(app(pinned(""))).await.unwrap();
+    serve.shutdown().await.unwrap();
+    // The same program, restarted without the router class.
+    let without = Registry::new()
+        .register("rt::WhoAmI", |ctx| async move { Ok(WhoAmI(ctx.replica.0)) })
+        .unwrap();
+    let serve = support::start_with(&dir, without).await;
+    let s = support::wait_status(&serve, "rt", flotilla::ApplicationStatus::DeployFailed).await;
+    assert!(s.message.contains("rt.routers:Pinned"), "{}", s.message);
+    // It goes on serving, with the built-in router, and stays DEPLOY_FAILED
+    // once its replicas are all up (it turned RUNNING, naming nothing, before).
+    support::wait_snapshot(&serve, "rt", "who", |d| d.live() == 3).await;
+    assert_eq!(answers(&serve, 5).await.len(), 5);
+    let s = serve.app_status("rt");
+    assert_eq!(s.status, flotilla::ApplicationStatus::DeployFailed, "{s:?}");
+    // A target whose router is registered again (the built-in one) clears it.
+    serve
+        .run(app(RequestRouterConfig::default()))
+        .await
+        .unwrap();
+    assert_eq!(
+        serve.app_status("rt").status,
+        flotilla::ApplicationStatus::Running
+    );
+}

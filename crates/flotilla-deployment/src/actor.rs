@@ -392,6 +392,7 @@ impl Actor for DeploymentActor {
         state: &mut DeploymentState,
     ) -> Result<(), ActorProcessingErr> {
         placement::subscribe(&myself, state);
+        state.check_code();
         crate::autoscale::arm(&myself, state);
         recovery::adopt_all(&myself, state);
         Self::reconcile(&myself, state).await;
@@ -411,6 +412,7 @@ impl Actor for DeploymentActor {
                     return Ok(());
                 }
                 Self::set_target(state, *target);
+                state.check_code();
                 crate::autoscale::arm(&myself, state);
             }
             DeploymentMsg::Observe(reply) => {

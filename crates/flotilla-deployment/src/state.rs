@@ -67,6 +67,11 @@ pub struct DeploymentState {
     pub(crate) failures: u32,
     /// A replica at the target version has run since the last new spec.
     pub(crate) has_started: bool,
+    /// Code the target names that the Registry does not have (a request router
+    /// class, an autoscaling policy): only a recovered target can, since a
+    /// call naming it is refused. While set, the status stays DEPLOY_FAILED
+    /// naming it ([`check_code`](Self::check_code)).
+    pub(crate) missing_code: Option<String>,
     /// Constructor backoff: while set, no replica starts.
     pub(crate) backoff: Option<JoinHandle<()>>,
     /// Placement retry timer, only for clusters that announce nothing.
@@ -144,6 +149,7 @@ impl DeploymentState {
             reported: None,
             failures: 0,
             has_started: false,
+            missing_code: None,
             backoff: None,
             placement_timer: None,
             pending: Pending::default(),

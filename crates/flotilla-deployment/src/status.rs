@@ -57,9 +57,50 @@ impl DeploymentState {
         if at_target > 0 {
             self.has_started = true;
         }
+        if self.missing_code.is_some() {
+            // DEPLOY_FAILED naming the missing code, however the replicas do.
+            return;
+        }
         if at_target == self.args.target.replicas && all == at_target && self.pending.count == 0 {
             self.failures = 0;
             self.transition(DeploymentTrigger::Healthy, String::new(), None);
+        }
+    }
+
+    /// Look up the code the target names beside its replicas' (its request
+    /// router class and autoscaling policy). Missing (a checkpoint recovered
+    /// by a program that no longer registers it): DEPLOY_FAILED naming it, as
+    /// an unregistered import path ends (DESIGN.md, "Bad input"), kept until
+    /// a target whose code is registered. The deployment goes on serving
+    /// meanwhile, with the built-in router and its replica target held.
+    pub(crate) fn check_code(&mut self) {
+        let registry = &self.args.registry;
+        let config = &self.args.target.spec.config;
+        let class = config.request_router.request_router_class.as_str();
+        let policy = match &config.num_replicas {
+            flotilla_core::ReplicaCount::Auto(a) => Some(a.policy.policy_function.as_str()),
+            flotilla_core::ReplicaCount::Fixed(_) => None,
+        };
+        let name = self.name();
+        self.missing_code = if !registry.contains_request_router(class) {
+            Some(format!(
+                "The deployment '{name}' names request_router_config.request_router_class \
+                 '{class}', which is not registered; routing with the built-in router"
+            ))
+        } else {
+            policy
+                .filter(|p| !registry.contains_autoscaling_policy(p))
+                .map(|p| {
+                    format!(
+                        "The deployment '{name}' names autoscaling_config.policy.policy_function \
+                         '{p}', which is not registered; its replica target holds"
+                    )
+                })
+        };
+        if let Some(message) = self.missing_code.clone()
+            && !self.args.target.deleting
+        {
+            self.transition(DeploymentTrigger::ReplicaStartupFailed, message, None);
         }
     }
 

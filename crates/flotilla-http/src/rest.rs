@@ -7,6 +7,7 @@
 //! | `GET /api/serve/applications/` (`?api_type=imperative\|declarative`) | 200 JSON `ServeInstanceDetails` ([`crate::details`]) |
 //! | `PUT /api/serve/applications/` | a ServeConfig, JSON or YAML: 200 (empty) once it is durable; 400 naming the line, field and application, nothing changed |
 //! | `DELETE /api/serve/applications/` | delete every application: 200 (empty), the deletions go on asynchronously as Ray's |
+//! | `POST /api/v1/applications/{app}/deployments/{deployment}/scale` | `{"target_num_replicas": N}` (other keys ignored): 200 once durable; 400 for an unknown application or deployment or a bad body, 412 when its application does not enable an external scaler or is being deleted (`Deployment is deleted`), as Ray |
 //! | `GET /metrics` | Prometheus text |
 //!
 //! The body of `PUT` is parsed by content type: `application/json` and
@@ -21,7 +22,7 @@
 use std::{convert::Infallible, sync::Arc};
 
 use bytes::Bytes;
-use flotilla::{ApiType, Serve, ServeConfig, ServeError};
+use flotilla::{ApiType, ApplicationStatus, Serve, ServeConfig, ServeError};
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, Full};
 
@@ -69,7 +70,6 @@ fn json(status: u16, value: &impl serde::Serialize) -> Response<Body> {
     }
 }
 
-/// The status of a failed `apply_config` or `delete_apps`, with its text.
 /// The application and deployment of Ray's scale route,
 /// `/api/v1/applications/{app}/deployments/{deployment}/scale`.
 fn scale_target(path: &str) -> Option<(&str, &str)> {
@@ -80,6 +80,7 @@ fn scale_target(path: &str) -> Option<(&str, &str)> {
         .then_some((app, deployment))
 }
 
+/// The status of a failed `apply_config` or `delete_apps`, with its text.
 fn serve_error(e: &ServeError) -> (u16, String) {
     let status = match e {
         ServeError::ControllerCrashed | ServeError::Unavailable(_) => 503,
@@ -153,8 +154,9 @@ impl Rest {
         app: &str,
         deployment: &str,
     ) -> Response<Body> {
+        // Ray's `ScaleDeploymentRequest`: a pydantic model, so other keys
+        // are ignored.
         #[derive(serde::Deserialize)]
-        #[serde(deny_unknown_fields)]
         struct ScaleBody {
             target_num_replicas: u32,
         }
@@ -178,8 +180,16 @@ impl Rest {
                     "message": "Scaling request received. Deployment will get scaled asynchronously."
                 }),
             ),
+            // Ray's `DeploymentIsBeingDeletedError`: "From customer's viewpoint,
+            // the deployment is deleted". The Controller no longer knows an
+            // application it is deleting; its status says so.
+            Err(ServeError::NotFound { .. })
+                if self.serve.app_status(app).status == ApplicationStatus::Deleting =>
+            {
+                error(412, "Deployment is deleted".to_owned())
+            }
             Err(ServeError::NotFound { .. }) => {
-                error(404, "Application or Deployment not found".to_owned())
+                error(400, "Application or Deployment not found".to_owned())
             }
             Err(e @ ServeError::ExternalScalerDisabled { .. }) => error(412, e.to_string()),
             Err(e @ (ServeError::ControllerCrashed | ServeError::Unavailable(_))) => {

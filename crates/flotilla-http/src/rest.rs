@@ -4,7 +4,7 @@
 //! | method and path | answer |
 //! |---|---|
 //! | `GET /api/ray/version` | 200 JSON `{"version": "4", "ray_version": ..., ...}`: Ray's `serve` CLI checks it first |
-//! | `GET /api/serve/applications/` (`?api_type=imperative\|declarative`) | 200 JSON `ServeInstanceDetails` ([`crate::details`]) |
+//! | `GET /api/serve/applications/` (`?api_type=imperative\|declarative`, any case; empty is no filter) | 200 JSON `ServeInstanceDetails` ([`crate::details`]) |
 //! | `PUT /api/serve/applications/` | a ServeConfig, JSON or YAML: 200 (empty) once it is durable; 400 naming the line, field and application, nothing changed |
 //! | `DELETE /api/serve/applications/` | delete every application: 200 (empty), the deletions go on asynchronously as Ray's |
 //! | `POST /api/v1/applications/{app}/deployments/{deployment}/scale` | `{"target_num_replicas": N}` (other keys ignored): 200 once durable; 400 for an unknown application or deployment or a bad body, 412 when its application does not enable an external scaler or is being deleted (`Deployment is deleted`), as Ray |
@@ -78,6 +78,33 @@ fn scale_target(path: &str) -> Option<(&str, &str)> {
     let deployment = rest.strip_suffix("/scale")?;
     (!app.is_empty() && !deployment.is_empty() && !deployment.contains('/'))
         .then_some((app, deployment))
+}
+
+/// A query string component, decoded as aiohttp's `req.query` decodes it
+/// (`+` is a space, then percent-decoding; invalid UTF-8 replaced).
+fn query_component(raw: &str) -> String {
+    percent_encoding::percent_decode_str(&raw.replace('+', " "))
+        .decode_utf8_lossy()
+        .into_owned()
+}
+
+/// Which applications a GET asks for, as Ray's `get_serve_instance_details`
+/// reads its `api_type` parameter: the first one, decoded; none or an empty
+/// one is no filter; matched lower-cased. `Err` holds a value that is neither
+/// `imperative` nor `declarative`, as given.
+fn api_filter(query: Option<&str>) -> Result<ApiFilter, String> {
+    let given = query
+        .unwrap_or_default()
+        .split('&')
+        .map(|p| p.split_once('=').unwrap_or((p, "")))
+        .find(|(k, _)| query_component(k) == "api_type")
+        .map(|(_, v)| query_component(v));
+    match given.as_deref().map(str::to_lowercase).as_deref() {
+        None | Some("") => Ok(ApiFilter::All),
+        Some("imperative") => Ok(ApiFilter::Only(ApiType::Imperative)),
+        Some("declarative") => Ok(ApiFilter::Only(ApiType::Declarative)),
+        Some(_) => Err(given.unwrap_or_default()),
+    }
 }
 
 /// The status of a failed `apply_config` or `delete_apps`, with its text.
@@ -227,27 +254,17 @@ impl Rest {
     }
 
     async fn get(&self, query: Option<&str>) -> Response<Body> {
-        let mut filter = ApiFilter::All;
-        for (k, v) in query
-            .unwrap_or_default()
-            .split('&')
-            .filter_map(|p| p.split_once('='))
-        {
-            if k == "api_type" {
-                filter = match v {
-                    "imperative" => ApiFilter::Only(ApiType::Imperative),
-                    "declarative" => ApiFilter::Only(ApiType::Declarative),
-                    other => {
-                        return text(
-                            400,
-                            format!(
-                                "Invalid 'api_type' value: '{other}'. Must be one of: imperative, declarative"
-                            ),
-                        );
-                    }
-                };
+        let filter = match api_filter(query) {
+            Ok(f) => f,
+            Err(given) => {
+                return text(
+                    400,
+                    format!(
+                        "Invalid 'api_type' value: '{given}'. Must be one of: imperative, declarative"
+                    ),
+                );
             }
-        }
+        };
         let draining = self.draining.load(std::sync::atomic::Ordering::Acquire);
         match instance_details(
             &self.serve,
@@ -363,5 +380,43 @@ impl Rest {
             Ok(body) => respond(200, METRICS_CONTENT_TYPE, body),
             Err(e) => text(500, format!("encoding the metrics failed: {e}")),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn api_type_is_read_as_rays_query_reads_it() {
+        let imperative = Ok(ApiFilter::Only(ApiType::Imperative));
+        let declarative = Ok(ApiFilter::Only(ApiType::Declarative));
+        assert_eq!(api_filter(Some("api_type=imperative")), imperative);
+        // Lower-cased, percent-decoded (key and value), `+` a space.
+        assert_eq!(api_filter(Some("api_type=IMPERATIVE")), imperative);
+        assert_eq!(api_filter(Some("api_type=Declarative")), declarative);
+        assert_eq!(api_filter(Some("x=1&api_type=%64eclarative")), declarative);
+        assert_eq!(api_filter(Some("api%5Ftype=imperative")), imperative);
+        assert_eq!(
+            api_filter(Some("api_type=not+one")),
+            Err("not one".to_owned())
+        );
+        // Empty or absent: no filter.
+        for all in [
+            None,
+            Some(""),
+            Some("api_type="),
+            Some("api_type"),
+            Some("x=y"),
+        ] {
+            assert_eq!(api_filter(all), Ok(ApiFilter::All), "{all:?}");
+        }
+        // The first one counts, as aiohttp's `query.get`.
+        assert_eq!(
+            api_filter(Some("api_type=imperative&api_type=nope")),
+            imperative
+        );
+        // The error names the value as given (decoded), not lower-cased.
+        assert_eq!(api_filter(Some("api_type=Nope")), Err("Nope".to_owned()));
     }
 }

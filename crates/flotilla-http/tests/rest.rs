@@ -103,6 +103,25 @@ async fn put_get_delete_round_trip_in_rays_shapes() {
     assert_eq!(imperative.json()["applications"], serde_json::json!({}));
     let bad = get(&c, &f.rest_url("/api/serve/applications/?api_type=nope")).await;
     assert_eq!(bad.status, 400);
+    // As Ray reads it: any case, percent-decoded, and empty is no filter.
+    for (query, apps) in [
+        ("api_type=DECLARATIVE", 2),
+        ("api_type=%64eclarative", 2),
+        ("api_type=Imperative", 0),
+        ("api_type=", 2),
+    ] {
+        let r = get(
+            &c,
+            &f.rest_url(&format!("/api/serve/applications/?{query}")),
+        )
+        .await;
+        assert_eq!(r.status, 200, "{query}: {}", r.body);
+        assert_eq!(
+            r.json()["applications"].as_object().unwrap().len(),
+            apps,
+            "{query}"
+        );
+    }
 
     // The same config as JSON, one application dropped: declarative, so it goes.
     let json = serde_json::json!({"applications": [

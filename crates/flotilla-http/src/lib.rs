@@ -136,8 +136,10 @@ pub use server::HttpServer;
 pub use types::{HttpRequest, HttpResponse};
 
 /// The request id header (Ray's `SERVE_HTTP_REQUEST_ID_HEADER`): taken from the
-/// request, or made by the proxy; the ingress always sees it, and every
-/// response carries it.
+/// request, or made by the proxy (for a request without one, or with an empty
+/// one or one that is not visible ASCII, which the proxy's replaces); the
+/// ingress always sees the id the response carries, and every response
+/// carries it.
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
 
 /// The `tracing` target of the proxy's and the REST API's per-request access

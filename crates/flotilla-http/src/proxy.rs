@@ -328,16 +328,23 @@ impl Proxy {
                 );
             }
         };
+        // The ingress sees one `x-request-id`, the response's: the client's
+        // when the proxy took it, else the one the proxy made (never an empty
+        // or unreadable one beside it).
         let mut headers: Vec<(String, String)> = Vec::with_capacity(parts.headers.len() + 1);
-        headers.extend(parts.headers.iter().map(|(n, v)| {
-            (
-                n.as_str().to_owned(),
-                String::from_utf8_lossy(v.as_bytes()).into_owned(),
-            )
-        }));
-        if !parts.headers.contains_key(REQUEST_ID_HEADER) {
-            headers.push((REQUEST_ID_HEADER.to_owned(), request_id.clone()));
-        }
+        headers.extend(
+            parts
+                .headers
+                .iter()
+                .filter(|(n, _)| n.as_str() != REQUEST_ID_HEADER)
+                .map(|(n, v)| {
+                    (
+                        n.as_str().to_owned(),
+                        String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                    )
+                }),
+        );
+        headers.push((REQUEST_ID_HEADER.to_owned(), request_id.clone()));
         let request = HttpRequest {
             method: parts.method.as_str().to_owned(),
             path,

@@ -67,7 +67,8 @@
 //!   ([`HttpError::TokenRequired`] otherwise); with a token configured, `PUT`
 //!   and `DELETE` always need `Authorization: Bearer <token>` (401 without).
 //!   Reads and `/metrics` need none, as Ray's dashboard. With the REST listener
-//!   off, the proxy may bind anywhere without a token.
+//!   off, the proxy may bind anywhere without a token; a disabled proxy binds
+//!   nothing, so its host is neither resolved nor checked.
 //! - A config's `http_options` and `proxy_location` are laid over the
 //!   program's [`HttpOptions`] when the server starts, from the applied config
 //!   (the fields it gives win; see [`HttpOptionsBuilder::serve_config`]; a left

@@ -170,30 +170,33 @@ impl HttpServer {
             Err(source) => return Err(HttpError::AppliedConfig(Box::new(source))),
         };
         options.validate()?;
-        let proxy_addr = resolve("proxy", &options.host, options.port)?;
+        // A disabled proxy binds nothing: its host is neither resolved nor
+        // held to the bind rule.
+        let proxy_addr = match options.proxy {
+            true => Some(resolve("proxy", &options.host, options.port)?),
+            false => None,
+        };
         let rest_addr = match options.rest {
             true => Some(resolve("rest", &options.rest_host, options.rest_port)?),
             false => None,
         };
         let token = options.token.as_ref().map(Token::load).transpose()?;
         check_exposure(proxy_addr, rest_addr, token.is_some())?;
-        let proxy_listener = match options.proxy {
-            true => Some(bind(proxy_addr).await?),
-            false => None,
+        let proxy_listener = match proxy_addr {
+            Some(a) => Some(bind(a).await?),
+            None => None,
         };
         let rest_listener = match rest_addr {
             Some(a) => Some(bind(a).await?),
             None => None,
         };
-        let proxy_addr = proxy_listener
-            .as_ref()
-            .map(|l| {
-                l.local_addr().map_err(|source| HttpError::Bind {
-                    addr: proxy_addr,
-                    source,
-                })
-            })
-            .transpose()?;
+        let proxy_addr = match (&proxy_listener, proxy_addr) {
+            (Some(l), Some(a)) => Some(
+                l.local_addr()
+                    .map_err(|source| HttpError::Bind { addr: a, source })?,
+            ),
+            _ => None,
+        };
         let rest_addr = match (&rest_listener, rest_addr) {
             (Some(l), Some(a)) => Some(
                 l.local_addr()
@@ -309,17 +312,20 @@ impl Drop for HttpServer {
 }
 
 /// With a REST listener, exposing either listener off loopback needs a token;
-/// without one there is no mutating endpoint to protect.
+/// without one there is no mutating endpoint to protect. `None` is a listener
+/// that does not run (a disabled proxy binds nothing).
 fn check_exposure(
-    proxy: SocketAddr,
+    proxy: Option<SocketAddr>,
     rest: Option<SocketAddr>,
     token: bool,
 ) -> Result<(), HttpError> {
     let Some(rest) = rest.filter(|_| !token) else {
         return Ok(());
     };
-    for (listener, addr) in [("proxy", proxy), ("rest", rest)] {
-        if !addr.ip().is_loopback() {
+    for (listener, addr) in [("proxy", proxy), ("rest", Some(rest))] {
+        if let Some(addr) = addr
+            && !addr.ip().is_loopback()
+        {
             return Err(HttpError::TokenRequired { listener, addr });
         }
     }
@@ -341,11 +347,14 @@ mod tests {
             Ok(()) => None,
             Err(e) => panic!("{e}"),
         };
-        assert_eq!(refused(public, Some(local), false), Some("proxy"));
-        assert_eq!(refused(local, Some(public), false), Some("rest"));
-        assert_eq!(refused(public, Some(public), true), None);
-        assert_eq!(refused(local, Some(local), false), None);
+        assert_eq!(refused(Some(public), Some(local), false), Some("proxy"));
+        assert_eq!(refused(Some(local), Some(public), false), Some("rest"));
+        assert_eq!(refused(Some(public), Some(public), true), None);
+        assert_eq!(refused(Some(local), Some(local), false), None);
         // No REST listener: nothing to protect.
-        assert_eq!(refused(public, None, false), None);
+        assert_eq!(refused(Some(public), None, false), None);
+        // No proxy: only the REST listener's address counts.
+        assert_eq!(refused(None, Some(local), false), None);
+        assert_eq!(refused(None, Some(public), false), Some("rest"));
     }
 }

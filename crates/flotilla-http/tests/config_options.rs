@@ -79,6 +79,13 @@ async fn proxy_location_disabled_starts_no_proxy_and_tls_is_refused() {
         200
     );
     http.shutdown().await;
+    // A disabled proxy binds nothing, so its host needs no token (nothing
+    // listens off loopback).
+    let http = HttpServer::start(&serve, test_options().host("0.0.0.0").build().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(http.proxy_addr(), None);
+    http.shutdown().await;
     // Any ssl_* field asks for TLS: a CA bundle alone (client certificates) too.
     for (http_options, field) in [
         (

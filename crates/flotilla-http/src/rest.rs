@@ -307,15 +307,28 @@ impl Rest {
         };
         let apps = config.applications.len();
         // The server's next start lays this config over its options: one that
-        // start would refuse (an ssl_* field, an empty host) is refused now,
-        // before anything changes, not at that start.
-        let moved = match crate::HttpOptionsBuilder::from((*self.options).clone())
+        // start would refuse (an ssl_* field, an empty host, an address off
+        // loopback without a token) is refused now, before anything changes,
+        // not at that start.
+        let wanted = match crate::HttpOptionsBuilder::from((*self.options).clone())
             .serve_config(&config)
             .build()
         {
-            Ok(wanted) => wanted != *self.options,
+            Ok(wanted) => wanted,
             Err(e) => return text(400, format!("Invalid config: {e}")),
         };
+        // And the bind rule (off loopback needs a token), as far as literal
+        // addresses decide it: a host name is not resolved here.
+        if let Err(e) = crate::server::check_exposure_of_literals(&wanted, self.token.is_some()) {
+            let field = match &e {
+                crate::HttpError::TokenRequired {
+                    listener: "proxy", ..
+                } => "http_options.host",
+                _ => "rest_host",
+            };
+            return text(400, format!("Invalid config: {field}: {e}"));
+        }
+        let moved = wanted != *self.options;
         match self.serve.apply_config(config).await {
             Ok(()) => {
                 tracing::info!(applications = apps, "config applied over the REST API");

@@ -205,6 +205,16 @@ async fn an_invalid_config_is_400_naming_where_and_changes_nothing() {
             "http_options.ssl_ca_certs",
         ),
         ("http_options: {host: ' '}\napplications: []\n", "host"),
+        // Off loopback without a token (the bind rule), where an address
+        // literal decides it.
+        (
+            "http_options: {host: 0.0.0.0}\napplications: []\n",
+            "http_options.host",
+        ),
+        (
+            "http_options: {host: '::'}\napplications: []\n",
+            "bearer token",
+        ),
     ];
     for (body, needle) in cases {
         let r = send(
@@ -238,6 +248,16 @@ async fn an_invalid_config_is_400_naming_where_and_changes_nothing() {
         commits,
         "nothing committed"
     );
+    // A disabled proxy binds nothing: its host needs no token.
+    let r = send(
+        &c,
+        "PUT",
+        &f.rest_url("/api/serve/applications/"),
+        &[],
+        "proxy_location: Disabled\nhttp_options: {host: 0.0.0.0}\napplications: []\n",
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
     f.stop().await;
 }
 
@@ -312,6 +332,16 @@ async fn a_public_bind_needs_a_token_and_mutations_need_it_once_configured() {
         &url,
         &[("authorization", "Bearer s3cret-token")],
         CONFIG_YAML,
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    // With a token, http_options may move the proxy off loopback.
+    let r = send(
+        &c,
+        "PUT",
+        &url,
+        &[("authorization", "Bearer s3cret-token")],
+        "http_options: {host: 0.0.0.0}\napplications: []\n",
     )
     .await;
     assert_eq!(r.status, 200, "{}", r.body);

@@ -2,7 +2,8 @@
 //! `ServeInstanceDetails` (`python/ray/serve/schema.py`), built from the status
 //! board, the route index, the applied config and every DeploymentActor's
 //! snapshot. Fields Ray leaves unset are left out (it dumps with
-//! `exclude_unset=True`); fields that describe Ray's processes (pids, worker
+//! `exclude_unset=True`, which applies to model fields: user values such as
+//! `args`, `user_config` and `runtime_env` are sent as given); fields that describe Ray's processes (pids, worker
 //! ids, log files) are left out or say what Flotilla has instead (actor names).
 
 use std::{
@@ -141,13 +142,40 @@ fn unix_s(t: SystemTime) -> f64 {
         .map_or(0.0, |d| d.as_secs_f64())
 }
 
-/// Remove every null field of objects, recursively: Ray's `exclude_unset`.
+/// The fields whose value is the user's own (a builder's `args`, a
+/// deployment's `user_config`, a `runtime_env`, the kwargs and selectors: any
+/// value, `Dict` in Ray's schema), not a model whose unset fields Ray leaves
+/// out: what is under them is sent as given, nulls included.
+const USER_VALUE_FIELDS: &[&str] = &[
+    "args",
+    "runtime_env",
+    "user_config",
+    "request_router_kwargs",
+    "policy_kwargs",
+    "label_selector",
+    "placement_group_bundle_label_selector",
+    "gang_scheduling_config",
+    "deployment_actors",
+    "fallback_strategy",
+];
+
+/// Remove the null fields of objects, recursively: Ray's `exclude_unset`,
+/// which applies to model fields only, so the value of a user field
+/// ([`USER_VALUE_FIELDS`]) is kept whole (the field itself is left out when
+/// null, as Flotilla cannot tell an explicit null from an unset field).
 pub(crate) fn strip_nulls(v: Value) -> Value {
     match v {
         Value::Object(m) => Value::Object(
             m.into_iter()
                 .filter(|(_, v)| !v.is_null())
-                .map(|(k, v)| (k, strip_nulls(v)))
+                .map(|(k, v)| {
+                    let v = if USER_VALUE_FIELDS.contains(&k.as_str()) {
+                        v
+                    } else {
+                        strip_nulls(v)
+                    };
+                    (k, v)
+                })
                 .collect(),
         ),
         Value::Array(a) => Value::Array(a.into_iter().map(strip_nulls).collect()),
@@ -452,6 +480,38 @@ mod tests {
     };
 
     use super::*;
+
+    #[test]
+    fn nulls_are_stripped_from_model_fields_only() {
+        let v = strip_nulls(serde_json::json!({
+            "name": "a",
+            "route_prefix": null,
+            "args": {"lora": null, "deep": {"x": null}},
+            "runtime_env": {"env_vars": {"X": null}},
+            "user_config": null,
+            "deployments": [{
+                "name": "d",
+                "num_replicas": null,
+                "user_config": {"k": null, "list": [null, {"y": null}]},
+                "ray_actor_options": {"num_cpus": null, "runtime_env": {"pip": null}},
+                "request_router_config": {"request_router_kwargs": {"z": null}, "max_backoff_s": null},
+            }],
+        }));
+        assert_eq!(
+            v,
+            serde_json::json!({
+                "name": "a",
+                "args": {"lora": null, "deep": {"x": null}},
+                "runtime_env": {"env_vars": {"X": null}},
+                "deployments": [{
+                    "name": "d",
+                    "user_config": {"k": null, "list": [null, {"y": null}]},
+                    "ray_actor_options": {"runtime_env": {"pip": null}},
+                    "request_router_config": {"request_router_kwargs": {"z": null}},
+                }],
+            })
+        );
+    }
 
     #[test]
     fn a_deployment_config_shows_every_setting_that_applies() {

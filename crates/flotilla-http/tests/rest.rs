@@ -613,3 +613,53 @@ fn options_are_validated_by_the_builder() {
         ("127.0.0.1", 8000, 8265)
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn user_values_come_back_as_given_nulls_included() {
+    let f = start().await;
+    let c = support::client();
+    let config = "\
+applications:
+  - name: one
+    route_prefix: /one
+    import_path: t.echo:app
+    args: {tag: first, lora: null, deep: {x: null}}
+    runtime_env: {env_vars: {X: null}}
+    deployments:
+      - name: ingress
+        user_config: {a: null, b: {c: null}}
+";
+    let put = send(
+        &c,
+        "PUT",
+        &f.rest_url("/api/serve/applications/"),
+        &[],
+        config,
+    )
+    .await;
+    assert_eq!(put.status, 200, "{}", put.body);
+    wait_status(&f.serve, "one", ApplicationStatus::Running).await;
+    let d = get(&c, &f.rest_url("/api/serve/applications/"))
+        .await
+        .json();
+    let one = &d["applications"]["one"];
+    let app = &one["deployed_app_config"];
+    assert_eq!(
+        app["args"],
+        serde_json::json!({"tag": "first", "lora": null, "deep": {"x": null}})
+    );
+    assert_eq!(
+        app["runtime_env"],
+        serde_json::json!({"env_vars": {"X": null}})
+    );
+    let user_config = serde_json::json!({"a": null, "b": {"c": null}});
+    assert_eq!(app["deployments"][0]["user_config"], user_config);
+    assert_eq!(
+        one["deployments"]["ingress"]["deployment_config"]["user_config"],
+        user_config
+    );
+    // Model fields the config leaves unset are still left out.
+    assert!(app.get("route_prefix").is_some());
+    assert!(app["deployments"][0].get("num_replicas").is_none(), "{app}");
+    f.stop().await;
+}

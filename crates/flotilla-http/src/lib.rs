@@ -85,7 +85,13 @@
 //!   `actor_name`s are Flotilla's actor names, pids, worker ids and log files
 //!   are left out, `recent_dead_replicas` is empty, `deployment_topology` lists
 //!   no outbound calls, `proxy_location` is `HeadOnly` (one proxy per
-//!   `HttpServer`).
+//!   `HttpServer`). A replica's `start_time_s` is when it began serving, 0.0
+//!   while that is not known (still starting, or stopping). A deployment whose
+//!   DeploymentActor is not running (being started or restarted, gone while
+//!   its application is deleted) or does not answer within 2 s is left out of
+//!   its application's `deployments` (still in `deployment_topology`): its
+//!   config, target and resources, which Ray's schema requires, are not
+//!   known without it. Ray's controller always has them.
 //!
 //! # Metrics
 //!

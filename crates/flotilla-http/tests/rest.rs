@@ -663,3 +663,45 @@ applications:
     assert!(app["deployments"][0].get("num_replicas").is_none(), "{app}");
     f.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deployment_and_a_starting_replica_carry_every_field_ray_requires() {
+    let f = start().await;
+    let c = support::client();
+    let gated = flotilla::ApplicationSpec::builder("g")
+        .route_prefix("/g")
+        .deployment(support::quick(
+            flotilla::DeploymentSpec::builder("ingress", "t::Gated").init_args(&"g"),
+        ))
+        .build()
+        .unwrap();
+    f.serve
+        .run_many(vec![gated], support::no_wait())
+        .await
+        .unwrap();
+    // Its constructor runs: the replica is starting.
+    f.probe.constructing.notified().await;
+    let d = get(&c, &f.rest_url("/api/serve/applications/"))
+        .await
+        .json();
+    let ingress = &d["applications"]["g"]["deployments"]["ingress"];
+    assert_eq!(ingress["target_num_replicas"], 1, "{ingress}");
+    assert_eq!(ingress["deployment_config"]["name"], "ingress");
+    assert_eq!(ingress["required_resources"]["CPU"], 1.0);
+    let replica = &ingress["replicas"][0];
+    assert_eq!(replica["state"], "STARTING", "{ingress}");
+    // Ray's ReplicaDetails.start_time_s is required: 0.0 while not known.
+    assert_eq!(replica["start_time_s"], 0.0, "{replica}");
+    f.probe.constructor_gate.add_permits(1);
+    wait_status(&f.serve, "g", ApplicationStatus::Running).await;
+    let d = get(&c, &f.rest_url("/api/serve/applications/"))
+        .await
+        .json();
+    let replica = &d["applications"]["g"]["deployments"]["ingress"]["replicas"][0];
+    assert_eq!(replica["state"], "RUNNING");
+    assert!(
+        replica["start_time_s"].as_f64().unwrap() > 1.6e9,
+        "{replica}"
+    );
+    f.stop().await;
+}

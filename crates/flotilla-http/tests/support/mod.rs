@@ -40,6 +40,10 @@ pub struct Probe {
     pub gate: Semaphore,
     /// Requests handled.
     pub handled: AtomicU32,
+    /// A `t::Gated` constructor stores a permit here when it begins.
+    pub constructing: Notify,
+    /// Each `t::Gated` constructor takes one permit before it finishes.
+    pub constructor_gate: Semaphore,
 }
 
 impl Default for Probe {
@@ -50,6 +54,8 @@ impl Default for Probe {
             dropped_notify: Notify::new(),
             gate: Semaphore::new(0),
             handled: AtomicU32::new(0),
+            constructing: Notify::new(),
+            constructor_gate: Semaphore::new(0),
         }
     }
 }
@@ -207,8 +213,9 @@ impl MultiplexedDeployment for Models {
     }
 }
 
-/// The test registry: `t::Echo` (init args: its tag), `t::Plain`, `t::Models`
-/// (multiplexed), `t::Broken`
+/// The test registry: `t::Echo` (init args: its tag), `t::Gated` (an Echo
+/// whose constructor waits for a `constructor_gate` permit), `t::Plain`,
+/// `t::Models` (multiplexed), `t::Broken`
 /// (its constructor always fails), and the config builder `t.echo:app` (args:
 /// `{tag}`; one `ingress` deployment of `t::Echo`).
 pub fn registry(probe: &Arc<Probe>) -> Registry {
@@ -221,6 +228,26 @@ pub fn registry(probe: &Arc<Probe>) -> Registry {
                     tag: ctx.args()?,
                     probe,
                 })
+            }
+        })
+        .unwrap()
+        .register("t::Gated", {
+            let p = probe.clone();
+            move |ctx| {
+                let probe = p.clone();
+                async move {
+                    probe.constructing.notify_one();
+                    let permit = probe
+                        .constructor_gate
+                        .acquire()
+                        .await
+                        .map_err(|e| UserError::new(e.to_string()))?;
+                    permit.forget();
+                    Ok(Echo {
+                        tag: ctx.args()?,
+                        probe,
+                    })
+                }
             }
         })
         .unwrap()

@@ -471,6 +471,9 @@ async fn a_scrape_counts_the_traffic_sent_under_rays_names() {
     for _ in 0..2 {
         assert_eq!(get(&c, &f.url("/nowhere")).await.status, 404);
     }
+    // An answer the proxy cannot send (an invalid header) is a 500, and
+    // counted as one.
+    assert_eq!(get(&c, &f.url("/m/bad-header")).await.status, 500);
     assert_eq!(get(&c, &f.url("/-/healthz")).await.status, 200);
     let r = get(&c, &f.rest_url("/metrics")).await;
     assert_eq!(r.status, 200);
@@ -495,6 +498,12 @@ async fn a_scrape_counts_the_traffic_sent_under_rays_names() {
             r#"ray_serve_num_http_requests_total{application="m",method="POST",route="/m",status_code="500"}"#
         ),
         3.0
+    );
+    assert_eq!(
+        at(
+            r#"ray_serve_num_http_requests_total{application="m",method="GET",route="/m",status_code="500"}"#
+        ),
+        1.0
     );
     assert_eq!(
         at(
@@ -544,7 +553,8 @@ async fn a_scrape_counts_the_traffic_sent_under_rays_names() {
         at(&format!(
             r#"ray_serve_deployment_request_counter_total{{{rl},route="/m"}}"#
         )),
-        7.0
+        // The replica served /bad-header: its failure is the proxy's.
+        8.0
     );
     assert_eq!(
         at(&format!(
@@ -556,7 +566,7 @@ async fn a_scrape_counts_the_traffic_sent_under_rays_names() {
         at(&format!(
             r#"ray_serve_deployment_processing_latency_ms_count{{{rl},route="/m"}}"#
         )),
-        10.0
+        11.0
     );
     assert_eq!(
         at(&format!(r#"ray_serve_replica_processing_queries{{{rl}}}"#)),
@@ -572,7 +582,7 @@ async fn a_scrape_counts_the_traffic_sent_under_rays_names() {
     );
     assert_eq!(
         at(r#"ray_serve_num_router_requests_total{application="m",deployment="ingress"}"#),
-        10.0
+        11.0
     );
     assert_eq!(at(r#"ray_serve_application_status{application="m"}"#), 6.0);
     assert_eq!(

@@ -103,7 +103,8 @@ impl Drop for DropGuard {
 }
 
 /// Echoes the request as JSON; `/fail` fails, `/hang` never answers (until
-/// cancelled), `/big` answers 1 MiB; `/stream/N` streams N chunks, each after a
+/// cancelled), `/big` answers 1 MiB, `/bad-header` answers a header whose name
+/// is not one; `/stream/N` streams N chunks, each after a
 /// gate permit (`/stream-free/N`: without the gate).
 pub struct Echo {
     tag: String,
@@ -125,6 +126,9 @@ impl Deployment for Echo {
                 guard.done();
             }
             "/big" => return Ok(HttpResponse::new(200, vec![b'x'; 1 << 20])),
+            "/bad-header" => {
+                return Ok(HttpResponse::text(200, "x").with_header("not a name", "v"));
+            }
             _ => {}
         }
         let body = serde_json::json!({

@@ -2,8 +2,12 @@
 //! `ServeInstanceDetails` (`python/ray/serve/schema.py`), built from the status
 //! board, the route index, the applied config and every DeploymentActor's
 //! snapshot. Fields Ray leaves unset are left out (it dumps with
-//! `exclude_unset=True`); fields that describe Ray's processes (pids, worker
-//! ids, log files) are left out or say what Flotilla has instead (actor names).
+//! `exclude_unset=True`, which applies to model fields: user values such as
+//! `args`, `user_config` and `runtime_env` are sent as given); the fields its
+//! schema requires are always sent (a deployment without a snapshot is left
+//! out instead: see the crate's Decisions); fields that describe Ray's
+//! processes (pids, worker ids, log files) are left out or say what Flotilla
+//! has instead (actor names).
 
 use std::{
     collections::BTreeMap,
@@ -101,16 +105,12 @@ pub struct DeploymentDetails {
     pub status_trigger: String,
     /// What to do about it, or "".
     pub message: String,
-    /// The deployment's config in Ray's `DeploymentSchema` field names (absent
-    /// while its DeploymentActor does not answer).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub deployment_config: Option<Value>,
+    /// The deployment's config in Ray's `DeploymentSchema` field names.
+    pub deployment_config: Value,
     /// Replicas it aims for now.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub target_num_replicas: Option<u32>,
+    pub target_num_replicas: u32,
     /// What one replica reserves (`{"CPU": 1.0, ...}`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub required_resources: Option<BTreeMap<String, f64>>,
+    pub required_resources: BTreeMap<String, f64>,
     /// Its replicas, oldest first.
     pub replicas: Vec<ReplicaDetails>,
     /// Always empty: Flotilla keeps no dead replicas.
@@ -127,9 +127,9 @@ pub struct ReplicaDetails {
     pub replica_id: String,
     /// `RUNNING`, `STARTING`, ...
     pub state: String,
-    /// When it began serving, in Unix seconds (absent while starting).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub start_time_s: Option<f64>,
+    /// When it began serving, in Unix seconds; 0.0 when that is not known (a
+    /// replica still starting, or no longer routed to while it stops).
+    pub start_time_s: f64,
     /// Flotilla's extension (Ray shows them nowhere in its details): the models
     /// a multiplexed deployment's replica has loaded, sorted; absent when none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -141,13 +141,40 @@ fn unix_s(t: SystemTime) -> f64 {
         .map_or(0.0, |d| d.as_secs_f64())
 }
 
-/// Remove every null field of objects, recursively: Ray's `exclude_unset`.
+/// The fields whose value is the user's own (a builder's `args`, a
+/// deployment's `user_config`, a `runtime_env`, the kwargs and selectors: any
+/// value, `Dict` in Ray's schema), not a model whose unset fields Ray leaves
+/// out: what is under them is sent as given, nulls included.
+const USER_VALUE_FIELDS: &[&str] = &[
+    "args",
+    "runtime_env",
+    "user_config",
+    "request_router_kwargs",
+    "policy_kwargs",
+    "label_selector",
+    "placement_group_bundle_label_selector",
+    "gang_scheduling_config",
+    "deployment_actors",
+    "fallback_strategy",
+];
+
+/// Remove the null fields of objects, recursively: Ray's `exclude_unset`,
+/// which applies to model fields only, so the value of a user field
+/// ([`USER_VALUE_FIELDS`]) is kept whole (the field itself is left out when
+/// null, as Flotilla cannot tell an explicit null from an unset field).
 pub(crate) fn strip_nulls(v: Value) -> Value {
     match v {
         Value::Object(m) => Value::Object(
             m.into_iter()
                 .filter(|(_, v)| !v.is_null())
-                .map(|(k, v)| (k, strip_nulls(v)))
+                .map(|(k, v)| {
+                    let v = if USER_VALUE_FIELDS.contains(&k.as_str()) {
+                        v
+                    } else {
+                        strip_nulls(v)
+                    };
+                    (k, v)
+                })
                 .collect(),
         ),
         Value::Array(a) => Value::Array(a.into_iter().map(strip_nulls).collect()),
@@ -306,7 +333,14 @@ pub(crate) async fn instance_details(
         let mut deployments = BTreeMap::new();
         for (dep, ds) in &s.deployments {
             let dep = dep.to_string();
-            let snap = snapshots.remove(&(name.clone(), dep.clone()));
+            // Ray's DeploymentDetails requires the config, the target and the
+            // resources, which only the DeploymentActor's snapshot gives: a
+            // deployment whose actor is not running now (being started or
+            // restarted, gone while its application is deleted) or does not
+            // answer in time is left out, not sent without them.
+            let Some(sn) = snapshots.remove(&(name.clone(), dep.clone())) else {
+                continue;
+            };
             let started: BTreeMap<u64, SystemTime> = serve
                 .deployment_handle(&name, &dep)
                 .map(|h| {
@@ -316,29 +350,27 @@ pub(crate) async fn instance_details(
                         .collect()
                 })
                 .unwrap_or_default();
-            let replicas = snap
-                .as_ref()
-                .map(|sn| {
-                    sn.replicas
-                        .iter()
-                        .map(|r| ReplicaDetails {
-                            actor: ActorDetails {
-                                node_id: Some(r.node.clone()),
-                                node_ip: None,
-                                actor_name: Some(format!(
-                                    "{}/replica:{name}/{dep}#{}",
-                                    serve.namespace(),
-                                    r.id
-                                )),
-                            },
-                            replica_id: r.id.to_string(),
-                            state: r.state.to_string(),
-                            start_time_s: started.get(&r.id.0).copied().map(unix_s),
-                            multiplexed_model_ids: r.model_ids.clone(),
-                        })
-                        .collect()
+            let replicas = sn
+                .replicas
+                .iter()
+                .map(|r| ReplicaDetails {
+                    actor: ActorDetails {
+                        node_id: Some(r.node.clone()),
+                        node_ip: None,
+                        actor_name: Some(format!(
+                            "{}/replica:{name}/{dep}#{}",
+                            serve.namespace(),
+                            r.id
+                        )),
+                    },
+                    replica_id: r.id.to_string(),
+                    state: r.state.to_string(),
+                    // Only a routable replica's start is known (when its
+                    // constructor finished); not when a starting one began.
+                    start_time_s: started.get(&r.id.0).copied().map_or(0.0, unix_s),
+                    multiplexed_model_ids: r.model_ids.clone(),
                 })
-                .unwrap_or_default();
+                .collect();
             deployments.insert(
                 dep.clone(),
                 DeploymentDetails {
@@ -349,13 +381,9 @@ pub(crate) async fn instance_details(
                         .and_then(|v| v.as_str().map(str::to_owned))
                         .unwrap_or_default(),
                     message: ds.message.clone(),
-                    deployment_config: snap
-                        .as_ref()
-                        .map(|sn| strip_nulls(deployment_config(&dep, &sn.target.spec.config))),
-                    target_num_replicas: snap.as_ref().map(|sn| sn.target.replicas),
-                    required_resources: snap
-                        .as_ref()
-                        .map(|sn| resources(&sn.target.spec.config.resources)),
+                    deployment_config: strip_nulls(deployment_config(&dep, &sn.target.spec.config)),
+                    target_num_replicas: sn.target.replicas,
+                    required_resources: resources(&sn.target.spec.config.resources),
                     replicas,
                     recent_dead_replicas: Vec::new(),
                 },
@@ -452,6 +480,38 @@ mod tests {
     };
 
     use super::*;
+
+    #[test]
+    fn nulls_are_stripped_from_model_fields_only() {
+        let v = strip_nulls(serde_json::json!({
+            "name": "a",
+            "route_prefix": null,
+            "args": {"lora": null, "deep": {"x": null}},
+            "runtime_env": {"env_vars": {"X": null}},
+            "user_config": null,
+            "deployments": [{
+                "name": "d",
+                "num_replicas": null,
+                "user_config": {"k": null, "list": [null, {"y": null}]},
+                "ray_actor_options": {"num_cpus": null, "runtime_env": {"pip": null}},
+                "request_router_config": {"request_router_kwargs": {"z": null}, "max_backoff_s": null},
+            }],
+        }));
+        assert_eq!(
+            v,
+            serde_json::json!({
+                "name": "a",
+                "args": {"lora": null, "deep": {"x": null}},
+                "runtime_env": {"env_vars": {"X": null}},
+                "deployments": [{
+                    "name": "d",
+                    "user_config": {"k": null, "list": [null, {"y": null}]},
+                    "ray_actor_options": {"runtime_env": {"pip": null}},
+                    "request_router_config": {"request_router_kwargs": {"z": null}},
+                }],
+            })
+        );
+    }
 
     #[test]
     fn a_deployment_config_shows_every_setting_that_applies() {

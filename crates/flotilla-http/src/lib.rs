@@ -67,7 +67,8 @@
 //!   ([`HttpError::TokenRequired`] otherwise); with a token configured, `PUT`
 //!   and `DELETE` always need `Authorization: Bearer <token>` (401 without).
 //!   Reads and `/metrics` need none, as Ray's dashboard. With the REST listener
-//!   off, the proxy may bind anywhere without a token.
+//!   off, the proxy may bind anywhere without a token; a disabled proxy binds
+//!   nothing, so its host is neither resolved nor checked.
 //! - A config's `http_options` and `proxy_location` are laid over the
 //!   program's [`HttpOptions`] when the server starts, from the applied config
 //!   (the fields it gives win; see [`HttpOptionsBuilder::serve_config`]; a left
@@ -76,13 +77,21 @@
 //!   serve this one proxy). A later PUT cannot move a running server: its
 //!   different `http_options` are logged, as Ray warns, and apply at the next
 //!   start; `http_options` that start would refuse (any `ssl_*` field, an
-//!   empty host) make the PUT a 400 that changes nothing, where Ray accepts
-//!   them.
+//!   empty host, a host off loopback without a token where it is an address
+//!   literal: the PUT resolves no names, so a name that resolves off
+//!   loopback fails at that start) make the PUT a 400 that changes nothing
+//!   and names the field, where Ray accepts them.
 //! - `GET /api/serve/applications/`: replica ids are Flotilla's numbers,
 //!   `actor_name`s are Flotilla's actor names, pids, worker ids and log files
 //!   are left out, `recent_dead_replicas` is empty, `deployment_topology` lists
 //!   no outbound calls, `proxy_location` is `HeadOnly` (one proxy per
-//!   `HttpServer`).
+//!   `HttpServer`). A replica's `start_time_s` is when it began serving, 0.0
+//!   while that is not known (still starting, or stopping). A deployment whose
+//!   DeploymentActor is not running (being started or restarted, gone while
+//!   its application is deleted) or does not answer within 2 s is left out of
+//!   its application's `deployments` (still in `deployment_topology`): its
+//!   config, target and resources, which Ray's schema requires, are not
+//!   known without it. Ray's controller always has them.
 //!
 //! # Metrics
 //!
@@ -136,8 +145,10 @@ pub use server::HttpServer;
 pub use types::{HttpRequest, HttpResponse};
 
 /// The request id header (Ray's `SERVE_HTTP_REQUEST_ID_HEADER`): taken from the
-/// request, or made by the proxy; the ingress always sees it, and every
-/// response carries it.
+/// request, or made by the proxy (for a request without one, or with an empty
+/// one or one that is not visible ASCII, which the proxy's replaces); the
+/// ingress always sees the id the response carries, and every response
+/// carries it.
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
 
 /// The `tracing` target of the proxy's and the REST API's per-request access

@@ -328,16 +328,23 @@ impl Proxy {
                 );
             }
         };
+        // The ingress sees one `x-request-id`, the response's: the client's
+        // when the proxy took it, else the one the proxy made (never an empty
+        // or unreadable one beside it).
         let mut headers: Vec<(String, String)> = Vec::with_capacity(parts.headers.len() + 1);
-        headers.extend(parts.headers.iter().map(|(n, v)| {
-            (
-                n.as_str().to_owned(),
-                String::from_utf8_lossy(v.as_bytes()).into_owned(),
-            )
-        }));
-        if !parts.headers.contains_key(REQUEST_ID_HEADER) {
-            headers.push((REQUEST_ID_HEADER.to_owned(), request_id.clone()));
-        }
+        headers.extend(
+            parts
+                .headers
+                .iter()
+                .filter(|(n, _)| n.as_str() != REQUEST_ID_HEADER)
+                .map(|(n, v)| {
+                    (
+                        n.as_str().to_owned(),
+                        String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                    )
+                }),
+        );
+        headers.push((REQUEST_ID_HEADER.to_owned(), request_id.clone()));
         let request = HttpRequest {
             method: parts.method.as_str().to_owned(),
             path,
@@ -424,9 +431,27 @@ impl Proxy {
             Some(Some(Err(e))) => return self.refuse(&entry, &handle, e, &request_id, done),
             None => (false, vec![head.body.clone()]),
         };
+        // The head is checked before the body takes `done`: a head that cannot
+        // be sent is answered, and recorded, as the 500 it becomes.
         let mut builder = Response::builder().status(head.status);
         for (name, value) in &head.headers {
             builder = builder.header(name.as_str(), value.as_str());
+        }
+        let mut parts = match builder.body(()) {
+            Ok(r) => r.into_parts().0,
+            Err(e) => {
+                let why = format!(
+                    "The ingress deployment '{}' of application '{}' answered with an invalid status or header: {e}",
+                    entry.ingress, entry.app
+                );
+                tracing::warn!(%why);
+                return text(500, why, &request_id, Some(done));
+            }
+        };
+        if let Ok(id) = HeaderValue::from_str(&request_id) {
+            parts
+                .headers
+                .append(HeaderName::from_static(REQUEST_ID_HEADER), id);
         }
         let body = if whole {
             let mut pending = pending;
@@ -435,23 +460,7 @@ impl Proxy {
             let pending = pending.into_iter().filter(|b| !b.is_empty()).collect();
             ProxyBody::stream(head.status, pending, stream, deadline, done)
         };
-        match builder.body(body) {
-            Ok(mut r) => {
-                if let Ok(id) = HeaderValue::from_str(&request_id) {
-                    r.headers_mut()
-                        .append(HeaderName::from_static(REQUEST_ID_HEADER), id);
-                }
-                r
-            }
-            Err(e) => {
-                let why = format!(
-                    "The ingress deployment '{}' of application '{}' answered with an invalid status or header: {e}",
-                    entry.ingress, entry.app
-                );
-                tracing::warn!(%why);
-                text(500, why, &request_id, None)
-            }
-        }
+        Response::from_parts(parts, body)
     }
 
     /// Why the ingress cannot get a replica soon, if it cannot.

@@ -4,9 +4,10 @@
 //! | method and path | answer |
 //! |---|---|
 //! | `GET /api/ray/version` | 200 JSON `{"version": "4", "ray_version": ..., ...}`: Ray's `serve` CLI checks it first |
-//! | `GET /api/serve/applications/` (`?api_type=imperative\|declarative`) | 200 JSON `ServeInstanceDetails` ([`crate::details`]) |
+//! | `GET /api/serve/applications/` (`?api_type=imperative\|declarative`, any case; empty is no filter) | 200 JSON `ServeInstanceDetails` ([`crate::details`]) |
 //! | `PUT /api/serve/applications/` | a ServeConfig, JSON or YAML: 200 (empty) once it is durable; 400 naming the line, field and application, nothing changed |
 //! | `DELETE /api/serve/applications/` | delete every application: 200 (empty), the deletions go on asynchronously as Ray's |
+//! | `POST /api/v1/applications/{app}/deployments/{deployment}/scale` | `{"target_num_replicas": N}` (other keys ignored): 200 once durable; 400 for an unknown application or deployment or a bad body, 412 when its application does not enable an external scaler or is being deleted (`Deployment is deleted`), as Ray |
 //! | `GET /metrics` | Prometheus text |
 //!
 //! The body of `PUT` is parsed by content type: `application/json` and
@@ -21,7 +22,7 @@
 use std::{convert::Infallible, sync::Arc};
 
 use bytes::Bytes;
-use flotilla::{ApiType, Serve, ServeConfig, ServeError};
+use flotilla::{ApiType, ApplicationStatus, Serve, ServeConfig, ServeError};
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, Full};
 
@@ -69,7 +70,6 @@ fn json(status: u16, value: &impl serde::Serialize) -> Response<Body> {
     }
 }
 
-/// The status of a failed `apply_config` or `delete_apps`, with its text.
 /// The application and deployment of Ray's scale route,
 /// `/api/v1/applications/{app}/deployments/{deployment}/scale`.
 fn scale_target(path: &str) -> Option<(&str, &str)> {
@@ -80,6 +80,34 @@ fn scale_target(path: &str) -> Option<(&str, &str)> {
         .then_some((app, deployment))
 }
 
+/// A query string component, decoded as aiohttp's `req.query` decodes it
+/// (`+` is a space, then percent-decoding; invalid UTF-8 replaced).
+fn query_component(raw: &str) -> String {
+    percent_encoding::percent_decode_str(&raw.replace('+', " "))
+        .decode_utf8_lossy()
+        .into_owned()
+}
+
+/// Which applications a GET asks for, as Ray's `get_serve_instance_details`
+/// reads its `api_type` parameter: the first one, decoded; none or an empty
+/// one is no filter; matched lower-cased. `Err` holds a value that is neither
+/// `imperative` nor `declarative`, as given.
+fn api_filter(query: Option<&str>) -> Result<ApiFilter, String> {
+    let given = query
+        .unwrap_or_default()
+        .split('&')
+        .map(|p| p.split_once('=').unwrap_or((p, "")))
+        .find(|(k, _)| query_component(k) == "api_type")
+        .map(|(_, v)| query_component(v));
+    match given.as_deref().map(str::to_lowercase).as_deref() {
+        None | Some("") => Ok(ApiFilter::All),
+        Some("imperative") => Ok(ApiFilter::Only(ApiType::Imperative)),
+        Some("declarative") => Ok(ApiFilter::Only(ApiType::Declarative)),
+        Some(_) => Err(given.unwrap_or_default()),
+    }
+}
+
+/// The status of a failed `apply_config` or `delete_apps`, with its text.
 fn serve_error(e: &ServeError) -> (u16, String) {
     let status = match e {
         ServeError::ControllerCrashed | ServeError::Unavailable(_) => 503,
@@ -153,8 +181,9 @@ impl Rest {
         app: &str,
         deployment: &str,
     ) -> Response<Body> {
+        // Ray's `ScaleDeploymentRequest`: a pydantic model, so other keys
+        // are ignored.
         #[derive(serde::Deserialize)]
-        #[serde(deny_unknown_fields)]
         struct ScaleBody {
             target_num_replicas: u32,
         }
@@ -178,8 +207,16 @@ impl Rest {
                     "message": "Scaling request received. Deployment will get scaled asynchronously."
                 }),
             ),
+            // Ray's `DeploymentIsBeingDeletedError`: "From customer's viewpoint,
+            // the deployment is deleted". The Controller no longer knows an
+            // application it is deleting; its status says so.
+            Err(ServeError::NotFound { .. })
+                if self.serve.app_status(app).status == ApplicationStatus::Deleting =>
+            {
+                error(412, "Deployment is deleted".to_owned())
+            }
             Err(ServeError::NotFound { .. }) => {
-                error(404, "Application or Deployment not found".to_owned())
+                error(400, "Application or Deployment not found".to_owned())
             }
             Err(e @ ServeError::ExternalScalerDisabled { .. }) => error(412, e.to_string()),
             Err(e @ (ServeError::ControllerCrashed | ServeError::Unavailable(_))) => {
@@ -217,27 +254,17 @@ impl Rest {
     }
 
     async fn get(&self, query: Option<&str>) -> Response<Body> {
-        let mut filter = ApiFilter::All;
-        for (k, v) in query
-            .unwrap_or_default()
-            .split('&')
-            .filter_map(|p| p.split_once('='))
-        {
-            if k == "api_type" {
-                filter = match v {
-                    "imperative" => ApiFilter::Only(ApiType::Imperative),
-                    "declarative" => ApiFilter::Only(ApiType::Declarative),
-                    other => {
-                        return text(
-                            400,
-                            format!(
-                                "Invalid 'api_type' value: '{other}'. Must be one of: imperative, declarative"
-                            ),
-                        );
-                    }
-                };
+        let filter = match api_filter(query) {
+            Ok(f) => f,
+            Err(given) => {
+                return text(
+                    400,
+                    format!(
+                        "Invalid 'api_type' value: '{given}'. Must be one of: imperative, declarative"
+                    ),
+                );
             }
-        }
+        };
         let draining = self.draining.load(std::sync::atomic::Ordering::Acquire);
         match instance_details(
             &self.serve,
@@ -280,15 +307,28 @@ impl Rest {
         };
         let apps = config.applications.len();
         // The server's next start lays this config over its options: one that
-        // start would refuse (an ssl_* field, an empty host) is refused now,
-        // before anything changes, not at that start.
-        let moved = match crate::HttpOptionsBuilder::from((*self.options).clone())
+        // start would refuse (an ssl_* field, an empty host, an address off
+        // loopback without a token) is refused now, before anything changes,
+        // not at that start.
+        let wanted = match crate::HttpOptionsBuilder::from((*self.options).clone())
             .serve_config(&config)
             .build()
         {
-            Ok(wanted) => wanted != *self.options,
+            Ok(wanted) => wanted,
             Err(e) => return text(400, format!("Invalid config: {e}")),
         };
+        // And the bind rule (off loopback needs a token), as far as literal
+        // addresses decide it: a host name is not resolved here.
+        if let Err(e) = crate::server::check_exposure_of_literals(&wanted, self.token.is_some()) {
+            let field = match &e {
+                crate::HttpError::TokenRequired {
+                    listener: "proxy", ..
+                } => "http_options.host",
+                _ => "rest_host",
+            };
+            return text(400, format!("Invalid config: {field}: {e}"));
+        }
+        let moved = wanted != *self.options;
         match self.serve.apply_config(config).await {
             Ok(()) => {
                 tracing::info!(applications = apps, "config applied over the REST API");
@@ -353,5 +393,43 @@ impl Rest {
             Ok(body) => respond(200, METRICS_CONTENT_TYPE, body),
             Err(e) => text(500, format!("encoding the metrics failed: {e}")),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn api_type_is_read_as_rays_query_reads_it() {
+        let imperative = Ok(ApiFilter::Only(ApiType::Imperative));
+        let declarative = Ok(ApiFilter::Only(ApiType::Declarative));
+        assert_eq!(api_filter(Some("api_type=imperative")), imperative);
+        // Lower-cased, percent-decoded (key and value), `+` a space.
+        assert_eq!(api_filter(Some("api_type=IMPERATIVE")), imperative);
+        assert_eq!(api_filter(Some("api_type=Declarative")), declarative);
+        assert_eq!(api_filter(Some("x=1&api_type=%64eclarative")), declarative);
+        assert_eq!(api_filter(Some("api%5Ftype=imperative")), imperative);
+        assert_eq!(
+            api_filter(Some("api_type=not+one")),
+            Err("not one".to_owned())
+        );
+        // Empty or absent: no filter.
+        for all in [
+            None,
+            Some(""),
+            Some("api_type="),
+            Some("api_type"),
+            Some("x=y"),
+        ] {
+            assert_eq!(api_filter(all), Ok(ApiFilter::All), "{all:?}");
+        }
+        // The first one counts, as aiohttp's `query.get`.
+        assert_eq!(
+            api_filter(Some("api_type=imperative&api_type=nope")),
+            imperative
+        );
+        // The error names the value as given (decoded), not lower-cased.
+        assert_eq!(api_filter(Some("api_type=Nope")), Err("Nope".to_owned()));
     }
 }

@@ -170,30 +170,37 @@ impl HttpServer {
             Err(source) => return Err(HttpError::AppliedConfig(Box::new(source))),
         };
         options.validate()?;
-        let proxy_addr = resolve("proxy", &options.host, options.port)?;
+        // A disabled proxy binds nothing: its host is neither resolved nor
+        // held to the bind rule.
+        let proxy_addr = match options.proxy {
+            true => Some(resolve("proxy", &options.host, options.port)?),
+            false => None,
+        };
         let rest_addr = match options.rest {
             true => Some(resolve("rest", &options.rest_host, options.rest_port)?),
             false => None,
         };
         let token = options.token.as_ref().map(Token::load).transpose()?;
-        check_exposure(proxy_addr, rest_addr, token.is_some())?;
-        let proxy_listener = match options.proxy {
-            true => Some(bind(proxy_addr).await?),
-            false => None,
+        check_exposure(
+            rest_addr.is_some(),
+            token.is_some(),
+            [("proxy", proxy_addr), ("rest", rest_addr)],
+        )?;
+        let proxy_listener = match proxy_addr {
+            Some(a) => Some(bind(a).await?),
+            None => None,
         };
         let rest_listener = match rest_addr {
             Some(a) => Some(bind(a).await?),
             None => None,
         };
-        let proxy_addr = proxy_listener
-            .as_ref()
-            .map(|l| {
-                l.local_addr().map_err(|source| HttpError::Bind {
-                    addr: proxy_addr,
-                    source,
-                })
-            })
-            .transpose()?;
+        let proxy_addr = match (&proxy_listener, proxy_addr) {
+            (Some(l), Some(a)) => Some(
+                l.local_addr()
+                    .map_err(|source| HttpError::Bind { addr: a, source })?,
+            ),
+            _ => None,
+        };
         let rest_addr = match (&rest_listener, rest_addr) {
             (Some(l), Some(a)) => Some(
                 l.local_addr()
@@ -308,22 +315,54 @@ impl Drop for HttpServer {
     }
 }
 
-/// With a REST listener, exposing either listener off loopback needs a token;
-/// without one there is no mutating endpoint to protect.
+/// The bind rule: with a REST listener (`rest_on`), exposing a listener off
+/// loopback needs a token; without one there is no mutating endpoint to
+/// protect. `listeners` are the listeners with their addresses; `None` is one
+/// that does not run (a disabled proxy binds nothing) or whose address is not
+/// known.
 fn check_exposure(
-    proxy: SocketAddr,
-    rest: Option<SocketAddr>,
+    rest_on: bool,
     token: bool,
+    listeners: [(&'static str, Option<SocketAddr>); 2],
 ) -> Result<(), HttpError> {
-    let Some(rest) = rest.filter(|_| !token) else {
+    if !rest_on || token {
         return Ok(());
-    };
-    for (listener, addr) in [("proxy", proxy), ("rest", rest)] {
-        if !addr.ip().is_loopback() {
+    }
+    for (listener, addr) in listeners {
+        if let Some(addr) = addr
+            && !addr.ip().is_loopback()
+        {
             return Err(HttpError::TokenRequired { listener, addr });
         }
     }
     Ok(())
+}
+
+/// The bind rule as far as it can be decided without resolving names:
+/// [`HttpServer::start`]'s check on the listeners `options` would run whose
+/// host is an IP address literal (a host name is left to the start). What a
+/// `PUT` checks its `http_options` with.
+pub(crate) fn check_exposure_of_literals(
+    options: &HttpOptions,
+    token: bool,
+) -> Result<(), HttpError> {
+    // As `(host, port).to_socket_addrs()` takes a literal (no brackets).
+    let literal = |on: bool, host: &str, port: u16| {
+        on.then(|| host.parse::<std::net::IpAddr>().ok())
+            .flatten()
+            .map(|ip| SocketAddr::new(ip, port))
+    };
+    check_exposure(
+        options.rest,
+        token,
+        [
+            ("proxy", literal(options.proxy, &options.host, options.port)),
+            (
+                "rest",
+                literal(options.rest, &options.rest_host, options.rest_port),
+            ),
+        ],
+    )
 }
 
 #[cfg(test)]
@@ -336,16 +375,55 @@ mod tests {
             SocketAddr::from(([0, 0, 0, 0], 8000)),
             SocketAddr::from(([127, 0, 0, 1], 52365)),
         );
-        let refused = |proxy, rest, token| match check_exposure(proxy, rest, token) {
+        let refused = |proxy, rest: Option<SocketAddr>, token| match check_exposure(
+            rest.is_some(),
+            token,
+            [("proxy", proxy), ("rest", rest)],
+        ) {
             Err(HttpError::TokenRequired { listener, .. }) => Some(listener),
             Ok(()) => None,
             Err(e) => panic!("{e}"),
         };
-        assert_eq!(refused(public, Some(local), false), Some("proxy"));
-        assert_eq!(refused(local, Some(public), false), Some("rest"));
-        assert_eq!(refused(public, Some(public), true), None);
-        assert_eq!(refused(local, Some(local), false), None);
+        assert_eq!(refused(Some(public), Some(local), false), Some("proxy"));
+        assert_eq!(refused(Some(local), Some(public), false), Some("rest"));
+        assert_eq!(refused(Some(public), Some(public), true), None);
+        assert_eq!(refused(Some(local), Some(local), false), None);
         // No REST listener: nothing to protect.
-        assert_eq!(refused(public, None, false), None);
+        assert_eq!(refused(Some(public), None, false), None);
+        // No proxy: only the REST listener's address counts.
+        assert_eq!(refused(None, Some(local), false), None);
+        assert_eq!(refused(None, Some(public), false), Some("rest"));
+    }
+
+    #[test]
+    fn without_dns_only_address_literals_are_held_to_the_bind_rule() {
+        let refused = |host: &str, proxy: bool, token: bool| {
+            let options = HttpOptions::builder()
+                .host(host)
+                .proxy(proxy)
+                .build()
+                .unwrap();
+            match check_exposure_of_literals(&options, token) {
+                Err(HttpError::TokenRequired { listener, .. }) => Some(listener),
+                Ok(()) => None,
+                Err(e) => panic!("{e}"),
+            }
+        };
+        for public in ["0.0.0.0", "::", "10.1.2.3"] {
+            assert_eq!(refused(public, true, false), Some("proxy"), "{public}");
+            assert_eq!(refused(public, true, true), None, "{public}");
+            assert_eq!(refused(public, false, false), None, "{public}");
+        }
+        // Loopback, or a name (decided when the server starts, not here).
+        for host in ["127.0.0.1", "::1", "localhost", "example.com"] {
+            assert_eq!(refused(host, true, false), None, "{host}");
+        }
+        // Without a REST listener there is nothing to protect.
+        let no_rest = HttpOptions::builder()
+            .host("0.0.0.0")
+            .rest(false)
+            .build()
+            .unwrap();
+        assert!(check_exposure_of_literals(&no_rest, false).is_ok());
     }
 }

@@ -12,6 +12,7 @@ use flotilla::{
     ApplicationSpec, ApplicationStatus, DeploymentSpec, Serve, ServeConfig, ServeOptions,
 };
 use flotilla_http::{HttpError, HttpServer};
+use http_body_util::BodyExt;
 use support::{Probe, get, send, test_options, wait_routes, wait_status};
 
 async fn serve_with(yaml: &str) -> (tempfile::TempDir, Serve, Arc<Probe>) {
@@ -77,6 +78,13 @@ async fn proxy_location_disabled_starts_no_proxy_and_tls_is_refused() {
             .status,
         200
     );
+    http.shutdown().await;
+    // A disabled proxy binds nothing, so its host needs no token (nothing
+    // listens off loopback).
+    let http = HttpServer::start(&serve, test_options().host("0.0.0.0").build().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(http.proxy_addr(), None);
     http.shutdown().await;
     // Any ssl_* field asks for TLS: a CA bundle alone (client certificates) too.
     for (http_options, field) in [
@@ -148,7 +156,7 @@ async fn a_backpressure_config_answers_429_with_retry_after() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rays_scale_route_sets_an_external_scalers_count() {
-    let (_dir, serve, _probe) = serve_with("applications: []\n").await;
+    let (_dir, serve, probe) = serve_with("applications: []\n").await;
     let scaled = ApplicationSpec::builder("ext")
         .route_prefix("/ext")
         .external_scaler_enabled(true)
@@ -207,11 +215,25 @@ async fn rays_scale_route_sets_an_external_scalers_count() {
         r#"{"target_num_replicas": 3}"#,
     )
     .await;
-    assert_eq!(missing.status, 404, "{}", missing.body);
+    // Ray's answer to an unknown application or deployment: 400.
+    assert_eq!(missing.status, 400, "{}", missing.body);
     assert_eq!(
         missing.json()["error"],
         "Application or Deployment not found"
     );
+    let unknown_app = post(
+        "/api/v1/applications/nope/deployments/ingress/scale",
+        r#"{"target_num_replicas": 3}"#,
+    )
+    .await;
+    assert_eq!(unknown_app.status, 400, "{}", unknown_app.body);
+    // Ray's request model ignores keys it does not know.
+    let extra = post(
+        "/api/v1/applications/ext/deployments/ingress/scale",
+        r#"{"target_num_replicas": 2, "reason": "load"}"#,
+    )
+    .await;
+    assert_eq!(extra.status, 200, "{}", extra.body);
     let bad = post(
         "/api/v1/applications/ext/deployments/ingress/scale",
         r#"{"replicas": 3}"#,
@@ -236,6 +258,30 @@ async fn rays_scale_route_sets_an_external_scalers_count() {
         details["applications"]["plain"]["external_scaler_enabled"],
         false
     );
+    // An application being deleted (a replica still streams a response, so
+    // it stays DELETING until the test lets the stream end): Ray's 412.
+    let proxy = http.proxy_addr().unwrap();
+    let streaming = c
+        .request(
+            http::Request::get(format!("http://{proxy}/ext/stream/1"))
+                .body(http_body_util::Full::new(bytes::Bytes::new()))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(streaming.status(), 200);
+    serve.delete_apps(["ext"], false).await.unwrap();
+    wait_status(&serve, "ext", ApplicationStatus::Deleting).await;
+    let deleting = post(
+        "/api/v1/applications/ext/deployments/ingress/scale",
+        r#"{"target_num_replicas": 3}"#,
+    )
+    .await;
+    assert_eq!(deleting.status, 412, "{}", deleting.body);
+    assert_eq!(deleting.json()["error"], "Deployment is deleted");
+    probe.gate.add_permits(1);
+    let rest_of_stream = streaming.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&rest_of_stream[..], b"token0 ");
     http.shutdown().await;
     serve.shutdown().await.unwrap();
 }

@@ -128,6 +128,21 @@ async fn request_ids_are_kept_or_made_and_sent_back() {
     let made = r.header("x-request-id").unwrap().to_owned();
     assert_eq!(r.json()["request_id"].as_str(), Some(made.as_str()));
     assert_eq!(&made[14..15], "4", "a UUIDv4: {made}");
+    // An empty or unreadable id is replaced, for the ingress too: it sees
+    // the id the response carries.
+    for bad in [&b""[..], b"caf\xe9"] {
+        let mut req = http::Request::get(f.url("/e"))
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        req.headers_mut()
+            .insert("x-request-id", http::HeaderValue::from_bytes(bad).unwrap());
+        let resp = c.request(req).await.unwrap();
+        let made = resp.headers()["x-request-id"].to_str().unwrap().to_owned();
+        assert_eq!(made.len(), 36, "{made}");
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        let j: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(j["request_id"].as_str(), Some(made.as_str()), "{bad:?}");
+    }
     f.stop().await;
 }
 

@@ -103,6 +103,25 @@ async fn put_get_delete_round_trip_in_rays_shapes() {
     assert_eq!(imperative.json()["applications"], serde_json::json!({}));
     let bad = get(&c, &f.rest_url("/api/serve/applications/?api_type=nope")).await;
     assert_eq!(bad.status, 400);
+    // As Ray reads it: any case, percent-decoded, and empty is no filter.
+    for (query, apps) in [
+        ("api_type=DECLARATIVE", 2),
+        ("api_type=%64eclarative", 2),
+        ("api_type=Imperative", 0),
+        ("api_type=", 2),
+    ] {
+        let r = get(
+            &c,
+            &f.rest_url(&format!("/api/serve/applications/?{query}")),
+        )
+        .await;
+        assert_eq!(r.status, 200, "{query}: {}", r.body);
+        assert_eq!(
+            r.json()["applications"].as_object().unwrap().len(),
+            apps,
+            "{query}"
+        );
+    }
 
     // The same config as JSON, one application dropped: declarative, so it goes.
     let json = serde_json::json!({"applications": [
@@ -186,6 +205,16 @@ async fn an_invalid_config_is_400_naming_where_and_changes_nothing() {
             "http_options.ssl_ca_certs",
         ),
         ("http_options: {host: ' '}\napplications: []\n", "host"),
+        // Off loopback without a token (the bind rule), where an address
+        // literal decides it.
+        (
+            "http_options: {host: 0.0.0.0}\napplications: []\n",
+            "http_options.host",
+        ),
+        (
+            "http_options: {host: '::'}\napplications: []\n",
+            "bearer token",
+        ),
     ];
     for (body, needle) in cases {
         let r = send(
@@ -219,6 +248,16 @@ async fn an_invalid_config_is_400_naming_where_and_changes_nothing() {
         commits,
         "nothing committed"
     );
+    // A disabled proxy binds nothing: its host needs no token.
+    let r = send(
+        &c,
+        "PUT",
+        &f.rest_url("/api/serve/applications/"),
+        &[],
+        "proxy_location: Disabled\nhttp_options: {host: 0.0.0.0}\napplications: []\n",
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
     f.stop().await;
 }
 
@@ -293,6 +332,16 @@ async fn a_public_bind_needs_a_token_and_mutations_need_it_once_configured() {
         &url,
         &[("authorization", "Bearer s3cret-token")],
         CONFIG_YAML,
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    // With a token, http_options may move the proxy off loopback.
+    let r = send(
+        &c,
+        "PUT",
+        &url,
+        &[("authorization", "Bearer s3cret-token")],
+        "http_options: {host: 0.0.0.0}\napplications: []\n",
     )
     .await;
     assert_eq!(r.status, 200, "{}", r.body);
@@ -422,6 +471,9 @@ async fn a_scrape_counts_the_traffic_sent_under_rays_names() {
     for _ in 0..2 {
         assert_eq!(get(&c, &f.url("/nowhere")).await.status, 404);
     }
+    // An answer the proxy cannot send (an invalid header) is a 500, and
+    // counted as one.
+    assert_eq!(get(&c, &f.url("/m/bad-header")).await.status, 500);
     assert_eq!(get(&c, &f.url("/-/healthz")).await.status, 200);
     let r = get(&c, &f.rest_url("/metrics")).await;
     assert_eq!(r.status, 200);
@@ -446,6 +498,12 @@ async fn a_scrape_counts_the_traffic_sent_under_rays_names() {
             r#"ray_serve_num_http_requests_total{application="m",method="POST",route="/m",status_code="500"}"#
         ),
         3.0
+    );
+    assert_eq!(
+        at(
+            r#"ray_serve_num_http_requests_total{application="m",method="GET",route="/m",status_code="500"}"#
+        ),
+        1.0
     );
     assert_eq!(
         at(
@@ -495,7 +553,8 @@ async fn a_scrape_counts_the_traffic_sent_under_rays_names() {
         at(&format!(
             r#"ray_serve_deployment_request_counter_total{{{rl},route="/m"}}"#
         )),
-        7.0
+        // The replica served /bad-header: its failure is the proxy's.
+        8.0
     );
     assert_eq!(
         at(&format!(
@@ -507,7 +566,7 @@ async fn a_scrape_counts_the_traffic_sent_under_rays_names() {
         at(&format!(
             r#"ray_serve_deployment_processing_latency_ms_count{{{rl},route="/m"}}"#
         )),
-        10.0
+        11.0
     );
     assert_eq!(
         at(&format!(r#"ray_serve_replica_processing_queries{{{rl}}}"#)),
@@ -523,7 +582,7 @@ async fn a_scrape_counts_the_traffic_sent_under_rays_names() {
     );
     assert_eq!(
         at(r#"ray_serve_num_router_requests_total{application="m",deployment="ingress"}"#),
-        10.0
+        11.0
     );
     assert_eq!(at(r#"ray_serve_application_status{application="m"}"#), 6.0);
     assert_eq!(
@@ -563,4 +622,96 @@ fn options_are_validated_by_the_builder() {
         (d.host.as_str(), d.port, d.rest_port),
         ("127.0.0.1", 8000, 8265)
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn user_values_come_back_as_given_nulls_included() {
+    let f = start().await;
+    let c = support::client();
+    let config = "\
+applications:
+  - name: one
+    route_prefix: /one
+    import_path: t.echo:app
+    args: {tag: first, lora: null, deep: {x: null}}
+    runtime_env: {env_vars: {X: null}}
+    deployments:
+      - name: ingress
+        user_config: {a: null, b: {c: null}}
+";
+    let put = send(
+        &c,
+        "PUT",
+        &f.rest_url("/api/serve/applications/"),
+        &[],
+        config,
+    )
+    .await;
+    assert_eq!(put.status, 200, "{}", put.body);
+    wait_status(&f.serve, "one", ApplicationStatus::Running).await;
+    let d = get(&c, &f.rest_url("/api/serve/applications/"))
+        .await
+        .json();
+    let one = &d["applications"]["one"];
+    let app = &one["deployed_app_config"];
+    assert_eq!(
+        app["args"],
+        serde_json::json!({"tag": "first", "lora": null, "deep": {"x": null}})
+    );
+    assert_eq!(
+        app["runtime_env"],
+        serde_json::json!({"env_vars": {"X": null}})
+    );
+    let user_config = serde_json::json!({"a": null, "b": {"c": null}});
+    assert_eq!(app["deployments"][0]["user_config"], user_config);
+    assert_eq!(
+        one["deployments"]["ingress"]["deployment_config"]["user_config"],
+        user_config
+    );
+    // Model fields the config leaves unset are still left out.
+    assert!(app.get("route_prefix").is_some());
+    assert!(app["deployments"][0].get("num_replicas").is_none(), "{app}");
+    f.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deployment_and_a_starting_replica_carry_every_field_ray_requires() {
+    let f = start().await;
+    let c = support::client();
+    let gated = flotilla::ApplicationSpec::builder("g")
+        .route_prefix("/g")
+        .deployment(support::quick(
+            flotilla::DeploymentSpec::builder("ingress", "t::Gated").init_args(&"g"),
+        ))
+        .build()
+        .unwrap();
+    f.serve
+        .run_many(vec![gated], support::no_wait())
+        .await
+        .unwrap();
+    // Its constructor runs: the replica is starting.
+    f.probe.constructing.notified().await;
+    let d = get(&c, &f.rest_url("/api/serve/applications/"))
+        .await
+        .json();
+    let ingress = &d["applications"]["g"]["deployments"]["ingress"];
+    assert_eq!(ingress["target_num_replicas"], 1, "{ingress}");
+    assert_eq!(ingress["deployment_config"]["name"], "ingress");
+    assert_eq!(ingress["required_resources"]["CPU"], 1.0);
+    let replica = &ingress["replicas"][0];
+    assert_eq!(replica["state"], "STARTING", "{ingress}");
+    // Ray's ReplicaDetails.start_time_s is required: 0.0 while not known.
+    assert_eq!(replica["start_time_s"], 0.0, "{replica}");
+    f.probe.constructor_gate.add_permits(1);
+    wait_status(&f.serve, "g", ApplicationStatus::Running).await;
+    let d = get(&c, &f.rest_url("/api/serve/applications/"))
+        .await
+        .json();
+    let replica = &d["applications"]["g"]["deployments"]["ingress"]["replicas"][0];
+    assert_eq!(replica["state"], "RUNNING");
+    assert!(
+        replica["start_time_s"].as_f64().unwrap() > 1.6e9,
+        "{replica}"
+    );
+    f.stop().await;
 }

@@ -40,6 +40,10 @@ pub struct Probe {
     pub gate: Semaphore,
     /// Requests handled.
     pub handled: AtomicU32,
+    /// A `t::Gated` constructor stores a permit here when it begins.
+    pub constructing: Notify,
+    /// Each `t::Gated` constructor takes one permit before it finishes.
+    pub constructor_gate: Semaphore,
 }
 
 impl Default for Probe {
@@ -50,6 +54,8 @@ impl Default for Probe {
             dropped_notify: Notify::new(),
             gate: Semaphore::new(0),
             handled: AtomicU32::new(0),
+            constructing: Notify::new(),
+            constructor_gate: Semaphore::new(0),
         }
     }
 }
@@ -97,7 +103,8 @@ impl Drop for DropGuard {
 }
 
 /// Echoes the request as JSON; `/fail` fails, `/hang` never answers (until
-/// cancelled), `/big` answers 1 MiB; `/stream/N` streams N chunks, each after a
+/// cancelled), `/big` answers 1 MiB, `/bad-header` answers a header whose name
+/// is not one; `/stream/N` streams N chunks, each after a
 /// gate permit (`/stream-free/N`: without the gate).
 pub struct Echo {
     tag: String,
@@ -119,6 +126,9 @@ impl Deployment for Echo {
                 guard.done();
             }
             "/big" => return Ok(HttpResponse::new(200, vec![b'x'; 1 << 20])),
+            "/bad-header" => {
+                return Ok(HttpResponse::text(200, "x").with_header("not a name", "v"));
+            }
             _ => {}
         }
         let body = serde_json::json!({
@@ -207,8 +217,9 @@ impl MultiplexedDeployment for Models {
     }
 }
 
-/// The test registry: `t::Echo` (init args: its tag), `t::Plain`, `t::Models`
-/// (multiplexed), `t::Broken`
+/// The test registry: `t::Echo` (init args: its tag), `t::Gated` (an Echo
+/// whose constructor waits for a `constructor_gate` permit), `t::Plain`,
+/// `t::Models` (multiplexed), `t::Broken`
 /// (its constructor always fails), and the config builder `t.echo:app` (args:
 /// `{tag}`; one `ingress` deployment of `t::Echo`).
 pub fn registry(probe: &Arc<Probe>) -> Registry {
@@ -221,6 +232,26 @@ pub fn registry(probe: &Arc<Probe>) -> Registry {
                     tag: ctx.args()?,
                     probe,
                 })
+            }
+        })
+        .unwrap()
+        .register("t::Gated", {
+            let p = probe.clone();
+            move |ctx| {
+                let probe = p.clone();
+                async move {
+                    probe.constructing.notify_one();
+                    let permit = probe
+                        .constructor_gate
+                        .acquire()
+                        .await
+                        .map_err(|e| UserError::new(e.to_string()))?;
+                    permit.forget();
+                    Ok(Echo {
+                        tag: ctx.args()?,
+                        probe,
+                    })
+                }
             }
         })
         .unwrap()

@@ -909,6 +909,16 @@ async fn closed_by_server(stream: &mut tokio::net::TcpStream) -> bool {
     }
 }
 
+/// Every connection in `conns` is still open (nothing to read, no EOF).
+fn assert_all_open(conns: &[tokio::net::TcpStream]) {
+    let mut buf = [0u8; 1];
+    for w in conns {
+        let open =
+            matches!(w.try_read(&mut buf), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock);
+        assert!(open, "a connection within the cap was closed");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_that_never_authenticate_are_closed_at_the_deadline_and_capped() {
     let _turn = turn().await;
@@ -943,12 +953,7 @@ async fn connections_that_never_authenticate_are_closed_at_the_deadline_and_capp
     }
     let mut over = tokio::net::TcpStream::connect(addr).await.unwrap();
     assert!(closed_by_server(&mut over).await, "the 65th was not closed");
-    let mut buf = [0u8; 1];
-    for w in &waiting {
-        let open =
-            matches!(w.try_read(&mut buf), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock);
-        assert!(open, "a connection within the cap was closed");
-    }
+    assert_all_open(&waiting);
     // A node that dials while they hold every place is closed at accept too:
     // that is not a refusal, so it dials again (it ended, as refused, before).
     let node = NodeProc::start(addr, &NodeSpec::new("late", 1.0), dir.path());
@@ -992,12 +997,7 @@ async fn a_nodes_listener_holds_at_most_64_connections_waiting_to_authenticate()
     }
     let mut over = tokio::net::TcpStream::connect(&listen).await.unwrap();
     assert!(closed_by_server(&mut over).await, "the 65th was not closed");
-    let mut buf = [0u8; 1];
-    for w in &waiting {
-        let open =
-            matches!(w.try_read(&mut buf), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock);
-        assert!(open, "a connection within the cap was closed");
-    }
+    assert_all_open(&waiting);
     serve.shutdown().await.unwrap();
 }
 

@@ -90,9 +90,9 @@ fn query_component(raw: &str) -> String {
 
 /// Which applications a GET asks for, as Ray's `get_serve_instance_details`
 /// reads its `api_type` parameter: the first one, decoded; none or an empty
-/// one is no filter; matched lower-cased. `Err` holds a value that is neither
-/// `imperative` nor `declarative`, as given.
-fn api_filter(query: Option<&str>) -> Result<ApiFilter, String> {
+/// one is no filter; matched lower-cased. A value that is neither
+/// `imperative` nor `declarative` is an [`UnknownApiType`].
+fn api_filter(query: Option<&str>) -> Result<ApiFilter, UnknownApiType> {
     let given = query
         .unwrap_or_default()
         .split('&')
@@ -103,9 +103,15 @@ fn api_filter(query: Option<&str>) -> Result<ApiFilter, String> {
         None | Some("") => Ok(ApiFilter::All),
         Some("imperative") => Ok(ApiFilter::Only(ApiType::Imperative)),
         Some("declarative") => Ok(ApiFilter::Only(ApiType::Declarative)),
-        Some(_) => Err(given.unwrap_or_default()),
+        Some(_) => Err(UnknownApiType(given.unwrap_or_default())),
     }
 }
+
+/// A GET's `api_type` that is neither `imperative` nor `declarative`: the
+/// value as given (decoded), and Ray's 400 text as its message.
+#[derive(Debug, PartialEq, thiserror::Error)]
+#[error("Invalid 'api_type' value: '{0}'. Must be one of: imperative, declarative")]
+struct UnknownApiType(String);
 
 /// The status of a failed `apply_config` or `delete_apps`, with its text.
 fn serve_error(e: &ServeError) -> (u16, String) {
@@ -256,14 +262,7 @@ impl Rest {
     async fn get(&self, query: Option<&str>) -> Response<Body> {
         let filter = match api_filter(query) {
             Ok(f) => f,
-            Err(given) => {
-                return text(
-                    400,
-                    format!(
-                        "Invalid 'api_type' value: '{given}'. Must be one of: imperative, declarative"
-                    ),
-                );
-            }
+            Err(unknown) => return text(400, unknown.to_string()),
         };
         let draining = self.draining.load(std::sync::atomic::Ordering::Acquire);
         match instance_details(
@@ -412,7 +411,7 @@ mod tests {
         assert_eq!(api_filter(Some("api%5Ftype=imperative")), imperative);
         assert_eq!(
             api_filter(Some("api_type=not+one")),
-            Err("not one".to_owned())
+            Err(UnknownApiType("not one".to_owned()))
         );
         // Empty or absent: no filter.
         for all in [
@@ -430,6 +429,9 @@ mod tests {
             imperative
         );
         // The error names the value as given (decoded), not lower-cased.
-        assert_eq!(api_filter(Some("api_type=Nope")), Err("Nope".to_owned()));
+        assert_eq!(
+            api_filter(Some("api_type=Nope")),
+            Err(UnknownApiType("Nope".to_owned()))
+        );
     }
 }

@@ -273,3 +273,28 @@ async fn a_queued_request_never_lands_on_a_replica_that_began_stopping() {
     }
     assert_eq!(queued.await.unwrap().unwrap(), survivor);
 }
+
+#[tokio::test(start_paused = true)]
+async fn queued_requests_run_oldest_first_while_newcomers_keep_arriving() {
+    let (_dir, _, serve) = start_sleepers().await;
+    let h = serve.run(sleeper("fifo", 1, 1, None)).await.unwrap();
+    // One slot, a request every millisecond, each holding it for 3: the queue
+    // grows, and a slot frees just as the next request arrives. Requests must
+    // still run in the order they were made (Ray serves its pending requests
+    // oldest first), so with one slot they finish in that order.
+    let finished = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut calls = Vec::new();
+    for i in 0..30u32 {
+        let (h, finished) = (h.clone(), finished.clone());
+        calls.push(tokio::spawn(async move {
+            h.call::<_, u64>(&3u64).await.unwrap();
+            finished.lock().unwrap().push(i);
+        }));
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    for c in calls {
+        c.await.unwrap();
+    }
+    let order = finished.lock().unwrap().clone();
+    assert_eq!(order, (0..30).collect::<Vec<_>>());
+}

@@ -51,9 +51,42 @@ struct PinnedKwargs {
     highest: bool,
 }
 
+/// Holds back every request for the model `held` (`None`: wait), and sends
+/// the others to the first replica with room.
+struct HoldBack;
+
+impl RequestRouter for HoldBack {
+    fn choose(
+        &self,
+        request: &RoutingRequest<'_>,
+        replicas: &[Arc<ReplicaEndpoint>],
+    ) -> Option<usize> {
+        if request.model_id() == Some("held") {
+            return None;
+        }
+        (0..replicas.len()).find(|&i| replicas[i].has_room())
+    }
+}
+
+/// Takes 10 ms, then answers with its replica id.
+struct Nap(u64);
+
+impl Deployment for Nap {
+    type Request = ();
+    type Response = u64;
+    async fn handle(&self, _: ()) -> Result<u64, UserError> {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        Ok(self.0)
+    }
+}
+
 fn registry() -> Registry {
     Registry::new()
         .register("rt::WhoAmI", |ctx| async move { Ok(WhoAmI(ctx.replica.0)) })
+        .unwrap()
+        .register("rt::Nap", |ctx| async move { Ok(Nap(ctx.replica.0)) })
+        .unwrap()
+        .register_request_router("rt.routers:HoldBack", |_: &Args| Ok(HoldBack))
         .unwrap()
         .register_request_router("rt.routers:Pinned", |kwargs: &Args| {
             let k: PinnedKwargs = kwargs.decode().map_err(|e| UserError::new(e.to_string()))?;
@@ -246,4 +279,56 @@ async fn a_recovered_deployment_whose_router_is_no_longer_registered_is_deploy_f
         serve.app_status("rt").status,
         flotilla::ApplicationStatus::Running
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_its_router_holds_back_does_not_hold_back_the_queue_behind_it() {
+    use std::time::Duration;
+    let dir = tempfile::tempdir().unwrap();
+    let serve = support::start_with(&dir, registry()).await;
+    let router = RequestRouterConfig {
+        request_router_class: "rt.routers:HoldBack".try_into().unwrap(),
+        ..RequestRouterConfig::default()
+    };
+    let spec = ApplicationSpec::builder("hold")
+        .deployment(
+            DeploymentSpec::builder("nap", "rt::Nap")
+                .with_config(|c| c.with_max_ongoing_requests(1).with_request_router(router)),
+        )
+        .build()
+        .unwrap();
+    let h = serve.run(spec).await.unwrap();
+    let start = tokio::time::Instant::now();
+    let call =
+        |h: flotilla::DeploymentHandle| tokio::spawn(async move { h.call::<_, u64>(&()).await });
+    // The one slot is busy; a request the router holds back queues first, then
+    // one it would route.
+    let running = call(h.clone());
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    let held = call(
+        h.clone()
+            .with_model_id("held")
+            .unwrap()
+            .with_timeout(Duration::from_secs(1)),
+    );
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    let behind = call(h.clone());
+    running.await.unwrap().unwrap();
+    // The slot freed: the held-back request keeps its place, and the one behind
+    // it runs at once rather than when the held one gives up.
+    behind.await.unwrap().unwrap();
+    assert!(
+        start.elapsed() < Duration::from_millis(30),
+        "{:?}",
+        start.elapsed()
+    );
+    // A newcomer behind the held-back request runs too.
+    h.call::<_, u64>(&()).await.unwrap();
+    assert!(
+        start.elapsed() < Duration::from_millis(40),
+        "{:?}",
+        start.elapsed()
+    );
+    let err = held.await.unwrap().unwrap_err();
+    assert!(matches!(err, flotilla::CallError::Timeout { .. }), "{err}");
 }

@@ -16,7 +16,7 @@ use tokio::sync::{Notify, watch};
 
 use crate::{
     DeploymentRoute, ModelIds, ReplicaMsg, batching::Batcher, model_cache::ModelHub,
-    user::ErasedDeployment,
+    queue::WaitQueue, user::ErasedDeployment,
 };
 
 /// A replica's identity, unique in the process for its whole life.
@@ -62,7 +62,7 @@ pub struct ReplicaEndpoint {
     /// Wakes requests cut by a forced stop.
     pub(crate) kill_signal: Notify,
     /// Wakes callers queued on the deployment when a slot frees.
-    slot_freed: Arc<Notify>,
+    queue: Arc<WaitQueue>,
     /// Its replica actor; `None` for a replica in another process (and in
     /// this crate's unit tests).
     actor: Option<ActorRef<ReplicaMsg>>,
@@ -105,7 +105,7 @@ impl ReplicaEndpoint {
         node: String,
         user: Arc<dyn ErasedDeployment>,
         max_ongoing: u32,
-        slot_freed: Arc<Notify>,
+        queue: Arc<WaitQueue>,
     ) -> Self {
         ReplicaEndpoint {
             id,
@@ -115,7 +115,7 @@ impl ReplicaEndpoint {
             max_ongoing: AtomicU32::new(max_ongoing),
             accepting: AtomicBool::new(true),
             kill_signal: Notify::new(),
-            slot_freed,
+            queue,
             actor: None,
             remote: None,
             models: None,
@@ -142,7 +142,7 @@ impl ReplicaEndpoint {
             actor: Some(actor),
             route: Arc::downgrade(route),
             faults,
-            ..Self::base(id, node, user, max_ongoing, route.slot_freed.clone())
+            ..Self::base(id, node, user, max_ongoing, route.queue.clone())
         }
     }
 
@@ -152,7 +152,7 @@ impl ReplicaEndpoint {
         node: String,
         call: Arc<dyn crate::remote::RemoteCall>,
         max_ongoing: u32,
-        slot_freed: Arc<Notify>,
+        queue: Arc<WaitQueue>,
     ) -> Self {
         ReplicaEndpoint {
             remote: Some(call),
@@ -164,7 +164,7 @@ impl ReplicaEndpoint {
                 node,
                 Arc::new(crate::remote::Elsewhere),
                 max_ongoing,
-                slot_freed,
+                queue,
             )
         }
     }
@@ -309,7 +309,7 @@ impl ReplicaEndpoint {
 
     pub(crate) fn set_max_ongoing(&self, n: u32) {
         self.max_ongoing.store(n, Ordering::Release);
-        self.slot_freed.notify_waiters();
+        self.queue.slot_freed();
     }
 
     pub(crate) fn stop_accepting(&self) {
@@ -414,7 +414,7 @@ fn test_endpoint_of(
             node.to_owned(),
             Arc::new(crate::user::Erased(Nothing)),
             max_ongoing,
-            Arc::new(Notify::new()),
+            Arc::default(),
         )
     })
 }
@@ -426,7 +426,7 @@ pub(crate) struct Slot(pub(crate) Arc<ReplicaEndpoint>);
 impl Drop for Slot {
     fn drop(&mut self) {
         self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
-        self.0.slot_freed.notify_one();
+        self.0.queue.slot_freed();
     }
 }
 

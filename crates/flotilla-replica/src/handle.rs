@@ -245,36 +245,42 @@ impl DeploymentHandle {
         }
     }
 
-    /// Wait (in this handle's queue, up to `max_queued_requests`) for a slot on a
-    /// replica, picked by the deployment's router.
+    /// A slot on a replica, picked by the deployment's router: at once if one is
+    /// free and nobody waits, else after waiting in the deployment's queue (up
+    /// to `max_queued_requests`), oldest first.
     async fn acquire(&self) -> Result<(Arc<DeploymentRoute>, Slot), CallError> {
         let route = self.live_route()?;
         let mut rx = route.subscribe();
-        let mut queued = None;
+        if route.queued() == 0 {
+            let set = rx.borrow_and_update().clone();
+            if let Some(slot) = self.pick(&route, &set) {
+                return Ok(assigned(route, slot));
+            }
+        }
+        let place = route.enqueue()?;
+        let woken = place.woken();
         loop {
             if route.is_closed() {
                 return Err(route.not_found());
             }
-            // Register for a freed slot before looking, so a slot freed between the
-            // look and the wait is not missed.
-            let freed = route.slot_freed.notified();
-            tokio::pin!(freed);
-            freed.as_mut().enable();
-            let set = rx.borrow_and_update().clone();
-            if let Some(slot) = self.pick(&route, &set) {
-                drop(queued);
-                route
-                    .stats()
-                    .assigned
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                return Ok((route.clone(), slot));
-            }
-            if queued.is_none() {
-                queued = Some(route.enqueue()?);
+            // Register before taking the turn, so a turn given between the two
+            // is not missed.
+            let turn = woken.notified();
+            tokio::pin!(turn);
+            turn.as_mut().enable();
+            if place.take_turn() {
+                let set = rx.borrow_and_update().clone();
+                if let Some(slot) = self.pick(&route, &set) {
+                    place.leave_with_slot(set.iter().any(|e| e.has_room()));
+                    return Ok(assigned(route, slot));
+                }
+                if set.iter().any(|e| e.has_room()) {
+                    place.pass_turn();
+                }
             }
             tokio::select! {
                 changed = rx.changed() => if changed.is_err() { return Err(route.not_found()) },
-                _ = freed => {}
+                _ = turn => {}
             }
         }
     }
@@ -499,6 +505,15 @@ impl DeploymentHandle {
         }
         None
     }
+}
+
+/// Count a request assigned to a replica.
+fn assigned(route: Arc<DeploymentRoute>, slot: Slot) -> (Arc<DeploymentRoute>, Slot) {
+    route
+        .stats()
+        .assigned
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    (route, slot)
 }
 
 /// A request running on a replica: holds its slot, and records its outcome and

@@ -30,6 +30,7 @@ mod model_cache;
 mod multiplex;
 mod payload;
 mod policy;
+mod queue;
 mod registry;
 pub mod remote;
 mod route;

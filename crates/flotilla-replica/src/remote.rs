@@ -85,7 +85,7 @@ impl RemoteEndpoint {
             node.into(),
             call,
             max_ongoing,
-            route.slot_freed.clone(),
+            route.queue.clone(),
         )))
     }
 

@@ -4,7 +4,7 @@ use std::{
     collections::HashMap,
     sync::{
         Arc, RwLock,
-        atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering},
+        atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering},
     },
 };
 
@@ -12,11 +12,13 @@ use flotilla_core::{
     AppName, BackpressureConfig, BatchConfig, DeploymentConfig, DeploymentName,
     RequestRouterConfig, is_builtin_router,
 };
-use tokio::sync::{Notify, watch};
+use tokio::sync::watch;
 
 use crate::{
     CallError, DeploymentHandle, Registry, ReplicaEndpoint, RequestRouter, RoutingRequest,
-    router::default_router, settings::Settings,
+    queue::{Place, WaitQueue},
+    router::default_router,
+    settings::Settings,
 };
 
 /// The running replicas of one deployment, as routers see them.
@@ -31,8 +33,9 @@ pub struct DeploymentRoute {
     closed: AtomicBool,
     /// Closed because its Serve instance stopped (not because it was deleted).
     shut: AtomicBool,
-    pub(crate) slot_freed: Arc<Notify>,
-    queued: AtomicUsize,
+    /// Callers in this process waiting for a slot, oldest first; shared with
+    /// the replicas' endpoints, whose freed slots wake it.
+    pub(crate) queue: Arc<WaitQueue>,
     /// `u32::MAX` means unbounded.
     max_queued: AtomicU32,
     /// How a rejection for a full queue is answered over HTTP (read only then).
@@ -77,8 +80,7 @@ impl DeploymentRoute {
             tx: watch::Sender::new(empty),
             closed: AtomicBool::new(false),
             shut: AtomicBool::new(false),
-            slot_freed: Arc::new(Notify::new()),
-            queued: AtomicUsize::new(0),
+            queue: Arc::default(),
             max_queued: AtomicU32::new(u32::MAX),
             backpressure: std::sync::Mutex::new(BackpressureConfig::default()),
             rng: AtomicU64::new(0x9E37_79B9_7F4A_7C15),
@@ -246,7 +248,7 @@ impl DeploymentRoute {
         // Queued callers also watch the set itself; this wakes those waiting on a
         // slot, since a new replica is free slots.
         if changed {
-            self.slot_freed.notify_waiters();
+            self.queue.slot_freed();
         }
     }
 
@@ -288,7 +290,7 @@ impl DeploymentRoute {
 
     /// Requests waiting in handles for a slot now (an autoscaling signal).
     pub fn queued(&self) -> usize {
-        self.queued.load(Ordering::Acquire)
+        self.queue.len()
     }
 
     /// The deployment's routing counters (requests assigned, rejected, replica
@@ -308,8 +310,9 @@ impl DeploymentRoute {
 
     fn close(&self) {
         self.closed.store(true, Ordering::Release);
+        // Every waiter watches the set: emptying it wakes them all to see the
+        // route closed.
         self.tx.send_modify(|set| *set = Arc::from(Vec::new()));
-        self.slot_freed.notify_waiters();
     }
 
     /// Close because the instance stopped: callers get `Unavailable`.
@@ -328,19 +331,18 @@ impl DeploymentRoute {
         x.wrapping_mul(0x2545_F491_4F6C_DD1D)
     }
 
-    pub(crate) fn enqueue(self: &Arc<Self>) -> Result<QueueSlot, CallError> {
+    /// Join this route's queue (oldest first), or be refused at once beyond
+    /// `max_queued_requests`.
+    pub(crate) fn enqueue(&self) -> Result<Place, CallError> {
         let max = self.max_queued.load(Ordering::Acquire) as usize;
-        let prev = self.queued.fetch_add(1, Ordering::AcqRel);
-        if prev >= max {
-            self.queued.fetch_sub(1, Ordering::AcqRel);
+        self.queue.join(max).map_err(|full| {
             self.stats.rejected.fetch_add(1, Ordering::Relaxed);
-            return Err(CallError::BackPressure {
+            CallError::BackPressure {
                 app: self.app.to_string(),
                 deployment: self.deployment.to_string(),
-                queued: prev,
-            });
-        }
-        Ok(QueueSlot(self.clone()))
+                queued: full.waiting,
+            }
+        })
     }
 
     /// What a call through this closed route gets: `Unavailable` once its
@@ -379,15 +381,6 @@ impl RouteStats {
     /// `serve_deployment_replica_starts`.
     pub fn replica_starts(&self) -> u64 {
         self.replica_starts.load(Ordering::Relaxed)
-    }
-}
-
-/// A request waiting in a handle's queue; dropping it leaves the queue.
-pub(crate) struct QueueSlot(Arc<DeploymentRoute>);
-
-impl Drop for QueueSlot {
-    fn drop(&mut self) {
-        self.0.queued.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

@@ -3,7 +3,7 @@
 
 use std::{
     path::Path,
-    sync::{Arc, Weak},
+    sync::{Arc, Mutex, PoisonError, Weak},
 };
 
 use flotilla_core::{FaultPoint, Faults, ServeConfig};
@@ -17,9 +17,21 @@ use crate::ServeError;
 /// everything that reads or writes the store goes through the Controller, the
 /// only writer. Counters come with [`ControllerMsg::Observe`](crate::ControllerMsg),
 /// a failing commit is a fault point ([`FaultPoint::CommitFails`]).
+///
+/// One Controller at a time writes it: each incarnation
+/// [claims](Checkpoint::claim) it before it reads it, and a commit of an
+/// earlier incarnation still in flight (it was killed while its fsync ran on a
+/// blocking thread, which a kill does not stop) lands before the claim or not
+/// at all. Without that, a successor could read the store before the dead
+/// Controller's batch landed, and hold in memory less than the file.
 #[derive(Clone)]
 pub struct Checkpoint {
     store: Arc<Store>,
+    /// The incarnation that may commit now, shared by every clone; its lock
+    /// also orders claims against commits.
+    writer: Arc<Mutex<u64>>,
+    /// The incarnation this clone commits for.
+    epoch: u64,
 }
 
 impl std::fmt::Debug for Checkpoint {
@@ -59,6 +71,8 @@ impl Checkpoint {
         Ok((
             Checkpoint {
                 store: Arc::new(store),
+                writer: Arc::default(),
+                epoch: 0,
             },
             snapshot,
         ))
@@ -68,6 +82,19 @@ impl Checkpoint {
     pub fn closer(&self) -> CheckpointCloser {
         CheckpointCloser {
             store: Arc::downgrade(&self.store),
+        }
+    }
+
+    /// This checkpoint for a new Controller incarnation, which alone commits
+    /// from now on: an earlier incarnation's commit in progress has landed when
+    /// this returns, and a later one of it is refused ([`Superseded`]).
+    pub(crate) fn claim(&self) -> Checkpoint {
+        let mut writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
+        *writer += 1;
+        Checkpoint {
+            store: self.store.clone(),
+            writer: self.writer.clone(),
+            epoch: *writer,
         }
     }
 
@@ -112,11 +139,18 @@ impl Checkpoint {
     /// Controller (`Err`), whose successor recovers.
     async fn write(&self, batch: Batch) -> Result<Result<(), StoreError>, ActorProcessingErr> {
         use tokio::runtime::{Handle, RuntimeFlavor};
+        let (store, writer, epoch) = (self.store.clone(), self.writer.clone(), self.epoch);
+        let commit = move || {
+            let current = writer.lock().unwrap_or_else(PoisonError::into_inner);
+            if *current != epoch {
+                return Err(Superseded(epoch));
+            }
+            Ok(store.commit(&batch))
+        };
         if Handle::current().runtime_flavor() == RuntimeFlavor::CurrentThread {
-            return Ok(self.store.commit(&batch));
+            return Ok(commit()?);
         }
-        let store = self.store.clone();
-        Ok(tokio::task::spawn_blocking(move || store.commit(&batch)).await?)
+        Ok(tokio::task::spawn_blocking(commit).await??)
     }
 }
 
@@ -127,6 +161,12 @@ pub(crate) fn crash_if(faults: &Faults, point: FaultPoint) -> Result<(), ActorPr
     }
     Ok(())
 }
+
+/// A commit of a Controller incarnation that a newer one replaced (it was
+/// killed; its successor claimed the checkpoint): refused, nothing written.
+#[derive(Debug, thiserror::Error)]
+#[error("controller incarnation {0} was superseded; its commit was not written")]
+pub(crate) struct Superseded(u64);
 
 /// A crash injected at a fault point.
 #[derive(Debug, thiserror::Error)]
@@ -141,4 +181,32 @@ fn check_config(path: &Path, snapshot: &Snapshot) -> Result<(), StoreError> {
     snapshot
         .config_checked(path, ServeConfig::validate)
         .map(|_: Option<ServeConfig>| ())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use flotilla_core::{AppName, Faults};
+    use flotilla_store::Batch;
+
+    use super::Checkpoint;
+
+    fn batch() -> Batch {
+        let mut batch = Batch::new();
+        batch.delete_app(&AppName::new("a").unwrap());
+        batch
+    }
+
+    #[tokio::test]
+    async fn a_superseded_controllers_commit_is_refused_and_writes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let (opened, _) = Checkpoint::open(dir.path().join("c.redb")).unwrap();
+        let (old, new) = (opened.claim(), opened.claim());
+        let faults = Faults::default();
+        assert!(old.commit(&faults, batch()).await.is_err(), "refused");
+        assert_eq!(new.counters().commits, 0, "nothing written");
+        new.commit(&faults, batch()).await.unwrap().unwrap();
+        assert_eq!(new.counters().commits, 1);
+    }
 }

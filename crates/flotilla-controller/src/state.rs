@@ -110,7 +110,8 @@ impl ControllerState {
     /// first Controller, the file for every restart). Statuses are volatile:
     /// every recovered target's is published now (DEPLOYING, or DELETING for a
     /// deletion), so callers see every application as soon as `start` returns.
-    pub(crate) fn recover(args: ControllerArgs) -> Result<ControllerState, ActorProcessingErr> {
+    pub(crate) fn recover(mut args: ControllerArgs) -> Result<ControllerState, ActorProcessingErr> {
+        args.checkpoint = args.checkpoint.claim();
         let snapshot = match args.preloaded.take() {
             Some(snapshot) => snapshot,
             None => args.checkpoint.load()?,

@@ -893,3 +893,48 @@ async fn a_config_with_max_replicas_per_node_and_placement_group_bundles_deploys
     assert_eq!(on, ["n1", "n2"]);
     assert_eq!(serve.app_status("limited").status, A::Deploying);
 }
+
+/// A registry whose `test::peaked` builder records how many of its builds run
+/// at once (a build cancelled mid-way counts as ended).
+fn peaked(sw: &Arc<Switches>, running: &Arc<AtomicU32>, peak: &Arc<AtomicU32>) -> Registry {
+    struct Running(Arc<AtomicU32>);
+    impl Drop for Running {
+        fn drop(&mut self) {
+            self.0.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+    let (running, peak) = (running.clone(), peak.clone());
+    registry(sw)
+        .register_app("test::peaked", move |args| {
+            let (running, peak) = (running.clone(), peak.clone());
+            async move {
+                let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                peak.fetch_max(now, Ordering::SeqCst);
+                let _running = Running(running);
+                build(args).await
+            }
+        })
+        .unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_build_in_flight_when_the_controller_crashes_does_not_run_beside_its_rebuild() {
+    let (running, peak) = (Arc::new(AtomicU32::new(0)), Arc::new(AtomicU32::new(0)));
+    let (r, p) = (running.clone(), peak.clone());
+    let (_dir, _, serve) = start_fresh_with(move |sw| peaked(sw, &r, &p)).await;
+    apply(
+        &serve,
+        "applications:\n  - {name: slow, import_path: test::peaked, args: {tag: s, sleep_s: 60}}\n",
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(running.load(Ordering::SeqCst), 1);
+    // The restarted Controller builds it again from the durable config; the
+    // dead one's build is cancelled, not left to run (the builder's side
+    // effects twice) until its own timeout.
+    serve.crash_controller();
+    let s = wait_status(&serve, "slow", A::Running).await;
+    assert_eq!(s.observed_generation, 1);
+    assert_eq!(peak.load(Ordering::SeqCst), 1, "two builds ran at once");
+    assert_eq!(running.load(Ordering::SeqCst), 0);
+}

@@ -83,6 +83,21 @@ pub(crate) struct ConfigState {
     next_build: u64,
 }
 
+/// The Controller's state is dropped on every exit, a crash or a kill too
+/// (ractor runs no `post_stop` then): its builds end with it, since its
+/// successor starts them again from the durable config. Left running, a
+/// builder would run twice at once, side effects and all.
+impl Drop for ConfigState {
+    fn drop(&mut self) {
+        for (app, build) in self.builds.drain() {
+            if let Some(task) = build.task {
+                task.abort();
+                info!(app = %app, build = build.id, "build cancelled: its controller exited");
+            }
+        }
+    }
+}
+
 impl ConfigState {
     pub(crate) fn recovered(applied: Option<ServeConfig>) -> Self {
         ConfigState {

@@ -22,7 +22,7 @@ use std::{
 };
 
 use flotilla_controller::LogSettings;
-use flotilla_core::{LogAttr, LogEncoding, LogLevel, LoggingConfig};
+use flotilla_core::{AppName, LogAttr, LogEncoding, LogLevel, LoggingConfig};
 use tracing::{
     Event, Level, Subscriber,
     field::{Field, Visit},
@@ -313,7 +313,10 @@ where
             now: SystemTime::now(),
         };
         let line = format_line(&config, &origin, &f);
+        // Only an application's name names a file: an event from other code may
+        // carry any `app` ("../x", "/tmp/x"), which must not reach a path.
         if let (Some(dir), Some(app)) = (&config.logs_dir, &f.app)
+            && AppName::new(app.as_str()).is_ok()
             && self.write_file(dir, app, line.as_bytes())
         {
             return;
@@ -326,7 +329,6 @@ where
 mod tests {
     use std::sync::{Arc, Mutex};
 
-    use flotilla_core::AppName;
     use tracing_subscriber::layer::SubscriberExt;
 
     use super::*;
@@ -409,6 +411,32 @@ mod tests {
         let file = std::fs::read_to_string(dir.path().join("logs/shop.log")).unwrap();
         assert!(file.contains("kept: into the file"), "{file}");
         assert_eq!(file.lines().count(), 1);
+    }
+
+    #[test]
+    fn an_app_field_that_is_no_application_name_names_no_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let logs = dir.path().join("logs");
+        let settings = LogSettings::new();
+        settings.set_global(LoggingConfig {
+            logs_dir: Some(logs.to_string_lossy().into_owned()),
+            ..Default::default()
+        });
+        let buf = Buffer::default();
+        let subscriber =
+            tracing_subscriber::registry().with(AppLogLayer::new(settings, buf.clone()));
+        let outside = dir.path().join("evil.log");
+        let absolute = dir.path().join("abs");
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::info!(app = "../evil", "from other code");
+            tracing::info!(app = %absolute.display(), "from other code");
+            tracing::info!(app = "shop", "into shop.log");
+        });
+        assert!(!outside.exists(), "a file was written outside logs_dir");
+        assert!(!dir.path().join("abs.log").exists());
+        assert_eq!(lines(&buf).len(), 2, "both went to the writer");
+        let file = std::fs::read_to_string(logs.join("shop.log")).unwrap();
+        assert!(file.contains("into shop.log"), "{file}");
     }
 
     #[test]

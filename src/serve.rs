@@ -499,15 +499,22 @@ impl Serve {
     }
 
     /// Read, parse (errors carry line and column) and apply a YAML config file.
+    ///
+    /// A path that names no regular file (a FIFO would wait for a writer) is
+    /// [`ServeError::ConfigFileNotAFile`], found from its metadata; a file over
+    /// [`MAX_CONFIG_FILE_BYTES`](crate::MAX_CONFIG_FILE_BYTES) is
+    /// [`ServeError::ConfigFileTooLarge`]. Either changes nothing.
+    ///
+    /// ```no_run
+    /// # async fn demo(serve: flotilla::Serve) -> Result<(), flotilla::ServeError> {
+    /// serve.apply_config_file("serve_config.yaml").await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn apply_config_file(
         &self,
         path: impl AsRef<std::path::Path>,
     ) -> Result<(), ServeError> {
-        let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|source| ServeError::ConfigFile {
-            path: path.to_owned(),
-            source,
-        })?;
+        let text = read_config_file(path.as_ref())?;
         self.apply_config(ServeConfig::from_yaml(&text)?).await
     }
 
@@ -860,4 +867,39 @@ impl Serve {
             Err(e) => Err(e),
         }
     }
+}
+
+/// A config file's text, read only if it is a regular file of at most
+/// [`MAX_CONFIG_FILE_BYTES`](crate::MAX_CONFIG_FILE_BYTES) (checked again while
+/// reading, in case it grew).
+fn read_config_file(path: &std::path::Path) -> Result<String, ServeError> {
+    use std::io::Read;
+    let limit = flotilla_controller::MAX_CONFIG_FILE_BYTES;
+    let io = |source| ServeError::ConfigFile {
+        path: path.to_owned(),
+        source,
+    };
+    let meta = std::fs::metadata(path).map_err(io)?;
+    if !meta.is_file() {
+        return Err(ServeError::ConfigFileNotAFile {
+            path: path.to_owned(),
+        });
+    }
+    let too_large = || ServeError::ConfigFileTooLarge {
+        path: path.to_owned(),
+        limit,
+    };
+    if meta.len() > limit {
+        return Err(too_large());
+    }
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .map_err(io)?
+        .take(limit + 1)
+        .read_to_string(&mut text)
+        .map_err(io)?;
+    if text.len() as u64 > limit {
+        return Err(too_large());
+    }
+    Ok(text)
 }

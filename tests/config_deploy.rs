@@ -438,6 +438,22 @@ async fn apply_config_file_reports_parse_errors_with_line_and_column() {
         matches!(missing, ServeError::ConfigFile { .. }),
         "{missing}"
     );
+    // A directory (as a FIFO or a device) is refused from its metadata: a FIFO
+    // opened would wait for a writer.
+    let not_a_file = serve.apply_config_file(dir.path()).await.unwrap_err();
+    assert!(
+        matches!(not_a_file, ServeError::ConfigFileNotAFile { .. }),
+        "{not_a_file}"
+    );
+    // So is a file too large to be a config, before it is read.
+    let big = dir.path().join("big.yaml");
+    let f = std::fs::File::create(&big).unwrap();
+    f.set_len(flotilla::MAX_CONFIG_FILE_BYTES + 1).unwrap();
+    let too_large = serve.apply_config_file(&big).await.unwrap_err();
+    assert!(
+        matches!(too_large, ServeError::ConfigFileTooLarge { limit, .. } if limit == flotilla::MAX_CONFIG_FILE_BYTES),
+        "{too_large}"
+    );
     assert!(serve.status().is_empty());
 }
 

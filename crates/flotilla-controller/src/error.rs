@@ -2,6 +2,10 @@
 
 use flotilla_store::StoreError;
 
+/// The largest config file `apply_config_file` reads (10 MiB, the REST API's
+/// default body limit): a config is text a person writes.
+pub const MAX_CONFIG_FILE_BYTES: u64 = 10 << 20;
+
 /// Why a call to Flotilla failed. A failed mutating call changed nothing.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -89,6 +93,21 @@ pub enum ServeError {
         path: std::path::PathBuf,
         /// Why.
         source: std::io::Error,
+    },
+    /// A config file path that names no regular file (a directory, a FIFO, a
+    /// device): refused from its metadata, before anything opens it.
+    #[error("config file {path} is not a regular file")]
+    ConfigFileNotAFile {
+        /// The path.
+        path: std::path::PathBuf,
+    },
+    /// A config file larger than [`MAX_CONFIG_FILE_BYTES`].
+    #[error("config file {path} is larger than {limit} bytes")]
+    ConfigFileTooLarge {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The limit.
+        limit: u64,
     },
     /// The checkpoint store failed; nothing was changed.
     #[error("checkpoint store: {0}")]

@@ -263,9 +263,7 @@ impl Serve {
         let closer = checkpoint.closer();
         let recovering = !snapshot.apps.is_empty();
         let preloaded = Preloaded::new(snapshot);
-        let ns = options
-            .namespace
-            .unwrap_or_else(|| format!("flotilla{}", INSTANCE.fetch_add(1, Ordering::Relaxed)));
+        let ns = options.namespace.unwrap_or_else(generated_namespace);
         let board = StatusBoard::new();
         let route_table = RouteTable::new();
         let directory = Directory::new();
@@ -317,6 +315,10 @@ impl Serve {
                 Err(e) => {
                     if let Some(head) = &head {
                         head.stop().await;
+                    }
+                    // Another instance took the namespace since it was checked.
+                    if let ractor::SpawnErr::ActorAlreadyRegistered(_) = e {
+                        return Err(ServeError::NamespaceInUse { namespace: ns });
                     }
                     return Err(ServeError::Unavailable(format!(
                         "supervisor failed to start: {e}"
@@ -902,4 +904,15 @@ fn read_config_file(path: &std::path::Path) -> Result<String, ServeError> {
         return Err(too_large());
     }
     Ok(text)
+}
+
+/// The next `flotilla<N>` no living instance holds (a program may have chosen
+/// one of these names itself).
+fn generated_namespace() -> String {
+    loop {
+        let ns = format!("flotilla{}", INSTANCE.fetch_add(1, Ordering::Relaxed));
+        if ractor::registry::where_is(format!("{ns}/supervisor")).is_none() {
+            return ns;
+        }
+    }
 }

@@ -49,7 +49,7 @@ pub struct HttpOptions {
     #[serde(default)]
     pub root_path: Option<String>,
     /// Seconds a request may take before the proxy answers a timeout (> 0);
-    /// none by default.
+    /// none by default, and none when negative or infinite, as in Ray.
     #[serde(default, deserialize_with = "lax::opt_f64")]
     pub request_timeout_s: Option<f64>,
     /// Seconds an idle connection is kept open (default
@@ -142,7 +142,8 @@ pub struct GrpcOptions {
     /// Import paths of gRPC servicer functions: must be empty.
     #[serde(default, deserialize_with = "super::null_as_empty")]
     pub grpc_servicer_functions: Vec<String>,
-    /// Seconds a gRPC request may take (> 0).
+    /// Seconds a gRPC request may take (> 0; negative or infinite: none, as in
+    /// Ray).
     #[serde(default, deserialize_with = "lax::opt_f64")]
     pub request_timeout_s: Option<f64>,
     /// gRPC server reflection (Ray's default: on).
@@ -170,20 +171,24 @@ impl GrpcOptions {
     }
 }
 
-/// A request timeout must be > 0 and at most [`MAX_DURATION`], or infinite
-/// (none, as left out). Ray does not check it; a timeout of zero or less would
-/// fail every request, and a finite one longer would overflow the clock, so
-/// Flotilla refuses both.
+/// A request timeout, as Ray's proxies read it: negative is no timeout (Ray's
+/// `GenericProxy`: `if request_timeout_s < 0: request_timeout_s = None`), and so
+/// is infinite (none, as left out); otherwise it must be > 0 and at most
+/// [`MAX_DURATION`]. Ray's schema takes any float: at 0 every request times out
+/// at once (its remaining time is 0), and NaN is no number of seconds, so
+/// Flotilla refuses both, and a finite timeout longer than [`MAX_DURATION`],
+/// which would overflow the clock.
 fn check_timeout(field: &'static str, t: f64) -> Result<(), Sited> {
     let max = MAX_DURATION.as_secs_f64();
-    if t == f64::INFINITY {
+    if t < 0.0 || t == f64::INFINITY {
         return Ok(());
     }
-    if t.is_nan() || t <= 0.0 || t > max {
+    if t.is_nan() || t == 0.0 || t > max {
         return Err(refuse(
             field,
             format!(
-                "must be a number of seconds > 0 and at most {max} (or left out: no timeout), got {t}"
+                "must be a number of seconds > 0 and at most {max} (or negative, or left out: \
+                 no timeout), got {t}"
             ),
         ));
     }

@@ -147,6 +147,29 @@ fn grpc_options_are_kept_and_servicer_functions_are_refused() {
 }
 
 #[test]
+fn a_negative_request_timeout_is_no_timeout_as_in_ray() {
+    // Ray's proxies (HTTP and gRPC alike) read a negative timeout as none.
+    for section in ["http_options", "grpc_options"] {
+        for t in ["-1", "-0.5", "-.inf", "\"-2\""] {
+            let text = with(&format!("{section}:\n  request_timeout_s: {t}\n"));
+            let c = parse(&text);
+            let kept = match section {
+                "http_options" => c.http_options.request_timeout_s,
+                _ => c.grpc_options.request_timeout_s,
+            };
+            assert!(kept.is_some_and(|s| s < 0.0), "{section}: {t}: {kept:?}");
+        }
+        // Zero would time every request out at once, and NaN is no number of
+        // seconds: both still refused.
+        for t in ["0", ".nan", "-0.0"] {
+            let text = with(&format!("{section}:\n  request_timeout_s: {t}\n"));
+            let field = format!("{section}.request_timeout_s");
+            assert_at(&err(&text), &text, &format!("{t}\n"), &field, "> 0");
+        }
+    }
+}
+
+#[test]
 fn controller_options_are_kept_and_warned_about() {
     let text = with("controller_options:\n  runtime_env:\n    env_vars: {RAY_SERVE_X: \"1\"}\n");
     let c = parse(&text);

@@ -78,8 +78,8 @@ pub use flotilla_core::{
     BackpressureConfig, BackpressureStatus, BatchConfig, CodeVersion, ConfigVersion, ConfigWarning,
     DEFAULT_MAX_NUM_MODELS_PER_REPLICA, DeploymentConfig, DeploymentName, DeploymentSpec,
     DeploymentSpecBuilder, DeploymentStatus, DeploymentStatusInfo, DeploymentVersion,
-    Error as SpecError, FaultPoint, Faults, GrpcOptions, HttpOptions, Location, LogAttr,
-    LogEncoding, LogLevel, LoggingConfig, MAX_DURATION, MAX_REPLICAS, PlacementGroup,
+    Error as SpecError, FaultPoint, Faults, GrpcOptions, HttpOptionError, HttpOptions, Location,
+    LogAttr, LogEncoding, LogLevel, LoggingConfig, MAX_DURATION, MAX_REPLICAS, PlacementGroup,
     PlacementStrategy, ProxyLocation, ReplicaCount, ReplicaState, RequestRouterConfig, Resources,
     RolloutConfig, RoutePrefix, ServeConfig, StatusTrigger,
 };

@@ -117,6 +117,9 @@ pub struct DeploymentConfig {
     /// A health check slower than this fails (30 s).
     pub health_check_timeout: Duration,
     /// While stopping, how often a replica checks whether it is idle (2 s).
+    /// Zero is allowed, as in Ray (`ge=0`): the replica then checks on its
+    /// shortest tick (`flotilla_replica`'s `MIN_DRAIN_CHECK_PERIOD`, 1 ms)
+    /// instead of spinning.
     pub graceful_shutdown_wait_loop: Duration,
     /// A stopping replica is killed after this long (20 s).
     pub graceful_shutdown_timeout: Duration,
@@ -350,12 +353,6 @@ impl DeploymentConfig {
                 "must be longer than zero",
             ));
         }
-        if self.graceful_shutdown_wait_loop.is_zero() {
-            return Err(Error::field(
-                "graceful_shutdown_wait_loop",
-                "must be longer than zero",
-            ));
-        }
         for (field, d) in [
             ("health_check_period", self.health_check_period),
             ("health_check_timeout", self.health_check_timeout),
@@ -510,6 +507,20 @@ mod tests {
                 ..RolloutConfig::default()
             })),
             "rollout.max_changing_fraction"
+        );
+    }
+
+    #[test]
+    fn a_zero_graceful_shutdown_wait_loop_is_accepted_as_in_ray() {
+        // Ray: `graceful_shutdown_wait_loop_s` is NonNegativeFloat (ge=0).
+        let zero = DeploymentConfig::default()
+            .with_graceful_shutdown(Duration::ZERO, Duration::from_secs(1));
+        assert_eq!(zero.validate(), Ok(()));
+        let too_long = DeploymentConfig::default()
+            .with_graceful_shutdown(MAX_DURATION * 2, Duration::from_secs(1));
+        assert_eq!(
+            too_long.validate().map_err(|e| e.field_name()),
+            Err(Some("graceful_shutdown_wait_loop"))
         );
     }
 

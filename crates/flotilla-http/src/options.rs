@@ -103,44 +103,36 @@ impl HttpOptions {
     /// assert!(HttpOptions::builder().root_path("serve/").build().is_err());
     /// ```
     pub fn builder() -> HttpOptionsBuilder {
-        HttpOptionsBuilder(HttpOptions::default())
+        HttpOptionsBuilder::from(HttpOptions::default())
     }
 
-    /// Check every field (what [`HttpOptionsBuilder::build`] does).
+    /// Check every field (what [`HttpOptionsBuilder::build`] does). The rules a
+    /// config's `http_options` share (host, root path, timeouts) are core's
+    /// ([`flotilla::HttpOptions::check_host`] and its siblings), the same that
+    /// [`ServeConfig::from_yaml`](flotilla::ServeConfig::from_yaml) holds a
+    /// config to, so a config the parse accepts is one the server starts with.
     pub fn validate(&self) -> Result<(), HttpError> {
+        type Rules = flotilla::HttpOptions;
+        let rule = |field, result: Result<(), flotilla::HttpOptionError>| {
+            result.map_err(|e| HttpError::InvalidOption {
+                field,
+                reason: e.to_string(),
+            })
+        };
         let bad = |field, reason: &str| {
             Err(HttpError::InvalidOption {
                 field,
                 reason: reason.to_owned(),
             })
         };
-        if !self.root_path.is_empty()
-            && (!self.root_path.starts_with('/') || self.root_path.ends_with('/'))
-        {
-            return bad(
-                "root_path",
-                "must be empty, or start with '/' and not end with '/' (e.g. \"/serve\")",
-            );
+        rule("root_path", Rules::check_root_path(&self.root_path))?;
+        if let Some(timeout) = self.request_timeout {
+            rule("request_timeout", Rules::check_request_timeout(timeout))?;
         }
-        if self.request_timeout == Some(Duration::ZERO) {
-            return bad("request_timeout", "must be positive (or none)");
-        }
-        if self.request_timeout > Some(flotilla::MAX_DURATION) {
-            return bad(
-                "request_timeout",
-                "must be at most flotilla::MAX_DURATION, 1000000000 s (or none)",
-            );
-        }
-        if self.keep_alive_timeout > flotilla::MAX_DURATION {
-            // hyper adds it to the clock unchecked, on every connection.
-            return bad(
-                "keep_alive_timeout",
-                "must be at most flotilla::MAX_DURATION, 1000000000 s",
-            );
-        }
-        if self.keep_alive_timeout.is_zero() {
-            return bad("keep_alive_timeout", "must be positive");
-        }
+        rule(
+            "keep_alive_timeout",
+            Rules::check_keep_alive_timeout(self.keep_alive_timeout),
+        )?;
         if self.max_request_body_bytes == 0 {
             return bad("max_request_body_bytes", "must be at least 1");
         }
@@ -151,114 +143,123 @@ impl HttpOptions {
                  fields do not apply)",
             );
         }
-        if self.host.trim().is_empty() {
-            return bad("host", "must not be empty");
-        }
-        if self.rest_host.trim().is_empty() {
-            return bad("rest_host", "must not be empty");
-        }
+        rule("host", Rules::check_host(&self.host))?;
+        rule("rest_host", Rules::check_host(&self.rest_host))?;
         Ok(())
     }
 }
 
 impl From<HttpOptions> for HttpOptionsBuilder {
     fn from(options: HttpOptions) -> Self {
-        HttpOptionsBuilder(options)
+        HttpOptionsBuilder {
+            options,
+            bad_request_timeout: None,
+        }
     }
 }
 
 /// Builds [`HttpOptions`]; every setter takes Ray's meaning of the field.
 #[derive(Debug, Clone)]
-pub struct HttpOptionsBuilder(HttpOptions);
+pub struct HttpOptionsBuilder {
+    options: HttpOptions,
+    /// Why the last `request_timeout_s` given is refused, for `build` to say.
+    bad_request_timeout: Option<flotilla::HttpOptionError>,
+}
 
 impl HttpOptionsBuilder {
     /// The proxy's host.
     pub fn host(mut self, host: impl Into<String>) -> Self {
-        self.0.host = host.into();
+        self.options.host = host.into();
         self
     }
 
     /// The proxy's port (0: any free port; see
     /// [`HttpServer::proxy_addr`](crate::HttpServer::proxy_addr)).
     pub fn port(mut self, port: u16) -> Self {
-        self.0.port = port;
+        self.options.port = port;
         self
     }
 
     /// Ray's `root_path` (see [`HttpOptions::root_path`]).
     pub fn root_path(mut self, root_path: impl Into<String>) -> Self {
-        self.0.root_path = root_path.into();
+        self.options.root_path = root_path.into();
         self
     }
 
     /// The end-to-end request timeout.
     pub fn request_timeout(mut self, timeout: Duration) -> Self {
-        self.0.request_timeout = Some(timeout);
+        self.options.request_timeout = Some(timeout);
+        self.bad_request_timeout = None;
         self
     }
 
-    /// Ray's `request_timeout_s`: a negative value means none, as Ray's proxy
-    /// treats it.
+    /// Ray's `request_timeout_s`, read as core reads a config's
+    /// ([`flotilla::HttpOptions::request_timeout_from_secs`]): negative or
+    /// infinite means none, as Ray's proxy treats it; 0, NaN or longer than
+    /// [`flotilla::MAX_DURATION`] is refused by [`build`](Self::build).
     pub fn request_timeout_s(mut self, seconds: Option<f64>) -> Self {
-        self.0.request_timeout = seconds
-            .filter(|s| *s >= 0.0 && s.is_finite())
-            // Too long for a Duration: refused by `validate`, as any over
-            // MAX_DURATION.
-            .map(|s| Duration::try_from_secs_f64(s).unwrap_or(Duration::MAX));
+        let read = seconds.map_or(Ok(None), flotilla::HttpOptions::request_timeout_from_secs);
+        match read {
+            Ok(timeout) => {
+                self.options.request_timeout = timeout;
+                self.bad_request_timeout = None;
+            }
+            Err(e) => self.bad_request_timeout = Some(e),
+        }
         self
     }
 
     /// The idle timeout of connections (see [`HttpOptions::keep_alive_timeout`]).
     pub fn keep_alive_timeout(mut self, timeout: Duration) -> Self {
-        self.0.keep_alive_timeout = timeout;
+        self.options.keep_alive_timeout = timeout;
         self
     }
 
     /// The request body limit in bytes.
     pub fn max_request_body_bytes(mut self, limit: usize) -> Self {
-        self.0.max_request_body_bytes = limit;
+        self.options.max_request_body_bytes = limit;
         self
     }
 
     /// Serve the REST API and `/metrics` or not.
     pub fn rest(mut self, enabled: bool) -> Self {
-        self.0.rest = enabled;
+        self.options.rest = enabled;
         self
     }
 
     /// The REST listener's host.
     pub fn rest_host(mut self, host: impl Into<String>) -> Self {
-        self.0.rest_host = host.into();
+        self.options.rest_host = host.into();
         self
     }
 
     /// The REST listener's port.
     pub fn rest_port(mut self, port: u16) -> Self {
-        self.0.rest_port = port;
+        self.options.rest_port = port;
         self
     }
 
     /// Read the bearer token from this file at start.
     pub fn token_file(mut self, path: impl Into<PathBuf>) -> Self {
-        self.0.token = Some(TokenSource::File(path.into()));
+        self.options.token = Some(TokenSource::File(path.into()));
         self
     }
 
     /// Read the bearer token from this environment variable at start.
     pub fn token_env(mut self, var: impl Into<String>) -> Self {
-        self.0.token = Some(TokenSource::Env(var.into()));
+        self.options.token = Some(TokenSource::Env(var.into()));
         self
     }
 
     /// Use this bearer token.
     pub fn token(mut self, token: impl Into<String>) -> Self {
-        self.0.token = Some(TokenSource::Literal(token.into()));
+        self.options.token = Some(TokenSource::Literal(token.into()));
         self
     }
 
     /// How long a shutdown waits for open connections.
     pub fn shutdown_grace(mut self, grace: Duration) -> Self {
-        self.0.shutdown_grace = grace;
+        self.options.shutdown_grace = grace;
         self
     }
 
@@ -285,22 +286,28 @@ impl HttpOptionsBuilder {
         if let Some(s) = h.keep_alive_timeout_s {
             self = self.keep_alive_timeout(Duration::from_secs(u64::from(s)));
         }
-        self.0.tls_asked = self.0.tls_asked.or(h.tls_field());
-        self.0.proxy = config.proxy_location != flotilla::ProxyLocation::Disabled;
+        self.options.tls_asked = self.options.tls_asked.or(h.tls_field());
+        self.options.proxy = config.proxy_location != flotilla::ProxyLocation::Disabled;
         self
     }
 
     /// Serve the proxy listener (default true; Ray's `proxy_location:
     /// Disabled` is false): without it only the REST API listens.
     pub fn proxy(mut self, enabled: bool) -> Self {
-        self.0.proxy = enabled;
+        self.options.proxy = enabled;
         self
     }
 
     /// Check and finish.
     pub fn build(self) -> Result<HttpOptions, HttpError> {
-        self.0.validate()?;
-        Ok(self.0)
+        if let Some(e) = self.bad_request_timeout {
+            return Err(HttpError::InvalidOption {
+                field: "request_timeout",
+                reason: e.to_string(),
+            });
+        }
+        self.options.validate()?;
+        Ok(self.options)
     }
 }
 
@@ -332,5 +339,47 @@ mod tests {
             let o = b().request_timeout_s(Some(none)).build();
             assert_eq!(o.map(|o| o.request_timeout).ok(), Some(None), "{none}");
         }
+        // Zero and NaN are refused, as a config's are; a later timeout replaces
+        // the refused one.
+        for bad in [0.0, f64::NAN] {
+            assert_eq!(field(b().request_timeout_s(Some(bad))), "request_timeout");
+        }
+        let replaced = b()
+            .request_timeout_s(Some(f64::NAN))
+            .request_timeout(Duration::from_secs(1))
+            .build();
+        assert!(replaced.is_ok(), "{replaced:?}");
+    }
+
+    #[test]
+    fn a_configs_http_options_are_held_to_cores_rules() {
+        // A config built by hand, not parsed: the server refuses what the
+        // parse refuses, with core's reason, and so does the config's own
+        // validation.
+        let mut config = flotilla::ServeConfig::new(vec![]);
+        config.http_options.root_path = Some("serve".into());
+        let core = flotilla::HttpOptions::check_root_path("serve").map_err(|e| e.to_string());
+        let server = HttpOptions::builder().serve_config(&config).build();
+        match (core, server) {
+            (Err(reason), Err(HttpError::InvalidOption { field, reason: r })) => {
+                assert_eq!((field, r), ("root_path", reason));
+            }
+            other => panic!("not refused alike: {other:?}"),
+        }
+        assert!(config.validate().is_err());
+        config.http_options.root_path = None;
+        config.http_options.keep_alive_timeout_s = Some(0);
+        let server = HttpOptions::builder().serve_config(&config).build();
+        assert!(
+            matches!(
+                server,
+                Err(HttpError::InvalidOption {
+                    field: "keep_alive_timeout",
+                    ..
+                })
+            ),
+            "{server:?}"
+        );
+        assert!(config.validate().is_err());
     }
 }

@@ -205,6 +205,15 @@ async fn an_invalid_config_is_400_naming_where_and_changes_nothing() {
             "http_options.ssl_ca_certs",
         ),
         ("http_options: {host: ' '}\napplications: []\n", "host"),
+        // Refused by the parse itself (core's rules, the server's too).
+        (
+            "http_options: {keep_alive_timeout_s: 0}\napplications: []\n",
+            "http_options.keep_alive_timeout_s",
+        ),
+        (
+            "http_options: {root_path: /serve/}\napplications: []\n",
+            "http_options.root_path",
+        ),
         // Off loopback without a token (the bind rule), where an address
         // literal decides it.
         (

@@ -7,7 +7,7 @@
 //! learns why from a typed report (or, after its own restart, from the replica's
 //! [`ReplicaSnapshot`]), never from an exit reason.
 
-use std::{panic::AssertUnwindSafe, sync::Arc};
+use std::{panic::AssertUnwindSafe, sync::Arc, time::Duration};
 
 use flotilla_core::{
     AppName, DeploymentName, DeploymentSpec, DeploymentVersion, FaultPoint, Faults,
@@ -26,6 +26,12 @@ use crate::{
 
 /// Consecutive failed health checks that make a replica unhealthy (Ray's threshold).
 pub const UNHEALTHY_THRESHOLD: u32 = 3;
+
+/// The shortest period a draining replica checks whether it is idle at. A
+/// `graceful_shutdown_wait_loop` shorter than this (zero is allowed, as in
+/// Ray's `ge=0`) checks on this tick instead: a zero-length sleep is ready at
+/// once, so the drain would spin on the in-flight count, holding a core.
+pub const MIN_DRAIN_CHECK_PERIOD: Duration = Duration::from_millis(1);
 
 /// How the DeploymentActor hears from its replicas. It looks its current owner up
 /// by name on every call, so a restarted owner hears events without re-wiring.
@@ -601,6 +607,19 @@ fn apply_config(
     });
 }
 
+/// Wait until `in_flight` reads zero: Ray's `_drain_ongoing_requests`, a
+/// wait of `wait_loop` before each check (so the first check comes after one
+/// wait), the wait at least [`MIN_DRAIN_CHECK_PERIOD`].
+async fn until_idle(wait_loop: Duration, in_flight: impl Fn() -> u32) {
+    let period = wait_loop.max(MIN_DRAIN_CHECK_PERIOD);
+    loop {
+        tokio::time::sleep(period).await;
+        if in_flight() == 0 {
+            return;
+        }
+    }
+}
+
 /// Stop taking requests at once; drain (checking every wait loop) and stop when
 /// idle, or kill at the graceful timeout. A replica still starting stops at once.
 fn begin_stop(myself: &ActorRef<ReplicaMsg>, state: &mut ReplicaActorState, graceful: bool) {
@@ -629,18 +648,36 @@ fn begin_stop(myself: &ActorRef<ReplicaMsg>, state: &mut ReplicaActorState, grac
     let timeout = state.args.spec.config.graceful_shutdown_timeout;
     let me = myself.clone();
     state.drain = Some(tokio::spawn(async move {
-        let drained = tokio::time::timeout(timeout, async {
-            loop {
-                tokio::time::sleep(wait_loop).await;
-                if ep.in_flight() == 0 {
-                    break;
-                }
-            }
-        })
-        .await;
+        let drained = tokio::time::timeout(timeout, until_idle(wait_loop, || ep.in_flight())).await;
         if drained.is_err() {
             ep.kill();
         }
         let _ = me.cast(InternalMsg::Drained.into());
     }));
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_zero_wait_loop_checks_on_the_shortest_tick_and_does_not_spin() {
+        // Busy for the first 100 checks, idle after: with a zero wait loop the
+        // drain takes 100 ticks of virtual time, not none (a spin).
+        let checks = AtomicU32::new(0);
+        let start = tokio::time::Instant::now();
+        until_idle(Duration::ZERO, || {
+            let n = checks.fetch_add(1, Ordering::Relaxed) + 1;
+            u32::from(n < 100)
+        })
+        .await;
+        assert_eq!(checks.load(Ordering::Relaxed), 100);
+        assert_eq!(start.elapsed(), MIN_DRAIN_CHECK_PERIOD * 100);
+        // A longer wait loop is kept as given.
+        let start = tokio::time::Instant::now();
+        until_idle(Duration::from_secs(2), || 0).await;
+        assert_eq!(start.elapsed(), Duration::from_secs(2));
+    }
 }

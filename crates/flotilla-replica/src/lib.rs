@@ -39,8 +39,8 @@ mod settings;
 mod user;
 
 pub use actor::{
-    HealthError, Internal, ReplicaActor, ReplicaActorState, ReplicaArgs, ReplicaEvent, ReplicaMsg,
-    ReplicaPhase, ReplicaReporter, ReplicaSnapshot,
+    HealthError, Internal, MIN_DRAIN_CHECK_PERIOD, ReplicaActor, ReplicaActorState, ReplicaArgs,
+    ReplicaEvent, ReplicaMsg, ReplicaPhase, ReplicaReporter, ReplicaSnapshot,
 };
 pub use endpoint::{
     ErrorKind, HistogramSnapshot, LATENCY_BUCKETS_MS, LatencyHistogram, ReplicaEndpoint, ReplicaId,

@@ -36,8 +36,9 @@ pub struct AppConfig {
         serialize_with = "value::map_field::serialize"
     )]
     pub runtime_env: Args,
-    /// What the builder is called with: any value, as canonical MessagePack.
-    #[serde(default = "Args::empty_map", with = "value::args_field")]
+    /// What the builder is called with: any value, as canonical MessagePack;
+    /// the empty map when left out or `null`.
+    #[serde(default = "Args::empty_map", with = "value::app_args")]
     pub args: Args,
     /// This application's logging, instead of the global one.
     #[serde(default, deserialize_with = "logging::logging_option")]

@@ -2,11 +2,13 @@
 //! `HTTPOptionsSchema`, `gRPCOptionsSchema`): validated here, applied by the
 //! HTTP proxy.
 
+use std::time::Duration;
+
 use serde::{Deserialize, Serialize};
 
 use crate::{
     MAX_DURATION,
-    error::{Error, Location},
+    error::{Error, Location, shown},
 };
 
 use super::{Sited, lax, top};
@@ -17,6 +19,48 @@ pub const DEFAULT_HTTP_PORT: u16 = 8000;
 pub const DEFAULT_GRPC_PORT: u16 = 9000;
 /// Ray's default keep-alive timeout of idle HTTP connections, in seconds.
 pub const DEFAULT_KEEP_ALIVE_TIMEOUT_S: u32 = 90;
+
+/// Why a value of an HTTP proxy option is refused. Each rule is stated once,
+/// here: a config's `http_options` are checked with these at parse
+/// ([`ServeConfig::from_yaml`](super::ServeConfig::from_yaml)), and the HTTP
+/// server checks its own options, whether a program set them or a config did,
+/// with the same functions ([`HttpOptions::check_host`] and its siblings), so a
+/// config the parse accepts is one the server starts with.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum HttpOptionError {
+    /// A host that is empty or only whitespace: nothing to bind.
+    #[error("must not be empty")]
+    EmptyHost,
+    /// A root path that is neither empty nor of the form `/a[/b...]`.
+    #[error(
+        "must be empty, or start with '/' and not end with '/' (e.g. \"/serve\"), got \"{}\"",
+        shown(root_path)
+    )]
+    RootPath {
+        /// The root path given.
+        root_path: String,
+    },
+    /// A request timeout of zero (every request would time out at once) or
+    /// NaN. Negative and infinite are not errors: no timeout, as in Ray.
+    #[error(
+        "must be a number of seconds > 0 (negative, infinite or left out: no timeout), got \
+         {seconds}"
+    )]
+    RequestTimeoutNotPositive {
+        /// The seconds given.
+        seconds: f64,
+    },
+    /// A keep-alive timeout of zero: every idle connection would close at once.
+    #[error("must be longer than zero")]
+    KeepAliveNotPositive,
+    /// A duration longer than [`MAX_DURATION`], which would overflow the clock
+    /// it is added to.
+    #[error("must be at most {} s, got {seconds} s", MAX_DURATION.as_secs())]
+    TooLong {
+        /// The seconds given.
+        seconds: f64,
+    },
+}
 
 /// Where HTTP proxies run (Ray's `ProxyLocation`; exactly these names, as Ray's
 /// file schema).
@@ -36,24 +80,27 @@ pub enum ProxyLocation {
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HttpOptions {
-    /// The address to listen on. Left out, the proxy binds loopback, Flotilla's
-    /// default (Ray's is `0.0.0.0`); any other bind needs the proxy's bearer
-    /// token for mutations (DESIGN.md, "HTTP and the REST API").
+    /// The address to listen on, not empty ([`check_host`](Self::check_host)).
+    /// Left out, the proxy binds loopback, Flotilla's default (Ray's is
+    /// `0.0.0.0`); any other bind needs the proxy's bearer token for mutations
+    /// (DESIGN.md, "HTTP and the REST API").
     #[serde(default)]
     pub host: Option<String>,
     /// The port (default [`DEFAULT_HTTP_PORT`]).
     #[serde(default, deserialize_with = "lax::opt_u16")]
     pub port: Option<u16>,
     /// The root path the applications are mounted at behind another proxy that
-    /// strips it (ASGI's `root_path`; default empty).
+    /// strips it (ASGI's `root_path`; default empty): empty, or `/a[/b...]`
+    /// ([`check_root_path`](Self::check_root_path)).
     #[serde(default)]
     pub root_path: Option<String>,
     /// Seconds a request may take before the proxy answers a timeout (> 0);
-    /// none by default.
+    /// none by default, and none when negative or infinite, as in Ray.
     #[serde(default, deserialize_with = "lax::opt_f64")]
     pub request_timeout_s: Option<f64>,
     /// Seconds an idle connection is kept open (default
-    /// [`DEFAULT_KEEP_ALIVE_TIMEOUT_S`]).
+    /// [`DEFAULT_KEEP_ALIVE_TIMEOUT_S`]): at least 1 and at most
+    /// [`MAX_DURATION`] ([`check_keep_alive_timeout`](Self::check_keep_alive_timeout)).
     #[serde(default, deserialize_with = "lax::opt_u32")]
     pub keep_alive_timeout_s: Option<u32>,
     /// The TLS private key's file; given together with `ssl_certfile`.
@@ -86,6 +133,67 @@ impl HttpOptions {
     /// The root path (empty by default).
     pub fn root_path(&self) -> &str {
         self.root_path.as_deref().unwrap_or("")
+    }
+
+    /// The host rule: not empty or only whitespace.
+    pub fn check_host(host: &str) -> Result<(), HttpOptionError> {
+        if host.trim().is_empty() {
+            return Err(HttpOptionError::EmptyHost);
+        }
+        Ok(())
+    }
+
+    /// The root path rule: empty, or starting with `/` and not ending with one
+    /// (`/serve`, `/a/b`; not `serve`, `/serve/` or `/`). Flotilla's own: Ray
+    /// does not check it, and a path that breaks it cannot be joined to a
+    /// route prefix into the path an ingress sees.
+    pub fn check_root_path(root_path: &str) -> Result<(), HttpOptionError> {
+        if !root_path.is_empty() && (!root_path.starts_with('/') || root_path.ends_with('/')) {
+            return Err(HttpOptionError::RootPath {
+                root_path: root_path.to_owned(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The request timeout rule: longer than zero and at most [`MAX_DURATION`].
+    pub fn check_request_timeout(timeout: Duration) -> Result<(), HttpOptionError> {
+        if timeout.is_zero() {
+            return Err(HttpOptionError::RequestTimeoutNotPositive { seconds: 0.0 });
+        }
+        check_max(timeout)
+    }
+
+    /// Ray's `request_timeout_s` as a timeout: `None` (no timeout) when it is
+    /// negative or infinite, as Ray's proxies read it; otherwise the duration,
+    /// held to [`check_request_timeout`](Self::check_request_timeout). NaN is
+    /// refused. (Ray's schema takes any float; at 0 every request times out at
+    /// once, so Flotilla refuses it.)
+    pub fn request_timeout_from_secs(seconds: f64) -> Result<Option<Duration>, HttpOptionError> {
+        if seconds < 0.0 || seconds == f64::INFINITY {
+            return Ok(None);
+        }
+        if seconds.is_nan() || seconds == 0.0 {
+            return Err(HttpOptionError::RequestTimeoutNotPositive { seconds });
+        }
+        let timeout = Duration::try_from_secs_f64(seconds)
+            .map_err(|_| HttpOptionError::TooLong { seconds })?;
+        // Less than a nanosecond rounds to zero.
+        if timeout.is_zero() {
+            return Err(HttpOptionError::RequestTimeoutNotPositive { seconds });
+        }
+        check_max(timeout)?;
+        Ok(Some(timeout))
+    }
+
+    /// The keep-alive timeout rule: longer than zero and at most
+    /// [`MAX_DURATION`] (hyper adds it to the clock unchecked, on every
+    /// connection).
+    pub fn check_keep_alive_timeout(timeout: Duration) -> Result<(), HttpOptionError> {
+        if timeout.is_zero() {
+            return Err(HttpOptionError::KeepAliveNotPositive);
+        }
+        check_max(timeout)
     }
 
     /// Whether the config asks for TLS: any `ssl_*` field given (`check` makes
@@ -123,8 +231,23 @@ impl HttpOptions {
                     .into(),
             ));
         }
+        if let Some(host) = &self.host {
+            rule("http_options.host", Self::check_host(host))?;
+        }
+        if let Some(root_path) = &self.root_path {
+            rule("http_options.root_path", Self::check_root_path(root_path))?;
+        }
         if let Some(t) = self.request_timeout_s {
-            check_timeout("http_options.request_timeout_s", t)?;
+            rule(
+                "http_options.request_timeout_s",
+                Self::request_timeout_from_secs(t).map(drop),
+            )?;
+        }
+        if let Some(s) = self.keep_alive_timeout_s {
+            rule(
+                "http_options.keep_alive_timeout_s",
+                Self::check_keep_alive_timeout(Duration::from_secs(u64::from(s))),
+            )?;
         }
         Ok(())
     }
@@ -142,7 +265,8 @@ pub struct GrpcOptions {
     /// Import paths of gRPC servicer functions: must be empty.
     #[serde(default, deserialize_with = "super::null_as_empty")]
     pub grpc_servicer_functions: Vec<String>,
-    /// Seconds a gRPC request may take (> 0).
+    /// Seconds a gRPC request may take (> 0; negative or infinite: none, as in
+    /// Ray).
     #[serde(default, deserialize_with = "lax::opt_f64")]
     pub request_timeout_s: Option<f64>,
     /// gRPC server reflection (Ray's default: on).
@@ -164,30 +288,27 @@ impl GrpcOptions {
             ));
         }
         if let Some(t) = self.request_timeout_s {
-            check_timeout("grpc_options.request_timeout_s", t)?;
+            rule(
+                "grpc_options.request_timeout_s",
+                HttpOptions::request_timeout_from_secs(t).map(drop),
+            )?;
         }
         Ok(())
     }
 }
 
-/// A request timeout must be > 0 and at most [`MAX_DURATION`], or infinite
-/// (none, as left out). Ray does not check it; a timeout of zero or less would
-/// fail every request, and a finite one longer would overflow the clock, so
-/// Flotilla refuses both.
-fn check_timeout(field: &'static str, t: f64) -> Result<(), Sited> {
-    let max = MAX_DURATION.as_secs_f64();
-    if t == f64::INFINITY {
-        return Ok(());
-    }
-    if t.is_nan() || t <= 0.0 || t > max {
-        return Err(refuse(
-            field,
-            format!(
-                "must be a number of seconds > 0 and at most {max} (or left out: no timeout), got {t}"
-            ),
-        ));
+fn check_max(d: Duration) -> Result<(), HttpOptionError> {
+    if d > MAX_DURATION {
+        return Err(HttpOptionError::TooLong {
+            seconds: d.as_secs_f64(),
+        });
     }
     Ok(())
+}
+
+/// `result`'s error as a refusal of `field`.
+fn rule(field: &'static str, result: Result<(), HttpOptionError>) -> Result<(), Sited> {
+    result.map_err(|e| refuse(field, e.to_string()))
 }
 
 fn refuse(field: &'static str, reason: String) -> Sited {

@@ -47,8 +47,8 @@ pub use deployment::{
     BackpressureOverride, DeploymentOverride, NumReplicas, RayActorOptions, RequestRouterOverride,
 };
 pub use http::{
-    DEFAULT_GRPC_PORT, DEFAULT_HTTP_PORT, DEFAULT_KEEP_ALIVE_TIMEOUT_S, GrpcOptions, HttpOptions,
-    ProxyLocation,
+    DEFAULT_GRPC_PORT, DEFAULT_HTTP_PORT, DEFAULT_KEEP_ALIVE_TIMEOUT_S, GrpcOptions,
+    HttpOptionError, HttpOptions, ProxyLocation,
 };
 pub use overrides::apply_overrides;
 pub use system::{ControllerOptions, ControllerRuntimeEnv, TracingConfig};

@@ -667,6 +667,9 @@ mod tests {
     fn override_graceful_shutdown_wait_loop_s() {
         let c = front_with("        graceful_shutdown_wait_loop_s: 0.1\n");
         assert_eq!(c.graceful_shutdown_wait_loop, Duration::from_millis(100));
+        // Zero, as Ray allows (ge=0): the replica checks on its shortest tick.
+        let zero = front_with("        graceful_shutdown_wait_loop_s: 0\n");
+        assert_eq!(zero.graceful_shutdown_wait_loop, Duration::ZERO);
     }
 
     #[test]

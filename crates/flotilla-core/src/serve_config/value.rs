@@ -310,6 +310,27 @@ pub(crate) mod args_field {
     }
 }
 
+/// Serde glue for an application's `args`: as [`args_field`], except that
+/// `null` (or an `args:` key with nothing under it) is the empty map, exactly
+/// as leaving `args` out is: the format's rule that `null` for a field is the
+/// same as leaving it out. So a builder that decodes its args as a map gets
+/// one, and the code version is the omitted one. A checkpoint's nil is read
+/// the same way.
+pub(crate) mod app_args {
+    use super::*;
+
+    pub(crate) use super::args_field::serialize;
+
+    /// Deserialise an application's `args`; `null` is the empty map.
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Args, D::Error> {
+        let args = super::args_field::deserialize(d)?;
+        Ok(match args.as_bytes() == Args::unit().as_bytes() {
+            true => Args::empty_map(),
+            false => args,
+        })
+    }
+}
+
 /// The keys of `args` if it holds a map, as text (non-text keys shown as
 /// MessagePack debug), in canonical order; empty for anything else.
 pub(crate) fn map_keys(args: &Args) -> Vec<String> {

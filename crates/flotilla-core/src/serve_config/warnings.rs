@@ -3,9 +3,9 @@
 
 use std::fmt;
 
-use crate::{AppName, DeploymentName};
+use crate::{AppName, AutoscalingPolicy, DeploymentName, is_builtin_policy};
 
-use super::{AppConfig, DeploymentOverride, ServeConfig};
+use super::{AppConfig, DeploymentOverride, ServeConfig, value};
 
 /// One thing a config asks for that Flotilla accepts but does not do, or a
 /// deprecated spelling it reads. [`ServeConfig::warnings`] lists them; each
@@ -73,6 +73,18 @@ pub enum ConfigWarning {
         /// (`request_router_config.request_routing_stats_period_s`, ...).
         fields: Vec<&'static str>,
     },
+    /// `policy_kwargs` were given with the built-in autoscaling policy (a path
+    /// in [`BUILTIN_AUTOSCALING_POLICIES`](crate::BUILTIN_AUTOSCALING_POLICIES),
+    /// Ray's default included), which takes no kwargs: they change nothing.
+    PolicyKwargsWithoutEffect {
+        /// The application.
+        app: AppName,
+        /// The deployment, for its `autoscaling_config.policy`; `None` for the
+        /// application's `autoscaling_policy`.
+        deployment: Option<DeploymentName>,
+        /// The kwargs' keys, sorted.
+        keys: Vec<String>,
+    },
     /// `controller_options` were given: Flotilla's controller runs in this
     /// process, so its environment variables are the process's own; none is set.
     ControllerOptionsNotApplied {
@@ -93,7 +105,8 @@ impl ConfigWarning {
             | ConfigWarning::MetricsIntervalIgnored { app, .. }
             | ConfigWarning::ApplicationPolicyWins { app, .. }
             | ConfigWarning::ObjectStoreMemoryIgnored { app, .. }
-            | ConfigWarning::RouterSettingsWithoutEffect { app, .. } => Some(app),
+            | ConfigWarning::RouterSettingsWithoutEffect { app, .. }
+            | ConfigWarning::PolicyKwargsWithoutEffect { app, .. } => Some(app),
             ConfigWarning::ControllerOptionsNotApplied { .. }
             | ConfigWarning::TracingNotExported => None,
         }
@@ -107,6 +120,7 @@ impl ConfigWarning {
             | ConfigWarning::ApplicationPolicyWins { deployment, .. }
             | ConfigWarning::ObjectStoreMemoryIgnored { deployment, .. }
             | ConfigWarning::RouterSettingsWithoutEffect { deployment, .. } => Some(deployment),
+            ConfigWarning::PolicyKwargsWithoutEffect { deployment, .. } => deployment.as_ref(),
             _ => None,
         }
     }
@@ -163,6 +177,26 @@ impl fmt::Display for ConfigWarning {
                  request waits for a free replica by notification (no retry backoff)",
                 fields.join(", ")
             ),
+            ConfigWarning::PolicyKwargsWithoutEffect {
+                app,
+                deployment,
+                keys,
+            } => {
+                match deployment {
+                    Some(d) => write!(
+                        f,
+                        "application '{app}', deployment '{d}': \
+                         autoscaling_config.policy.policy_kwargs"
+                    )?,
+                    None => write!(f, "application '{app}': autoscaling_policy.policy_kwargs")?,
+                }
+                write!(
+                    f,
+                    " ({}) given to the built-in autoscaling policy, which takes no kwargs: \
+                     they change nothing (name a policy registered in the Registry to use them)",
+                    keys.join(", ")
+                )
+            }
             ConfigWarning::ControllerOptionsNotApplied { env_vars } => write!(
                 f,
                 "controller_options: Flotilla's controller runs in this process, so these \
@@ -205,13 +239,21 @@ impl ServeConfig {
 
 impl AppConfig {
     /// This application's warnings (see [`ServeConfig::warnings`]): at most one
-    /// about its runtime environments, then its deployments' in file order.
+    /// about its runtime environments, then the application-level autoscaling
+    /// policy's, then its deployments' in file order.
     pub fn warnings(&self) -> Vec<ConfigWarning> {
         let mut out = Vec::new();
         let keys = self.runtime_env_keys();
         if !keys.is_empty() {
             out.push(ConfigWarning::RuntimeEnvNotApplied {
                 app: self.name.clone(),
+                keys,
+            });
+        }
+        if let Some(keys) = self.autoscaling_policy.as_ref().and_then(unused_kwargs) {
+            out.push(ConfigWarning::PolicyKwargsWithoutEffect {
+                app: self.name.clone(),
+                deployment: None,
                 keys,
             });
         }
@@ -272,6 +314,13 @@ fn deployment_warnings(app: &AppConfig, d: &DeploymentOverride, out: &mut Vec<Co
                 deployment: d.name.clone(),
             });
         }
+        if let Some(keys) = a.policy.as_ref().and_then(unused_kwargs) {
+            out.push(ConfigWarning::PolicyKwargsWithoutEffect {
+                app: app.name.clone(),
+                deployment: Some(d.name.clone()),
+                keys,
+            });
+        }
     }
     if let Some(r) = &d.request_router_config {
         let fields: Vec<&'static str> = [
@@ -317,4 +366,11 @@ fn deployment_warnings(app: &AppConfig, d: &DeploymentOverride, out: &mut Vec<Co
             deployment: d.name.clone(),
         });
     }
+}
+
+/// The keys of `policy`'s kwargs if it is the built-in policy and they are not
+/// empty: the built-in policy reads no kwargs.
+fn unused_kwargs(policy: &AutoscalingPolicy) -> Option<Vec<String>> {
+    (is_builtin_policy(policy.policy_function.as_str()) && !value::is_empty(&policy.policy_kwargs))
+        .then(|| value::map_keys(&policy.policy_kwargs))
 }

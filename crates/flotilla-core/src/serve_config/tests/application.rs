@@ -73,6 +73,41 @@ fn runtime_env_is_kept_applies_nothing_and_is_warned_about_once() {
 }
 
 #[test]
+fn null_args_are_the_empty_map_as_omitted_args_are() {
+    let omitted = parse(&app(""));
+    let omitted = &omitted.applications[0];
+    assert_eq!(omitted.args, Args::empty_map());
+    // `args: null`, `args: ~`, and an `args:` key whose lines are all
+    // commented out: each is the omitted args, with the same code version.
+    for fields in [
+        "    args: null\n",
+        "    args: ~\n",
+        "    args:\n    #  greeting: hello\n    #  n: 3\n",
+    ] {
+        let c = parse(&app(fields));
+        let a = &c.applications[0];
+        assert_eq!(a.args, Args::empty_map(), "{fields}");
+        assert_eq!(a.code_version(), omitted.code_version(), "{fields}");
+        // A builder decoding a map gets one.
+        let map: BTreeMap<String, u32> = a.args.decode().unwrap();
+        assert!(map.is_empty());
+        // And so does a checkpoint's round trip.
+        let back: crate::ServeConfig =
+            rmp_serde::from_slice(&rmp_serde::to_vec_named(&c).unwrap()).unwrap();
+        assert_eq!(back.applications[0].args, Args::empty_map());
+    }
+    // A checkpoint written before this rule, holding nil, reads as the map too.
+    let mut nil = parse(&app(""));
+    nil.applications[0].args = Args::unit();
+    let back: crate::ServeConfig =
+        rmp_serde::from_slice(&rmp_serde::to_vec_named(&nil).unwrap()).unwrap();
+    assert_eq!(back.applications[0].args, Args::empty_map());
+    // Any other value is kept: null inside a map is a value.
+    let inner = parse(&app("    args: {a: null}\n"));
+    assert_ne!(inner.applications[0].args, Args::empty_map());
+}
+
+#[test]
 fn host_and_port_are_refused_per_application() {
     for (field, value) in [("host", "1.2.3.4"), ("port", "8001")] {
         let text = app(&format!("    {field}: {value}\n"));

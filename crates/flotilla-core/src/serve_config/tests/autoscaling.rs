@@ -176,6 +176,71 @@ fn policy_is_rays_dictionary() {
 }
 
 #[test]
+fn policy_kwargs_given_to_the_built_in_policy_are_warned_about() {
+    let app: crate::AppName = "shop".try_into().unwrap();
+    // A deployment's policy: Ray's default path, and an alias of it.
+    for path in [
+        "ray.serve.autoscaling_policy:default_autoscaling_policy",
+        "ray.serve.autoscaling_policy.replica_queue_length_autoscaling_policy",
+    ] {
+        let text = block(
+            "policy",
+            &format!("{{policy_function: {path}, policy_kwargs: {{window: 3, floor: 1}}}}"),
+        );
+        let c = parse(&text);
+        assert_eq!(
+            c.warnings(),
+            vec![ConfigWarning::PolicyKwargsWithoutEffect {
+                app: app.clone(),
+                deployment: Some("front".try_into().unwrap()),
+                keys: vec!["floor".into(), "window".into()],
+            }],
+            "{path}"
+        );
+        let shown = c.warnings()[0].to_string();
+        assert!(
+            shown.contains("deployment 'front'")
+                && shown.contains("autoscaling_config.policy.policy_kwargs (floor, window)")
+                && shown.contains("change nothing"),
+            "{shown}"
+        );
+    }
+    // The path left out is the built-in policy too.
+    let implicit = parse(&block("policy", "{policy_kwargs: {window: 3}}"));
+    assert_eq!(implicit.warnings().len(), 1, "{:?}", implicit.warnings());
+    // The application-level policy.
+    let text = "applications:\n  - name: shop\n    import_path: shop:app\n    autoscaling_policy: {policy_kwargs: {weight: 2}}\n";
+    let c = parse(text);
+    assert_eq!(
+        c.warnings(),
+        vec![ConfigWarning::PolicyKwargsWithoutEffect {
+            app,
+            deployment: None,
+            keys: vec!["weight".into()],
+        }]
+    );
+    assert_eq!(c.warnings()[0].deployment(), None);
+    assert!(
+        c.warnings()[0]
+            .to_string()
+            .starts_with("application 'shop': autoscaling_policy.policy_kwargs (weight)"),
+        "{}",
+        c.warnings()[0]
+    );
+    // No warning: the built-in policy without kwargs (or with empty or null
+    // ones), or a registered policy with kwargs.
+    for quiet in [
+        "{policy_function: ray.serve.autoscaling_policy:default_autoscaling_policy}",
+        "{policy_kwargs: {}}",
+        "{policy_kwargs: null}",
+        "{policy_function: shop.policies:queue, policy_kwargs: {queue: q}}",
+    ] {
+        let c = parse(&block("policy", quiet));
+        assert_eq!(c.warnings(), vec![], "{quiet}");
+    }
+}
+
+#[test]
 fn target_num_ongoing_requests_per_replica_is_the_old_name_of_the_target() {
     assert_eq!(
         auto("target_num_ongoing_requests_per_replica: 7").target_ongoing_requests,

@@ -2,8 +2,8 @@
 
 use super::{assert_at, assert_parse_at, err, parse};
 use crate::{
-    ConfigWarning, ControllerOptions, ControllerRuntimeEnv, GrpcOptions, HttpOptions, LogAttr,
-    LoggingConfig, ProxyLocation, TracingConfig,
+    ConfigWarning, ControllerOptions, ControllerRuntimeEnv, GrpcOptions, HttpOptionError,
+    HttpOptions, LogAttr, LoggingConfig, ProxyLocation, TracingConfig,
 };
 
 const APPS: &str = "applications:\n  - name: a\n    import_path: a:app\n";
@@ -144,6 +144,83 @@ fn grpc_options_are_kept_and_servicer_functions_are_refused() {
         "grpc_options.grpc_servicer_functions",
         "Flotilla has no gRPC proxy",
     );
+}
+
+#[test]
+fn http_options_the_http_server_would_refuse_are_refused_at_parse() {
+    // Each of these made the HTTP server refuse every start after the config
+    // was applied; now the parse refuses it, naming the field.
+    for (value, field, says) in [
+        (
+            "keep_alive_timeout_s: 0",
+            "keep_alive_timeout_s",
+            "longer than zero",
+        ),
+        (
+            "keep_alive_timeout_s: 2000000000",
+            "keep_alive_timeout_s",
+            "at most 1000000000 s",
+        ),
+        ("root_path: serve", "root_path", "start with '/'"),
+        ("root_path: /serve/", "root_path", "not end with '/'"),
+        ("root_path: /", "root_path", "got \"/\""),
+        ("host: ''", "host", "must not be empty"),
+        ("host: '  '", "host", "must not be empty"),
+    ] {
+        let text = with(&format!("http_options:\n  {value}\n"));
+        let (key, given) = value.split_once(": ").unwrap();
+        assert_eq!(key, field);
+        let needle = format!("{given}\n");
+        let field = format!("http_options.{field}");
+        assert_at(&err(&text), &text, &needle, &field, says);
+    }
+    let fine = parse(&with(
+        "http_options: {host: localhost, root_path: /a/b, keep_alive_timeout_s: 1}\n",
+    ));
+    assert_eq!(fine.http_options.root_path(), "/a/b");
+    let empty = parse(&with(
+        "http_options: {root_path: '', keep_alive_timeout_s: 1000000000}\n",
+    ));
+    assert_eq!(empty.http_options.root_path(), "");
+    // The rules are core's, the HTTP server's too: one statement each.
+    assert_eq!(
+        HttpOptions::check_root_path("/x/"),
+        Err(HttpOptionError::RootPath {
+            root_path: "/x/".into()
+        })
+    );
+    assert_eq!(
+        HttpOptions::request_timeout_from_secs(-1.0),
+        Ok(None),
+        "negative: no timeout"
+    );
+    assert_eq!(
+        HttpOptions::request_timeout_from_secs(1e20),
+        Err(HttpOptionError::TooLong { seconds: 1e20 })
+    );
+}
+
+#[test]
+fn a_negative_request_timeout_is_no_timeout_as_in_ray() {
+    // Ray's proxies (HTTP and gRPC alike) read a negative timeout as none.
+    for section in ["http_options", "grpc_options"] {
+        for t in ["-1", "-0.5", "-.inf", "\"-2\""] {
+            let text = with(&format!("{section}:\n  request_timeout_s: {t}\n"));
+            let c = parse(&text);
+            let kept = match section {
+                "http_options" => c.http_options.request_timeout_s,
+                _ => c.grpc_options.request_timeout_s,
+            };
+            assert!(kept.is_some_and(|s| s < 0.0), "{section}: {t}: {kept:?}");
+        }
+        // Zero would time every request out at once, and NaN is no number of
+        // seconds: both still refused.
+        for t in ["0", ".nan", "-0.0"] {
+            let text = with(&format!("{section}:\n  request_timeout_s: {t}\n"));
+            let field = format!("{section}.request_timeout_s");
+            assert_at(&err(&text), &text, &format!("{t}\n"), &field, "> 0");
+        }
+    }
 }
 
 #[test]

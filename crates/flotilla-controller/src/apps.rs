@@ -47,9 +47,19 @@ impl Controller {
         if state.actors.is_waiting(name) {
             return;
         }
-        let Some(args) = state.apps.get(name).map(|e| state.app_args(&e.record)) else {
+        let Some(entry) = state.apps.get(name) else {
             return;
         };
+        // A finished deletion whose record removal failed and waits to be tried
+        // again needs no actor to report it once more.
+        if entry.record.deleting
+            && state
+                .removals
+                .contains(&(name.clone(), entry.record.generation))
+        {
+            return;
+        }
+        let args = state.app_args(&entry.record);
         let actor_name = actor_names::application(&state.ns, name);
         let parent = myself.get_cell();
         match state

@@ -1,6 +1,8 @@
 //! Removing the records of finished deletions: batched, one commit for every
 //! deletion finished by then.
 
+use std::time::Duration;
+
 use flotilla_core::AppName;
 use flotilla_store::Batch;
 use ractor::{ActorProcessingErr, ActorRef};
@@ -9,6 +11,9 @@ use tracing::{info, warn};
 use crate::{
     Controller, ControllerMsg, apps::RETRY, messages::InternalMsg, state::ControllerState,
 };
+
+/// The longest wait between tries of a removal whose commit keeps failing.
+const MAX_REMOVAL_RETRY: Duration = Duration::from_secs(5);
 
 impl Controller {
     /// The ApplicationActor finished deleting: its record is removed with the
@@ -19,7 +24,8 @@ impl Controller {
         name: AppName,
         generation: u64,
     ) {
-        if state.removals.is_empty() {
+        // While a failed removal waits to be tried again, the new one joins it.
+        if state.removals.is_empty() && state.removal_retry.is_none() {
             let _ = myself.cast(InternalMsg::RemoveDeleted.into());
         }
         state.removals.push((name, generation));
@@ -51,16 +57,22 @@ impl Controller {
             batch.delete_app(name);
         }
         if let Err(err) = state.checkpoint.commit(&state.faults, batch).await? {
-            warn!(apps = done.len(), error = %err, "could not remove deleted applications; retrying");
+            // A store that keeps failing (a full disk) is tried again ever less
+            // often, not every 10 ms for ever.
+            let after = state.removal_retry.unwrap_or(RETRY);
+            state.removal_retry = Some((after * 2).min(MAX_REMOVAL_RETRY));
+            warn!(apps = done.len(), error = %err, retry_in = ?after,
+                "could not remove deleted applications; retrying");
             for name in done {
                 if let Some(e) = state.apps.get(&name) {
                     let generation = e.record.generation;
                     state.removals.push((name, generation));
                 }
             }
-            myself.send_after(RETRY, || InternalMsg::RemoveDeleted.into());
+            myself.send_after(after, || InternalMsg::RemoveDeleted.into());
             return Ok(());
         }
+        state.removal_retry = None;
         for name in &done {
             state.apps.remove(name);
             state.actors.remove(name);

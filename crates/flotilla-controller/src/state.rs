@@ -91,6 +91,9 @@ pub struct ControllerState {
     pub(crate) autoscaled: HashMap<AppName, BTreeMap<DeploymentName, u32>>,
     /// Finished deletions (name, generation) whose records await removal.
     pub(crate) removals: Vec<(AppName, u64)>,
+    /// How long the next try of a failed removal commit waits (`None`: the
+    /// last one succeeded; doubles while they fail).
+    pub(crate) removal_retry: Option<std::time::Duration>,
     pub(crate) shutting_down: bool,
     /// The last applied config (durable) and the builds it started (volatile).
     pub(crate) config: ConfigState,
@@ -181,6 +184,7 @@ impl ControllerState {
             routes,
             autoscaled,
             removals: Vec::new(),
+            removal_retry: None,
             shutting_down: false,
             config: ConfigState::recovered(config),
         })

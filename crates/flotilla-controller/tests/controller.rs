@@ -13,7 +13,8 @@ use flotilla_controller::{
     RouteTable, ServeError, StatusBoard, Supervisor, SupervisorArgs, SupervisorMsg,
 };
 use flotilla_core::{
-    ApiType, AppName, ApplicationSpec, ApplicationStatus as A, DeploymentSpec, Faults, actor_names,
+    ApiType, AppName, ApplicationSpec, ApplicationStatus as A, DeploymentSpec, FaultPoint, Faults,
+    actor_names,
 };
 use flotilla_replica::{Deployment, Directory, Registry, UserError};
 use ractor::{Actor, ActorRef, RpcReplyPort, rpc::CallResult};
@@ -35,6 +36,7 @@ struct Rig {
     supervisor: ActorRef<SupervisorMsg>,
     board: StatusBoard,
     routes: RouteTable,
+    faults: Faults,
 }
 
 impl Rig {
@@ -45,6 +47,7 @@ impl Rig {
             .register("test::Echo", |_ctx| async { Ok(Echo) })
             .unwrap();
         let (board, routes) = (StatusBoard::new(), RouteTable::new());
+        let faults = Faults::new();
         let args = SupervisorArgs {
             controller: ControllerArgs {
                 ns: ns.to_owned(),
@@ -54,7 +57,7 @@ impl Rig {
                 cluster: Arc::new(LocalCluster::new()),
                 board: board.clone(),
                 restart: Default::default(),
-                faults: Faults::new(),
+                faults: faults.clone(),
                 logging: LogSettings::new(),
                 preloaded: Preloaded::new(snapshot),
                 clock: Arc::new(std::time::SystemTime::now),
@@ -69,6 +72,7 @@ impl Rig {
             supervisor,
             board,
             routes,
+            faults,
         }
     }
 
@@ -168,6 +172,34 @@ async fn a_deletion_releases_its_prefix_at_once_and_its_record_when_done() {
     })
     .await
     .expect("the board drops the application");
+    assert_eq!(rig.observe().await.apps, 0, "the record is gone");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_removal_whose_commit_keeps_failing_backs_off_and_lands_once_the_store_recovers() {
+    let rig = Rig::start("ctl-test-removal-retry").await;
+    rig.deploy(vec![app("a", "/a")]).await.unwrap();
+    rig.wait("a", A::Running).await;
+    rig.ask(|reply| ControllerMsg::Delete {
+        names: vec![AppName::new("a").unwrap()],
+        reply,
+    })
+    .await
+    .unwrap();
+    // The deletion is committed; every commit of its record's removal fails.
+    rig.faults.arm(FaultPoint::CommitFails, 1_000);
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let tries = 1_000 - rig.faults.remaining(FaultPoint::CommitFails);
+    assert!((1..=12).contains(&tries), "{tries} tries in 20 s");
+    let snap = rig.observe().await;
+    assert_eq!(
+        (snap.apps, snap.app_actors),
+        (1, 0),
+        "waiting, no actor respawned"
+    );
+    // The store recovers: the next try lands.
+    rig.faults.arm(FaultPoint::CommitFails, 0);
+    tokio::time::sleep(Duration::from_secs(6)).await;
     assert_eq!(rig.observe().await.apps, 0, "the record is gone");
 }
 

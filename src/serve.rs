@@ -366,6 +366,18 @@ impl Serve {
 
     /// Deploy one application and wait until it is RUNNING at the new generation;
     /// returns a handle to its ingress deployment.
+    ///
+    /// ```no_run
+    /// # async fn demo(serve: flotilla::Serve) -> Result<(), Box<dyn std::error::Error>> {
+    /// use flotilla::{ApplicationSpec, DeploymentSpec};
+    /// let app = ApplicationSpec::builder("greeter")
+    ///     .route_prefix("/greet")
+    ///     .deployment(DeploymentSpec::builder("hello", "demo::Hello").replicas(2))
+    ///     .build()?;
+    /// let handle = serve.run(app).await?;
+    /// let answer: String = handle.call("world").await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn run(&self, app: ApplicationSpec) -> Result<DeploymentHandle, ServeError> {
         let mut handles = self.run_many(vec![app], RunManyOptions::default()).await?;
         handles
@@ -375,6 +387,35 @@ impl Serve {
 
     /// Deploy many applications in one controller message and one checkpoint commit.
     /// All-or-nothing: a rejected batch changes nothing.
+    ///
+    /// ```no_run
+    /// # async fn demo(serve: flotilla::Serve) -> Result<(), Box<dyn std::error::Error>> {
+    /// use flotilla::{ApplicationSpec, DeploymentSpec, RunManyOptions, ServeError};
+    /// let apps = (0..1_000)
+    ///     .map(|i| {
+    ///         ApplicationSpec::builder(format!("tenant-{i}"))
+    ///             .deployment(DeploymentSpec::builder("model", "demo::Model"))
+    ///             .build()
+    ///     })
+    ///     .collect::<Result<Vec<_>, _>>()?;
+    /// // Durable when this returns; the replicas start in the background.
+    /// let options = RunManyOptions {
+    ///     wait_for_applications_running: false,
+    ///     ..RunManyOptions::default()
+    /// };
+    /// let handles = serve.run_many(apps, options).await?;
+    /// assert_eq!(handles.len(), 1_000);
+    /// // One bad application refuses the whole batch, and nothing changes.
+    /// let again = ApplicationSpec::builder("tenant-x")
+    ///     .deployment(DeploymentSpec::builder("model", "demo::Model"))
+    ///     .build()?;
+    /// let twice = vec![again.clone(), again];
+    /// assert!(matches!(
+    ///     serve.run_many(twice, RunManyOptions::default()).await,
+    ///     Err(ServeError::DuplicateApp { .. })
+    /// ));
+    /// # Ok(()) }
+    /// ```
     pub async fn run_many(
         &self,
         apps: Vec<ApplicationSpec>,
@@ -470,6 +511,15 @@ impl Serve {
     /// names are deleted; imperative ones are left alone unless an entry says
     /// `take_over: true`. Returns once the config is durable; watch the statuses
     /// for the builds.
+    ///
+    /// ```no_run
+    /// # async fn demo(serve: flotilla::Serve) -> Result<(), Box<dyn std::error::Error>> {
+    /// let config = flotilla::ServeConfig::from_yaml(
+    ///     "applications:\n  - name: shop\n    route_prefix: /shop\n    import_path: shop:app\n",
+    /// )?;
+    /// serve.apply_config(config).await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn apply_config(&self, config: ServeConfig) -> Result<(), ServeError> {
         self.ask(|reply| ControllerMsg::ApplyConfig {
             config: Box::new(config),
@@ -523,6 +573,13 @@ impl Serve {
     /// Delete applications (unknown names are ignored), given as any iterator of
     /// names (`["a", "b"]`, a `Vec<String>`, the keys of a status list...). With
     /// `wait`, return once they are gone.
+    ///
+    /// ```no_run
+    /// # async fn demo(serve: flotilla::Serve) -> Result<(), flotilla::ServeError> {
+    /// serve.delete_apps(["greeter", "shop"], true).await?;
+    /// assert!(serve.status().is_empty());
+    /// # Ok(()) }
+    /// ```
     pub async fn delete_apps<I>(&self, names: I, wait: bool) -> Result<(), ServeError>
     where
         I: IntoIterator,
@@ -567,6 +624,14 @@ impl Serve {
     }
 
     /// Every application's status, sorted by name.
+    ///
+    /// ```no_run
+    /// # fn demo(serve: &flotilla::Serve) {
+    /// for (name, info) in serve.status() {
+    ///     println!("{name}: {:?} {}", info.status, info.message);
+    /// }
+    /// # }
+    /// ```
     pub fn status(&self) -> Vec<(AppName, ApplicationStatusInfo)> {
         self.inner.board.all()
     }

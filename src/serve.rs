@@ -119,7 +119,11 @@ impl ServeOptions {
 /// What `run_many` waits for.
 #[derive(Debug, Clone, Copy)]
 pub struct RunManyOptions {
-    /// Wait until every ingress deployment has a route (default true).
+    /// Wait until every application's status shows its new generation with its
+    /// ingress deployment, as Ray's `_wait_for_deployment_created` (default
+    /// true; the returned handles queue requests until replicas run either
+    /// way). A later deploy of the application that no longer has that
+    /// ingress ends the wait too.
     pub wait_for_ingress_deployment_creation: bool,
     /// Wait until every application is RUNNING at its new generation (default true).
     pub wait_for_applications_running: bool,
@@ -447,7 +451,9 @@ impl Serve {
                 self.wait_running(&name, generation).await?;
             } else if options.wait_for_ingress_deployment_creation {
                 self.wait_for(&name, |s| {
-                    s.observed_generation >= generation && s.deployments.contains_key(&ingress)
+                    s.observed_generation > generation
+                        || (s.observed_generation == generation
+                            && s.deployments.contains_key(&ingress))
                 })
                 .await?;
             }

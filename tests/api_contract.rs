@@ -454,3 +454,29 @@ async fn an_external_scaler_sets_replica_counts_durably_until_the_app_declares_a
         Err(ServeError::Invalid(_))
     ));
 }
+
+#[tokio::test(start_paused = true)]
+async fn waiting_for_the_ingress_ends_when_a_later_deploy_dropped_it() {
+    let (_dir, _, serve) = start_fresh().await;
+    let ingress_only = flotilla::RunManyOptions {
+        wait_for_ingress_deployment_creation: true,
+        wait_for_applications_running: false,
+    };
+    let v1 = app_of("a", probe(1, &tag("v1")));
+    // The same application, its one deployment renamed.
+    let v2 = app_of(
+        "a",
+        DeploymentSpec::builder("renamed", "test::Probe").init_args(&tag("v2")),
+    );
+    let (s1, s2) = (serve.clone(), serve.clone());
+    let first = tokio::spawn(async move { s1.run_many(vec![v1], ingress_only).await });
+    let second = tokio::spawn(async move { s2.run_many(vec![v2], no_wait()).await });
+    second.await.unwrap().unwrap();
+    let handles = tokio::time::timeout(Duration::from_secs(600), first)
+        .await
+        .expect("the wait ended")
+        .unwrap()
+        .unwrap();
+    assert_eq!(handles.len(), 1);
+    assert_eq!(serve.app_status("a").observed_generation, 2);
+}

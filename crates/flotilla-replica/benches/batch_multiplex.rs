@@ -558,27 +558,31 @@ async fn multiplexing(zipf_s: f64, load: Load, secs: Duration) {
         "fraction",
         &at,
     );
-    figure(
-        "multiplexing",
+    ratio_figure(
         "aware_over_blind_hit_rate",
-        aware.hit_rate / blind.hit_rate.max(f64::MIN_POSITIVE),
-        "x",
+        aware.hit_rate,
+        blind.hit_rate,
         &format!(", \"goal\": 2{at}"),
     );
-    figure(
-        "multiplexing",
-        "aware_over_blind_req_per_s",
-        aware.rps / blind.rps.max(f64::MIN_POSITIVE),
-        "x",
-        &at,
-    );
-    figure(
-        "multiplexing",
+    ratio_figure("aware_over_blind_req_per_s", aware.rps, blind.rps, &at);
+    ratio_figure(
         "aware_over_rays_rule_hit_rate",
-        aware.hit_rate / rays.hit_rate.max(f64::MIN_POSITIVE),
-        "x",
+        aware.hit_rate,
+        rays.hit_rate,
         &at,
     );
+}
+
+/// `value / baseline` as a multiplexing figure; a baseline of 0 (model-blind
+/// routing that never hit) has no ratio: `null`, saying why.
+fn ratio_figure(metric: &str, value: f64, baseline: f64, extra: &str) {
+    if baseline > 0.0 {
+        figure("multiplexing", metric, value / baseline, "x", extra);
+    } else {
+        println!(
+            "{{\"scenario\": \"multiplexing\", \"metric\": \"{metric}\", \"value\": null, \"unit\": \"x\", \"why\": \"the baseline is 0\"{extra}}}"
+        );
+    }
 }
 
 fn figure(scenario: &str, metric: &str, value: f64, unit: &str, extra: &str) {

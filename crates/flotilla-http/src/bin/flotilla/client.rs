@@ -94,19 +94,26 @@ pub struct Client {
 const APPLICATIONS: &str = "/api/serve/applications/";
 
 impl Client {
-    /// A client of the REST API at `address` (`http://host:port`), sending the
-    /// bearer token in `token_file` with what changes state. The token is
-    /// checked here: an empty file or one whose token cannot be a header value
-    /// is refused.
-    pub fn new(address: &str, token_file: Option<&Path>) -> Result<Client, ClientError> {
+    /// A client of the REST API at `address` (`http://host:port`), with no
+    /// bearer token.
+    pub fn new(address: &str) -> Result<Client, ClientError> {
         if !address.starts_with("http://") {
             return Err(ClientError::Address(address.to_owned()));
         }
-        let token = token_file.map(bearer).transpose()?;
         Ok(Client {
             address: address.trim_end_matches('/').to_owned(),
-            token,
+            token: None,
             http: Hyper::builder(TokioExecutor::new()).build_http(),
+        })
+    }
+
+    /// The same client, sending the bearer token in `path` with what changes
+    /// state. The token is checked here: an empty file, or one whose token
+    /// cannot be a header value, is refused.
+    pub fn with_token_file(self, path: &Path) -> Result<Client, ClientError> {
+        Ok(Client {
+            token: Some(bearer(path)?),
+            ..self
         })
     }
 
@@ -247,7 +254,11 @@ mod tests {
         if let Some(t) = token {
             std::fs::write(&path, t).unwrap_or_else(|e| panic!("{e}"));
         }
-        Client::new(address, token.map(|_| path.as_path())).unwrap_or_else(|e| panic!("{e}"))
+        let c = Client::new(address).unwrap_or_else(|e| panic!("{e}"));
+        match token {
+            Some(_) => c.with_token_file(&path).unwrap_or_else(|e| panic!("{e}")),
+            None => c,
+        }
     }
 
     #[test]
@@ -271,7 +282,9 @@ mod tests {
         let path = dir.path().join("token");
         for empty in ["", " \n\t\n"] {
             std::fs::write(&path, empty).unwrap_or_else(|e| panic!("{e}"));
-            let e = Client::new("http://127.0.0.1:8265", Some(&path)).err();
+            let e = client("http://127.0.0.1:8265", None)
+                .with_token_file(&path)
+                .err();
             assert!(
                 matches!(&e, Some(ClientError::EmptyToken { path: p }) if *p == path),
                 "{empty:?}: {e:?}"
@@ -279,7 +292,9 @@ mod tests {
         }
         for bad in ["t0k\nen", "t0k\u{7}en\n"] {
             std::fs::write(&path, bad).unwrap_or_else(|e| panic!("{e}"));
-            let e = Client::new("http://127.0.0.1:8265", Some(&path)).err();
+            let e = client("http://127.0.0.1:8265", None)
+                .with_token_file(&path)
+                .err();
             assert!(
                 matches!(&e, Some(ClientError::BadToken { path: p, .. }) if *p == path),
                 "{bad:?}: {e:?}"

@@ -121,6 +121,26 @@ async fn deploy_status_config_delete_against_a_running_server() {
     );
 }
 
+/// An error is printed with its causes: a missing file says why it cannot be
+/// read. (Nothing is contacted: the file is read first.)
+#[tokio::test]
+async fn an_error_names_its_cause() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing.yaml");
+    let (ok, _, err) = flotilla(args(
+        "http://127.0.0.1:9",
+        &["deploy", missing.to_str().unwrap()],
+    ))
+    .await;
+    let cannot = std::fs::read(&missing).unwrap_err();
+    assert!(!ok);
+    assert_eq!(
+        err,
+        format!("Error: cannot read {}: {cannot}\n", missing.display()),
+        "{err}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_token_file_is_sent_as_a_bearer_token() {
     let dir = tempfile::tempdir().unwrap();

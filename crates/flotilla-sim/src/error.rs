@@ -1,10 +1,14 @@
 //! The simulator's errors.
 
-use std::path::PathBuf;
+use std::{path::PathBuf, time::Duration};
 
 use flotilla::{ServeError, SpecError};
 
-use crate::{report::ReportError, scenario::DurationError, serve_config::ConfigAppError};
+use crate::{
+    report::ReportError,
+    scenario::{DurationError, format_duration},
+    serve_config::ConfigAppError,
+};
 
 /// Why a simulation could not run or report. Invariant violations are not errors:
 /// they are in the [`Summary`](crate::Summary).
@@ -28,6 +32,22 @@ pub enum SimError {
         /// Why the duration in it cannot be read.
         #[source]
         source: DurationError,
+    },
+    /// An event is scheduled at or after the end of the run (`duration`), where
+    /// it would never be injected.
+    #[error(
+        "fault '{entry}': at {}, not before the end of the run at {}, so it would never run \
+         (lengthen the duration or drop the entry)",
+        format_duration(*.at),
+        format_duration(*.duration)
+    )]
+    EventAfterEnd {
+        /// The entry as written.
+        entry: String,
+        /// Its time.
+        at: Duration,
+        /// The scenario's duration.
+        duration: Duration,
     },
     /// A duration could not be parsed.
     #[error(transparent)]

@@ -2,7 +2,9 @@
 //!
 //! Each event is written `kind@time[:arg[:arg]]`; a schedule is a comma-separated
 //! list of them (`--faults "controller@60s,node@120s,process@300s"`) or a list in a
-//! scenario file. `none` is the empty schedule.
+//! scenario file. `none` is the empty schedule. Every time must fall before the
+//! end of the run (the scenario's `duration`): a scenario with a later event is
+//! refused ([`SimError::EventAfterEnd`]).
 //!
 //! | event | effect |
 //! | --- | --- |

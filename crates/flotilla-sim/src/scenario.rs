@@ -334,7 +334,7 @@ pub struct Scenario {
     /// The traffic.
     pub traffic: TrafficSpec,
     /// The event schedule: faults and operations, each `kind@time[:args]`
-    /// (see [`crate::faults`]).
+    /// (see [`crate::faults`]), every time before `duration`.
     pub faults: Vec<String>,
     /// A ServeConfig file to apply at the start, next to the workload (see
     /// [`crate::serve_config`]).
@@ -476,7 +476,8 @@ impl Scenario {
         Ok(out)
     }
 
-    /// Check that the scenario makes sense.
+    /// Check that the scenario makes sense; every event must parse and fall
+    /// before the end of the run.
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(SimError::Scenario(m));
         let w = &self.workload;
@@ -537,7 +538,17 @@ impl Scenario {
         if w.health_check_period.is_zero() {
             return bad("health_check_period must be above zero".into());
         }
-        self.events().map(|_| ())
+        for entry in &self.faults {
+            let event = faults::parse(entry)?;
+            if event.at >= self.duration {
+                return Err(SimError::EventAfterEnd {
+                    entry: entry.clone(),
+                    at: event.at,
+                    duration: self.duration,
+                });
+            }
+        }
+        Ok(())
     }
 }
 
@@ -604,6 +615,35 @@ mod tests {
         let e = Scenario::from_yaml("workload: { appz: 3 }").unwrap_err();
         assert!(matches!(e, SimError::ScenarioYaml(_)), "{e:?}");
         assert!(e.to_string().contains("appz"), "{e}");
+    }
+
+    #[test]
+    fn an_event_at_or_after_the_end_is_refused_naming_it() {
+        let e = Scenario::from_yaml("duration: 2m\nfaults: [\"node@30s\", \"process@150s\"]\n")
+            .unwrap_err();
+        assert!(
+            matches!(&e, SimError::EventAfterEnd { entry, at, duration }
+                if entry == "process@150s"
+                    && *at == Duration::from_secs(150)
+                    && *duration == Duration::from_secs(120)),
+            "{e:?}"
+        );
+        assert!(
+            e.to_string().contains("'process@150s'") && e.to_string().contains("120s"),
+            "{e}"
+        );
+        let e = Scenario::from_yaml("duration: 2m\nfaults: [\"node@2m\"]\n").unwrap_err();
+        assert!(matches!(e, SimError::EventAfterEnd { .. }), "{e:?}");
+        Scenario::from_yaml("duration: 2m\nfaults: [\"node@119s\"]\n").unwrap();
+        // Shortening the default run keeps the default schedule, which then
+        // overruns it.
+        let e = Scenario::default()
+            .apply(&Overrides {
+                duration: Some(Duration::from_secs(120)),
+                ..Default::default()
+            })
+            .unwrap_err();
+        assert!(matches!(e, SimError::EventAfterEnd { .. }), "{e:?}");
     }
 
     #[test]

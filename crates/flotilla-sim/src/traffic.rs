@@ -3,7 +3,7 @@
 //! per-attempt timeout and retries; and the bookkeeping that says whether a
 //! failed request is excused (its application was hit by a data-plane fault, or
 //! the process died) or a violation (it failed while only the control plane was
-//! crashing).
+//! crashing, or with no fault at all to explain it).
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
@@ -165,7 +165,7 @@ pub struct RequestCounts {
     pub failed_excused: BTreeMap<Cause, u64>,
     /// Failures while only the control plane was crashing (must be 0).
     pub failed_during_control_plane_crashes: u64,
-    /// Failures with no fault to explain them.
+    /// Failures with no fault to explain them (must be 0).
     pub failed_unexplained: u64,
     /// Failures by the last error's kind.
     pub failed_by_error: BTreeMap<String, u64>,

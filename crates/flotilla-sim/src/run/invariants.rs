@@ -2,14 +2,14 @@
 //! the per-application ones (`targets`: every acknowledged operation reflected,
 //! every application in its expected status, replica counts and versions at
 //! target), then no orphan actor or reservation, no request lost to a
-//! control-plane crash, no escalation.
+//! control-plane crash or failed with no fault to explain it, no escalation.
 
 use std::collections::BTreeSet;
 
 use flotilla::Serve;
 
 use super::{setup::Sim, targets::TargetsPass};
-use crate::summary::Invariant;
+use crate::{summary::Invariant, traffic::RequestCounts};
 
 impl Sim {
     /// Judge every invariant.
@@ -24,7 +24,7 @@ impl Sim {
         let pass = self.check_targets(&serve).await;
         let mut out = pass.verdicts(&self.ops);
         out.push(self.no_orphans(&serve, &pass));
-        out.push(self.no_request_lost_to_control_plane());
+        out.push(self.no_request_failed_unexcused());
         out.push(self.supervisor_never_gave_up());
         out
     }
@@ -75,26 +75,9 @@ impl Sim {
     }
 
     /// Requests may fail where a data-plane fault hit, never because only the
-    /// control plane crashed.
-    fn no_request_lost_to_control_plane(&self) -> Invariant {
-        let r = self.shared.traffic.stats.counts();
-        Invariant {
-            name: "no request through a handle failed during control-plane crashes".into(),
-            ok: r.failed_during_control_plane_crashes == 0,
-            detail: if r.failed_during_control_plane_crashes == 0 {
-                format!(
-                    "0 of {} requests; {} failed where a node, replica, flap or the process was lost",
-                    r.sent,
-                    r.failed_excused.values().sum::<u64>()
-                )
-            } else {
-                format!(
-                    "{} failed: {}",
-                    r.failed_during_control_plane_crashes,
-                    r.unexcused_examples.join("; ")
-                )
-            },
-        }
+    /// control plane crashed, nor with no fault at all to explain them.
+    fn no_request_failed_unexcused(&self) -> Invariant {
+        requests_failed_only_where_excused(&self.shared.traffic.stats.counts())
     }
 
     /// The restart intensity limit was never exceeded.
@@ -109,6 +92,33 @@ impl Sim {
                 fatal.join("; ")
             },
         }
+    }
+}
+
+/// The verdict on failed requests: every one excused by a data-plane fault
+/// (a node, replica, flap, deletion or the process lost), none during a crash
+/// of only the control plane, none unexplained.
+fn requests_failed_only_where_excused(r: &RequestCounts) -> Invariant {
+    let unexcused = r.failed_during_control_plane_crashes + r.failed_unexplained;
+    Invariant {
+        name: "no request through a handle failed during control-plane crashes or without a \
+               fault to explain it"
+            .into(),
+        ok: unexcused == 0,
+        detail: if unexcused == 0 {
+            format!(
+                "0 of {} requests; {} failed where a node, replica, flap or the process was lost",
+                r.sent,
+                r.failed_excused.values().sum::<u64>()
+            )
+        } else {
+            format!(
+                "{} failed during control-plane crashes, {} unexplained: {}",
+                r.failed_during_control_plane_crashes,
+                r.failed_unexplained,
+                r.unexcused_examples.join("; ")
+            )
+        },
     }
 }
 
@@ -140,5 +150,49 @@ impl Offenders {
         } else {
             format!("{} offenders, e.g. {}", self.count, self.first.join("; "))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::traffic::Cause;
+
+    #[test]
+    fn an_unexplained_request_failure_fails_the_run() {
+        let excused = RequestCounts {
+            sent: 100,
+            failed: 2,
+            failed_excused: [(Cause::NodeLoss, 2)].into(),
+            ..Default::default()
+        };
+        let v = requests_failed_only_where_excused(&excused);
+        assert!(v.ok, "{}", v.detail);
+        let lost = RequestCounts {
+            failed: 1,
+            failed_during_control_plane_crashes: 1,
+            unexcused_examples: vec!["app-00001 failed at 20.0s: timeout".into()],
+            ..excused.clone()
+        };
+        let v = requests_failed_only_where_excused(&lost);
+        assert!(!v.ok);
+        assert!(
+            v.detail.contains("1 failed during control-plane crashes"),
+            "{}",
+            v.detail
+        );
+        let unexplained = RequestCounts {
+            failed: 1,
+            failed_unexplained: 1,
+            unexcused_examples: vec!["app-00002 failed at 30.0s: timeout".into()],
+            ..excused
+        };
+        let v = requests_failed_only_where_excused(&unexplained);
+        assert!(!v.ok, "an unexplained failure must fail the run");
+        assert!(
+            v.detail.contains("1 unexplained") && v.detail.contains("app-00002"),
+            "{}",
+            v.detail
+        );
     }
 }

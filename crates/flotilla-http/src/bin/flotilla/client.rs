@@ -52,6 +52,26 @@ pub enum ClientError {
         #[source]
         source: std::io::Error,
     },
+    /// The token file holds no token (it is empty, or only whitespace).
+    #[error("no bearer token in file {}: it is empty", path.display())]
+    EmptyToken {
+        /// The token file.
+        path: PathBuf,
+    },
+    /// The token file's content cannot be sent in an `Authorization` header (a
+    /// control character or a line break inside it).
+    #[error(
+        "the bearer token in file {} cannot be sent in an HTTP header: it holds a control \
+         character (a line break inside it?)",
+        path.display()
+    )]
+    BadToken {
+        /// The token file (never the token itself).
+        path: PathBuf,
+        /// Why the header value is refused.
+        #[source]
+        source: http::header::InvalidHeaderValue,
+    },
     /// The answer was not what the REST API sends.
     #[error("unexpected response from the server: {0}")]
     Decode(String),
@@ -66,33 +86,34 @@ pub enum ClientError {
 /// A client of one REST API.
 pub struct Client {
     address: String,
-    token: Option<String>,
+    /// The `Authorization` header's value, `Bearer <token>` (marked sensitive).
+    token: Option<http::HeaderValue>,
     http: Hyper<HttpConnector, Full<Bytes>>,
 }
 
 const APPLICATIONS: &str = "/api/serve/applications/";
 
 impl Client {
-    pub fn new(address: &str, token_file: Option<&Path>) -> Result<Client, ClientError> {
+    /// A client of the REST API at `address` (`http://host:port`), with no
+    /// bearer token.
+    pub fn new(address: &str) -> Result<Client, ClientError> {
         if !address.starts_with("http://") {
             return Err(ClientError::Address(address.to_owned()));
         }
-        let token = match token_file {
-            Some(p) => Some(
-                std::fs::read_to_string(p)
-                    .map_err(|source| ClientError::ReadFile {
-                        path: p.to_owned(),
-                        source,
-                    })?
-                    .trim()
-                    .to_owned(),
-            ),
-            None => None,
-        };
         Ok(Client {
             address: address.trim_end_matches('/').to_owned(),
-            token,
+            token: None,
             http: Hyper::builder(TokioExecutor::new()).build_http(),
+        })
+    }
+
+    /// The same client, sending the bearer token in `path` with what changes
+    /// state. The token is checked here: an empty file, or one whose token
+    /// cannot be a header value, is refused.
+    pub fn with_token_file(self, path: &Path) -> Result<Client, ClientError> {
+        Ok(Client {
+            token: Some(bearer(path)?),
+            ..self
         })
     }
 
@@ -137,8 +158,10 @@ impl Client {
             req = req.header(http::header::CONTENT_TYPE, ct);
         }
         if let (Some(t), false) = (&self.token, method == http::Method::GET) {
-            req = req.header(http::header::AUTHORIZATION, format!("Bearer {t}"));
+            req = req.header(http::header::AUTHORIZATION, t.clone());
         }
+        // The headers were checked when the client was built: what is left to
+        // refuse is the URI, made of the address.
         req.body(Full::new(Bytes::from(body)))
             .map_err(|_| ClientError::Address(self.address.clone()))
     }
@@ -198,6 +221,29 @@ impl Client {
     }
 }
 
+/// The `Authorization` value for the token in `path`: `Bearer ` and the file's
+/// content, surrounding whitespace trimmed (as the server reads its own).
+fn bearer(path: &Path) -> Result<http::HeaderValue, ClientError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ClientError::ReadFile {
+        path: path.to_owned(),
+        source,
+    })?;
+    let token = text.trim();
+    if token.is_empty() {
+        return Err(ClientError::EmptyToken {
+            path: path.to_owned(),
+        });
+    }
+    let mut value = http::HeaderValue::from_str(&format!("Bearer {token}")).map_err(|source| {
+        ClientError::BadToken {
+            path: path.to_owned(),
+            source,
+        }
+    })?;
+    value.set_sensitive(true);
+    Ok(value)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -208,7 +254,11 @@ mod tests {
         if let Some(t) = token {
             std::fs::write(&path, t).unwrap_or_else(|e| panic!("{e}"));
         }
-        Client::new(address, token.map(|_| path.as_path())).unwrap_or_else(|e| panic!("{e}"))
+        let c = Client::new(address).unwrap_or_else(|e| panic!("{e}"));
+        match token {
+            Some(_) => c.with_token_file(&path).unwrap_or_else(|e| panic!("{e}")),
+            None => c,
+        }
     }
 
     #[test]
@@ -224,6 +274,37 @@ mod tests {
         assert_eq!(auth(http::Method::GET), None);
         assert_eq!(auth(http::Method::PUT).as_deref(), Some("Bearer t0ken"));
         assert_eq!(auth(http::Method::DELETE).as_deref(), Some("Bearer t0ken"));
+    }
+
+    #[test]
+    fn an_empty_or_unsendable_token_file_is_refused_naming_it() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let path = dir.path().join("token");
+        for empty in ["", " \n\t\n"] {
+            std::fs::write(&path, empty).unwrap_or_else(|e| panic!("{e}"));
+            let e = client("http://127.0.0.1:8265", None)
+                .with_token_file(&path)
+                .err();
+            assert!(
+                matches!(&e, Some(ClientError::EmptyToken { path: p }) if *p == path),
+                "{empty:?}: {e:?}"
+            );
+        }
+        for bad in ["t0k\nen", "t0k\u{7}en\n"] {
+            std::fs::write(&path, bad).unwrap_or_else(|e| panic!("{e}"));
+            let e = client("http://127.0.0.1:8265", None)
+                .with_token_file(&path)
+                .err();
+            assert!(
+                matches!(&e, Some(ClientError::BadToken { path: p, .. }) if *p == path),
+                "{bad:?}: {e:?}"
+            );
+            let text = e.map(|e| e.to_string()).unwrap_or_default();
+            assert!(
+                text.contains(&path.display().to_string()) && !text.contains("t0k"),
+                "{text}"
+            );
+        }
     }
 
     #[test]

@@ -10,8 +10,9 @@
 //! `--address` (default `http://127.0.0.1:8265`, or `FLOTILLA_ADDRESS`) and
 //! `--token-file` (or `FLOTILLA_TOKEN_FILE`) apply to every command. An error
 //! from the server is printed as the server wrote it, and the exit status is 1.
-//! The token is sent only with deploy and delete, and a warning goes to stderr
-//! when it would cross the network in plain HTTP (an address off loopback).
+//! The token is read and sent only by deploy and delete, and a warning goes to
+//! stderr when it would cross the network in plain HTTP (an address off
+//! loopback).
 
 mod client;
 mod output;
@@ -84,8 +85,25 @@ enum Command {
     },
 }
 
+impl Command {
+    /// Whether the command changes state, and so sends the bearer token.
+    fn sends_token(&self) -> bool {
+        matches!(self, Command::Deploy { .. } | Command::Delete { .. })
+    }
+}
+
+/// The client for `cli`'s command: the token file is read (and a plaintext
+/// warning due) only for the commands that send the token.
+fn client(cli: &Cli) -> Result<Client, ClientError> {
+    let client = Client::new(&cli.address)?;
+    match &cli.token_file {
+        Some(path) if cli.command.sends_token() => client.with_token_file(path),
+        _ => Ok(client),
+    }
+}
+
 async fn run(cli: Cli) -> Result<(), ClientError> {
-    let client = Client::new(&cli.address, cli.token_file.as_deref())?;
+    let client = client(&cli)?;
     if let Some(warning) = client.plaintext_warning() {
         eprintln!("{warning}");
     }
@@ -152,8 +170,95 @@ fn main() -> ExitCode {
     match runtime.block_on(run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("Error: {e}");
+            eprintln!("Error: {}", with_causes(&e));
             ExitCode::FAILURE
+        }
+    }
+}
+
+/// `error` and its causes, each after the one it caused, on one line: `cannot
+/// read x.yaml: No such file or directory (os error 2)`. A message's closing
+/// period gives way to the cause; a cause whose text is already there is not
+/// repeated.
+fn with_causes(error: &dyn std::error::Error) -> String {
+    let mut out = error.to_string();
+    let mut cause = error.source();
+    while let Some(c) = cause {
+        let text = c.to_string();
+        if !out.contains(&text) {
+            out.truncate(out.trim_end_matches('.').len());
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        cause = c.source();
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    fn parse(token_file: &Path, command: &[&str]) -> Cli {
+        let mut args = vec![
+            "flotilla".to_owned(),
+            "--address".to_owned(),
+            "http://10.0.0.5:8265".to_owned(),
+            "--token-file".to_owned(),
+            token_file.display().to_string(),
+        ];
+        args.extend(command.iter().map(|s| (*s).to_owned()));
+        Cli::try_parse_from(args).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn an_error_is_printed_with_its_causes() {
+        let e = ClientError::ReadFile {
+            path: "x.yaml".into(),
+            source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file"),
+        };
+        assert_eq!(with_causes(&e), "cannot read x.yaml: no such file");
+        assert_eq!(with_causes(&ClientError::Aborted), "aborted");
+        /// A message that ends in a period.
+        #[derive(Debug, thiserror::Error)]
+        #[error("outer.")]
+        struct Period(#[source] ClientError);
+        let e = Period(ClientError::Terminal(std::io::Error::other("inner")));
+        assert_eq!(with_causes(&e), "outer: terminal I/O failed: inner");
+        /// A message that already holds its cause's text.
+        #[derive(Debug, thiserror::Error)]
+        #[error("outer: {0}")]
+        struct Embeds(#[source] std::io::Error);
+        let e = Embeds(std::io::Error::other("inner"));
+        assert_eq!(with_causes(&e), "outer: inner");
+    }
+
+    #[test]
+    fn only_deploy_and_delete_read_the_token_and_warn_about_it() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let token = dir.path().join("token");
+        std::fs::write(&token, "t0ken\n").unwrap_or_else(|e| panic!("{e}"));
+        let missing = dir.path().join("missing");
+        for reads in [&["status"][..], &["status", "-o", "json"], &["config"]] {
+            let c = client(&parse(&missing, reads)).unwrap_or_else(|e| panic!("{reads:?}: {e}"));
+            assert_eq!(c.plaintext_warning(), None, "{reads:?}");
+            let c = client(&parse(&token, reads)).unwrap_or_else(|e| panic!("{reads:?}: {e}"));
+            assert_eq!(c.plaintext_warning(), None, "{reads:?}");
+        }
+        for mutates in [&["deploy", "c.yaml"][..], &["delete", "-y"]] {
+            let e = client(&parse(&missing, mutates)).err();
+            assert!(
+                matches!(&e, Some(ClientError::ReadFile { path, .. }) if *path == missing),
+                "{mutates:?}: {e:?}"
+            );
+            let c = client(&parse(&token, mutates)).unwrap_or_else(|e| panic!("{mutates:?}: {e}"));
+            assert!(
+                c.plaintext_warning()
+                    .is_some_and(|w| w.contains("unencrypted")),
+                "{mutates:?}"
+            );
         }
     }
 }

@@ -28,6 +28,9 @@ use crate::{
 const OBSERVE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Delay before retrying a spawn whose name is still held by a stopping actor.
 const NAME_BUSY_RETRY: Duration = Duration::from_millis(10);
+/// The code path of a stand-in spec for a deployment found without an actor
+/// and out of the target (only ever deleted; never registered).
+const UNWATCHED_CODE: &str = "flotilla.unwatched:Deployment";
 
 /// Everything an ApplicationActor needs; a restarted one gets the same.
 #[derive(Clone)]
@@ -203,6 +206,42 @@ impl ApplicationActor {
                 Box::new(Child {
                     spec: snap.target.spec,
                     status: Some((snap.target.generation, snap.status)),
+                }),
+            );
+        }
+        Self::adopt_unwatched(state);
+    }
+
+    /// A deployment of this application that has a route but no living actor
+    /// (it was waiting out a crash backoff when the predecessor died, or was
+    /// killed above for not answering), and that the target no longer has:
+    /// its replicas may still run. It becomes a child being deleted, so a
+    /// DeploymentActor adopts and stops them and releases its route. Its spec
+    /// is not known any more: a stand-in of that name, with the default
+    /// config (its replicas stop with the default graceful timeout).
+    fn adopt_unwatched(state: &mut AppState) {
+        let r = &state.args.record;
+        let app = &r.spec.name;
+        for name in state.args.directory.deployments_of(app) {
+            let in_target = !r.deleting && r.spec.deployment(name.as_str()).is_some();
+            if in_target || state.children.contains_key(&name) {
+                continue;
+            }
+            let spec = match DeploymentSpec::builder(name.as_str(), UNWATCHED_CODE).build() {
+                Ok(spec) => spec,
+                Err(e) => {
+                    warn!(app = %app, deployment = %name, error = %e,
+                        "cannot stand in for an unwatched deployment");
+                    continue;
+                }
+            };
+            info!(app = %app, deployment = %name,
+                "deployment without an actor and out of the target: deleting it");
+            state.children.insert(
+                name,
+                Box::new(Child {
+                    spec: Arc::new(spec),
+                    status: None,
                 }),
             );
         }

@@ -279,3 +279,41 @@ async fn a_restarted_application_actor_adopts_the_living_deployment_actors() {
             .all(|d| d.status == DeploymentStatus::Healthy)
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_restart_stops_the_replicas_of_a_dropped_deployment_whose_actor_was_down() {
+    let mut rig = Rig::new(
+        "app-test-orphan",
+        record(1, &["a", "b"], false),
+        RestartPolicy::default(),
+    );
+    let first = rig.spawn().await;
+    rig.wait(running(1)).await;
+    let (app, b) = (
+        AppName::new("app").unwrap(),
+        DeploymentName::new("b").unwrap(),
+    );
+    let b_replicas = actor_names::replica_group(&rig.ns, &app, &b);
+    assert_eq!(flotilla_supervision::groups::members(&b_replicas).len(), 1);
+    // b's DeploymentActor dies (its replica lives on), and before it is
+    // restarted the ApplicationActor dies too; its successor's target no
+    // longer has b.
+    rig.deployment("b").unwrap().kill();
+    first.kill();
+    first.drain_and_wait(None).await.ok();
+    rig.args.record = record(2, &["a"], false);
+    let _second = rig.spawn().await;
+    rig.wait(running(2)).await;
+    tokio::time::timeout(Duration::from_secs(600), async {
+        while !flotilla_supervision::groups::members(&b_replicas).is_empty() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .expect("b's replica was stopped, not left running");
+    assert!(
+        rig.args.directory.get(&app, &b).is_none(),
+        "b's route is gone"
+    );
+    assert!(rig.deployment("b").is_none());
+}

@@ -386,11 +386,19 @@ impl RouteStats {
 
 type Key = (AppName, DeploymentName);
 
+/// The routes, and the deployments of each application that have one (so a
+/// restarted ApplicationActor finds its deployments without a scan of all).
+#[derive(Default)]
+struct Routes {
+    by_key: HashMap<Key, Arc<DeploymentRoute>>,
+    by_app: HashMap<AppName, Vec<DeploymentName>>,
+}
+
 /// Every deployment's route in one Serve instance. Cheap to clone; shared by the
 /// control actors (which publish) and handles (which subscribe), and outliving both.
 #[derive(Clone, Default)]
 pub struct Directory {
-    routes: Arc<RwLock<HashMap<Key, Arc<DeploymentRoute>>>>,
+    routes: Arc<RwLock<Routes>>,
     /// Set once its instance stopped: new routes are born closed.
     shut: Arc<AtomicBool>,
 }
@@ -417,9 +425,14 @@ impl Directory {
             return r;
         }
         let mut routes = self.routes.write().unwrap_or_else(|p| p.into_inner());
-        routes
+        let Routes { by_key, by_app } = &mut *routes;
+        by_key
             .entry(key)
             .or_insert_with(|| {
+                by_app
+                    .entry(app.clone())
+                    .or_default()
+                    .push(deployment.clone());
                 let route = DeploymentRoute::new(app.clone(), deployment.clone());
                 if self.shut.load(Ordering::Acquire) {
                     route.shut_down();
@@ -438,6 +451,7 @@ impl Directory {
             .routes
             .read()
             .unwrap_or_else(|p| p.into_inner())
+            .by_key
             .values()
             .cloned()
             .collect();
@@ -458,17 +472,33 @@ impl Directory {
 
     fn get_key(&self, key: &Key) -> Option<Arc<DeploymentRoute>> {
         let routes = self.routes.read().unwrap_or_else(|p| p.into_inner());
-        routes.get(key).cloned()
+        routes.by_key.get(key).cloned()
+    }
+
+    /// The deployments of `app` that have a route now: every one whose
+    /// DeploymentActor ever started in this process and was not deleted since
+    /// (and any a handle was made for).
+    pub fn deployments_of(&self, app: &AppName) -> Vec<DeploymentName> {
+        let routes = self.routes.read().unwrap_or_else(|p| p.into_inner());
+        routes.by_app.get(app).cloned().unwrap_or_default()
     }
 
     /// Remove a deleted deployment's route: its handles fail with `NotFound`.
     pub fn remove(&self, app: &AppName, deployment: &DeploymentName) {
         let key = (app.clone(), deployment.clone());
-        let removed = self
-            .routes
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&key);
+        let removed = {
+            let mut routes = self.routes.write().unwrap_or_else(|p| p.into_inner());
+            let removed = routes.by_key.remove(&key);
+            if removed.is_some()
+                && let Some(deps) = routes.by_app.get_mut(app)
+            {
+                deps.retain(|d| d != deployment);
+                if deps.is_empty() {
+                    routes.by_app.remove(app);
+                }
+            }
+            removed
+        };
         if let Some(r) = removed {
             r.close();
         }
@@ -476,7 +506,11 @@ impl Directory {
 
     /// How many deployments have a route.
     pub fn len(&self) -> usize {
-        self.routes.read().unwrap_or_else(|p| p.into_inner()).len()
+        self.routes
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .by_key
+            .len()
     }
 
     /// Whether no deployment has a route.

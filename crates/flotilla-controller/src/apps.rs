@@ -52,11 +52,7 @@ impl Controller {
         };
         // A finished deletion whose record removal failed and waits to be tried
         // again needs no actor to report it once more.
-        if entry.record.deleting
-            && state
-                .removals
-                .contains(&(name.clone(), entry.record.generation))
-        {
+        if entry.record.deleting && state.removals.get(name) == Some(&entry.record.generation) {
             return;
         }
         let args = state.app_args(&entry.record);

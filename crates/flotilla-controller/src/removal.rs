@@ -28,7 +28,7 @@ impl Controller {
         if state.removals.is_empty() && state.removal_retry.is_none() {
             let _ = myself.cast(InternalMsg::RemoveDeleted.into());
         }
-        state.removals.push((name, generation));
+        state.removals.insert(name, generation);
     }
 
     /// Remove the records of the finished deletions that still stand (a redeploy
@@ -37,7 +37,9 @@ impl Controller {
         myself: &ActorRef<ControllerMsg>,
         state: &mut ControllerState,
     ) -> Result<(), ActorProcessingErr> {
-        let mut done: Vec<AppName> = std::mem::take(&mut state.removals)
+        // This is the retry, if one was scheduled: whatever happens now, none is.
+        let retry = state.removal_retry.take();
+        let done: Vec<AppName> = std::mem::take(&mut state.removals)
             .into_iter()
             .filter(|(name, generation)| {
                 state
@@ -47,8 +49,6 @@ impl Controller {
             })
             .map(|(name, _)| name)
             .collect();
-        done.sort();
-        done.dedup();
         if done.is_empty() {
             return Ok(());
         }
@@ -59,20 +59,19 @@ impl Controller {
         if let Err(err) = state.checkpoint.commit(&state.faults, batch).await? {
             // A store that keeps failing (a full disk) is tried again ever less
             // often, not every 10 ms for ever.
-            let after = state.removal_retry.unwrap_or(RETRY);
+            let after = retry.unwrap_or(RETRY);
             state.removal_retry = Some((after * 2).min(MAX_REMOVAL_RETRY));
             warn!(apps = done.len(), error = %err, retry_in = ?after,
                 "could not remove deleted applications; retrying");
             for name in done {
                 if let Some(e) = state.apps.get(&name) {
                     let generation = e.record.generation;
-                    state.removals.push((name, generation));
+                    state.removals.insert(name, generation);
                 }
             }
             myself.send_after(after, || InternalMsg::RemoveDeleted.into());
             return Ok(());
         }
-        state.removal_retry = None;
         for name in &done {
             state.apps.remove(name);
             state.actors.remove(name);

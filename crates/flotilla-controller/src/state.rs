@@ -90,9 +90,9 @@ pub struct ControllerState {
     /// Durable autoscaling decisions, by application then deployment.
     pub(crate) autoscaled: HashMap<AppName, BTreeMap<DeploymentName, u32>>,
     /// Finished deletions (name, generation) whose records await removal.
-    pub(crate) removals: Vec<(AppName, u64)>,
-    /// How long the next try of a failed removal commit waits (`None`: the
-    /// last one succeeded; doubles while they fail).
+    pub(crate) removals: BTreeMap<AppName, u64>,
+    /// Set while a retry of a failed removal commit is scheduled: how long the
+    /// one after it waits if it fails too (doubling while they fail).
     pub(crate) removal_retry: Option<std::time::Duration>,
     pub(crate) shutting_down: bool,
     /// The last applied config (durable) and the builds it started (volatile).
@@ -183,7 +183,7 @@ impl ControllerState {
             apps,
             routes,
             autoscaled,
-            removals: Vec::new(),
+            removals: BTreeMap::new(),
             removal_retry: None,
             shutting_down: false,
             config: ConfigState::recovered(config),

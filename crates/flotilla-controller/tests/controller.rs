@@ -204,6 +204,32 @@ async fn a_removal_whose_commit_keeps_failing_backs_off_and_lands_once_the_store
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_removal_retry_that_finds_nothing_left_does_not_hold_up_later_removals() {
+    let rig = Rig::start("ctl-test-removal-cancelled").await;
+    rig.deploy(vec![app("x", "/x"), app("y", "/y")])
+        .await
+        .unwrap();
+    rig.wait("y", A::Running).await;
+    let delete = |name: &str| {
+        let names = vec![AppName::new(name).unwrap()];
+        rig.ask(move |reply| ControllerMsg::Delete { names, reply })
+    };
+    // x's removal commit fails, and x is deployed again before the retry: the
+    // retry finds nothing to remove.
+    delete("x").await.unwrap();
+    rig.faults.arm(FaultPoint::CommitFails, 1);
+    while rig.faults.remaining(FaultPoint::CommitFails) > 0 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    rig.deploy(vec![app("x", "/x")]).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // A later deletion is still removed.
+    delete("y").await.unwrap();
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert_eq!(rig.observe().await.apps, 1, "y's record is gone, x's stays");
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_crashed_application_actor_is_restarted() {
     let rig = Rig::start("ctl-test-restart").await;
     rig.deploy(vec![app("a", "/a")]).await.unwrap();

@@ -122,8 +122,7 @@ pub struct RunManyOptions {
     /// Wait until every application's status shows its new generation with its
     /// ingress deployment, as Ray's `_wait_for_deployment_created` (default
     /// true; the returned handles queue requests until replicas run either
-    /// way). A later deploy of the application that no longer has that
-    /// ingress ends the wait too.
+    /// way). A later deploy of the application ends the wait too.
     pub wait_for_ingress_deployment_creation: bool,
     /// Wait until every application is RUNNING at its new generation (default true).
     pub wait_for_applications_running: bool,
@@ -255,7 +254,7 @@ impl Serve {
     pub async fn start(options: ServeOptions) -> Result<Serve, ServeError> {
         if let Some(ns) = &options.namespace {
             actor_names::validate_namespace(ns)?;
-            if ractor::registry::where_is(format!("{ns}/supervisor")).is_some() {
+            if namespace_in_use(ns) {
                 return Err(ServeError::NamespaceInUse {
                     namespace: ns.clone(),
                 });
@@ -314,7 +313,7 @@ impl Serve {
             fatal: fatal_tx,
         };
         let (supervisor, _) =
-            match Actor::spawn(Some(format!("{ns}/supervisor")), Supervisor, args).await {
+            match Actor::spawn(Some(actor_names::supervisor(&ns)), Supervisor, args).await {
                 Ok(s) => s,
                 Err(e) => {
                     if let Some(head) = &head {
@@ -982,8 +981,13 @@ fn read_config_file(path: &std::path::Path) -> Result<String, ServeError> {
 fn generated_namespace() -> String {
     loop {
         let ns = format!("flotilla{}", INSTANCE.fetch_add(1, Ordering::Relaxed));
-        if ractor::registry::where_is(format!("{ns}/supervisor")).is_none() {
+        if !namespace_in_use(&ns) {
             return ns;
         }
     }
+}
+
+/// Whether a living instance holds namespace `ns`.
+fn namespace_in_use(ns: &str) -> bool {
+    ractor::registry::where_is(actor_names::supervisor(ns)).is_some()
 }

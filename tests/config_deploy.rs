@@ -445,7 +445,7 @@ async fn apply_config_file_reports_parse_errors_with_line_and_column() {
         matches!(not_a_file, ServeError::ConfigFileNotAFile { .. }),
         "{not_a_file}"
     );
-    // So is a file too large to be a config, before it is read.
+    // So is a file too large to be a config.
     let big = dir.path().join("big.yaml");
     let f = std::fs::File::create(&big).unwrap();
     f.set_len(flotilla::MAX_CONFIG_FILE_BYTES + 1).unwrap();

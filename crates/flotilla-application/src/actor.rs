@@ -89,14 +89,19 @@ pub struct AppState {
 }
 
 impl AppState {
-    fn target_of(&self, name: &DeploymentName) -> Option<DeploymentTarget> {
+    /// `name`'s spec in the target (none while the application is deleted).
+    fn in_target(&self, name: &DeploymentName) -> Option<&DeploymentSpec> {
         let r = &self.args.record;
-        let in_target = if r.deleting {
+        if r.deleting {
             None
         } else {
             r.spec.deployment(name.as_str())
-        };
-        match in_target {
+        }
+    }
+
+    fn target_of(&self, name: &DeploymentName) -> Option<DeploymentTarget> {
+        let r = &self.args.record;
+        match self.in_target(name) {
             Some(spec) => Some(DeploymentTarget {
                 replicas: match &spec.config.num_replicas {
                     // An external scaler's decision wins over the declared count.
@@ -220,11 +225,9 @@ impl ApplicationActor {
     /// is not known any more: a stand-in of that name, with the default
     /// config (its replicas stop with the default graceful timeout).
     fn adopt_unwatched(state: &mut AppState) {
-        let r = &state.args.record;
-        let app = &r.spec.name;
+        let app = &state.args.record.spec.name;
         for name in state.args.directory.deployments_of(app) {
-            let in_target = !r.deleting && r.spec.deployment(name.as_str()).is_some();
-            if in_target || state.children.contains_key(&name) {
+            if state.in_target(&name).is_some() || state.children.contains_key(&name) {
                 continue;
             }
             let spec = match DeploymentSpec::builder(name.as_str(), UNWATCHED_CODE).build() {

@@ -198,7 +198,8 @@ mod tests {
         batch
     }
 
-    #[tokio::test]
+    // Multi-thread: the commit runs on a blocking thread, as in production.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_superseded_controllers_commit_is_refused_and_writes_nothing() {
         let dir = tempfile::tempdir().unwrap();
         let (opened, _) = Checkpoint::open(dir.path().join("c.redb")).unwrap();

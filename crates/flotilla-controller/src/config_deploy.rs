@@ -89,12 +89,7 @@ pub(crate) struct ConfigState {
 /// builder would run twice at once, side effects and all.
 impl Drop for ConfigState {
     fn drop(&mut self) {
-        for (app, build) in self.builds.drain() {
-            if let Some(task) = build.task {
-                task.abort();
-                info!(app = %app, build = build.id, "build cancelled: its controller exited");
-            }
-        }
+        self.cancel_all();
     }
 }
 

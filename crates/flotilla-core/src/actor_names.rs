@@ -39,6 +39,12 @@ pub fn namespace_prefix(ns: &str) -> String {
     format!("{ns}/")
 }
 
+/// The Supervisor of namespace `ns` (its name held means the namespace is in
+/// use).
+pub fn supervisor(ns: &str) -> String {
+    format!("{ns}/supervisor")
+}
+
 /// The Controller of namespace `ns`.
 pub fn controller(ns: &str) -> String {
     format!("{ns}/controller")

@@ -114,10 +114,7 @@ impl HttpOptions {
     pub fn validate(&self) -> Result<(), HttpError> {
         type Rules = flotilla::HttpOptions;
         let rule = |field, result: Result<(), flotilla::HttpOptionError>| {
-            result.map_err(|e| HttpError::InvalidOption {
-                field,
-                reason: e.to_string(),
-            })
+            result.map_err(|e| invalid(field, &e))
         };
         let bad = |field, reason: &str| {
             Err(HttpError::InvalidOption {
@@ -146,6 +143,14 @@ impl HttpOptions {
         rule("host", Rules::check_host(&self.host))?;
         rule("rest_host", Rules::check_host(&self.rest_host))?;
         Ok(())
+    }
+}
+
+/// `field` broke one of core's rules for HTTP options.
+fn invalid(field: &'static str, e: &flotilla::HttpOptionError) -> HttpError {
+    HttpError::InvalidOption {
+        field,
+        reason: e.to_string(),
     }
 }
 
@@ -301,10 +306,7 @@ impl HttpOptionsBuilder {
     /// Check and finish.
     pub fn build(self) -> Result<HttpOptions, HttpError> {
         if let Some(e) = self.bad_request_timeout {
-            return Err(HttpError::InvalidOption {
-                field: "request_timeout",
-                reason: e.to_string(),
-            });
+            return Err(invalid("request_timeout", &e));
         }
         self.options.validate()?;
         Ok(self.options)

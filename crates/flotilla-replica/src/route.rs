@@ -245,8 +245,8 @@ impl DeploymentRoute {
             }
             !same
         });
-        // Queued callers also watch the set itself; this wakes those waiting on a
-        // slot, since a new replica is free slots.
+        // A new replica is free slots: the oldest queued caller looks (the
+        // others watch the set only to see the route close).
         if changed {
             self.queue.slot_freed();
         }

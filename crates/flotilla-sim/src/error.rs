@@ -33,10 +33,10 @@ pub enum SimError {
         #[source]
         source: DurationError,
     },
-    /// An event is scheduled at or after the end of the run (`duration`), where
-    /// it would never be injected.
+    /// An event is scheduled at or after the end of the run (`duration`), when
+    /// traffic has stopped and nothing it did would be seen.
     #[error(
-        "fault '{entry}': at {}, not before the end of the run at {}, so it would never run \
+        "fault '{entry}': at {}, at or after the end of the run at {}, when traffic has stopped \
          (lengthen the duration or drop the entry)",
         format_duration(*.at),
         format_duration(*.duration)

@@ -166,7 +166,8 @@ impl HttpOptions {
 
     /// Ray's `request_timeout_s` as a timeout: `None` (no timeout) when it is
     /// negative or infinite, as Ray's proxies read it; otherwise the duration,
-    /// held to [`check_request_timeout`](Self::check_request_timeout). NaN is
+    /// held to the limits of [`check_request_timeout`](Self::check_request_timeout)
+    /// (checked here, so a refusal names the seconds given). NaN is
     /// refused. (Ray's schema takes any float; at 0 every request times out at
     /// once, so Flotilla refuses it.)
     pub fn request_timeout_from_secs(seconds: f64) -> Result<Option<Duration>, HttpOptionError> {

@@ -324,9 +324,10 @@ pub(crate) mod app_args {
     /// Deserialise an application's `args`; `null` is the empty map.
     pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Args, D::Error> {
         let args = super::args_field::deserialize(d)?;
-        Ok(match args.as_bytes() == Args::unit().as_bytes() {
-            true => Args::empty_map(),
-            false => args,
+        Ok(if args == Args::unit() {
+            Args::empty_map()
+        } else {
+            args
         })
     }
 }

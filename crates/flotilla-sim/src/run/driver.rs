@@ -72,13 +72,10 @@ impl Sim {
         let traffic = tokio::spawn(traffic::generate(self.shared.traffic.clone(), end));
 
         while let Some((at, action)) = self.pop() {
-            if at > sc.duration && !matches!(action, Action::Batch(_) | Action::InitialConfig(_)) {
-                // Past the end: only undo what is still switched on.
-                match action {
-                    Action::EndConstructorFailures | Action::EndFlap(_) => {}
-                    _ => continue,
-                }
-            } else {
+            // Every event falls before the end (`Scenario::validate`); past it
+            // there is only the undoing of a fault still switched on, done at once.
+            let undo = matches!(action, Action::EndConstructorFailures | Action::EndFlap(_));
+            if !(undo && at > sc.duration) {
                 tokio::time::sleep_until(self.shared.start + at).await;
             }
             self.act(action).await?;

@@ -201,12 +201,15 @@ impl Autoscaler {
 
     /// The target the policy wants now, or `None` to keep `current`.
     ///
-    /// Cold start (no replica running, requests waiting) scales up at once; otherwise
-    /// the policy's wanted count (built-in: `ceil(load / target_ongoing_requests)`)
-    /// is moved by the scaling factor, clamped to [min, max], and acted on only
-    /// after the up- or downscale delay has passed with the same direction.
-    /// Reaching zero goes through one, and the last step waits
-    /// `downscale_to_zero_delay`.
+    /// While no replica runs, the policy is not asked (Ray's cold-start rule):
+    /// requests waiting raise the target at once to `ceil(upscaling_factor)` (at
+    /// least one, within the bounds) if it is lower, and otherwise it holds.
+    /// With replicas running, the policy's wanted count (built-in:
+    /// `load / target_ongoing_requests`) is moved by the scaling factor and rounded
+    /// up, clamped to [min, max], and acted on only after the up- or downscale
+    /// delay has passed with the same direction. A downscale the factor would
+    /// round away still takes one step. Reaching zero goes through one, and the
+    /// last step waits `downscale_to_zero_delay`.
     pub fn decide(
         &mut self,
         now: Instant,
@@ -214,11 +217,15 @@ impl Autoscaler {
         running: u32,
         queued_now: f64,
     ) -> Option<u32> {
-        if running == 0 && current == 0 && queued_now > 0.0 {
+        if running == 0 {
             let c = &self.config;
             self.pending = None;
+            if queued_now <= 0.0 {
+                return None;
+            }
             let up = (c.upscaling_factor()).ceil().max(1.0) as u32;
-            return Some(up.clamp(c.min_replicas.max(1), c.max_replicas));
+            let up = up.clamp(c.min_replicas.max(1), c.max_replicas);
+            return (up > current).then_some(up);
         }
         let Some(raw) = self.wanted(current, running, queued_now) else {
             self.pending = None;
@@ -232,7 +239,9 @@ impl Autoscaler {
         };
         let cur = f64::from(current);
         let mut desired = (cur + factor * (raw - cur)).ceil();
-        if desired >= cur && raw < cur {
+        // Ray's "stuck" rule: the factor rounded a real downscale (one that still
+        // wants fewer whole replicas) back to the current count.
+        if desired == cur && raw.ceil() < cur {
             desired = cur - 1.0;
         }
         let mut desired = desired.max(0.0).min(f64::from(u32::MAX)) as u32;
@@ -403,6 +412,60 @@ mod tests {
         assert_eq!((at, n), (600, 1));
         let (at, n) = run(&mut a, t + Duration::from_secs(1_000), 2_000, 0.0, 1).unwrap();
         assert_eq!((at, n), (600, 0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_fractional_load_keeps_the_replica_that_serves_part_of_it() {
+        // As Ray, the wanted count rounds up: half a replica's load keeps the one
+        // replica, four and a half keep five (no flapping between four and five).
+        let t = Instant::now();
+        assert_eq!(
+            run(&mut Autoscaler::new(config(0, 10)), t, 2_000, 0.5, 1),
+            None
+        );
+        assert_eq!(
+            run(&mut Autoscaler::new(config(1, 10)), t, 2_000, 4.5, 5),
+            None
+        );
+        // A load that wants fewer whole replicas still scales down.
+        assert_eq!(
+            run(&mut Autoscaler::new(config(1, 10)), t, 2_000, 3.5, 5),
+            Some((600, 4))
+        );
+        // A downscaling factor that would round back to the current count still
+        // takes one step, as Ray's "stuck" rule does.
+        let slow = AutoscalingConfig {
+            downscaling_factor: Some(0.1),
+            ..config(1, 10)
+        };
+        assert_eq!(
+            run(&mut Autoscaler::new(slow), t, 2_000, 3.0, 5),
+            Some((600, 4))
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn with_no_replica_running_the_target_holds() {
+        // Replicas wanted but none running yet (slow or failing constructors): as
+        // Ray's cold-start rule, the policy is not asked, so the target neither
+        // grows toward the queue nor shrinks for want of load.
+        let t = Instant::now();
+        for load in [0.0, 50.0] {
+            let mut a = Autoscaler::new(config(0, 10));
+            for s in 0..2_000 {
+                let now = t + Duration::from_secs(s);
+                a.record(now, load);
+                assert_eq!(a.decide(now, 1, 0, load), None, "load {load} at {s} s");
+            }
+        }
+        // A scaling factor above one still raises a starting target at once.
+        let eager = AutoscalingConfig {
+            upscaling_factor: Some(3.0),
+            ..config(0, 10)
+        };
+        let mut a = Autoscaler::new(eager);
+        assert_eq!(a.decide(t, 1, 0, 5.0), Some(3));
+        assert_eq!(a.decide(t, 3, 0, 5.0), None);
     }
 
     #[tokio::test(start_paused = true)]

@@ -139,6 +139,37 @@ async fn constructor_failures_back_off_then_deploy_failed_retries_slowly_and_rec
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_redeploy_that_only_rescales_a_failed_deployment_starts_its_retries_afresh() {
+    let (_dir, sw, serve) = start_fresh().await;
+    let failing = ProbeArgs {
+        fail_constructor: u32::MAX,
+        ..tag("f")
+    };
+    serve
+        .run_many(vec![app_of("a", probe(1, &failing))], no_wait())
+        .await
+        .unwrap();
+    wait_snapshot(&serve, "a", "probe", |s| {
+        s.status.status == DeploymentStatus::DeployFailed
+    })
+    .await;
+    // The user asks for two replicas of the same code. As Ray's `deploy`, any
+    // new target resets the retry count and the backoff: the next start comes at
+    // once, not after the 30 s DEPLOY_FAILED pace, and counts from one again.
+    let tries = sw.constructed.load(Ordering::SeqCst);
+    let t0 = Instant::now();
+    serve
+        .run_many(vec![app_of("a", probe(2, &failing))], no_wait())
+        .await
+        .unwrap();
+    // Both new tries fail at once: the count is back to two at most.
+    let s = wait_snapshot(&serve, "a", "probe", |s| s.startup_failures <= 2).await;
+    assert!(sw.constructed.load(Ordering::SeqCst) > tries);
+    assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
+    assert_eq!(s.status.status, DeploymentStatus::DeployFailed);
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_request_panic_replaces_the_replica_and_never_the_deployment_actor() {
     let (_dir, _, serve) = start_fresh().await;
     let h = serve.run(app_of("a", probe(1, &tag("p")))).await.unwrap();

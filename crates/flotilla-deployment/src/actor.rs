@@ -237,40 +237,35 @@ impl DeploymentActor {
                 t.abort();
             }
             state.transition(DeploymentTrigger::ConfigUpdate, String::new(), None);
-        } else if to != from
-            && matches!(
-                state.args.target.spec.config.num_replicas,
-                ReplicaCount::Auto(_)
-            )
-        {
-            let trigger = if to > from {
-                DeploymentTrigger::AutoscaleUp
-            } else {
-                DeploymentTrigger::AutoscaleDown
-            };
-            let verb = if to > from {
-                "Upscaling"
-            } else {
-                "Downscaling"
-            };
-            state.transition(
-                trigger,
-                format!("{verb} from {from} to {to} replicas."),
-                None,
-            );
-        } else if to > from {
-            state.transition(
-                DeploymentTrigger::ManuallyIncrease,
-                format!("Upscaling from {from} to {to} replicas."),
-                None,
-            );
-        } else if to < from {
-            state.transition(
-                DeploymentTrigger::ManuallyDecrease,
-                format!("Downscaling from {from} to {to} replicas."),
-                None,
-            );
+            return;
         }
+        if to == from {
+            return;
+        }
+        let autoscaled = matches!(
+            state.args.target.spec.config.num_replicas,
+            ReplicaCount::Auto(_)
+        );
+        if !autoscaled {
+            // A user's new replica count is a new deploy: as Ray's `deploy`, the
+            // retry count and the backoff start afresh (an autoscaling decision
+            // keeps them, as Ray's `_set_target_state_autoscaling` does).
+            state.failures = 0;
+            if let Some(t) = state.backoff.take() {
+                t.abort();
+            }
+        }
+        let (trigger, verb) = match (autoscaled, to > from) {
+            (true, true) => (DeploymentTrigger::AutoscaleUp, "Upscaling"),
+            (true, false) => (DeploymentTrigger::AutoscaleDown, "Downscaling"),
+            (false, true) => (DeploymentTrigger::ManuallyIncrease, "Upscaling"),
+            (false, false) => (DeploymentTrigger::ManuallyDecrease, "Downscaling"),
+        };
+        state.transition(
+            trigger,
+            format!("{verb} from {from} to {to} replicas."),
+            None,
+        );
     }
 
     /// A replica failed to start: stop and forget it, count it (unless it was

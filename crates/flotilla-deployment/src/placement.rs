@@ -6,7 +6,7 @@
 use std::sync::atomic::Ordering;
 
 use flotilla_core::{ReplicaState, actor_names};
-use flotilla_replica::{ReplicaActor, ReplicaArgs, ReplicaId};
+use flotilla_replica::{OnExit, ReplicaActor, ReplicaArgs, ReplicaId};
 use ractor::ActorRef;
 use tokio::{sync::broadcast::error::RecvError, time::Instant};
 
@@ -84,6 +84,10 @@ pub(crate) async fn start_replica(
         group: actor_names::replica_group(&a.ns, &a.app, &a.target.spec.name),
         node: node.clone(),
         faults: a.faults.clone(),
+        on_exit: {
+            let cluster = a.cluster.clone();
+            OnExit::new(move || cluster.release(id))
+        },
     };
     let name = actor_names::replica(&a.ns, &a.app, &a.target.spec.name, id.0);
     // (The caller boxes this whole future: the spawn stays out of the actor's loop future.)

@@ -297,3 +297,47 @@ async fn a_config_only_change_of_what_nodes_copy_is_exported() {
     assert_eq!(seen(), vec![None, Some(batching)]);
     actor.stop(None);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_replica_that_exits_while_its_deployment_actor_is_down_gives_its_place_back() {
+    let (ns, app, dep) = names("actor-test-exit-unwatched");
+    // One place in all: a leaked reservation would leave the deployment pending
+    // for ever.
+    let cluster = Arc::new(LocalCluster::with_capacity(1));
+    let actor = spawn_deployment(&ns, 1, cluster.clone()).await;
+    while observe(&actor).await.count(ReplicaState::Running) < 1 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let first = observe(&actor).await.replicas[0].id;
+    assert_eq!(cluster.placed(), 1);
+
+    // The DeploymentActor dies; its replica stops while nothing watches it.
+    actor.kill();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let replica =
+        ActorRef::<ReplicaMsg>::where_is(actor_names::replica(&ns, &app, &dep, first.0)).unwrap();
+    replica.cast(ReplicaMsg::Stop { graceful: false }).unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        ActorRef::<ReplicaMsg>::where_is(actor_names::replica(&ns, &app, &dep, first.0)).is_none()
+    );
+    assert_eq!(cluster.placed(), 0, "the gone replica's place is free");
+
+    // Its successor finds nothing to adopt and starts a replica in that place.
+    let actor = spawn_deployment(&ns, 1, cluster.clone()).await;
+    for _ in 0..100 {
+        if observe(&actor).await.count(ReplicaState::Running) == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let s = observe(&actor).await;
+    assert_eq!(
+        (s.pending, s.count(ReplicaState::Running)),
+        (0, 1),
+        "{s:#?}"
+    );
+    assert_ne!(s.replicas[0].id, first);
+    assert_eq!(cluster.placed(), 1);
+    actor.stop(None);
+}

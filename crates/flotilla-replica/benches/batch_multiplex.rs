@@ -55,9 +55,9 @@ use flotilla_core::{
     AppName, BatchConfig, DeploymentSpec, Faults, RequestRouterConfig, actor_names,
 };
 use flotilla_replica::{
-    Deployment, DeploymentHandle, Directory, MultiplexedDeployment, PowerOfTwoChoicesRouter,
-    Registry, ReplicaActor, ReplicaArgs, ReplicaEndpoint, ReplicaEvent, ReplicaId, ReplicaMsg,
-    RequestRouter, RoutingRequest, UserError, power_of_two_choices,
+    Deployment, DeploymentHandle, Directory, MultiplexedDeployment, OnExit,
+    PowerOfTwoChoicesRouter, Registry, ReplicaActor, ReplicaArgs, ReplicaEndpoint, ReplicaEvent,
+    ReplicaId, ReplicaMsg, RequestRouter, RoutingRequest, UserError, power_of_two_choices,
 };
 use ractor::{Actor, ActorRef};
 
@@ -232,6 +232,7 @@ impl Rig {
                 group: actor_names::replica_group(ns, &app, &deployment),
                 node: "local".into(),
                 faults: Faults::new(),
+                on_exit: OnExit::none(),
             };
             let (actor, _) = Actor::spawn(None, ReplicaActor, args).await.unwrap();
             actors.push(actor);

@@ -20,7 +20,7 @@ use tracing::{info, warn};
 use flotilla_supervision::groups::{self, Membership};
 
 use crate::{
-    DeploymentRoute, Directory, Registry, ReplicaEndpoint, ReplicaId, UserError,
+    DeploymentRoute, Directory, OnExit, Registry, ReplicaEndpoint, ReplicaId, UserError,
     user::{ErasedDeployment, guarded},
 };
 
@@ -211,6 +211,9 @@ pub struct ReplicaArgs {
     pub node: String,
     /// Armed fault points (fault injection; free when unarmed).
     pub faults: Faults,
+    /// Run when the replica is gone, however it went (its DeploymentActor gives
+    /// its reservation back here).
+    pub on_exit: OnExit,
 }
 
 /// The replica actor.

@@ -14,8 +14,8 @@ use std::{
 
 use flotilla_core::{AppName, Args, DeploymentName, DeploymentSpec, Faults, actor_names};
 use flotilla_replica::{
-    CallError, Deployment, Directory, Registry, ReplicaActor, ReplicaArgs, ReplicaEvent, ReplicaId,
-    ReplicaMsg, ReplicaPhase, UserError,
+    CallError, Deployment, Directory, OnExit, Registry, ReplicaActor, ReplicaArgs, ReplicaEvent,
+    ReplicaId, ReplicaMsg, ReplicaPhase, UserError,
 };
 use ractor::{Actor, ActorRef, rpc::CallResult};
 use tokio::sync::mpsc;
@@ -118,6 +118,7 @@ impl Rig {
             group: actor_names::replica_group(ns, &app, &deployment),
             node: "local".into(),
             faults: Faults::new(),
+            on_exit: OnExit::none(),
         };
         let (actor, _) = Actor::spawn(None, ReplicaActor, args).await.unwrap();
         Rig {

@@ -12,8 +12,8 @@ use flotilla_core::{
     AppName, DeploymentName, DeploymentSpec, DeploymentVersion, Faults, actor_names,
 };
 use flotilla_replica::{
-    Directory, Registry, ReplicaActor, ReplicaArgs, ReplicaEndpoint, ReplicaEvent, ReplicaId,
-    ReplicaMsg, ReplicaPhase, ReplicaReporter, remote::RemoteEndpoint,
+    Directory, OnExit, Registry, ReplicaActor, ReplicaArgs, ReplicaEndpoint, ReplicaEvent,
+    ReplicaId, ReplicaMsg, ReplicaPhase, ReplicaReporter, remote::RemoteEndpoint,
 };
 use flotilla_supervision::Children;
 use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
@@ -638,6 +638,8 @@ async fn start_replica(myself: &ActorRef<AgentMsg>, state: &mut AgentState, s: S
         group: actor_names::replica_group(&ns, &s.app, &dep),
         node: state.args.id.clone(),
         faults: Faults::new(),
+        // Its place is reserved on the head, which its stand-in there gives back.
+        on_exit: OnExit::none(),
     };
     let name = actor_names::replica(&ns, &s.app, &dep, id.0);
     let parent = myself.get_cell();

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use flotilla_core::{AppName, DeploymentName, DeploymentSpec, DeploymentVersion};
 use flotilla_replica::{
-    DeploymentRoute, ReplicaArgs, ReplicaEvent, ReplicaId, ReplicaMsg, ReplicaPhase,
+    DeploymentRoute, OnExit, ReplicaArgs, ReplicaEvent, ReplicaId, ReplicaMsg, ReplicaPhase,
     ReplicaReporter, ReplicaSnapshot, remote::RemoteEndpoint,
 };
 use flotilla_supervision::groups::{self, Membership};
@@ -57,6 +57,7 @@ pub struct RemoteReplicaArgs {
     group: String,
     host: RemoteHost,
     adopted: Option<Adopted>,
+    on_exit: OnExit,
 }
 
 impl RemoteReplicaArgs {
@@ -73,10 +74,12 @@ impl RemoteReplicaArgs {
             group: args.group,
             host,
             adopted: None,
+            on_exit: args.on_exit,
         }
     }
 
-    /// Stand for a replica `host`'s node already runs (a re-attach).
+    /// Stand for a replica `host`'s node already runs (a re-attach); `on_exit`
+    /// gives back what the re-attach reserved for it.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn adopted(
         id: ReplicaId,
@@ -88,6 +91,7 @@ impl RemoteReplicaArgs {
         group: String,
         host: RemoteHost,
         adopted: Adopted,
+        on_exit: OnExit,
     ) -> Self {
         RemoteReplicaArgs {
             id,
@@ -100,6 +104,7 @@ impl RemoteReplicaArgs {
             group,
             host,
             adopted: Some(adopted),
+            on_exit,
         }
     }
 }
@@ -129,6 +134,8 @@ pub struct RemoteReplicaState {
     route: Arc<DeploymentRoute>,
     task: Option<JoinHandle<()>>,
     _membership: Membership,
+    /// Gives the replica's reservation back when this stand-in is gone.
+    _on_exit: OnExit,
 }
 
 impl RemoteReplicaState {
@@ -203,6 +210,7 @@ impl Actor for RemoteReplica {
             route: a.route,
             task: None,
             _membership: membership,
+            _on_exit: a.on_exit,
         })
     }
 

@@ -7,7 +7,7 @@ use std::{
 };
 
 use flotilla_core::actor_names;
-use flotilla_replica::ReplicaId;
+use flotilla_replica::{OnExit, ReplicaId};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::{task::JoinHandle, time::Instant};
 use tracing::{info, warn};
@@ -391,6 +391,14 @@ async fn adopt(state: &RegistryState, node: &str, r: ReplicaReport) {
             phase: r.phase.into(),
             condemned: r.condemned,
             models: r.models,
+        },
+        {
+            let shared = shared.clone();
+            OnExit::new(move || {
+                if shared.pool().release(id) {
+                    shared.announce(ClusterEvent::CapacityFreed);
+                }
+            })
         },
     );
     let name = actor_names::replica(ns, &r.app, &dep, id.0);

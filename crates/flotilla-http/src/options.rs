@@ -271,7 +271,9 @@ impl HttpOptionsBuilder {
     /// Lay a config's `http_options` and `proxy_location` over these options:
     /// every field the config gives wins (host, port, root_path,
     /// request_timeout_s, keep_alive_timeout_s); `proxy_location: Disabled`
-    /// turns the proxy off. The TLS fields cannot apply: the proxy serves plain
+    /// turns the proxy off. A config never turns a proxy the program disabled
+    /// back on: a config that leaves `proxy_location` out reads as Ray's default
+    /// (`EveryNode`), which cannot be told from one that names it. The TLS fields cannot apply: the proxy serves plain
     /// HTTP (terminate TLS in front of it), so [`build`](Self::build) refuses
     /// them.
     pub fn serve_config(mut self, config: &flotilla::ServeConfig) -> Self {
@@ -292,7 +294,9 @@ impl HttpOptionsBuilder {
             self = self.keep_alive_timeout(Duration::from_secs(u64::from(s)));
         }
         self.options.tls_asked = self.options.tls_asked.or(h.tls_field());
-        self.options.proxy = config.proxy_location != flotilla::ProxyLocation::Disabled;
+        if config.proxy_location == flotilla::ProxyLocation::Disabled {
+            self.options.proxy = false;
+        }
         self
     }
 

@@ -64,6 +64,28 @@ applications:
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_config_that_names_no_proxy_location_leaves_a_disabled_proxy_off() {
+    // The program turns its proxy off; a config that does not say
+    // `proxy_location` (here: no http_options at all) does not turn it back on.
+    let (_dir, serve, _probe) = serve_with("applications: []\n").await;
+    let http = HttpServer::start(&serve, test_options().proxy(false).build().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(http.proxy_addr(), None);
+    http.shutdown().await;
+    // Off loopback with no token: nothing listens there, so it starts.
+    let http = HttpServer::start(
+        &serve,
+        test_options().host("0.0.0.0").proxy(false).build().unwrap(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(http.proxy_addr(), None);
+    http.shutdown().await;
+    serve.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proxy_location_disabled_starts_no_proxy_and_tls_is_refused() {
     let (_dir, serve, _probe) = serve_with("proxy_location: Disabled\napplications: []\n").await;
     let http = HttpServer::start(&serve, test_options().build().unwrap())

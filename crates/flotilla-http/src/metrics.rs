@@ -211,11 +211,10 @@ struct Scrape {
     node_ip: String,
     deployments: Vec<DeploymentFigures>,
     apps: Vec<(String, ApplicationStatus)>,
-    commits: u64,
-    keys_written: u64,
-    bytes_written: u64,
-    controller_restarts: u64,
-    app_restarts: u64,
+    /// Flotilla's own counters; `None` while the Controller cannot answer (a
+    /// crash in progress, or shut down): left out then, since a 0 would read
+    /// as a counter reset.
+    flotilla: Option<flotilla::Metrics>,
     scrapes: u64,
 }
 
@@ -295,7 +294,7 @@ pub(crate) async fn scrape(
             autoscaled_target,
         });
     }
-    let m = serve.metrics().await.unwrap_or_default();
+    let flotilla = serve.metrics().await.ok();
     let scrape = Scrape {
         http,
         ongoing_http: proxy.map_or(0, |p| p.ongoing.load(Ordering::Relaxed)),
@@ -306,11 +305,7 @@ pub(crate) async fn scrape(
             .iter()
             .map(|(a, s)| (a.to_string(), s.status))
             .collect(),
-        commits: m.store.commits,
-        keys_written: m.store.keys_written,
-        bytes_written: m.store.bytes_written,
-        controller_restarts: m.controller_restarts,
-        app_restarts: m.controller.app_restarts,
+        flotilla,
         scrapes: proxy.map_or(0, |p| p.scrapes.fetch_add(1, Ordering::Relaxed) + 1),
     };
     let mut registry = Registry::default();
@@ -607,35 +602,37 @@ impl Collector for Scrape {
         }
 
         // Flotilla's own.
-        let mut f = family(
-            &mut e,
-            "flotilla_checkpoint_commits",
-            "Checkpoint commits (one redb write transaction each)",
-            Counter,
-        )?;
-        f.counter(&vec![], self.commits)?;
-        let mut f = family(
-            &mut e,
-            "flotilla_checkpoint_keys_written",
-            "Checkpoint key operations committed (puts and deletes)",
-            Counter,
-        )?;
-        f.counter(&vec![], self.keys_written)?;
-        let mut f = family(
-            &mut e,
-            "flotilla_checkpoint_bytes_written",
-            "Checkpoint key and value bytes committed",
-            Counter,
-        )?;
-        f.counter(&vec![], self.bytes_written)?;
-        let mut f = family(
-            &mut e,
-            "flotilla_restarts",
-            "Control actors restarted after a crash, by level (controller: by the Supervisor; application: by the current Controller)",
-            Counter,
-        )?;
-        f.counter(&vec![("level", "controller")], self.controller_restarts)?;
-        f.counter(&vec![("level", "application")], self.app_restarts)?;
+        if let Some(m) = &self.flotilla {
+            let mut f = family(
+                &mut e,
+                "flotilla_checkpoint_commits",
+                "Checkpoint commits (one redb write transaction each)",
+                Counter,
+            )?;
+            f.counter(&vec![], m.store.commits)?;
+            let mut f = family(
+                &mut e,
+                "flotilla_checkpoint_keys_written",
+                "Checkpoint key operations committed (puts and deletes)",
+                Counter,
+            )?;
+            f.counter(&vec![], m.store.keys_written)?;
+            let mut f = family(
+                &mut e,
+                "flotilla_checkpoint_bytes_written",
+                "Checkpoint key and value bytes committed",
+                Counter,
+            )?;
+            f.counter(&vec![], m.store.bytes_written)?;
+            let mut f = family(
+                &mut e,
+                "flotilla_restarts",
+                "Control actors restarted after a crash, by level (controller: by the Supervisor; application: by the current Controller)",
+                Counter,
+            )?;
+            f.counter(&vec![("level", "controller")], m.controller_restarts)?;
+            f.counter(&vec![("level", "application")], m.controller.app_restarts)?;
+        }
         let mut f = family(
             &mut e,
             "flotilla_replicas",

@@ -612,6 +612,36 @@ async fn a_scrape_counts_the_traffic_sent_under_rays_names() {
     f.stop().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counters_the_controller_cannot_give_are_left_out_not_reported_as_zero() {
+    let f = start().await;
+    let c = support::client();
+    f.serve
+        .apply_config(flotilla::ServeConfig::from_yaml("applications: []\n").unwrap())
+        .await
+        .unwrap();
+    let r = get(&c, &f.rest_url("/metrics")).await;
+    assert!(
+        r.body.contains("flotilla_checkpoint_commits_total"),
+        "{}",
+        r.body
+    );
+    // The Controller is gone: a counter read as 0 would look like a reset to
+    // Prometheus (and `increase()` would count it all again).
+    f.serve.shutdown().await.unwrap();
+    let r = get(&c, &f.rest_url("/metrics")).await;
+    assert_eq!(r.status, 200);
+    for family in [
+        "flotilla_checkpoint_commits_total",
+        "flotilla_checkpoint_keys_written_total",
+        "flotilla_checkpoint_bytes_written_total",
+        "flotilla_restarts_total",
+    ] {
+        assert!(!r.body.contains(family), "{family} in\n{}", r.body);
+    }
+    f.stop().await;
+}
+
 #[test]
 fn options_are_validated_by_the_builder() {
     assert!(HttpOptions::builder().root_path("/a/").build().is_err());

@@ -125,6 +125,7 @@ mod error;
 pub mod metrics;
 mod options;
 pub mod proxy;
+mod request_body;
 pub mod rest;
 mod router;
 mod server;

@@ -40,13 +40,13 @@ use bytes::Bytes;
 use flotilla::{ApplicationStatus, CallError, CallStream, DeploymentHandle, ReplicaCount, Serve};
 use futures::{FutureExt, StreamExt};
 use http::{HeaderName, HeaderValue, Request, Response, StatusCode, header};
-use http_body_util::BodyExt;
 use tracing::Instrument;
 
 use crate::{
     HttpOptions, HttpRequest, HttpResponse, REQUEST_ID_HEADER,
     body::{Done, ProxyBody},
     metrics::{ProxyMetrics, method_index},
+    request_body::{BodyReadError, read_whole},
     table::{RouteEntry, RouteFollower, RouteSnapshot},
 };
 
@@ -303,7 +303,7 @@ impl Proxy {
         let deadline = timeout
             .and_then(|t| done.started().checked_add(t))
             .map(tokio::time::Instant::from_std);
-        let read = http_body_util::Limited::new(body, limit).collect();
+        let read = read_whole(body, limit, self.options.keep_alive_timeout);
         let read = match deadline {
             Some(d) => tokio::time::timeout_at(d, read).await.ok(),
             None => Some(read.await),
@@ -314,9 +314,14 @@ impl Proxy {
             return text(TIMEOUT_STATUS, body, &request_id, Some(done));
         };
         let body = match read {
-            Ok(b) => b.to_bytes(),
-            Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+            Ok(b) => b,
+            Err(BodyReadError::TooLarge { .. }) => {
                 return text(413, too_large(), &request_id, Some(done));
+            }
+            Err(e @ BodyReadError::Stalled { .. }) => {
+                done.status = TIMEOUT_STATUS;
+                let body = format!("Request {request_id}'s body stalled: {e}.");
+                return text(TIMEOUT_STATUS, body, &request_id, Some(done));
             }
             Err(e) => {
                 tracing::debug!(error = %e, "reading the request body failed");

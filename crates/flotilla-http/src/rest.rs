@@ -24,13 +24,14 @@ use std::{convert::Infallible, sync::Arc};
 use bytes::Bytes;
 use flotilla::{ApiType, ApplicationStatus, Serve, ServeConfig, ServeError};
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 
 use crate::{
     HttpOptions,
     auth::{Token, is_browser_request},
     details::{ApiFilter, instance_details},
     metrics::{METRICS_CONTENT_TYPE, ProxyMetrics, scrape},
+    request_body::{BodyReadError, read_whole},
     table::RouteFollower,
 };
 
@@ -195,11 +196,12 @@ impl Rest {
         }
         let error = |status, e: String| json(status, &serde_json::json!({ "error": e }));
         let limit = self.options.max_request_body_bytes;
-        let body = match http_body_util::Limited::new(req.into_body(), limit)
-            .collect()
-            .await
-        {
-            Ok(b) => b.to_bytes(),
+        let stall = self.options.keep_alive_timeout;
+        let body = match read_whole(req.into_body(), limit, stall).await {
+            Ok(b) => b,
+            Err(e @ BodyReadError::Stalled { .. }) => {
+                return error(408, format!("The request body stalled: {e}."));
+            }
             Err(e) => return error(400, format!("Invalid request body: {e}")),
         };
         let target = match serde_json::from_slice::<ScaleBody>(&body) {
@@ -284,16 +286,17 @@ impl Rest {
 
     async fn put(&self, req: Request<hyper::body::Incoming>) -> Response<Body> {
         let limit = self.options.max_request_body_bytes;
-        let body = match http_body_util::Limited::new(req.into_body(), limit)
-            .collect()
-            .await
-        {
-            Ok(b) => b.to_bytes(),
-            Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+        let stall = self.options.keep_alive_timeout;
+        let body = match read_whole(req.into_body(), limit, stall).await {
+            Ok(b) => b,
+            Err(BodyReadError::TooLarge { .. }) => {
                 return text(
                     413,
                     format!("Request body is larger than the limit of {limit} bytes."),
                 );
+            }
+            Err(e @ BodyReadError::Stalled { .. }) => {
+                return text(408, format!("The request body stalled: {e}."));
             }
             Err(e) => return text(400, format!("The request body could not be read: {e}")),
         };

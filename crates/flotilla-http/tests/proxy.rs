@@ -342,6 +342,64 @@ async fn a_timeout_is_408_cancels_the_handler_and_frees_its_slot() {
     f.stop().await;
 }
 
+/// Send `head` and `body_part` on a new connection to `addr` and read until the
+/// server answers with something ending in `until`, or closes.
+async fn stalled_body(addr: std::net::SocketAddr, head: &str, until: &str) -> String {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(head.as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    let read = async {
+        let mut buf = [0u8; 1024];
+        while !out.ends_with(until.as_bytes()) {
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => out.extend_from_slice(&buf[..n]),
+            }
+        }
+    };
+    within("an answer to a stalled body", read).await;
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_stops_arriving_is_cut_after_the_keep_alive_timeout() {
+    // No request timeout: only the keep-alive bound stands between a client
+    // that stops sending mid-body and a connection held for ever.
+    let f = start_with(
+        test_options()
+            .keep_alive_timeout(Duration::from_secs(1))
+            .build()
+            .unwrap(),
+    )
+    .await;
+    f.serve.run(echo_app("e", "/e", "e")).await.unwrap();
+    wait_routes(&f.serve, |r| r.len() == 1).await;
+    let handled = f.probe.handled.load(Ordering::SeqCst);
+    let until = "nothing arrived for 1s.";
+    let answer = stalled_body(
+        f.proxy,
+        "POST /e/ok HTTP/1.1\r\nHost: x\r\nx-request-id: rid-9\r\nContent-Length: 10\r\n\r\nhello",
+        until,
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(
+        answer.ends_with("Request rid-9's body stalled: nothing arrived for 1s."),
+        "{answer}"
+    );
+    assert_eq!(f.probe.handled.load(Ordering::SeqCst), handled);
+    // The REST API's bodies alike.
+    let answer = stalled_body(
+        f.rest.unwrap(),
+        "PUT /api/serve/applications/ HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nappl",
+        until,
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.ends_with(until), "{answer}");
+    f.stop().await;
+}
+
 /// `step`'s output, or a failure naming `what` if it has not come after 30 s:
 /// a watchdog over a step that waits on an event, so that a lost event fails
 /// the test and says where instead of holding the run (one such hang was seen

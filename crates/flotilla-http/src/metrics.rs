@@ -55,7 +55,8 @@ fn method_name(i: u8) -> &'static str {
     METHODS.get(usize::from(i)).copied().unwrap_or("OTHER")
 }
 
-/// Slots per route: (method, status) pairs one route answers with.
+/// Lock-free slots per route: the first (method, status) pairs one route
+/// answers with. Pairs beyond them are counted under a lock, still apart.
 const SLOTS: usize = 16;
 
 /// One (method, status) pair's counters.
@@ -76,8 +77,9 @@ pub(crate) struct HttpStats {
     /// The ingress deployment ("" for unmatched).
     pub(crate) deployment: String,
     slots: [Slot; SLOTS],
-    /// Pairs beyond [`SLOTS`] land here, as method OTHER and status "other".
-    overflow: LatencyHistogram,
+    /// Pairs beyond [`SLOTS`], by the same key as a slot's. Bounded: ten
+    /// method indexes times the statuses a response can have.
+    overflow: std::sync::Mutex<BTreeMap<u32, LatencyHistogram>>,
 }
 
 impl std::fmt::Debug for HttpStats {
@@ -96,12 +98,13 @@ impl HttpStats {
             app: app.to_owned(),
             deployment: deployment.to_owned(),
             slots: Default::default(),
-            overflow: LatencyHistogram::default(),
+            overflow: std::sync::Mutex::default(),
         }
     }
 
     /// Record one request: O(slots) atomic loads at worst, one CAS the first time
-    /// a pair is seen, then the histogram's adds.
+    /// a pair is seen, then the histogram's adds (a lock and a map lookup for
+    /// a pair beyond the slots).
     pub(crate) fn record(&self, method: u8, status: u16, latency: Duration) {
         let key = (u32::from(method) + 1) << 16 | u32::from(status);
         for slot in &self.slots {
@@ -120,29 +123,36 @@ impl HttpStats {
                 return;
             }
         }
-        self.overflow.record(latency);
+        self.overflow
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .entry(key)
+            .or_default()
+            .record(latency);
     }
 
     /// `(method, status, latency)` of every pair seen.
     fn read(&self) -> Vec<(&'static str, String, HistogramSnapshot)> {
+        let pair = |k: u32, h: &LatencyHistogram| {
+            (
+                method_name(((k >> 16) - 1) as u8),
+                (k & 0xFFFF).to_string(),
+                h.snapshot(),
+            )
+        };
         let mut out: Vec<_> = self
             .slots
             .iter()
             .filter_map(|s| {
                 let k = s.key.load(Ordering::Acquire);
-                (k != 0).then(|| {
-                    (
-                        method_name(((k >> 16) - 1) as u8),
-                        (k & 0xFFFF).to_string(),
-                        s.latency.snapshot(),
-                    )
-                })
+                (k != 0).then(|| pair(k, &s.latency))
             })
             .collect();
-        let over = self.overflow.snapshot();
-        if over.count > 0 {
-            out.push(("OTHER", "other".to_owned(), over));
-        }
+        let over = self
+            .overflow
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        out.extend(over.iter().map(|(k, h)| pair(*k, h)));
         out
     }
 }
@@ -684,7 +694,7 @@ impl Collector for Scrape {
 }
 
 fn is_error(status: &str) -> bool {
-    status.starts_with('4') || status.starts_with('5') || status == "other"
+    status.starts_with('4') || status.starts_with('5')
 }
 
 fn deployment_labels(d: &DeploymentFigures) -> Labels<'_> {
@@ -711,7 +721,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn stats_keep_each_method_and_status_apart_and_overflow_beyond_the_slots() {
+    fn stats_keep_each_method_and_status_apart_beyond_the_slots_too() {
         let s = HttpStats::new("/a", "app", "front");
         let get = method_index(&http::Method::GET);
         s.record(get, 200, Duration::from_millis(3));
@@ -732,7 +742,14 @@ mod tests {
         };
         assert_eq!(find("GET", "200"), Some(2));
         assert_eq!(find("POST", "500"), Some(1));
-        assert_eq!(find("OTHER", "other"), Some(6), "16 slots, 22 pairs");
+        // 16 slots, 22 pairs: each still counted under its own labels (a 500
+        // after many 4xx pairs still shows as a 500).
+        assert_eq!(read.len(), 22);
+        for status in 300..320u16 {
+            assert_eq!(find("GET", &status.to_string()), Some(1), "{status}");
+        }
+        s.record(get, 319, Duration::from_millis(1));
+        assert_eq!(s.read().iter().filter(|(_, st, _)| st == "319").count(), 1);
         assert_eq!(
             method_name(method_index(
                 &http::Method::from_bytes(b"BREW").unwrap_or_default()

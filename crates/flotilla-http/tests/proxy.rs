@@ -312,27 +312,12 @@ async fn a_timeout_is_408_cancels_the_handler_and_frees_its_slot() {
     // A body that never finishes arriving times the request out too: 5 of its
     // 10 bytes, then nothing (the connection stays open).
     let handled = f.probe.handled.load(Ordering::SeqCst);
-    let mut s = tokio::net::TcpStream::connect(f.proxy).await.unwrap();
-    s.write_all(
-        b"POST /e/ok HTTP/1.1\r\nHost: x\r\nx-request-id: rid-3\r\nContent-Length: 10\r\n\r\nhello",
+    let answer = stalled_body(
+        f.proxy,
+        "POST /e/ok HTTP/1.1\r\nHost: x\r\nx-request-id: rid-3\r\nContent-Length: 10\r\n\r\nhello",
+        "timed out after 0.3s.",
     )
-    .await
-    .unwrap();
-    // Read the answer, however it is split into writes.
-    let mut out = Vec::new();
-    let read = async {
-        let mut buf = [0u8; 1024];
-        while !out.ends_with(b"timed out after 0.3s.") {
-            match s.read(&mut buf).await.unwrap() {
-                0 => break,
-                n => out.extend_from_slice(&buf[..n]),
-            }
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(10), read)
-        .await
-        .expect("an answer before the body ends");
-    let answer = String::from_utf8_lossy(&out);
+    .await;
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
     assert!(
         answer.ends_with("Request rid-3 timed out after 0.3s."),
@@ -342,8 +327,9 @@ async fn a_timeout_is_408_cancels_the_handler_and_frees_its_slot() {
     f.stop().await;
 }
 
-/// Send `head` and `body_part` on a new connection to `addr` and read until the
-/// server answers with something ending in `until`, or closes.
+/// Send `head` (a request head and part of its body) on a new connection to
+/// `addr`, then nothing more, and read until the answer ends in `until` or the
+/// server closes.
 async fn stalled_body(addr: std::net::SocketAddr, head: &str, until: &str) -> String {
     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
     s.write_all(head.as_bytes()).await.unwrap();

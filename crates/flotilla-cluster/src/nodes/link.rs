@@ -627,9 +627,15 @@ fn serve_call(
     // takes the lock, so it cannot come first and leave the entry behind.
     let mut streams = lock(&shared.streams);
     let task = tokio::spawn(async move {
-        let (tx, mut rx) = mpsc::channel::<Vec<u8>>(8);
+        let (tx, rx) = mpsc::channel::<Vec<u8>>(8);
         let serving = flotilla_replica::remote::serve_stream(&ep, body, model, tx);
+        // The forwarder owns the receiver: when the caller cannot be sent to
+        // (its session closed), it returns and the receiver goes with it, so
+        // the replica's next item finds the stream closed and the handler
+        // ends (freeing its slot) instead of waiting on a full channel for
+        // a Cancel that will never come.
         let forward = async {
+            let mut rx = rx;
             while let Some(item) = rx.recv().await {
                 if s.send_data(&from, &DataHeader::Item { call }, item)
                     .is_err()
@@ -859,7 +865,106 @@ impl Link {
 
 #[cfg(test)]
 mod tests {
-    use super::dials;
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use std::time::Duration;
+
+    use flotilla_core::{AppName, DeploymentName, DeploymentSpec, Faults, actor_names};
+    use flotilla_replica::{
+        Deployment, Directory, Registry, ReplicaActor, ReplicaArgs, ReplicaEvent, UserError,
+    };
+    use futures::Stream;
+
+    use super::*;
+
+    /// Streams 100 numbers.
+    struct Counter;
+
+    impl Deployment for Counter {
+        type Request = u32;
+        type Response = u32;
+
+        async fn handle(&self, n: u32) -> Result<u32, UserError> {
+            Ok(n)
+        }
+
+        fn handle_stream(&self, _: u32) -> impl Stream<Item = Result<u32, UserError>> + Send + '_ {
+            futures::stream::iter((0..100).map(Ok))
+        }
+    }
+
+    /// A running `Counter` replica's endpoint.
+    async fn counter() -> Arc<ReplicaEndpoint> {
+        let registry = Registry::new()
+            .register("test::Counter", |_ctx| async { Ok(Counter) })
+            .unwrap();
+        let (tx, mut events) = mpsc::unbounded_channel();
+        let (app, dep) = (
+            AppName::new("a").unwrap(),
+            DeploymentName::new("d").unwrap(),
+        );
+        let directory = Directory::new();
+        let spec = Arc::new(
+            DeploymentSpec::builder("d", "test::Counter")
+                .build()
+                .unwrap(),
+        );
+        let args = ReplicaArgs {
+            id: ReplicaId(1),
+            app: app.clone(),
+            deployment: dep.clone(),
+            version: spec.version(),
+            spec,
+            registry,
+            directory: directory.clone(),
+            route: directory.route(&app, &dep),
+            reporter: Arc::new(move |_, e| {
+                let _ = tx.send(e);
+            }),
+            group: actor_names::replica_group("link-test", &app, &dep),
+            node: "n".into(),
+            faults: Faults::new(),
+        };
+        Actor::spawn(None, ReplicaActor, args).await.unwrap();
+        loop {
+            if let ReplicaEvent::Ready { endpoint, .. } = events.recv().await.unwrap() {
+                return endpoint;
+            }
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stream_to_a_caller_gone_away_ends_and_frees_its_slot() {
+        let ep = counter().await;
+        let (inbound, _rx) = mpsc::unbounded_channel();
+        // No sessions: the caller has gone away, so no item can be sent.
+        let shared = Arc::new(Shared {
+            me: "me@127.0.0.1".into(),
+            calls: Calls::default(),
+            serving: Mutex::default(),
+            streams: Mutex::default(),
+            peers: Mutex::default(),
+            sessions: Mutex::default(),
+            inbound,
+            handshakes: Handshakes::new("me".into(), Duration::from_secs(5), false),
+            undecodable: AtomicU64::new(0),
+        });
+        shared.serve(ep.clone());
+        let call = DataHeader::Call {
+            call: 7,
+            replica: ep.id().0,
+            stream: true,
+            from: "gone@127.0.0.1".into(),
+            model: None,
+        };
+        data(&shared, call, rmp_serde::to_vec_named(&0u32).unwrap());
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(
+            lock(&shared.streams).is_empty(),
+            "the stream's entry is left"
+        );
+        assert_eq!(ep.in_flight(), 0, "the stream still holds its slot");
+    }
 
     #[test]
     fn of_two_processes_exactly_one_dials_the_other() {

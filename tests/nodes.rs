@@ -1279,3 +1279,40 @@ async fn status_and_metrics_show_each_replicas_node_and_count_nodes() {
     serve.shutdown().await.unwrap();
     drop(b);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_with_default_heartbeats_keeps_its_session_to_a_slow_beating_head() {
+    let _turn = turn().await;
+    let dir = tempfile::tempdir().unwrap();
+    // The head beats every 3 s; the node's default timeout is 2 s. Before,
+    // the node only echoed the head's beats, heard nothing for 3 s, dropped
+    // the session, was fenced and joined again under a new id, in a loop.
+    let serve = head_with(dir.path(), cpus(1.0), "127.0.0.1:0".parse().unwrap(), |o| {
+        o.heartbeat(Duration::from_secs(3), Duration::from_secs(10))
+    })
+    .await;
+    let addr = serve.node_address().unwrap();
+    let node = NodeProc::start(addr, &NodeSpec::new("steady", 1.0), dir.path());
+    node.id().await;
+    // Some frame ends each wait: the node beats every 500 ms and the head
+    // answers; a quiet 12 s (four head beats) is what the test is about.
+    let mut watch = serve.metrics().await.unwrap().nodes;
+    for _ in 0..24 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        watch = serve.metrics().await.unwrap().nodes;
+        assert_eq!(
+            watch.lost,
+            0,
+            "the node was lost; log:\n{}",
+            node.log_text()
+        );
+    }
+    assert_eq!(
+        node.ids().len(),
+        1,
+        "the node joined again; log:\n{}",
+        node.log_text()
+    );
+    assert_eq!(watch.live, 1);
+    serve.shutdown().await.unwrap();
+}

@@ -456,10 +456,22 @@ pub fn restartable_addr() -> SocketAddr {
 
 /// A head listening on `listen`.
 pub async fn head_at(dir: &Path, resources: Resources, listen: SocketAddr) -> Serve {
-    let options = HeadOptions::new(Cookie::new(COOKIE).unwrap())
-        .listen(listen)
-        .resources(resources)
-        .reattach_grace(Duration::from_secs(10));
+    head_with(dir, resources, listen, |o| o).await
+}
+
+/// A head listening on `listen`, its options changed by `change`.
+pub async fn head_with(
+    dir: &Path,
+    resources: Resources,
+    listen: SocketAddr,
+    change: impl FnOnce(HeadOptions) -> HeadOptions,
+) -> Serve {
+    let options = change(
+        HeadOptions::new(Cookie::new(COOKIE).unwrap())
+            .listen(listen)
+            .resources(resources)
+            .reattach_grace(Duration::from_secs(10)),
+    );
     Serve::start(
         ServeOptions::new(registry())
             .store_path(dir.join("flotilla.redb"))

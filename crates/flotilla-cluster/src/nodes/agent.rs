@@ -107,6 +107,9 @@ pub(crate) struct AgentState {
     session: Option<String>,
     head: Option<Head>,
     last_heard: Instant,
+    /// When this node last sent the head a heartbeat, and its number.
+    last_beat: Instant,
+    seq: u64,
     dialing: bool,
     replicas: HashMap<ReplicaId, Local>,
     children: Children<ReplicaId, ReplicaMsg>,
@@ -181,6 +184,8 @@ impl Actor for Agent {
             session: None,
             head: None,
             last_heard: Instant::now(),
+            last_beat: Instant::now(),
+            seq: 0,
             dialing: false,
             replicas: HashMap::new(),
             children: Children::new(),
@@ -258,6 +263,15 @@ impl Actor for Agent {
             },
             AgentMsg::Tick => {
                 meet_peers(&myself, state);
+                // The node's own heartbeat, every `NodeOptions::heartbeat`
+                // once the head welcomed it; the head answers each one, so
+                // the node hears its head at least that often.
+                if state.head.is_some() && state.last_beat.elapsed() >= state.args.options.heartbeat
+                {
+                    state.last_beat = Instant::now();
+                    state.seq += 1;
+                    state.to_head(Control::Heartbeat { seq: state.seq });
+                }
                 let timeout = state.args.options.heartbeat_timeout;
                 if let Some(peer) = state.session.clone()
                     && state.last_heard.elapsed() > timeout
@@ -518,9 +532,9 @@ async fn control(myself: &ActorRef<AgentMsg>, state: &mut AgentState, env: Envel
                 state.fencing = Some(reason);
             }
         }
-        Control::Heartbeat { seq } => {
-            state.to_head(Control::Heartbeat { seq });
-        }
+        // Heard (every frame from the head counts); not echoed: the head
+        // answers the node's own heartbeats, so an echo would loop.
+        Control::Heartbeat { .. } => {}
         Control::Start(s) => Box::pin(start_replica(myself, state, *s)).await,
         Control::Reconfigure { replica, spec } => {
             let spec = Arc::new(*spec);

@@ -273,9 +273,11 @@ pub struct NodeOptions {
     /// The address other nodes dial this one on (port chosen by the system;
     /// default `127.0.0.1`).
     pub listen: IpAddr,
-    /// Heartbeat period (default 500 ms).
+    /// How often the node sends the head a heartbeat, which the head answers
+    /// (default 500 ms).
     pub heartbeat: Duration,
-    /// Silence after which the head is taken for lost (default 2 s).
+    /// Silence from the head after which its session is dropped (default
+    /// 2 s); the head's answers to the node's heartbeats count.
     pub heartbeat_timeout: Duration,
     /// How long one dial of the head may take (default 2 s).
     pub connect_timeout: Duration,

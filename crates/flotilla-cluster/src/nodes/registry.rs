@@ -160,7 +160,14 @@ async fn control(state: &mut RegistryState, env: Envelope) {
         Control::Hello(hello) => {
             Box::pin(self::hello(state, from, hello)).await;
         }
-        Control::Heartbeat { .. } => touch(state, &from),
+        Control::Heartbeat { seq } => {
+            touch(state, &from);
+            // Answer a joined node's heartbeat: the node judges the head by
+            // its own period (`NodeOptions::heartbeat`), whatever the head's.
+            if state.by_peer.contains_key(&from) {
+                send(state, &from, Control::Heartbeat { seq });
+            }
+        }
         Control::Event { replica, event } => {
             touch(state, &from);
             report(state, &from, replica, ProxyReport::Event(event));

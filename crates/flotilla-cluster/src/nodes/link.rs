@@ -871,7 +871,7 @@ mod tests {
 
     use flotilla_core::{AppName, DeploymentName, DeploymentSpec, Faults, actor_names};
     use flotilla_replica::{
-        Deployment, Directory, Registry, ReplicaActor, ReplicaArgs, ReplicaEvent, UserError,
+        Deployment, Directory, OnExit, Registry, ReplicaActor, ReplicaArgs, ReplicaEvent, UserError,
     };
     use futures::Stream;
 
@@ -924,6 +924,7 @@ mod tests {
             group: actor_names::replica_group("link-test", &app, &dep),
             node: "n".into(),
             faults: Faults::new(),
+            on_exit: OnExit::none(),
         };
         Actor::spawn(None, ReplicaActor, args).await.unwrap();
         loop {

@@ -424,9 +424,12 @@ fn session(myself: &ActorRef<AgentMsg>, state: &mut AgentState, ev: SessionEvent
                 warn!(node = %state.args.id, "hello not sent: the head's port is not visible");
             }
         }
-        SessionEvent::Ready { peer, .. } => {
-            let dialed = state.dialing_peers.remove(&peer).is_some();
-            info!(node = %state.args.id, %peer, dialed, "connected to a peer node");
+        SessionEvent::Ready { peer, outbound, .. } => {
+            // Who dialed is the session's own fact: the dial's entry may be
+            // gone already (`meet_peers` drops entries of peers the link lists
+            // as connected, which it may do before this event arrives).
+            state.dialing_peers.remove(&peer);
+            info!(node = %state.args.id, %peer, dialed = outbound, "connected to a peer node");
         }
         SessionEvent::Closed {
             addr,

@@ -142,6 +142,13 @@ impl HeadShared {
         let _ = self.events.send(event);
     }
 
+    /// Give back what `replica` reserved, and announce the room if it held any.
+    pub(crate) fn release(&self, replica: ReplicaId) {
+        if self.pool().release(replica) {
+            self.announce(ClusterEvent::CapacityFreed);
+        }
+    }
+
     /// The ractor name of node `id`'s process, if it joined.
     pub(crate) fn peer_of(&self, id: &str) -> Option<String> {
         lock(&self.nodes).get(id).map(|n| n.peer.clone())
@@ -192,9 +199,7 @@ impl Cluster for NodeCluster {
     }
 
     fn release(&self, replica: ReplicaId) {
-        if self.shared.pool().release(replica) {
-            self.shared.announce(ClusterEvent::CapacityFreed);
-        }
+        self.shared.release(replica);
     }
 
     fn subscribe(&self) -> Option<broadcast::Receiver<ClusterEvent>> {

@@ -401,11 +401,7 @@ async fn adopt(state: &RegistryState, node: &str, r: ReplicaReport) {
         },
         {
             let shared = shared.clone();
-            OnExit::new(move || {
-                if shared.pool().release(id) {
-                    shared.announce(ClusterEvent::CapacityFreed);
-                }
-            })
+            OnExit::new(move || shared.release(id))
         },
     );
     let name = actor_names::replica(ns, &r.app, &dep, id.0);

@@ -655,6 +655,38 @@ async fn calls_composition_streams_and_the_limit_across_nodes() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_its_caller_gives_up_on_is_cancelled_on_the_node() {
+    let (_turn, dir, serve, addr) = setup(cpus(0.0)).await;
+    let a = NodeProc::start(addr, &NodeSpec::new("a", 1.0), dir.path());
+    let a_id = a.id().await;
+    let slow = WhereArgs {
+        delay_ms: 2_000,
+        ..Default::default()
+    };
+    let app = ApplicationSpec::builder("slow")
+        .deployment(where_dep("slow", 1, cpus(1.0), &slow))
+        .build()
+        .unwrap();
+    let handle = serve.run(app).await.unwrap();
+    let impatient = handle.clone().with_timeout(Duration::from_millis(300));
+    let gave_up = impatient.call::<_, Here>("first").await;
+    assert!(
+        matches!(gave_up, Err(CallError::Timeout { .. })),
+        "{gave_up:?}"
+    );
+    // The next call goes after the first's Cancel on the same session: the
+    // first no longer runs when it begins.
+    let here: Here = handle.call("second").await.unwrap();
+    assert_eq!(here.node, a_id);
+    assert_eq!(
+        here.concurrent, 1,
+        "the call the caller gave up on still ran on the node"
+    );
+    serve.shutdown().await.unwrap();
+    drop(a);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_killed_under_load_is_replaced_and_unsent_requests_succeed() {
     let (_turn, dir, serve, addr) = setup(cpus(1.0)).await;
     let a = NodeProc::start(addr, &NodeSpec::new("a", 3.0), dir.path());

@@ -11,7 +11,7 @@ use std::{
     },
 };
 
-use flotilla_replica::{CallError, ReplicaEndpoint, ReplicaId};
+use flotilla_replica::{CallError, ReplicaEndpoint, ReplicaId, remote::Served};
 use ractor::{Actor, ActorProcessingErr, ActorRef, ActorStatus, MessagingErr, pg};
 use ractor_cluster::{
     NetworkStream, NodeEventSubscription, NodeServer, NodeServerMessage, NodeSessionMessage,
@@ -239,8 +239,9 @@ pub(crate) struct Shared {
     pub(crate) calls: Calls,
     /// Local replicas other processes may call, by id.
     serving: Mutex<HashMap<ReplicaId, Arc<ReplicaEndpoint>>>,
-    /// Streams running here for other processes, for `Cancel`.
-    streams: Mutex<HashMap<(String, u64), tokio::task::AbortHandle>>,
+    /// Calls running here for other processes, by caller and call id, for
+    /// `Cancel`.
+    running: Mutex<HashMap<(String, u64), tokio::task::AbortHandle>>,
     /// Peer ports found so far, by ractor name.
     peers: Mutex<HashMap<String, ActorRef<PortMsg>>>,
     /// Authenticated sessions, by peer ractor name. One per peer: of two
@@ -553,7 +554,7 @@ fn data(shared: &Arc<Shared>, header: DataHeader, body: Vec<u8>) {
             model,
         } => serve_call(shared, call, ReplicaId(replica), stream, from, model, body),
         DataHeader::Cancel { call, from } => {
-            if let Some(task) = lock(&shared.streams).remove(&(from, call)) {
+            if let Some(task) = lock(&shared.running).remove(&(from, call)) {
                 task.abort();
             }
         }
@@ -584,7 +585,8 @@ fn data(shared: &Arc<Shared>, header: DataHeader, body: Vec<u8>) {
     }
 }
 
-/// Run a request from `from` on local replica `replica`, in a task of its own.
+/// Run a request from `from` on local replica `replica`, in a task of its own,
+/// which a `Cancel` from the caller aborts (freeing the replica's slot).
 fn serve_call(
     shared: &Arc<Shared>,
     call: u64,
@@ -601,66 +603,77 @@ fn serve_call(
         return;
     };
     let s = shared.clone();
-    if !stream {
-        tokio::spawn(async move {
-            let (header, body) = match flotilla_replica::remote::serve(&ep, body, model).await {
-                flotilla_replica::remote::Served::Ran(Ok(out)) => {
-                    (DataHeader::Reply { call, error: None }, out)
-                }
-                flotilla_replica::remote::Served::Ran(Err(e)) => (
-                    DataHeader::Reply {
-                        call,
-                        error: Some(e),
-                    },
-                    Vec::new(),
-                ),
-                flotilla_replica::remote::Served::Refused { full, request } => {
-                    (DataHeader::Refused { call, full }, request)
-                }
-            };
-            let _ = s.send_data(&from, &header, body);
-        });
-        return;
-    }
     let key = (from.clone(), call);
     // Held until the entry is in: the task's own removal, when it ends,
     // takes the lock, so it cannot come first and leave the entry behind.
-    let mut streams = lock(&shared.streams);
+    let mut running = lock(&shared.running);
     let task = tokio::spawn(async move {
-        let (tx, rx) = mpsc::channel::<Vec<u8>>(8);
-        let serving = flotilla_replica::remote::serve_stream(&ep, body, model, tx);
-        // The forwarder owns the receiver: when the caller cannot be sent to
-        // (its session closed), it returns and the receiver goes with it, so
-        // the replica's next item finds the stream closed and the handler
-        // ends (freeing its slot) instead of waiting on a full channel for
-        // a Cancel that will never come.
-        let forward = async {
-            let mut rx = rx;
-            while let Some(item) = rx.recv().await {
-                if s.send_data(&from, &DataHeader::Item { call }, item)
-                    .is_err()
-                {
-                    return;
-                }
-            }
-        };
-        let (served, ()) = tokio::join!(serving, forward);
-        let (header, body) = match served {
-            flotilla_replica::remote::Served::Ran(r) => (
-                DataHeader::End {
-                    call,
-                    error: r.err(),
-                },
-                Vec::new(),
-            ),
-            flotilla_replica::remote::Served::Refused { full, request } => {
-                (DataHeader::Refused { call, full }, request)
-            }
+        let (header, body) = if stream {
+            serve_stream(&s, &ep, call, &from, model, body).await
+        } else {
+            serve_unary(&ep, call, model, body).await
         };
         let _ = s.send_data(&from, &header, body);
-        lock(&s.streams).remove(&(from, call));
+        lock(&s.running).remove(&(from, call));
     });
-    streams.insert(key, task.abort_handle());
+    running.insert(key, task.abort_handle());
+}
+
+/// A unary call's answer: its reply, or its refusal.
+async fn serve_unary(
+    ep: &Arc<ReplicaEndpoint>,
+    call: u64,
+    model: Option<Arc<str>>,
+    body: Vec<u8>,
+) -> (DataHeader, Vec<u8>) {
+    match flotilla_replica::remote::serve(ep, body, model).await {
+        Served::Ran(Ok(out)) => (DataHeader::Reply { call, error: None }, out),
+        Served::Ran(Err(e)) => (
+            DataHeader::Reply {
+                call,
+                error: Some(e),
+            },
+            Vec::new(),
+        ),
+        Served::Refused { full, request } => (DataHeader::Refused { call, full }, request),
+    }
+}
+
+/// A streaming call: its items go to `from` as produced; returns its end.
+async fn serve_stream(
+    s: &Shared,
+    ep: &Arc<ReplicaEndpoint>,
+    call: u64,
+    from: &str,
+    model: Option<Arc<str>>,
+    body: Vec<u8>,
+) -> (DataHeader, Vec<u8>) {
+    let (tx, rx) = mpsc::channel::<Vec<u8>>(8);
+    let serving = flotilla_replica::remote::serve_stream(ep, body, model, tx);
+    // The forwarder owns the receiver: when the caller cannot be sent to
+    // (its session closed), it returns and the receiver goes with it, so
+    // the replica's next item finds the stream closed and the handler
+    // ends (freeing its slot) instead of waiting on a full channel for
+    // a Cancel that will never come.
+    let forward = async {
+        let mut rx = rx;
+        while let Some(item) = rx.recv().await {
+            if s.send_data(from, &DataHeader::Item { call }, item).is_err() {
+                return;
+            }
+        }
+    };
+    let (served, ()) = tokio::join!(serving, forward);
+    match served {
+        Served::Ran(r) => (
+            DataHeader::End {
+                call,
+                error: r.err(),
+            },
+            Vec::new(),
+        ),
+        Served::Refused { full, request } => (DataHeader::Refused { call, full }, request),
+    }
 }
 
 /// A process's link: its NodeServer, port, and everything they share.
@@ -705,7 +718,7 @@ impl Link {
             me: me.clone(),
             calls: Calls::default(),
             serving: Mutex::default(),
-            streams: Mutex::default(),
+            running: Mutex::default(),
             peers: Mutex::default(),
             sessions: Mutex::default(),
             inbound,
@@ -877,7 +890,7 @@ mod tests {
 
     use super::*;
 
-    /// Streams 100 numbers.
+    /// Streams 100 numbers; a unary call of 0 never ends.
     struct Counter;
 
     impl Deployment for Counter {
@@ -885,6 +898,9 @@ mod tests {
         type Response = u32;
 
         async fn handle(&self, n: u32) -> Result<u32, UserError> {
+            if n == 0 {
+                std::future::pending::<()>().await;
+            }
             Ok(n)
         }
 
@@ -934,22 +950,50 @@ mod tests {
         }
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_stream_to_a_caller_gone_away_ends_and_frees_its_slot() {
-        let ep = counter().await;
+    /// A process's `Shared` with no sessions (no frame it sends goes out).
+    fn unconnected() -> Arc<Shared> {
         let (inbound, _rx) = mpsc::unbounded_channel();
-        // No sessions: the caller has gone away, so no item can be sent.
-        let shared = Arc::new(Shared {
+        Arc::new(Shared {
             me: "me@127.0.0.1".into(),
             calls: Calls::default(),
             serving: Mutex::default(),
-            streams: Mutex::default(),
+            running: Mutex::default(),
             peers: Mutex::default(),
             sessions: Mutex::default(),
             inbound,
             handshakes: Handshakes::new("me".into(), Duration::from_secs(5), false),
             undecodable: AtomicU64::new(0),
-        });
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_cancelled_unary_call_stops_its_handler_and_frees_its_slot() {
+        let ep = counter().await;
+        let shared = unconnected();
+        shared.serve(ep.clone());
+        let from = "caller@127.0.0.1".to_owned();
+        let call = DataHeader::Call {
+            call: 3,
+            replica: ep.id().0,
+            stream: false,
+            from: from.clone(),
+            model: None,
+        };
+        data(&shared, call, rmp_serde::to_vec_named(&0u32).unwrap());
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(ep.in_flight(), 1, "the call runs");
+        data(&shared, DataHeader::Cancel { call: 3, from }, Vec::new());
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(ep.in_flight(), 0, "the cancelled call still holds its slot");
+        assert!(lock(&shared.running).is_empty(), "the call's entry is left");
+        assert_eq!(ep.stats().cancelled(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stream_to_a_caller_gone_away_ends_and_frees_its_slot() {
+        let ep = counter().await;
+        // No sessions: the caller has gone away, so no item can be sent.
+        let shared = unconnected();
         shared.serve(ep.clone());
         let call = DataHeader::Call {
             call: 7,
@@ -961,7 +1005,7 @@ mod tests {
         data(&shared, call, rmp_serde::to_vec_named(&0u32).unwrap());
         tokio::time::sleep(Duration::from_secs(5)).await;
         assert!(
-            lock(&shared.streams).is_empty(),
+            lock(&shared.running).is_empty(),
             "the stream's entry is left"
         );
         assert_eq!(ep.in_flight(), 0, "the stream still holds its slot");

@@ -29,12 +29,13 @@ impl PeerCall {
     }
 }
 
-/// Forgets a call whose caller went away (and cancels a stream there).
+/// Forgets a call whose caller went away, and cancels it at the peer (which
+/// aborts its handler and frees its slot there).
 struct Forget {
     shared: Arc<Shared>,
     call: u64,
-    /// The peer to send `Cancel` to, for a stream.
-    cancel: Option<String>,
+    /// The peer the call went to.
+    peer: String,
     done: bool,
 }
 
@@ -43,13 +44,11 @@ impl Drop for Forget {
         if self.done || !self.shared.calls.forget(self.call) {
             return;
         }
-        if let Some(peer) = &self.cancel {
-            let cancel = DataHeader::Cancel {
-                call: self.call,
-                from: self.shared.me.clone(),
-            };
-            let _ = self.shared.send_data(peer, &cancel, Vec::new());
-        }
+        let cancel = DataHeader::Cancel {
+            call: self.call,
+            from: self.shared.me.clone(),
+        };
+        let _ = self.shared.send_data(&self.peer, &cancel, Vec::new());
     }
 }
 
@@ -85,7 +84,7 @@ impl RemoteCall for PeerCall {
             let mut guard = Forget {
                 shared: shared.clone(),
                 call,
-                cancel: None,
+                peer: peer.clone(),
                 done: false,
             };
             let header = DataHeader::Call {
@@ -121,7 +120,7 @@ impl RemoteCall for PeerCall {
             let mut guard = Forget {
                 shared: shared.clone(),
                 call,
-                cancel: Some(peer.clone()),
+                peer: peer.clone(),
                 done: false,
             };
             let header = DataHeader::Call {

@@ -654,6 +654,96 @@ async fn calls_composition_streams_and_the_limit_across_nodes() {
     drop((a, b));
 }
 
+/// `front` (on node a) calling `back` (three replicas on the head, routed by
+/// `Pinned`, at most `limit` requests each, 300 ms a request): each answer's
+/// back replica and how many ran there at once.
+fn pinned_app(highest: bool, limit: u32) -> ApplicationSpec {
+    let front = WhereArgs {
+        downstream: Some("back".into()),
+        ..Default::default()
+    };
+    let back = WhereArgs {
+        delay_ms: 300,
+        ..Default::default()
+    };
+    ApplicationSpec::builder("pin")
+        .deployment(where_dep("front", 1, custom("front"), &front))
+        .deployment(where_dep("back", 3, cpus(1.0), &back).with_config(|c| {
+            c.with_max_ongoing_requests(limit)
+                .with_request_router(pinned(highest))
+        }))
+        .ingress("front")
+        .build()
+        .unwrap()
+}
+
+/// Three calls at once through `front`: each one's (back replica, concurrent).
+async fn three_at_once(handle: &flotilla::DeploymentHandle) -> Vec<(u64, u32)> {
+    let calls = (0..3).map(|i| {
+        let h = handle.clone();
+        async move {
+            let here: Here = h.call(&format!("c{i}")).await.unwrap();
+            let down = here.downstream.unwrap();
+            (down.replica, down.concurrent)
+        }
+    });
+    futures::future::join_all(calls).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nodes_callers_follow_the_request_router_and_the_limit_as_they_change() {
+    let (_turn, dir, serve, addr) = setup(cpus(3.0)).await;
+    let a = NodeProc::start(
+        addr,
+        &NodeSpec::new("a", 0.0).custom("front", 1.0),
+        dir.path(),
+    );
+    let a_id = a.id().await;
+    let handle = serve.run(pinned_app(false, 1)).await.unwrap();
+    let ids: Vec<u64> = replica_nodes(&serve, "pin", "back")
+        .await
+        .into_iter()
+        .map(|(id, node, _)| {
+            assert_eq!(node, "head");
+            id
+        })
+        .collect();
+    let (lowest, highest) = (*ids.iter().min().unwrap(), *ids.iter().max().unwrap());
+    assert_eq!(replica_nodes(&serve, "pin", "front").await[0].1, a_id);
+
+    // The node's copy of back's route carries the custom router with its
+    // replicas: every call from a goes to the lowest id, one at a time.
+    for (replica, concurrent) in three_at_once(&handle).await {
+        assert_eq!((replica, concurrent), (lowest, 1));
+    }
+
+    // The limit, raised in place: once the lowest replica has taken it, a's
+    // copy lets three run there at once.
+    serve.run(pinned_app(false, 3)).await.unwrap();
+    eventually(10, "a's copy takes the new limit", || async {
+        let answers = three_at_once(&handle).await;
+        assert!(answers.iter().all(|(r, _)| *r == lowest), "{answers:?}");
+        answers.iter().any(|(_, c)| *c == 3)
+    })
+    .await;
+
+    // New kwargs, in place: a's router is made again from them.
+    serve.run(pinned_app(true, 3)).await.unwrap();
+    eventually(10, "a's copy takes the new router", || async {
+        let answers = three_at_once(&handle).await;
+        answers.iter().all(|(r, _)| *r == highest)
+    })
+    .await;
+    let now: Vec<u64> = replica_nodes(&serve, "pin", "back")
+        .await
+        .into_iter()
+        .map(|(id, _, _)| id)
+        .collect();
+    assert_eq!(now, ids, "the changes were made in place");
+    serve.shutdown().await.unwrap();
+    drop(a);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_its_caller_gives_up_on_is_cancelled_on_the_node() {
     let (_turn, dir, serve, addr) = setup(cpus(0.0)).await;

@@ -338,9 +338,52 @@ impl flotilla::MultiplexedDeployment for Counted {
     }
 }
 
+/// A request router that sends every request to the replica with the lowest
+/// id (the highest, with `{"highest": true}`), and waits while it has no room.
+pub struct Pinned {
+    highest: bool,
+}
+
+impl flotilla::RequestRouter for Pinned {
+    fn choose(
+        &self,
+        _: &flotilla::RoutingRequest<'_>,
+        replicas: &[Arc<flotilla::ReplicaEndpoint>],
+    ) -> Option<usize> {
+        let by_id = (0..replicas.len()).map(|i| (replicas[i].id(), i));
+        let (_, i) = if self.highest {
+            by_id.max()?
+        } else {
+            by_id.min()?
+        };
+        replicas[i].has_room().then_some(i)
+    }
+}
+
+/// Where [`Pinned`] is registered.
+pub const PINNED: &str = "where.routers:Pinned";
+
+/// The [`Pinned`] router's config: `highest` picks the highest id.
+pub fn pinned(highest: bool) -> flotilla::RequestRouterConfig {
+    let kwargs = std::collections::BTreeMap::from([("highest", highest)]);
+    flotilla::RequestRouterConfig {
+        request_router_class: PINNED.try_into().unwrap(),
+        request_router_kwargs: flotilla::Args::encode(&kwargs).unwrap(),
+        ..flotilla::RequestRouterConfig::default()
+    }
+}
+
 /// The registry every test process uses.
 pub fn registry() -> Registry {
     Registry::new()
+        .register_request_router(PINNED, |kwargs: &flotilla::Args| {
+            let k: std::collections::BTreeMap<String, bool> =
+                kwargs.decode().map_err(|e| UserError::new(e.to_string()))?;
+            Ok(Pinned {
+                highest: k.get("highest").copied().unwrap_or(false),
+            })
+        })
+        .unwrap()
         .register(
             "where::Batched",
             |_ctx: InitContext| async move { Ok(Batched) },

@@ -168,8 +168,9 @@ pub trait Cluster: Send + Sync + 'static {
     }
 
     /// A DeploymentActor published a changed replica set on `route`, or
-    /// changed the settings other processes copy (the queue limit, batching,
-    /// the model limit): a cluster of several processes tells the others (see
+    /// changed what other processes copy (the queue limit, batching, the
+    /// model limit, the request router, a replica's `max_ongoing_requests`):
+    /// a cluster of several processes tells the others (see
     /// `docs/nodes.md`). Default: nothing.
     fn route_changed(&self, route: &std::sync::Arc<flotilla_replica::DeploymentRoute>) {
         let _ = route;

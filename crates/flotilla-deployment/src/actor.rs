@@ -315,6 +315,7 @@ impl DeploymentActor {
                         if r.node.is_empty() {
                             r.node = endpoint.node().to_owned();
                         }
+                        r.limit = endpoint.max_ongoing_requests();
                         r.endpoint = Some(endpoint);
                         r.version = version;
                     }
@@ -326,6 +327,16 @@ impl DeploymentActor {
                     && r.state != ReplicaState::Stopping
                 {
                     r.version = version;
+                    // Its endpoint took the new config's `max_ongoing_requests`,
+                    // which other processes copy with the route (docs/nodes.md).
+                    if let Some(e) = &r.endpoint
+                        && e.max_ongoing_requests() != r.limit
+                    {
+                        r.limit = e.max_ongoing_requests();
+                        if e.is_accepting() {
+                            state.args.cluster.route_changed(&state.route);
+                        }
+                    }
                 }
                 if matches!(
                     current,

@@ -112,6 +112,7 @@ pub(crate) async fn start_replica(
                 state: ReplicaState::Starting,
                 version: state.version.clone(),
                 endpoint: None,
+                limit: 0,
                 node: node.clone(),
                 since: Instant::now(),
             };

@@ -66,6 +66,7 @@ pub(crate) fn adopt(
             state: ReplicaState::Recovering,
             version: state.version.clone(),
             endpoint: None,
+            limit: 0,
             node: String::new(),
             since: Instant::now(),
         },
@@ -112,6 +113,10 @@ pub(crate) fn recovered(
     let alive = state.args.cluster.is_alive(&snap.node);
     if let Some(r) = state.replicas.get_mut(&id) {
         r.version = snap.version;
+        r.limit = snap
+            .endpoint
+            .as_ref()
+            .map_or(0, |e| e.max_ongoing_requests());
         r.endpoint = snap.endpoint;
         r.node = snap.node;
     }

@@ -28,6 +28,9 @@ pub(crate) struct Replica {
     pub(crate) state: ReplicaState,
     pub(crate) version: DeploymentVersion,
     pub(crate) endpoint: Option<Arc<ReplicaEndpoint>>,
+    /// Its endpoint's `max_ongoing_requests` when last seen (other processes
+    /// copy it with the route: a change in place is exported).
+    pub(crate) limit: u32,
     pub(crate) node: String,
     /// When it entered its current state (slow-start detection).
     pub(crate) since: Instant,

@@ -239,10 +239,14 @@ async fn a_cluster_without_events_is_retried_on_a_timer() {
     actor.stop(None);
 }
 
-/// Places everything on one node and counts the routes it is told changed.
+/// What a route carried when the cluster was told it changed: its batching
+/// and its replicas' limits.
+type Exported = (Option<flotilla_core::BatchConfig>, Vec<u32>);
+
+/// Places everything on one node and records the routes it is told changed.
 #[derive(Default)]
 struct Recording {
-    changed: std::sync::Mutex<Vec<Option<flotilla_core::BatchConfig>>>,
+    changed: std::sync::Mutex<Vec<Exported>>,
 }
 
 impl Cluster for Recording {
@@ -253,7 +257,15 @@ impl Cluster for Recording {
     fn release(&self, _replica: ReplicaId) {}
 
     fn route_changed(&self, route: &Arc<flotilla_replica::DeploymentRoute>) {
-        self.changed.lock().unwrap().push(route.batching());
+        let limits = route
+            .replicas()
+            .iter()
+            .map(|e| e.max_ongoing_requests())
+            .collect();
+        self.changed
+            .lock()
+            .unwrap()
+            .push((route.batching(), limits));
     }
 }
 
@@ -267,7 +279,12 @@ async fn a_config_only_change_of_what_nodes_copy_is_exported() {
     let before = observe(&actor).await.replicas[0].id;
     let seen = || cluster.changed.lock().unwrap().clone();
     // The replica set's publish: settings as deployed (no batching).
-    assert_eq!(seen(), vec![None]);
+    let limit = DeploymentSpec::builder("d", "t::Echo")
+        .build()
+        .unwrap()
+        .config
+        .max_ongoing_requests;
+    assert_eq!(seen(), vec![(None, vec![limit])]);
 
     let batching = flotilla_core::BatchConfig::new(4, Duration::from_millis(50));
     let mut changed = target(1);
@@ -281,7 +298,8 @@ async fn a_config_only_change_of_what_nodes_copy_is_exported() {
         .cast(DeploymentMsg::SetTarget(Box::new(changed.clone())))
         .unwrap();
     observe(&actor).await;
-    assert_eq!(seen(), vec![None, Some(batching)]);
+    let batched = (Some(batching), vec![limit]);
+    assert_eq!(seen(), vec![(None, vec![limit]), batched.clone()]);
     while observe(&actor).await.count(ReplicaState::Running) < 1 {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -291,10 +309,30 @@ async fn a_config_only_change_of_what_nodes_copy_is_exported() {
 
     // The same target again changes nothing, and tells nobody.
     actor
-        .cast(DeploymentMsg::SetTarget(Box::new(changed)))
+        .cast(DeploymentMsg::SetTarget(Box::new(changed.clone())))
         .unwrap();
     observe(&actor).await;
-    assert_eq!(seen(), vec![None, Some(batching)]);
+    assert_eq!(seen(), vec![(None, vec![limit]), batched.clone()]);
+
+    // A new limit is told once the replica has taken it in place.
+    let mut limited = changed;
+    limited.spec = DeploymentSpec::builder("d", "t::Echo")
+        .replicas(1)
+        .with_config(|c| c.with_batching(batching).with_max_ongoing_requests(7))
+        .build()
+        .unwrap()
+        .into();
+    actor
+        .cast(DeploymentMsg::SetTarget(Box::new(limited)))
+        .unwrap();
+    while observe(&actor).await.count(ReplicaState::Running) < 1 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        seen(),
+        vec![(None, vec![limit]), batched, (Some(batching), vec![7])]
+    );
+    assert_eq!(observe(&actor).await.replicas[0].id, before);
     actor.stop(None);
 }
 

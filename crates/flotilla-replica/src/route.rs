@@ -98,16 +98,11 @@ impl DeploymentRoute {
     /// Take the data-plane part of a deployment's config, in place: the queue
     /// limit and its HTTP answer (`backpressure_config`), batching (from each
     /// replica's next batch), the model limit (from each replica's next load)
-    /// and the request router (made again only when its class or kwargs
-    /// changed). The DeploymentActor calls this whenever
-    /// the deployment's target changes.
-    ///
-    /// A router class the registry cannot make (the controller refuses such a
-    /// config before it gets here) leaves the built-in router in place, with an
-    /// error logged.
+    /// and the request router ([`set_router_config`](Self::set_router_config)).
+    /// The DeploymentActor calls this whenever the deployment's target changes.
     ///
     /// Returns whether the part that other processes copy (the queue limit,
-    /// batching, the model limit: see `docs/nodes.md`) changed.
+    /// batching, the model limit, the router: see `docs/nodes.md`) changed.
     pub fn configure(&self, config: &DeploymentConfig, registry: &Registry) -> bool {
         if let Some(b) = &config.batching
             && self.settings.batching() != Some(*b)
@@ -122,19 +117,37 @@ impl DeploymentRoute {
         self.set_backpressure(config.backpressure);
         self.set_batching(config.batching);
         self.set_max_models_per_replica(config.max_num_models_per_replica);
-        let wanted = &config.request_router;
-        let same = self
+        let router_changed = self.set_router_config(&config.request_router, registry);
+        copied || router_changed
+    }
+
+    /// Route with the router `wanted` names, made by `registry`, from now on:
+    /// made again only when its class or kwargs changed (returns whether they
+    /// did). [`configure`](Self::configure) sets it from the deployment's
+    /// config; a node sets it on its copy of the route.
+    ///
+    /// A router class the registry cannot make (the controller refuses such a
+    /// config before it gets here; a node may lack the registration) leaves
+    /// the built-in router in place, with an error logged.
+    pub fn set_router_config(&self, wanted: &RequestRouterConfig, registry: &Registry) -> bool {
+        let same = match &self
             .router
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .made_from
-            .as_ref()
-            .is_some_and(|made| {
+        {
+            Some(made) => {
                 made.request_router_class == wanted.request_router_class
                     && made.request_router_kwargs == wanted.request_router_kwargs
-            });
+            }
+            // The route's first router: the built-in one, unless one was set.
+            None => {
+                !self.custom_router.load(Ordering::Acquire)
+                    && is_builtin_router(wanted.request_router_class.as_str())
+            }
+        };
         if same {
-            return copied;
+            return false;
         }
         let (router, custom) = match registry.request_router(wanted) {
             Ok(r) => (r, !is_builtin_router(wanted.request_router_class.as_str())),
@@ -150,7 +163,18 @@ impl DeploymentRoute {
             router,
         };
         self.custom_router.store(custom, Ordering::Release);
-        copied
+        true
+    }
+
+    /// The config the route's router was made from, when that is not the
+    /// built-in router (`None`: the built-in one, or a router given directly
+    /// with [`set_router`](Self::set_router)).
+    pub fn router_config(&self) -> Option<RequestRouterConfig> {
+        let slot = self.router.read().unwrap_or_else(|p| p.into_inner());
+        slot.made_from
+            .as_ref()
+            .filter(|m| !is_builtin_router(m.request_router_class.as_str()))
+            .cloned()
     }
 
     /// Batch requests with `batching` from each replica's next batch (`None`:

@@ -9,7 +9,8 @@ use std::{
 };
 
 use flotilla_core::{
-    AppName, DeploymentName, DeploymentSpec, DeploymentVersion, Faults, actor_names,
+    AppName, DeploymentName, DeploymentSpec, DeploymentVersion, Faults, RequestRouterConfig,
+    actor_names,
 };
 use flotilla_replica::{
     Directory, OnExit, Registry, ReplicaActor, ReplicaArgs, ReplicaEndpoint, ReplicaEvent,
@@ -766,6 +767,11 @@ fn publish(state: &mut AgentState, key: &(AppName, DeploymentName)) {
     route.set_max_queued(entry.max_queued);
     route.set_batching(entry.batching);
     route.set_max_models_per_replica(entry.max_models);
+    let builtin = RequestRouterConfig::default();
+    route.set_router_config(
+        entry.router.as_ref().unwrap_or(&builtin),
+        &state.args.registry,
+    );
     let me = state.args.link.shared.me.clone();
     let mut set = Vec::with_capacity(entry.replicas.len());
     let mut ids = Vec::with_capacity(entry.replicas.len());

@@ -1,6 +1,7 @@
 //! Routes reach every node by subscription (`docs/nodes.md`): a
 //! DeploymentActor's publish (of a changed replica set, or of a changed queue
-//! limit, batching or model limit) marks its route dirty here, and one exporter task
+//! limit, batching, model limit, request router or replica limit) marks its
+//! route dirty here, and one exporter task
 //! sends every dirty route to every live node in one frame (bursts coalesce).
 //! A joining node gets every route. Head-local replicas in exported routes are
 //! served to the nodes.
@@ -97,6 +98,7 @@ fn entry(
         max_queued: route.max_queued(),
         batching: route.batching(),
         max_models: route.max_models_per_replica(),
+        router: route.router_config(),
         replicas,
     }
 }

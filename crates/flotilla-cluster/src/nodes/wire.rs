@@ -6,7 +6,8 @@
 use std::sync::Arc;
 
 use flotilla_core::{
-    AppName, BatchConfig, DeploymentName, DeploymentSpec, DeploymentVersion, Resources,
+    AppName, BatchConfig, DeploymentName, DeploymentSpec, DeploymentVersion, RequestRouterConfig,
+    Resources,
 };
 use flotilla_replica::{CallError, ModelIds, ReplicaEvent};
 use ractor_cluster::RactorClusterMessage;
@@ -311,6 +312,10 @@ pub(crate) struct RouteEntry {
     pub batching: Option<BatchConfig>,
     /// Its models per replica (`None`: no limit), for its replicas there.
     pub max_models: Option<u32>,
+    /// Its request router, when not the built-in one: callers there route
+    /// by it (made by their own registry).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub router: Option<RequestRouterConfig>,
     pub replicas: Vec<RouteReplica>,
 }
 

@@ -745,6 +745,90 @@ async fn a_nodes_callers_follow_the_request_router_and_the_limit_as_they_change(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_shuts_down_drains_and_its_replicas_are_replaced_on_another_node() {
+    let (_turn, dir, serve, addr) = setup(cpus(0.0)).await;
+    // a joins first, so it ranks first on a tie.
+    let mut a = NodeProc::start(addr, &NodeSpec::new("a", 0.0).custom("w", 3.0), dir.path());
+    let a_id = a.id().await;
+    eventually(30, "a joined", || async {
+        serve.metrics().await.unwrap().nodes.live == 1
+    })
+    .await;
+    let b = NodeProc::start(addr, &NodeSpec::new("b", 0.0).custom("w", 4.0), dir.path());
+    let b_id = b.id().await;
+    eventually(30, "b joined", || async {
+        serve.metrics().await.unwrap().nodes.live == 2
+    })
+    .await;
+    // Four replicas, two on each node (a first: it joined first). Every
+    // request goes to the lowest id, the first placed: on a.
+    let slow = WhereArgs {
+        delay_ms: 3_000,
+        ..Default::default()
+    };
+    let app = ApplicationSpec::builder("drain")
+        .deployment(
+            where_dep("where", 4, custom("w"), &slow)
+                .with_config(|c| c.with_request_router(pinned(false))),
+        )
+        .build()
+        .unwrap();
+    let handle = serve.run(app).await.unwrap();
+    let on = |node: &str, now: &[(u64, String, ReplicaState)]| {
+        now.iter().filter(|(_, n, _)| n == node).count()
+    };
+    let now = replica_nodes(&serve, "drain", "where").await;
+    assert_eq!((on(&a_id, &now), on(&b_id, &now)), (2, 2));
+
+    // A request in flight on a when it is told to shut down.
+    let held = tokio::spawn({
+        let h = handle.clone();
+        async move { h.call::<_, Here>("held").await }
+    });
+    eventually(10, "the request runs on a", || async {
+        a.log_text().contains("where: request held began")
+    })
+    .await;
+    a.shutdown();
+    // a's idle replica stops at its first drain check, while the other still
+    // serves: its replacement goes to b (which then runs fewer of the
+    // deployment than a, and would rank after it), not to the leaving node.
+    // The request finishes where it began, and the busy replica follows.
+    let here = held.await.unwrap().unwrap();
+    assert_eq!(here.node, a_id);
+    eventually(20, "every replica runs on b", || async {
+        let now = replica_nodes(&serve, "drain", "where").await;
+        now.len() == 4
+            && now
+                .iter()
+                .all(|(_, n, s)| *n == b_id && *s == ReplicaState::Running)
+    })
+    .await;
+    let (a, code) = tokio::task::spawn_blocking(move || {
+        let code = a.wait_exit();
+        (a, code)
+    })
+    .await
+    .unwrap();
+    assert_eq!(code, Some(0), "a ended by its shutdown");
+    assert_eq!(
+        a.log_text().matches("replica started").count(),
+        2,
+        "a started a replica while it was leaving"
+    );
+    let m = serve.metrics().await.unwrap().nodes;
+    assert_eq!(
+        (m.left, m.lost, m.replicas_lost, m.live),
+        (1, 0, 0, 1),
+        "a left, with nothing on it"
+    );
+    let here: Here = handle.call("after").await.unwrap();
+    assert_eq!(here.node, b_id);
+    serve.shutdown().await.unwrap();
+    drop((a, b));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_its_caller_gives_up_on_is_cancelled_on_the_node() {
     let (_turn, dir, serve, addr) = setup(cpus(0.0)).await;
     let a = NodeProc::start(addr, &NodeSpec::new("a", 1.0), dir.path());

@@ -132,6 +132,8 @@ impl Deployment for Where {
         let concurrent = self.in_flight.fetch_add(1, Ordering::AcqRel) + 1;
         let _done = Done(&self.in_flight);
         if self.args.delay_ms > 0 {
+            // What a test waits for (in the node's log) to know it runs.
+            tracing::info!("where: request {echo} began");
             tokio::time::sleep(Duration::from_millis(self.args.delay_ms)).await;
         }
         let downstream = match &self.downstream {
@@ -605,8 +607,9 @@ pub fn run_child(line: &str) {
         .build()
         .unwrap();
     // Its stdin: `DROP_PEER <node id>` lines (NodeProc::drop_peer_session),
-    // and the end when the parent goes away.
-    let (drops_tx, mut drops) = tokio::sync::mpsc::unbounded_channel::<String>();
+    // `SHUTDOWN` (NodeProc::shutdown), and the end when the parent goes away.
+    // A `None` on the channel asks for the shutdown.
+    let (drops_tx, mut drops) = tokio::sync::mpsc::unbounded_channel::<Option<String>>();
     std::thread::spawn(move || {
         let mut buf = String::new();
         while std::io::stdin()
@@ -615,7 +618,9 @@ pub fn run_child(line: &str) {
             .unwrap_or(false)
         {
             if let Some(id) = buf.trim().strip_prefix("DROP_PEER ") {
-                let _ = drops_tx.send(id.to_owned());
+                let _ = drops_tx.send(Some(id.to_owned()));
+            } else if buf.trim() == "SHUTDOWN" {
+                let _ = drops_tx.send(None);
             }
             buf.clear();
         }
@@ -657,8 +662,9 @@ pub fn run_child(line: &str) {
         });
         let node = Arc::new(node);
         let dropping = node.clone();
-        let dropper = tokio::spawn(async move {
-            while let Some(id) = drops.recv().await {
+        // Returns (with its clone of the node) when a shutdown is asked.
+        let mut dropper = tokio::spawn(async move {
+            while let Some(Some(id)) = drops.recv().await {
                 let dropped = dropping.drop_peer_session(&id).await;
                 println!("NODE_DROPPED {id} {dropped}");
                 let _ = std::io::stdout().flush();
@@ -666,10 +672,16 @@ pub fn run_child(line: &str) {
         });
         // The node's task ended once its id can no longer change.
         let mut ended = node.watch_id();
-        while ended.changed().await.is_ok() {}
-        dropper.abort();
-        let _ = dropper.await;
+        let shutdown = tokio::select! {
+            () = async { while ended.changed().await.is_ok() {} } => false,
+            _ = &mut dropper => true,
+        };
+        if !shutdown {
+            dropper.abort();
+            let _ = dropper.await;
+        }
         let r = match Arc::into_inner(node) {
+            Some(node) if shutdown => node.shutdown().await,
             Some(node) => node.wait().await,
             None => Ok(()),
         };
@@ -795,6 +807,14 @@ impl NodeProc {
     pub fn drop_peer_session(&mut self, peer: &str) {
         let stdin = self.child.stdin.as_mut().expect("piped stdin");
         writeln!(stdin, "DROP_PEER {peer}").unwrap();
+        stdin.flush().unwrap();
+    }
+
+    /// Ask it to shut down as `Node::shutdown` does: its replicas drain, then
+    /// it leaves and exits (0).
+    pub fn shutdown(&mut self) {
+        let stdin = self.child.stdin.as_mut().expect("piped stdin");
+        writeln!(stdin, "SHUTDOWN").unwrap();
         stdin.flush().unwrap();
     }
 

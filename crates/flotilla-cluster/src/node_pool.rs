@@ -56,6 +56,9 @@ pub struct PoolNode {
     spec: NodeSpec,
     used: Resources,
     alive: bool,
+    /// Leaving the cluster: alive, its replicas still run, nothing new is
+    /// placed on it.
+    draining: bool,
     replicas: usize,
     per_deployment: HashMap<DeploymentKey, usize>,
 }
@@ -66,6 +69,7 @@ impl PoolNode {
             spec,
             used: Resources::none(),
             alive: true,
+            draining: false,
             replicas: 0,
             per_deployment: HashMap::new(),
         }
@@ -96,6 +100,16 @@ impl PoolNode {
     /// Whether it is alive.
     pub fn is_alive(&self) -> bool {
         self.alive
+    }
+
+    /// Whether it is leaving the cluster ([`NodePool::drain`]).
+    pub fn is_draining(&self) -> bool {
+        self.draining
+    }
+
+    /// Whether new replicas may be placed on it: alive and not leaving.
+    fn open(&self) -> bool {
+        self.alive && !self.draining
     }
 
     /// Replicas running on it (a replica runs where its first bundle is; a
@@ -289,8 +303,9 @@ impl NodePool {
         self.live_node(name).is_some()
     }
 
-    /// The live nodes with room for `need`, with their indexes (resources
-    /// only: no limit per node, no placement group).
+    /// The nodes new replicas may go to (alive, not draining) with room for
+    /// `need`, with their indexes (resources only: no limit per node, no
+    /// placement group).
     pub fn fitting<'a>(
         &'a self,
         need: &'a Resources,
@@ -298,7 +313,7 @@ impl NodePool {
         self.nodes
             .iter()
             .enumerate()
-            .filter(move |(_, n)| n.alive && n.fits(need))
+            .filter(move |(_, n)| n.open() && n.fits(need))
     }
 
     /// Where `replica` runs (its first bundle's node).
@@ -430,7 +445,7 @@ impl NodePool {
     /// `limit` replicas of `key`.
     fn takes(&self, i: usize, need: &Resources, key: &DeploymentKey, limit: Option<u32>) -> bool {
         self.nodes.get(i).is_some_and(|n| {
-            n.alive && n.fits(need) && limit.is_none_or(|l| n.replicas_of(key) < l as usize)
+            n.open() && n.fits(need) && limit.is_none_or(|l| n.replicas_of(key) < l as usize)
         })
     }
 
@@ -698,6 +713,7 @@ impl NodePool {
         }
         let node = &mut self.nodes[idx];
         node.alive = false;
+        node.draining = false;
         node.used = Resources::none();
         node.replicas = 0;
         node.per_deployment.clear();
@@ -718,6 +734,23 @@ impl NodePool {
         true
     }
 
+    /// The live node `name` is leaving the cluster: its replicas keep what
+    /// they hold and run on, and nothing new is placed on it until it dies.
+    /// False for an unknown or dead node.
+    pub fn drain(&mut self, name: &str) -> bool {
+        match self
+            .nodes
+            .iter_mut()
+            .find(|n| n.alive && n.spec.name == name)
+        {
+            Some(n) => {
+                n.draining = true;
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Why `need` fits no live node: [`shortfall`](Self::shortfall), or else
     /// that no single node has every amount free at once (naming them).
     pub fn refusal(&self, need: &Resources) -> Refusal {
@@ -731,13 +764,18 @@ impl NodePool {
         Refusal { missing }
     }
 
-    /// What is missing for `need`: that there is no live node, or each amount no
-    /// live node has free (`"cpus: need 2, most free 1"`, joined by `; `).
-    /// `None` when every amount is free on some node, just not all on one.
+    /// What is missing for `need`: that there is no live node (or every live
+    /// one is leaving), or each amount no node that takes replicas has free
+    /// (`"cpus: need 2, most free 1"`, joined by `; `). `None` when every
+    /// amount is free on some node, just not all on one.
     pub fn shortfall(&self, need: &Resources) -> Option<String> {
-        let live: Vec<&PoolNode> = self.live().collect();
+        let live: Vec<&PoolNode> = self.nodes.iter().filter(|n| n.open()).collect();
         if live.is_empty() {
-            return Some("the cluster has no live node".to_owned());
+            return Some(if self.live().next().is_some() {
+                "every live node is leaving the cluster".to_owned()
+            } else {
+                "the cluster has no live node".to_owned()
+            });
         }
         let mut missing = String::new();
         for d in &dims(need) {
@@ -808,6 +846,36 @@ mod tests {
         pool.reservations_of(ReplicaId(id))
             .map(|(n, r)| (n.name().to_owned(), r.cpus))
             .collect()
+    }
+
+    #[test]
+    fn a_draining_node_keeps_its_replicas_and_takes_no_new_one() {
+        let mut p = pool(&[("n1", cpus(2.0)), ("n2", cpus(1.0))]);
+        let (a, d, _) = names();
+        let one = cpus(1.0);
+        let req = |id| PlacementRequest::new(ReplicaId(id), &a, &d, &one);
+        assert_eq!(first(&mut p, &req(1)).unwrap(), "n1");
+        assert!(p.drain("n1"));
+        assert!(p.node("n1").unwrap().is_draining() && p.is_alive("n1"));
+        assert_eq!(
+            held(&p, 1),
+            [("n1".to_owned(), 1.0)],
+            "its replica keeps its place"
+        );
+        // n1 has room for one more, but it is leaving.
+        assert_eq!(first(&mut p, &req(2)).unwrap(), "n2");
+        let refusal = first(&mut p, &req(3)).unwrap_err();
+        assert_eq!(refusal.missing, "cpus: need 1, most free 0");
+        assert!(p.drain("n2"));
+        assert_eq!(
+            first(&mut p, &req(3)).unwrap_err().missing,
+            "every live node is leaving the cluster"
+        );
+        // A drained node that dies and comes back takes replicas again.
+        assert!(p.kill("n1").is_some());
+        assert!(!p.drain("n1"), "a dead node does not drain");
+        assert!(p.add(NodeSpec::new("n1", cpus(2.0))));
+        assert_eq!(first(&mut p, &req(3)).unwrap(), "n1");
     }
 
     #[test]

@@ -126,6 +126,10 @@ pub(crate) struct AgentState {
     /// Peers whose last dial failed (warned once, then retried quietly).
     unreachable: HashSet<String>,
     shutting_down: bool,
+    /// Shut down with every replica gone: the `Leaving` whose answer ends the
+    /// node (the head has then read every replica's `Exited`), and when it
+    /// was sent.
+    farewell: Option<(u64, Instant)>,
     /// Refused by the head (declared lost): the replicas are being killed, and
     /// the incarnation ends with this reason once the last has exited.
     fencing: Option<String>,
@@ -137,6 +141,22 @@ impl AgentState {
         match &self.session {
             Some(peer) => self.args.link.shared.send_control(peer, control),
             None => false,
+        }
+    }
+
+    /// Shut down, with no replica left: tell the head and end once it
+    /// answers (every frame sent before has then been read, and the replicas'
+    /// places are free there), or at once without a head. Ended by the tick
+    /// if no answer comes within `heartbeat_timeout`.
+    fn leave(&mut self) {
+        if self.farewell.is_some() {
+            return;
+        }
+        self.seq += 1;
+        if self.head.is_some() && self.to_head(Control::Leaving { seq: self.seq }) {
+            self.farewell = Some((self.seq, Instant::now()));
+        } else {
+            self.end(Ending::Stopped);
         }
     }
 
@@ -197,6 +217,7 @@ impl Actor for Agent {
             dialing_peers: HashMap::new(),
             unreachable: HashSet::new(),
             shutting_down: false,
+            farewell: None,
             fencing: None,
             timer: Some(timer),
         })
@@ -274,6 +295,12 @@ impl Actor for Agent {
                     state.to_head(Control::Heartbeat { seq: state.seq });
                 }
                 let timeout = state.args.options.heartbeat_timeout;
+                if let Some((_, since)) = state.farewell
+                    && (state.session.is_none() || since.elapsed() > timeout)
+                {
+                    warn!(node = %state.args.id, "the head did not answer this node's leaving: ending");
+                    state.end(Ending::Stopped);
+                }
                 if let Some(peer) = state.session.clone()
                     && state.last_heard.elapsed() > timeout
                 {
@@ -289,11 +316,17 @@ impl Actor for Agent {
             }
             AgentMsg::Shutdown => {
                 state.shutting_down = true;
+                // First, so that the replicas' exits below are not answered
+                // with replacements placed here.
+                state.seq += 1;
+                if !state.to_head(Control::Leaving { seq: state.seq }) {
+                    warn!(node = %state.args.id, "shutting down with no head to tell");
+                }
                 for (_, actor) in state.children.actors() {
                     let _ = actor.cast(ReplicaMsg::Stop { graceful: true });
                 }
                 if state.replicas.is_empty() {
-                    state.end(Ending::Stopped);
+                    state.leave();
                 }
             }
         }
@@ -325,7 +358,7 @@ impl Actor for Agent {
             if let Some(reason) = state.fencing.take() {
                 state.end(Ending::Fenced(reason));
             } else if state.shutting_down {
-                state.end(Ending::Stopped);
+                state.leave();
             }
         }
         Ok(())
@@ -539,6 +572,12 @@ async fn control(myself: &ActorRef<AgentMsg>, state: &mut AgentState, env: Envel
         // Heard (every frame from the head counts); not echoed: the head
         // answers the node's own heartbeats, so an echo would loop.
         Control::Heartbeat { .. } => {}
+        Control::Leaving { seq } => {
+            if state.farewell.is_some_and(|(last, _)| last == seq) {
+                info!(node = %state.args.id, "the head heard this node leave");
+                state.end(Ending::Stopped);
+            }
+        }
         Control::Start(s) => Box::pin(start_replica(myself, state, *s)).await,
         Control::Reconfigure { replica, spec } => {
             let spec = Arc::new(*spec);
@@ -629,6 +668,17 @@ async fn start_replica(myself: &ActorRef<AgentMsg>, state: &mut AgentState, s: S
         return;
     };
     if state.replicas.contains_key(&id) {
+        return;
+    }
+    if state.shutting_down {
+        // Placed before the head heard `Leaving`: it ends at once, stopped
+        // (not a failed start), and the head places it again elsewhere.
+        info!(node = %state.args.id, replica = %id, "start refused: the node is shutting down");
+        state.to_head(Control::Exited {
+            replica: s.replica,
+            crashed: false,
+            why: "not started: its node is shutting down".to_owned(),
+        });
         return;
     }
     let spec = Arc::new(s.spec);

@@ -58,6 +58,9 @@ pub struct NodeInfo {
     pub labels: Vec<(String, String)>,
     /// Whether it is alive (a lost node stays listed, never comes back).
     pub alive: bool,
+    /// Whether it is shutting down: alive, its replicas draining, nothing new
+    /// placed on it.
+    pub leaving: bool,
     /// Replicas placed on it now.
     pub replicas: usize,
 }
@@ -67,8 +70,10 @@ pub struct NodeInfo {
 pub struct NodeCounters {
     /// Nodes accepted (a node re-attaching to a restarted head counts).
     pub joined: u64,
-    /// Nodes declared lost.
+    /// Nodes declared lost (gone without shutting down).
     pub lost: u64,
+    /// Nodes that shut down: said they were leaving, then closed their session.
+    pub left: u64,
     /// Connections refused (a failed cookie handshake, a fenced node).
     pub refused: u64,
     /// Nodes alive now.
@@ -126,6 +131,7 @@ pub(crate) struct HeadShared {
     pub(crate) export_wake: Notify,
     pub(crate) joined: AtomicU64,
     pub(crate) lost_count: AtomicU64,
+    pub(crate) left_count: AtomicU64,
     /// Replicas on nodes declared lost, when they were.
     pub(crate) replicas_lost: AtomicU64,
     pub(crate) refused: AtomicU64,
@@ -327,6 +333,7 @@ impl Head {
             export_wake: Notify::new(),
             joined: AtomicU64::new(0),
             lost_count: AtomicU64::new(0),
+            left_count: AtomicU64::new(0),
             replicas_lost: AtomicU64::new(0),
             refused: AtomicU64::new(0),
             reattach: watch::Sender::new((false, 0)),
@@ -378,6 +385,7 @@ impl Head {
                 resources: n.resources.clone(),
                 labels: n.labels.clone(),
                 alive: n.alive,
+                leaving: n.alive && pool.node(id).is_some_and(crate::PoolNode::is_draining),
                 replicas: if n.alive {
                     pool.node(id).map_or(0, crate::PoolNode::replicas)
                 } else {
@@ -395,6 +403,7 @@ impl Head {
         NodeCounters {
             joined: self.shared.joined.load(Ordering::Relaxed),
             lost: self.shared.lost_count.load(Ordering::Relaxed),
+            left: self.shared.left_count.load(Ordering::Relaxed),
             refused: self.shared.refused.load(Ordering::Relaxed),
             live: nodes.iter().filter(|n| n.alive).count(),
             replicas_on_nodes: nodes.iter().map(|n| n.replicas).sum(),

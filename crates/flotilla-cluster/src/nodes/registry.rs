@@ -131,13 +131,14 @@ fn touch(state: &RegistryState, peer: &str) {
 }
 
 /// Pass a node's report on `replica` to its proxy, if the node that sent it
-/// (`from`) is the one the replica runs on.
-fn report(state: &RegistryState, from: &str, replica: u64, report: ProxyReport) {
+/// (`from`) is the one the replica runs on (returns whether it was).
+fn report(state: &RegistryState, from: &str, replica: u64, report: ProxyReport) -> bool {
     let sender = state.by_peer.get(from);
     let proxies = lock(&state.shared.proxies);
     match proxies.get(&ReplicaId(replica)) {
         Some((node, tx)) if sender == Some(node) => {
             let _ = tx.send(report);
+            return true;
         }
         Some((node, _)) => warn!(
             replica,
@@ -152,6 +153,7 @@ fn report(state: &RegistryState, from: &str, replica: u64, report: ProxyReport) 
             "report for a replica the head has no proxy of"
         ),
     }
+    false
 }
 
 async fn control(state: &mut RegistryState, env: Envelope) {
@@ -170,11 +172,11 @@ async fn control(state: &mut RegistryState, env: Envelope) {
         }
         Control::Event { replica, event } => {
             touch(state, &from);
-            report(state, &from, replica, ProxyReport::Event(event));
+            let _ = report(state, &from, replica, ProxyReport::Event(event));
         }
         Control::Models { replica, models } => {
             touch(state, &from);
-            report(state, &from, replica, ProxyReport::Models(models));
+            let _ = report(state, &from, replica, ProxyReport::Models(models));
         }
         Control::Exited {
             replica,
@@ -182,7 +184,30 @@ async fn control(state: &mut RegistryState, env: Envelope) {
             why,
         } => {
             touch(state, &from);
-            report(state, &from, replica, ProxyReport::Exited { crashed, why });
+            if report(state, &from, replica, ProxyReport::Exited { crashed, why }) {
+                // Its place is free now, before its proxy has heard: a node
+                // that closes its session right after (it shut down) did not
+                // lose this replica. Its proxy's release is then a no-op.
+                state.shared.release(ReplicaId(replica));
+            }
+        }
+        Control::Leaving { seq } => {
+            touch(state, &from);
+            let Some(id) = state.by_peer.get(&from).cloned() else {
+                return;
+            };
+            // Every frame before this one is read (and each `Exited` freed
+            // its replica's place): the node may close its session.
+            send(state, &from, Control::Leaving { seq });
+            let replicas = {
+                let mut pool = state.shared.pool();
+                pool.drain(&id)
+                    .then(|| pool.node(&id).map_or(0, crate::PoolNode::replicas))
+            };
+            if let Some(replicas) = replicas {
+                info!(node = %id, peer = %from, replicas,
+                    "node leaving: nothing more is placed there while its replicas drain");
+            }
         }
         other => warn!(peer = %from, frame = ?other, "head: unexpected control frame"),
     }
@@ -439,8 +464,9 @@ fn broadcast_nodes(state: &RegistryState) {
     }
 }
 
-/// Node `id` is lost: its replicas are gone (replaced elsewhere by their
-/// DeploymentActors), its calls fail, and it never comes back under this id.
+/// Node `id` is gone: lost, or left if it said it was leaving. Its replicas
+/// still there are gone (replaced elsewhere by their DeploymentActors), its
+/// calls fail, and it never comes back under this id.
 fn declare_lost(state: &mut RegistryState, id: &str, why: &str) {
     let shared = state.shared.clone();
     let peer = {
@@ -453,12 +479,25 @@ fn declare_lost(state: &mut RegistryState, id: &str, why: &str) {
         n.peer.clone()
     };
     lock(&shared.lost).insert(id.to_owned());
-    shared.lost_count.fetch_add(1, Ordering::Relaxed);
-    let replicas = shared.pool().kill(id).map_or(0, |r| r.len());
+    let (left, replicas) = {
+        let mut pool = shared.pool();
+        let left = pool.node(id).is_some_and(crate::PoolNode::is_draining);
+        (left, pool.kill(id).map_or(0, |r| r.len()))
+    };
     shared
         .replicas_lost
         .fetch_add(replicas as u64, Ordering::Relaxed);
-    warn!(node = id, %peer, why, replicas, "node lost");
+    if left {
+        shared.left_count.fetch_add(1, Ordering::Relaxed);
+        if replicas == 0 {
+            info!(node = id, %peer, why, "node left");
+        } else {
+            warn!(node = id, %peer, why, replicas, "node left before its replicas ended");
+        }
+    } else {
+        shared.lost_count.fetch_add(1, Ordering::Relaxed);
+        warn!(node = id, %peer, why, replicas, "node lost");
+    }
     let failed = shared.link.shared.calls.fail_peer(&peer);
     let reason = format!("its node '{id}' was lost: {why}");
     for (node, tx) in lock(&shared.proxies).values() {

@@ -121,6 +121,17 @@ pub(crate) enum Control {
         /// What it holds.
         models: WireModels,
     },
+    /// Node -> head: the node is shutting down. The head places nothing more
+    /// on it; its replicas drain and stop (each reported `Exited`), then it
+    /// says `Leaving` again and closes its session once the head answers, and
+    /// the head counts it as left, not lost.
+    ///
+    /// Head -> node: the answer to each, with its `seq`: the head has read
+    /// every frame the node sent before it.
+    Leaving {
+        /// Which of the node's `Leaving`s this is (or answers).
+        seq: u64,
+    },
     /// Node -> head: a replica ended.
     Exited {
         /// The replica.

@@ -829,6 +829,61 @@ async fn a_node_that_shuts_down_drains_and_its_replicas_are_replaced_on_another_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_deployment_is_not_found_by_callers_on_a_node() {
+    let (_turn, dir, serve, addr) = setup(cpus(1.0)).await;
+    let a = NodeProc::start(
+        addr,
+        &NodeSpec::new("a", 0.0).custom("front", 1.0),
+        dir.path(),
+    );
+    let a_id = a.id().await;
+    let back = || {
+        ApplicationSpec::builder("back")
+            .deployment(where_dep("back", 1, cpus(1.0), &WhereArgs::default()))
+            .build()
+            .unwrap()
+    };
+    serve.run(back()).await.unwrap();
+    // front, on a, calls back (another application, on the head).
+    let front = WhereArgs {
+        downstream: Some("back".into()),
+        downstream_app: Some("back".into()),
+        ..Default::default()
+    };
+    let app = ApplicationSpec::builder("front")
+        .deployment(where_dep("front", 1, custom("front"), &front))
+        .build()
+        .unwrap();
+    let handle = serve
+        .run(app)
+        .await
+        .unwrap()
+        .with_timeout(Duration::from_secs(10));
+    let here: Here = handle.call("before").await.unwrap();
+    assert_eq!(here.node, a_id);
+    assert_eq!(here.downstream.unwrap().node, "head");
+
+    // Deleted: a's copy is closed, so front's call fails as on the head
+    // (before, a kept an empty copy and the call waited for a replica).
+    serve.delete_apps(["back"], true).await.unwrap();
+    match handle.call::<_, Here>("after").await {
+        Err(CallError::User(message)) => {
+            assert!(message.contains("does not exist"), "{message}");
+        }
+        other => panic!("front's call to the deleted back: {other:?}"),
+    }
+
+    // Deployed again: a's callers find the new one.
+    serve.run(back()).await.unwrap();
+    eventually(10, "a's callers reach the new back", || async {
+        handle.call::<_, Here>("again").await.is_ok()
+    })
+    .await;
+    serve.shutdown().await.unwrap();
+    drop(a);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_its_caller_gives_up_on_is_cancelled_on_the_node() {
     let (_turn, dir, serve, addr) = setup(cpus(0.0)).await;
     let a = NodeProc::start(addr, &NodeSpec::new("a", 1.0), dir.path());

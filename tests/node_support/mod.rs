@@ -110,6 +110,9 @@ pub struct WhereArgs {
     pub tag: String,
     /// Call this deployment of the same application and nest its answer.
     pub downstream: Option<String>,
+    /// The application `downstream` is in, when not this one.
+    #[serde(default)]
+    pub downstream_app: Option<String>,
     /// Sleep this long per request.
     pub delay_ms: u64,
 }
@@ -409,9 +412,15 @@ pub fn registry() -> Registry {
         .unwrap()
         .register("where::Where", |ctx: InitContext| async move {
             let args: WhereArgs = ctx.args().unwrap_or_default();
-            let downstream = match &args.downstream {
-                Some(d) => Some(ctx.handle(d)?),
-                None => None,
+            let downstream = match (&args.downstream, &args.downstream_app) {
+                (Some(d), None) => Some(ctx.handle(d)?),
+                (Some(d), Some(app)) => {
+                    let bad = |e: &dyn std::fmt::Display| UserError::new(e.to_string());
+                    let app = flotilla::AppName::new(app).map_err(|e| bad(&e))?;
+                    let dep = flotilla::DeploymentName::new(d).map_err(|e| bad(&e))?;
+                    Some(ctx.handle_in(&app, &dep))
+                }
+                (None, _) => None,
             };
             Ok(Where {
                 node: ctx.node.clone(),

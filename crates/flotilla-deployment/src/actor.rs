@@ -208,6 +208,8 @@ impl DeploymentActor {
                 generation: a.target.generation,
             });
             a.directory.remove(&a.app, &a.target.spec.name);
+            // Other processes close their copies too (docs/nodes.md).
+            a.cluster.route_changed(&state.route);
         }
         myself.stop(None);
     }

@@ -607,6 +607,13 @@ async fn control(myself: &ActorRef<AgentMsg>, state: &mut AgentState, env: Envel
         Control::Routes(entries) => {
             for e in entries {
                 let key = (e.app.clone(), e.deployment.clone());
+                if e.closed {
+                    // Deleted: callers here hear so, as on the head.
+                    state.routes.remove(&key);
+                    state.mirrors.retain(|_, (k, _)| *k != key);
+                    state.directory.remove(&key.0, &key.1);
+                    continue;
+                }
                 state.routes.insert(key.clone(), e);
                 publish(state, &key);
             }

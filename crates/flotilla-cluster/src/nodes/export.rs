@@ -27,11 +27,25 @@ use super::{
 /// Routes per `Routes` frame of a full copy.
 const CHUNK: usize = 512;
 
-/// A DeploymentActor changed `route`'s replica set or copied settings.
+/// A DeploymentActor changed `route`'s replica set or copied settings, or
+/// deleted it (closed): the nodes are sent its closed entry once, and then
+/// it is forgotten.
 pub(crate) fn changed(shared: &HeadShared, route: &Arc<DeploymentRoute>) {
     let key = (route.app().clone(), route.deployment().clone());
     let wake = shared.any_alive();
     let mut ex = lock(&shared.export);
+    if route.is_closed() {
+        // A deployment of the same name deployed again since has its own
+        // route here: that one stays, and is what the nodes are sent.
+        if ex.known.get(&key).is_some_and(|r| !Arc::ptr_eq(r, route)) {
+            return;
+        }
+        if !wake {
+            ex.known.remove(&key);
+            ex.served.remove(&key);
+            return;
+        }
+    }
     if wake {
         ex.dirty.insert(key.clone());
     }
@@ -92,6 +106,12 @@ fn entry(
         // Its watcher ends with its guard.
         ex.watched.remove(&id);
     }
+    let closed = route.is_closed();
+    if closed {
+        // Sent once: forgotten here from now on.
+        ex.known.remove(key);
+        ex.served.remove(key);
+    }
     RouteEntry {
         app: key.0.clone(),
         deployment: key.1.clone(),
@@ -100,6 +120,7 @@ fn entry(
         max_models: route.max_models_per_replica(),
         router: route.router_config(),
         replicas,
+        closed,
     }
 }
 
@@ -159,9 +180,12 @@ pub(crate) async fn run(shared: Arc<HeadShared>) {
 pub(crate) fn full_copy(shared: &Arc<HeadShared>, peer: &str) {
     let entries: Vec<RouteEntry> = {
         let mut ex = lock(&shared.export);
+        // A closed route not yet exported is left to the exporter: a
+        // joining node never had a copy to close.
         let known: Vec<_> = ex
             .known
             .iter()
+            .filter(|(_, r)| !r.is_closed())
             .map(|(k, r)| (k.clone(), r.clone()))
             .collect();
         known
@@ -174,5 +198,60 @@ pub(crate) fn full_copy(shared: &Arc<HeadShared>, peer: &str) {
             .link
             .shared
             .send_control(peer, Control::Routes(chunk.to_vec()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use flotilla_replica::Directory;
+
+    use super::*;
+    use crate::nodes::{Cookie, Head, HeadOptions};
+
+    #[tokio::test]
+    async fn a_deleted_route_is_forgotten_and_one_deployed_again_is_kept() {
+        let options = HeadOptions::new(Cookie::new("export-test-cookie").unwrap())
+            .listen("127.0.0.1:0".parse().unwrap());
+        let reporter = Arc::new(
+            |_: &str, _: &_, _: &_| -> flotilla_replica::ReplicaReporter { Arc::new(|_, _| {}) },
+        );
+        let directory = Directory::new();
+        let head = Head::start(options, "export-test".into(), directory.clone(), reporter)
+            .await
+            .unwrap();
+        let cluster = head.cluster();
+        let (app, dep) = (
+            AppName::new("a").unwrap(),
+            DeploymentName::new("d").unwrap(),
+        );
+        let known = || lock(&head.shared.export).known.len();
+        let old = directory.route(&app, &dep);
+        cluster.route_changed(&old);
+        assert_eq!(known(), 1);
+        directory.remove(&app, &dep);
+        cluster.route_changed(&old);
+        assert_eq!(known(), 0, "the deleted route is kept");
+
+        // Deployed again before the old one's close is told: the new one stays.
+        let old = directory.route(&app, &dep);
+        cluster.route_changed(&old);
+        directory.remove(&app, &dep);
+        let new = directory.route(&app, &dep);
+        cluster.route_changed(&new);
+        cluster.route_changed(&old);
+        assert_eq!(known(), 1);
+        let kept = lock(&head.shared.export)
+            .known
+            .values()
+            .next()
+            .cloned()
+            .unwrap();
+        assert!(
+            Arc::ptr_eq(&kept, &new),
+            "the closed route replaced the new one"
+        );
+        head.stop().await;
     }
 }

@@ -245,7 +245,7 @@ impl Cluster for NodeCluster {
 /// # Ok(()) }
 /// ```
 pub struct Head {
-    shared: Arc<HeadShared>,
+    pub(crate) shared: Arc<HeadShared>,
     address: SocketAddr,
     registry: ActorRef<RegistryMsg>,
     tasks: Vec<JoinHandle<()>>,

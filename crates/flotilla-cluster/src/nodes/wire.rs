@@ -328,6 +328,11 @@ pub(crate) struct RouteEntry {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub router: Option<RequestRouterConfig>,
     pub replicas: Vec<RouteReplica>,
+    /// The deployment was deleted: the node drops its copy (its callers
+    /// there hear that it is not found), and no later frame names it unless
+    /// a deployment of that name is deployed again.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub closed: bool,
 }
 
 /// One replica of a route.

@@ -1383,6 +1383,45 @@ async fn a_head_crash_and_restart_readopts_the_replicas_of_nodes_that_stayed_up(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reattached_replica_no_deployment_adopts_is_stopped_after_the_adopt_timeout() {
+    let _turn = turn().await;
+    let (first, second) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let addr = restartable_addr();
+    let serve = head_at(first.path(), cpus(0.0), addr).await;
+    let a = NodeProc::start(addr, &NodeSpec::new("a", 1.0), first.path());
+    a.id().await;
+    serve.run(where_app("app", 1, cpus(1.0))).await.unwrap();
+    eventually(10, "a runs the replica", || async { a.replicas() == 1 }).await;
+
+    // The head comes back on another store: nothing there owns a's replica.
+    serve.crash_process().await;
+    drop(serve);
+    let serve = head_with(second.path(), cpus(0.0), addr, |o| {
+        o.adopt_timeout(Duration::from_secs(1))
+    })
+    .await;
+    eventually(20, "a re-attached", || async {
+        serve.metrics().await.unwrap().nodes.replicas_on_nodes == 1
+    })
+    .await;
+    // Stopped at the timeout (it ran, holding its place, for ever before).
+    eventually(20, "the unowned replica is stopped", || async {
+        a.replicas() == 0 && serve.metrics().await.unwrap().nodes.replicas_on_nodes == 0
+    })
+    .await;
+    assert_eq!(a.ids().len(), 1, "a kept its id");
+    assert!(a.log_text().contains("replica ended"));
+    // Its place serves this head's own deployments.
+    serve.run(where_app("new", 1, cpus(1.0))).await.unwrap();
+    assert_eq!(
+        replica_nodes(&serve, "new", "where").await[0].1,
+        a.id().await
+    );
+    serve.shutdown().await.unwrap();
+    drop(a);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redeploy_rolls_replicas_on_several_nodes() {
     let (_turn, dir, serve, addr) = setup(cpus(1.0)).await;
     let a = NodeProc::start(addr, &NodeSpec::new("a", 3.0), dir.path());

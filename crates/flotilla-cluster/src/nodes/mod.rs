@@ -43,8 +43,8 @@ pub use cookie::{Cookie, CookieError, CookieSource};
 pub use head::{Head, NodeCluster, NodeCounters, NodeInfo, ReporterFactory};
 pub use node::{Node, run, start};
 pub use options::{
-    CHECK_PERIOD, DEFAULT_HEAD_PORT, HANDSHAKE_TIMEOUT, HEARTBEAT, HEARTBEAT_TIMEOUT, HeadOptions,
-    NodeOptions, OptionsError, REATTACH_GRACE,
+    ADOPT_TIMEOUT, CHECK_PERIOD, DEFAULT_HEAD_PORT, HANDSHAKE_TIMEOUT, HEARTBEAT,
+    HEARTBEAT_TIMEOUT, HeadOptions, NodeOptions, OptionsError, REATTACH_GRACE,
 };
 pub use proxy::{RemoteReplica, RemoteReplicaArgs, RemoteReplicaState};
 

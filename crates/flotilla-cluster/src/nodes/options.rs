@@ -20,6 +20,9 @@ pub const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(2);
 pub const CHECK_PERIOD: Duration = Duration::from_millis(250);
 /// How long a restarted head waits for its nodes to re-attach.
 pub const REATTACH_GRACE: Duration = Duration::from_secs(2);
+
+/// The default [`HeadOptions::adopt_timeout`].
+pub const ADOPT_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long an inbound connection may take to authenticate before it is
 /// closed (ractor_cluster's handshake is three round trips).
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -63,6 +66,12 @@ pub struct HeadOptions {
     /// How long a connection may take to authenticate before it is closed
     /// (default [`HANDSHAKE_TIMEOUT`]); at most 64 wait at once.
     pub handshake_timeout: Duration,
+    /// How long a replica a node re-attached with waits for a deployment of
+    /// this head to adopt it before it is stopped (default [`ADOPT_TIMEOUT`]):
+    /// a head restarted on another store, or whose checkpoint no longer has
+    /// that deployment, does not leave it running, and holding its place,
+    /// for ever. Longer than recovering the checkpoint takes.
+    pub adopt_timeout: Duration,
 }
 
 /// Why head options cannot be used.
@@ -182,6 +191,7 @@ impl HeadOptions {
             heartbeat_timeout: HEARTBEAT_TIMEOUT,
             reattach_grace: REATTACH_GRACE,
             handshake_timeout: HANDSHAKE_TIMEOUT,
+            adopt_timeout: ADOPT_TIMEOUT,
         }
     }
 
@@ -228,12 +238,21 @@ impl HeadOptions {
         self
     }
 
+    /// Stop a re-attached replica no deployment adopted within `timeout`.
+    pub fn adopt_timeout(mut self, timeout: Duration) -> Self {
+        self.adopt_timeout = timeout;
+        self
+    }
+
     /// Check the options as a whole (`Serve::start` does).
     pub fn validate(&self) -> Result<(), OptionsError> {
         check_cookie("head", self.listen, &self.cookie)?;
         check_id(&self.node_id)?;
         check_heartbeat(self.heartbeat, self.heartbeat_timeout)?;
-        check_waits(&[("handshake_timeout", self.handshake_timeout)])?;
+        check_waits(&[
+            ("handshake_timeout", self.handshake_timeout),
+            ("adopt_timeout", self.adopt_timeout),
+        ])?;
         let max = flotilla_core::MAX_DURATION;
         if self.reattach_grace > max {
             return Err(OptionsError::Duration {
@@ -389,6 +408,10 @@ mod tests {
         assert_eq!(
             field(head().reattach_grace(Duration::MAX).validate()),
             "reattach_grace"
+        );
+        assert_eq!(
+            field(head().adopt_timeout(Duration::ZERO).validate()),
+            "adopt_timeout"
         );
     }
 

@@ -3,7 +3,10 @@
 //! and stops it as any replica; it forwards to the node, mirrors what the node
 //! reports, and ends as the remote replica ended (`docs/nodes.md`).
 
-use std::sync::{Arc, Mutex};
+use std::sync::{
+    Arc, Mutex,
+    atomic::{AtomicBool, Ordering},
+};
 
 use flotilla_core::{AppName, DeploymentName, DeploymentSpec, DeploymentVersion};
 use flotilla_replica::{
@@ -133,6 +136,9 @@ pub struct RemoteReplicaState {
     /// Its deployment's route here (exported again when its models change).
     route: Arc<DeploymentRoute>,
     task: Option<JoinHandle<()>>,
+    /// A re-attached replica: whether a DeploymentActor has adopted it (asked
+    /// it what it is), and the timer that stops it if none does in time.
+    unowned: Option<(Arc<AtomicBool>, JoinHandle<()>)>,
     _membership: Membership,
     /// Gives the replica's reservation back when this stand-in is gone.
     _on_exit: OnExit,
@@ -174,6 +180,12 @@ impl Actor for RemoteReplica {
         );
         let (tx, rx) = mpsc::unbounded_channel();
         lock(&shared.proxies).insert(a.id, (a.host.node.clone(), tx));
+        // Re-attached: stopped unless a deployment here adopts it in time.
+        let unowned = a.adopted.is_some().then(|| {
+            let span = tracing::info_span!("adoption", app = %a.app,
+                deployment = %a.deployment, replica = %a.id, node = %a.host.node);
+            adoption_deadline(&myself, shared.options.adopt_timeout, span)
+        });
         let (phase, condemned, start) = match a.adopted {
             Some(ad) => {
                 if let Some(models) = ad.models {
@@ -209,6 +221,7 @@ impl Actor for RemoteReplica {
             reports: Some(rx),
             route: a.route,
             task: None,
+            unowned,
             _membership: membership,
             _on_exit: a.on_exit,
         })
@@ -268,6 +281,11 @@ impl Actor for RemoteReplica {
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             ReplicaMsg::Observe(reply) => {
+                // Only its DeploymentActor asks (adopting it).
+                if let Some((owned, timer)) = state.unowned.take() {
+                    owned.store(true, Ordering::Release);
+                    timer.abort();
+                }
                 let m = lock(&state.mirror);
                 let serving = matches!(m.phase, ReplicaPhase::Running | ReplicaPhase::Updating);
                 let _ = reply.send(ReplicaSnapshot {
@@ -319,10 +337,36 @@ impl Actor for RemoteReplica {
         if let Some(t) = state.task.take() {
             t.abort();
         }
+        if let Some((_, timer)) = state.unowned.take() {
+            timer.abort();
+        }
         info!(app = %state.app, deployment = %state.deployment, replica = %state.id,
             node = %state.host.node, "remote replica stopped");
         Ok(())
     }
+}
+
+/// Stop the stand-in `myself` (and so its replica) after `wait`, unless the
+/// returned flag is set first (a DeploymentActor adopted it).
+fn adoption_deadline(
+    myself: &ActorRef<ReplicaMsg>,
+    wait: std::time::Duration,
+    span: tracing::Span,
+) -> (Arc<AtomicBool>, JoinHandle<()>) {
+    let owned = Arc::new(AtomicBool::new(false));
+    let (me, seen) = (myself.clone(), owned.clone());
+    let timer = tokio::spawn(tracing::Instrument::instrument(
+        async move {
+            tokio::time::sleep(wait).await;
+            if !seen.load(Ordering::Acquire) {
+                warn!(timeout = ?wait,
+                    "re-attached replica adopted by no deployment here: stopping it");
+                let _ = me.cast(ReplicaMsg::Stop { graceful: true });
+            }
+        },
+        span,
+    ));
+    (owned, timer)
 }
 
 /// Apply the node's reports to the mirror, tell the DeploymentActor, and end

@@ -138,6 +138,27 @@ async fn constructor_failures_back_off_then_deploy_failed_retries_slowly_and_rec
     assert_eq!(gaps, [100, 200, 30_000, 30_000, 30_000]);
 }
 
+/// Failures that come together back off as long as the last of them says: three
+/// replicas failing at once are failures 1, 2 and 3, so the next start waits
+/// backoff(3) = 400 ms, not the 100 ms the first one armed.
+#[tokio::test(start_paused = true)]
+async fn failures_at_once_hold_starts_back_for_the_longest_backoff_they_earn() {
+    let (_dir, sw, serve) = start_fresh().await;
+    let flaky = ProbeArgs {
+        fail_constructor: 3,
+        ..tag("f")
+    };
+    serve
+        .run_many(vec![app_of("a", probe(3, &flaky))], no_wait())
+        .await
+        .unwrap();
+    wait_status(&serve, "a", A::Running).await;
+    let times = sw.constructor_times();
+    let t0 = times[0];
+    let offsets: Vec<u128> = times.iter().map(|t| (*t - t0).as_millis()).collect();
+    assert_eq!(offsets, [0, 0, 0, 400, 400, 400]);
+    assert_eq!(sw.failed.load(Ordering::SeqCst), 3);
+}
 #[tokio::test(start_paused = true)]
 async fn a_redeploy_that_only_rescales_a_failed_deployment_starts_its_retries_afresh() {
     let (_dir, sw, serve) = start_fresh().await;

@@ -61,19 +61,29 @@ fn scaled_copy(old: &DeploymentSpec, new: &DeploymentSpec) -> bool {
 }
 
 impl DeploymentActor {
-    /// Hold replica starts back for `after` (constructor backoff).
+    /// Hold replica starts back for `after` from now (constructor backoff), or
+    /// as long as a backoff already armed holds them, whichever ends later:
+    /// failures that come together back off as long as the last one's count
+    /// says (Ray's backoff grows with each failure), even when the armed timer
+    /// has already fired and its `Retry` waits in the mailbox.
     fn schedule_retry(
         myself: &ActorRef<DeploymentMsg>,
         state: &mut DeploymentState,
         after: Duration,
     ) {
-        if state.backoff.is_none() {
-            let me = myself.clone();
-            state.backoff = Some(tokio::spawn(async move {
-                tokio::time::sleep(after).await;
-                let _ = me.cast(InternalMsg::Retry.into());
-            }));
+        let until = Instant::now() + after;
+        if state.backoff.as_ref().is_some_and(|(at, _)| *at >= until) {
+            return;
         }
+        if let Some((_, t)) = state.backoff.take() {
+            t.abort();
+        }
+        let me = myself.clone();
+        let timer = tokio::spawn(async move {
+            tokio::time::sleep_until(until).await;
+            let _ = me.cast(InternalMsg::Retry(until).into());
+        });
+        state.backoff = Some((until, timer));
     }
 
     /// Arm the slow-start timer for the next moment a warning may be due.
@@ -235,7 +245,7 @@ impl DeploymentActor {
             // A new spec starts with a clean slate: no failures, no backoff.
             state.failures = 0;
             state.has_started = false;
-            if let Some(t) = state.backoff.take() {
+            if let Some((_, t)) = state.backoff.take() {
                 t.abort();
             }
             state.transition(DeploymentTrigger::ConfigUpdate, String::new(), None);
@@ -253,7 +263,7 @@ impl DeploymentActor {
             // retry count and the backoff start afresh (an autoscaling decision
             // keeps them, as Ray's `_set_target_state_autoscaling` does).
             state.failures = 0;
-            if let Some(t) = state.backoff.take() {
+            if let Some((_, t)) = state.backoff.take() {
                 t.abort();
             }
         }
@@ -432,7 +442,11 @@ impl Actor for DeploymentActor {
                 InternalMsg::Replica(id, event) => {
                     Self::on_replica_event(&myself, state, id, event);
                 }
-                InternalMsg::Retry => state.backoff = None,
+                InternalMsg::Retry(until) => {
+                    if state.backoff.as_ref().is_some_and(|(at, _)| *at == until) {
+                        state.backoff = None;
+                    }
+                }
                 InternalMsg::PlacementRetry => state.placement_timer = None,
                 InternalMsg::Recovered(id, snap) => {
                     if let Recovered::StartFailed(error) = recovery::recovered(state, id, snap) {
@@ -501,7 +515,7 @@ impl Actor for DeploymentActor {
     ) -> Result<(), ActorProcessingErr> {
         state.set_wants_capacity(false);
         let timers = [
-            state.backoff.take(),
+            state.backoff.take().map(|(_, t)| t),
             state.placement_timer.take(),
             state.slow.timer.take().map(|(_, t)| t),
             state.cluster_task.take(),

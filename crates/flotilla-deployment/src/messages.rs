@@ -157,8 +157,9 @@ pub struct Internal(pub(crate) InternalMsg);
 pub(crate) enum InternalMsg {
     /// An event from one of its replicas.
     Replica(ReplicaId, ReplicaEvent),
-    /// The constructor backoff timer fired.
-    Retry,
+    /// The constructor backoff armed to end at this instant is over (a timer
+    /// replaced by a longer one, or dropped by a new target, ends nothing).
+    Retry(tokio::time::Instant),
     /// The placement retry timer fired (clusters without events only).
     PlacementRetry,
     /// A RECOVERING replica described itself (`None`: it did not answer).

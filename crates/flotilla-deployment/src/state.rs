@@ -75,8 +75,9 @@ pub struct DeploymentState {
     /// call naming it is refused. While set, the status stays DEPLOY_FAILED
     /// naming it ([`check_code`](Self::check_code)).
     pub(crate) missing_code: Option<String>,
-    /// Constructor backoff: while set, no replica starts.
-    pub(crate) backoff: Option<JoinHandle<()>>,
+    /// Constructor backoff: while set, no replica starts; with the instant it
+    /// ends.
+    pub(crate) backoff: Option<(Instant, JoinHandle<()>)>,
     /// Placement retry timer, only for clusters that announce nothing.
     pub(crate) placement_timer: Option<JoinHandle<()>>,
     pub(crate) pending: Pending,

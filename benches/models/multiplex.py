@@ -18,9 +18,14 @@ replicas with room holding the fewest models,
 - `heat`: the one whose next victim has the lowest heat (the default router:
   `ln sum e^(t/4096)` over the model's uses `t` on the deployment's use clock);
 - `queue`: as `heat`, but a replica that is loading may take one more load,
-  judged by the heat of the model it is loading (an experiment, not built).
-Eviction inside a replica: `lru` (Ray's, the issue's, Flotilla's) or `lfu`
-(the lowest heat; an experiment, not built).
+  judged by the heat of the model it is loading (an experiment, not built);
+- `oracle`: a bound, not a router: the `PINNED` most popular models are
+  placed once, by their true shares (each on the replica with the least
+  share so far), and a model outside them goes to a replica with a slot they
+  leave, one with a free load lane first, then the coldest victim.
+Eviction inside a replica: `lru` (Ray's, the issue's, Flotilla's), `lfu`
+(the lowest heat; an experiment, not built) or `protect` (the least recently
+used of the models `oracle` did not pin: a pinned model is never evicted).
 
 It is a model, not the code: it reproduced the bench within about 0.01 of hit
 rate (session 9 of BENCHMARKS.md). Deterministic for a given seed.
@@ -36,6 +41,7 @@ REPLICAS, SLOTS, MODELS, CALLERS = 8, 3, 32, 32
 LOAD_MS, HANDLER_MS = 20.0, 1.5
 MAX_ONGOING = 16
 HEAT_WINDOW = 4096.0
+PINNED = 20
 
 
 def zipf_cdf(n, s):
@@ -74,6 +80,23 @@ class Model:
         self.replicas = [Replica(i) for i in range(REPLICAS)]
         self.events, self.seq, self.clock = [], 0, 0
         self.hits = self.misses = self.loads = 0
+        self.pinned = {}  # model -> replica, for `oracle`
+        self.churn = []  # replicas with a slot the pinned models leave
+        if routing == "oracle":
+            self.pin()
+
+    def pin(self):
+        """Place the PINNED most popular models once, heaviest first, each on
+        the replica with the least share so far that has a free slot."""
+        share = [self.cdf[0]] + [b - a for a, b in zip(self.cdf, self.cdf[1:])]
+        held = [0.0] * REPLICAS
+        for model in range(PINNED):
+            free = [r for r in self.replicas if len(r.loaded) < SLOTS]
+            r = min(free, key=lambda r: held[r.index])
+            held[r.index] += share[model]
+            r.loaded.append([model, 0.0])
+            self.pinned[model] = r
+        self.churn = [r for r in self.replicas if len(r.loaded) < SLOTS]
 
     def at(self, t, *event):
         self.seq += 1
@@ -93,6 +116,8 @@ class Model:
             return None
         if self.eviction == "lru":
             return r.loaded[0]
+        if self.eviction == "protect":
+            return next((e for e in r.loaded if e[0] not in self.pinned), r.loaded[0])
         return min(r.loaded, key=lambda e: e[1])
 
     def victim_heat(self, r):
@@ -118,6 +143,11 @@ class Model:
         eligible = [r for r in room if r.count() == fewest]
         if self.routing == "ray":
             return self.rng.choice(eligible)
+        if self.routing == "oracle":
+            churn = [r for r in self.churn if r.has_room()] or room
+            return min(
+                self.rotated(churn), key=lambda r: (len(r.loading), self.victim_heat(r))
+            )
         if self.routing == "heat":
             return min(self.rotated(eligible), key=lambda r: (self.victim_heat(r), r.in_flight))
         # "queue": a loading replica may take one more load (while none
@@ -189,28 +219,46 @@ class Model:
         return self.hits / n, n / (until_ms - warmup_ms) * 1000.0, self.loads
 
 
-def main():
-    rules = [("ray", "lru"), ("heat", "lru"), ("heat", "lfu"), ("queue", "lru")]
-    print("Zipf 1; hit rate (req/s) by load and rule")
+LOADS = [None, 500, 1000, 2000]
+
+
+def label(rate):
+    return "closed, 32" if rate is None else f"open, {rate}/s"
+
+
+def table(title, rules, split=None):
+    """Print the hit rate (req/s) of each rule at each load, Zipf 1; with
+    `split`, append how `heat/lru`'s misses divide to it."""
+    print(title)
     print("load".ljust(14) + "".join(f"{r}/{e}".ljust(18) for r, e in rules))
-    split = []
-    for rate in [None, 500, 1000, 2000]:
-        label = "closed, 32" if rate is None else f"open, {rate}/s"
+    for rate in LOADS:
         cells = []
         for routing, eviction in rules:
             model = Model(routing, eviction, 1.0, rate, seed=1)
             hit, rps, loads = model.run()
             cells.append(f"{hit:.3f} ({rps:.0f})".ljust(18))
-            if (routing, eviction) == ("heat", "lru"):
+            if split is not None and (routing, eviction) == ("heat", "lru"):
                 n = model.hits + model.misses
-                split.append((label, loads / n, (model.misses - loads) / n))
-        print(label.ljust(14) + "".join(cells))
+                split.append((label(rate), loads / n, (model.misses - loads) / n))
+        print(label(rate).ljust(14) + "".join(cells))
+    print()
+
+
+def main():
+    split = []
+    rules = [("ray", "lru"), ("heat", "lru"), ("heat", "lfu"), ("queue", "lru")]
+    table("Zipf 1; hit rate (req/s) by load and rule", rules, split)
+    # A bound: what a router that knew every model's share could reach, with
+    # the replicas' LRU eviction and with its pinned models never evicted.
+    table(
+        f"Zipf 1; the oracle placement of the {PINNED} most popular models",
+        [("oracle", "protect"), ("oracle", "lru")],
+    )
     # A miss either begins a load or waits for one in progress (of the same
     # model on the same replica): how the default's misses divide.
-    print()
     print("heat/lru misses per request: loads begun, waits for a load in progress")
-    for label, began, joined in split:
-        print(label.ljust(14) + f"{began:.3f}".ljust(18) + f"{joined:.3f}")
+    for row, began, joined in split:
+        print(row.ljust(14) + f"{began:.3f}".ljust(18) + f"{joined:.3f}")
 
 
 if __name__ == "__main__":

@@ -41,8 +41,13 @@ pub(crate) fn changed(shared: &HeadShared, route: &Arc<DeploymentRoute>) {
             return;
         }
         if !wake {
+            // No node to tell: forgotten now, and its head-local replicas are
+            // no longer served (no full copy will come to unserve them).
             ex.known.remove(&key);
-            ex.served.remove(&key);
+            for id in ex.served.remove(&key).unwrap_or_default() {
+                shared.link.shared.unserve(id);
+                ex.watched.remove(&id);
+            }
             return;
         }
     }
@@ -210,17 +215,23 @@ mod tests {
     use super::*;
     use crate::nodes::{Cookie, Head, HeadOptions};
 
-    #[tokio::test]
-    async fn a_deleted_route_is_forgotten_and_one_deployed_again_is_kept() {
+    /// A head named `name` on loopback, with no node, and its directory.
+    async fn head(name: &str) -> (Head, Directory) {
         let options = HeadOptions::new(Cookie::new("export-test-cookie").unwrap())
             .listen("127.0.0.1:0".parse().unwrap());
         let reporter = Arc::new(
             |_: &str, _: &_, _: &_| -> flotilla_replica::ReplicaReporter { Arc::new(|_, _| {}) },
         );
         let directory = Directory::new();
-        let head = Head::start(options, "export-test".into(), directory.clone(), reporter)
+        let head = Head::start(options, name.into(), directory.clone(), reporter)
             .await
             .unwrap();
+        (head, directory)
+    }
+
+    #[tokio::test]
+    async fn a_deleted_route_is_forgotten_and_one_deployed_again_is_kept() {
+        let (head, directory) = head("export-test").await;
         let cluster = head.cluster();
         let (app, dep) = (
             AppName::new("a").unwrap(),
@@ -252,6 +263,33 @@ mod tests {
             Arc::ptr_eq(&kept, &new),
             "the closed route replaced the new one"
         );
+        head.stop().await;
+    }
+
+    /// A route deleted while no node is alive is not sent to any, and its
+    /// head-local replicas stop being served to other processes then.
+    #[tokio::test]
+    async fn a_route_deleted_while_no_node_is_alive_stops_serving_its_replicas() {
+        let (head, directory) = head("export-unserve").await;
+        let cluster = head.cluster();
+        let (app, dep) = (
+            AppName::new("a").unwrap(),
+            DeploymentName::new("d").unwrap(),
+        );
+        let route = directory.route(&app, &dep);
+        // As a node that has since left had it: served, with its replica.
+        let ep = crate::nodes::link::tests::counter().await;
+        let link = &head.shared.link.shared;
+        link.serve(ep.clone());
+        lock(&head.shared.export)
+            .served
+            .insert((app.clone(), dep.clone()), vec![ep.id()]);
+        cluster.route_changed(&route);
+        assert!(link.served(ep.id()).is_some());
+        directory.remove(&app, &dep);
+        cluster.route_changed(&route);
+        assert!(link.served(ep.id()).is_none(), "still served");
+        assert!(lock(&head.shared.export).served.is_empty());
         head.stop().await;
     }
 }

@@ -267,7 +267,8 @@ impl Shared {
         lock(&self.serving).remove(&id);
     }
 
-    fn served(&self, id: ReplicaId) -> Option<Arc<ReplicaEndpoint>> {
+    /// The replica `id`, if it is served to other processes.
+    pub(crate) fn served(&self, id: ReplicaId) -> Option<Arc<ReplicaEndpoint>> {
         lock(&self.serving).get(&id).cloned()
     }
 
@@ -877,7 +878,7 @@ impl Link {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use std::time::Duration;
@@ -910,7 +911,7 @@ mod tests {
     }
 
     /// A running `Counter` replica's endpoint.
-    async fn counter() -> Arc<ReplicaEndpoint> {
+    pub(crate) async fn counter() -> Arc<ReplicaEndpoint> {
         let registry = Registry::new()
             .register("test::Counter", |_ctx| async { Ok(Counter) })
             .unwrap();

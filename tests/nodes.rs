@@ -903,8 +903,12 @@ async fn a_call_its_caller_gives_up_on_is_cancelled_on_the_node() {
         matches!(gave_up, Err(CallError::Timeout { .. })),
         "{gave_up:?}"
     );
-    // The next call goes after the first's Cancel on the same session: the
-    // first no longer runs when it begins.
+    // The node drops the first call (it would sleep 2 s more without the
+    // Cancel, and never say so); then the next runs alone.
+    eventually(10, "the node cancels the call given up on", || async {
+        a.log_text().contains("where: request first cancelled")
+    })
+    .await;
     let here: Here = handle.call("second").await.unwrap();
     assert_eq!(here.node, a_id);
     assert_eq!(
@@ -1396,8 +1400,10 @@ async fn a_reattached_replica_no_deployment_adopts_is_stopped_after_the_adopt_ti
     // The head comes back on another store: nothing there owns a's replica.
     serve.crash_process().await;
     drop(serve);
+    // Long enough that the poll below cannot miss the re-attached replica on
+    // a loaded machine before the timeout stops it.
     let serve = head_with(second.path(), cpus(0.0), addr, |o| {
-        o.adopt_timeout(Duration::from_secs(1))
+        o.adopt_timeout(Duration::from_secs(5))
     })
     .await;
     eventually(20, "a re-attached", || async {

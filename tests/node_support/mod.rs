@@ -133,11 +133,17 @@ impl Deployment for Where {
     async fn handle(&self, echo: String) -> Result<Here, UserError> {
         use std::sync::atomic::Ordering;
         let concurrent = self.in_flight.fetch_add(1, Ordering::AcqRel) + 1;
-        let _done = Done(&self.in_flight);
+        let mut done = Done {
+            in_flight: &self.in_flight,
+            cancelled: None,
+        };
         if self.args.delay_ms > 0 {
-            // What a test waits for (in the node's log) to know it runs.
+            // What a test waits for (in the node's log) to know it runs, and
+            // (if it is dropped in its sleep) that it was cancelled.
             tracing::info!("where: request {echo} began");
+            done.cancelled = Some(echo.clone());
             tokio::time::sleep(Duration::from_millis(self.args.delay_ms)).await;
+            done.cancelled = None;
         }
         let downstream = match &self.downstream {
             Some(h) => Some(Box::new(
@@ -177,12 +183,20 @@ impl Deployment for Where {
     }
 }
 
-/// Counts a request out however it ends.
-struct Done<'a>(&'a std::sync::atomic::AtomicU32);
+/// Counts a request out however it ends; one dropped while `cancelled` names
+/// it says so in the node's log, once it is counted out.
+struct Done<'a> {
+    in_flight: &'a std::sync::atomic::AtomicU32,
+    cancelled: Option<String>,
+}
 
 impl Drop for Done<'_> {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+        self.in_flight
+            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+        if let Some(echo) = &self.cancelled {
+            tracing::info!("where: request {echo} cancelled");
+        }
     }
 }
 

@@ -267,6 +267,20 @@ impl Shared {
         lock(&self.serving).remove(&id);
     }
 
+    /// Stop every call running here for `peer`; how many there were.
+    fn abandon_calls_from(&self, peer: &str) -> usize {
+        let mut n = 0;
+        lock(&self.running).retain(|(from, _), task| {
+            let theirs = from == peer;
+            if theirs {
+                task.abort();
+                n += 1;
+            }
+            !theirs
+        });
+        n
+    }
+
     /// The replica `id`, if it is served to other processes.
     pub(crate) fn served(&self, id: ReplicaId) -> Option<Arc<ReplicaEndpoint>> {
         lock(&self.serving).get(&id).cloned()
@@ -424,6 +438,17 @@ impl Shared {
                 }
                 if failed > 0 {
                     warn!(node = %self.me, peer, failed, "calls lost with their session");
+                }
+                // Calls the peer made here have nobody to answer now (its side
+                // fails them as lost, and no Cancel can come): their handlers
+                // stop and free their slots, as a Cancel would have them.
+                // (A call of a session the peer opens again is not one of
+                // them: that session must connect and authenticate first,
+                // while this close is reported as the old session exits.)
+                let abandoned = self.abandon_calls_from(peer);
+                if abandoned > 0 {
+                    info!(node = %self.me, peer, abandoned,
+                        "calls of a peer whose session closed stopped here");
                 }
             }
             _ => {}
@@ -988,6 +1013,41 @@ pub(crate) mod tests {
         assert_eq!(ep.in_flight(), 0, "the cancelled call still holds its slot");
         assert!(lock(&shared.running).is_empty(), "the call's entry is left");
         assert_eq!(ep.stats().cancelled(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_call_whose_callers_session_closes_stops_and_frees_its_slot() {
+        let ep = counter().await;
+        let shared = unconnected();
+        shared.serve(ep.clone());
+        let (from, other) = ("caller@127.0.0.1".to_owned(), "other@127.0.0.1");
+        let call = |call, from: &str| DataHeader::Call {
+            call,
+            replica: ep.id().0,
+            stream: false,
+            from: from.to_owned(),
+            model: None,
+        };
+        let never = || rmp_serde::to_vec_named(&0u32).unwrap();
+        data(&shared, call(3, &from), never());
+        data(&shared, call(3, other), never());
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(ep.in_flight(), 2, "both calls run");
+        // The caller's session closes: it will never send a Cancel.
+        let closed = SessionEvent::Closed {
+            addr: "127.0.0.1:1".into(),
+            outbound: false,
+            end: SessionEnd::Authenticated { peer: from },
+        };
+        shared.on_session(closed, None);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(ep.in_flight(), 1, "the abandoned call still holds its slot");
+        let running: Vec<_> = lock(&shared.running).keys().cloned().collect();
+        assert_eq!(
+            running,
+            [(other.to_owned(), 3)],
+            "the other caller's call runs on"
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -69,7 +69,7 @@ pub use flotilla_cluster::{
 };
 pub use flotilla_controller::LogSettings;
 pub use flotilla_controller::{
-    BUILD_TIMEOUT, BuildError, ControllerSnapshot, FileKind, MAX_CONFIG_FILE_BYTES, Route,
+    BUILD_TIMEOUT, BuildError, ControllerSnapshot, Fatal, FileKind, MAX_CONFIG_FILE_BYTES, Route,
     RouteTable, ServeError, StatusBoard, StoreCounters, StoreError, WallClock,
 };
 pub use flotilla_core::{
@@ -92,6 +92,6 @@ pub use flotilla_replica::{
     ReplicaStats, RequestRouter, RequestRouterFactory, RouteStats, RouterError, RoutingRequest,
     UserError, default_router, power_of_two_choices, validate_model_id,
 };
-pub use flotilla_supervision::RestartPolicy;
+pub use flotilla_supervision::{Escalation, RestartPolicy};
 pub use logging::{ACCESS_TARGET, AppLogLayer, is_access_log};
 pub use serve::{LivingReplica, Metrics, RunManyOptions, Serve, ServeOptions};

@@ -14,9 +14,9 @@ use flotilla_cluster::{
     nodes::{Head, HeadOptions, NodeCounters, NodeInfo},
 };
 use flotilla_controller::{
-    Checkpoint, CheckpointCloser, ControllerArgs, ControllerMsg, ControllerSnapshot, LogSettings,
-    Preloaded, RouteTable, ServeError, StatusBoard, StoreCounters, Supervisor, SupervisorArgs,
-    SupervisorMsg, WallClock,
+    Checkpoint, CheckpointCloser, ControllerArgs, ControllerMsg, ControllerSnapshot, Fatal,
+    LogSettings, Preloaded, RouteTable, ServeError, StatusBoard, StoreCounters, Supervisor,
+    SupervisorArgs, SupervisorMsg, WallClock,
 };
 use flotilla_core::{
     ApiType, AppName, ApplicationSpec, ApplicationStatus, ApplicationStatusInfo, Faults,
@@ -175,7 +175,7 @@ struct Inner {
     board: StatusBoard,
     route_table: RouteTable,
     directory: Directory,
-    fatal: watch::Receiver<Option<String>>,
+    fatal: watch::Receiver<Option<Fatal>>,
     faults: Faults,
     /// Set by `shutdown` and `crash_process`: the instance serves no more.
     stopped: AtomicBool,
@@ -911,15 +911,25 @@ impl Serve {
             .arm(flotilla_core::FaultPoint::CommitFails, 1);
     }
 
-    /// Resolves when the Supervisor gives up (restarts came too fast), with why.
-    pub async fn fatal(&self) -> String {
+    /// Resolves when the instance stops serving for good: `Some` with why when
+    /// the Supervisor gives up (the Controller crashed too often), `None` when
+    /// it stopped without giving up (shut down, or dropped).
+    ///
+    /// ```no_run
+    /// # async fn demo(serve: flotilla::Serve) {
+    /// if let Some(flotilla::Fatal::ControllerCrashLoop { escalation, last }) = serve.fatal().await {
+    ///     eprintln!("flotilla gave up after {} restarts: {last}", escalation.max_restarts);
+    /// }
+    /// # }
+    /// ```
+    pub async fn fatal(&self) -> Option<Fatal> {
         let mut rx = self.inner.fatal.clone();
         loop {
             if let Some(why) = rx.borrow_and_update().clone() {
-                return why;
+                return Some(why);
             }
             if rx.changed().await.is_err() {
-                return "flotilla stopped".to_owned();
+                return None;
             }
         }
     }

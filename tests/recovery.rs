@@ -207,8 +207,11 @@ async fn too_many_controller_crashes_become_a_fatal_error_the_program_can_await(
         serve.crash_controller();
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
-    let why = fatal.await.unwrap();
-    assert!(why.contains("crashed too often"), "{why}");
+    let why = fatal.await.unwrap().expect("the supervisor gave up");
+    let flotilla::Fatal::ControllerCrashLoop { escalation, last } = &why;
+    assert_eq!(escalation.max_restarts, 2);
+    assert!(!last.is_empty());
+    assert!(why.to_string().contains("crashed too often"), "{why}");
     let err = serve.run(app("a", 1, tag("v"))).await.unwrap_err();
     assert!(matches!(err, ServeError::Unavailable(_)), "{err}");
 }

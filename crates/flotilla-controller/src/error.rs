@@ -1,6 +1,7 @@
 //! Errors of the embedding API.
 
 use flotilla_store::StoreError;
+use flotilla_supervision::Escalation;
 
 /// The largest config file `apply_config_file` reads (10 MiB, the REST API's
 /// default body limit): a config is text a person writes.
@@ -150,4 +151,20 @@ pub enum ServeError {
     /// The head could not start listening for nodes (`ServeOptions::nodes`).
     #[error("the head could not start listening for nodes")]
     Nodes(#[from] flotilla_cluster::nodes::NodeError),
+}
+
+/// Why an instance stopped serving for good: what `Serve::fatal` resolves to.
+/// Every later call answers [`ServeError::Unavailable`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Fatal {
+    /// The Controller crashed, or failed to start again, more often than its
+    /// restart policy allows, and the Supervisor gave up.
+    #[error("the controller crashed too often (last: {last})")]
+    ControllerCrashLoop {
+        /// The restart policy it went past.
+        #[source]
+        escalation: Escalation,
+        /// How the last crash or failed start ended, for people.
+        last: String,
+    },
 }

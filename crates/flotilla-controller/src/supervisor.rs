@@ -9,14 +9,14 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
 use tokio::sync::watch;
 use tracing::{error, warn};
 
-use crate::{Controller, ControllerArgs, ControllerMsg};
+use crate::{Controller, ControllerArgs, ControllerMsg, Fatal};
 
 /// Everything the Supervisor needs.
 pub struct SupervisorArgs {
     /// Given to every Controller it starts.
     pub controller: ControllerArgs,
     /// Where a fatal error is announced to the embedding program.
-    pub fatal: watch::Sender<Option<String>>,
+    pub fatal: watch::Sender<Option<Fatal>>,
 }
 
 /// Messages to the Supervisor.
@@ -76,9 +76,9 @@ impl Supervisor {
         Ok(())
     }
 
-    fn give_up(myself: &ActorRef<SupervisorMsg>, state: &SupervisorState, why: String) {
+    fn give_up(myself: &ActorRef<SupervisorMsg>, state: &SupervisorState, why: Fatal) {
         error!(%why, "supervisor gives up");
-        state.args.fatal.send_replace(Some(why.clone()));
+        state.args.fatal.send_replace(Some(why));
         myself.stop(None);
     }
 
@@ -99,7 +99,10 @@ impl Supervisor {
                 Self::give_up(
                     myself,
                     state,
-                    format!("the controller crashed too often: {escalation} (last: {why})"),
+                    Fatal::ControllerCrashLoop {
+                        escalation,
+                        last: why.to_owned(),
+                    },
                 );
             }
         }

@@ -148,9 +148,8 @@ impl Sim {
         let shared = self.shared.clone();
         let watch = serve.clone();
         tokio::spawn(async move {
-            let why = watch.fatal().await;
-            if why != "flotilla stopped" {
-                shared.observed().fatal.push(why);
+            if let Some(why) = watch.fatal().await {
+                shared.observed().fatal.push(why.to_string());
             }
         });
         self.shared

@@ -17,6 +17,16 @@ pub enum ClientError {
         "Got an unexpected address \"{0}\": it must start with http:// (TLS is not supported)."
     )]
     Address(String),
+    /// The address starts with `http://` but is no URI (a space or a control
+    /// character in it, no host).
+    #[error("Got an unexpected address \"{address}\": it is not a valid http://host:port URI.")]
+    InvalidAddress {
+        /// The address.
+        address: String,
+        /// Why it does not parse.
+        #[source]
+        source: http::uri::InvalidUri,
+    },
     /// The server could not be reached.
     #[error("Failed to connect to Flotilla at address: {address}.")]
     Connect {
@@ -100,6 +110,12 @@ impl Client {
         if !address.starts_with("http://") {
             return Err(ClientError::Address(address.to_owned()));
         }
+        address
+            .parse::<http::Uri>()
+            .map_err(|source| ClientError::InvalidAddress {
+                address: address.to_owned(),
+                source,
+            })?;
         Ok(Client {
             address: address.trim_end_matches('/').to_owned(),
             token: None,
@@ -259,6 +275,24 @@ mod tests {
             Some(_) => c.with_token_file(&path).unwrap_or_else(|e| panic!("{e}")),
             None => c,
         }
+    }
+
+    #[test]
+    fn an_address_that_is_no_uri_is_refused_saying_so() {
+        for bad in ["http://a b", "http://", "http://a\tb:1"] {
+            let e = Client::new(bad).err();
+            assert!(
+                matches!(&e, Some(ClientError::InvalidAddress { address, .. }) if address == bad),
+                "{bad}: {e:?}"
+            );
+            let text = e.map(|e| e.to_string()).unwrap_or_default();
+            assert!(!text.contains("must start with"), "{text}");
+        }
+        assert!(matches!(
+            Client::new("https://x:1"),
+            Err(ClientError::Address(_))
+        ));
+        assert!(Client::new("http://[::1]:8265/").is_ok());
     }
 
     #[test]

@@ -150,26 +150,38 @@ fn watch_models(
     })
 }
 
-/// The exporter: wakes on changes, sends the dirty routes to every live node.
+/// The exporter: wakes on changes, sends the dirty routes to every live node;
+/// once, when a copy becomes complete (`HeadShared::routes_complete_at`),
+/// sends every live node a complete copy, so that a node that joined before
+/// drops the routes this head does not have.
 pub(crate) async fn run(shared: Arc<HeadShared>) {
+    let complete = tokio::time::sleep_until(shared.routes_complete_at);
+    tokio::pin!(complete);
+    let mut recopied = false;
     loop {
-        shared.export_wake.notified().await;
+        tokio::select! {
+            () = &mut complete, if !recopied => {
+                recopied = true;
+                for (_, peer) in shared.alive() {
+                    full_copy(&shared, &peer);
+                }
+                continue;
+            }
+            () = shared.export_wake.notified() => {}
+        }
         // Let a burst of publishes land in this one frame.
         tokio::task::yield_now().await;
-        let entries: Vec<RouteEntry> = {
-            let mut ex = lock(&shared.export);
-            let dirty: Vec<_> = ex.dirty.drain().collect();
-            dirty
-                .iter()
-                .filter_map(|k| {
-                    let route = ex.known.get(k)?.clone();
-                    Some(entry(&shared, &mut ex, k, &route))
-                })
-                .collect()
-        };
-        if entries.is_empty() {
-            continue;
-        }
+        // Sent under the lock, as a full copy is: an entry never reaches a
+        // node after a copy that read the route later.
+        let mut ex = lock(&shared.export);
+        let dirty: Vec<_> = ex.dirty.drain().collect();
+        let entries: Vec<RouteEntry> = dirty
+            .iter()
+            .filter_map(|k| {
+                let route = ex.known.get(k)?.clone();
+                Some(entry(&shared, &mut ex, k, &route))
+            })
+            .collect();
         for (_, peer) in shared.alive() {
             for chunk in entries.chunks(CHUNK) {
                 shared
@@ -181,28 +193,33 @@ pub(crate) async fn run(shared: Arc<HeadShared>) {
     }
 }
 
-/// Send every known route to `peer` (a node that just joined).
+/// Send every known route to `peer` (a node that just joined), between
+/// `RoutesCopying` and, if the copy is complete, `RoutesCopied`. Sent under
+/// the export lock, so that two copies to one node (a join's and the one when
+/// copies become complete) never interleave, and an exported change comes
+/// before or after a copy, never inside it.
 pub(crate) fn full_copy(shared: &Arc<HeadShared>, peer: &str) {
-    let entries: Vec<RouteEntry> = {
-        let mut ex = lock(&shared.export);
-        // A closed route not yet exported is left to the exporter: a
-        // joining node never had a copy to close.
-        let known: Vec<_> = ex
-            .known
-            .iter()
-            .filter(|(_, r)| !r.is_closed())
-            .map(|(k, r)| (k.clone(), r.clone()))
-            .collect();
-        known
-            .iter()
-            .map(|(k, r)| entry(shared, &mut ex, k, r))
-            .collect()
-    };
+    let complete = tokio::time::Instant::now() >= shared.routes_complete_at;
+    let link = &shared.link.shared;
+    let mut ex = lock(&shared.export);
+    // A closed route not yet exported is not named: a node that has a copy
+    // drops it (at `RoutesCopied`, or when the exporter sends it closed).
+    let known: Vec<_> = ex
+        .known
+        .iter()
+        .filter(|(_, r)| !r.is_closed())
+        .map(|(k, r)| (k.clone(), r.clone()))
+        .collect();
+    let entries: Vec<RouteEntry> = known
+        .iter()
+        .map(|(k, r)| entry(shared, &mut ex, k, r))
+        .collect();
+    link.send_control(peer, Control::RoutesCopying);
     for chunk in entries.chunks(CHUNK) {
-        shared
-            .link
-            .shared
-            .send_control(peer, Control::Routes(chunk.to_vec()));
+        link.send_control(peer, Control::Routes(chunk.to_vec()));
+    }
+    if complete {
+        link.send_control(peer, Control::RoutesCopied);
     }
 }
 

@@ -1427,72 +1427,9 @@ async fn a_reattached_replica_no_deployment_adopts_is_stopped_after_the_adopt_ti
     drop(a);
 }
 
-/// `front`, one replica that calls `where` of application `app` and nests
-/// its answer.
-fn front() -> ApplicationSpec {
-    let calls = WhereArgs {
-        downstream: Some("where".into()),
-        downstream_app: Some("app".into()),
-        ..Default::default()
-    };
-    ApplicationSpec::builder("front")
-        .deployment(where_dep("front", 1, cpus(1.0), &calls))
-        .build()
-        .unwrap()
-}
-
-/// A head restarted on another store has none of the old routes: once its
-/// copy of the routes is complete (`adopt_timeout` after it started), a node
-/// drops the copies it kept of the others, so that its callers hear
-/// `NotFound` instead of reaching a replica no head owns, then waiting.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_node_drops_the_route_copies_a_restarted_head_does_not_have() {
-    let _turn = turn().await;
-    let (first, second) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let addr = restartable_addr();
-    let serve = head_at(first.path(), cpus(0.0), addr).await;
-    let a = NodeProc::start(addr, &NodeSpec::new("a", 2.0), first.path());
-    let a_id = a.id().await;
-    serve.run(where_app("app", 1, cpus(1.0))).await.unwrap();
-    // front, on a, calls app's where (also on a) through a's copy of its route.
-    let here: Here = serve
-        .run(front())
-        .await
-        .unwrap()
-        .call("before")
-        .await
-        .unwrap();
-    assert_eq!(here.downstream.unwrap().node, a_id);
-
-    // The head comes back on another store, and front is deployed there again:
-    // its DeploymentActor adopts the replica a still runs. app is not.
-    serve.crash_process().await;
-    drop(serve);
-    let serve = head_with(second.path(), cpus(0.0), addr, |o| {
-        o.adopt_timeout(Duration::from_secs(3))
-    })
-    .await;
-    let handle = serve
-        .run(front())
-        .await
-        .unwrap()
-        .with_timeout(Duration::from_secs(2));
-    eventually(20, "front's calls hear that app is gone", || async {
-        matches!(handle.call::<_, Here>("after").await,
-            Err(CallError::User(m)) if m.contains("does not exist"))
-    })
-    .await;
-    assert!(
-        a.log_text()
-            .contains("the head's copy of the routes is complete")
-    );
-    serve.shutdown().await.unwrap();
-    drop(a);
-}
-
-/// A head restarted on its own store: a node's callers keep their route
-/// copies through the restart, and the complete copy that comes
-/// `adopt_timeout` later names them all, so none is dropped.
+/// A node's callers keep their route copies through a head restart: front,
+/// on a, calls app's where (also on a) while the head is down and recovering,
+/// and after.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_nodes_callers_keep_their_routes_through_a_head_restart() {
     let _turn = turn().await;
@@ -1502,29 +1439,37 @@ async fn a_nodes_callers_keep_their_routes_through_a_head_restart() {
     let a = NodeProc::start(addr, &NodeSpec::new("a", 2.0), dir.path());
     let a_id = a.id().await;
     serve.run(where_app("app", 1, cpus(1.0))).await.unwrap();
-    serve.run(front()).await.unwrap();
+    let calls = WhereArgs {
+        downstream: Some("where".into()),
+        downstream_app: Some("app".into()),
+        ..Default::default()
+    };
+    let front = ApplicationSpec::builder("front")
+        .deployment(where_dep("front", 1, cpus(1.0), &calls))
+        .build()
+        .unwrap();
+    serve.run(front).await.unwrap();
 
     serve.crash_process().await;
     drop(serve);
-    let serve = head_with(dir.path(), cpus(0.0), addr, |o| {
-        o.adopt_timeout(Duration::from_secs(2))
-    })
-    .await;
+    let serve = head_at(dir.path(), cpus(0.0), addr).await;
     let handle = serve
         .app_handle("front")
         .unwrap()
         .with_timeout(Duration::from_secs(10));
     let here: Here = handle.call("during").await.unwrap();
     assert_eq!(here.downstream.unwrap().node, a_id);
-    eventually(20, "a has the head's complete copy", || async {
-        a.log_text()
-            .contains("the head's copy of the routes is complete")
+    eventually(20, "both deployments recovered", || async {
+        let running = |app, dep| {
+            let serve = &serve;
+            async move {
+                let r = replica_nodes(serve, app, dep).await;
+                r.len() == 1 && r[0].2 == ReplicaState::Running
+            }
+        };
+        running("app", "where").await && running("front", "front").await
     })
     .await;
-    assert!(
-        a.log_text().contains("dropped=0"),
-        "a dropped a route the head has"
-    );
     let here: Here = handle.call("after").await.unwrap();
     assert_eq!(here.downstream.unwrap().node, a_id);
     serve.shutdown().await.unwrap();

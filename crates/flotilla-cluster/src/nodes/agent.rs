@@ -115,9 +115,6 @@ pub(crate) struct AgentState {
     replicas: HashMap<ReplicaId, Local>,
     children: Children<ReplicaId, ReplicaMsg>,
     routes: HashMap<(AppName, DeploymentName), RouteEntry>,
-    /// Since the head's last `RoutesCopying`: the routes named since, which a
-    /// `RoutesCopied` keeps (it drops the rest).
-    copying: Option<HashSet<(AppName, DeploymentName)>>,
     mirrors: HashMap<ReplicaId, ((AppName, DeploymentName), RemoteEndpoint)>,
     peers: Vec<String>,
     /// The live peer nodes this node dials ([`dials`]), by ractor name, with
@@ -214,7 +211,6 @@ impl Actor for Agent {
             replicas: HashMap::new(),
             children: Children::new(),
             routes: HashMap::new(),
-            copying: None,
             mirrors: HashMap::new(),
             peers: Vec::new(),
             to_dial: HashMap::new(),
@@ -545,14 +541,6 @@ fn hello(state: &AgentState) -> Hello {
     }
 }
 
-/// Drop the copy of a route the head no longer has: callers here hear
-/// `NotFound`, as on the head.
-fn drop_route(state: &mut AgentState, key: &(AppName, DeploymentName)) {
-    state.routes.remove(key);
-    state.mirrors.retain(|_, (k, _)| k != key);
-    state.directory.remove(&key.0, &key.1);
-}
-
 async fn control(myself: &ActorRef<AgentMsg>, state: &mut AgentState, env: Envelope) {
     if state.session.as_deref() != Some(env.from.as_str()) {
         warn!(node = %state.args.id, from = %env.from,
@@ -619,32 +607,15 @@ async fn control(myself: &ActorRef<AgentMsg>, state: &mut AgentState, env: Envel
         Control::Routes(entries) => {
             for e in entries {
                 let key = (e.app.clone(), e.deployment.clone());
-                if let Some(named) = &mut state.copying {
-                    named.insert(key.clone());
-                }
                 if e.closed {
-                    drop_route(state, &key);
+                    // Deleted: callers here hear so, as on the head.
+                    state.routes.remove(&key);
+                    state.mirrors.retain(|_, (k, _)| *k != key);
+                    state.directory.remove(&key.0, &key.1);
                     continue;
                 }
                 state.routes.insert(key.clone(), e);
                 publish(state, &key);
-            }
-        }
-        Control::RoutesCopying => state.copying = Some(HashSet::new()),
-        Control::RoutesCopied => {
-            let Some(named) = state.copying.take() else {
-                return;
-            };
-            let gone: Vec<_> = state
-                .routes
-                .keys()
-                .filter(|k| !named.contains(*k))
-                .cloned()
-                .collect();
-            info!(node = %state.args.id, routes = named.len(), dropped = gone.len(),
-                "the head's copy of the routes is complete");
-            for key in gone {
-                drop_route(state, &key);
             }
         }
         Control::Nodes { alive, ids, listen } => {

@@ -150,25 +150,10 @@ fn watch_models(
     })
 }
 
-/// The exporter: wakes on changes, sends the dirty routes to every live node;
-/// once, when a copy becomes complete (`HeadShared::routes_complete_at`),
-/// sends every live node a complete copy, so that a node that joined before
-/// drops the routes this head does not have.
+/// The exporter: wakes on changes, sends the dirty routes to every live node.
 pub(crate) async fn run(shared: Arc<HeadShared>) {
-    let complete = tokio::time::sleep_until(shared.routes_complete_at);
-    tokio::pin!(complete);
-    let mut recopied = false;
     loop {
-        tokio::select! {
-            () = &mut complete, if !recopied => {
-                recopied = true;
-                for (_, peer) in shared.alive() {
-                    full_copy(&shared, &peer);
-                }
-                continue;
-            }
-            () = shared.export_wake.notified() => {}
-        }
+        shared.export_wake.notified().await;
         // Let a burst of publishes land in this one frame.
         tokio::task::yield_now().await;
         // Sent under the lock, as a full copy is: an entry never reaches a
@@ -193,17 +178,14 @@ pub(crate) async fn run(shared: Arc<HeadShared>) {
     }
 }
 
-/// Send every known route to `peer` (a node that just joined), between
-/// `RoutesCopying` and, if the copy is complete, `RoutesCopied`. Sent under
-/// the export lock, so that two copies to one node (a join's and the one when
-/// copies become complete) never interleave, and an exported change comes
-/// before or after a copy, never inside it.
+/// Send every known route to `peer` (a node that just joined). Sent under
+/// the export lock, so that an exported change comes before or after the
+/// copy, never inside it: before, an entry read before the copy could reach
+/// the node after it, leaving it an older state until the next change.
 pub(crate) fn full_copy(shared: &Arc<HeadShared>, peer: &str) {
-    let complete = tokio::time::Instant::now() >= shared.routes_complete_at;
-    let link = &shared.link.shared;
     let mut ex = lock(&shared.export);
-    // A closed route not yet exported is not named: a node that has a copy
-    // drops it (at `RoutesCopied`, or when the exporter sends it closed).
+    // A closed route not yet exported is left to the exporter: a joining
+    // node never had a copy to close.
     let known: Vec<_> = ex
         .known
         .iter()
@@ -214,12 +196,11 @@ pub(crate) fn full_copy(shared: &Arc<HeadShared>, peer: &str) {
         .iter()
         .map(|(k, r)| entry(shared, &mut ex, k, r))
         .collect();
-    link.send_control(peer, Control::RoutesCopying);
     for chunk in entries.chunks(CHUNK) {
-        link.send_control(peer, Control::Routes(chunk.to_vec()));
-    }
-    if complete {
-        link.send_control(peer, Control::RoutesCopied);
+        shared
+            .link
+            .shared
+            .send_control(peer, Control::Routes(chunk.to_vec()));
     }
 }
 

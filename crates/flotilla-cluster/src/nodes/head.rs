@@ -137,10 +137,6 @@ pub(crate) struct HeadShared {
     pub(crate) refused: AtomicU64,
     /// (a node re-attached, node ids still expected back).
     pub(crate) reattach: watch::Sender<(bool, usize)>,
-    /// From when a full copy of the routes is complete: `adopt_timeout` after
-    /// the head started, as every deployment it recovers has published its
-    /// route by then (the bound re-attached replicas get to be adopted).
-    pub(crate) routes_complete_at: tokio::time::Instant,
 }
 
 impl HeadShared {
@@ -321,7 +317,6 @@ impl Head {
             options.node_id.clone(),
             options.resources.clone(),
         )]);
-        let routes_complete_at = tokio::time::Instant::now() + options.adopt_timeout;
         let shared = Arc::new(HeadShared {
             options,
             ns,
@@ -342,7 +337,6 @@ impl Head {
             replicas_lost: AtomicU64::new(0),
             refused: AtomicU64::new(0),
             reattach: watch::Sender::new((false, 0)),
-            routes_complete_at,
         });
         let (registry, _) = match Actor::spawn(None, Registry, shared.clone()).await {
             Ok(r) => r,

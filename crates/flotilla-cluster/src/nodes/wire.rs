@@ -143,15 +143,6 @@ pub(crate) enum Control {
     },
     /// Head -> node: routes that changed.
     Routes(Vec<RouteEntry>),
-    /// Head -> node: a copy of every route the head knows follows (after a
-    /// `Welcome`, and once more when the copy becomes complete).
-    RoutesCopying,
-    /// Head -> node: the copy since the last `RoutesCopying` was complete (the
-    /// head was up for `HeadOptions::adopt_timeout` when it began, so every
-    /// deployment it recovered has published its route). A route the node
-    /// holds that no `Routes` frame named since is gone: deleted while the
-    /// node was away, or unknown to a head that restarted. The node drops it.
-    RoutesCopied,
     /// Head -> node: the live nodes (ractor names), after every change.
     Nodes {
         /// Their ractor names.

@@ -15,6 +15,7 @@ use super::{
 };
 
 /// Calls to the replicas of one peer process.
+#[derive(Clone)]
 pub(crate) struct PeerCall {
     shared: Arc<Shared>,
     /// The peer's ractor name (where frames go).
@@ -26,6 +27,36 @@ pub(crate) struct PeerCall {
 impl PeerCall {
     pub(crate) fn boxed(shared: Arc<Shared>, peer: String, node: String) -> Arc<dyn RemoteCall> {
         Arc::new(PeerCall { shared, peer, node })
+    }
+
+    /// Send call `call` (registered in `shared.calls`) to the peer, with the
+    /// guard that forgets it, and cancels it there, if its caller goes away
+    /// before it ends; the attempt's outcome if it could not be sent.
+    fn send<T>(
+        &self,
+        call: u64,
+        replica: ReplicaId,
+        stream: bool,
+        request: Vec<u8>,
+        model_id: Option<Arc<str>>,
+    ) -> Result<Forget, Attempt<T>> {
+        let guard = Forget {
+            shared: self.shared.clone(),
+            call,
+            peer: self.peer.clone(),
+            done: false,
+        };
+        let header = DataHeader::Call {
+            call,
+            replica: replica.0,
+            stream,
+            from: self.shared.me.clone(),
+            model: model_id.map(|m| m.to_string()),
+        };
+        match self.shared.send_data(&self.peer, &header, request) {
+            Ok(()) => Ok(guard),
+            Err(kept) => Err(unsent(kept, &self.node, replica)),
+        }
     }
 }
 
@@ -78,31 +109,19 @@ impl RemoteCall for PeerCall {
         request: Vec<u8>,
         model_id: Option<Arc<str>>,
     ) -> BoxFuture<'static, Attempt<Vec<u8>>> {
-        let (shared, peer, node) = (self.shared.clone(), self.peer.clone(), self.node.clone());
+        let this = self.clone();
         Box::pin(async move {
-            let (call, rx) = shared.calls.unary(&peer, &node, replica);
-            let mut guard = Forget {
-                shared: shared.clone(),
-                call,
-                peer: peer.clone(),
-                done: false,
+            let (call, rx) = this.shared.calls.unary(&this.peer, &this.node, replica);
+            let mut guard = match this.send(call, replica, false, request, model_id) {
+                Ok(guard) => guard,
+                Err(unsent) => return unsent,
             };
-            let header = DataHeader::Call {
-                call,
-                replica: replica.0,
-                stream: false,
-                from: shared.me.clone(),
-                model: model_id.map(|m| m.to_string()),
-            };
-            if let Err(kept) = shared.send_data(&peer, &header, request) {
-                return unsent(kept, &node, replica);
-            }
             let outcome = rx.await;
             guard.done = true;
             match outcome {
                 Ok(Outcome::Ran(r)) => Attempt::Ran(r),
                 Ok(Outcome::Refused { request, full }) => Attempt::Refused { request, full },
-                Err(_) => Attempt::Ran(Err(lost(&node, replica))),
+                Err(_) => Attempt::Ran(Err(lost(&this.node, replica))),
             }
         })
     }
@@ -114,25 +133,13 @@ impl RemoteCall for PeerCall {
         model_id: Option<Arc<str>>,
         items: ItemSender,
     ) -> BoxFuture<'static, Attempt<()>> {
-        let (shared, peer, node) = (self.shared.clone(), self.peer.clone(), self.node.clone());
+        let this = self.clone();
         Box::pin(async move {
-            let (call, mut rx) = shared.calls.stream(&peer, &node, replica);
-            let mut guard = Forget {
-                shared: shared.clone(),
-                call,
-                peer: peer.clone(),
-                done: false,
+            let (call, mut rx) = this.shared.calls.stream(&this.peer, &this.node, replica);
+            let mut guard = match this.send(call, replica, true, request, model_id) {
+                Ok(guard) => guard,
+                Err(unsent) => return unsent,
             };
-            let header = DataHeader::Call {
-                call,
-                replica: replica.0,
-                stream: true,
-                from: shared.me.clone(),
-                model: model_id.map(|m| m.to_string()),
-            };
-            if let Err(kept) = shared.send_data(&peer, &header, request) {
-                return unsent(kept, &node, replica);
-            }
             while let Some(piece) = rx.recv().await {
                 match piece {
                     Piece::Item(item) => {
@@ -152,7 +159,7 @@ impl RemoteCall for PeerCall {
                 }
             }
             guard.done = true;
-            Attempt::Ran(Err(lost(&node, replica)))
+            Attempt::Ran(Err(lost(&this.node, replica)))
         })
     }
 }

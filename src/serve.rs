@@ -482,13 +482,34 @@ impl Serve {
                     return Ok(s.clone());
                 }
             }
-            if rx.changed().await.is_err() {
-                return Err(ServeError::NotFound {
-                    app: name.to_string(),
-                    deployment: None,
-                });
+            tokio::select! {
+                changed = rx.changed() => if changed.is_err() {
+                    return Err(ServeError::NotFound {
+                        app: name.to_string(),
+                        deployment: None,
+                    });
+                },
+                () = self.stopped() => return Err(Self::stopped_waiting(name)),
             }
         }
+    }
+
+    /// Resolves once this instance has stopped serving for good: shut down
+    /// (its Supervisor gone) or given up ([`fatal`](Self::fatal)). A status
+    /// wait selects on it, since the board keeps every application's channel
+    /// open for the life of the `Serve`, and no status moves after this.
+    async fn stopped(&self) {
+        let mut rx = self.inner.fatal.clone();
+        // Ok once the Supervisor gave up; Err once it is gone.
+        let _ = rx.wait_for(Option::is_some).await;
+    }
+
+    /// The answer of a call that waited on `app`'s status when the instance
+    /// stopped: what was acknowledged stays durable; nothing moves any more.
+    fn stopped_waiting(app: &AppName) -> ServeError {
+        ServeError::Unavailable(format!(
+            "flotilla stopped (shut down, or its supervisor gave up) while this call waited for              application '{app}'; what the call changed was committed"
+        ))
     }
 
     async fn wait_running(&self, name: &AppName, generation: u64) -> Result<(), ServeError> {
@@ -605,13 +626,19 @@ impl Serve {
             })
             .await??;
         if wait {
-            for (rx, generation) in watchers.into_iter().zip(generations) {
+            for ((rx, generation), name) in watchers.into_iter().zip(generations).zip(&names) {
                 let (Some(mut rx), Some(generation)) = (rx, generation) else {
                     continue;
                 };
                 // Gone when the board drops the channel; a redeploy that cancels the
                 // deletion shows as a newer generation.
-                while rx.changed().await.is_ok() {
+                loop {
+                    tokio::select! {
+                        changed = rx.changed() => if changed.is_err() {
+                            break;
+                        },
+                        () = self.stopped() => return Err(Self::stopped_waiting(name)),
+                    }
                     if rx.borrow().observed_generation > generation {
                         break;
                     }

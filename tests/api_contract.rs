@@ -19,7 +19,7 @@ use flotilla::{
     ServeOptions, SpecError,
 };
 use support::{
-    Switches, app, app_of, no_wait, observe, options, probe, registry, start_fresh, tag,
+    ProbeArgs, Switches, app, app_of, no_wait, observe, options, probe, registry, start_fresh, tag,
     wait_snapshot, wait_status,
 };
 
@@ -182,6 +182,53 @@ async fn after_shutdown_handles_are_unavailable_and_no_call_waits_forever() {
     );
     for refused in [serve.app_handle("a"), serve.deployment_handle("a", "probe")] {
         assert!(matches!(refused, Err(ServeError::Unavailable(_))));
+    }
+}
+
+/// A call waiting on a status (`run` for RUNNING, `delete_apps` for the
+/// deletion) ends when the instance shuts down under it, with `Unavailable`:
+/// no status moves after that, and the board keeps every channel open.
+#[tokio::test(start_paused = true)]
+async fn calls_waiting_on_a_status_end_when_the_instance_shuts_down() {
+    let (_dir, _, serve) = start_fresh().await;
+    // Deleting `stuck` waits an hour for its request to drain.
+    let stuck = serve
+        .run(app_of(
+            "stuck",
+            probe(1, &tag("g")).with_config(|c| {
+                c.with_graceful_shutdown(Duration::from_secs(1), Duration::from_secs(3_600))
+            }),
+        ))
+        .await
+        .unwrap();
+    let _hung = tokio::spawn(async move { stuck.call::<_, String>("hang").await });
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let deleting = {
+        let s = serve.clone();
+        tokio::spawn(async move { s.delete_apps(["stuck"], true).await.map(|()| ()) })
+    };
+    // `slow`'s replica takes an hour to construct: `run` waits for RUNNING.
+    let slow = ProbeArgs {
+        start_delay_ms: 3_600_000,
+        ..tag("s")
+    };
+    let running = {
+        let s = serve.clone();
+        tokio::spawn(async move { s.run(app_of("slow", probe(1, &slow))).await.map(|_| ()) })
+    };
+    while serve.status().len() < 2 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(!deleting.is_finished() && !running.is_finished());
+    // Its own drain is cut at the graceful timeout; the waits end with it.
+    serve.shutdown().await.unwrap();
+    for (what, waited) in [("run", running), ("delete_apps", deleting)] {
+        let result = tokio::time::timeout(Duration::from_secs(60), waited)
+            .await
+            .unwrap_or_else(|_| panic!("{what} still waits after the shutdown"))
+            .unwrap();
+        let err = result.unwrap_err();
+        assert!(matches!(err, ServeError::Unavailable(_)), "{what}: {err}");
     }
 }
 

@@ -205,7 +205,7 @@ async fn calls_waiting_on_a_status_end_when_the_instance_shuts_down() {
     tokio::time::sleep(Duration::from_millis(10)).await;
     let deleting = {
         let s = serve.clone();
-        tokio::spawn(async move { s.delete_apps(["stuck"], true).await.map(|()| ()) })
+        tokio::spawn(async move { s.delete_apps(["stuck"], true).await })
     };
     // `slow`'s replica takes an hour to construct: `run` waits for RUNNING.
     let slow = ProbeArgs {

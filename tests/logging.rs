@@ -128,4 +128,42 @@ applications:
             .any(|l| l.contains("app=muted") && l.contains("flotilla::access")),
         "muted's access logs are off: {lines:#?}"
     );
+
+    // Every status transition is logged, also those the Controller publishes
+    // itself: a redeploy's DEPLOYING (on accepting the new target) and a
+    // deletion's DELETING.
+    let transition = |from: &str, to: &str| {
+        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+        text.lines().any(|l| {
+            l.contains("app=muted")
+                && l.contains("application status")
+                && l.contains(&format!("from={from}"))
+                && l.contains(&format!("to={to}"))
+        })
+    };
+    let muted = |tag: &str| {
+        format!(
+            "{{name: muted, route_prefix: /muted, import_path: test::app, args: {{tag: {tag}}}, \
+             logging_config: {{log_level: INFO, enable_access_log: false}}}}"
+        )
+    };
+    let before = serve.app_status("muted").observed_generation;
+    serve
+        .apply_config(config(&format!(
+            "logging_config: {{log_level: WARNING}}\napplications:\n  - {}\n",
+            muted("m2")
+        )))
+        .await
+        .unwrap();
+    support::wait_until(&serve, "muted", |s| {
+        s.observed_generation > before && s.status == A::Running
+    })
+    .await;
+    assert!(
+        transition("RUNNING", "DEPLOYING"),
+        "the redeploy's DEPLOYING"
+    );
+    assert!(transition("DEPLOYING", "RUNNING"), "RUNNING again");
+    serve.delete_apps(["muted"], true).await.unwrap();
+    assert!(transition("RUNNING", "DELETING"), "the deletion's DELETING");
 }

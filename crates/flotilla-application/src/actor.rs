@@ -166,22 +166,8 @@ impl AppState {
             build_failure,
         });
         // The published status is the only copy: what watchers see is what a
-        // change is logged against.
-        let from = {
-            let published = self.args.status.borrow();
-            if *published == info {
-                return;
-            }
-            (published.status != info.status || published.message != info.message)
-                .then_some(published.status)
-        };
-        let (to, detail) = (info.status, info.message.clone());
-        if publish_status(&self.args.status, info)
-            && let Some(from) = from
-        {
-            info!(app = %r.spec.name, generation = r.generation, %from, %to, %detail,
-                "application status");
-        }
+        // change is logged against (by `publish_status`).
+        publish_status(&self.args.status, &r.spec.name, info);
     }
 }
 

@@ -301,7 +301,7 @@ impl ControllerState {
             build_failure: failure,
         });
         let tx = self.board.sender(app, None, || info.clone());
-        publish_status(&tx, info);
+        publish_status(&tx, app, info);
     }
 
     /// The record `parked` lands as: the running target with its new source when

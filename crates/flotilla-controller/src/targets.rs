@@ -121,7 +121,7 @@ impl ControllerState {
             let tx = self
                 .board
                 .sender(&name, Some(&r.spec.ingress), || accepted.clone());
-            publish_status(&tx, accepted);
+            publish_status(&tx, &name, accepted);
             info!(app = %name, generation = r.generation, "application target accepted");
             match self.apps.get_mut(&name) {
                 Some(e) => e.record = r,
@@ -173,7 +173,7 @@ impl ControllerState {
                 reported: &reported,
                 build_failure: None,
             });
-            publish_status(&tx, deleting);
+            publish_status(&tx, name, deleting);
             info!(app = %name, generation = r.generation, "application deletion accepted");
             if let Some(e) = self.apps.get_mut(name) {
                 e.record = r.clone();

@@ -41,6 +41,11 @@ fn int_text(s: &str) -> Option<i128> {
         return None;
     }
     let clean = underscores(digits)?;
+    // One sign at most: `i128::parse` would take a second one (`--5`), and
+    // negating its `i128::MIN` overflows.
+    if clean.is_empty() || !clean.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
     let v: i128 = clean.parse().ok()?;
     Some(if neg { -v } else { v })
 }
@@ -305,6 +310,11 @@ mod tests {
             "",
             "+",
             "3.0000001",
+            "--5",
+            "+-5",
+            "-+5",
+            "--170141183460469231731687303715884105728",
+            "-170141183460469231731687303715884105729",
         ] {
             assert_eq!(int_text(t), None, "{t}");
         }

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError, RwLock, RwLockReadGuard};
 
-use flotilla_core::{AppName, AppRecord, DeploymentName, DeploymentRecord};
+use flotilla_core::{AppName, AppRecord, DeploymentName, DeploymentRecord, RoutePrefix, shown};
 use redb::{
     Builder, Database, Durability, ReadOnlyTable, ReadTransaction, ReadableDatabase, ReadableTable,
     TableDefinition, TableError, TableHandle, WriteTransaction,
@@ -274,6 +274,31 @@ impl Drop for Store {
     }
 }
 
+/// Refuse applications no API call could have left side by side: two live
+/// ones holding one route prefix (a deploy refuses a prefix another live
+/// application holds; one being deleted holds none). Recovered, one of them
+/// would be unreachable.
+fn check_prefixes(path: &Path, apps: &[AppRecord]) -> Result<(), StoreError> {
+    let mut holders: std::collections::HashMap<&RoutePrefix, &AppName> =
+        std::collections::HashMap::with_capacity(apps.len());
+    for r in apps.iter().filter(|r| !r.deleting) {
+        if let Some(prefix) = &r.spec.route_prefix
+            && let Some(other) = holders.insert(prefix, &r.spec.name)
+        {
+            return Err(StoreError::corrupt(
+                path,
+                format!(
+                    "table `apps`: live applications {:?} and {:?} both hold route prefix {:?}",
+                    other.as_str(),
+                    r.spec.name.as_str(),
+                    shown(prefix.as_str())
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Read the whole checkpoint in one read transaction, checking it: the schema version,
 /// and every record decoded and valid. What [`Store::open`] checks before it writes, and
 /// [`Store::load`] returns.
@@ -289,13 +314,14 @@ fn read_snapshot(path: &Path, db: &impl ReadableDatabase) -> Result<Snapshot, St
         for entry in apps.iter().map_err(storage)? {
             let (key, value) = entry.map_err(storage)?;
             let name = key.value();
-            let key_shown = format_args!("{name:?}");
+            // Keys are quoted bounded: a hostile file may hold any length.
+            let key_shown = format_args!("{:?}", shown(name));
             let record: AppRecord = decode(path, APPS.name(), &key_shown, value.value())?;
             if record.spec.name.as_str() != name {
                 return Err(StoreError::corrupt(
                     path,
                     format!(
-                        "table `apps`, key {name:?}: holds the record of application {:?}",
+                        "table `apps`, key {key_shown}: holds the record of application {:?}",
                         record.spec.name.as_str()
                     ),
                 ));
@@ -303,18 +329,19 @@ fn read_snapshot(path: &Path, db: &impl ReadableDatabase) -> Result<Snapshot, St
             // Decoded is not valid: a record no API call could have written
             // (autoscaling bounds crossed, say) would fail the actors that run it.
             record.validate().map_err(|e| {
-                let reason = format!("table `apps`, key {name:?}: {e}");
+                let reason = format!("table `apps`, key {key_shown}: {e}");
                 StoreError::corrupt_because(path, reason, e)
             })?;
             snapshot.apps.push(record);
         }
+        check_prefixes(path, &snapshot.apps)?;
     }
 
     if let Some(deployments) = open_read(path, &txn, DEPLOYMENTS)? {
         for entry in deployments.iter().map_err(storage)? {
             let (key, value) = entry.map_err(storage)?;
             let (app, dep) = key.value();
-            let key_shown = format_args!("({app:?}, {dep:?})");
+            let key_shown = format_args!("({:?}, {:?})", shown(app), shown(dep));
             let invalid = |e: flotilla_core::Error| {
                 let reason = format!("table `deployments`, key {key_shown}: {e}");
                 StoreError::corrupt_because(path, reason, e)

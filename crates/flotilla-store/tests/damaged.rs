@@ -197,6 +197,44 @@ fn a_record_under_another_name_is_refused_at_open_and_the_file_is_byte_identical
 }
 
 #[test]
+fn two_live_applications_on_one_route_prefix_are_refused_at_open() {
+    let (_dir, path) = temp_checkpoint();
+    written_checkpoint(&path);
+    // "twin" takes needle-app's prefix: no deploy could have committed that.
+    let mut twin = app_record("twin", 1);
+    twin.spec.route_prefix = app_record(NEEDLE, 1).spec.route_prefix;
+    let bytes = rmp_serde::to_vec_named(&twin).unwrap();
+    insert_raw(&path, APPS, "twin", bytes.as_slice());
+    let err = refused_as_corrupt(&path);
+    assert!(
+        err.to_string()
+            .contains("both hold route prefix \"/needle-app\""),
+        "{err}"
+    );
+    // One being deleted holds none: that file opens.
+    twin.deleting = true;
+    twin.generation = 2;
+    let bytes = rmp_serde::to_vec_named(&twin).unwrap();
+    insert_raw(&path, APPS, "twin", bytes.as_slice());
+    open(&path).unwrap();
+}
+
+#[test]
+fn a_huge_key_is_quoted_short() {
+    let (_dir, path) = temp_checkpoint();
+    written_checkpoint(&path);
+    let key = "k".repeat(100_000);
+    insert_raw(&path, APPS, key.as_str(), [0xc1u8].as_slice());
+    let err = refused_as_corrupt(&path);
+    assert!(
+        err.to_string().len() < 2_000,
+        "{} bytes",
+        err.to_string().len()
+    );
+    assert!(err.to_string().contains("100000 bytes in all"), "{err}");
+}
+
+#[test]
 fn a_bad_deployment_key_or_record_is_refused_at_open_and_the_file_is_byte_identical() {
     let good = rmp_serde::to_vec_named(&dep_record(Some(1))).unwrap();
     // Decodes, but no API call writes a target above MAX_REPLICAS (its

@@ -13,7 +13,10 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{Resources, error::Error};
+use crate::{
+    Resources,
+    error::{Error, shown},
+};
 
 /// Most replicas of one deployment per node that `max_replicas_per_node` may
 /// allow (Ray's `MAX_REPLICAS_PER_NODE_MAX_VALUE`).
@@ -137,7 +140,7 @@ impl PlacementGroup {
         for (k, need) in &replica.custom {
             let has = first.custom.get(k).copied().unwrap_or(0.0);
             if *need > has {
-                return Err(short(&format!("'{k}'"), *need, has));
+                return Err(short(&format!("'{}'", shown(k)), *need, has));
             }
         }
         Ok(())

@@ -13,7 +13,7 @@ use serde::{
 use serde_saphyr::{Options, Spanned};
 
 use super::{ServeConfig, Site, suggest};
-use crate::error::Error;
+use crate::error::{Error, shown};
 
 impl ServeConfig {
     /// Parse and validate a config file's text (see [`ServeConfig`] for the format).
@@ -86,8 +86,28 @@ fn parse_error(e: serde_saphyr::Error) -> Error {
     Error::Parse {
         line,
         column,
-        message,
+        message: quoted_bounded(&message),
     }
+}
+
+/// `message` with every quoted part (between backticks, or double quotes)
+/// cut as [`shown`] cuts a value: the YAML reader quotes the offending value
+/// whole (`unknown variant `...``, `invalid type: string "..."`), and a
+/// value may be megabytes long.
+fn quoted_bounded(message: &str) -> String {
+    ['`', '"'].iter().fold(message.to_owned(), |m, q| {
+        m.split(*q)
+            .enumerate()
+            .map(|(i, part)| {
+                if i % 2 == 1 {
+                    shown(part)
+                } else {
+                    part.to_owned()
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(&q.to_string())
+    })
 }
 
 /// The document's shape with every node's position, if it is YAML at all.
@@ -290,6 +310,36 @@ mod tests {
         AppConfig, Args, AutoscalingOverride, DeploymentOverride, LogEncoding, LogLevel,
         LoggingConfig, NumReplicas, RayActorOptions,
     };
+
+    #[test]
+    fn a_huge_offending_value_is_quoted_short() {
+        let huge = "x".repeat(100_000);
+        for text in [
+            format!("proxy_location: {huge}\napplications: []\n"),
+            format!("http_options: {{port: \"{huge}\"}}\napplications: []\n"),
+            format!(
+                "applications:\n  - name: a\n    import_path: x\n    deployments:\n      - \
+                 name: d\n        max_ongoing_requests: \"{huge}\"\n"
+            ),
+            format!(
+                "applications:\n  - name: a\n    import_path: x\n    deployments:\n      - \
+                 name: d\n        placement_group_bundles: [{{CPU: 1}}]\n        \
+                 ray_actor_options: {{resources: {{{huge}: 1}}}}\n"
+            ),
+        ] {
+            let err = ServeConfig::from_yaml(&text)
+                .and_then(|c| c.validate().map(|()| c))
+                .map(|_| ())
+                .unwrap_err();
+            let message = err.to_string();
+            assert!(
+                message.len() < 1_000,
+                "{} bytes: {}",
+                message.len(),
+                &message[..300]
+            );
+        }
+    }
 
     const FULL: &str = r#"
 logging_config:

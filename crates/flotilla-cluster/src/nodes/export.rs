@@ -45,8 +45,7 @@ pub(crate) fn changed(shared: &HeadShared, route: &Arc<DeploymentRoute>) {
             // no longer served (no full copy will come to unserve them).
             ex.known.remove(&key);
             for id in ex.served.remove(&key).unwrap_or_default() {
-                shared.link.shared.unserve(id);
-                ex.watched.remove(&id);
+                unserve(shared, &mut ex, id);
             }
             return;
         }
@@ -59,6 +58,13 @@ pub(crate) fn changed(shared: &HeadShared, route: &Arc<DeploymentRoute>) {
     if wake {
         shared.export_wake.notify_one();
     }
+}
+
+/// Stop serving head-local replica `id` to nodes; its model watcher ends
+/// with its guard.
+fn unserve(shared: &HeadShared, ex: &mut Export, id: ReplicaId) {
+    shared.link.shared.unserve(id);
+    ex.watched.remove(&id);
 }
 
 /// `route` as nodes copy it; head-local replicas in it are served to nodes
@@ -107,9 +113,7 @@ fn entry(
         .unwrap_or_default();
     let keep: HashSet<ReplicaId> = local.into_iter().collect();
     for id in old.into_iter().filter(|id| !keep.contains(id)) {
-        shared.link.shared.unserve(id);
-        // Its watcher ends with its guard.
-        ex.watched.remove(&id);
+        unserve(shared, ex, id);
     }
     let closed = route.is_closed();
     if closed {

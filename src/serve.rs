@@ -508,7 +508,8 @@ impl Serve {
     /// stopped: what was acknowledged stays durable; nothing moves any more.
     fn stopped_waiting(app: &AppName) -> ServeError {
         ServeError::Unavailable(format!(
-            "flotilla stopped (shut down, or its supervisor gave up) while this call waited for              application '{app}'; what the call changed was committed"
+            "flotilla stopped (shut down, or its supervisor gave up) while this call waited for \
+             application '{app}'; what the call changed was committed"
         ))
     }
 

@@ -355,6 +355,12 @@ impl ApplicationActor {
                 generation,
                 status,
             } => {
+                // Its actor is down (crashed, waiting out its restart backoff):
+                // this report left before the crash, which ractor hands over
+                // first. Its successor reports afresh.
+                if state.actors.actor(&name).is_none() {
+                    return;
+                }
                 if let Some(c) = state.children.get_mut(&name) {
                     c.status = Some((generation, status));
                 }
@@ -515,3 +521,6 @@ impl Actor for ApplicationActor {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -482,7 +482,10 @@ impl Serve {
                     return Ok(s.clone());
                 }
             }
+            // The status first: a wait its last change satisfied is not
+            // `Unavailable` because the instance stopped right after.
             tokio::select! {
+                biased;
                 changed = rx.changed() => if changed.is_err() {
                     return Err(ServeError::NotFound {
                         app: name.to_string(),
@@ -635,6 +638,7 @@ impl Serve {
                 // deletion shows as a newer generation.
                 loop {
                     tokio::select! {
+                        biased;
                         changed = rx.changed() => if changed.is_err() {
                             break;
                         },

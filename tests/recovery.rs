@@ -211,7 +211,10 @@ async fn too_many_controller_crashes_become_a_fatal_error_the_program_can_await(
     let flotilla::Fatal::ControllerCrashLoop { escalation, last } = &why;
     assert_eq!(escalation.max_restarts, 2);
     assert!(!last.is_empty());
-    assert!(why.to_string().contains("crashed too often"), "{why}");
+    assert!(
+        why.to_string().contains("crashed more than 2 times"),
+        "{why}"
+    );
     let err = serve.run(app("a", 1, tag("v"))).await.unwrap_err();
     assert!(matches!(err, ServeError::Unavailable(_)), "{err}");
 }

@@ -19,7 +19,8 @@ replicas with room holding the fewest models,
   `ln sum e^(t/4096)` over the model's uses `t` on the deployment's use clock);
 - `queue`: as `heat`, but a replica that is loading may take one more load,
   judged by the heat of the model it is loading (an experiment, not built);
-- `oracle`: a bound, not a router: the `PINNED` most popular models are
+- `oracle`: not a router but a reference point with knowledge no router
+  has (not a proof of a bound): the `PINNED` most popular models are
   placed once, by their true shares (each on the replica with the least
   share so far), and a model outside them goes to a replica with a slot they
   leave, one with a free load lane first, then the coldest victim.
@@ -248,8 +249,9 @@ def main():
     split = []
     rules = [("ray", "lru"), ("heat", "lru"), ("heat", "lfu"), ("queue", "lru")]
     table("Zipf 1; hit rate (req/s) by load and rule", rules, split)
-    # A bound: what a router that knew every model's share could reach, with
-    # the replicas' LRU eviction and with its pinned models never evicted.
+    # A reference point: what a router that knew every model's share reaches,
+    # placing them once, with the replicas' LRU eviction and with its pinned
+    # models never evicted.
     table(
         f"Zipf 1; the oracle placement of the {PINNED} most popular models",
         [("oracle", "protect"), ("oracle", "lru")],

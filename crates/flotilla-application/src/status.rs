@@ -17,12 +17,13 @@ pub fn publish_status(
     app: &AppName,
     info: ApplicationStatusInfo,
 ) -> bool {
-    let mut from = None;
-    let was = &mut from;
+    let mut transition = None;
+    let seen = &mut transition;
     let changed = tx.send_if_modified(move |cur| {
         if info.observed_generation >= cur.observed_generation && *cur != info {
             if cur.status != info.status || cur.message != info.message {
-                *was = Some(cur.status);
+                let to = (info.observed_generation, info.status, info.message.clone());
+                *seen = Some((cur.status, to));
             }
             *cur = info;
             true
@@ -30,10 +31,8 @@ pub fn publish_status(
             false
         }
     });
-    if let Some(from) = from {
-        let now = tx.borrow();
-        info!(app = %app, generation = now.observed_generation, %from, to = %now.status,
-            detail = %now.message, "application status");
+    if let Some((from, (generation, to, detail))) = transition {
+        info!(app = %app, generation, %from, %to, %detail, "application status");
     }
     changed
 }

@@ -159,7 +159,11 @@ pub enum ServeError {
 pub enum Fatal {
     /// The Controller crashed, or failed to start again, more often than its
     /// restart policy allows, and the Supervisor gave up.
-    #[error("the controller crashed too often (last: {last})")]
+    #[error(
+        "the controller crashed more than {} times in {:?} (last: {last})",
+        escalation.max_restarts,
+        escalation.window
+    )]
     ControllerCrashLoop {
         /// The restart policy it went past.
         #[source]

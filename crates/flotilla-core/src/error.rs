@@ -9,10 +9,16 @@ pub const MAX_QUOTED: usize = 200;
 /// [`MAX_QUOTED`] bytes (cut at a character boundary) and how long it was, so a
 /// 10 MB name makes a short error.
 pub fn shown(value: &str) -> String {
-    if value.len() <= MAX_QUOTED {
+    shown_up_to(value, MAX_QUOTED)
+}
+
+/// `value` whole if at most `max` bytes long, else its first `max` bytes (cut
+/// at a character boundary) and how long it was.
+pub(crate) fn shown_up_to(value: &str, max: usize) -> String {
+    if value.len() <= max {
         return value.to_owned();
     }
-    let mut end = MAX_QUOTED;
+    let mut end = max;
     while !value.is_char_boundary(end) {
         end -= 1;
     }

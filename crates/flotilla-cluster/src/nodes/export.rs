@@ -160,17 +160,20 @@ pub(crate) async fn run(shared: Arc<HeadShared>) {
         shared.export_wake.notified().await;
         // Let a burst of publishes land in this one frame.
         tokio::task::yield_now().await;
-        // Sent under the lock, as a full copy is: an entry never reaches a
-        // node after a copy that read the route later.
-        let mut ex = lock(&shared.export);
-        let dirty: Vec<_> = ex.dirty.drain().collect();
-        let entries: Vec<RouteEntry> = dirty
-            .iter()
-            .filter_map(|k| {
-                let route = ex.known.get(k)?.clone();
-                Some(entry(&shared, &mut ex, k, &route))
-            })
-            .collect();
+        // Read and sent under the send lock, as a full copy is: an entry never
+        // reaches a node after a copy that read the route later.
+        let _sending = lock(&shared.export_send);
+        let entries: Vec<RouteEntry> = {
+            let mut ex = lock(&shared.export);
+            let dirty: Vec<_> = ex.dirty.drain().collect();
+            dirty
+                .iter()
+                .filter_map(|k| {
+                    let route = ex.known.get(k)?.clone();
+                    Some(entry(&shared, &mut ex, k, &route))
+                })
+                .collect()
+        };
         for (_, peer) in shared.alive() {
             for chunk in entries.chunks(CHUNK) {
                 shared
@@ -182,24 +185,27 @@ pub(crate) async fn run(shared: Arc<HeadShared>) {
     }
 }
 
-/// Send every known route to `peer` (a node that just joined). Sent under
-/// the export lock, so that an exported change comes before or after the
+/// Send every known route to `peer` (a node that just joined). Read and sent
+/// under the send lock, so that an exported change comes before or after the
 /// copy, never inside it: before, an entry read before the copy could reach
 /// the node after it, leaving it an older state until the next change.
 pub(crate) fn full_copy(shared: &Arc<HeadShared>, peer: &str) {
-    let mut ex = lock(&shared.export);
-    // A closed route not yet exported is left to the exporter: a joining
-    // node never had a copy to close.
-    let known: Vec<_> = ex
-        .known
-        .iter()
-        .filter(|(_, r)| !r.is_closed())
-        .map(|(k, r)| (k.clone(), r.clone()))
-        .collect();
-    let entries: Vec<RouteEntry> = known
-        .iter()
-        .map(|(k, r)| entry(shared, &mut ex, k, r))
-        .collect();
+    let _sending = lock(&shared.export_send);
+    let entries: Vec<RouteEntry> = {
+        let mut ex = lock(&shared.export);
+        // A closed route not yet exported is left to the exporter: a joining
+        // node never had a copy to close.
+        let known: Vec<_> = ex
+            .known
+            .iter()
+            .filter(|(_, r)| !r.is_closed())
+            .map(|(k, r)| (k.clone(), r.clone()))
+            .collect();
+        known
+            .iter()
+            .map(|(k, r)| entry(shared, &mut ex, k, r))
+            .collect()
+    };
     for chunk in entries.chunks(CHUNK) {
         shared
             .link

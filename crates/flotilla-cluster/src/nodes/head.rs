@@ -128,6 +128,11 @@ pub(crate) struct HeadShared {
     /// Proxies of replicas on nodes: their node and where their reports go.
     pub(crate) proxies: Mutex<HashMap<ReplicaId, (String, mpsc::UnboundedSender<ProxyReport>)>>,
     pub(crate) export: Mutex<Export>,
+    /// Held while route entries are read and sent to nodes (a full copy, or
+    /// the exporter's changes), so that they reach a node in the order they
+    /// were read; `export` itself is held only to read them, so publishing
+    /// DeploymentActors never wait on the encoding.
+    pub(crate) export_send: Mutex<()>,
     pub(crate) export_wake: Notify,
     pub(crate) joined: AtomicU64,
     pub(crate) lost_count: AtomicU64,
@@ -330,6 +335,7 @@ impl Head {
             lost: Mutex::default(),
             proxies: Mutex::default(),
             export: Mutex::default(),
+            export_send: Mutex::default(),
             export_wake: Notify::new(),
             joined: AtomicU64::new(0),
             lost_count: AtomicU64::new(0),

@@ -43,7 +43,7 @@ fn int_text(s: &str) -> Option<i128> {
     let clean = underscores(digits)?;
     // One sign at most: `i128::parse` would take a second one (`--5`), and
     // negating its `i128::MIN` overflows.
-    if clean.is_empty() || !clean.bytes().all(|b| b.is_ascii_digit()) {
+    if !clean.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
     let v: i128 = clean.parse().ok()?;

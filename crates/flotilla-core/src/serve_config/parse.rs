@@ -13,7 +13,7 @@ use serde::{
 use serde_saphyr::{Options, Spanned};
 
 use super::{ServeConfig, Site, suggest};
-use crate::error::{Error, shown};
+use crate::error::{Error, shown, shown_up_to};
 
 impl ServeConfig {
     /// Parse and validate a config file's text (see [`ServeConfig`] for the format).
@@ -90,12 +90,17 @@ fn parse_error(e: serde_saphyr::Error) -> Error {
     }
 }
 
+/// The longest parse error message, in bytes: a few quoted values and the
+/// list of what was expected.
+const MAX_MESSAGE: usize = 1_000;
+
 /// `message` with every quoted part (between backticks, or double quotes)
-/// cut as [`shown`] cuts a value: the YAML reader quotes the offending value
-/// whole (`unknown variant `...``, `invalid type: string "..."`), and a
-/// value may be megabytes long.
+/// cut as [`shown`] cuts a value, then the whole cut at [`MAX_MESSAGE`]: the
+/// YAML reader quotes the offending value whole (an unknown variant, an
+/// invalid string), a value may be megabytes long, and one holding the quote
+/// marks themselves is not cut by the first step.
 fn quoted_bounded(message: &str) -> String {
-    ['`', '"'].iter().fold(message.to_owned(), |m, q| {
+    let quoted = ['`', '"'].iter().fold(message.to_owned(), |m, q| {
         m.split(*q)
             .enumerate()
             .map(|(i, part)| {
@@ -107,7 +112,8 @@ fn quoted_bounded(message: &str) -> String {
             })
             .collect::<Vec<_>>()
             .join(&q.to_string())
-    })
+    });
+    shown_up_to(&quoted, MAX_MESSAGE)
 }
 
 /// The document's shape with every node's position, if it is YAML at all.
@@ -316,6 +322,14 @@ mod tests {
         let huge = "x".repeat(100_000);
         for text in [
             format!("proxy_location: {huge}\napplications: []\n"),
+            format!(
+                "proxy_location: {}\napplications: []\n",
+                "x`".repeat(50_000)
+            ),
+            format!(
+                "http_options: {{host: [\"{}\"]}}\napplications: []\n",
+                "x\\\"".repeat(30_000)
+            ),
             format!("http_options: {{port: \"{huge}\"}}\napplications: []\n"),
             format!(
                 "applications:\n  - name: a\n    import_path: x\n    deployments:\n      - \
@@ -333,7 +347,7 @@ mod tests {
                 .unwrap_err();
             let message = err.to_string();
             assert!(
-                message.len() < 1_000,
+                message.len() < 1_200,
                 "{} bytes: {}",
                 message.len(),
                 &message[..300]

@@ -184,7 +184,15 @@ async fn form(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Entry>) {
         batch.push(first);
         let sleep = tokio::time::sleep_until(deadline);
         tokio::pin!(sleep);
-        while batch.len() < max {
+        loop {
+            if batch.len() >= max {
+                // Full, unless callers left since they were taken: they take
+                // no place (checked only when full, so forming stays O(max)).
+                batch.retain(|e| !e.gone());
+                if batch.len() >= max {
+                    break;
+                }
+            }
             match rx.try_recv() {
                 Ok(e) => {
                     if !e.gone() {
@@ -430,6 +438,24 @@ mod tests {
         assert_eq!(*rec.batches.lock().unwrap(), [vec![1, 2, 3], vec![4, 5]]);
         // The second batch waited for its deadline.
         assert!(t0.elapsed() >= Duration::from_secs(10));
+    }
+
+    /// A caller that leaves while its batch forms frees its place in it: the
+    /// next requests fill the batch, which goes at once.
+    #[tokio::test(start_paused = true)]
+    async fn a_caller_that_leaves_a_forming_batch_frees_its_place() {
+        let (rec, _, b) = batcher(BatchConfig::new(2, Duration::from_secs(10)));
+        let first = submit(&b, 1);
+        settle().await;
+        first.abort();
+        settle().await;
+        let t0 = Instant::now();
+        let calls = [submit(&b, 2), submit(&b, 3)];
+        for c in calls {
+            c.await.unwrap().unwrap();
+        }
+        assert_eq!(*rec.batches.lock().unwrap(), [vec![2, 3]]);
+        assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
     }
 
     #[tokio::test(start_paused = true)]

@@ -14,8 +14,9 @@
 //!   leaves nothing cached (Ray's waiters would each retry the load).
 //! - Loads (with the unloads that make room for them) run one at a time per
 //!   replica, in a task of their own, as Ray's single lock orders them: the
-//!   limit is never exceeded, even while a load runs. A load finishes (and its
-//!   model is cached) even if every caller waiting for it gave up.
+//!   limit is never exceeded, even while a load runs. A load that has begun
+//!   finishes (and its model is cached) even if every caller waiting for it
+//!   gave up; one still waiting for its turn then does not run.
 //! - The published ids include models still loading, as Ray's do, so routers
 //!   send more requests for a model to the replica already loading it.
 
@@ -311,19 +312,32 @@ impl<M: MultiplexedDeployment> ModelCache<M> {
     /// to make room, and tell every waiter.
     async fn load(self: Arc<Self>, id: Arc<str>, done: watch::Sender<Outcome<M::Model>>) {
         let _turn = self.turn.lock().await;
-        let stopped = {
+        let skipped = {
             let mut s = self.lock();
-            if s.closed {
+            // Nobody waits any more when only the entry's own receiver is
+            // left (each waiter holds one; under this lock no new one comes).
+            let abandoned = done.receiver_count() <= 1;
+            let skip = if s.closed {
                 // The replica stopped while this load waited for its turn:
                 // load nothing (it would run, evict and unload after the
                 // replica's end).
+                Some("the replica is stopping")
+            } else if abandoned {
+                // Every caller gave up while it waited for its turn: evicting
+                // a model for it would serve nobody (in Ray, the cancelled
+                // request's load never takes the lock).
+                Some("every request waiting for it gave up")
+            } else {
+                None
+            };
+            if skip.is_some() {
                 s.loading.retain(|l| l.id != id);
                 self.publish(&s);
             }
-            s.closed
+            skip
         };
-        if stopped {
-            done.send_replace(Some(Err(load_error(&id, "the replica is stopping"))));
+        if let Some(why) = skipped {
+            done.send_replace(Some(Err(load_error(&id, why))));
             return;
         }
         self.make_room().await;
@@ -493,6 +507,32 @@ mod tests {
             .iter()
             .map(|m| m.to_string())
             .collect()
+    }
+
+    /// A load still waiting for its turn when every caller waiting for it
+    /// has given up does not run: it would evict a model for nobody.
+    #[tokio::test(start_paused = true)]
+    async fn a_queued_load_whose_callers_all_left_does_not_run() {
+        let (zoo, c) = cache(Some(1));
+        c.get(&id("a")).await.unwrap();
+        let b = {
+            let c = c.clone();
+            tokio::spawn(async move { c.get(&id("b")).await })
+        };
+        let gave_up = {
+            let c = c.clone();
+            tokio::spawn(async move {
+                tokio::time::timeout(Duration::from_millis(5), c.get(&id("c"))).await
+            })
+        };
+        assert!(gave_up.await.unwrap().is_err(), "c waits behind b");
+        assert_eq!(*b.await.unwrap().unwrap(), "model b");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(zoo.log(), ["load a", "unload a", "load b"]);
+        assert_eq!(loaded(&c), ["b"]);
+        assert!(c.hub().current().loading.is_empty());
+        // Asked for again, it loads.
+        assert_eq!(*c.get(&id("c")).await.unwrap(), "model c");
     }
 
     #[tokio::test(start_paused = true)]

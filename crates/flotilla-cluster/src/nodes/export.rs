@@ -174,6 +174,9 @@ pub(crate) async fn run(shared: Arc<HeadShared>) {
                 })
                 .collect()
         };
+        if entries.is_empty() {
+            continue;
+        }
         for (_, peer) in shared.alive() {
             for chunk in entries.chunks(CHUNK) {
                 shared

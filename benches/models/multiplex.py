@@ -19,6 +19,12 @@ replicas with room holding the fewest models,
   `ln sum e^(t/4096)` over the model's uses `t` on the deployment's use clock);
 - `queue`: as `heat`, but a replica that is loading may take one more load,
   judged by the heat of the model it is loading (an experiment, not built);
+- `partition`: an experiment, not built: the router ranks models by its own
+  heat (of the requests it routes) and calls the `PARTITION` hottest "hot".
+  A load goes to a replica whose next victim is not hot; a hot model's load
+  to the one with the fewest loads under way, a cold model's to the one
+  holding the most cold models (so the tail gathers on a few replicas and
+  the hot models stay where they are);
 - `oracle`: not a router but a reference point with knowledge no router
   has (not a proof of a bound): the `PINNED` most popular models are
   placed once, by their true shares (each on the replica with the least
@@ -43,6 +49,7 @@ LOAD_MS, HANDLER_MS = 20.0, 1.5
 MAX_ONGOING = 16
 HEAT_WINDOW = 4096.0
 PINNED = 20
+PARTITION = 18
 
 
 def zipf_cdf(n, s):
@@ -82,6 +89,8 @@ class Model:
         self.events, self.seq, self.clock = [], 0, 0
         self.hits = self.misses = self.loads = 0
         self.pinned = {}  # model -> replica, for `oracle`
+        self.heat = {}  # model -> the router's heat, for `partition`
+        self.latencies = []  # ms from send to answer, of counted requests
         self.churn = []  # replicas with a slot the pinned models leave
         if routing == "oracle":
             self.pin()
@@ -149,6 +158,8 @@ class Model:
             return min(
                 self.rotated(churn), key=lambda r: (len(r.loading), self.victim_heat(r))
             )
+        if self.routing == "partition":
+            return self.partitioned(model, room)
         if self.routing == "heat":
             return min(self.rotated(eligible), key=lambda r: (self.victim_heat(r), r.in_flight))
         # "queue": a loading replica may take one more load (while none
@@ -163,10 +174,31 @@ class Model:
             self.rotated(eligible), key=lambda r: (next_victim(r), len(r.loading), r.in_flight)
         )
 
+    def partitioned(self, model, room):
+        ranked = sorted(self.heat, key=lambda k: -self.heat[k])
+        hot = set(ranked[:PARTITION])
+
+        def victim_hot(r):
+            v = self.victim(r)
+            return r.count() >= SLOTS and v is not None and v[0] in hot
+
+        def cold(r):
+            held = [m for m, _ in r.loaded] + r.loading
+            return SLOTS - r.count() + sum(1 for m in held if m not in hot)
+
+        if model in hot:
+            key = lambda r: (victim_hot(r), len(r.loading), self.victim_heat(r))  # noqa: E731
+        else:
+            key = lambda r: (victim_hot(r), -cold(r), len(r.loading), self.victim_heat(r))  # noqa: E731
+        return min(self.rotated(room), key=key)
+
     def send(self, t, caller, counted):
         u = self.rng.random()
         model = next((k for k, c in enumerate(self.cdf) if c >= u), MODELS - 1)
+        if self.routing == "partition":
+            self.heat[model] = self.use(self.heat.get(model))
         r = self.choose(model)
+        caller = (caller, t, counted)  # the request: who sent it, when, counted
         r.in_flight += 1
         for entry in r.loaded:
             if entry[0] == model:
@@ -212,8 +244,11 @@ class Model:
                     self.at(t + self.rng.expovariate(self.rate / 1000.0), "send", None, 0)
             elif kind == "done":
                 self.replicas[index].in_flight -= 1
+                caller, sent, counted = arg
+                if counted:
+                    self.latencies.append(t - sent)
                 if not open_loop:
-                    self.at(t, "send", None, arg)
+                    self.at(t, "send", None, caller)
             else:
                 self.finish_load(t, self.replicas[index], arg)
         n = self.hits + self.misses
@@ -256,6 +291,21 @@ def main():
         f"Zipf 1; the oracle placement of the {PINNED} most popular models",
         [("oracle", "protect"), ("oracle", "lru")],
     )
+    # What a higher hit rate costs: `partition` against the default, with
+    # the loads each request began and the latency callers see.
+    print("Zipf 1; hit rate, loads per request, latency p50 / p99 (ms)")
+    print("load".ljust(14) + "".join(r.ljust(36) for r in ["heat/lru", f"partition/lru ({PARTITION} hot)"]))
+    for rate in LOADS:
+        cells = []
+        for routing in ["heat", "partition"]:
+            model = Model(routing, "lru", 1.0, rate, seed=1)
+            hit, _, loads = model.run()
+            lat = sorted(model.latencies)
+            p50, p99 = lat[len(lat) // 2], lat[int(len(lat) * 0.99)]
+            n = model.hits + model.misses
+            cells.append(f"{hit:.3f} {loads / n:.3f} {p50:.1f} / {p99:.1f}".ljust(36))
+        print(label(rate).ljust(14) + "".join(cells))
+    print()
     # A miss either begins a load or waits for one in progress (of the same
     # model on the same replica): how the default's misses divide.
     print("heat/lru misses per request: loads begun, waits for a load in progress")

@@ -171,10 +171,13 @@ impl<'de> Deserialize<'de> for Float {
                 Err(E::custom(format!("expected a number, got the boolean {v}")))
             }
         }
-        // Asked for as a float, the YAML reader parses numeric text itself and
-        // passes `.inf` and `.nan` on (the field's validation refuses them where
-        // they do not belong), which a typeless read would refuse outright.
-        d.deserialize_f64(V)
+        // Read typeless, as the integers are: the YAML reader then infers what
+        // YAML 1.1 (Ray's PyYAML) reads as a number (`1_000`, `0x10`) and hands
+        // text over as text, for `float_text` (`"inf"`, `"1_000.5"`). Asked for
+        // a float, it would refuse both. `.inf` and `.nan` pass through as
+        // floats (see `parse::options`); the field's validation refuses them
+        // where they do not belong.
+        d.deserialize_any(V)
     }
 }
 

@@ -4,7 +4,7 @@
 //! documented not to panic on malformed input, with resource budgets (nesting depth,
 //! node count, alias expansion) on by default, and a position on every error.
 
-use std::fmt;
+use std::{cell::Cell, fmt};
 
 use serde::{
     Deserialize, Deserializer,
@@ -47,7 +47,7 @@ impl ServeConfig {
         let config: ServeConfig = match serde_saphyr::from_str_with_options(text, options()) {
             Ok(c) => c,
             Err(e) => {
-                return Err(single_app_format(text).unwrap_or_else(|| parse_error(e)));
+                return Err(single_app_format(text).unwrap_or_else(|| parse_error(e, text)));
             }
         };
         if let Err(sited) = config.check() {
@@ -69,20 +69,31 @@ impl ServeConfig {
 
 /// Strict YAML 1.2 booleans (`yes`, `on`, `y` are text, so `y:` is not the key
 /// `true`), duplicate keys rejected, plain messages (the position is ours to report).
+/// `.inf` and `.nan` are read as floats wherever a value is read typeless, as
+/// PyYAML reads them: each field decides (a float field's range check; `args`
+/// refuses them, see [`super::value`]).
 fn options() -> Options {
     serde_saphyr::options! {
         strict_booleans: true,
         duplicate_keys: serde_saphyr::DuplicateKeyPolicy::Error,
         with_snippet: false,
+        non_finite_float_policy: serde_saphyr::NonFiniteFloatPolicy::PassThrough,
     }
 }
 
-fn parse_error(e: serde_saphyr::Error) -> Error {
+/// The parse error `e` of `text`; a value's error (out of range, the wrong
+/// type) is prefixed with the path of the field that holds it, since the
+/// reader's own message does not name it.
+fn parse_error(e: serde_saphyr::Error, text: &str) -> Error {
     let plain = e.without_snippet().to_string();
     let (line, column) = e.location().map_or((0, 0), |l| (l.line(), l.column()));
     let suffix = format!(" at line {line}, column {column}");
     let message = plain.strip_suffix(&suffix).unwrap_or(&plain);
     let message = suggest::unknown_field(message).unwrap_or_else(|| message.to_owned());
+    let message = match tree(text).and_then(|t| path_at(&t, (line, column))) {
+        Some(path) => format!("`{path}`: {message}"),
+        None => message,
+    };
     Error::Parse {
         line,
         column,
@@ -118,10 +129,8 @@ fn quoted_bounded(message: &str) -> String {
 
 /// The document's shape with every node's position, if it is YAML at all.
 fn tree(text: &str) -> Option<Spanned<Node>> {
-    let mut opts = options();
-    // `.nan` may be the very value at fault: it must not stop this parse.
-    opts.non_finite_float_policy = serde_saphyr::NonFiniteFloatPolicy::PassThrough;
-    serde_saphyr::from_str_with_options::<Spanned<Node>>(text, opts).ok()
+    DEPTH.set(0);
+    serde_saphyr::from_str_with_options::<Spanned<Node>>(text, options()).ok()
 }
 
 /// Ray's single-application format (a top-level `import_path` and no
@@ -194,6 +203,36 @@ fn locate(root: &Spanned<Node>, site: Site) -> Option<(u64, u64)> {
     (at.line() > 0).then(|| (at.line(), at.column()))
 }
 
+/// The path (`applications[0].deployments[1].max_ongoing_requests`) of the
+/// innermost value that starts at `at`, if one does: the inverse of [`locate`].
+fn path_at(root: &Spanned<Node>, at: (u64, u64)) -> Option<String> {
+    fn walk(node: &Spanned<Node>, at: (u64, u64), path: &mut String) -> bool {
+        match &node.value {
+            Node::Leaf => false,
+            Node::Seq(items) => (items.iter().enumerate())
+                .any(|(i, child)| enter(child, at, path, &format!("[{i}]"))),
+            Node::Map(entries) => entries.iter().any(|(key, child)| {
+                key.as_deref().is_some_and(|k| {
+                    let dot = if path.is_empty() { "" } else { "." };
+                    enter(child, at, path, &format!("{dot}{}", shown(k)))
+                })
+            }),
+        }
+    }
+    fn enter(child: &Spanned<Node>, at: (u64, u64), path: &mut String, step: &str) -> bool {
+        let len = path.len();
+        path.push_str(step);
+        let here = (child.referenced.line(), child.referenced.column()) == at;
+        if walk(child, at, path) || here {
+            return true;
+        }
+        path.truncate(len);
+        false
+    }
+    let mut path = String::new();
+    (at.0 > 0 && walk(root, at, &mut path)).then_some(path)
+}
+
 #[derive(Clone, Copy)]
 enum Step<'a> {
     Key(&'a str),
@@ -208,9 +247,30 @@ enum Node {
     Map(Vec<(Option<String>, Spanned<Node>)>),
 }
 
+/// How deep [`tree`] keeps the shape: below this a node is a [`Node::Leaf`].
+/// Every field a site names (`applications[i].deployments[j].ray_actor_options
+/// .resources.x`) is within 7 levels; a free-form value (`args`) may nest as
+/// deep as the reader allows (64), and a `Spanned` node per level costs so much
+/// stack that 60 levels overflowed a 2 MiB thread in a debug build.
+const SHAPE_DEPTH: usize = 10;
+
+thread_local! {
+    /// The nesting depth of the [`Node`] being read on this thread: serde gives a
+    /// `Deserialize` no place to carry it through `Spanned`.
+    static DEPTH: Cell<usize> = const { Cell::new(0) };
+}
+
 impl<'de> Deserialize<'de> for Node {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_any(NodeVisitor)
+        let depth = DEPTH.get();
+        if depth >= SHAPE_DEPTH {
+            IgnoredAny::deserialize(d)?;
+            return Ok(Node::Leaf);
+        }
+        DEPTH.set(depth + 1);
+        let node = d.deserialize_any(NodeVisitor);
+        DEPTH.set(depth);
+        node
     }
 }
 

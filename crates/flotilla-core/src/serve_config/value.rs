@@ -108,6 +108,33 @@ impl Value {
             _ => {}
         }
     }
+
+    /// Whether every number in the value, keys included, is finite.
+    fn all_finite(&self) -> bool {
+        match self {
+            Value::Float(f) => f.is_finite(),
+            Value::Seq(items) => items.iter().all(Value::all_finite),
+            Value::Map(entries) => entries
+                .iter()
+                .all(|(k, v)| k.all_finite() && v.all_finite()),
+            _ => true,
+        }
+    }
+}
+
+/// `value` read from a config, if it holds no `.inf` or `.nan`: the config a
+/// status or `GET` shows back is JSON, which has no spelling for them (Ray's
+/// `user_config` must be JSON too), so they would come back as `null`.
+fn from_config<E: de::Error>(value: Value) -> Result<Value, E> {
+    if value.all_finite() {
+        Ok(value)
+    } else {
+        Err(E::custom(
+            "a free-form value (args, user_config, runtime_env, a router's or policy's \
+             kwargs) cannot hold .inf or .nan: JSON, which the REST API and status \
+             answer in, has no spelling for them",
+        ))
+    }
 }
 
 /// Encode `value` in canonical form.
@@ -267,7 +294,7 @@ pub(crate) mod args_field {
     /// Deserialise one `Args`.
     pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Args, D::Error> {
         if d.is_human_readable() {
-            to_args(Value::deserialize(d)?).map_err(de::Error::custom)
+            to_args(from_config(Value::deserialize(d)?)?).map_err(de::Error::custom)
         } else {
             Args::deserialize(d)
         }
@@ -396,7 +423,7 @@ pub(crate) mod map_field {
     /// Deserialise one mapping `Args`.
     pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Args, D::Error> {
         if d.is_human_readable() {
-            checked(Value::deserialize(d)?)
+            checked(from_config(Value::deserialize(d)?)?)
         } else {
             Args::deserialize(d)
         }

@@ -100,8 +100,16 @@ fn http_options_are_kept_with_rays_defaults_and_checks() {
         "at most 1000000000",
     );
     // Infinite is none, as in Ray (float('inf')).
-    let none = parse(&with("http_options:\n  request_timeout_s: .inf\n"));
-    assert_eq!(none.http_options.request_timeout_s, Some(f64::INFINITY));
+    for inf in [".inf", "'inf'", "\"Infinity\"", "1e400"] {
+        let none = parse(&with(&format!(
+            "http_options:\n  request_timeout_s: {inf}\n"
+        )));
+        assert_eq!(
+            none.http_options.request_timeout_s,
+            Some(f64::INFINITY),
+            "{inf}"
+        );
+    }
     let port = with("http_options: {port: 70000}\n");
     assert_parse_at(&err(&port), &port, "70000", "at most 65535");
     let typo = with("http_options: {hots: x}\n");

@@ -34,6 +34,50 @@ fn integer_fields_take_numeric_text_and_integral_floats() {
 }
 
 #[test]
+fn a_value_the_reader_refuses_is_named_by_its_path() {
+    // Out of range for the field's type, and of the wrong type: refused
+    // while reading, before validation, yet named as validation names them.
+    for (field, v, says) in [
+        ("max_ongoing_requests", "99999999999", "at most 4294967295"),
+        (
+            "max_ongoing_requests",
+            "'many'",
+            "unable to parse the text as an integer",
+        ),
+        (
+            "health_check_period_s",
+            "soon",
+            "unable to parse the text as a number",
+        ),
+        (
+            "ray_actor_options: {num_cpus",
+            "x}",
+            "unable to parse the text as a number",
+        ),
+    ] {
+        let text = front(&format!("        {field}: {v}\n"));
+        let e = err(&text);
+        assert_parse_at(&e, &text, v, says);
+        let path = field.replace(": {", ".");
+        let named = format!("`applications[0].deployments[0].{path}`: ");
+        assert!(e.to_string().contains(&named), "{e}");
+    }
+    let text = "applications: []\nhttp_options: {port: 70000}\n";
+    assert!(
+        err(text)
+            .to_string()
+            .contains("`http_options.port`: must be at most 65535")
+    );
+    // An unknown key is not a value: its message names it already.
+    let text = front("        max_ongoing_request: 5\n");
+    assert!(
+        !err(&text).to_string().contains("`applications["),
+        "{}",
+        err(&text)
+    );
+}
+
+#[test]
 fn memory_takes_an_integral_float() {
     for v in ["1.5e9", "1.5e+9", "1500000000.0", "'1500000000'"] {
         assert_eq!(
@@ -62,6 +106,57 @@ fn float_fields_take_numeric_text() {
     assert_eq!((a.max_replicas, a.target_ongoing_requests), (4, 1.5));
     let text = front("        health_check_period_s: soon\n");
     assert!(matches!(err(&text), crate::Error::Parse { line: 6, .. }));
+}
+
+#[test]
+fn float_fields_take_what_pyyaml_and_pydantic_read_as_a_number() {
+    // YAML 1.1 (Ray's PyYAML) reads `1_000` and `0x10` as integers, and
+    // pydantic reads `"inf"` and `"1_000.5"` text as floats.
+    for (v, seconds) in [
+        ("1_000", 1000.0),
+        ("0x10", 16.0),
+        ("'1_000.5'", 1000.5),
+        ("\"1e3\"", 1000.0),
+    ] {
+        let c = applied(&format!("        graceful_shutdown_timeout_s: {v}\n"));
+        assert_eq!(c.graceful_shutdown_timeout.as_secs_f64(), seconds, "{v}");
+    }
+    // Infinite text is refused by the field's own range check, by name, as
+    // `.inf` is: not as text that is no number.
+    for v in ["'inf'", ".inf", "\"Infinity\""] {
+        let text = front(&format!("        graceful_shutdown_timeout_s: {v}\n"));
+        let e = err(&text);
+        assert_at(
+            &e,
+            &text,
+            &format!("{v}\n"),
+            "graceful_shutdown_timeout_s",
+            "finite number",
+        );
+    }
+}
+
+#[test]
+fn a_free_form_value_holding_a_non_finite_number_is_refused() {
+    for (field, v) in [
+        ("user_config", "{scale: .inf}"),
+        ("user_config", "[1, .nan]"),
+        ("ray_actor_options", "{runtime_env: {x: -.inf}}"),
+    ] {
+        let text = front(&format!("        {field}: {v}\n"));
+        let e = err(&text);
+        assert!(matches!(e, crate::Error::Parse { line: 6, .. }), "{e}");
+        assert!(e.to_string().contains("cannot hold .inf or .nan"), "{e}");
+    }
+    let app = "applications:\n  - name: shop\n    import_path: shop:app\n    args: {t: .nan}\n";
+    let e = err(app);
+    assert!(e.to_string().contains("cannot hold .inf or .nan"), "{e}");
+    // Finite floats stay as they are.
+    assert!(
+        applied("        user_config: {scale: 1.5}\n")
+            .user_config
+            .is_some()
+    );
 }
 
 #[test]
@@ -151,5 +246,25 @@ fn log_levels_take_pythons_names_and_numbers() {
     ] {
         let text = format!("logging_config:\n  log_level: {v}\napplications: []\n");
         assert_parse_at(&err(&text), &text, v, says);
+    }
+}
+
+#[test]
+fn a_bad_value_is_placed_in_a_document_as_deep_as_the_reader_allows() {
+    // The reader allows 64 levels; `args` at 63 (under the root map, the list
+    // and the application's map) used to overflow the stack while the value
+    // at fault was looked for.
+    for depth in [30, 61] {
+        let text = format!(
+            "applications:\n  - name: a\n    import_path: x\n    args: {}{}\n    deployments:\n      - name: d\n        max_ongoing_requests: {}\n",
+            "[".repeat(depth),
+            "]".repeat(depth),
+            "{bad}"
+        );
+        let e = err(&text.replace("{bad}", "0"));
+        assert_eq!(e.position(), Some((7, 31)), "{depth}: {e}");
+        let e = err(&text.replace("{bad}", "99999999999"));
+        let named = "`applications[0].deployments[0].max_ongoing_requests`: must be at most";
+        assert!(e.to_string().contains(named), "{depth}: {e}");
     }
 }

@@ -1476,6 +1476,67 @@ async fn a_nodes_callers_keep_their_routes_through_a_head_restart() {
     drop(a);
 }
 
+/// A head restarted on another store runs none of the old deployments: a
+/// node that re-attaches drops its copies of their routes once the head has
+/// recovered, so a caller there hears NotFound instead of reaching a replica
+/// no head owns. front (on a) calls app's where (on a); the new head knows
+/// front only, deployed again (and adopts its replica on a, by name).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_drops_the_routes_a_restarted_head_does_not_run() {
+    let _turn = turn().await;
+    let dir = tempfile::tempdir().unwrap();
+    let addr = restartable_addr();
+    let serve = head_at(dir.path(), cpus(0.0), addr).await;
+    let a = NodeProc::start(addr, &NodeSpec::new("a", 2.0), dir.path());
+    let a_id = a.id().await;
+    serve.run(where_app("app", 1, cpus(1.0))).await.unwrap();
+    let calls = WhereArgs {
+        downstream: Some("where".into()),
+        downstream_app: Some("app".into()),
+        ..Default::default()
+    };
+    let front = || {
+        ApplicationSpec::builder("front")
+            .deployment(where_dep("front", 1, cpus(1.0), &calls))
+            .build()
+            .unwrap()
+    };
+    let here: Here = serve
+        .run(front())
+        .await
+        .unwrap()
+        .call("before")
+        .await
+        .unwrap();
+    assert_eq!(here.downstream.unwrap().node, a_id);
+
+    serve.crash_process().await;
+    drop(serve);
+    let other = tempfile::tempdir().unwrap();
+    let serve = head_at(other.path(), cpus(0.0), addr).await;
+    eventually(30, "the node dropped app's route", || async {
+        a.log_text()
+            .contains("route dropped: the head runs no such deployment")
+    })
+    .await;
+    let handle = serve
+        .run(front())
+        .await
+        .unwrap()
+        .with_timeout(Duration::from_secs(10));
+    let e = handle
+        .call::<_, Here>("after")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("deployment 'where' of application 'app' does not exist"),
+        "{e}"
+    );
+    serve.shutdown().await.unwrap();
+    drop(a);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redeploy_rolls_replicas_on_several_nodes() {
     let (_turn, dir, serve, addr) = setup(cpus(1.0)).await;

@@ -175,6 +175,16 @@ pub trait Cluster: Send + Sync + 'static {
     fn route_changed(&self, route: &std::sync::Arc<flotilla_replica::DeploymentRoute>) {
         let _ = route;
     }
+
+    /// The Controller recovered its checkpoint (at every start, and after every
+    /// restart of its own): `live` is every deployment it runs now, those being
+    /// deleted included. With [`route_changed`](Self::route_changed) from then
+    /// on, the cluster knows every live route, so other processes can drop a
+    /// copy of one that is not (deleted while they were away, or unknown to a
+    /// head restarted on another store). Default: nothing.
+    fn deployments_recovered(&self, live: std::collections::HashSet<DeploymentKey>) {
+        let _ = live;
+    }
 }
 
 /// How many replicas [`LocalCluster::new`] holds: every deployment's replicas

@@ -145,6 +145,16 @@ impl ControllerState {
             apps.insert(name, AppEntry { record });
         }
         args.route_table.replace_all(table);
+        // Every deployment this Controller runs, those being deleted too: other
+        // processes may drop their copies of any other route.
+        args.cluster.deployments_recovered(
+            apps.values()
+                .flat_map(|e| {
+                    let app = &e.record.spec.name;
+                    (e.record.spec.deployments.iter()).map(|d| (app.clone(), d.name.clone()))
+                })
+                .collect(),
+        );
         // The board outlives Controller crashes: an application whose record a
         // predecessor removed just before it crashed must not linger on it (its
         // stale generation would also hide a new application of the same name).

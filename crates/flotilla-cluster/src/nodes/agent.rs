@@ -608,14 +608,23 @@ async fn control(myself: &ActorRef<AgentMsg>, state: &mut AgentState, env: Envel
             for e in entries {
                 let key = (e.app.clone(), e.deployment.clone());
                 if e.closed {
-                    // Deleted: callers here hear so, as on the head.
-                    state.routes.remove(&key);
-                    state.mirrors.retain(|_, (k, _)| *k != key);
-                    state.directory.remove(&key.0, &key.1);
+                    drop_route(state, &key);
                     continue;
                 }
                 state.routes.insert(key.clone(), e);
                 publish(state, &key);
+            }
+        }
+        Control::Prune(keep) => {
+            let keep: HashSet<(AppName, DeploymentName)> = keep.into_iter().collect();
+            let stale: Vec<_> = (state.routes.keys())
+                .filter(|k| !keep.contains(*k))
+                .cloned()
+                .collect();
+            for key in stale {
+                info!(node = %state.args.id, app = %key.0, deployment = %key.1,
+                    "route dropped: the head runs no such deployment");
+                drop_route(state, &key);
             }
         }
         Control::Nodes { alive, ids, listen } => {
@@ -648,6 +657,13 @@ async fn control(myself: &ActorRef<AgentMsg>, state: &mut AgentState, env: Envel
             warn!(node = %state.args.id, frame = ?other, "node: unexpected control frame");
         }
     }
+}
+
+/// Drop the copy of a deleted route: callers here hear so, as on the head.
+fn drop_route(state: &mut AgentState, key: &(AppName, DeploymentName)) {
+    state.routes.remove(key);
+    state.mirrors.retain(|_, (k, _)| k != key);
+    state.directory.remove(&key.0, &key.1);
 }
 
 impl AgentState {

@@ -6,6 +6,12 @@
 //! A joining node gets every route. Head-local replicas in exported routes are
 //! served to the nodes.
 //!
+//! Once the Controller has recovered (`recovered`), the head knows every live
+//! route: each node is then told which routes it may keep (`Prune`, after the
+//! changes or full copy it was sent before), and drops a copy of any other (a
+//! deployment deleted while it was away, or unknown to a head restarted on
+//! another store). A joining node gets the same after its full copy.
+//!
 //! An entry carries each multiplexed replica's model ids, so that routers on
 //! every node prefer the replica holding a request's model wherever it runs.
 //! A replica on a node reports its ids to the head (its proxy marks the route
@@ -39,6 +45,9 @@ pub(crate) fn changed(shared: &HeadShared, route: &Arc<DeploymentRoute>) {
         // route here: that one stays, and is what the nodes are sent.
         if ex.known.get(&key).is_some_and(|r| !Arc::ptr_eq(r, route)) {
             return;
+        }
+        if let Some(live) = ex.recovered.as_mut() {
+            live.remove(&key);
         }
         if !wake {
             // No node to tell: forgotten now, and its head-local replicas are
@@ -194,20 +203,22 @@ pub(crate) async fn run(shared: Arc<HeadShared>) {
 /// the node after it, leaving it an older state until the next change.
 pub(crate) fn full_copy(shared: &Arc<HeadShared>, peer: &str) {
     let _sending = lock(&shared.export_send);
-    let entries: Vec<RouteEntry> = {
+    let (entries, keep): (Vec<RouteEntry>, _) = {
         let mut ex = lock(&shared.export);
-        // A closed route not yet exported is left to the exporter: a joining
-        // node never had a copy to close.
+        // A closed route not yet exported is left to the exporter: a new
+        // node never had a copy to close, and a re-attaching one is sent the
+        // close with the other nodes.
         let known: Vec<_> = ex
             .known
             .iter()
             .filter(|(_, r)| !r.is_closed())
             .map(|(k, r)| (k.clone(), r.clone()))
             .collect();
-        known
+        let entries = known
             .iter()
             .map(|(k, r)| entry(shared, &mut ex, k, r))
-            .collect()
+            .collect();
+        (entries, to_keep(&ex))
     };
     for chunk in entries.chunks(CHUNK) {
         shared
@@ -215,6 +226,40 @@ pub(crate) fn full_copy(shared: &Arc<HeadShared>, peer: &str) {
             .shared
             .send_control(peer, Control::Routes(chunk.to_vec()));
     }
+    if let Some(keep) = keep {
+        shared.link.shared.send_control(peer, Control::Prune(keep));
+    }
+}
+
+/// The Controller recovered: `live` is every deployment it runs. From now on
+/// the head knows every live route, and every live node is told to drop its
+/// copies of any other. Sent under the send lock, as the changes are, so a
+/// node has every change sent before it and none sent after.
+pub(crate) fn recovered(shared: &HeadShared, live: HashSet<(AppName, DeploymentName)>) {
+    let _sending = lock(&shared.export_send);
+    let keep = {
+        let mut ex = lock(&shared.export);
+        ex.recovered = Some(live);
+        to_keep(&ex)
+    };
+    if let Some(keep) = keep {
+        for (_, peer) in shared.alive() {
+            shared
+                .link
+                .shared
+                .send_control(&peer, Control::Prune(keep.clone()));
+        }
+    }
+}
+
+/// Every live route, once the Controller has recovered: the ones it
+/// recovered that have not closed since, and every one published and open.
+fn to_keep(ex: &Export) -> Option<Vec<(AppName, DeploymentName)>> {
+    let recovered = ex.recovered.as_ref()?;
+    let open = (ex.known.iter())
+        .filter(|(k, r)| !r.is_closed() && !recovered.contains(*k))
+        .map(|(k, _)| k);
+    Some(recovered.iter().chain(open).cloned().collect())
 }
 
 #[cfg(test)]
@@ -274,6 +319,35 @@ mod tests {
             Arc::ptr_eq(&kept, &new),
             "the closed route replaced the new one"
         );
+        head.stop().await;
+    }
+
+    /// What a node's copy is pruned to: nothing before the Controller has
+    /// recovered; then what it recovered, less what closed since, and every
+    /// open route published.
+    #[tokio::test]
+    async fn nodes_keep_the_recovered_and_the_published_routes_less_the_closed() {
+        let (head, directory) = head("export-keep").await;
+        let cluster = head.cluster();
+        let key = |a: &str, d: &str| (AppName::new(a).unwrap(), DeploymentName::new(d).unwrap());
+        let keep = || {
+            let mut k = to_keep(&lock(&head.shared.export))?;
+            k.sort();
+            Some(k)
+        };
+        let (a, b, c) = (key("a", "d"), key("b", "d"), key("c", "d"));
+        let route_b = directory.route(&b.0, &b.1);
+        cluster.route_changed(&route_b);
+        assert_eq!(keep(), None, "pruned before the head knows every route");
+        cluster.deployments_recovered([a.clone(), b.clone()].into());
+        assert_eq!(keep(), Some(vec![a.clone(), b.clone()]));
+        let route_c = directory.route(&c.0, &c.1);
+        cluster.route_changed(&route_c);
+        assert_eq!(keep(), Some(vec![a.clone(), b.clone(), c.clone()]));
+        // b is deleted: neither recovered nor published any more.
+        directory.remove(&b.0, &b.1);
+        cluster.route_changed(&route_b);
+        assert_eq!(keep(), Some(vec![a, c]));
         head.stop().await;
     }
 

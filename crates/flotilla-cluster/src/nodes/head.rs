@@ -26,7 +26,9 @@ use super::{
     proxy::ProxyReport,
     registry::{Registry, RegistryMsg},
 };
-use crate::{Cluster, ClusterEvent, NodeId, NodePool, NodeSpec, PlacementRequest, Refusal};
+use crate::{
+    Cluster, ClusterEvent, DeploymentKey, NodeId, NodePool, NodeSpec, PlacementRequest, Refusal,
+};
 
 /// Events a slow subscriber may fall behind by before it resynchronises.
 const EVENT_BUFFER: usize = 1024;
@@ -108,6 +110,10 @@ pub(crate) struct Export {
     pub(crate) served: HashMap<(AppName, DeploymentName), Vec<ReplicaId>>,
     /// The watchers of served multiplexed replicas' model ids.
     pub(crate) watched: HashMap<ReplicaId, super::AbortOnDrop>,
+    /// The deployments the Controller recovered and that have not closed
+    /// since; `None` until it has recovered. With `known`, every live route:
+    /// what a node's copy is pruned to.
+    pub(crate) recovered: Option<HashSet<(AppName, DeploymentName)>>,
 }
 
 /// What the head's parts share.
@@ -230,6 +236,10 @@ impl Cluster for NodeCluster {
 
     fn route_changed(&self, route: &Arc<DeploymentRoute>) {
         super::export::changed(&self.shared, route);
+    }
+
+    fn deployments_recovered(&self, live: HashSet<DeploymentKey>) {
+        super::export::recovered(&self.shared, live);
     }
 }
 

@@ -143,6 +143,9 @@ pub(crate) enum Control {
     },
     /// Head -> node: routes that changed.
     Routes(Vec<RouteEntry>),
+    /// Head -> node: every live route, once the head knows them all (its
+    /// Controller recovered); the node drops its copy of any other.
+    Prune(Vec<(AppName, DeploymentName)>),
     /// Head -> node: the live nodes (ractor names), after every change.
     Nodes {
         /// Their ractor names.

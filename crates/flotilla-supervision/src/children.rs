@@ -36,6 +36,11 @@ pub struct Children<K, M> {
     slots: HashMap<K, Slot<M>>,
     by_actor: HashMap<ActorId, K>,
     restarts: u64,
+    /// The parent watching them, once it watches one: when these children are
+    /// dropped (the parent ended, crashed or not), it stops watching them.
+    /// Else every parent that ever watched a child would stay in the child's
+    /// monitor list, its actor kept alive, for the child's life.
+    parent: Option<ActorCell>,
 }
 
 struct Slot<M> {
@@ -61,6 +66,17 @@ impl<K, M> Default for Children<K, M> {
             slots: HashMap::new(),
             by_actor: HashMap::new(),
             restarts: 0,
+            parent: None,
+        }
+    }
+}
+
+impl<K, M> Drop for Children<K, M> {
+    fn drop(&mut self) {
+        if let Some(parent) = &self.parent {
+            for actor in self.slots.values().filter_map(|s| s.actor.as_ref()) {
+                parent.unmonitor(actor.get_cell());
+            }
         }
     }
 }
@@ -124,6 +140,7 @@ where
             slots: HashMap::with_capacity(n),
             by_actor: HashMap::with_capacity(n),
             restarts: 0,
+            parent: None,
         }
     }
 
@@ -190,6 +207,9 @@ where
         if actor.get_status() >= ActorStatus::Stopping {
             parent.unmonitor(actor.get_cell());
             return false;
+        }
+        if self.parent.is_none() {
+            self.parent = Some(parent.clone());
         }
         let id = actor.get_id();
         let slot = self.slots.entry(key.clone()).or_default();

@@ -276,3 +276,36 @@ async fn a_child_gone_before_it_is_watched_is_not_a_child() {
         .unwrap_err();
     assert!(matches!(err, StartError::Spawn(_)), "{err}");
 }
+
+/// A parent whose children are dropped (it ended, or crashed) stops watching
+/// them: a child adopted by a successor is not left with its predecessor in
+/// its monitor list for the rest of its life.
+#[tokio::test(start_paused = true)]
+async fn dropped_children_are_no_longer_watched_by_their_parent() {
+    let mut first = Rig::new().await;
+    let child = first.start("a", "children-test/handed-over").await;
+    // It runs: the events it sends now are its exit's.
+    assert!(matches!(
+        first.event().await,
+        SupervisionEvent::ActorStarted(_)
+    ));
+    let mut second = Rig::new().await;
+    assert!(
+        second
+            .children
+            .adopt(&second.parent.get_cell(), "a", child.clone())
+    );
+    drop(std::mem::take(&mut first.children));
+    child.cast(Cmd("stop")).unwrap();
+    assert_eq!(second.exit().await, Some(("a", ChildExit::Stopped)));
+    // Paused time: the wait ends once every task is idle.
+    let late = tokio::time::timeout(Duration::from_secs(5), first.seen.recv()).await;
+    assert!(
+        late.is_err(),
+        "the first parent still watched the child: {}",
+        match late {
+            Ok(Some(Seen::Event(e))) => format!("{e:?}"),
+            _ => "another message".into(),
+        }
+    );
+}

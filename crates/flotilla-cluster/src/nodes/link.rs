@@ -633,6 +633,15 @@ fn serve_call(
     // Held until the entry is in: the task's own removal, when it ends,
     // takes the lock, so it cannot come first and leave the entry behind.
     let mut running = lock(&shared.running);
+    // A call that waited here while its caller's session closed has nobody to
+    // answer (the caller failed it as lost): it does not run. Checked under
+    // the lock, and a close removes the session before it stops the calls it
+    // finds: so a call either sees its session gone here, or is stopped.
+    if !lock(&shared.sessions).contains_key(&from) {
+        debug!(node = %shared.me, %replica, peer = %from,
+            "call of a peer whose session closed: not run");
+        return;
+    }
     let task = tokio::spawn(async move {
         let (header, body) = if stream {
             serve_stream(&s, &ep, call, &from, model, body).await
@@ -976,6 +985,46 @@ pub(crate) mod tests {
         }
     }
 
+    /// An actor that stands for a session (it is never sent anything).
+    struct NoSession;
+
+    impl Actor for NoSession {
+        type Msg = NodeSessionMessage;
+        type State = ();
+        type Arguments = ();
+        async fn pre_start(&self, _: ActorRef<Self::Msg>, _: ()) -> Result<(), ActorProcessingErr> {
+            Ok(())
+        }
+    }
+
+    /// `peer` has a session to `shared`'s process (one whose frames go
+    /// nowhere: its port is not in the cluster group).
+    async fn connect(shared: &Shared, peer: &str) {
+        let (session, _) = Actor::spawn(None, NoSession, ()).await.unwrap();
+        let ready = SessionEvent::Ready {
+            peer: peer.to_owned(),
+            addr: "127.0.0.1:1".into(),
+            listen: "127.0.0.1:1".into(),
+            outbound: false,
+        };
+        shared.on_session(ready, Some(session));
+    }
+
+    /// `peer`'s session closed.
+    fn close(shared: &Shared, peer: &str) {
+        let closed = SessionEvent::Closed {
+            addr: "127.0.0.1:1".into(),
+            outbound: false,
+            end: SessionEnd::Authenticated {
+                peer: peer.to_owned(),
+            },
+        };
+        let session = lock(&shared.sessions)
+            .get(peer)
+            .and_then(|s| s.first().cloned());
+        shared.on_session(closed, session);
+    }
+
     /// A process's `Shared` with no sessions (no frame it sends goes out).
     fn unconnected() -> Arc<Shared> {
         let (inbound, _rx) = mpsc::unbounded_channel();
@@ -998,6 +1047,7 @@ pub(crate) mod tests {
         let shared = unconnected();
         shared.serve(ep.clone());
         let from = "caller@127.0.0.1".to_owned();
+        connect(&shared, &from).await;
         let call = DataHeader::Call {
             call: 3,
             replica: ep.id().0,
@@ -1029,17 +1079,14 @@ pub(crate) mod tests {
             model: None,
         };
         let never = || rmp_serde::to_vec_named(&0u32).unwrap();
+        connect(&shared, &from).await;
+        connect(&shared, other).await;
         data(&shared, call(3, &from), never());
         data(&shared, call(3, other), never());
         tokio::time::sleep(Duration::from_secs(1)).await;
         assert_eq!(ep.in_flight(), 2, "both calls run");
         // The caller's session closes: it will never send a Cancel.
-        let closed = SessionEvent::Closed {
-            addr: "127.0.0.1:1".into(),
-            outbound: false,
-            end: SessionEnd::Authenticated { peer: from },
-        };
-        shared.on_session(closed, None);
+        close(&shared, &from);
         tokio::time::sleep(Duration::from_secs(1)).await;
         assert_eq!(ep.in_flight(), 1, "the abandoned call still holds its slot");
         let running: Vec<_> = lock(&shared.running).keys().cloned().collect();
@@ -1050,11 +1097,36 @@ pub(crate) mod tests {
         );
     }
 
+    /// A call still waiting in the port when its caller's session closed
+    /// (the close's pass over the running calls missed it) is not run.
+    #[tokio::test(start_paused = true)]
+    async fn a_call_that_waited_while_its_callers_session_closed_does_not_run() {
+        let ep = counter().await;
+        let shared = unconnected();
+        shared.serve(ep.clone());
+        let from = "caller@127.0.0.1";
+        connect(&shared, from).await;
+        close(&shared, from);
+        let call = DataHeader::Call {
+            call: 3,
+            replica: ep.id().0,
+            stream: false,
+            from: from.to_owned(),
+            model: None,
+        };
+        data(&shared, call, rmp_serde::to_vec_named(&0u32).unwrap());
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(ep.in_flight(), 0, "the call runs for nobody");
+        assert!(lock(&shared.running).is_empty());
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_stream_to_a_caller_gone_away_ends_and_frees_its_slot() {
         let ep = counter().await;
-        // No sessions: the caller has gone away, so no item can be sent.
+        // A session whose frames go nowhere: the caller has gone away, so no
+        // item can be sent.
         let shared = unconnected();
+        connect(&shared, "gone@127.0.0.1").await;
         shared.serve(ep.clone());
         let call = DataHeader::Call {
             call: 7,

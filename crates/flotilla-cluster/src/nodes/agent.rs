@@ -115,6 +115,8 @@ pub(crate) struct AgentState {
     replicas: HashMap<ReplicaId, Local>,
     children: Children<ReplicaId, ReplicaMsg>,
     routes: HashMap<(AppName, DeploymentName), RouteEntry>,
+    /// The live routes of a `Prune` whose last part has not come yet.
+    pruning: Option<HashSet<(AppName, DeploymentName)>>,
     mirrors: HashMap<ReplicaId, ((AppName, DeploymentName), RemoteEndpoint)>,
     peers: Vec<String>,
     /// The live peer nodes this node dials ([`dials`]), by ractor name, with
@@ -211,6 +213,7 @@ impl Actor for Agent {
             replicas: HashMap::new(),
             children: Children::new(),
             routes: HashMap::new(),
+            pruning: None,
             mirrors: HashMap::new(),
             peers: Vec::new(),
             to_dial: HashMap::new(),
@@ -615,10 +618,12 @@ async fn control(myself: &ActorRef<AgentMsg>, state: &mut AgentState, env: Envel
                 publish(state, &key);
             }
         }
-        Control::Prune(keep) => {
-            let keep: HashSet<(AppName, DeploymentName)> = keep.into_iter().collect();
+        Control::Prune { keep, part, more } => {
+            let Some(live) = gather(&mut state.pruning, keep, part, more) else {
+                return;
+            };
             let stale: Vec<_> = (state.routes.keys())
-                .filter(|k| !keep.contains(*k))
+                .filter(|k| !live.contains(*k))
                 .cloned()
                 .collect();
             for key in stale {
@@ -657,6 +662,28 @@ async fn control(myself: &ActorRef<AgentMsg>, state: &mut AgentState, env: Envel
             warn!(node = %state.args.id, frame = ?other, "node: unexpected control frame");
         }
     }
+}
+
+/// Add a `Prune` part to the set being gathered in `pending`: the whole set
+/// once `more` is false. A part after the first that follows no first (the
+/// session changed mid-way) is dropped: the next set starts again at part 0.
+fn gather(
+    pending: &mut Option<HashSet<(AppName, DeploymentName)>>,
+    keep: Vec<(AppName, DeploymentName)>,
+    part: u32,
+    more: bool,
+) -> Option<HashSet<(AppName, DeploymentName)>> {
+    let mut live = match (part, pending.take()) {
+        (0, _) => HashSet::new(),
+        (_, Some(live)) => live,
+        (_, None) => return None,
+    };
+    live.extend(keep);
+    if more {
+        *pending = Some(live);
+        return None;
+    }
+    Some(live)
 }
 
 /// Drop the copy of a deleted route: callers here hear so, as on the head.
@@ -878,4 +905,39 @@ fn publish(state: &mut AgentState, key: &(AppName, DeploymentName)) {
         .mirrors
         .retain(|id, (k, _)| k != key || ids.contains(id));
     route.publish(set);
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn keys(names: &[&str]) -> Vec<(AppName, DeploymentName)> {
+        names
+            .iter()
+            .map(|n| (AppName::new(*n).unwrap(), DeploymentName::new("d").unwrap()))
+            .collect()
+    }
+
+    #[test]
+    fn prune_parts_gather_into_one_set_and_a_stray_part_prunes_nothing() {
+        let mut pending = None;
+        assert_eq!(gather(&mut pending, keys(&["a"]), 0, true), None);
+        assert_eq!(gather(&mut pending, keys(&["b"]), 1, true), None);
+        let all = gather(&mut pending, keys(&["c"]), 2, false).unwrap();
+        assert_eq!(all, keys(&["a", "b", "c"]).into_iter().collect());
+        assert!(pending.is_none());
+        // One part alone is a whole set.
+        let one = gather(&mut pending, keys(&["x"]), 0, false).unwrap();
+        assert_eq!(one, keys(&["x"]).into_iter().collect());
+        // A set begun on a session that closed mid-way: the next starts anew.
+        assert_eq!(gather(&mut pending, keys(&["old"]), 0, true), None);
+        let fresh = gather(&mut pending, keys(&["new"]), 0, false).unwrap();
+        assert_eq!(fresh, keys(&["new"]).into_iter().collect());
+        // The tail of a set whose first part this node never saw: nothing is
+        // pruned by it (that would drop the routes of the missing parts).
+        assert_eq!(gather(&mut pending, keys(&["tail"]), 1, false), None);
+        assert!(pending.is_none());
+    }
 }

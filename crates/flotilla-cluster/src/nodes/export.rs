@@ -33,6 +33,10 @@ use super::{
 /// Routes per `Routes` frame of a full copy.
 const CHUNK: usize = 512;
 
+/// Names per `Prune` part: a part stays under 2.2 MB even with the longest
+/// names (128 bytes each), far from the 64 MiB frame limit.
+const PRUNE_PART: usize = 8192;
+
 /// A DeploymentActor changed `route`'s replica set or copied settings, or
 /// deleted it (closed): the nodes are sent its closed entry once, and then
 /// it is forgotten.
@@ -227,8 +231,31 @@ pub(crate) fn full_copy(shared: &Arc<HeadShared>, peer: &str) {
             .send_control(peer, Control::Routes(chunk.to_vec()));
     }
     if let Some(keep) = keep {
-        shared.link.shared.send_control(peer, Control::Prune(keep));
+        prune(shared, peer, &keep);
     }
+}
+
+/// Send `peer` the live routes in `keep`, part by part.
+fn prune(shared: &HeadShared, peer: &str, keep: &[(AppName, DeploymentName)]) {
+    for frame in prune_frames(keep) {
+        shared.link.shared.send_control(peer, frame);
+    }
+}
+
+/// The `Prune` frames of `keep`: at least one (an empty set prunes all).
+fn prune_frames(keep: &[(AppName, DeploymentName)]) -> Vec<Control> {
+    let parts = keep.chunks(PRUNE_PART).count().max(1);
+    (0..parts)
+        .map(|part| {
+            let from = (part * PRUNE_PART).min(keep.len());
+            let to = (from + PRUNE_PART).min(keep.len());
+            Control::Prune {
+                keep: keep[from..to].to_vec(),
+                part: u32::try_from(part).unwrap_or(u32::MAX),
+                more: part + 1 < parts,
+            }
+        })
+        .collect()
 }
 
 /// The Controller recovered: `live` is every deployment it runs. From now on
@@ -244,10 +271,7 @@ pub(crate) fn recovered(shared: &HeadShared, live: HashSet<(AppName, DeploymentN
     };
     if let Some(keep) = keep {
         for (_, peer) in shared.alive() {
-            shared
-                .link
-                .shared
-                .send_control(&peer, Control::Prune(keep.clone()));
+            prune(shared, &peer, &keep);
         }
     }
 }
@@ -349,6 +373,43 @@ mod tests {
         cluster.route_changed(&route_b);
         assert_eq!(keep(), Some(vec![a, c]));
         head.stop().await;
+    }
+
+    #[test]
+    fn live_routes_go_in_bounded_parts() {
+        let key = |i: usize| {
+            (
+                AppName::new(format!("a{i}")).unwrap(),
+                DeploymentName::new("d").unwrap(),
+            )
+        };
+        let shape = |n: usize| -> Vec<(usize, u32, bool)> {
+            let keep: Vec<_> = (0..n).map(key).collect();
+            prune_frames(&keep)
+                .into_iter()
+                .map(|f| match f {
+                    Control::Prune { keep, part, more } => (keep.len(), part, more),
+                    other => panic!("{other:?}"),
+                })
+                .collect()
+        };
+        assert_eq!(shape(0), [(0, 0, false)], "nothing live still prunes");
+        assert_eq!(shape(PRUNE_PART), [(PRUNE_PART, 0, false)]);
+        assert_eq!(
+            shape(2 * PRUNE_PART + 1),
+            [(PRUNE_PART, 0, true), (PRUNE_PART, 1, true), (1, 2, false)]
+        );
+        // The longest names: a part stays far from the frame limit.
+        let long = |c: char| c.to_string().repeat(flotilla_core::MAX_NAME_LEN);
+        let keep = vec![
+            (
+                AppName::new(long('a')).unwrap(),
+                DeploymentName::new(long('d')).unwrap()
+            );
+            PRUNE_PART
+        ];
+        let frame = crate::nodes::wire::encode("control", &prune_frames(&keep)[0]).unwrap();
+        assert!(frame.len() < 4 << 20, "{} bytes", frame.len());
     }
 
     /// A route deleted while no node is alive is not sent to any, and its

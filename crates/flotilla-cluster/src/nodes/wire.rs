@@ -144,8 +144,17 @@ pub(crate) enum Control {
     /// Head -> node: routes that changed.
     Routes(Vec<RouteEntry>),
     /// Head -> node: every live route, once the head knows them all (its
-    /// Controller recovered); the node drops its copy of any other.
-    Prune(Vec<(AppName, DeploymentName)>),
+    /// Controller recovered), in parts of at most `PRUNE_PART` names (a
+    /// frame's size is bounded); after the last part the node drops its copy
+    /// of any other.
+    Prune {
+        /// Live routes.
+        keep: Vec<(AppName, DeploymentName)>,
+        /// Which part this is: the first (0) starts a new set.
+        part: u32,
+        /// Whether more parts follow.
+        more: bool,
+    },
     /// Head -> node: the live nodes (ractor names), after every change.
     Nodes {
         /// Their ractor names.

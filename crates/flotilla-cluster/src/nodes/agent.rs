@@ -32,8 +32,8 @@ use super::{
     options::CHECK_PERIOD,
     transport::PeerCall,
     wire::{
-        Control, Envelope, Hello, ReplicaReport, RouteEntry, Start, WireEvent, WireModels,
-        WirePhase,
+        Control, Envelope, Hello, REPORTS_PART, ReplicaReport, RouteEntry, Start, WireEvent,
+        WireModels, WirePhase, in_parts,
     },
 };
 
@@ -454,11 +454,21 @@ fn session(myself: &ActorRef<AgentMsg>, state: &mut AgentState, ev: SessionEvent
             state.dialing = false;
             state.session = Some(peer.clone());
             state.last_heard = Instant::now();
-            let hello = hello(state);
-            info!(node = %state.args.id, head = %peer, replicas = hello.replicas.len(),
-                "connected to the head: joining");
+            let (hello, rest) = hello(state);
+            info!(node = %state.args.id, head = %peer,
+                replicas = hello.replicas.len() + rest.iter().map(Vec::len).sum::<usize>(),
+                frames = 1 + rest.len(), "connected to the head: joining");
             if !state.to_head(Control::Hello(hello)) {
                 warn!(node = %state.args.id, "hello not sent: the head's port is not visible");
+                return;
+            }
+            let parts = rest.len();
+            for (i, reports) in rest.into_iter().enumerate() {
+                let more = i + 1 < parts;
+                if !state.to_head(Control::Replicas { reports, more }) {
+                    warn!(node = %state.args.id, "replica reports not sent: the head's port is not visible");
+                    return;
+                }
             }
         }
         SessionEvent::Ready { peer, outbound, .. } => {
@@ -516,8 +526,10 @@ fn session(myself: &ActorRef<AgentMsg>, state: &mut AgentState, ev: SessionEvent
     }
 }
 
-fn hello(state: &AgentState) -> Hello {
-    let replicas = state
+/// This node's `Hello`, and the parts of its replica reports that follow it
+/// (`Replicas` frames) when they do not fit one frame.
+fn hello(state: &AgentState) -> (Hello, Vec<Vec<ReplicaReport>>) {
+    let reports = state
         .replicas
         .iter()
         .map(|(id, r)| ReplicaReport {
@@ -534,14 +546,19 @@ fn hello(state: &AgentState) -> Hello {
                 .map(|m| WireModels::from(&m)),
         })
         .collect();
-    Hello {
+    let mut parts = in_parts(reports, REPORTS_PART).into_iter();
+    let replicas = parts.next().unwrap_or_default();
+    let rest: Vec<_> = parts.collect();
+    let hello = Hello {
         node: state.args.id.clone(),
         resources: state.args.options.resources.clone(),
         labels: state.args.options.labels.clone(),
         last_head: state.args.last_head,
         peers: state.peers.clone(),
         replicas,
-    }
+        more: !rest.is_empty(),
+    };
+    (hello, rest)
 }
 
 async fn control(myself: &ActorRef<AgentMsg>, state: &mut AgentState, env: Envelope) {

@@ -262,7 +262,7 @@ impl Cluster for NodeCluster {
 pub struct Head {
     pub(crate) shared: Arc<HeadShared>,
     address: SocketAddr,
-    registry: ActorRef<RegistryMsg>,
+    pub(crate) registry: ActorRef<RegistryMsg>,
     tasks: Vec<JoinHandle<()>>,
 }
 

@@ -37,6 +37,16 @@ impl ractor::Message for RegistryMsg {}
 
 pub(crate) struct Registry;
 
+/// A join whose replica reports come in several frames: what its end needs.
+struct Joining {
+    /// The node's id.
+    node: String,
+    /// Whether it re-attaches (else its reported replicas are stopped).
+    reattach: bool,
+    /// The node ids it knew alive.
+    peers: Vec<String>,
+}
+
 /// Where an authenticated peer is.
 struct Reach {
     /// The address its session came from.
@@ -56,6 +66,8 @@ pub(crate) struct RegistryState {
     last_beat: Instant,
     /// Node ids a re-attached node knew alive and that are not back yet.
     expected: HashSet<String>,
+    /// Nodes whose join waits for more replica reports (`Replicas`), by peer.
+    joining: HashMap<String, Joining>,
     reattached: bool,
     timer: Option<JoinHandle<()>>,
 }
@@ -78,6 +90,7 @@ impl Actor for Registry {
             seq: 0,
             last_beat: Instant::now(),
             expected: HashSet::new(),
+            joining: HashMap::new(),
             reattached: false,
             timer: Some(timer),
         })
@@ -161,6 +174,18 @@ async fn control(state: &mut RegistryState, env: Envelope) {
     match env.control {
         Control::Hello(hello) => {
             Box::pin(self::hello(state, from, hello)).await;
+        }
+        Control::Replicas { reports, more } => {
+            touch(state, &from);
+            let Some(j) = state.joining.get(&from) else {
+                warn!(peer = %from, "replica reports without a join in progress: ignored");
+                return;
+            };
+            let (node, reattach) = (j.node.clone(), j.reattach);
+            Box::pin(take_reports(state, &from, &node, reattach, reports)).await;
+            if !more && let Some(j) = state.joining.remove(&from) {
+                join_done(state, &from, &j.node, j.reattach, j.peers);
+            }
         }
         Control::Heartbeat { seq } => {
             touch(state, &from);
@@ -255,6 +280,7 @@ fn session(state: &mut RegistryState, ev: SessionEvent) {
             ..
         } => {
             state.reach.remove(&peer);
+            state.joining.remove(&peer);
             if let Some(id) = state.by_peer.get(&peer).cloned() {
                 let alive = lock(&state.shared.nodes).get(&id).is_some_and(|n| n.alive);
                 if alive {
@@ -350,36 +376,69 @@ async fn hello(state: &mut RegistryState, from: String, h: Hello) {
     shared.joined.fetch_add(1, Ordering::Relaxed);
     let reattach = h.last_head.is_some_and(|e| e != shared.epoch);
     info!(node = %h.node, peer = %from, %address, cpus = h.resources.cpus,
-        replicas = h.replicas.len(), reattach, "node joined");
-    if reattach {
-        for r in h.replicas {
-            Box::pin(adopt(state, &h.node, r)).await;
+        replicas = h.replicas.len(), more = h.more, reattach, "node joined");
+    Box::pin(take_reports(state, &from, &h.node, reattach, h.replicas)).await;
+    if h.more {
+        // The join ends with its last `Replicas` frame: a restarted head's
+        // wait for its nodes must not end before every replica is adopted.
+        let joining = Joining {
+            node: h.node,
+            reattach,
+            peers: h.peers,
+        };
+        state.joining.insert(from, joining);
+        return;
+    }
+    join_done(state, &from, &h.node, reattach, h.peers);
+}
+
+/// Replicas a joining node reported: adopted if it re-attaches; else they
+/// are of this head's own epoch on a node it does not know: nobody counts
+/// them, so they must not run.
+async fn take_reports(
+    state: &RegistryState,
+    from: &str,
+    node: &str,
+    reattach: bool,
+    reports: Vec<ReplicaReport>,
+) {
+    for r in reports {
+        if reattach {
+            Box::pin(adopt(state, node, r)).await;
+        } else {
+            let stop = Control::Stop {
+                replica: r.id,
+                graceful: false,
+            };
+            send(state, from, stop);
         }
+    }
+}
+
+/// The end of node `node`'s join, once every replica it reported is taken:
+/// a restarted head's wait hears of it, and the node gets every route.
+fn join_done(
+    state: &mut RegistryState,
+    from: &str,
+    node: &str,
+    reattach: bool,
+    peers: Vec<String>,
+) {
+    let shared = state.shared.clone();
+    if reattach {
         let joined: HashSet<String> = shared.alive().into_iter().map(|(id, _)| id).collect();
         state
             .expected
-            .extend(h.peers.into_iter().filter(|p| !joined.contains(p)));
-        state.expected.remove(&h.node);
+            .extend(peers.into_iter().filter(|p| !joined.contains(p)));
         state.reattached = true;
-    } else {
-        state.expected.remove(&h.node);
-        for r in &h.replicas {
-            // Replicas of this head's own epoch on a node it does not know:
-            // nobody counts them, so they must not run.
-            send(
-                state,
-                &from,
-                Control::Stop {
-                    replica: r.id,
-                    graceful: false,
-                },
-            );
-        }
     }
-    let _ = shared
+    state.expected.remove(node);
+    // Kept even while nobody waits (`send` would drop it): the head's wait
+    // may subscribe after this node is back.
+    shared
         .reattach
-        .send((state.reattached, state.expected.len()));
-    super::export::full_copy(&shared, &from);
+        .send_replace((state.reattached, state.expected.len()));
+    super::export::full_copy(&shared, from);
     broadcast_nodes(state);
     shared.announce(ClusterEvent::CapacityFreed);
 }
@@ -545,7 +604,16 @@ fn humantime(d: std::time::Duration) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::admission;
+    #![allow(clippy::unwrap_used)]
+
+    use flotilla_core::{AppName, DeploymentSpec, Resources};
+    use flotilla_replica::Directory;
+
+    use super::*;
+    use crate::nodes::{
+        Cookie, Head, HeadOptions,
+        wire::{REPORTS_PART, WirePhase, in_parts},
+    };
 
     #[test]
     fn a_hello_with_the_heads_id_a_bad_id_a_joined_or_a_lost_id_is_refused() {
@@ -560,5 +628,118 @@ mod tests {
         assert!(refused(&"n".repeat(65), false, false).contains("1 to 64"));
         assert!(refused("node-1", true, false).contains("declared lost"));
         assert!(refused("node-1", false, true).contains("already joined"));
+    }
+
+    const PEER: &str = "node-test@127.0.0.1";
+
+    async fn head() -> Head {
+        let options = HeadOptions::new(Cookie::new("registry-test-cookie").unwrap())
+            .listen("127.0.0.1:0".parse().unwrap());
+        let reporter = Arc::new(
+            |_: &str, _: &_, _: &_| -> flotilla_replica::ReplicaReporter { Arc::new(|_, _| {}) },
+        );
+        Head::start(options, "registry-test".into(), Directory::new(), reporter)
+            .await
+            .unwrap()
+    }
+
+    fn report(id: u64) -> ReplicaReport {
+        let spec = DeploymentSpec::builder("d", "test::D").build().unwrap();
+        ReplicaReport {
+            id,
+            app: AppName::new("a").unwrap(),
+            version: spec.version(),
+            spec: Box::new(spec),
+            phase: WirePhase::Running,
+            condemned: None,
+            models: None,
+        }
+    }
+
+    /// Deliver `control` from `from`, and wait until the registry has read it.
+    async fn deliver(head: &Head, from: &str, control: Control) {
+        let env = Envelope {
+            from: from.to_owned(),
+            control,
+        };
+        head.registry
+            .cast(RegistryMsg::Inbound(Inbound::Control(env)))
+            .unwrap();
+        let barrier = ractor::call!(head.registry, |r| RegistryMsg::DropNode("nobody".into(), r));
+        assert!(!barrier.unwrap(), "no node is called nobody");
+    }
+
+    fn proxies(head: &Head) -> Vec<u64> {
+        let mut ids: Vec<u64> = lock(&head.shared.proxies).keys().map(|r| r.0).collect();
+        ids.sort_unstable();
+        ids
+    }
+
+    /// A re-attach whose reports come in parts: every replica is adopted, and
+    /// a restarted head's wait ends only with the last part.
+    #[tokio::test]
+    async fn a_reattach_in_parts_ends_with_its_last_part() {
+        let head = head().await;
+        let reattach = || *head.shared.reattach.borrow();
+        // Parts from a peer that has not said hello are not a join.
+        let stray = Control::Replicas {
+            reports: vec![report(9)],
+            more: false,
+        };
+        deliver(&head, PEER, stray).await;
+        assert!(proxies(&head).is_empty());
+        let hello = Hello {
+            node: "n-1".into(),
+            resources: Resources::none().with_cpus(4.0),
+            labels: Vec::new(),
+            last_head: Some(head.shared.epoch ^ 1),
+            peers: Vec::new(),
+            replicas: vec![report(1)],
+            more: true,
+        };
+        deliver(&head, PEER, Control::Hello(hello)).await;
+        assert_eq!(proxies(&head), [1]);
+        assert_eq!(
+            reattach(),
+            (false, 0),
+            "the wait ended before every replica came"
+        );
+        let middle = Control::Replicas {
+            reports: vec![report(2)],
+            more: true,
+        };
+        deliver(&head, PEER, middle).await;
+        assert_eq!(reattach(), (false, 0));
+        let last = Control::Replicas {
+            reports: vec![report(3)],
+            more: false,
+        };
+        deliver(&head, PEER, last).await;
+        assert_eq!(proxies(&head), [1, 2, 3]);
+        assert_eq!(reattach(), (true, 0));
+        head.stop().await;
+    }
+
+    #[test]
+    fn reports_go_in_parts_under_the_budget_in_order() {
+        let one = rmp_serde::to_vec_named(&report(1)).unwrap().len();
+        let ids = |parts: &[Vec<ReplicaReport>]| -> Vec<Vec<u64>> {
+            parts
+                .iter()
+                .map(|p| p.iter().map(|r| r.id).collect())
+                .collect()
+        };
+        let reports = || (1..=5).map(report).collect::<Vec<_>>();
+        assert_eq!(
+            ids(&in_parts(reports(), 2 * one)),
+            [vec![1, 2], vec![3, 4], vec![5]]
+        );
+        assert_eq!(
+            ids(&in_parts(reports(), REPORTS_PART)),
+            [vec![1, 2, 3, 4, 5]]
+        );
+        // A report larger than the budget goes alone; nothing is dropped.
+        assert_eq!(ids(&in_parts(reports(), 1)), [[1], [2], [3], [4], [5]]);
+        assert_eq!(ids(&in_parts(Vec::new(), 1)), [Vec::<u64>::new()]);
     }
 }

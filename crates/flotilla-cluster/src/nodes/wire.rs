@@ -141,6 +141,14 @@ pub(crate) enum Control {
         /// How, for logs.
         why: String,
     },
+    /// Node -> head: more replicas of a re-attach, after its `Hello` (see
+    /// [`Hello::more`]).
+    Replicas {
+        /// Replicas it runs.
+        reports: Vec<ReplicaReport>,
+        /// Whether more parts follow.
+        more: bool,
+    },
     /// Head -> node: routes that changed.
     Routes(Vec<RouteEntry>),
     /// Head -> node: every live route, once the head knows them all (its
@@ -181,8 +189,36 @@ pub(crate) struct Hello {
     pub last_head: Option<u64>,
     /// The node ids it last knew alive (a restarted head waits for them).
     pub peers: Vec<String>,
-    /// Every replica it runs.
+    /// The replicas it runs: all of them, or the first part when `more`.
     pub replicas: Vec<ReplicaReport>,
+    /// The rest follow in `Replicas` frames: a frame's size is bounded, and
+    /// a node may run more replica specs than one frame holds.
+    pub more: bool,
+}
+
+/// Bytes of replica reports per frame of a re-attach (`Hello`, then
+/// `Replicas`): far under the 64 MiB frame limit.
+pub(crate) const REPORTS_PART: usize = 8 << 20;
+
+/// `reports` in parts of at most `budget` encoded bytes each (a report larger
+/// than `budget` is a part of its own), in order; at least one part.
+pub(crate) fn in_parts(reports: Vec<ReplicaReport>, budget: usize) -> Vec<Vec<ReplicaReport>> {
+    let mut parts = vec![Vec::new()];
+    let mut size = 0;
+    for r in reports {
+        // What it adds to the frame; a report that does not encode will not
+        // encode in the frame either, and is counted as nothing here.
+        let len = rmp_serde::to_vec_named(&r).map_or(0, |b| b.len());
+        if size + len > budget && parts.last().is_some_and(|p| !p.is_empty()) {
+            parts.push(Vec::new());
+            size = 0;
+        }
+        size += len;
+        if let Some(part) = parts.last_mut() {
+            part.push(r);
+        }
+    }
+    parts
 }
 
 /// One replica a re-attaching node runs.

@@ -204,7 +204,10 @@ fn locate(root: &Spanned<Node>, site: Site) -> Option<(u64, u64)> {
 }
 
 /// The path (`applications[0].deployments[1].max_ongoing_requests`) of the
-/// innermost value that starts at `at`, if one does: the inverse of [`locate`].
+/// outermost value that starts at `at`, if one does: the inverse of [`locate`].
+/// Two values start at one place only inside an alias, where the reader puts
+/// every node (and an error in it) at the alias: the field that holds the
+/// alias is the one named.
 fn path_at(root: &Spanned<Node>, at: (u64, u64)) -> Option<String> {
     fn walk(node: &Spanned<Node>, at: (u64, u64), path: &mut String) -> bool {
         match &node.value {
@@ -223,7 +226,7 @@ fn path_at(root: &Spanned<Node>, at: (u64, u64)) -> Option<String> {
         let len = path.len();
         path.push_str(step);
         let here = (child.referenced.line(), child.referenced.column()) == at;
-        if walk(child, at, path) || here {
+        if here || walk(child, at, path) {
             return true;
         }
         path.truncate(len);

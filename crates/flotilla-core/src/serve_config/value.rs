@@ -130,9 +130,9 @@ fn from_config<E: de::Error>(value: Value) -> Result<Value, E> {
         Ok(value)
     } else {
         Err(E::custom(
-            "a free-form value (args, user_config, runtime_env, a router's or policy's \
-             kwargs) cannot hold .inf or .nan: JSON, which the REST API and status \
-             answer in, has no spelling for them",
+            "a free-form value (such as args or user_config) cannot hold .inf, .nan or a \
+             number too large for a float: JSON, which the REST API and status answer \
+             in, has no spelling for them",
         ))
     }
 }

@@ -62,6 +62,14 @@ fn a_value_the_reader_refuses_is_named_by_its_path() {
         let named = format!("`applications[0].deployments[0].{path}`: ");
         assert!(e.to_string().contains(&named), "{e}");
     }
+    // Inside an alias every node starts at the alias: the field holding it
+    // is named, not a sibling of the bad value.
+    let text = "applications:\n  - name: shop\n    import_path: shop:app\n    args: &o {num_cpus: 1, num_gpus: many}\n    deployments:\n      - name: front\n        ray_actor_options: *o\n";
+    let e = err(text).to_string();
+    assert!(
+        e.contains("`applications[0].deployments[0].ray_actor_options`: "),
+        "{e}"
+    );
     let text = "applications: []\nhttp_options: {port: 70000}\n";
     assert!(
         err(text)
@@ -141,16 +149,17 @@ fn a_free_form_value_holding_a_non_finite_number_is_refused() {
     for (field, v) in [
         ("user_config", "{scale: .inf}"),
         ("user_config", "[1, .nan]"),
+        ("user_config", "{big: 1e400}"),
         ("ray_actor_options", "{runtime_env: {x: -.inf}}"),
     ] {
         let text = front(&format!("        {field}: {v}\n"));
         let e = err(&text);
         assert!(matches!(e, crate::Error::Parse { line: 6, .. }), "{e}");
-        assert!(e.to_string().contains("cannot hold .inf or .nan"), "{e}");
+        assert!(e.to_string().contains("cannot hold .inf, .nan"), "{e}");
     }
     let app = "applications:\n  - name: shop\n    import_path: shop:app\n    args: {t: .nan}\n";
     let e = err(app);
-    assert!(e.to_string().contains("cannot hold .inf or .nan"), "{e}");
+    assert!(e.to_string().contains("cannot hold .inf, .nan"), "{e}");
     // Finite floats stay as they are.
     assert!(
         applied("        user_config: {scale: 1.5}\n")

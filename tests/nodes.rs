@@ -1537,6 +1537,49 @@ async fn a_node_drops_the_routes_a_restarted_head_does_not_run() {
     drop(a);
 }
 
+/// An application whose deletion a head crash interrupted: the restarted
+/// head finishes it without the DeploymentActors that would close its
+/// routes, so a node drops its copies by the head's live-route set instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_drops_the_routes_of_a_deletion_a_head_restart_finished() {
+    let _turn = turn().await;
+    let dir = tempfile::tempdir().unwrap();
+    let addr = restartable_addr();
+    let serve = head_at(dir.path(), cpus(0.0), addr).await;
+    let a = NodeProc::start(addr, &NodeSpec::new("a", 2.0), dir.path());
+    a.id().await;
+    // A request held for a minute keeps its replica draining, and so the
+    // deletion unfinished, until the head crashes.
+    let slow = WhereArgs {
+        delay_ms: 60_000,
+        ..Default::default()
+    };
+    let app = ApplicationSpec::builder("gone")
+        .deployment(where_dep("where", 1, cpus(1.0), &slow))
+        .build()
+        .unwrap();
+    let handle = serve.run(app).await.unwrap();
+    let held = tokio::spawn(async move { handle.call::<_, Here>("held").await });
+    eventually(30, "the request is held on a", || async {
+        a.log_text().contains("where: request held began")
+    })
+    .await;
+    serve.delete_apps(["gone"], false).await.unwrap();
+    serve.crash_process().await;
+    drop(serve);
+    held.abort();
+    let serve = head_at(dir.path(), cpus(0.0), addr).await;
+    eventually(30, "the node dropped the deleted route", || async {
+        let log = a.log_text();
+        log.lines().any(|l| {
+            l.contains("route dropped: the head runs no such deployment") && l.contains("app=gone")
+        })
+    })
+    .await;
+    serve.shutdown().await.unwrap();
+    drop(a);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redeploy_rolls_replicas_on_several_nodes() {
     let (_turn, dir, serve, addr) = setup(cpus(1.0)).await;

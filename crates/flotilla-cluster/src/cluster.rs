@@ -177,8 +177,8 @@ pub trait Cluster: Send + Sync + 'static {
     }
 
     /// The Controller recovered its checkpoint (at every start, and after every
-    /// restart of its own): `live` is every deployment it runs now, those being
-    /// deleted included. With [`route_changed`](Self::route_changed) from then
+    /// restart of its own): `live` is every deployment it runs now, but those
+    /// of applications being deleted. With [`route_changed`](Self::route_changed) from then
     /// on, the cluster knows every live route, so other processes can drop a
     /// copy of one that is not (deleted while they were away, or unknown to a
     /// head restarted on another store). Default: nothing.

@@ -145,10 +145,14 @@ impl ControllerState {
             apps.insert(name, AppEntry { record });
         }
         args.route_table.replace_all(table);
-        // Every deployment this Controller runs, those being deleted too: other
-        // processes may drop their copies of any other route.
+        // Every deployment this Controller runs: other processes may drop
+        // their copies of any other route. Not those of an application being
+        // deleted: after a restart of the head nothing closes their routes
+        // (their DeploymentActors are gone with it), and after a restart of
+        // the Controller alone their open routes are still published.
         args.cluster.deployments_recovered(
             apps.values()
+                .filter(|e| !e.record.deleting)
                 .flat_map(|e| {
                     let app = &e.record.spec.name;
                     (e.record.spec.deployments.iter()).map(|d| (app.clone(), d.name.clone()))

@@ -116,7 +116,7 @@ pub(crate) struct AgentState {
     children: Children<ReplicaId, ReplicaMsg>,
     routes: HashMap<(AppName, DeploymentName), RouteEntry>,
     /// The live routes of a `Prune` whose last part has not come yet.
-    pruning: Option<HashSet<(AppName, DeploymentName)>>,
+    pruning: Option<Pruning>,
     mirrors: HashMap<ReplicaId, ((AppName, DeploymentName), RemoteEndpoint)>,
     peers: Vec<String>,
     /// The live peer nodes this node dials ([`dials`]), by ractor name, with
@@ -681,23 +681,27 @@ async fn control(myself: &ActorRef<AgentMsg>, state: &mut AgentState, env: Envel
     }
 }
 
+/// A `Prune` being gathered: the part expected next, and the names so far.
+type Pruning = (u32, HashSet<(AppName, DeploymentName)>);
+
 /// Add a `Prune` part to the set being gathered in `pending`: the whole set
-/// once `more` is false. A part after the first that follows no first (the
-/// session changed mid-way) is dropped: the next set starts again at part 0.
+/// once `more` is false. A part that is not the one expected next (a part
+/// went missing, or the session changed mid-way) drops the set: pruning by
+/// an incomplete one would drop live routes. The next set starts at part 0.
 fn gather(
-    pending: &mut Option<HashSet<(AppName, DeploymentName)>>,
+    pending: &mut Option<Pruning>,
     keep: Vec<(AppName, DeploymentName)>,
     part: u32,
     more: bool,
 ) -> Option<HashSet<(AppName, DeploymentName)>> {
     let mut live = match (part, pending.take()) {
         (0, _) => HashSet::new(),
-        (_, Some(live)) => live,
-        (_, None) => return None,
+        (_, Some((next, live))) if next == part => live,
+        _ => return None,
     };
     live.extend(keep);
     if more {
-        *pending = Some(live);
+        *pending = Some((part.saturating_add(1), live));
         return None;
     }
     Some(live)
@@ -956,5 +960,10 @@ mod tests {
         // pruned by it (that would drop the routes of the missing parts).
         assert_eq!(gather(&mut pending, keys(&["tail"]), 1, false), None);
         assert!(pending.is_none());
+        // A part missing in the middle: the set is dropped, not used.
+        assert_eq!(gather(&mut pending, keys(&["a"]), 0, true), None);
+        assert_eq!(gather(&mut pending, keys(&["c"]), 2, false), None);
+        assert!(pending.is_none());
+        assert_eq!(gather(&mut pending, keys(&["c"]), 1, false), None);
     }
 }

@@ -42,8 +42,10 @@ const PRUNE_PART: usize = 8192;
 /// it is forgotten.
 pub(crate) fn changed(shared: &HeadShared, route: &Arc<DeploymentRoute>) {
     let key = (route.app().clone(), route.deployment().clone());
-    let wake = shared.any_alive();
     let mut ex = lock(&shared.export);
+    // Read under the lock a joining node's full copy takes: a node alive
+    // now is sent this change; one that joins after gets the copy.
+    let wake = shared.any_alive();
     if route.is_closed() {
         // A deployment of the same name deployed again since has its own
         // route here: that one stays, and is what the nodes are sent.

@@ -1427,6 +1427,37 @@ async fn a_reattached_replica_no_deployment_adopts_is_stopped_after_the_adopt_ti
     drop(a);
 }
 
+/// `front`, whose one replica calls app's `where`.
+fn front_calling_where() -> ApplicationSpec {
+    let calls = WhereArgs {
+        downstream: Some("where".into()),
+        downstream_app: Some("app".into()),
+        ..Default::default()
+    };
+    ApplicationSpec::builder("front")
+        .deployment(where_dep("front", 1, cpus(1.0), &calls))
+        .build()
+        .unwrap()
+}
+
+/// A head (no room of its own, at a restartable address, storing in `dir`)
+/// and node `a`, which runs app's `where` and `front` calling it.
+async fn front_and_where_on_a(
+    dir: &std::path::Path,
+) -> (flotilla::Serve, std::net::SocketAddr, NodeProc, String) {
+    let addr = restartable_addr();
+    let serve = head_at(dir, cpus(0.0), addr).await;
+    let a = NodeProc::start(addr, &NodeSpec::new("a", 2.0), dir);
+    let a_id = a.id().await;
+    serve.run(where_app("app", 1, cpus(1.0))).await.unwrap();
+    let here: Here = (serve.run(front_calling_where()).await.unwrap())
+        .call("before")
+        .await
+        .unwrap();
+    assert_eq!(here.downstream.unwrap().node, a_id);
+    (serve, addr, a, a_id)
+}
+
 /// A node's callers keep their route copies through a head restart: front,
 /// on a, calls app's where (also on a) while the head is down and recovering,
 /// and after.
@@ -1434,21 +1465,7 @@ async fn a_reattached_replica_no_deployment_adopts_is_stopped_after_the_adopt_ti
 async fn a_nodes_callers_keep_their_routes_through_a_head_restart() {
     let _turn = turn().await;
     let dir = tempfile::tempdir().unwrap();
-    let addr = restartable_addr();
-    let serve = head_at(dir.path(), cpus(0.0), addr).await;
-    let a = NodeProc::start(addr, &NodeSpec::new("a", 2.0), dir.path());
-    let a_id = a.id().await;
-    serve.run(where_app("app", 1, cpus(1.0))).await.unwrap();
-    let calls = WhereArgs {
-        downstream: Some("where".into()),
-        downstream_app: Some("app".into()),
-        ..Default::default()
-    };
-    let front = ApplicationSpec::builder("front")
-        .deployment(where_dep("front", 1, cpus(1.0), &calls))
-        .build()
-        .unwrap();
-    serve.run(front).await.unwrap();
+    let (serve, addr, a, a_id) = front_and_where_on_a(dir.path()).await;
 
     serve.crash_process().await;
     drop(serve);
@@ -1485,30 +1502,7 @@ async fn a_nodes_callers_keep_their_routes_through_a_head_restart() {
 async fn a_node_drops_the_routes_a_restarted_head_does_not_run() {
     let _turn = turn().await;
     let dir = tempfile::tempdir().unwrap();
-    let addr = restartable_addr();
-    let serve = head_at(dir.path(), cpus(0.0), addr).await;
-    let a = NodeProc::start(addr, &NodeSpec::new("a", 2.0), dir.path());
-    let a_id = a.id().await;
-    serve.run(where_app("app", 1, cpus(1.0))).await.unwrap();
-    let calls = WhereArgs {
-        downstream: Some("where".into()),
-        downstream_app: Some("app".into()),
-        ..Default::default()
-    };
-    let front = || {
-        ApplicationSpec::builder("front")
-            .deployment(where_dep("front", 1, cpus(1.0), &calls))
-            .build()
-            .unwrap()
-    };
-    let here: Here = serve
-        .run(front())
-        .await
-        .unwrap()
-        .call("before")
-        .await
-        .unwrap();
-    assert_eq!(here.downstream.unwrap().node, a_id);
+    let (serve, addr, a, _) = front_and_where_on_a(dir.path()).await;
 
     serve.crash_process().await;
     drop(serve);
@@ -1520,7 +1514,7 @@ async fn a_node_drops_the_routes_a_restarted_head_does_not_run() {
     })
     .await;
     let handle = serve
-        .run(front())
+        .run(front_calling_where())
         .await
         .unwrap()
         .with_timeout(Duration::from_secs(10));

@@ -151,13 +151,10 @@ impl ControllerState {
         // (their DeploymentActors are gone with it), and after a restart of
         // the Controller alone their open routes are still published.
         args.cluster.deployments_recovered(
-            apps.values()
-                .filter(|e| !e.record.deleting)
-                .flat_map(|e| {
-                    let app = &e.record.spec.name;
-                    (e.record.spec.deployments.iter()).map(|d| (app.clone(), d.name.clone()))
-                })
-                .collect(),
+            &mut apps.values().filter(|e| !e.record.deleting).flat_map(|e| {
+                let app = &e.record.spec.name;
+                (e.record.spec.deployments.iter()).map(|d| (app.clone(), d.name.clone()))
+            }),
         );
         // The board outlives Controller crashes: an application whose record a
         // predecessor removed just before it crashed must not linger on it (its

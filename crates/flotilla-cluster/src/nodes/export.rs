@@ -365,7 +365,7 @@ mod tests {
         let route_b = directory.route(&b.0, &b.1);
         cluster.route_changed(&route_b);
         assert_eq!(keep(), None, "pruned before the head knows every route");
-        cluster.deployments_recovered([a.clone(), b.clone()].into());
+        cluster.deployments_recovered(&mut [a.clone(), b.clone()].into_iter());
         assert_eq!(keep(), Some(vec![a.clone(), b.clone()]));
         let route_c = directory.route(&c.0, &c.1);
         cluster.route_changed(&route_c);

@@ -238,8 +238,8 @@ impl Cluster for NodeCluster {
         super::export::changed(&self.shared, route);
     }
 
-    fn deployments_recovered(&self, live: HashSet<DeploymentKey>) {
-        super::export::recovered(&self.shared, live);
+    fn deployments_recovered(&self, live: &mut dyn Iterator<Item = DeploymentKey>) {
+        super::export::recovered(&self.shared, live.collect());
     }
 }
 

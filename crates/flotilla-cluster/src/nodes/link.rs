@@ -6,7 +6,7 @@ use std::{
     collections::{HashMap, HashSet},
     net::IpAddr,
     sync::{
-        Arc, Mutex, MutexGuard, PoisonError,
+        Arc, Mutex, MutexGuard, OnceLock, PoisonError,
         atomic::{AtomicU64, Ordering},
     },
 };
@@ -254,6 +254,10 @@ pub(crate) struct Shared {
     handshakes: Arc<Handshakes>,
     /// Frames that did not decode.
     pub(crate) undecodable: AtomicU64,
+    /// This process's port, once it runs.
+    port: OnceLock<ActorRef<PortMsg>>,
+    /// What proves a [`PortMsg::Closed`] came from this process.
+    secret: u64,
 }
 
 impl Shared {
@@ -279,6 +283,17 @@ impl Shared {
             !theirs
         });
         n
+    }
+
+    /// Put a [`PortMsg::Closed`] for `peer` in this process's port mailbox.
+    fn mark_closed(&self, peer: &str) {
+        let closed = wire::Closed {
+            secret: self.secret,
+            peer: peer.to_owned(),
+        };
+        if let (Some(port), Ok(bytes)) = (self.port.get(), wire::encode("closed", &closed)) {
+            let _ = port.cast(PortMsg::Closed(bytes));
+        }
     }
 
     /// The replica `id`, if it is served to other processes.
@@ -450,6 +465,12 @@ impl Shared {
                     info!(node = %self.me, peer, abandoned,
                         "calls of a peer whose session closed stopped here");
                 }
+                // Calls of the session still waiting in the port start after
+                // this pass: the port stops them when it reaches this mark,
+                // behind them in its mailbox. (A new session's calls cannot
+                // be behind it: that session must connect and authenticate
+                // first, while this close is reported as the old one exits.)
+                self.mark_closed(peer);
             }
             _ => {}
         }
@@ -539,6 +560,7 @@ impl Actor for Port {
         shared: Arc<Shared>,
     ) -> Result<Arc<Shared>, ActorProcessingErr> {
         pg::join(PORTS.to_owned(), vec![myself.get_cell()]);
+        let _ = shared.port.set(myself);
         Ok(shared)
     }
 
@@ -557,6 +579,18 @@ impl Actor for Port {
             },
             PortMsg::Data(header, body) => match wire::decode::<DataHeader>("data", &header) {
                 Ok(h) => data(shared, h, body),
+                Err(e) => undecodable(shared, &e),
+            },
+            PortMsg::Closed(bytes) => match wire::decode::<wire::Closed>("closed", &bytes) {
+                Ok(c) if c.secret == shared.secret => {
+                    let late = shared.abandon_calls_from(&c.peer);
+                    if late > 0 {
+                        info!(node = %shared.me, peer = %c.peer, late,
+                            "calls that waited here while their session closed stopped");
+                    }
+                }
+                Ok(c) => warn!(node = %shared.me, peer = %c.peer,
+                    "a session close not marked by this process: ignored"),
                 Err(e) => undecodable(shared, &e),
             },
         }
@@ -755,6 +789,8 @@ impl Link {
             inbound,
             handshakes: Handshakes::new(me.clone(), handshake, matches!(listen, Listen::Own(_))),
             undecodable: AtomicU64::new(0),
+            port: OnceLock::new(),
+            secret: super::head::random_u64(),
         });
         let (port, _) = Actor::spawn(Some(port_name(&me)), Port, shared.clone())
             .await
@@ -1034,6 +1070,8 @@ pub(crate) mod tests {
             inbound,
             handshakes: Handshakes::new("me".into(), Duration::from_secs(5), false),
             undecodable: AtomicU64::new(0),
+            port: OnceLock::new(),
+            secret: 7,
         })
     }
 
@@ -1091,6 +1129,49 @@ pub(crate) mod tests {
             [(other.to_owned(), 3)],
             "the other caller's call runs on"
         );
+    }
+
+    /// A call still waiting in the port's mailbox when its caller's session
+    /// closed (so missed by the close's pass over the running calls) starts,
+    /// and is stopped when the port reaches the close's mark behind it. A
+    /// mark without this process's secret stops nothing.
+    #[tokio::test(start_paused = true)]
+    async fn a_call_that_waited_in_the_port_while_its_session_closed_is_stopped() {
+        let ep = counter().await;
+        let shared = unconnected();
+        shared.serve(ep.clone());
+        let (port, _) = Actor::spawn(None, Port, shared.clone()).await.unwrap();
+        let from = "caller@127.0.0.1";
+        connect(&shared, from).await;
+        let call = |call| {
+            let header = DataHeader::Call {
+                call,
+                replica: ep.id().0,
+                stream: false,
+                from: from.to_owned(),
+                model: None,
+            };
+            PortMsg::Data(
+                wire::encode("data", &header).unwrap(),
+                rmp_serde::to_vec_named(&0u32).unwrap(),
+            )
+        };
+        // Queued, then the close: the port reads the call after the pass.
+        port.cast(call(1)).unwrap();
+        close(&shared, from);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(ep.in_flight(), 0, "the call runs for nobody");
+        assert!(lock(&shared.running).is_empty());
+        // A forged mark (another secret) stops nothing.
+        port.cast(call(2)).unwrap();
+        let forged = wire::Closed {
+            secret: shared.secret + 1,
+            peer: from.to_owned(),
+        };
+        let forged = PortMsg::Closed(wire::encode("closed", &forged).unwrap());
+        port.cast(forged).unwrap();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(ep.in_flight(), 1, "a forged mark stopped a call");
     }
 
     /// A call whose caller's session is not `Ready` here yet (its frames can

@@ -22,6 +22,20 @@ pub enum PortMsg {
     /// A data frame: an encoded [`DataHeader`], and the request or response
     /// bytes exactly as the handle or the replica made them.
     Data(Vec<u8>, Vec<u8>),
+    /// Local, from the process's own link to its port: a peer's session
+    /// closed (an encoded [`Closed`]). Every frame of that session that
+    /// reached the port is ahead of it in the mailbox.
+    Closed(Vec<u8>),
+}
+
+/// What [`PortMsg::Closed`] carries. The process's own secret makes one
+/// that a peer sends (it is a remotable message) count for nothing.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct Closed {
+    /// The process's secret, random per link.
+    pub secret: u64,
+    /// The peer (its ractor name) whose session closed.
+    pub peer: String,
 }
 
 /// A frame that could not be encoded or decoded.

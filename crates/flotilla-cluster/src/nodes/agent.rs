@@ -466,7 +466,14 @@ fn session(myself: &ActorRef<AgentMsg>, state: &mut AgentState, ev: SessionEvent
             for (i, reports) in rest.into_iter().enumerate() {
                 let more = i + 1 < parts;
                 if !state.to_head(Control::Replicas { reports, more }) {
-                    warn!(node = %state.args.id, "replica reports not sent: the head's port is not visible");
+                    // A join left half-done would never end: start again.
+                    warn!(node = %state.args.id,
+                        "replica reports not sent: closing the session to join again");
+                    state
+                        .args
+                        .link
+                        .shared
+                        .drop_session(&peer, "a re-attach's reports could not be sent");
                     return;
                 }
             }

@@ -467,8 +467,8 @@ impl Shared {
                 }
                 // Calls of the session still waiting in the port start after
                 // this pass: the port stops them when it reaches this mark,
-                // behind them in its mailbox. (A new session's calls cannot
-                // be behind it: that session must connect and authenticate
+                // behind them in its mailbox. (A new session's calls are not
+                // ahead of it: that session must connect and authenticate
                 // first, while this close is reported as the old one exits.)
                 self.mark_closed(peer);
             }

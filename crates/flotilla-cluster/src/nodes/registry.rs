@@ -182,6 +182,15 @@ async fn control(state: &mut RegistryState, env: Envelope) {
                 return;
             };
             let (node, reattach) = (j.node.clone(), j.reattach);
+            if !lock(&state.shared.nodes)
+                .get(&node)
+                .is_some_and(|n| n.alive)
+            {
+                // Declared lost mid-join: its replicas are being replaced.
+                warn!(peer = %from, %node, "replica reports of a node no longer alive: ignored");
+                state.joining.remove(&from);
+                return;
+            }
             Box::pin(take_reports(state, &from, &node, reattach, reports)).await;
             if !more && let Some(j) = state.joining.remove(&from) {
                 join_done(state, &from, &j.node, j.reattach, j.peers);
@@ -336,6 +345,8 @@ async fn hello(state: &mut RegistryState, from: String, h: Hello) {
     let joined = lock(&shared.nodes).get(&h.node).is_some_and(|n| n.alive)
         || shared.pool().is_alive(&h.node);
     if let Err(reason) = admission(&h.node, &shared.options.node_id, lost, joined) {
+        // Its parts, if any follow, belong to no join.
+        state.joining.remove(&from);
         refuse(state, &from, &h.node, reason);
         return;
     }
@@ -380,7 +391,11 @@ async fn hello(state: &mut RegistryState, from: String, h: Hello) {
     Box::pin(take_reports(state, &from, &h.node, reattach, h.replicas)).await;
     if h.more {
         // The join ends with its last `Replicas` frame: a restarted head's
-        // wait for its nodes must not end before every replica is adopted.
+        // wait for its nodes must not end before every replica is adopted,
+        // even if another node that knew this one joins meanwhile.
+        if reattach {
+            state.expected.insert(h.node.clone());
+        }
         let joining = Joining {
             node: h.node,
             reattach,
@@ -538,6 +553,14 @@ fn declare_lost(state: &mut RegistryState, id: &str, why: &str) {
         n.peer.clone()
     };
     lock(&shared.lost).insert(id.to_owned());
+    // Lost mid-join: its join never ends, and the head's wait stops
+    // expecting it (it never comes back under this id).
+    state.joining.retain(|_, j| j.node != id);
+    if state.expected.remove(id) {
+        shared
+            .reattach
+            .send_replace((state.reattached, state.expected.len()));
+    }
     let (left, replicas) = {
         let mut pool = shared.pool();
         let left = pool.node(id).is_some_and(crate::PoolNode::is_draining);
@@ -632,13 +655,15 @@ mod tests {
 
     const PEER: &str = "node-test@127.0.0.1";
 
-    async fn head() -> Head {
+    /// A head on loopback in namespace `ns` (its proxies' names are in it:
+    /// tests running at once must not share one).
+    async fn head(ns: &str) -> Head {
         let options = HeadOptions::new(Cookie::new("registry-test-cookie").unwrap())
             .listen("127.0.0.1:0".parse().unwrap());
         let reporter = Arc::new(
             |_: &str, _: &_, _: &_| -> flotilla_replica::ReplicaReporter { Arc::new(|_, _| {}) },
         );
-        Head::start(options, "registry-test".into(), Directory::new(), reporter)
+        Head::start(options, ns.into(), Directory::new(), reporter)
             .await
             .unwrap()
     }
@@ -679,7 +704,7 @@ mod tests {
     /// a restarted head's wait ends only with the last part.
     #[tokio::test]
     async fn a_reattach_in_parts_ends_with_its_last_part() {
-        let head = head().await;
+        let head = head("registry-parts").await;
         let reattach = || *head.shared.reattach.borrow();
         // Parts from a peer that has not said hello are not a join.
         let stray = Control::Replicas {
@@ -717,6 +742,65 @@ mod tests {
         deliver(&head, PEER, last).await;
         assert_eq!(proxies(&head), [1, 2, 3]);
         assert_eq!(reattach(), (true, 0));
+        head.stop().await;
+    }
+
+    fn reattaching(node: &str, head: &Head, peers: &[&str], first: u64, more: bool) -> Control {
+        Control::Hello(Hello {
+            node: node.into(),
+            resources: Resources::none().with_cpus(4.0),
+            labels: Vec::new(),
+            last_head: Some(head.shared.epoch ^ 1),
+            peers: peers.iter().map(|p| (*p).to_owned()).collect(),
+            replicas: vec![report(first)],
+            more,
+        })
+    }
+
+    /// A node that knew one still mid-join joins whole: the head's wait
+    /// goes on until the other's last part.
+    #[tokio::test]
+    async fn a_node_joining_whole_does_not_end_the_wait_for_one_mid_join() {
+        let head = head("registry-two").await;
+        let reattach = || *head.shared.reattach.borrow();
+        let (a, b) = ("node-a@127.0.0.1", "node-b@127.0.0.1");
+        deliver(&head, a, reattaching("n-a", &head, &["n-b"], 1, true)).await;
+        deliver(&head, b, reattaching("n-b", &head, &["n-a"], 2, false)).await;
+        assert_eq!(reattach(), (true, 1), "the wait ended with n-a mid-join");
+        let last = Control::Replicas {
+            reports: vec![report(3)],
+            more: false,
+        };
+        deliver(&head, a, last).await;
+        assert_eq!(reattach(), (true, 0));
+        assert_eq!(proxies(&head), [1, 2, 3]);
+        head.stop().await;
+    }
+
+    /// A node declared lost mid-join: its later parts are not taken (their
+    /// replicas are being replaced), its join never ends, and the wait no
+    /// longer expects it.
+    #[tokio::test]
+    async fn the_parts_of_a_node_lost_mid_join_are_not_adopted() {
+        let head = head("registry-lost").await;
+        deliver(&head, PEER, reattaching("n-1", &head, &[], 1, true)).await;
+        let lost = ractor::call!(head.registry, |r| RegistryMsg::DropNode("n-1".into(), r));
+        assert!(lost.unwrap(), "n-1 was not alive");
+        assert_eq!(*head.shared.reattach.borrow(), (false, 0));
+        let late = Control::Replicas {
+            reports: vec![report(2)],
+            more: false,
+        };
+        deliver(&head, PEER, late).await;
+        assert!(
+            !proxies(&head).contains(&2),
+            "a lost node's replica adopted"
+        );
+        assert_eq!(
+            *head.shared.reattach.borrow(),
+            (false, 0),
+            "the join of a lost node ended"
+        );
         head.stop().await;
     }
 

@@ -364,7 +364,12 @@ impl Serve {
             .supervisor
             .cast(SupervisorMsg::Forward(build(tx.into())))
             .map_err(|_| ServeError::Unavailable("the supervisor has stopped".into()))?;
-        rx.await.map_err(|_| ServeError::ControllerCrashed)
+        rx.await.map_err(|_| {
+            lost_reply(
+                &self.inner.fatal,
+                self.inner.stopped.load(Ordering::Acquire),
+            )
+        })
     }
 
     /// Deploy one application and wait until it is RUNNING at the new generation;
@@ -1032,4 +1037,46 @@ fn generated_namespace() -> String {
 /// Whether a living instance holds namespace `ns`.
 fn namespace_in_use(ns: &str) -> bool {
     ractor::registry::where_is(actor_names::supervisor(ns)).is_some()
+}
+
+/// The error of a call whose reply was dropped: the Controller crashed while
+/// handling it ([`ServeError::ControllerCrashed`], retry it), unless the
+/// instance has stopped for good (its Supervisor gave up, which it says
+/// before it stops and drops the calls queued with it, or it was shut
+/// down): then a retry could only answer [`ServeError::Unavailable`], so
+/// this one does.
+fn lost_reply(fatal: &watch::Receiver<Option<Fatal>>, stopped: bool) -> ServeError {
+    if let Some(why) = fatal.borrow().as_ref() {
+        return ServeError::Unavailable(format!("flotilla's supervisor gave up: {why}"));
+    }
+    if stopped || fatal.has_changed().is_err() {
+        return ServeError::Unavailable("flotilla was shut down".into());
+    }
+    ServeError::ControllerCrashed
+}
+
+#[cfg(test)]
+mod tests {
+    use flotilla_supervision::Escalation;
+
+    use super::*;
+
+    #[test]
+    fn a_reply_lost_after_the_supervisor_gave_up_or_stopped_is_unavailable() {
+        let (tx, rx) = watch::channel(None);
+        assert!(matches!(
+            lost_reply(&rx, false),
+            ServeError::ControllerCrashed
+        ));
+        assert!(matches!(lost_reply(&rx, true), ServeError::Unavailable(_)));
+        tx.send_replace(Some(Fatal::ControllerCrashLoop {
+            escalation: Escalation::of("the controller", &RestartPolicy::default()),
+            last: "boom".into(),
+        }));
+        let gave_up = lost_reply(&rx, false).to_string();
+        assert!(gave_up.contains("gave up"), "{gave_up}");
+        let (tx, rx) = watch::channel(None::<Fatal>);
+        drop(tx);
+        assert!(matches!(lost_reply(&rx, false), ServeError::Unavailable(_)));
+    }
 }

@@ -246,16 +246,16 @@ fn prune(shared: &HeadShared, peer: &str, keep: &[(AppName, DeploymentName)]) {
 
 /// The `Prune` frames of `keep`: at least one (an empty set prunes all).
 fn prune_frames(keep: &[(AppName, DeploymentName)]) -> Vec<Control> {
-    let parts = keep.chunks(PRUNE_PART).count().max(1);
-    (0..parts)
-        .map(|part| {
-            let from = (part * PRUNE_PART).min(keep.len());
-            let to = (from + PRUNE_PART).min(keep.len());
-            Control::Prune {
-                keep: keep[from..to].to_vec(),
-                part: u32::try_from(part).unwrap_or(u32::MAX),
-                more: part + 1 < parts,
-            }
+    let mut parts: Vec<&[(AppName, DeploymentName)]> = keep.chunks(PRUNE_PART).collect();
+    if parts.is_empty() {
+        parts.push(&[]);
+    }
+    let last = parts.len() - 1;
+    (parts.into_iter().enumerate())
+        .map(|(part, names)| Control::Prune {
+            keep: names.to_vec(),
+            part: u32::try_from(part).unwrap_or(u32::MAX),
+            more: part < last,
         })
         .collect()
 }
@@ -289,7 +289,7 @@ fn to_keep(ex: &Export) -> Option<Vec<(AppName, DeploymentName)>> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     #![allow(clippy::unwrap_used)]
 
     use flotilla_replica::Directory;
@@ -297,8 +297,10 @@ mod tests {
     use super::*;
     use crate::nodes::{Cookie, Head, HeadOptions};
 
-    /// A head named `name` on loopback, with no node, and its directory.
-    async fn head(name: &str) -> (Head, Directory) {
+    /// A head of namespace `name` on loopback, with no node, and its
+    /// directory. (Its proxies' names are in the namespace: tests running at
+    /// once must not share one.)
+    pub(crate) async fn head(name: &str) -> (Head, Directory) {
         let options = HeadOptions::new(Cookie::new("export-test-cookie").unwrap())
             .listen("127.0.0.1:0".parse().unwrap());
         let reporter = Arc::new(

@@ -630,11 +630,10 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use flotilla_core::{AppName, DeploymentSpec, Resources};
-    use flotilla_replica::Directory;
 
     use super::*;
     use crate::nodes::{
-        Cookie, Head, HeadOptions,
+        Head,
         wire::{REPORTS_PART, WirePhase, in_parts},
     };
 
@@ -655,17 +654,8 @@ mod tests {
 
     const PEER: &str = "node-test@127.0.0.1";
 
-    /// A head on loopback in namespace `ns` (its proxies' names are in it:
-    /// tests running at once must not share one).
     async fn head(ns: &str) -> Head {
-        let options = HeadOptions::new(Cookie::new("registry-test-cookie").unwrap())
-            .listen("127.0.0.1:0".parse().unwrap());
-        let reporter = Arc::new(
-            |_: &str, _: &_, _: &_| -> flotilla_replica::ReplicaReporter { Arc::new(|_, _| {}) },
-        );
-        Head::start(options, ns.into(), Directory::new(), reporter)
-            .await
-            .unwrap()
+        crate::nodes::export::tests::head(ns).await.0
     }
 
     fn report(id: u64) -> ReplicaReport {

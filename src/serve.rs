@@ -798,7 +798,8 @@ impl Serve {
         self.inner.head.as_ref().map(Head::address)
     }
 
-    /// Every node that joined this head, alive or lost, sorted by id (empty
+    /// Every node that joined this head, alive or lost (the 1,000 most recently
+    /// lost, as Ray's GCS keeps), sorted by id (empty
     /// without [`ServeOptions::nodes`]).
     pub fn nodes(&self) -> Vec<NodeInfo> {
         self.inner

@@ -221,9 +221,9 @@ struct Reservation {
     more: Vec<(usize, Resources)>,
 }
 
-/// Nodes and the reservations held on them. Nodes keep their index for the
-/// pool's life (a dead node stays, marked dead), so the index a node comes
-/// with stays its own.
+/// Nodes and the reservations held on them. A dead node stays, marked dead,
+/// until its owner [forgets](Self::forget) it; nodes keep their order, which
+/// breaks ties between them.
 ///
 /// [`place`](Self::place) applies a [`PlacementRequest`] the same way for every
 /// cluster built on a pool: without a placement group the replica's resources
@@ -720,6 +720,34 @@ impl NodePool {
         Some(lost.into_iter().map(|(_, key)| key).collect())
     }
 
+    /// Forget the dead node `name`, for an owner whose nodes never come back
+    /// under a name they had (the head: every node incarnation has an id of its
+    /// own), so that dead nodes cost neither memory nor a skipped entry in
+    /// every placement. The nodes after it keep their order. False for an
+    /// unknown or live node.
+    pub fn forget(&mut self, name: &str) -> bool {
+        let Some(idx) = self
+            .nodes
+            .iter()
+            .position(|n| !n.alive && n.spec.name == name)
+        else {
+            return false;
+        };
+        self.nodes.remove(idx);
+        // A dead node holds nothing (`kill` released it), so only the indexes
+        // past it move.
+        let shift = |i: &mut usize| {
+            if *i > idx {
+                *i -= 1;
+            }
+        };
+        for r in self.reservations.values_mut() {
+            shift(&mut r.node);
+            r.more.iter_mut().for_each(|(i, _)| shift(i));
+        }
+        true
+    }
+
     /// Add a node, or bring a dead one of the same name back with `spec`'s
     /// capacity. An alive node of that name is left as it is (returns false).
     pub fn add(&mut self, spec: NodeSpec) -> bool {
@@ -1116,6 +1144,39 @@ mod tests {
         // Back, the node is empty.
         assert!(p.add(NodeSpec::new("n2", cpus(4.0))));
         assert_eq!(free(&p, "n2"), 4.0);
+    }
+
+    #[test]
+    fn a_forgotten_dead_node_leaves_the_others_reservations_where_they_were() {
+        let mut p = pool(&[("n1", cpus(4.0)), ("n2", cpus(4.0)), ("n3", cpus(4.0))]);
+        let (a, d, _) = names();
+        let one = cpus(1.0);
+        let group = PlacementGroup::new(vec![cpus(1.0), cpus(2.0)], S::StrictSpread);
+        let req =
+            |id| PlacementRequest::new(ReplicaId(id), &a, &d, &one).with_placement_group(&group);
+        assert_eq!(spread(&mut p, &req(1)).unwrap(), "n1");
+        assert_eq!(spread(&mut p, &req(2)).unwrap(), "n2");
+        assert_eq!(spread(&mut p, &req(3)).unwrap(), "n3");
+        assert!(!p.forget("n1"), "a live node is not forgotten");
+        assert!(!p.forget("n9"));
+        p.kill("n2").unwrap();
+        assert!(p.forget("n2"));
+        assert!(!p.forget("n2"));
+        let names: Vec<&str> = p.nodes().iter().map(PoolNode::name).collect();
+        assert_eq!(names, ["n1", "n3"]);
+        // Replica 3 runs on n3 with its bundle on n1; replica 1 on n1.
+        assert_eq!(held(&p, 1), [("n1".to_owned(), 1.0)]);
+        assert_eq!(
+            held(&p, 3),
+            [("n3".to_owned(), 1.0), ("n1".to_owned(), 2.0)]
+        );
+        assert_eq!((free(&p, "n1"), free(&p, "n3")), (1.0, 3.0));
+        assert!(p.release(ReplicaId(3)));
+        assert_eq!((free(&p, "n1"), free(&p, "n3")), (3.0, 4.0));
+        assert_eq!(p.node("n3").unwrap().replicas(), 0);
+        // The order still breaks ties: n1 before n3.
+        let plain = PlacementRequest::new(ReplicaId(4), &a, &d, &one);
+        assert_eq!(first(&mut p, &plain).unwrap(), "n1");
     }
 
     #[test]

@@ -388,7 +388,8 @@ impl Head {
         })
     }
 
-    /// Every node the head knows, alive or lost, sorted by id.
+    /// Every node the head knows, alive or lost (the most recent
+    /// `DEAD_NODES_KEPT` of those, 1,000), sorted by id.
     pub fn nodes(&self) -> Vec<NodeInfo> {
         let pool = self.shared.pool();
         let mut out: Vec<NodeInfo> = lock(&self.shared.nodes)

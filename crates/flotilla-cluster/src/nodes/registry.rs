@@ -2,7 +2,7 @@
 //! re-attachment after a head restart, and the reports of remote replicas.
 
 use std::{
-    collections::{HashMap, HashSet},
+    collections::{HashMap, HashSet, VecDeque},
     sync::{Arc, atomic::Ordering},
 };
 
@@ -69,8 +69,18 @@ pub(crate) struct RegistryState {
     /// Nodes whose join waits for more replica reports (`Replicas`), by peer.
     joining: HashMap<String, Joining>,
     reattached: bool,
+    /// The dead nodes [`Head::nodes`](super::Head::nodes) still lists, oldest
+    /// first: at most [`DEAD_NODES_KEPT`].
+    dead: VecDeque<String>,
     timer: Option<JoinHandle<()>>,
 }
+
+/// How many dead nodes the head still lists, the most recent ones (Ray's GCS
+/// keeps as many: `maximum_gcs_dead_node_cached_count`). Each incarnation of a
+/// node has an id of its own, so without a bound a long-lived head's list, and
+/// every scan of it, would grow with every restart of every node. The ids of
+/// nodes declared lost are all kept, apart: that is what fences them.
+pub(crate) const DEAD_NODES_KEPT: usize = 1_000;
 
 impl Actor for Registry {
     type Msg = RegistryMsg;
@@ -92,6 +102,7 @@ impl Actor for Registry {
             expected: HashSet::new(),
             joining: HashMap::new(),
             reattached: false,
+            dead: VecDeque::new(),
             timer: Some(timer),
         })
     }
@@ -561,10 +572,23 @@ fn declare_lost(state: &mut RegistryState, id: &str, why: &str) {
             .reattach
             .send_replace((state.reattached, state.expected.len()));
     }
+    // Gone for good: the id never comes back, and its session never speaks
+    // again (every caller dropped or lost it first).
+    if state.by_peer.get(&peer).is_some_and(|n| n == id) {
+        state.by_peer.remove(&peer);
+    }
+    state.dead.push_back(id.to_owned());
+    while state.dead.len() > DEAD_NODES_KEPT {
+        if let Some(oldest) = state.dead.pop_front() {
+            lock(&shared.nodes).remove(&oldest);
+        }
+    }
     let (left, replicas) = {
         let mut pool = shared.pool();
         let left = pool.node(id).is_some_and(crate::PoolNode::is_draining);
-        (left, pool.kill(id).map_or(0, |r| r.len()))
+        let lost = pool.kill(id).map_or(0, |r| r.len());
+        pool.forget(id);
+        (left, lost)
     };
     shared
         .replicas_lost
@@ -688,6 +712,46 @@ mod tests {
         let mut ids: Vec<u64> = lock(&head.shared.proxies).keys().map(|r| r.0).collect();
         ids.sort_unstable();
         ids
+    }
+
+    fn joining(node: &str) -> Control {
+        Control::Hello(Hello {
+            node: node.into(),
+            resources: Resources::none().with_cpus(4.0),
+            labels: Vec::new(),
+            last_head: None,
+            peers: Vec::new(),
+            replicas: Vec::new(),
+            more: false,
+        })
+    }
+
+    /// Every incarnation of a node has an id of its own: the head forgets
+    /// dead ones beyond the most recent [`DEAD_NODES_KEPT`], and its pool
+    /// keeps none, while every lost id stays fenced.
+    #[tokio::test]
+    async fn a_head_keeps_a_bounded_list_of_dead_nodes_and_fences_every_lost_id() {
+        let head = head("registry-dead").await;
+        let incarnations = DEAD_NODES_KEPT + 3;
+        for i in 0..incarnations {
+            let (node, peer) = (format!("n-{i}"), format!("node-{i}@127.0.0.1"));
+            deliver(&head, &peer, joining(&node)).await;
+            let dropped = ractor::call!(head.registry, |r| RegistryMsg::DropNode(node.clone(), r));
+            assert!(dropped.unwrap(), "{node} had joined");
+        }
+        let listed = head.nodes();
+        assert_eq!(listed.len(), DEAD_NODES_KEPT);
+        assert!(listed.iter().all(|n| !n.alive));
+        assert!(!listed.iter().any(|n| n.id == "n-0" || n.id == "n-2"));
+        assert!(listed.iter().any(|n| n.id == "n-3"));
+        // The pool holds the head's own node alone.
+        assert_eq!(head.shared.pool().nodes().len(), 1);
+        assert_eq!(lock(&head.shared.lost).len(), incarnations);
+        // A forgotten id is still refused.
+        deliver(&head, "node-0@127.0.0.1", joining("n-0")).await;
+        assert!(!head.nodes().iter().any(|n| n.id == "n-0"));
+        assert_eq!(head.shared.pool().nodes().len(), 1);
+        head.stop().await;
     }
 
     /// A re-attach whose reports come in parts: every replica is adopted, and

@@ -71,10 +71,13 @@ impl ServeConfig {
 /// `true`), duplicate keys rejected, plain messages (the position is ours to report).
 /// `.inf` and `.nan` are read as floats wherever a value is read typeless, as
 /// PyYAML reads them: each field decides (a float field's range check; `args`
-/// refuses them, see [`super::value`]).
+/// refuses them, see [`super::value`]). A plain `0` followed by octal digits is
+/// octal (`010` is 8), as in YAML 1.1: the same file means the same numbers to
+/// Ray and to Flotilla.
 fn options() -> Options {
     serde_saphyr::options! {
         strict_booleans: true,
+        legacy_octal_numbers: true,
         duplicate_keys: serde_saphyr::DuplicateKeyPolicy::Error,
         with_snippet: false,
         non_finite_float_policy: serde_saphyr::NonFiniteFloatPolicy::PassThrough,

@@ -34,6 +34,32 @@ fn integer_fields_take_numeric_text_and_integral_floats() {
 }
 
 #[test]
+fn plain_numbers_read_as_pyyaml_types_them() {
+    // YAML 1.1 (Ray's PyYAML): a plain `0` followed by octal digits is octal;
+    // quoted, it is text, which pydantic reads in base 10. A leading zero
+    // before a non-octal digit is text too (`09`: 9).
+    for (v, want) in [
+        ("010", 8),
+        ("'010'", 10),
+        ("09", 9),
+        ("0x10", 16),
+        ("0b1000", 8),
+        ("1_000", 1000),
+    ] {
+        assert_eq!(
+            applied(&format!("        max_ongoing_requests: {v}\n")).max_ongoing_requests,
+            want,
+            "{v}"
+        );
+    }
+    let c = parse(
+        "applications:\n  - name: a\n    import_path: x\n    args: {mode: 0755, port: 8080}\n",
+    );
+    let args: std::collections::BTreeMap<String, i64> = c.applications[0].args.decode().unwrap();
+    assert_eq!((args["mode"], args["port"]), (0o755, 8080));
+}
+
+#[test]
 fn a_value_the_reader_refuses_is_named_by_its_path() {
     // Out of range for the field's type, and of the wrong type: refused
     // while reading, before validation, yet named as validation names them.

@@ -312,35 +312,15 @@ impl<M: MultiplexedDeployment> ModelCache<M> {
     /// to make room, and tell every waiter.
     async fn load(self: Arc<Self>, id: Arc<str>, done: watch::Sender<Outcome<M::Model>>) {
         let _turn = self.turn.lock().await;
-        let skipped = {
-            let mut s = self.lock();
-            // Nobody waits any more when only the entry's own receiver is
-            // left (each waiter holds one; under this lock no new one comes).
-            let abandoned = done.receiver_count() <= 1;
-            let skip = if s.closed {
-                // The replica stopped while this load waited for its turn:
-                // load nothing (it would run, evict and unload after the
-                // replica's end).
-                Some("the replica is stopping")
-            } else if abandoned {
-                // Every caller gave up while it waited for its turn: evicting
-                // a model for it would serve nobody (in Ray, the cancelled
-                // request's load never takes the lock).
-                Some("every request waiting for it gave up")
-            } else {
-                None
-            };
-            if skip.is_some() {
-                s.loading.retain(|l| l.id != id);
-                self.publish(&s);
-            }
-            skip
-        };
-        if let Some(why) = skipped {
-            done.send_replace(Some(Err(load_error(&id, why))));
+        if self.skipped(&id, &done) {
             return;
         }
         self.make_room().await;
+        // Again: the replica may have stopped, or every caller given up,
+        // while room was made (an unload hook takes its time).
+        if self.skipped(&id, &done) {
+            return;
+        }
         let result = guarded(|| self.source.load_model(&id)).await;
         let (outcome, late) = {
             let mut s = self.lock();
@@ -370,6 +350,32 @@ impl<M: MultiplexedDeployment> ModelCache<M> {
             // Loaded after the replica stopped: unload it at once.
             self.unload(id, model).await;
         }
+    }
+
+    /// Whether the load of `id` is not to run (and then tell its waiters why):
+    /// the replica is stopping, or nobody waits for it any more.
+    fn skipped(&self, id: &Arc<str>, done: &watch::Sender<Outcome<M::Model>>) -> bool {
+        let mut s = self.lock();
+        // Nobody waits any more when only the entry's own receiver is left
+        // (each waiter holds one; under this lock no new one comes).
+        let abandoned = done.receiver_count() <= 1;
+        let why = if s.closed {
+            // The replica stopped while this load waited: load nothing (it
+            // would run, evict and unload after the replica's end).
+            "the replica is stopping"
+        } else if abandoned {
+            // Every caller gave up while it waited: evicting a model for it
+            // would serve nobody (in Ray, the cancelled request's load never
+            // takes the lock).
+            "every request waiting for it gave up"
+        } else {
+            return false;
+        };
+        s.loading.retain(|l| &l.id != id);
+        self.publish(&s);
+        drop(s);
+        done.send_replace(Some(Err(load_error(id, why))));
+        true
     }
 
     /// Unload least recently used models until one more fits the limit.
@@ -443,8 +449,8 @@ mod tests {
     use super::*;
 
     /// Loads take 10 ms; loading "bad" fails; the first load of "boom"
-    /// panics before the loader returns its future; every load and unload is
-    /// logged.
+    /// panics before the loader returns its future; unloading "slow" takes
+    /// 100 ms; every load and unload is logged.
     #[derive(Default)]
     struct Zoo {
         loads: AtomicU32,
@@ -482,6 +488,9 @@ mod tests {
         async fn unload_model(&self, id: &str, model: Arc<String>) {
             assert_eq!(*model, format!("model {id}"));
             self.log.lock().unwrap().push(format!("unload {id}"));
+            if id == "slow" {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
         }
         async fn handle(&self, model: &String, _: ()) -> Result<String, UserError> {
             Ok(model.clone())
@@ -684,6 +693,26 @@ mod tests {
         assert_eq!(outcomes, [true, false, false]);
         assert_eq!(zoo.loads.load(Ordering::SeqCst), 1);
         assert_eq!(zoo.log(), ["load a", "unload a"]);
+        assert!(c.hub().current().is_empty());
+    }
+
+    /// A load whose turn came before the replica stopped, and that was
+    /// still making room when it did, does not run either.
+    #[tokio::test(start_paused = true)]
+    async fn a_load_making_room_when_the_replica_stops_does_not_run() {
+        let (zoo, c) = cache(Some(1));
+        c.get(&id("slow")).await.unwrap();
+        let b = {
+            let c = c.clone();
+            tokio::spawn(async move { c.get(&id("b")).await })
+        };
+        // "b" has its turn and is unloading "slow" (100 ms).
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!(zoo.log(), ["load slow", "unload slow"]);
+        c.shutdown().await;
+        assert!(b.await.unwrap().is_err());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(zoo.log(), ["load slow", "unload slow"]);
         assert!(c.hub().current().is_empty());
     }
 

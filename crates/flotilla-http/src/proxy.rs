@@ -82,6 +82,15 @@ fn model_id_header(headers: &http::HeaderMap) -> Option<&HeaderValue> {
 
 const TEXT_UTF8: &str = "text/plain; charset=utf-8";
 
+/// Whether an ingress's response header `name` is one the proxy sets itself:
+/// the body's framing (`content-length`, `transfer-encoding`) and the request
+/// id.
+fn is_proxys_own(name: &str) -> bool {
+    ["content-length", "transfer-encoding", REQUEST_ID_HEADER]
+        .iter()
+        .any(|own| name.eq_ignore_ascii_case(own))
+}
+
 /// The proxy's shared state.
 pub(crate) struct Proxy {
     pub(crate) serve: Serve,
@@ -440,6 +449,14 @@ impl Proxy {
         // be sent is answered, and recorded, as the 500 it becomes.
         let mut builder = Response::builder().status(head.status);
         for (name, value) in &head.headers {
+            // The framing is the server's: a length the ingress declares
+            // that its body does not have would corrupt a kept-alive
+            // connection. The request id is the proxy's, sent once, below.
+            if is_proxys_own(name) {
+                tracing::debug!(header = %name, app = %entry.app,
+                    "an ingress's response header the proxy sets itself: dropped");
+                continue;
+            }
             builder = builder.header(name.as_str(), value.as_str());
         }
         let mut parts = match builder.body(()) {

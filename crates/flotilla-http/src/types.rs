@@ -148,7 +148,9 @@ impl HttpResponse {
         }
     }
 
-    /// The same response with one more header.
+    /// The same response with one more header. The proxy sets
+    /// `content-length`, `transfer-encoding` and `x-request-id` itself and
+    /// drops them here.
     pub fn with_header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
         self.headers.push((name.into(), value.into()));
         self

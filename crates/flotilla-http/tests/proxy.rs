@@ -538,6 +538,33 @@ async fn raw(addr: std::net::SocketAddr, bytes: &[u8]) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// The ingress cannot set the response's framing or its request id: two
+/// pipelined requests on one connection get two whole responses, each with
+/// the proxy's one request id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ingress_cannot_set_the_framing_or_the_request_id() {
+    let f = start().await;
+    f.serve.run(echo_app("root", "/", "r")).await.unwrap();
+    let got = raw(
+        f.proxy,
+        b"GET /framing HTTP/1.1\r\nHost: x\r\nx-request-id: one\r\n\r\n\
+          GET /framing HTTP/1.1\r\nHost: x\r\nx-request-id: two\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    let responses: Vec<&str> = got.split("HTTP/1.1 ").skip(1).collect();
+    assert_eq!(responses.len(), 2, "{got}");
+    for (r, id) in responses.iter().zip(["one", "two"]) {
+        assert!(r.starts_with("200"), "{got}");
+        assert!(r.ends_with("\r\n\r\nhello world"), "{got}");
+        let lower = r.to_ascii_lowercase();
+        assert_eq!(lower.matches("content-length: 11\r\n").count(), 1, "{got}");
+        assert!(!lower.contains("transfer-encoding"), "{got}");
+        assert_eq!(lower.matches("x-request-id").count(), 1, "{got}");
+        assert!(lower.contains(&format!("x-request-id: {id}\r\n")), "{got}");
+    }
+    f.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_http_is_400_and_never_reaches_user_code() {
     let f = start().await;

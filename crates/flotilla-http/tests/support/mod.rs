@@ -126,6 +126,13 @@ impl Deployment for Echo {
                 guard.done();
             }
             "/big" => return Ok(HttpResponse::new(200, vec![b'x'; 1 << 20])),
+            "/framing" => {
+                // Headers the proxy sets itself, and a length that is wrong.
+                return Ok(HttpResponse::text(200, "hello world")
+                    .with_header("Content-Length", "5")
+                    .with_header("transfer-encoding", "chunked")
+                    .with_header("x-request-id", "the ingress's own"));
+            }
             "/bad-header" => {
                 return Ok(HttpResponse::text(200, "x").with_header("not a name", "v"));
             }

@@ -230,7 +230,17 @@ impl Rest {
             Err(e @ (ServeError::ControllerCrashed | ServeError::Unavailable(_))) => {
                 error(503, format!("Serve controller is not available: {e}"))
             }
-            Err(e) => error(400, e.to_string()),
+            // Ray answers 503 "Internal Server Error" for a failure of the
+            // server's own (here a failed checkpoint commit), which a scaler
+            // retries; the request's own faults stay 400.
+            Err(e) => match serve_error(&e) {
+                (400, msg) => error(400, msg),
+                (_, msg) => {
+                    tracing::error!(app, deployment, error = %msg,
+                        "scaling a deployment over the REST API failed");
+                    error(503, format!("Internal Server Error: {msg}"))
+                }
+            },
         }
     }
 

@@ -256,6 +256,23 @@ async fn rays_scale_route_sets_an_external_scalers_count() {
     )
     .await;
     assert_eq!(extra.status, 200, "{}", extra.body);
+    // A failure of the server's own (its checkpoint commit failed) is not
+    // the client's: Ray's 503, which a scaler retries.
+    serve.fail_next_commit();
+    let failed = post(
+        "/api/v1/applications/ext/deployments/ingress/scale",
+        r#"{"target_num_replicas": 3}"#,
+    )
+    .await;
+    assert_eq!(failed.status, 503, "{}", failed.body);
+    assert!(
+        failed.json()["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("Internal Server Error"),
+        "{}",
+        failed.body
+    );
     let bad = post(
         "/api/v1/applications/ext/deployments/ingress/scale",
         r#"{"replicas": 3}"#,

@@ -9,14 +9,18 @@
 //! - the settings are read when a batch starts forming, so a change applies
 //!   from the next batch;
 //! - forming goes on while earlier batches wait for one of the
-//!   `max_concurrent_batches` places; waiting batches start in order;
+//!   `max_concurrent_batches` places; waiting batches start in order (a
+//!   limit raised in place starts as many as it allows when a batch is
+//!   formed or one ends);
 //! - a multiplexed deployment's batch is split by model id, in order of each
 //!   id's first appearance, and the parts run together in the batch's place;
 //! - results go back by position; an error goes to every request of the
 //!   (part of the) batch.
 //!
 //! Departing from Ray, a caller that gave up is dropped when the batch forms
-//! as well as when it starts, so it takes no place in a batch.
+//! as well as when it starts, so it takes no place in a batch, and from the
+//! batches still waiting whenever another is formed, so they do not grow with
+//! callers who left behind a slow handler.
 //!
 //! The batcher is one small task per replica, started by the replica's first
 //! batched request and ended with the replica (its endpoint dropped or
@@ -241,8 +245,17 @@ fn fail(shared: &Shared, batch: Vec<Entry>) {
 }
 
 /// Queue a formed batch and start what the concurrency limit allows.
+///
+/// Callers who left batches still waiting are dropped first: each left its
+/// `max_ongoing_requests` slot, so while the batches ahead run (a slow or
+/// stuck handler) new requests keep coming, and what waits would otherwise
+/// grow, payloads and all, with every caller that gives up.
 fn dispatch(shared: &Arc<Shared>, batch: Vec<Entry>) {
     let mut exec = shared.exec();
+    for waiting in &mut exec.waiting {
+        waiting.retain(|e| !e.gone());
+    }
+    exec.waiting.retain(|b| !b.is_empty());
     exec.waiting.push_back(batch);
     start_waiting(shared, &mut exec);
 }
@@ -280,8 +293,9 @@ async fn run_batches(shared: Arc<Shared>, batch: Vec<Entry>) {
         }
         if next.is_none() {
             exec.running -= 1;
-            start_waiting(&shared, &mut exec);
         }
+        // A limit raised in place has room for more waiting batches now.
+        start_waiting(&shared, &mut exec);
     }
 }
 
@@ -364,8 +378,8 @@ mod tests {
     use super::*;
     use crate::{Deployment, UserError, user::Erased};
 
-    /// Sums are the batches it saw; "fail" fails its batch, "short" makes it
-    /// answer one response too few; every batch takes 10 ms.
+    /// Sums are the batches it saw; 999 fails its batch, 998 makes it answer
+    /// one response too few, 996 never answers; every batch takes 10 ms.
     #[derive(Default)]
     struct Recorder {
         batches: Mutex<Vec<Vec<u32>>>,
@@ -385,6 +399,10 @@ mod tests {
             self.batches.lock().unwrap().push(xs.clone());
             tokio::time::sleep(Duration::from_millis(10)).await;
             self.running.fetch_sub(1, Ordering::SeqCst);
+            if xs.contains(&996) {
+                // Stuck for good (the place it holds too).
+                std::future::pending::<()>().await;
+            }
             if xs.contains(&999) {
                 return Err(UserError::new("asked to fail"));
             }
@@ -476,6 +494,49 @@ mod tests {
             c.await.unwrap().unwrap();
         }
         assert_eq!(rec.peak.load(Ordering::SeqCst), 4);
+    }
+
+    /// A limit raised in place starts the batches already waiting as soon as
+    /// a running one ends, not one at a time.
+    #[tokio::test(start_paused = true)]
+    async fn a_raised_limit_starts_the_batches_already_waiting() {
+        let (rec, settings, b) = batcher(BatchConfig::new(1, Duration::ZERO));
+        let calls: Vec<_> = (0..4).map(|x| submit(&b, x)).collect();
+        settle().await;
+        assert_eq!(b.shared.exec().waiting.len(), 3);
+        settings.set_batching(Some(
+            BatchConfig::new(1, Duration::ZERO).with_max_concurrent_batches(4),
+        ));
+        let t0 = Instant::now();
+        for c in calls {
+            c.await.unwrap().unwrap();
+        }
+        assert_eq!(rec.peak.load(Ordering::SeqCst), 3);
+        assert_eq!(t0.elapsed(), Duration::from_millis(20));
+    }
+
+    /// Callers who give up while their batches wait behind a stuck one do
+    /// not pile up there.
+    #[tokio::test(start_paused = true)]
+    async fn callers_who_left_waiting_batches_do_not_pile_up_behind_a_stuck_one() {
+        let (_, _, b) = batcher(BatchConfig::new(1, Duration::ZERO));
+        let _stuck = submit(&b, 996);
+        settle().await;
+        for x in 0..100 {
+            let b = b.clone();
+            let bytes = rmp_serde::to_vec(&x).unwrap();
+            let gave_up = tokio::time::timeout(Duration::from_millis(1), async move {
+                b.submit(bytes, None).await
+            })
+            .await;
+            assert!(gave_up.is_err());
+        }
+        settle().await;
+        assert!(
+            b.shared.exec().waiting.len() <= 1,
+            "{}",
+            b.shared.exec().waiting.len()
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -442,10 +442,33 @@ impl Actor for ReplicaActor {
         }
         if let Some(ep) = &state.endpoint {
             ep.kill();
+            // Its models go before the replica counts as gone: its place (a
+            // GPU's memory) is given back when this state drops. A hook slower
+            // than the graceful shutdown timeout goes on in the background.
+            if let Some(unloading) = ep.unload_models() {
+                let bound = state.args.spec.config.graceful_shutdown_timeout;
+                if tokio::time::timeout(bound, unloading).await.is_err() {
+                    warn!(app = %state.args.app, deployment = %state.args.deployment,
+                        replica = %state.args.id, timeout = ?bound,
+                        "models still unloading after the graceful shutdown timeout");
+                }
+            }
         }
         info!(app = %state.args.app, deployment = %state.args.deployment,
             replica = %state.args.id, "replica stopped");
         Ok(())
+    }
+}
+
+impl Drop for ReplicaActorState {
+    /// A killed replica runs no `post_stop` (ractor's rule): its requests are
+    /// cut and its models unloaded here, in the background. After a
+    /// `post_stop`, both have been done and do nothing again.
+    fn drop(&mut self) {
+        if let Some(ep) = &self.endpoint {
+            ep.kill();
+            drop(ep.unload_models());
+        }
     }
 }
 

@@ -317,20 +317,25 @@ impl ReplicaEndpoint {
     }
 
     /// Cut every request (its replica stopped or was killed): also ends its
-    /// batcher and unloads its models.
+    /// batcher. Its models go with [`unload_models`](Self::unload_models).
     pub(crate) fn kill(&self) {
         self.accepting.store(false, Ordering::Release);
         self.kill_signal.notify_waiters();
         if let Some(b) = self.batcher.get() {
             b.close();
         }
-        if self.models.is_some()
-            && !self.is_remote()
-            && let Ok(rt) = tokio::runtime::Handle::try_current()
-        {
-            let user = self.user.clone();
-            rt.spawn(async move { user.shutdown().await });
+    }
+
+    /// Unload the models of a multiplexed replica served here, in a task of
+    /// their own (the one to wait for, if any). Once they are unloaded (or
+    /// going), a second call unloads nothing.
+    pub(crate) fn unload_models(&self) -> Option<tokio::task::JoinHandle<()>> {
+        if self.models.is_none() || self.is_remote() {
+            return None;
         }
+        let rt = tokio::runtime::Handle::try_current().ok()?;
+        let user = self.user.clone();
+        Some(rt.spawn(async move { user.shutdown().await }))
     }
 
     pub(crate) fn report_panic(&self, message: String) {

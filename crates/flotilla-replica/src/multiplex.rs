@@ -84,7 +84,10 @@ pub fn validate_model_id(id: &str) -> Result<(), ModelIdError> {
 /// model that is loading wait for that one load; a failed load fails them with
 /// its error ([`CallError::ModelLoad`]) and caches nothing. A request without a
 /// model id fails the same way (Ray: "The model ID cannot be empty."). When a
-/// replica stops, it unloads all its models.
+/// replica stops, it unloads all its models before it counts as gone (before
+/// its place, and a GPU's memory, is given back), waiting at most its
+/// `graceful_shutdown_timeout`; a replica killed outright unloads them in the
+/// background.
 ///
 /// Batching composes: with `batching` in the config, each batch is split by
 /// model id (in order of first appearance, as Ray does) and every part is

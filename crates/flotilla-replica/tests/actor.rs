@@ -14,8 +14,8 @@ use std::{
 
 use flotilla_core::{AppName, Args, DeploymentName, DeploymentSpec, Faults, actor_names};
 use flotilla_replica::{
-    CallError, Deployment, Directory, OnExit, Registry, ReplicaActor, ReplicaArgs, ReplicaEvent,
-    ReplicaId, ReplicaMsg, ReplicaPhase, UserError,
+    CallError, Deployment, Directory, MultiplexedDeployment, OnExit, Registry, ReplicaActor,
+    ReplicaArgs, ReplicaEvent, ReplicaId, ReplicaMsg, ReplicaPhase, UserError,
 };
 use ractor::{Actor, ActorRef, rpc::CallResult};
 use tokio::sync::mpsc;
@@ -80,6 +80,38 @@ fn spec(user_config: Option<&str>) -> Arc<DeploymentSpec> {
     )
 }
 
+/// Replica 1 of deployment `d` of application `a`, reporting to `tx`.
+fn args(
+    ns: &str,
+    spec: Arc<DeploymentSpec>,
+    registry: Registry,
+    directory: &Directory,
+    tx: mpsc::UnboundedSender<ReplicaEvent>,
+    on_exit: OnExit,
+) -> ReplicaArgs {
+    let (app, deployment) = (
+        AppName::new("a").unwrap(),
+        DeploymentName::new("d").unwrap(),
+    );
+    ReplicaArgs {
+        id: ReplicaId(1),
+        version: spec.version(),
+        spec,
+        registry,
+        directory: directory.clone(),
+        route: directory.route(&app, &deployment),
+        reporter: Arc::new(move |_, e| {
+            let _ = tx.send(e);
+        }),
+        group: actor_names::replica_group(ns, &app, &deployment),
+        node: "local".into(),
+        faults: Faults::new(),
+        on_exit,
+        app,
+        deployment,
+    }
+}
+
 impl Rig {
     async fn start(ns: &str, fail_start: bool) -> Rig {
         let knobs = Arc::new(Knobs::default());
@@ -97,29 +129,9 @@ impl Rig {
             })
             .unwrap();
         let (tx, events) = mpsc::unbounded_channel();
-        let (app, deployment) = (
-            AppName::new("a").unwrap(),
-            DeploymentName::new("d").unwrap(),
-        );
         let directory = Directory::new();
-        let spec = spec(None);
-        let args = ReplicaArgs {
-            id: ReplicaId(1),
-            app: app.clone(),
-            deployment: deployment.clone(),
-            version: spec.version(),
-            spec,
-            registry,
-            directory: directory.clone(),
-            route: directory.route(&app, &deployment),
-            reporter: Arc::new(move |_, e| {
-                let _ = tx.send(e);
-            }),
-            group: actor_names::replica_group(ns, &app, &deployment),
-            node: "local".into(),
-            faults: Faults::new(),
-            on_exit: OnExit::none(),
-        };
+        let args = args(ns, spec(None), registry, &directory, tx, OnExit::none());
+        let (app, deployment) = (args.app.clone(), args.deployment.clone());
         let (actor, _) = Actor::spawn(None, ReplicaActor, args).await.unwrap();
         Rig {
             knobs,
@@ -258,4 +270,75 @@ async fn a_graceful_stop_drains_and_the_timeout_kills_what_is_left() {
     assert_eq!(quick.await.unwrap().unwrap(), 1_500);
     let cut = slow.await.unwrap().unwrap_err();
     assert!(matches!(cut, CallError::Killed { .. }), "{cut}");
+}
+
+/// Logs its loads and unloads; an unload takes a second.
+struct Models(Arc<std::sync::Mutex<Vec<String>>>);
+
+impl MultiplexedDeployment for Models {
+    type Request = ();
+    type Response = String;
+    type Model = String;
+    async fn load_model(&self, id: &str) -> Result<String, UserError> {
+        self.0.lock().unwrap().push(format!("load {id}"));
+        Ok(id.to_owned())
+    }
+    async fn unload_model(&self, id: &str, _: Arc<String>) {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        self.0.lock().unwrap().push(format!("unload {id}"));
+    }
+    async fn handle(&self, model: &String, _: ()) -> Result<String, UserError> {
+        Ok(model.clone())
+    }
+}
+
+/// A stopped or killed replica's models are unloaded, and a stopped one's
+/// before it counts as gone (its place, a GPU's memory, is given back then).
+#[tokio::test(start_paused = true)]
+async fn a_replica_unloads_its_models_before_it_is_gone_stopped_or_killed() {
+    for kill in [false, true] {
+        let log = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let l = log.clone();
+        let registry = Registry::new()
+            .register_multiplexed("test::Sleeper", move |_ctx| {
+                let l = l.clone();
+                async move { Ok(Models(l)) }
+            })
+            .unwrap();
+        let (tx, mut events) = mpsc::unbounded_channel();
+        let directory = Directory::new();
+        let l = log.clone();
+        let on_exit = OnExit::new(move || l.lock().unwrap().push("exit".to_owned()));
+        let ns = format!("replica-test-unload-{kill}");
+        let args = args(&ns, spec(None), registry, &directory, tx, on_exit);
+        let (app, deployment) = (args.app.clone(), args.deployment.clone());
+        let (actor, done) = Actor::spawn(None, ReplicaActor, args).await.unwrap();
+        let Some(ReplicaEvent::Ready { endpoint, .. }) = events.recv().await else {
+            panic!("not ready");
+        };
+        directory.route(&app, &deployment).publish(vec![endpoint]);
+        let h = directory
+            .handle(&app, &deployment)
+            .with_model_id("m")
+            .unwrap();
+        assert_eq!(h.call::<_, String>(&()).await.unwrap(), "m");
+        if kill {
+            actor.kill();
+        } else {
+            actor.cast(ReplicaMsg::Stop { graceful: false }).unwrap();
+        }
+        done.await.unwrap();
+        let want: &[&str] = if kill {
+            // No post_stop to wait in: the unload goes on after the exit.
+            &["load m", "exit"]
+        } else {
+            &["load m", "unload m", "exit"]
+        };
+        assert_eq!(*log.lock().unwrap(), want, "kill: {kill}");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert!(
+            log.lock().unwrap().contains(&"unload m".to_owned()),
+            "kill: {kill}"
+        );
+    }
 }

@@ -6,7 +6,7 @@
 //! | `GET /api/ray/version` | 200 JSON `{"version": "4", "ray_version": ..., ...}`: Ray's `serve` CLI checks it first |
 //! | `GET /api/serve/applications/` (`?api_type=imperative\|declarative`, any case; empty is no filter) | 200 JSON `ServeInstanceDetails` ([`crate::details`]) |
 //! | `PUT /api/serve/applications/` | a ServeConfig, JSON or YAML: 200 (empty) once it is durable; 400 naming the line, field and application, nothing changed |
-//! | `DELETE /api/serve/applications/` | delete every application: 200 (empty), the deletions go on asynchronously as Ray's |
+//! | `DELETE /api/serve/applications/` | delete every application: 200 (empty) once they are gone, or after 30 s while they go on, as Ray's `serve.shutdown()` |
 //! | `POST /api/v1/applications/{app}/deployments/{deployment}/scale` | `{"target_num_replicas": N}` (other keys ignored): 200 once durable; 400 for an unknown application or deployment or a bad body, 412 when its application does not enable an external scaler or is being deleted (`Deployment is deleted`), as Ray |
 //! | `GET /metrics` | Prometheus text |
 //!
@@ -115,6 +115,10 @@ fn api_filter(query: Option<&str>) -> Result<ApiFilter, UnknownApiType> {
 struct UnknownApiType(String);
 
 /// The status of a failed `apply_config` or `delete_apps`, with its text.
+/// How long `DELETE /api/serve/applications/` waits for the applications to
+/// be gone (Ray's `serve.shutdown()` waits as long for its controller).
+const DELETE_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
 fn serve_error(e: &ServeError) -> (u16, String) {
     let status = match e {
         ServeError::ControllerCrashed | ServeError::Unavailable(_) => 503,
@@ -375,7 +379,19 @@ impl Rest {
         if names.is_empty() {
             return respond(200, "text/plain; charset=utf-8", Bytes::new());
         }
-        match self.serve.delete_apps(&names, false).await {
+        // Ray's `serve.shutdown()` waits (30 s at most) until its controller
+        // has deleted everything; so does this. Past the bound the deletions,
+        // committed, go on.
+        let deleting = self.serve.delete_apps(&names, true);
+        let outcome = match tokio::time::timeout(DELETE_WAIT, deleting).await {
+            Ok(outcome) => outcome,
+            Err(_) => {
+                tracing::warn!(applications = names.len(), wait = ?DELETE_WAIT,
+                    "applications still deleting after the REST API's wait: they go on");
+                Ok(())
+            }
+        };
+        match outcome {
             Ok(()) => {
                 tracing::info!(
                     applications = names.len(),

@@ -149,6 +149,16 @@ async fn put_get_delete_round_trip_in_rays_shapes() {
     )
     .await;
     assert_eq!(del.status, 200, "{}", del.body);
+    // As Ray's (`serve.shutdown()` waits for the controller): answered once
+    // the applications are gone.
+    let after = get(&c, &f.rest_url("/api/serve/applications/")).await;
+    assert_eq!(
+        after.json()["applications"],
+        serde_json::json!({}),
+        "{}",
+        after.body
+    );
+    assert!(f.serve.status().is_empty());
     wait_routes(&f.serve, |r| r.is_empty()).await;
     let cfg = f.serve.applied_config().await.unwrap();
     assert!(

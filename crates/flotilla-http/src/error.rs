@@ -45,6 +45,15 @@ pub enum HttpError {
         #[source]
         source: std::io::Error,
     },
+    /// The proxy and the REST API were asked to listen on one port.
+    #[error(
+        "the proxy and the REST API cannot both listen on port {port}: give the proxy \
+         (http_options.port) another"
+    )]
+    SharedPort {
+        /// The port.
+        port: u16,
+    },
     /// Binding failed (Ray's message).
     #[error("Failed to bind to address '{addr}'.")]
     Bind {

@@ -77,10 +77,10 @@
 //!   serve this one proxy). A later PUT cannot move a running server: its
 //!   different `http_options` are logged, as Ray warns, and apply at the next
 //!   start; `http_options` that start would refuse (any `ssl_*` field, an
-//!   empty host, a host off loopback without a token where it is an address
-//!   literal: the PUT resolves no names, so a name that resolves off
-//!   loopback fails at that start) make the PUT a 400 that changes nothing
-//!   and names the field, where Ray accepts them.
+//!   empty host, a host that does not resolve, a host off loopback without a
+//!   token, the proxy on the REST API's port) make the PUT a 400 that changes
+//!   nothing and names the field, where Ray accepts them: stored, they would
+//!   stop the next start, and with it the REST API that could mend them.
 //! - `GET /api/serve/applications/`: replica ids are Flotilla's numbers,
 //!   `actor_name`s are Flotilla's actor names, pids, worker ids and log files
 //!   are left out, `recent_dead_replicas` is empty, `deployment_topology` lists

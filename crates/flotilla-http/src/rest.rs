@@ -333,16 +333,29 @@ impl Rest {
             Ok(wanted) => wanted,
             Err(e) => return text(400, format!("Invalid config: {e}")),
         };
-        // And the bind rule (off loopback needs a token), as far as literal
-        // addresses decide it: a host name is not resolved here.
-        if let Err(e) = crate::server::check_exposure_of_literals(&wanted, self.token.is_some()) {
-            let field = match &e {
-                crate::HttpError::TokenRequired {
-                    listener: "proxy", ..
-                } => "http_options.host",
-                _ => "rest_host",
-            };
-            return text(400, format!("Invalid config: {field}: {e}"));
+        // And what that start checks before it binds (the host resolves, the
+        // bind rule, one port per listener): a stored config it would refuse
+        // stops the REST API that could mend it.
+        let token = self.token.is_some();
+        let checked = {
+            let wanted = wanted.clone();
+            tokio::task::spawn_blocking(move || crate::server::check_startable(&wanted, token))
+                .await
+        };
+        let field = |e: &crate::HttpError| match e {
+            crate::HttpError::SharedPort { .. } => "http_options.port",
+            crate::HttpError::TokenRequired {
+                listener: "proxy", ..
+            }
+            | crate::HttpError::Resolve {
+                listener: "proxy", ..
+            } => "http_options.host",
+            _ => "rest_host",
+        };
+        match checked {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return text(400, format!("Invalid config: {}: {e}", field(&e))),
+            Err(e) => return text(500, format!("The config could not be checked: {e}")),
         }
         let moved = wanted != *self.options;
         match self.serve.apply_config(config).await {

@@ -76,6 +76,40 @@ fn resolve(listener: &'static str, host: &str, port: u16) -> Result<SocketAddr, 
         .ok_or_else(|| resolve_err(std::io::Error::other("no address")))
 }
 
+/// The addresses of the listeners `options` runs, resolved: the proxy's and
+/// the REST API's. A disabled listener binds nothing, so its host is neither
+/// resolved nor held to any rule. Two listeners on one port of overlapping
+/// addresses are refused: the second bind would fail.
+fn addresses(options: &HttpOptions) -> Result<(Option<SocketAddr>, Option<SocketAddr>), HttpError> {
+    let proxy = match options.proxy {
+        true => Some(resolve("proxy", &options.host, options.port)?),
+        false => None,
+    };
+    let rest = match options.rest {
+        true => Some(resolve("rest", &options.rest_host, options.rest_port)?),
+        false => None,
+    };
+    if let (Some(p), Some(r)) = (proxy, rest)
+        && p.port() != 0
+        && p.port() == r.port()
+        && (p.ip() == r.ip() || p.ip().is_unspecified() || r.ip().is_unspecified())
+    {
+        return Err(HttpError::SharedPort { port: p.port() });
+    }
+    Ok((proxy, rest))
+}
+
+/// What [`HttpServer::start`] refuses of `options` before it binds (a host
+/// that does not resolve, the proxy and the REST API on one port, an address
+/// off loopback without a token), for a server with a token or without. A
+/// `PUT` checks its `http_options` with it, so that a stored config cannot
+/// stop the next start (and so the REST API that could mend it). It resolves
+/// host names: call it off the runtime's threads.
+pub(crate) fn check_startable(options: &HttpOptions, token: bool) -> Result<(), HttpError> {
+    let (proxy, rest) = addresses(options)?;
+    check_exposure(options.rest, token, [("proxy", proxy), ("rest", rest)])
+}
+
 async fn bind(addr: SocketAddr) -> Result<TcpListener, HttpError> {
     TcpListener::bind(addr)
         .await
@@ -170,16 +204,7 @@ impl HttpServer {
             Err(source) => return Err(HttpError::AppliedConfig(Box::new(source))),
         };
         options.validate()?;
-        // A disabled proxy binds nothing: its host is neither resolved nor
-        // held to the bind rule.
-        let proxy_addr = match options.proxy {
-            true => Some(resolve("proxy", &options.host, options.port)?),
-            false => None,
-        };
-        let rest_addr = match options.rest {
-            true => Some(resolve("rest", &options.rest_host, options.rest_port)?),
-            false => None,
-        };
+        let (proxy_addr, rest_addr) = addresses(&options)?;
         let token = options.token.as_ref().map(Token::load).transpose()?;
         check_exposure(
             rest_addr.is_some(),
@@ -338,33 +363,6 @@ fn check_exposure(
     Ok(())
 }
 
-/// The bind rule as far as it can be decided without resolving names:
-/// [`HttpServer::start`]'s check on the listeners `options` would run whose
-/// host is an IP address literal (a host name is left to the start). What a
-/// `PUT` checks its `http_options` with.
-pub(crate) fn check_exposure_of_literals(
-    options: &HttpOptions,
-    token: bool,
-) -> Result<(), HttpError> {
-    // As `(host, port).to_socket_addrs()` takes a literal (no brackets).
-    let literal = |on: bool, host: &str, port: u16| {
-        on.then(|| host.parse::<std::net::IpAddr>().ok())
-            .flatten()
-            .map(|ip| SocketAddr::new(ip, port))
-    };
-    check_exposure(
-        options.rest,
-        token,
-        [
-            ("proxy", literal(options.proxy, &options.host, options.port)),
-            (
-                "rest",
-                literal(options.rest, &options.rest_host, options.rest_port),
-            ),
-        ],
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -396,34 +394,54 @@ mod tests {
     }
 
     #[test]
-    fn without_dns_only_address_literals_are_held_to_the_bind_rule() {
-        let refused = |host: &str, proxy: bool, token: bool| {
+    fn what_a_start_refuses_before_it_binds_is_refused_ahead() {
+        let check = |host: &str, port: u16, proxy: bool, token: bool| {
             let options = HttpOptions::builder()
                 .host(host)
+                .port(port)
+                .rest_host("127.0.0.1")
+                .rest_port(52365)
                 .proxy(proxy)
                 .build()
                 .unwrap();
-            match check_exposure_of_literals(&options, token) {
-                Err(HttpError::TokenRequired { listener, .. }) => Some(listener),
-                Ok(()) => None,
-                Err(e) => panic!("{e}"),
-            }
+            check_startable(&options, token)
         };
         for public in ["0.0.0.0", "::", "10.1.2.3"] {
-            assert_eq!(refused(public, true, false), Some("proxy"), "{public}");
-            assert_eq!(refused(public, true, true), None, "{public}");
-            assert_eq!(refused(public, false, false), None, "{public}");
+            assert!(
+                matches!(
+                    check(public, 8000, true, false),
+                    Err(HttpError::TokenRequired {
+                        listener: "proxy",
+                        ..
+                    })
+                ),
+                "{public}"
+            );
+            assert!(check(public, 8000, true, true).is_ok(), "{public}");
+            assert!(check(public, 8000, false, false).is_ok(), "{public}");
         }
-        // Loopback, or a name (decided when the server starts, not here).
-        for host in ["127.0.0.1", "::1", "localhost", "example.com"] {
-            assert_eq!(refused(host, true, false), None, "{host}");
+        // Loopback, literal or by name (localhost resolves without DNS).
+        for host in ["127.0.0.1", "::1", "localhost"] {
+            assert!(check(host, 8000, true, false).is_ok(), "{host}");
         }
+        // The proxy on the REST API's port: the second bind would fail.
+        for host in ["127.0.0.1", "0.0.0.0"] {
+            assert!(
+                matches!(
+                    check(host, 52365, true, true),
+                    Err(HttpError::SharedPort { port: 52365 })
+                ),
+                "{host}"
+            );
+        }
+        assert!(check("127.0.0.2", 52365, true, true).is_ok());
+        assert!(check("127.0.0.1", 52365, false, true).is_ok());
         // Without a REST listener there is nothing to protect.
         let no_rest = HttpOptions::builder()
             .host("0.0.0.0")
             .rest(false)
             .build()
             .unwrap();
-        assert!(check_exposure_of_literals(&no_rest, false).is_ok());
+        assert!(check_startable(&no_rest, false).is_ok());
     }
 }

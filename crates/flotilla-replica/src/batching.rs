@@ -276,10 +276,11 @@ fn start_waiting(shared: &Arc<Shared>, exec: &mut Exec) {
 async fn run_batches(shared: Arc<Shared>, batch: Vec<Entry>) {
     let mut next = Some(batch);
     while let Some(batch) = next.take() {
-        // The handler's own panics are its batch's error (`guarded`); any
-        // other (a response's `Serialize`) must not end this task with its
-        // place among the running batches still taken: its callers are
-        // answered as killed, and the next batches run.
+        // The handler's own panics are its batch's error (`guarded`), and a
+        // response's `Serialize` panic its request's (`serve_batch`); any
+        // other must not end this task with its place among the running
+        // batches still taken: its callers are answered as killed, and the
+        // next batches run.
         if let Err(p) = AssertUnwindSafe(run_batch(&shared, batch))
             .catch_unwind()
             .await

@@ -347,7 +347,10 @@ where
     let mut responses = responses.iter();
     for slot in out.iter_mut().filter(|s| s.is_ok()) {
         if let Some(resp) = responses.next() {
-            *slot = encode(resp);
+            // A response whose `Serialize` panics fails its own request, as a
+            // handler's panic would (and is reported as one), not the batch.
+            *slot = std::panic::catch_unwind(AssertUnwindSafe(|| encode(resp)))
+                .unwrap_or_else(|p| Err(CallError::Panicked(panic_message(p))));
         }
     }
     Ok(out)
@@ -410,5 +413,39 @@ impl<D: Deployment> ErasedDeployment for Erased<D> {
 
     fn check_health(&self) -> BoxFuture<'_, Result<(), UserError>> {
         Box::pin(async move { guarded(|| self.0.check_health()).await.map_err(Into::into) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    /// Encodes as its number, but panics on 997.
+    struct Touchy(u32);
+
+    impl Serialize for Touchy {
+        fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            assert!(self.0 != 997, "cannot encode 997");
+            s.serialize_u32(self.0)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_batch_response_that_panics_as_it_encodes_fails_its_own_request_only() {
+        let requests = vec![encode(&997u32).unwrap(), encode(&1u32).unwrap()];
+        let out = serve_batch(requests, |xs: Vec<u32>| async move {
+            Ok(xs.into_iter().map(Touchy).collect())
+        })
+        .await
+        .unwrap();
+        assert_eq!(
+            out,
+            [
+                Err(CallError::Panicked("cannot encode 997".into())),
+                Ok(encode(&1u32).unwrap())
+            ]
+        );
     }
 }

@@ -44,7 +44,7 @@ use tracing::Instrument;
 
 use crate::{
     HttpOptions, HttpRequest, HttpResponse, REQUEST_ID_HEADER,
-    body::{Done, ProxyBody},
+    body::{CLIENT_CLOSED, Done, ProxyBody},
     metrics::{ProxyMetrics, method_index},
     request_body::{BodyReadError, read_whole},
     table::{RouteEntry, RouteFollower, RouteSnapshot},
@@ -331,6 +331,17 @@ impl Proxy {
                 done.status = TIMEOUT_STATUS;
                 let body = format!("Request {request_id}'s body stalled: {e}.");
                 return text(TIMEOUT_STATUS, body, &request_id, Some(done));
+            }
+            Err(e @ BodyReadError::ClientGone(_)) => {
+                // Nobody reads the answer: counted as Ray counts a client
+                // that went away.
+                tracing::debug!(error = %e, "the client went away mid-body");
+                return text(
+                    CLIENT_CLOSED,
+                    "Client disconnected.",
+                    &request_id,
+                    Some(done),
+                );
             }
             Err(e) => {
                 tracing::debug!(error = %e, "reading the request body failed");

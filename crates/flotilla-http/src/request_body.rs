@@ -28,9 +28,29 @@ pub(crate) enum BodyReadError {
         /// How long the body made no progress.
         stall: Duration,
     },
-    /// The connection failed while the body arrived.
+    /// The client went away before its body was whole (its connection
+    /// ended first).
+    #[error("the client went away before its request body was whole")]
+    ClientGone(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// The body could not be read (malformed framing, a failed connection).
     #[error("the request body could not be read")]
     Failed(#[source] Box<dyn std::error::Error + Send + Sync>),
+}
+
+/// Whether `e` says the client went away mid-body (its connection ended
+/// before the body did), not that it sent something wrong.
+fn client_gone(e: &(dyn std::error::Error + 'static)) -> bool {
+    use std::io::ErrorKind::{BrokenPipe, ConnectionAborted, ConnectionReset, UnexpectedEof};
+    std::iter::successors(Some(e), |e| e.source()).any(|e| {
+        e.downcast_ref::<hyper::Error>()
+            .is_some_and(|h| h.is_incomplete_message() || h.is_canceled())
+            || e.downcast_ref::<std::io::Error>().is_some_and(|io| {
+                matches!(
+                    io.kind(),
+                    UnexpectedEof | ConnectionReset | ConnectionAborted | BrokenPipe
+                )
+            })
+    })
 }
 
 /// Read `body` whole: at most `limit` bytes, each frame within `stall` of the
@@ -53,6 +73,7 @@ where
             Ok(Some(Err(e))) if e.is::<LengthLimitError>() => {
                 return Err(BodyReadError::TooLarge { limit });
             }
+            Ok(Some(Err(e))) if client_gone(&*e) => return Err(BodyReadError::ClientGone(e)),
             Ok(Some(Err(e))) => return Err(BodyReadError::Failed(e)),
             Ok(Some(Ok(frame))) => frame,
         };

@@ -538,6 +538,42 @@ async fn raw(addr: std::net::SocketAddr, bytes: &[u8]) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// A client that goes away before its body is whole is counted as Ray
+/// counts a client that went away (499), not as a bad request (400).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_gone_mid_body_is_counted_499_not_400() {
+    let f = start().await;
+    f.serve.run(echo_app("e", "/e", "e")).await.unwrap();
+    let handled = f.probe.handled.load(Ordering::SeqCst);
+    let mut s = tokio::net::TcpStream::connect(f.proxy).await.unwrap();
+    s.write_all(b"POST /e HTTP/1.1\r\nHost: x\r\ncontent-length: 100\r\n\r\n0123456789")
+        .await
+        .unwrap();
+    drop(s);
+    let c = support::client();
+    let url = f.rest_url("/metrics");
+    let series = |code: &str| {
+        format!(
+            r#"ray_serve_num_http_requests_total{{route="/e",method="POST",application="e",status_code="{code}"}} 1"#
+        )
+    };
+    let counted = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let body = get(&c, &url).await.body;
+            if body.contains("route=\"/e\"") {
+                break body;
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the request was counted");
+    assert!(counted.contains(&series("499")), "{counted}");
+    assert!(!counted.contains(&series("400")), "{counted}");
+    assert_eq!(f.probe.handled.load(Ordering::SeqCst), handled);
+    f.stop().await;
+}
+
 /// The ingress cannot set the response's framing or its request id: two
 /// pipelined requests on one connection get two whole responses, each with
 /// the proxy's one request id.

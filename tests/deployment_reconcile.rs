@@ -378,3 +378,23 @@ async fn a_user_config_change_reconfigures_at_most_a_roll_step_at_a_time() {
     assert_eq!(sw.reconfigured.load(Ordering::SeqCst), before + 5);
     wait_status(&serve, "a", A::Running).await;
 }
+
+/// A config every reconfigure refuses takes one roll step of replicas down,
+/// not every replica one step after another: the rest keep serving the old
+/// config while the deployment fails (Ray's pacing counts a failed replica
+/// as in transition until its replacement runs).
+#[tokio::test(start_paused = true)]
+async fn a_config_every_reconfigure_refuses_leaves_the_other_replicas_serving() {
+    let (_dir, sw, serve) = start_fresh().await;
+    let spec = |uc: &str| probe(5, &tag("w")).with_config(|c| c.with_user_config(user_config(uc)));
+    serve.run(app_of("a", spec("one"))).await.unwrap();
+    sw.fail_reconfigures.store(u32::MAX, Ordering::SeqCst);
+    serve
+        .run_many(vec![app_of("a", spec("two"))], no_wait())
+        .await
+        .unwrap();
+    wait_status(&serve, "a", A::DeployFailed).await;
+    tokio::time::sleep(Duration::from_secs(120)).await;
+    let s = observe(&serve, "a", "probe").await;
+    assert_eq!(s.count(R::Running), 4, "{:?}", s.counts);
+}

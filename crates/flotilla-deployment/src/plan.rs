@@ -56,8 +56,9 @@ pub struct Plan {
 ///   is surge, so serving capacity never drops below the target; with Ray's
 ///   `max_surge_percent` the rest of the step is stopped first.
 /// - Only RUNNING replicas take a config change in place (`reconfigure`), at most
-///   `rollout.step(target)` UPDATING at once; a STARTING one is reconfigured once
-///   it runs.
+///   `rollout.step(target)` in transition at once (UPDATING, or missing: a
+///   replica whose reconfigure failed counts until its replacement runs); a
+///   STARTING one is reconfigured once it runs.
 /// - [`Starts::HeldBack`] (constructor backoff) holds starts back;
 ///   [`Starts::NoRoom`] (the cluster refused the last start) lets a roll stop a
 ///   step of old replicas before their replacements run, so a full cluster (or a
@@ -97,19 +98,28 @@ pub fn plan(
             ..Plan::default()
         };
     }
-    // Config changes are paced like rolls (Ray's S39): at most a roll step of
-    // replicas take a new config at once, so a bad reconfigure cannot take every
-    // replica down together.
-    let updating = new
+    // Config changes are paced like rolls (Ray's S39,
+    // `_check_and_stop_outdated_version_replicas`): at most a roll step of
+    // replicas in transition at once. In transition are those updating and
+    // those missing: neither RUNNING at the target version nor serving an
+    // outdated one. A replica whose reconfigure failed is stopped and stays
+    // missing until its replacement runs, so a bad config takes one step of
+    // replicas down, not one step after another until none is left.
+    let at_target = new
         .iter()
-        .filter(|r| r.state == ReplicaState::Updating)
+        .filter(|r| r.version == *version && r.state == ReplicaState::Running)
         .count();
+    let outdated = live
+        .iter()
+        .filter(|r| r.version != *version && r.state != ReplicaState::Updating)
+        .count();
+    let in_transition = (target as usize).saturating_sub(at_target + outdated);
     let mut out = Plan {
         reconfigure: new
             .iter()
             .filter(|r| r.version.config != version.config && r.state == ReplicaState::Running)
             .map(|r| r.id)
-            .take((rollout.step(target) as usize).saturating_sub(updating))
+            .take((rollout.step(target) as usize).saturating_sub(in_transition))
             .collect(),
         ..Plan::default()
     };
@@ -417,6 +427,32 @@ mod tests {
             plan(10, &target, R, &rs, Starts::Allowed)
                 .reconfigure
                 .is_empty()
+        );
+    }
+
+    #[test]
+    fn a_replica_missing_after_a_failed_reconfigure_holds_the_next_step_back() {
+        let mut target = v("a");
+        target.config = ConfigVersion(2);
+        // Of 5 (a step of one), one failed its reconfigure and is stopping:
+        // no other takes the config until its replacement runs.
+        let mut rs: Vec<_> = (1..=5).map(|i| r(i, Running, "a")).collect();
+        rs[0].state = Stopping;
+        let p = plan(5, &target, R, &rs, Starts::Allowed);
+        assert!(p.reconfigure.is_empty(), "{p:?}");
+        assert_eq!(p.start, 1, "its replacement starts");
+        let mut replacement = r(6, Starting, "a");
+        replacement.version = target.clone();
+        rs.push(replacement);
+        assert!(
+            plan(5, &target, R, &rs, Starts::Allowed)
+                .reconfigure
+                .is_empty()
+        );
+        rs[5].state = Running;
+        assert_eq!(
+            plan(5, &target, R, &rs, Starts::Allowed).reconfigure.len(),
+            1
         );
     }
 

@@ -7,11 +7,16 @@ mod support;
 
 use std::time::Duration;
 
-use flotilla::{AutoscalingConfig, DeploymentStatus, Serve};
-use support::{ProbeArgs, app_of, observe, probe, wait_snapshot};
+use flotilla::{ApplicationStatus, AutoscalingConfig, DeploymentStatus, Serve};
+use support::{ProbeArgs, app_of, no_wait, observe, probe, tag, wait_snapshot};
 use tokio::time::Instant;
 
 fn autoscaled(min: u32, initial: u32, max: u32) -> flotilla::ApplicationSpec {
+    autoscaled_as(min, initial, max, &ProbeArgs::default())
+}
+
+/// [`autoscaled`], its code given by `args`.
+fn autoscaled_as(min: u32, initial: u32, max: u32, args: &ProbeArgs) -> flotilla::ApplicationSpec {
     let config = AutoscalingConfig {
         min_replicas: min,
         initial_replicas: Some(initial),
@@ -24,7 +29,7 @@ fn autoscaled(min: u32, initial: u32, max: u32) -> flotilla::ApplicationSpec {
     };
     app_of(
         "auto",
-        probe(1, &ProbeArgs::default()).with_config(|c| c.with_autoscaling(config)),
+        probe(1, args).with_config(|c| c.with_autoscaling(config)),
     )
 }
 
@@ -210,4 +215,41 @@ async fn a_registered_custom_policy_drives_the_autoscaler_within_its_bounds() {
         "{waited:?}"
     );
     assert_eq!(s.target.replicas, 6);
+}
+
+/// As Ray's `autoscale`: a decision changes the status only while the
+/// replicas RUNNING at the target version are within the bounds. Mid-update
+/// (none of the new code runs yet) the deployment stays UPDATING, and its
+/// application DEPLOYING, while the target moves.
+#[tokio::test(start_paused = true)]
+async fn an_autoscaling_decision_mid_update_leaves_the_deployment_updating() {
+    let (_dir, sw, serve) = support::start_fresh().await;
+    serve.run(autoscaled(2, 2, 10)).await.unwrap();
+    let calls = load(&serve, 8);
+    sw.slow_start_ms
+        .store(600_000, std::sync::atomic::Ordering::SeqCst);
+    serve
+        .run_many(vec![autoscaled_as(2, 2, 10, &tag("v2"))], no_wait())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(40)).await;
+    let s = observe(&serve, "auto", "probe").await;
+    assert!(
+        s.target.replicas > 2,
+        "the autoscaler decided: {:?}",
+        s.target
+    );
+    assert_eq!(
+        s.status.status,
+        DeploymentStatus::Updating,
+        "{:?}",
+        s.status
+    );
+    assert_eq!(
+        serve.app_status("auto").status,
+        ApplicationStatus::Deploying
+    );
+    for c in calls {
+        c.abort();
+    }
 }

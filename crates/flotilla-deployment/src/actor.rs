@@ -254,10 +254,25 @@ impl DeploymentActor {
         if to == from {
             return;
         }
-        let autoscaled = matches!(
-            state.args.target.spec.config.num_replicas,
-            ReplicaCount::Auto(_)
-        );
+        let autoscaled = match &state.args.target.spec.config.num_replicas {
+            ReplicaCount::Auto(a) => {
+                // As Ray's `autoscale`: a decision changes the status only
+                // while the replicas RUNNING at the target version are within
+                // the bounds. Mid-update they are not: it stays UPDATING.
+                let running = state
+                    .replicas
+                    .values()
+                    .filter(|r| r.state == ReplicaState::Running && r.version == state.version)
+                    .count() as u32;
+                if !(a.min_replicas..=a.max_replicas).contains(&running) {
+                    info!(app = %state.args.app, deployment = %state.args.target.spec.name,
+                        from, to, running, "autoscaling target changed mid-update");
+                    return;
+                }
+                true
+            }
+            ReplicaCount::Fixed(_) => false,
+        };
         if !autoscaled {
             // A user's new replica count is a new deploy: as Ray's `deploy`, the
             // retry count and the backoff start afresh (an autoscaling decision

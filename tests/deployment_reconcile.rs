@@ -398,3 +398,33 @@ async fn a_config_every_reconfigure_refuses_leaves_the_other_replicas_serving() 
     let s = observe(&serve, "a", "probe").await;
     assert_eq!(s.count(R::Running), 4, "{:?}", s.counts);
 }
+
+/// Losing a replica that still runs the old config, mid config update, is
+/// not the new config's failure: the update goes on (Ray fires
+/// HEALTH_CHECK_FAILED only for a replica at the target version).
+#[tokio::test(start_paused = true)]
+async fn losing_an_outdated_replica_mid_config_update_does_not_fail_the_update() {
+    let (_dir, sw, serve) = start_fresh().await;
+    let spec = |uc: &str| probe(3, &tag("x")).with_config(|c| c.with_user_config(user_config(uc)));
+    serve.run(app_of("a", spec("one"))).await.unwrap();
+    sw.reconfigure_delay_ms.store(60_000, Ordering::SeqCst);
+    serve
+        .run_many(vec![app_of("a", spec("two"))], no_wait())
+        .await
+        .unwrap();
+    let s = wait_snapshot(&serve, "a", "probe", |s| s.count(R::Updating) == 1).await;
+    let outdated = s
+        .replicas
+        .iter()
+        .find(|r| r.state == R::Running && r.version != s.version)
+        .map(|r| r.id)
+        .unwrap();
+    assert!(serve.crash_replica("a", "probe", outdated));
+    wait_snapshot(&serve, "a", "probe", |s| {
+        !s.replicas.iter().any(|r| r.id == outdated)
+    })
+    .await;
+    assert_eq!(serve.app_status("a").status, A::Deploying);
+    sw.reconfigure_delay_ms.store(0, Ordering::SeqCst);
+    wait_status(&serve, "a", A::Running).await;
+}

@@ -379,7 +379,7 @@ impl DeploymentActor {
                 if current == Some(ReplicaState::Stopping) {
                     return;
                 }
-                let at_target = state.at_target_code(id);
+                let at_target = state.at_target_version(id);
                 state.stop(id, true, &reason);
                 state.replica_lost(id, at_target, &reason);
             }
@@ -512,7 +512,7 @@ impl Actor for DeploymentActor {
             how @ (ChildExit::Killed | ChildExit::Failed { .. }) => {
                 warn!(app = %state.args.app, deployment = %state.args.target.spec.name,
                     replica = %id, %how, "replica exited");
-                let at_target = state.at_target_code(id);
+                let at_target = state.at_target_version(id);
                 state.forget(id, &how.to_string());
                 if was != Some(ReplicaState::Stopping) {
                     state.replica_lost(id, at_target, &format!("Replica {id} crashed: {how}"));

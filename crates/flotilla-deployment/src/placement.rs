@@ -136,7 +136,7 @@ pub(crate) fn node_died(state: &mut DeploymentState, node: &str) {
         .map(|(id, r)| (*id, r.state))
         .collect();
     for (id, was) in lost {
-        let at_target = state.at_target_code(id);
+        let at_target = state.at_target_version(id);
         state.stop(id, false, &format!("its node '{node}' died"));
         if matches!(was, ReplicaState::Running | ReplicaState::Updating) {
             state.replica_lost(

@@ -247,6 +247,16 @@ impl DeploymentState {
             .is_some_and(|r| r.version.code == self.version.code)
     }
 
+    /// Whether replica `id` is at the target version, config included, or on
+    /// its way there (UPDATING): whether its loss is the target version's
+    /// failure (Ray: `replica.version == target_state.version`, the version an
+    /// UPDATING replica already carries).
+    pub(crate) fn at_target_version(&self, id: ReplicaId) -> bool {
+        self.replicas.get(&id).is_some_and(|r| {
+            r.version == self.version || r.state == flotilla_core::ReplicaState::Updating
+        })
+    }
+
     /// The replicas as the planner sees them.
     pub(crate) fn views(&self) -> Vec<ReplicaView> {
         self.replicas

@@ -177,8 +177,10 @@ impl DeploymentState {
         }
     }
 
-    /// A replica at the target version was lost while serving (failed health
-    /// checks, panicked, crashed, or its node died): UNHEALTHY until replaced.
+    /// A replica was lost while serving (failed health checks, panicked,
+    /// crashed, or its node died): if it was at the target version
+    /// (`at_target`, config included), UNHEALTHY until replaced. An outdated
+    /// one's loss leaves the status alone, as Ray's.
     pub(crate) fn replica_lost(&mut self, replica: ReplicaId, at_target: bool, reason: &str) {
         if at_target && self.target_count() > 0 {
             self.transition(

@@ -739,6 +739,69 @@ async fn a_build_whose_prefix_another_keeps_fails_naming_the_holder() {
     assert_eq!(serve.app_status("a").status, A::Running);
 }
 
+/// A newcomer whose build lands with the holder's own new build, both on
+/// one prefix: the holder keeps it and its update lands; the newcomer fails,
+/// naming it, and does not wait for ever.
+#[tokio::test(start_paused = true)]
+async fn a_holder_updated_with_a_newcomer_on_its_prefix_keeps_it() {
+    let (_dir, _, serve) = start_fresh_with(registry).await;
+    apply(
+        &serve,
+        "applications:\n  - {name: b, import_path: test::app, args: {tag: b1}}\n",
+    )
+    .await;
+    wait_status(&serve, "b", A::Running).await;
+    // b's builder picks `/from-code` again; a claims it by the config.
+    apply(
+        &serve,
+        "applications:
+  - {name: a, route_prefix: /from-code, import_path: test::app, args: {tag: a1, sleep_s: 1}}
+  - {name: b, import_path: test::app, args: {tag: b2, sleep_s: 5}}
+",
+    )
+    .await;
+    let s = wait_status(&serve, "a", A::DeployFailed).await;
+    assert!(s.message.contains("application 'b'"), "{s:?}");
+    let b = support::wait_until(&serve, "b", |s| {
+        s.observed_generation >= 2 && s.status != A::Deploying
+    })
+    .await;
+    assert_eq!(b.status, A::Running, "{b:?}");
+    wait_until_tag(&serve, "b", "b2").await;
+    assert_eq!(holders(&serve), [("/from-code".to_owned(), "b".to_owned())]);
+}
+
+/// A newcomer waiting for the holder of its prefix, whose own build then
+/// fails: the holder keeps its prefix, so the newcomer fails too, at once.
+#[tokio::test(start_paused = true)]
+async fn a_newcomer_waiting_on_a_holder_whose_build_fails_fails_too() {
+    let (_dir, _, serve) = start_fresh_with(registry).await;
+    apply(
+        &serve,
+        "applications:
+  - {name: b, route_prefix: /two, import_path: test::app, args: {tag: b1}}
+  - {name: c, import_path: test::app, args: {tag: c1}}
+",
+    )
+    .await;
+    wait_status(&serve, "c", A::Running).await;
+    // a wants /two, which b holds; b's new build picks `/from-code`, which
+    // c keeps. b fails; a must not wait for b for ever.
+    apply(
+        &serve,
+        "applications:
+  - {name: a, route_prefix: /two, import_path: test::app, args: {tag: a1, sleep_s: 1}}
+  - {name: b, import_path: test::app, args: {tag: b2, sleep_s: 5}}
+  - {name: c, import_path: test::app, args: {tag: c1}}
+",
+    )
+    .await;
+    let s = wait_status(&serve, "a", A::DeployFailed).await;
+    assert!(s.message.contains("application 'b'"), "{s:?}");
+    assert_eq!(serve.app_status("b").status, A::DeployFailed);
+    assert_eq!(serve.app_status("c").status, A::Running);
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_config_naming_an_unregistered_builder_is_refused_and_changes_nothing() {
     let (_dir, _, serve) = start_fresh_with(registry).await;

@@ -648,18 +648,27 @@ impl Controller {
                 let Some(prefix) = state.config.parked[name].spec.route_prefix.as_ref() else {
                     continue;
                 };
+                let holder = state.routes.get(prefix);
                 if let Some(first) = wanted.insert(prefix.as_str(), name) {
-                    // Two builders chose the same prefix: the later name fails.
-                    out = Some((name.clone(), Some(first.clone())));
+                    // Two builds chose the same prefix: the one that holds it
+                    // keeps it; between two newcomers the later name fails.
+                    out = Some(if holder == Some(name) {
+                        (first.clone(), Some(name.clone()))
+                    } else {
+                        (name.clone(), Some(first.clone()))
+                    });
                     break;
                 }
-                let Some(holder) = state.routes.get(prefix) else {
+                let Some(holder) = holder else {
                     continue;
                 };
                 if holder == name || landing.contains(holder) {
                     continue;
                 }
-                let waits = state.config.in_flight(holder);
+                // A holder whose build failed here keeps its prefix; one whose
+                // build is still to land may be moving off it.
+                let decided = failed.iter().any(|(f, _)| f == holder);
+                let waits = state.config.in_flight(holder) && !decided;
                 out = Some((name.clone(), (!waits).then(|| holder.clone())));
                 break;
             }

@@ -739,6 +739,23 @@ async fn a_build_whose_prefix_another_keeps_fails_naming_the_holder() {
     assert_eq!(serve.app_status("a").status, A::Running);
 }
 
+/// A build whose landing commit fails is not lost: the store failed, not
+/// the build, and it lands at the next try.
+#[tokio::test(start_paused = true)]
+async fn a_build_whose_landing_commit_fails_lands_at_the_next_try() {
+    let (_dir, _, serve) = start_fresh_with(registry).await;
+    apply(
+        &serve,
+        "applications:\n  - {name: x, route_prefix: /x, import_path: test::app, args: {tag: x1, sleep_s: 5}}\n",
+    )
+    .await;
+    serve.fail_next_commit();
+    let s = wait_status(&serve, "x", A::Running).await;
+    assert_eq!(s.observed_generation, 1);
+    wait_until_tag(&serve, "x", "x1").await;
+    assert_eq!(serve.metrics().await.unwrap().controller.apps, 1);
+}
+
 /// A newcomer whose build lands with the holder's own new build, both on
 /// one prefix: the holder keeps it and its update lands; the newcomer fails,
 /// naming it, and does not wait for ever.

@@ -33,6 +33,7 @@ use tracing::{info, warn};
 
 use crate::{
     Controller, ControllerMsg, ServeError,
+    apps::RETRY,
     messages::InternalMsg,
     state::ControllerState,
     validate::{POLICY_NOT_REGISTERED, ROUTER_NOT_REGISTERED, validate_app},
@@ -62,6 +63,7 @@ struct Build {
 
 /// A finished build waiting to land: its target spec (overrides applied) and
 /// where it came from.
+#[derive(Clone)]
 struct Parked {
     version: u64,
     spec: ApplicationSpec,
@@ -81,7 +83,13 @@ pub(crate) struct ConfigState {
     /// restart rebuilds and fails again).
     failed: HashMap<AppName, (u64, String)>,
     next_build: u64,
+    /// The wait before the next try of a landing whose commit failed, while
+    /// one is due.
+    landing_retry: Option<Duration>,
 }
+
+/// The longest wait between tries of a landing whose commit keeps failing.
+const MAX_LANDING_RETRY: Duration = Duration::from_secs(5);
 
 /// The Controller's state is dropped on every exit, a crash or a kill too
 /// (ractor runs no `post_stop` then): its builds end with it, since its
@@ -102,6 +110,7 @@ impl ConfigState {
             unbuilt: HashSet::new(),
             failed: HashMap::new(),
             next_build: 1,
+            landing_retry: None,
         }
     }
 
@@ -701,18 +710,27 @@ impl Controller {
         }
         let mut records = Vec::with_capacity(landing.len());
         for name in &landing {
-            if let Some(p) = state.config.parked.remove(name) {
-                records.push(state.landing_record(name, p));
+            if let Some(p) = state.config.parked.get(name) {
+                records.push(state.landing_record(name, p.clone()));
             }
         }
         let mut batch = Batch::new();
         let all: Vec<AppRecord> = records.iter().map(|(r, _)| r.clone()).collect();
         let dropped = state.stage_targets(&all, &mut batch)?;
         if let Err(e) = state.checkpoint.commit(&state.faults, batch).await? {
-            for name in &landing {
-                state.build_failed(name, &format!("the checkpoint could not be written: {e}"));
-            }
+            // The store failed, not the builds: they stay parked and land at
+            // the next try, ever less often while it keeps failing (a full
+            // disk), as removals are tried again.
+            let after = state.config.landing_retry.unwrap_or(RETRY);
+            state.config.landing_retry = Some((after * 2).min(MAX_LANDING_RETRY));
+            warn!(apps = landing.len(), error = %e, retry_in = ?after,
+                "could not commit finished builds; retrying");
+            myself.send_after(after, || InternalMsg::SettleParked.into());
             return Ok(());
+        }
+        state.config.landing_retry = None;
+        for name in &landing {
+            state.config.parked.remove(name);
         }
         let mut new_targets = Vec::new();
         for (record, unchanged) in records {

@@ -76,6 +76,7 @@ impl Controller {
                 Self::build_done(myself, state, app, build, result).await?;
             }
             InternalMsg::RemoveDeleted => Self::remove_deleted(myself, state).await?,
+            InternalMsg::SettleParked => Self::settle_parked(myself, state).await?,
             InternalMsg::RestartApp(name) => {
                 state.actors.retry_due(&name);
                 Self::command(myself, state, &name).await;

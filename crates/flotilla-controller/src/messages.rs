@@ -105,6 +105,8 @@ pub(crate) enum InternalMsg {
     /// Remove the records of the deletions finished since the last removal, in
     /// one commit (the reports queued before it are batched).
     RemoveDeleted,
+    /// Try again to land the finished builds whose commit failed.
+    SettleParked,
 }
 
 impl From<InternalMsg> for ControllerMsg {

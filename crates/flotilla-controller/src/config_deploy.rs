@@ -370,7 +370,7 @@ impl Controller {
         if Self::transact(myself, state, reply, stage, swap).await? {
             Self::resume_builds(myself, state);
             // The deletions released prefixes parked builds may wait for.
-            Self::settle_parked(myself, state).await?;
+            Self::settle_parked_next(myself, state);
         }
         Ok(())
     }
@@ -634,6 +634,14 @@ impl Controller {
             Err(why) => state.build_failed(&app, &why),
         }
         Self::settle_parked(myself, state).await
+    }
+
+    /// Settle the parked builds in a message of their own, after this one's
+    /// commit: a message never commits twice.
+    pub(crate) fn settle_parked_next(myself: &ActorRef<ControllerMsg>, state: &ControllerState) {
+        if !state.config.parked.is_empty() {
+            let _ = myself.cast(InternalMsg::SettleParked.into());
+        }
     }
 
     /// Land the parked builds that can land now, in one commit. A parked build

@@ -49,7 +49,7 @@ impl Controller {
         };
         if Self::transact(myself, state, reply, stage, swap).await? {
             // A config build parked behind a prefix this deploy took now fails.
-            Self::settle_parked(myself, state).await?;
+            Self::settle_parked_next(myself, state);
         }
         Ok(())
     }
@@ -91,7 +91,7 @@ impl Controller {
         };
         if Self::transact(myself, state, reply, stage, swap).await? {
             // The deletions released prefixes parked config builds may wait for.
-            Self::settle_parked(myself, state).await?;
+            Self::settle_parked_next(myself, state);
         }
         Ok(())
     }
@@ -152,12 +152,14 @@ impl Controller {
                 .entry(app.clone())
                 .or_default()
                 .insert(deployment.clone(), replicas);
-            if let Some(actor) = s.actors.actor(&app) {
-                let _ = actor.cast(AppMsg::SetReplicas(deployment.clone(), replicas));
-            }
             ((), Vec::new())
         };
-        Self::transact(myself, state, reply, stage, swap).await?;
+        // Commit, reply, then command (the protocol's order).
+        if Self::transact(myself, state, reply, stage, swap).await?
+            && let Some(actor) = state.actors.actor(&app)
+        {
+            let _ = actor.cast(AppMsg::SetReplicas(deployment, replicas));
+        }
         Ok(())
     }
 

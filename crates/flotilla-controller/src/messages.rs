@@ -105,7 +105,8 @@ pub(crate) enum InternalMsg {
     /// Remove the records of the deletions finished since the last removal, in
     /// one commit (the reports queued before it are batched).
     RemoveDeleted,
-    /// Try again to land the finished builds whose commit failed.
+    /// Land the finished builds that can land now: after a commit that may
+    /// have released their prefixes, or to try again after a failed commit.
     SettleParked,
 }
 

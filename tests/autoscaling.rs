@@ -253,3 +253,53 @@ async fn an_autoscaling_decision_mid_update_leaves_the_deployment_updating() {
         c.abort();
     }
 }
+
+/// A running deployment that turns autoscaled keeps its count (clamped into
+/// the new bounds) until the autoscaler decides, as Ray's `register` keeps
+/// the current target; `initial_replicas` overrides it.
+#[tokio::test(start_paused = true)]
+async fn a_fixed_deployment_turned_autoscaled_keeps_its_count() {
+    let (dir, sw, serve) = support::start_fresh().await;
+    let auto = |initial: Option<u32>| {
+        let config = AutoscalingConfig {
+            min_replicas: 1,
+            initial_replicas: initial,
+            max_replicas: 4,
+            ..Default::default()
+        };
+        app_of(
+            "auto",
+            probe(1, &ProbeArgs::default()).with_config(|c| c.with_autoscaling(config)),
+        )
+    };
+    serve
+        .run(app_of("auto", probe(5, &ProbeArgs::default())))
+        .await
+        .unwrap();
+    serve.run(auto(None)).await.unwrap();
+    let s = observe(&serve, "auto", "probe").await;
+    assert_eq!(
+        s.target.replicas, 4,
+        "5 clamped into 1..=4, not min_replicas"
+    );
+    assert_eq!(s.count(flotilla::ReplicaState::Running), 4);
+    // Back to a fixed count, then autoscaled with initial_replicas: it wins.
+    serve
+        .run(app_of("auto", probe(3, &ProbeArgs::default())))
+        .await
+        .unwrap();
+    serve.run(auto(Some(2))).await.unwrap();
+    assert_eq!(observe(&serve, "auto", "probe").await.target.replicas, 2);
+    // The kept count is durable: a crashed process comes back with it.
+    serve
+        .run(app_of("auto", probe(3, &ProbeArgs::default())))
+        .await
+        .unwrap();
+    serve.run(auto(None)).await.unwrap();
+    assert_eq!(observe(&serve, "auto", "probe").await.target.replicas, 3);
+    serve.crash_process().await;
+    let serve = support::start(&dir, &sw).await;
+    serve.metrics().await.unwrap();
+    let s = wait_snapshot(&serve, "auto", "probe", |s| s.live() == 3).await;
+    assert_eq!(s.target.replicas, 3);
+}

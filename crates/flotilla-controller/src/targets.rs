@@ -8,12 +8,21 @@ use std::collections::BTreeMap;
 
 use flotilla_core::{
     ApiType, AppName, AppRecord, AppStatusInputs, ApplicationSpec, ApplicationStatusInfo,
-    ConfigSource, DeploymentName, ReplicaCount, RoutePrefix,
+    ConfigSource, DeploymentName, DeploymentRecord, ReplicaCount, RoutePrefix,
 };
 use flotilla_store::{Batch, StoreError};
 use tracing::info;
 
 use crate::state::{AppEntry, ControllerState};
+
+/// The replica decisions a new target changes, staged with it and taken in
+/// after its commit.
+pub(crate) struct StagedDecisions {
+    /// Decisions that no longer stand.
+    dropped: Vec<(AppName, DeploymentName)>,
+    /// First decisions: a fixed count kept as a deployment turns autoscaled.
+    seeded: Vec<(AppName, DeploymentName, u32)>,
+}
 
 impl ControllerState {
     /// `app` no longer holds `prefix` (if it did).
@@ -49,15 +58,28 @@ impl ControllerState {
     /// no longer stand: an autoscaler's for a deployment no longer autoscaled,
     /// an external scaler's for one whose declared count changed (the newer
     /// declaration wins) or whose application no longer has an external scaler.
-    /// Returns those deployments.
+    /// A running deployment that turns autoscaled without `initial_replicas`
+    /// keeps its count, clamped into its bounds, as its first decision (Ray's
+    /// `register`: the current target, not `min_replicas`).
     pub(crate) fn stage_targets(
         &self,
         records: &[AppRecord],
         batch: &mut Batch,
-    ) -> Result<Vec<(AppName, DeploymentName)>, StoreError> {
+    ) -> Result<StagedDecisions, StoreError> {
         let mut dropped = Vec::new();
+        let mut seeded = Vec::new();
         for r in records {
             batch.put_app(r)?;
+            for (dep, replicas) in self.kept_counts(r) {
+                batch.put_deployment(
+                    &r.spec.name,
+                    &dep,
+                    &DeploymentRecord {
+                        autoscaled_replicas: Some(replicas),
+                    },
+                )?;
+                seeded.push((r.spec.name.clone(), dep, replicas));
+            }
             for dep in self
                 .autoscaled
                 .get(&r.spec.name)
@@ -86,7 +108,41 @@ impl ControllerState {
                 }
             }
         }
-        Ok(dropped)
+        Ok(StagedDecisions { dropped, seeded })
+    }
+
+    /// The deployments of `r` that turn autoscaled, without `initial_replicas`,
+    /// from a fixed count that runs now, with that count clamped into their
+    /// bounds.
+    fn kept_counts(&self, r: &AppRecord) -> Vec<(DeploymentName, u32)> {
+        let Some(old) = self
+            .apps
+            .get(&r.spec.name)
+            .map(|e| &e.record)
+            .filter(|old| !old.deleting)
+        else {
+            return Vec::new();
+        };
+        let decided = self.autoscaled.get(&r.spec.name);
+        r.spec
+            .deployments
+            .iter()
+            .filter_map(|d| {
+                let ReplicaCount::Auto(a) = &d.config.num_replicas else {
+                    return None;
+                };
+                if a.initial_replicas.is_some() || decided.is_some_and(|m| m.contains_key(&d.name))
+                {
+                    return None;
+                }
+                match old.spec.deployment(d.name.as_str())?.config.num_replicas {
+                    ReplicaCount::Fixed(n) => {
+                        Some((d.name.clone(), n.clamp(a.min_replicas, a.max_replicas)))
+                    }
+                    ReplicaCount::Auto(_) => None,
+                }
+            })
+            .collect()
     }
 
     /// After the commit: take `records` in, keep the route index, publish
@@ -94,12 +150,18 @@ impl ControllerState {
     pub(crate) fn swap_targets(
         &mut self,
         records: Vec<AppRecord>,
-        dropped: Vec<(AppName, DeploymentName)>,
+        decisions: StagedDecisions,
     ) -> Vec<AppName> {
-        for (app, dep) in dropped {
+        for (app, dep) in decisions.dropped {
             if let Some(m) = self.autoscaled.get_mut(&app) {
                 m.remove(&dep);
             }
+        }
+        for (app, dep, replicas) in decisions.seeded {
+            self.autoscaled
+                .entry(app)
+                .or_default()
+                .insert(dep, replicas);
         }
         let mut names = Vec::with_capacity(records.len());
         for r in records {

@@ -205,8 +205,9 @@ impl Autoscaler {
     /// requests waiting raise the target at once to `ceil(upscaling_factor)` (at
     /// least one, within the bounds) if it is lower, and otherwise it holds.
     /// With replicas running, the policy's wanted count (built-in:
-    /// `load / target_ongoing_requests`) is moved by the scaling factor and rounded
-    /// up, clamped to [min, max], and acted on only after the up- or downscale
+    /// `load / target_ongoing_requests`) is reached from the running count by the
+    /// scaling factor and rounded up, clamped to [min, max], and acted on (if
+    /// it differs from `current`, the target) only after the up- or downscale
     /// delay has passed with the same direction. A downscale the factor would
     /// round away still takes one step. Reaching zero goes through one, and the
     /// last step waits `downscale_to_zero_delay`.
@@ -232,17 +233,20 @@ impl Autoscaler {
             return None;
         };
         let c = &self.config;
-        let factor = if raw > f64::from(current) {
+        // The factor moves the running count toward the wanted one (Ray's
+        // `_apply_scaling_factors` on `current_num_replicas`, the running
+        // replicas); the delays compare the result with the target.
+        let base = f64::from(running);
+        let factor = if raw > base {
             c.upscaling_factor()
         } else {
             c.downscaling_factor()
         };
-        let cur = f64::from(current);
-        let mut desired = (cur + factor * (raw - cur)).ceil();
+        let mut desired = (base + factor * (raw - base)).ceil();
         // Ray's "stuck" rule: the factor rounded a real downscale (one that still
-        // wants fewer whole replicas) back to the current count.
-        if desired == cur && raw.ceil() < cur {
-            desired = cur - 1.0;
+        // wants fewer whole replicas) back to the running count.
+        if desired == base && raw.ceil() < base {
+            desired = base - 1.0;
         }
         let mut desired = desired.max(0.0).min(f64::from(u32::MAX)) as u32;
         desired = desired.clamp(c.min_replicas, c.max_replicas);
@@ -466,6 +470,31 @@ mod tests {
         let mut a = Autoscaler::new(eager);
         assert_eq!(a.decide(t, 1, 0, 5.0), Some(3));
         assert_eq!(a.decide(t, 3, 0, 5.0), None);
+    }
+
+    /// The scaling factor moves the running count, not the target, toward
+    /// the wanted count (Ray's `_apply_scaling_factors(desired,
+    /// ctx.current_num_replicas)`).
+    #[tokio::test(start_paused = true)]
+    async fn the_scaling_factor_moves_the_running_count() {
+        let halves = AutoscalingConfig {
+            upscaling_factor: Some(0.5),
+            downscaling_factor: Some(0.5),
+            ..config(1, 100)
+        };
+        let t = Instant::now();
+        let decide = |load: f64, current: u32, running: u32| {
+            let mut a = Autoscaler::new(halves.clone());
+            (0..700).find_map(|s| {
+                let now = t + Duration::from_secs(s);
+                a.record(now, load);
+                a.decide(now, current, running, 0.0)
+            })
+        };
+        // Target 10, 4 running, 20 wanted: 4 + (20 - 4) / 2 = 12 (not 15).
+        assert_eq!(decide(20.0, 10, 4), Some(12));
+        // Target 10, 8 running, 2 wanted: 8 - (8 - 2) / 2 = 5 (not 6).
+        assert_eq!(decide(2.0, 10, 8), Some(5));
     }
 
     #[tokio::test(start_paused = true)]

@@ -91,12 +91,31 @@ applications:
         serve
             .app_handle(app)
             .unwrap()
-            .call::<_, String>("x")
+            .call::<_, String>(&format!("log:user-{app}"))
             .await
             .unwrap();
     }
     let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
     let lines: Vec<&str> = text.lines().collect();
+    // The user's own events, which name no application, go by the config of
+    // the application whose replica runs them.
+    assert!(
+        lines.iter().any(|l| l.starts_with('{')
+            && l.contains("user-loud")
+            && l.contains("\"app\":\"loud\"")
+            && l.contains("\"deployment\":\"probe\"")),
+        "loud's user code logs at INFO, as JSON: {lines:#?}"
+    );
+    assert!(
+        !lines.iter().any(|l| l.contains("user-quiet")),
+        "quiet's user code is held to the global WARNING: {lines:#?}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("user-muted") && l.contains("app=muted")),
+        "muted's user code logs at INFO: {lines:#?}"
+    );
     assert!(
         lines.iter().any(|l| l.starts_with('{')
             && l.contains("\"target\":\"flotilla::access\"")

@@ -105,6 +105,10 @@ impl Deployment for Probe {
         if request == "hang" {
             std::future::pending::<()>().await;
         }
+        if let Some(marker) = request.strip_prefix("log:") {
+            // User code logging with no fields of its own.
+            tracing::info!(marker, "user code logs");
+        }
         if let Some(ms) = request.strip_prefix("sleep:") {
             let ms: u64 = ms.parse().map_err(|_| UserError::new("bad sleep"))?;
             tokio::time::sleep(Duration::from_millis(ms)).await;

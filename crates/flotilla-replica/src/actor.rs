@@ -15,7 +15,7 @@ use flotilla_core::{
 use futures::FutureExt;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::task::JoinHandle;
-use tracing::{info, warn};
+use tracing::{Instrument, info, warn};
 
 use flotilla_supervision::groups::{self, Membership};
 
@@ -237,6 +237,10 @@ pub struct ReplicaActorState {
     deferred: Option<Arc<DeploymentSpec>>,
     /// Its place in its deployment's group, left when this state is dropped.
     _membership: Membership,
+    /// The span its user code runs in outside requests (constructor,
+    /// reconfigure, health checks): it names the application, deployment and
+    /// replica, which is what the per-application logging config goes by.
+    span: tracing::Span,
 }
 
 impl ReplicaActorState {
@@ -364,7 +368,10 @@ impl Actor for ReplicaActor {
     ) -> Result<ReplicaActorState, ActorProcessingErr> {
         let membership = groups::join(args.group.clone(), myself.get_cell());
         let version = args.version.clone();
+        let span = tracing::info_span!(parent: None, "replica", app = %args.app,
+            deployment = %args.deployment, replica = %args.id, node = %args.node);
         Ok(ReplicaActorState {
+            span,
             args,
             version,
             phase: ReplicaPhase::Starting,
@@ -401,10 +408,13 @@ impl Actor for ReplicaActor {
             faults: a.faults.clone(),
         };
         let me = myself.clone();
-        state.constructor = Some(tokio::spawn(async move {
-            let result = initialise(init).await;
-            let _ = me.cast(InternalMsg::Started(result).into());
-        }));
+        state.constructor = Some(tokio::spawn(
+            async move {
+                let result = initialise(init).await;
+                let _ = me.cast(InternalMsg::Started(result).into());
+            }
+            .instrument(state.span.clone()),
+        ));
         Ok(())
     }
 
@@ -540,13 +550,16 @@ fn reconfigure(
     }
     state.set_phase(ReplicaPhase::Updating);
     let me = myself.clone();
-    tokio::spawn(async move {
-        let result = match spec.config.user_config.clone() {
-            Some(uc) => user.reconfigure(uc).await,
-            None => Ok(()),
-        };
-        let _ = me.cast(InternalMsg::Reconfigured(spec, result).into());
-    });
+    tokio::spawn(
+        async move {
+            let result = match spec.config.user_config.clone() {
+                Some(uc) => user.reconfigure(uc).await,
+                None => Ok(()),
+            };
+            let _ = me.cast(InternalMsg::Reconfigured(spec, result).into());
+        }
+        .instrument(state.span.clone()),
+    );
 }
 
 /// The replica's own messages.
@@ -585,7 +598,8 @@ fn internal(myself: &ActorRef<ReplicaMsg>, state: &mut ReplicaActorState, msg: I
                 // Most checks finish at once: run them inline, and spend a task
                 // (and a timer) only on one that has to wait.
                 let timeout = state.args.spec.config.health_check_timeout;
-                let mut check = Box::pin(health_check(user, timeout));
+                let mut check =
+                    Box::pin(health_check(user, timeout).instrument(state.span.clone()));
                 match check.as_mut().now_or_never() {
                     Some(result) => state.health_result(result),
                     None => {

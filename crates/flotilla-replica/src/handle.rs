@@ -7,6 +7,7 @@ use std::{
     task::{Context, Poll},
     time::{Duration, Instant},
 };
+use tracing::Instrument;
 
 use futures::{Stream, future::BoxFuture};
 use serde::{Serialize, de::DeserializeOwned};
@@ -580,10 +581,22 @@ pub(crate) async fn run(
                 .await
                 .map(Payload::Encoded)
         } else {
-            ep.user.handle(call).await
+            ep.user.handle(call).instrument(user_span(route, &ep)).await
         }
     })
     .await
+}
+
+/// The span a request's user code runs in, under its caller's: its
+/// application, deployment and replica, which is what the per-application
+/// logging config goes by (a caller's span may name another deployment: the
+/// HTTP proxy's names the ingress).
+fn user_span(route: Option<&DeploymentRoute>, ep: &ReplicaEndpoint) -> tracing::Span {
+    match route {
+        Some(r) => tracing::info_span!("replica_call", app = %r.app(),
+            deployment = %r.deployment(), replica = %ep.id()),
+        None => tracing::Span::none(),
+    }
 }
 
 /// [`run`] for the streaming handler.
@@ -601,7 +614,10 @@ pub(crate) async fn run_stream(
             let _ = items.send_encoded(item).await;
             Ok(())
         } else {
-            ep.user.handle_stream(call, items).await
+            ep.user
+                .handle_stream(call, items)
+                .instrument(user_span(route, &ep))
+                .await
         }
     })
     .await

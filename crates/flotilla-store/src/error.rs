@@ -209,6 +209,19 @@ impl StoreError {
         }
     }
 
+    /// Whether this is an I/O failure of the file (or redb's refusal after one), after
+    /// which redb's handle must be opened again.
+    pub(crate) fn is_io_failure(&self) -> bool {
+        matches!(
+            self,
+            StoreError::Io { .. }
+                | StoreError::Storage {
+                    source: redb::Error::PreviousIo,
+                    ..
+                }
+        )
+    }
+
     /// redb's storage-layer error.
     pub(crate) fn from_redb_storage(path: &Path, err: redb::StorageError) -> Self {
         match err {

@@ -40,12 +40,20 @@ pub struct StoreCounters {
 /// `Send + Sync`; the Controller shares it in an `Arc` and is its only caller. Dropping
 /// it closes the file and releases its lock.
 pub struct Store {
-    /// `None` once closed.
+    /// `None` once closed (or while an open after an I/O error failed).
     db: RwLock<Option<Database>>,
+    /// Opens the database again over the same locked file. `None` once closed.
+    reopen: Mutex<Option<Reopen>>,
+    /// An I/O error failed a call: redb refuses the handle for good
+    /// (`PreviousIo`), so the next call opens the database again first.
+    io_failed: AtomicBool,
     path: PathBuf,
     fail_next: AtomicBool,
     counters: Mutex<StoreCounters>,
 }
+
+/// Opens a store's database again, over the file (and lock) it was opened on.
+type Reopen = Box<dyn Fn() -> Result<Database, redb::DatabaseError> + Send + Sync>;
 
 impl fmt::Debug for Store {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -212,6 +220,11 @@ impl Store {
     /// store does the same.
     pub fn close(&self) {
         let mut db = self.db.write().unwrap_or_else(PoisonError::into_inner);
+        // The reopener holds the file's lock too.
+        self.reopen
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
         if let Some(db) = db.take() {
             match unpanicking(&self.path, "closing", || db.close()) {
                 Ok(Ok(())) => tracing::debug!(path = %self.path.display(), "checkpoint closed"),
@@ -224,10 +237,13 @@ impl Store {
         }
     }
 
-    /// The store over `db`, the open checkpoint at `path`.
-    fn with_database(path: PathBuf, db: Database) -> Store {
+    /// The store over `db`, the open checkpoint at `path`, which `reopen` opens
+    /// again.
+    fn with_database(path: PathBuf, db: Database, reopen: Reopen) -> Store {
         Store {
             db: RwLock::new(Some(db)),
+            reopen: Mutex::new(Some(reopen)),
+            io_failed: AtomicBool::new(false),
             path,
             fail_next: AtomicBool::new(false),
             counters: Mutex::new(StoreCounters::default()),
@@ -235,14 +251,52 @@ impl Store {
     }
 
     /// Run `f` on the open database, turning a panic of redb into [`StoreError::Corrupt`].
+    ///
+    /// After an I/O error (a full disk, say) redb refuses every later access to its
+    /// handle, even once the cause is gone; the call after one opens the database again,
+    /// over the same locked file (which redb recovers as after a crash: only committed
+    /// transactions are there), so one failure leaves no trace.
     fn with_db<T>(
         &self,
         doing: &str,
         f: impl FnOnce(&Path, &Database) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
+        if self.io_failed.load(Ordering::Acquire) {
+            self.reopen()?;
+        }
         let db = self.open_db();
         let db = db.as_ref().ok_or_else(|| self.closed())?;
-        unpanicking(&self.path, doing, || f(&self.path, db))?
+        let result = unpanicking(&self.path, doing, || f(&self.path, db))?;
+        if let Err(e) = &result
+            && e.is_io_failure()
+        {
+            self.io_failed.store(true, Ordering::Release);
+        }
+        result
+    }
+
+    /// Open the database again after an I/O error (see [`Self::with_db`]). Should
+    /// that fail too, the next call tries again.
+    fn reopen(&self) -> Result<(), StoreError> {
+        let mut db = self.db.write().unwrap_or_else(PoisonError::into_inner);
+        if !self.io_failed.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let reopen = self.reopen.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(open) = reopen.as_ref() else {
+            return Err(self.closed());
+        };
+        if let Some(old) = db.take() {
+            // Refused for good by redb: dropped, it leaves the file to recover.
+            let _ = unpanicking(&self.path, "closing", || drop(old));
+        }
+        let new = unpanicking(&self.path, "reopening", open)?
+            .map_err(|e| StoreError::from_redb_database(&self.path, e))?;
+        *db = Some(new);
+        self.io_failed.store(false, Ordering::Release);
+        tracing::warn!(checkpoint = %self.path.display(),
+            "opened the checkpoint again after an I/O error");
+        Ok(())
     }
 
     fn open_db(&self) -> RwLockReadGuard<'_, Option<Database>> {
@@ -530,7 +584,7 @@ fn sync_dir(path: &Path, dir: &Path) -> Result<(), StoreError> {
 
 /// Initialise a new, empty, locked `file` as a checkpoint: the tables and the schema
 /// version, in one durable write transaction.
-fn initialise(path: &Path, file: LockedBackend) -> Result<(), StoreError> {
+fn initialise(path: &Path, file: impl redb::StorageBackend) -> Result<(), StoreError> {
     let db_err = |e| StoreError::from_redb_database(path, e);
     let table = |e| StoreError::from_redb_table(path, e);
     let db = Builder::new().create_with_backend(file).map_err(db_err)?;
@@ -582,10 +636,12 @@ fn open_existing(
             "repairing the checkpoint"
         );
     });
+    let again = file.clone();
     // The file is not empty (it passed the check), so this opens it and initialises nothing.
     let db = unpanicking(&path, "opening", || builder.create_with_backend(file))?
         .map_err(|e| StoreError::from_redb_database(&path, e))?;
-    let store = Store::with_database(path, db);
+    let reopen: Reopen = Box::new(move || Builder::new().create_with_backend(again.clone()));
+    let store = Store::with_database(path, db, reopen);
     // Checked again (one key), at no cost: the lock keeps redb handles out, not a writer
     // that takes no lock.
     store.with_db("reading", |path, db| {
@@ -763,7 +819,87 @@ mod tests {
         fs::write(&path, &bytes).unwrap();
 
         let db = Builder::new().open(&path).unwrap();
-        (dir, Store::with_database(path, db))
+        let reopen = path.clone();
+        let reopen: Reopen = Box::new(move || Builder::new().open(&reopen));
+        (dir, Store::with_database(path, db, reopen))
+    }
+
+    /// An in-memory file whose writes fail while `failing` is set (a full disk).
+    #[derive(Debug, Clone, Default)]
+    struct Flaky {
+        bytes: std::sync::Arc<redb::backends::InMemoryBackend>,
+        failing: std::sync::Arc<AtomicBool>,
+    }
+
+    impl redb::StorageBackend for Flaky {
+        fn len(&self) -> Result<u64, io::Error> {
+            self.bytes.len()
+        }
+        fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), io::Error> {
+            self.bytes.read(offset, out)
+        }
+        fn set_len(&self, len: u64) -> Result<(), io::Error> {
+            self.full()?;
+            self.bytes.set_len(len)
+        }
+        fn sync_data(&self) -> Result<(), io::Error> {
+            self.full()?;
+            self.bytes.sync_data()
+        }
+        fn write(&self, offset: u64, data: &[u8]) -> Result<(), io::Error> {
+            self.full()?;
+            self.bytes.write(offset, data)
+        }
+        fn close(&self) -> Result<(), io::Error> {
+            Ok(())
+        }
+    }
+
+    impl Flaky {
+        fn full(&self) -> Result<(), io::Error> {
+            if self.failing.load(Ordering::SeqCst) {
+                Err(io::Error::from(io::ErrorKind::StorageFull))
+            } else {
+                Ok(())
+            }
+        }
+    }
+
+    /// A write that fails on I/O (the disk was full) fails its own call
+    /// alone: once the disk has room, the next commit works, and the store
+    /// holds every commit that succeeded.
+    #[test]
+    fn an_io_error_fails_its_commit_alone() {
+        let file = Flaky::default();
+        let path = PathBuf::from("flaky.redb");
+        initialise(&path, file.clone()).unwrap();
+        let open = {
+            let file = file.clone();
+            move || Builder::new().create_with_backend(file.clone())
+        };
+        let db = open().unwrap();
+        let store = Store::with_database(path, db, Box::new(open));
+        let put = |name: &str| {
+            let mut batch = Batch::new();
+            batch.put_app(&record(name, 1)).unwrap();
+            store.commit(&batch)
+        };
+        put("before").unwrap();
+        file.failing.store(true, Ordering::SeqCst);
+        let err = put("lost").unwrap_err();
+        assert!(err.is_io_failure(), "{err:?}");
+        file.failing.store(false, Ordering::SeqCst);
+        put("after").unwrap();
+        let mut names: Vec<String> = store
+            .load()
+            .unwrap()
+            .apps
+            .iter()
+            .map(|r| r.spec.name.to_string())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["after", "before"]);
+        assert_eq!(store.counters().commits, 2);
     }
 
     /// Damage to a leaf page on which redb panics: (what, offset in the page, bytes).

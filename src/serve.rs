@@ -690,7 +690,8 @@ impl Serve {
     }
 
     /// A handle to an application's ingress deployment: `NotFound` for an
-    /// unknown application, `Unavailable` after `shutdown`.
+    /// unknown application (or one being deleted whose ingress has ended),
+    /// `Unavailable` after `shutdown`.
     pub fn app_handle(&self, name: &str) -> Result<DeploymentHandle, ServeError> {
         self.check_running()?;
         let not_found = || ServeError::NotFound {
@@ -699,11 +700,40 @@ impl Serve {
         };
         let ingress = self.inner.board.ingress(name).ok_or_else(not_found)?;
         let app = AppName::new(name).map_err(|_| not_found())?;
-        Ok(self.inner.directory.handle(&app, &ingress))
+        let deleting = self
+            .inner
+            .board
+            .subscribe(name)
+            .is_some_and(|s| s.borrow().status == ApplicationStatus::Deleting);
+        self.handle_on(&app, &ingress, deleting)
+    }
+
+    /// A handle to `app`'s `dep`, whose route is made if it has none, unless
+    /// the application is being deleted: its deployments' routes go as they
+    /// end, and one made after that would have no DeploymentActor behind it
+    /// (calls would wait for ever). Then only a route still there serves.
+    fn handle_on(
+        &self,
+        app: &AppName,
+        dep: &flotilla_core::DeploymentName,
+        deleting: bool,
+    ) -> Result<DeploymentHandle, ServeError> {
+        if !deleting {
+            return Ok(self.inner.directory.handle(app, dep));
+        }
+        self.inner
+            .directory
+            .existing_handle(app, dep)
+            .ok_or_else(|| ServeError::NotFound {
+                app: app.to_string(),
+                deployment: Some(dep.to_string()),
+            })
     }
 
     /// A handle to a deployment of a live application: `NotFound` unless the
-    /// application's target has that deployment, `Unavailable` after `shutdown`.
+    /// application's target has that deployment (and, while the application is
+    /// deleted, the deployment has not ended yet), `Unavailable` after
+    /// `shutdown`.
     pub fn deployment_handle(
         &self,
         app: &str,
@@ -718,11 +748,14 @@ impl Serve {
                 app: flotilla_core::shown(app),
                 deployment: None,
             })?;
-        let dep = status
-            .borrow()
-            .deployments
-            .get_key_value(deployment)
-            .map(|(d, _)| d.clone());
+        let (dep, deleting) = {
+            let s = status.borrow();
+            let dep = s
+                .deployments
+                .get_key_value(deployment)
+                .map(|(d, _)| d.clone());
+            (dep, s.status == ApplicationStatus::Deleting)
+        };
         let Some(dep) = dep else {
             return Err(ServeError::NotFound {
                 app: flotilla_core::shown(app),
@@ -730,7 +763,7 @@ impl Serve {
             });
         };
         let a = AppName::new(app)?;
-        Ok(self.inner.directory.handle(&a, &dep))
+        self.handle_on(&a, &dep, deleting)
     }
 
     /// One deployment's state as its DeploymentActor sees it: target, status, and

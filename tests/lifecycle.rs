@@ -440,3 +440,54 @@ async fn while_shutting_down_metrics_tell_the_truth_and_calls_are_refused() {
         Err(ServeError::Unavailable(_))
     ));
 }
+
+/// A handle asked for while its application is deleted (a status page, a
+/// metrics scrape) makes no route of its own: once the deletion is done,
+/// calls on every handle fail with `NotFound`, none waits for ever.
+#[tokio::test(start_paused = true)]
+async fn a_handle_asked_for_while_its_application_is_deleted_does_not_outlive_it() {
+    let (_dir, _, serve) = start_fresh().await;
+    let spec = ApplicationSpec::builder("x")
+        .deployment(DeploymentSpec::builder("front", "test::Probe").init_args(&tag("f")))
+        .deployment(
+            DeploymentSpec::builder("slow", "test::Probe")
+                .init_args(&tag("s"))
+                .with_config(|c| {
+                    c.with_graceful_shutdown(Duration::from_secs(1), Duration::from_secs(30))
+                }),
+        )
+        .ingress("front")
+        .build()
+        .unwrap();
+    serve.run(spec).await.unwrap();
+    let h = serve.app_handle("x").unwrap();
+    // A long request keeps `slow` stopping (its graceful timeout) after
+    // `front` is gone.
+    let slow = serve.deployment_handle("x", "slow").unwrap();
+    let busy = tokio::spawn(async move { slow.call::<_, String>("sleep:20000").await });
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    serve.delete_apps(["x"], false).await.unwrap();
+    loop {
+        match h.call::<_, String>("x").await {
+            Err(flotilla::CallError::NotFound { .. }) => break,
+            _ => tokio::time::sleep(Duration::from_millis(10)).await,
+        }
+    }
+    assert_eq!(serve.app_status("x").status, A::Deleting);
+    // Asked for again while the deletion goes on.
+    let again = serve.app_handle("x");
+    let front = serve.deployment_handle("x", "front");
+    while serve.watch_status("x").is_some() {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for handle in [Ok(h), again, front].into_iter().flatten() {
+        let outcome = tokio::time::timeout(Duration::from_secs(60), handle.call::<_, String>("x"))
+            .await
+            .expect("answered, not left waiting");
+        assert!(
+            matches!(outcome, Err(flotilla::CallError::NotFound { .. })),
+            "{outcome:?}"
+        );
+    }
+    let _ = busy.await;
+}

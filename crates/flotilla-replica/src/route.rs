@@ -547,4 +547,16 @@ impl Directory {
     pub fn handle(&self, app: &AppName, deployment: &DeploymentName) -> DeploymentHandle {
         DeploymentHandle::new(self.clone(), self.route(app, deployment))
     }
+
+    /// A handle to a deployment that has a route now, making none: for a
+    /// deployment being deleted, whose route goes when it ends (one made after
+    /// that would have nothing behind it, and its calls would wait for ever).
+    pub fn existing_handle(
+        &self,
+        app: &AppName,
+        deployment: &DeploymentName,
+    ) -> Option<DeploymentHandle> {
+        let route = self.get(app, deployment).filter(|r| !r.is_closed())?;
+        Some(DeploymentHandle::new(self.clone(), route))
+    }
 }

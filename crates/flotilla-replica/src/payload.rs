@@ -11,11 +11,11 @@
 //! always could, and the common case (the same type on both sides) costs no
 //! encoding.
 
-use std::any::Any;
+use std::{any::Any, panic::AssertUnwindSafe};
 
 use serde::{Serialize, de::DeserializeOwned};
 
-use crate::CallError;
+use crate::{CallError, user::panic_message};
 
 /// A request or a response in flight.
 pub(crate) enum Payload {
@@ -27,14 +27,14 @@ pub(crate) enum Payload {
 
 /// A value that can still be encoded if its receiver wants another type.
 pub(crate) trait AnyValue: Send {
-    fn encode(&self) -> Result<Vec<u8>, rmp_serde::encode::Error>;
+    fn encode(&self) -> Result<Vec<u8>, PayloadError>;
     fn as_any(&self) -> &dyn Any;
     fn into_any(self: Box<Self>) -> Box<dyn Any + Send>;
 }
 
 impl<T: Serialize + Send + 'static> AnyValue for T {
-    fn encode(&self) -> Result<Vec<u8>, rmp_serde::encode::Error> {
-        rmp_serde::to_vec_named(self)
+    fn encode(&self) -> Result<Vec<u8>, PayloadError> {
+        to_bytes(self)
     }
 
     fn as_any(&self) -> &dyn Any {
@@ -58,17 +58,47 @@ pub(crate) enum PayloadError {
     /// A value lost its type between the check and the downcast (never).
     #[error("the value is not of the type it had")]
     Lost,
+    /// The type's own `Serialize` or `Deserialize` (user code) panicked.
+    #[error("panicked: {0}")]
+    Panicked(String),
+}
+
+/// Encode `value` (MessagePack, named fields). A `Serialize` that panics is
+/// user code panicking: it comes back as [`PayloadError::Panicked`], so it
+/// fails its own request and never the task carrying it (a remote caller's
+/// reply, a replica's serving loop).
+pub(crate) fn to_bytes<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, PayloadError> {
+    unwinding(|| Ok(rmp_serde::to_vec_named(value)?))
+}
+
+/// Decode bytes as a `T`; a `Deserialize` that panics is caught as in
+/// [`to_bytes`].
+pub(crate) fn from_bytes<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, PayloadError> {
+    unwinding(|| Ok(rmp_serde::from_slice(bytes)?))
+}
+
+fn unwinding<T>(f: impl FnOnce() -> Result<T, PayloadError>) -> Result<T, PayloadError> {
+    std::panic::catch_unwind(AssertUnwindSafe(f))
+        .unwrap_or_else(|p| Err(PayloadError::Panicked(panic_message(p))))
 }
 
 impl PayloadError {
-    /// As the error of a request that could not be had.
+    /// As the error of a request that could not be had (a panic in its
+    /// type's serde code is reported as the panic it is).
     pub(crate) fn bad_request(self) -> CallError {
-        CallError::BadRequest(self.to_string())
+        match self {
+            PayloadError::Panicked(m) => CallError::Panicked(m),
+            e => CallError::BadRequest(e.to_string()),
+        }
     }
 
-    /// As the error of a response that could not be had.
+    /// As the error of a response that could not be had (a panic as for
+    /// [`bad_request`](Self::bad_request)).
     pub(crate) fn bad_response(self) -> CallError {
-        CallError::BadResponse(self.to_string())
+        match self {
+            PayloadError::Panicked(m) => CallError::Panicked(m),
+            e => CallError::BadResponse(e.to_string()),
+        }
     }
 }
 
@@ -80,7 +110,7 @@ impl Payload {
 
     /// `value`, encoded.
     pub(crate) fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Self, PayloadError> {
-        Ok(Payload::Encoded(rmp_serde::to_vec_named(value)?))
+        Ok(Payload::Encoded(to_bytes(value)?))
     }
 
     /// The payload as a `T`: a value of that type is moved; bytes, or a value
@@ -97,14 +127,14 @@ impl Payload {
             }
             Payload::Value(value) => value.encode()?,
         };
-        Ok(rmp_serde::from_slice(&bytes)?)
+        from_bytes(&bytes)
     }
 
     /// The payload as bytes, for a transport or a batch.
     pub(crate) fn into_bytes(self) -> Result<Vec<u8>, PayloadError> {
         match self {
             Payload::Encoded(bytes) => Ok(bytes),
-            Payload::Value(value) => Ok(value.encode()?),
+            Payload::Value(value) => value.encode(),
         }
     }
 }
@@ -166,7 +196,7 @@ impl ItemSender {
                 .await
                 .map_err(|_| SendError::Closed),
             Items::Encoded(tx) => {
-                let bytes = AnyValue::encode(&item).map_err(|e| SendError::Encode(e.into()))?;
+                let bytes = AnyValue::encode(&item).map_err(SendError::Encode)?;
                 tx.send(bytes).await.map_err(|_| SendError::Closed)
             }
         }

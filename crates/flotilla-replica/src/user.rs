@@ -278,7 +278,7 @@ impl From<Guarded> for CallError {
 
 /// Decode a request.
 pub(crate) fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, CallError> {
-    rmp_serde::from_slice(bytes).map_err(|e| CallError::BadRequest(e.to_string()))
+    crate::payload::from_bytes(bytes).map_err(PayloadError::bad_request)
 }
 
 /// A request as the handler's type: moved, or decoded.
@@ -288,7 +288,7 @@ pub(crate) fn request<T: DeserializeOwned + 'static>(payload: Payload) -> Result
 
 /// Encode a response.
 pub(crate) fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, CallError> {
-    rmp_serde::to_vec_named(value).map_err(|e| CallError::BadResponse(e.to_string()))
+    crate::payload::to_bytes(value).map_err(PayloadError::bad_response)
 }
 
 /// Run a handler: take its request, call it (panics caught), and hand its
@@ -349,8 +349,7 @@ where
         if let Some(resp) = responses.next() {
             // A response whose `Serialize` panics fails its own request, as a
             // handler's panic would (and is reported as one), not the batch.
-            *slot = std::panic::catch_unwind(AssertUnwindSafe(|| encode(resp)))
-                .unwrap_or_else(|p| Err(CallError::Panicked(panic_message(p))));
+            *slot = encode(resp);
         }
     }
     Ok(out)

@@ -261,9 +261,6 @@ impl DeploymentHandle {
         let place = route.enqueue()?;
         let woken = place.woken();
         loop {
-            if route.is_closed() {
-                return Err(route.not_found());
-            }
             // Register before taking the turn, so a turn given between the two
             // is not missed.
             let turn = woken.notified();
@@ -278,6 +275,13 @@ impl DeploymentHandle {
                 if set.iter().any(|e| e.has_room()) {
                     place.pass_turn();
                 }
+            }
+            // Checked after the set was seen: a close (flag, then an empty set)
+            // that landed before it is seen here, and one after it wakes
+            // `changed` below. Checked before, a close on another thread in
+            // between would be marked seen and never wake this waiter.
+            if route.is_closed() {
+                return Err(route.not_found());
             }
             tokio::select! {
                 changed = rx.changed() => if changed.is_err() { return Err(route.not_found()) },

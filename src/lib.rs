@@ -40,6 +40,7 @@
 
 mod details;
 mod logging;
+mod namespace;
 mod serve;
 
 /// Node processes: the user's own binary, run in node mode, joins a head

@@ -3,8 +3,8 @@
 use std::{
     path::PathBuf,
     sync::{
-        Arc,
-        atomic::{AtomicBool, AtomicU64, Ordering},
+        Arc, Mutex, PoisonError,
+        atomic::{AtomicBool, Ordering},
     },
     time::SystemTime,
 };
@@ -27,7 +27,7 @@ use flotilla_supervision::{RestartPolicy, groups};
 use ractor::{Actor, ActorRef, RpcReplyPort, rpc::CallResult};
 use tokio::sync::watch;
 
-static INSTANCE: AtomicU64 = AtomicU64::new(0);
+use crate::namespace::NamespaceClaim;
 
 /// How to start Flotilla.
 #[derive(Clone)]
@@ -168,6 +168,8 @@ pub struct Metrics {
 
 struct Inner {
     ns: String,
+    /// The namespace, this instance's until it is stopped.
+    claim: Mutex<NamespaceClaim>,
     supervisor: ActorRef<SupervisorMsg>,
     /// Closes the checkpoint when the instance dies without the Controller's
     /// goodbye; the Controller alone reads and writes it.
@@ -201,6 +203,15 @@ impl Inner {
             cells.extend(members);
         }
         cells
+    }
+
+    /// The instance is stopped: another may take its namespace. (Its last
+    /// `Serve` dropped releases it too, after killing what was left.)
+    fn release_namespace(&self) {
+        self.claim
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .release();
     }
 
     /// Kill every actor at once (no drain), close every route and the store.
@@ -252,21 +263,22 @@ impl std::fmt::Debug for Serve {
 impl Serve {
     /// Open (or create) the store, recover what it holds, and start the actor tree.
     pub async fn start(options: ServeOptions) -> Result<Serve, ServeError> {
-        if let Some(ns) = &options.namespace {
-            actor_names::validate_namespace(ns)?;
-            if namespace_in_use(ns) {
-                return Err(ServeError::NamespaceInUse {
+        let claim = match &options.namespace {
+            Some(ns) => {
+                actor_names::validate_namespace(ns)?;
+                NamespaceClaim::take(ns).ok_or_else(|| ServeError::NamespaceInUse {
                     namespace: ns.clone(),
-                });
+                })?
             }
-        }
+            None => NamespaceClaim::generated(),
+        };
         // Fail before spawning anything if the checkpoint cannot be read; the open reads
         // and checks all of it, and the Controller starts from what it read.
         let (checkpoint, snapshot) = Checkpoint::open(&options.store_path)?;
         let closer = checkpoint.closer();
         let recovering = !snapshot.apps.is_empty();
         let preloaded = Preloaded::new(snapshot);
-        let ns = options.namespace.unwrap_or_else(generated_namespace);
+        let ns = claim.name().to_owned();
         let board = StatusBoard::new();
         let route_table = RouteTable::new();
         let directory = Directory::new();
@@ -331,6 +343,7 @@ impl Serve {
         Ok(Serve {
             inner: Arc::new(Inner {
                 ns,
+                claim: Mutex::new(claim),
                 supervisor,
                 checkpoint: closer,
                 board,
@@ -914,6 +927,7 @@ impl Serve {
         for cell in cells {
             let _ = cell.wait(None).await;
         }
+        self.inner.release_namespace();
     }
 
     /// Stop every actor of this instance that is still alive, wait for them,
@@ -933,6 +947,7 @@ impl Serve {
         if let Some(head) = &self.inner.head {
             head.stop().await;
         }
+        self.inner.release_namespace();
     }
 
     /// Every living replica of this instance, sorted (for fault injection with
@@ -1055,22 +1070,6 @@ fn read_config_file(path: &std::path::Path) -> Result<String, ServeError> {
         return Err(too_large());
     }
     Ok(text)
-}
-
-/// The next `flotilla<N>` no living instance holds (a program may have chosen
-/// one of these names itself).
-fn generated_namespace() -> String {
-    loop {
-        let ns = format!("flotilla{}", INSTANCE.fetch_add(1, Ordering::Relaxed));
-        if !namespace_in_use(&ns) {
-            return ns;
-        }
-    }
-}
-
-/// Whether a living instance holds namespace `ns`.
-fn namespace_in_use(ns: &str) -> bool {
-    ractor::registry::where_is(actor_names::supervisor(ns)).is_some()
 }
 
 /// The error of a call whose reply was dropped: the Controller crashed while

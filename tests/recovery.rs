@@ -6,7 +6,7 @@ mod support;
 
 use std::{sync::Arc, sync::atomic::Ordering, time::Duration};
 
-use flotilla::{ApplicationStatus as A, FaultPoint, RestartPolicy, Serve, ServeError};
+use flotilla::{ApplicationStatus as A, FaultPoint, RestartPolicy, Serve, ServeError, StoreError};
 use support::{
     ProbeArgs, Switches, app, no_wait, numbered_apps, poll_secs, start, start_fresh,
     start_restarting, tag, wait_status,
@@ -217,6 +217,46 @@ async fn too_many_controller_crashes_become_a_fatal_error_the_program_can_await(
     );
     let err = serve.run(app("a", 1, tag("v"))).await.unwrap_err();
     assert!(matches!(err, ServeError::Unavailable(_)), "{err}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_instance_whose_supervisor_gave_up_keeps_its_store_and_namespace_until_stopped() {
+    let (dir, other) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let sw = Arc::new(Switches::default());
+    let restart = RestartPolicy {
+        max_restarts: 0,
+        ..Default::default()
+    };
+    let serve = start_restarting(&dir, &sw, restart).await;
+    let h = serve.run(app("a", 1, tag("v"))).await.unwrap();
+    let ns = serve.namespace().to_owned();
+    serve.crash_controller();
+    serve.fatal().await.expect("the supervisor gave up");
+    // Its replica still serves, so a second instance may neither open its
+    // store (it would run "a" twice) nor take its namespace (the first one's
+    // stop would kill the second one's actors).
+    assert_eq!(h.call::<_, String>("x").await.unwrap(), "v:x");
+    let err = Serve::start(support::options(&dir, support::registry(&sw)))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, ServeError::Store(StoreError::Locked { .. })),
+        "{err}"
+    );
+    let err = Serve::start(support::options(&other, support::registry(&sw)).namespace(&ns))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ServeError::NamespaceInUse { .. }), "{err}");
+    // Its last handle dropped stops it, as a crash: both are free again, and
+    // what dropping it killed is the old instance only.
+    drop(serve);
+    let next = Serve::start(support::options(&dir, support::registry(&sw)).namespace(&ns))
+        .await
+        .unwrap();
+    wait_status(&next, "a", A::Running).await;
+    let h = next.app_handle("a").unwrap();
+    assert_eq!(h.call::<_, String>("x").await.unwrap(), "v:x");
+    next.shutdown().await.unwrap();
 }
 
 #[tokio::test(start_paused = true)]

@@ -3,7 +3,7 @@
 
 use std::{
     path::Path,
-    sync::{Arc, Mutex, PoisonError, Weak},
+    sync::{Arc, Mutex, PoisonError},
 };
 
 use flotilla_core::{FaultPoint, Faults, ServeConfig};
@@ -42,22 +42,22 @@ impl std::fmt::Debug for Checkpoint {
     }
 }
 
-/// Closes the checkpoint when its instance dies without the Controller's
-/// goodbye (a crash, or the last `Serve` dropped): the file's lock is released
-/// at once, so another instance may open it. It holds no reference that keeps
-/// the store open.
+/// The instance's hold on its checkpoint, which closes it when the instance
+/// stops (shutdown, a crash, or the last `Serve` dropped): the file's lock is
+/// released then, so another instance may open it, and not before. In
+/// particular a Supervisor that gave up (its Controller gone with its copy of
+/// the store) leaves the file locked while the instance's replicas may still
+/// serve: a second instance opening it would run the same applications twice.
 #[derive(Clone, Debug)]
 pub struct CheckpointCloser {
-    store: Weak<Store>,
+    store: Arc<Store>,
 }
 
 impl CheckpointCloser {
     /// Close the store if it is still open; later reads and commits fail with
     /// `StoreError::Closed`.
     pub fn close(&self) {
-        if let Some(store) = self.store.upgrade() {
-            store.close();
-        }
+        self.store.close();
     }
 }
 
@@ -81,7 +81,7 @@ impl Checkpoint {
     /// A handle that can only close the store.
     pub fn closer(&self) -> CheckpointCloser {
         CheckpointCloser {
-            store: Arc::downgrade(&self.store),
+            store: self.store.clone(),
         }
     }
 

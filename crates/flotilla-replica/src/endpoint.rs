@@ -60,7 +60,10 @@ pub struct ReplicaEndpoint {
     max_ongoing: AtomicU32,
     accepting: AtomicBool,
     /// Wakes requests cut by a forced stop.
-    pub(crate) kill_signal: Notify,
+    kill_signal: Notify,
+    /// Set (before `kill_signal` fires) by a forced stop, for a request that
+    /// begins listening after it fired.
+    killed: AtomicBool,
     /// Wakes callers queued on the deployment when a slot frees.
     queue: Arc<WaitQueue>,
     /// Its replica actor; `None` for a replica in another process (and in
@@ -115,6 +118,7 @@ impl ReplicaEndpoint {
             max_ongoing: AtomicU32::new(max_ongoing),
             accepting: AtomicBool::new(true),
             kill_signal: Notify::new(),
+            killed: AtomicBool::new(false),
             queue,
             actor: None,
             remote: None,
@@ -312,6 +316,19 @@ impl ReplicaEndpoint {
         self.queue.slot_freed();
     }
 
+    /// Resolves once the replica is killed ([`kill`](Self::kill)), at once
+    /// if it already was: however late a request holding a slot begins
+    /// listening, it does not miss its replica's kill.
+    pub(crate) async fn killed(&self) {
+        let signal = self.kill_signal.notified();
+        tokio::pin!(signal);
+        signal.as_mut().enable();
+        if self.killed.load(Ordering::Acquire) {
+            return;
+        }
+        signal.await;
+    }
+
     pub(crate) fn stop_accepting(&self) {
         self.accepting.store(false, Ordering::Release);
     }
@@ -320,6 +337,7 @@ impl ReplicaEndpoint {
     /// batcher. Its models go with [`unload_models`](Self::unload_models).
     pub(crate) fn kill(&self) {
         self.accepting.store(false, Ordering::Release);
+        self.killed.store(true, Ordering::Release);
         self.kill_signal.notify_waiters();
         if let Some(b) = self.batcher.get() {
             b.close();
@@ -618,5 +636,32 @@ impl ReplicaStats {
     /// The processing latency of every finished or cancelled request.
     pub fn latency(&self) -> &LatencyHistogram {
         &self.latency
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::{CallError, payload::Payload, user::Call};
+
+    #[tokio::test]
+    async fn a_request_that_got_its_slot_before_a_kill_and_starts_after_it_is_cut() {
+        let ep = test_endpoint(1, "n1", 2, &[]);
+        let slot = ep.try_acquire().unwrap();
+        ep.kill();
+        let call = Call {
+            payload: Payload::of(()),
+            model_id: None,
+        };
+        let err = crate::handle::run(None, slot, call).await.err();
+        assert_eq!(
+            err,
+            Some(CallError::Killed {
+                replica: ep.id().to_string()
+            })
+        );
+        assert_eq!(ep.in_flight(), 0);
     }
 }

@@ -644,12 +644,13 @@ where
         return Err(e);
     }
     let running = Running::new(slot);
-    let killed = ep.kill_signal.notified();
     let result = tokio::select! {
-        r = work(ep.clone()) => r,
-        _ = killed => Err(CallError::Killed {
+        // A replica killed already runs nothing more.
+        biased;
+        () = ep.killed() => Err(CallError::Killed {
             replica: ep.id().to_string(),
         }),
+        r = work(ep.clone()) => r,
     };
     running.finish(&result);
     if let Err(CallError::Panicked(m)) = &result {

@@ -101,7 +101,10 @@ async fn deploy_status_config_delete_against_a_running_server() {
     );
 
     let (ok, out, err) = flotilla(args(&address, &["delete", "-y"])).await;
-    assert!(ok, "{out}{err}");
+    assert!(
+        ok && out.contains("Deleted every application."),
+        "{out}{err}"
+    );
     wait_routes(&f.serve, |r| r.is_empty()).await;
     let (ok, out, _) = flotilla(args(&address, &["config"])).await;
     assert!(ok && out.contains("No configuration was found."), "{out}");

@@ -135,8 +135,16 @@ async fn run(cli: Cli) -> Result<(), ClientError> {
             if !yes && !confirm(&cli.address)? {
                 return Err(ClientError::Aborted);
             }
+            // The server answers once every application is gone, or after 30
+            // s while some still drain: say which.
             client.delete().await?;
-            println!("Sent delete request; applications will be deleted asynchronously.");
+            let details = client.details().await?;
+            match details["applications"].as_object().map_or(0, |a| a.len()) {
+                0 => println!("Deleted every application."),
+                n => println!(
+                    "Sent delete request; {n} application(s) are still being deleted (see `flotilla status`)."
+                ),
+            }
         }
     }
     Ok(())

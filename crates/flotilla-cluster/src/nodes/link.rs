@@ -349,13 +349,20 @@ impl Shared {
         header: &DataHeader,
         body: Vec<u8>,
     ) -> Result<(), Option<Vec<u8>>> {
-        // A peer whose session closed is not sent to: ractor drops a cast to
-        // a remote actor whose session is gone without an error, so the call
-        // would wait forever. Callers register their call before sending and
-        // a closing session is removed before its calls fail (`on_session`),
-        // so a call either sees the session gone here (not sent: retried) or
-        // is failed with it.
-        if !lock(&self.sessions).contains_key(peer) {
+        // A call is not sent to a peer whose session closed: ractor drops a
+        // cast to a remote actor whose session is gone without an error, so
+        // the call would wait forever. Callers register their call before
+        // sending and a closing session is removed before its calls fail
+        // (`on_session`), so a call either sees the session gone here (not
+        // sent: retried) or is failed with it.
+        //
+        // An answer (a reply, refusal, item or end) and a Cancel are not held
+        // to it: a call can run here before its caller's session is `Ready`
+        // here (see `serve_call`), and its answer, dropped, would leave the
+        // caller waiting on a session that stays up. One to a session that
+        // did close is lost harmlessly: its caller fails the call with the
+        // session, and the close stops the calls it made here.
+        if matches!(header, DataHeader::Call { .. }) && !lock(&self.sessions).contains_key(peer) {
             return Err(Some(body));
         }
         let Ok(h) = wire::encode("data", header) else {

@@ -171,6 +171,11 @@ impl HeadShared {
         lock(&self.nodes).get(id).map(|n| n.peer.clone())
     }
 
+    /// Whether node `id` joined and was not declared lost (or left).
+    pub(crate) fn node_alive(&self, id: &str) -> bool {
+        lock(&self.nodes).get(id).is_some_and(|n| n.alive)
+    }
+
     /// Whether any node is alive (routes are exported only then).
     pub(crate) fn any_alive(&self) -> bool {
         lock(&self.nodes).values().any(|n| n.alive)

@@ -232,6 +232,16 @@ impl Actor for RemoteReplica {
         myself: ActorRef<ReplicaMsg>,
         state: &mut RemoteReplicaState,
     ) -> Result<(), ActorProcessingErr> {
+        // Its node declared lost before this stand-in was in `proxies` (the
+        // loss's sweep missed it): nothing will ever tell it, and a control
+        // frame to the lost node's session may still be taken and dropped.
+        // (Declared lost after: the sweep finds it.)
+        let node = &state.host.node;
+        if !state.host.shared.node_alive(node) {
+            state.endpoint.stop_accepting();
+            myself.stop(Some(format!("its node '{node}' was lost")));
+            return Ok(());
+        }
         if let Some(start) = state.start.take()
             && !state.send(Control::Start(start))
         {

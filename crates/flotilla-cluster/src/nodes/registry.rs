@@ -654,6 +654,8 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use flotilla_core::{AppName, DeploymentSpec, Resources};
+    use flotilla_replica::Directory;
+    use tokio::sync::mpsc;
 
     use super::*;
     use crate::nodes::{
@@ -855,6 +857,75 @@ mod tests {
             (false, 0),
             "the join of a lost node ended"
         );
+        head.stop().await;
+    }
+
+    /// Hears how its children stopped.
+    struct Watcher;
+
+    impl Actor for Watcher {
+        type Msg = ();
+        type State = mpsc::UnboundedSender<Option<String>>;
+        type Arguments = mpsc::UnboundedSender<Option<String>>;
+
+        async fn pre_start(
+            &self,
+            _: ActorRef<()>,
+            tx: Self::Arguments,
+        ) -> Result<Self::State, ActorProcessingErr> {
+            Ok(tx)
+        }
+
+        async fn handle_supervisor_evt(
+            &self,
+            _: ActorRef<()>,
+            event: ractor::SupervisionEvent,
+            tx: &mut Self::State,
+        ) -> Result<(), ActorProcessingErr> {
+            if let ractor::SupervisionEvent::ActorTerminated(_, _, why) = event {
+                let _ = tx.send(why);
+            }
+            Ok(())
+        }
+    }
+
+    /// A stand-in made for a node the head has just declared lost (its
+    /// DeploymentActor placed the replica a moment before) is not in the
+    /// loss's sweep: it stops for the node's loss instead of waiting for ever.
+    #[tokio::test]
+    async fn a_stand_in_made_after_its_node_was_lost_stops_as_lost() {
+        let head = head("registry-late-stand-in").await;
+        deliver(&head, PEER, joining("n-1")).await;
+        let host = head.cluster().host("n-1").unwrap();
+        let lost = ractor::call!(head.registry, |r| RegistryMsg::DropNode("n-1".into(), r));
+        assert!(lost.unwrap());
+        let spec = Arc::new(DeploymentSpec::builder("d", "test::D").build().unwrap());
+        let (app, dep) = (AppName::new("a").unwrap(), spec.name.clone());
+        let directory = Directory::new();
+        let args = flotilla_replica::ReplicaArgs {
+            id: ReplicaId(77),
+            version: spec.version(),
+            spec,
+            registry: flotilla_replica::Registry::new(),
+            directory: directory.clone(),
+            route: directory.route(&app, &dep),
+            reporter: Arc::new(|_, _| {}),
+            group: actor_names::replica_group("registry-late-stand-in", &app, &dep),
+            node: "n-1".into(),
+            faults: flotilla_core::Faults::new(),
+            on_exit: OnExit::none(),
+            app,
+            deployment: dep,
+        };
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let (watcher, _) = Actor::spawn(None, Watcher, tx).await.unwrap();
+        let args = RemoteReplicaArgs::new(args, host);
+        Actor::spawn_linked(None, RemoteReplica, args, watcher.get_cell())
+            .await
+            .unwrap();
+        let why = rx.recv().await.unwrap();
+        assert_eq!(why.as_deref(), Some("its node 'n-1' was lost"));
+        watcher.stop(None);
         head.stop().await;
     }
 

@@ -393,9 +393,14 @@ impl DeploymentOverride {
     /// without the builder's: the defaults, with a placement group the override's
     /// replica fits in when it sets a strategy without bundles (the builder may
     /// give the bundles; whether it does is checked when the overrides are
-    /// applied).
+    /// applied), and a replica that needs nothing when it sets bundles but no
+    /// `ray_actor_options` (the replica is the builder's, not the default
+    /// 1-CPU one: whether it fits is checked when the overrides are applied).
     pub(super) fn check_base(&self) -> DeploymentConfig {
         let mut base = DeploymentConfig::default();
+        if self.placement_group_bundles.is_some() && self.ray_actor_options.is_none() {
+            base.resources = Resources::none();
+        }
         if self.placement_group_strategy.is_some() && self.placement_group_bundles.is_none() {
             let replica = self
                 .ray_actor_options

@@ -113,8 +113,41 @@ fn placement_group_bundles_and_strategy_are_applied_as_a_placement_group() {
         "        placement_group_bundles: [{CPU: 1}]\n        placement_group_strategy: BOGUS\n",
     );
     assert_parse_at(&err(&bogus), &bogus, "BOGUS", "BOGUS");
-    // The replica (1 CPU by default) runs in the first bundle (Ray's rule).
-    let gpu_only = front("        placement_group_bundles:\n          - {GPU: 1}\n");
+    // The replica runs in the first bundle (Ray's rule). The replica is the
+    // builder's unless ray_actor_options are given: this one needs 1 CPU (the
+    // default), so a GPU-only first bundle is refused as the overrides apply.
+    let gpu_only = parse(&front(
+        "        placement_group_bundles:\n          - {GPU: 1}\n",
+    ));
+    let e = apply_overrides(built(), &gpu_only.applications[0]).unwrap_err();
+    assert_eq!(e.field_name(), Some("placement_group_bundles"));
+    assert!(
+        e.to_string()
+            .contains("it needs 1 CPU, but the first bundle has 0"),
+        "{e}"
+    );
+    // A builder whose replica needs half a CPU and a GPU fits the bundles that
+    // say so, though the default replica (1 CPU) would not.
+    let bundles = parse(&front(
+        "        placement_group_bundles: [{CPU: 0.5, GPU: 1}, {GPU: 1}]\n",
+    ));
+    let mut small = built();
+    small.deployments[0].config.resources = Resources::none().with_cpus(0.5).with_gpus(1.0);
+    let spec = apply_overrides(small, &bundles.applications[0]).unwrap();
+    assert_eq!(
+        spec.deployment("front").unwrap().config.placement_group,
+        Some(PlacementGroup::new(
+            vec![
+                Resources::none().with_cpus(0.5).with_gpus(1.0),
+                Resources::none().with_gpus(1.0)
+            ],
+            PlacementStrategy::Pack
+        ))
+    );
+    // Given ray_actor_options, the replica is known at once: refused at parse.
+    let gpu_only = front(
+        "        ray_actor_options: {num_cpus: 1}\n        placement_group_bundles:\n          - {GPU: 1}\n",
+    );
     assert_at(
         &err(&gpu_only),
         &gpu_only,

@@ -385,6 +385,15 @@ fn seconds(field: &'static str, s: f64) -> Result<Duration, Error> {
     }
     Duration::try_from_secs_f64(s)
         .ok()
+        // A positive time below a nanosecond is a nanosecond, not zero: Ray's
+        // `gt=0` fields take it.
+        .map(|d| {
+            if d.is_zero() && s > 0.0 {
+                Duration::from_nanos(1)
+            } else {
+                d
+            }
+        })
         .filter(|d| *d <= MAX_DURATION)
         .ok_or_else(|| {
             Error::field(

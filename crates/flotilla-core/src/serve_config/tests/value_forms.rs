@@ -216,6 +216,17 @@ fn a_duration_longer_than_the_longest_is_refused_by_name() {
 }
 
 #[test]
+fn a_positive_duration_below_a_nanosecond_is_a_nanosecond_not_zero() {
+    // Ray's `gt=0` takes it; rounded to zero, it was refused as not positive.
+    assert_eq!(
+        applied("        health_check_period_s: 1e-12\n").health_check_period,
+        std::time::Duration::from_nanos(1)
+    );
+    let text = front("        health_check_period_s: 0\n");
+    assert_at(&err(&text), &text, "0\n", "health_check_period_s", "");
+}
+
+#[test]
 fn num_replicas_takes_numeric_text_and_integral_floats() {
     let with = |v: &str| {
         parse(&front(&format!("        num_replicas: {v}\n"))).applications[0].deployments[0]

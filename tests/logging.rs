@@ -64,6 +64,12 @@ async fn each_application_logs_by_its_own_logging_config() {
     let out = Captured::default();
     let layer = flotilla::AppLogLayer::new(options.logging.clone(), out.clone());
     let _guard = tracing::subscriber::set_default(tracing_subscriber::registry().with(layer));
+    // The program's own global config: a config file's stands in for it only
+    // while that config is applied.
+    options.logging.set_global(flotilla::LoggingConfig {
+        log_level: flotilla::LogLevel::Error,
+        ..Default::default()
+    });
     let serve = Serve::start(options).await.unwrap();
     serve
         .apply_config(config(
@@ -185,4 +191,18 @@ applications:
     assert!(transition("DEPLOYING", "RUNNING"), "RUNNING again");
     serve.delete_apps(["muted"], true).await.unwrap();
     assert!(transition("RUNNING", "DELETING"), "the deletion's DELETING");
+
+    // A config without a top-level logging_config: the program's ERROR holds
+    // again for an application without its own, not the default INFO.
+    serve.apply_config(config("applications: []\n")).await.unwrap();
+    let h = serve
+        .run(support::app("imperative", 1, support::tag("i")))
+        .await
+        .unwrap();
+    h.call::<_, String>("log:user-imperative").await.unwrap();
+    let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+    assert!(
+        !text.contains("user-imperative"),
+        "an INFO event passed the program's ERROR: {text}"
+    );
 }

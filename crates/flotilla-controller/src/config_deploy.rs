@@ -231,7 +231,7 @@ impl ControllerState {
             }
         }
         self.logging
-            .set_global(config.logging_config.clone().unwrap_or_default());
+            .set_config_global(config.logging_config.clone());
         // What the config holds that Flotilla does not apply (runtime_env keys,
         // deprecated names, ...): one warning each, naming its application.
         for w in config.warnings() {

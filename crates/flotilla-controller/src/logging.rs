@@ -18,8 +18,18 @@ pub struct LogSettings {
 
 #[derive(Debug, Default)]
 struct Inner {
+    /// The program's ([`LogSettings::set_global`]).
     global: LoggingConfig,
+    /// The applied config file's top-level `logging_config`, which stands
+    /// in for the program's while that config is applied.
+    from_config: Option<LoggingConfig>,
     apps: HashMap<AppName, AppLogging>,
+}
+
+impl Inner {
+    fn global(&self) -> &LoggingConfig {
+        self.from_config.as_ref().unwrap_or(&self.global)
+    }
 }
 
 /// One application's overrides.
@@ -37,9 +47,20 @@ impl LogSettings {
         Self::default()
     }
 
-    /// Set the global config (applications without their own use it).
+    /// Set the program's global config (applications without their own use
+    /// it, unless the applied config file has a top-level `logging_config`).
     pub fn set_global(&self, config: LoggingConfig) {
         self.inner.write().unwrap_or_else(|p| p.into_inner()).global = config;
+    }
+
+    /// Take the top-level `logging_config` of the config file applied now
+    /// (`None`: it has none, and the program's global config applies again).
+    /// The Controller calls it as a config is applied and as it recovers one.
+    pub fn set_config_global(&self, config: Option<LoggingConfig>) {
+        self.inner
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .from_config = config;
     }
 
     /// Set (`Some`) or clear (`None`) one application's override; clearing
@@ -86,12 +107,12 @@ impl LogSettings {
     pub fn for_event(&self, app: Option<&str>, deployment: Option<&str>) -> LoggingConfig {
         let inner = self.inner.read().unwrap_or_else(|p| p.into_inner());
         let Some(a) = app.and_then(|a| inner.apps.get(a)) else {
-            return inner.global.clone();
+            return inner.global().clone();
         };
         deployment
             .and_then(|d| a.deployments.get(d))
             .or(a.config.as_ref())
-            .unwrap_or(&inner.global)
+            .unwrap_or_else(|| inner.global())
             .clone()
     }
 }
@@ -101,6 +122,24 @@ mod tests {
     use flotilla_core::LogLevel;
 
     use super::*;
+
+    #[test]
+    fn a_config_files_logging_stands_in_for_the_programs_while_applied() {
+        let s = LogSettings::new();
+        let level = |s: &LogSettings| s.for_app(None).log_level;
+        s.set_global(LoggingConfig {
+            log_level: LogLevel::Debug,
+            ..Default::default()
+        });
+        s.set_config_global(Some(LoggingConfig {
+            log_level: LogLevel::Warning,
+            ..Default::default()
+        }));
+        assert_eq!(level(&s), LogLevel::Warning);
+        // A config without one: the program's again, not the default.
+        s.set_config_global(None);
+        assert_eq!(level(&s), LogLevel::Debug);
+    }
 
     #[test]
     fn an_application_override_wins_over_the_global_config() {

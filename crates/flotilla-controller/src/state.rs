@@ -120,9 +120,8 @@ impl ControllerState {
             None => args.checkpoint.load()?,
         };
         let config = snapshot.config::<ServeConfig>()?;
-        if let Some(global) = config.as_ref().and_then(|c| c.logging_config.clone()) {
-            args.logging.set_global(global);
-        }
+        args.logging
+            .set_config_global(config.as_ref().and_then(|c| c.logging_config.clone()));
         let mut apps = HashMap::with_capacity(snapshot.apps.len());
         let mut routes = HashMap::new();
         let mut table = Vec::new();

@@ -194,7 +194,10 @@ applications:
 
     // A config without a top-level logging_config: the program's ERROR holds
     // again for an application without its own, not the default INFO.
-    serve.apply_config(config("applications: []\n")).await.unwrap();
+    serve
+        .apply_config(config("applications: []\n"))
+        .await
+        .unwrap();
     let h = serve
         .run(support::app("imperative", 1, support::tag("i")))
         .await

@@ -4,6 +4,8 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod support;
+
 use std::{
     sync::{
         Arc,
@@ -12,10 +14,10 @@ use std::{
     time::Duration,
 };
 
-use flotilla_core::{AppName, Args, DeploymentName, DeploymentSpec, Faults, actor_names};
+use flotilla_core::{AppName, Args, DeploymentName, DeploymentSpec};
 use flotilla_replica::{
     CallError, Deployment, Directory, MultiplexedDeployment, OnExit, Registry, ReplicaActor,
-    ReplicaArgs, ReplicaEvent, ReplicaId, ReplicaMsg, ReplicaPhase, UserError,
+    ReplicaEvent, ReplicaMsg, ReplicaPhase, UserError,
 };
 use ractor::{Actor, ActorRef, rpc::CallResult};
 use tokio::sync::mpsc;
@@ -81,37 +83,6 @@ fn spec(user_config: Option<&str>) -> Arc<DeploymentSpec> {
 }
 
 /// Replica 1 of deployment `d` of application `a`, reporting to `tx`.
-fn args(
-    ns: &str,
-    spec: Arc<DeploymentSpec>,
-    registry: Registry,
-    directory: &Directory,
-    tx: mpsc::UnboundedSender<ReplicaEvent>,
-    on_exit: OnExit,
-) -> ReplicaArgs {
-    let (app, deployment) = (
-        AppName::new("a").unwrap(),
-        DeploymentName::new("d").unwrap(),
-    );
-    ReplicaArgs {
-        id: ReplicaId(1),
-        version: spec.version(),
-        spec,
-        registry,
-        directory: directory.clone(),
-        route: directory.route(&app, &deployment),
-        reporter: Arc::new(move |_, e| {
-            let _ = tx.send(e);
-        }),
-        group: actor_names::replica_group(ns, &app, &deployment),
-        node: "local".into(),
-        faults: Faults::new(),
-        on_exit,
-        app,
-        deployment,
-    }
-}
-
 impl Rig {
     async fn start(ns: &str, fail_start: bool) -> Rig {
         let knobs = Arc::new(Knobs::default());
@@ -130,7 +101,7 @@ impl Rig {
             .unwrap();
         let (tx, events) = mpsc::unbounded_channel();
         let directory = Directory::new();
-        let args = args(ns, spec(None), registry, &directory, tx, OnExit::none());
+        let args = support::args(ns, spec(None), registry, &directory, tx, OnExit::none());
         let (app, deployment) = (args.app.clone(), args.deployment.clone());
         let (actor, _) = Actor::spawn(None, ReplicaActor, args).await.unwrap();
         Rig {
@@ -310,7 +281,7 @@ async fn a_replica_unloads_its_models_before_it_is_gone_stopped_or_killed() {
         let l = log.clone();
         let on_exit = OnExit::new(move || l.lock().unwrap().push("exit".to_owned()));
         let ns = format!("replica-test-unload-{kill}");
-        let args = args(&ns, spec(None), registry, &directory, tx, on_exit);
+        let args = support::args(&ns, spec(None), registry, &directory, tx, on_exit);
         let (app, deployment) = (args.app.clone(), args.deployment.clone());
         let (actor, done) = Actor::spawn(None, ReplicaActor, args).await.unwrap();
         let Some(ReplicaEvent::Ready { endpoint, .. }) = events.recv().await else {

@@ -6,12 +6,14 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod support;
+
 use std::{sync::Arc, time::Duration};
 
-use flotilla_core::{AppName, DeploymentName, DeploymentSpec, Faults, actor_names};
+use flotilla_core::{AppName, DeploymentName, DeploymentSpec};
 use flotilla_replica::{
-    CallError, Deployment, Directory, OnExit, Registry, ReplicaActor, ReplicaArgs, ReplicaEndpoint,
-    ReplicaEvent, ReplicaId, UserError,
+    CallError, Deployment, Directory, OnExit, Registry, ReplicaActor, ReplicaEndpoint,
+    ReplicaEvent, UserError,
     remote::{self, Served},
 };
 use ractor::Actor;
@@ -64,27 +66,8 @@ async fn start(ns: &str) -> Rig {
         .unwrap();
     let (tx, mut events) = mpsc::unbounded_channel();
     let directory = Directory::new();
-    let (app, deployment) = (
-        AppName::new("a").unwrap(),
-        DeploymentName::new("d").unwrap(),
-    );
-    let args = ReplicaArgs {
-        id: ReplicaId(1),
-        version: spec.version(),
-        spec,
-        registry,
-        directory: directory.clone(),
-        route: directory.route(&app, &deployment),
-        reporter: Arc::new(move |_, e| {
-            let _ = tx.send(e);
-        }),
-        group: actor_names::replica_group(ns, &app, &deployment),
-        node: "local".into(),
-        faults: Faults::new(),
-        on_exit: OnExit::none(),
-        app: app.clone(),
-        deployment: deployment.clone(),
-    };
+    let args = support::args(ns, spec, registry, &directory, tx, OnExit::none());
+    let (app, deployment) = (args.app.clone(), args.deployment.clone());
     Actor::spawn(None, ReplicaActor, args).await.unwrap();
     let event = tokio::time::timeout(Duration::from_secs(600), events.recv())
         .await

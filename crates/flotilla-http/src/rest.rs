@@ -5,7 +5,7 @@
 //! |---|---|
 //! | `GET /api/ray/version` | 200 JSON `{"version": "4", "ray_version": ..., ...}`: Ray's `serve` CLI checks it first |
 //! | `GET /api/serve/applications/` (`?api_type=imperative\|declarative`, any case; empty is no filter) | 200 JSON `ServeInstanceDetails` ([`crate::details`]) |
-//! | `PUT /api/serve/applications/` | a ServeConfig, JSON or YAML: 200 (empty) once it is durable; 400 naming the line, field and application, nothing changed |
+//! | `PUT /api/serve/applications/` | a ServeConfig, JSON or YAML: 200 once it is durable, its body one `Warning: ...` line per thing the config holds that is not applied (empty when none, as Ray's); 400 naming the line, field and application, nothing changed |
 //! | `DELETE /api/serve/applications/` | delete every application: 200 (empty) once they are gone, or after 30 s while they go on, as Ray's `serve.shutdown()` |
 //! | `POST /api/v1/applications/{app}/deployments/{deployment}/scale` | `{"target_num_replicas": N}` (other keys ignored): 200 once durable; 400 for an unknown application or deployment or a bad body, 412 when its application does not enable an external scaler or is being deleted (`Deployment is deleted`), as Ray |
 //! | `GET /metrics` | Prometheus text |
@@ -358,17 +358,26 @@ impl Rest {
             Err(e) => return text(500, format!("The config could not be checked: {e}")),
         }
         let moved = wanted != *self.options;
+        // What the config holds that is not applied (or not yet): the one
+        // deploying hears it in the answer, not only the server's log.
+        // (The Controller logs the config's own as it applies it.)
+        let mut warnings: Vec<String> = config.warnings().iter().map(|w| w.to_string()).collect();
+        if moved {
+            // As Ray: a running proxy does not move; the next start takes them.
+            warnings.push(
+                "the config's http_options (or proxy_location) differ from the running \
+                 HTTP server's; they apply when the server is next started"
+                    .to_owned(),
+            );
+        }
         match self.serve.apply_config(config).await {
             Ok(()) => {
                 tracing::info!(applications = apps, "config applied over the REST API");
-                if moved {
-                    // As Ray: a running proxy does not move; the next start takes them.
-                    tracing::warn!(
-                        "the config's http_options (or proxy_location) differ from the running \
-                         HTTP server's; they apply when the server is next started"
-                    );
+                if let Some(moved) = warnings.last().filter(|_| moved) {
+                    tracing::warn!("{moved}");
                 }
-                respond(200, "text/plain; charset=utf-8", Bytes::new())
+                let body: String = warnings.iter().map(|w| format!("Warning: {w}\n")).collect();
+                respond(200, "text/plain; charset=utf-8", Bytes::from(body))
             }
             Err(e) => {
                 let (status, msg) = serve_error(&e);

@@ -39,12 +39,17 @@ async fn deploy_status_config_delete_against_a_running_server() {
     let file = f.dir.path().join("config.yaml");
     std::fs::write(
         &file,
-        "applications:\n  - name: cli\n    route_prefix: /cli\n    import_path: t.echo:app\n    args: {tag: from-cli}\n",
+        "applications:\n  - name: cli\n    route_prefix: /cli\n    import_path: t.echo:app\n    args: {tag: from-cli}\n    runtime_env: {env_vars: {MODEL: x}}\n",
     )
     .unwrap();
     let (ok, out, err) = flotilla(args(&address, &["deploy", file.to_str().unwrap()])).await;
     assert!(ok, "{out}{err}");
     assert!(out.contains("Sent deploy request successfully."), "{out}");
+    // What the config holds that is not applied is said to the one deploying.
+    assert!(
+        err.starts_with("Warning: ") && err.contains("runtime_env") && err.contains("env_vars"),
+        "{err}"
+    );
     wait_status(&f.serve, "cli", ApplicationStatus::Running).await;
 
     let (ok, out, _) = flotilla(args(&address, &["status"])).await;

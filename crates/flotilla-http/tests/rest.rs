@@ -697,6 +697,12 @@ applications:
     )
     .await;
     assert_eq!(put.status, 200, "{}", put.body);
+    // The runtime_env is kept, but not applied: the answer says so.
+    assert!(
+        put.body.starts_with("Warning: ") && put.body.contains("runtime_env"),
+        "{}",
+        put.body
+    );
     wait_status(&f.serve, "one", ApplicationStatus::Running).await;
     let d = get(&c, &f.rest_url("/api/serve/applications/"))
         .await

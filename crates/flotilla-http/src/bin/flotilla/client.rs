@@ -217,10 +217,15 @@ impl Client {
         Ok(body)
     }
 
-    pub async fn put_config(&self, config: Vec<u8>, content_type: &str) -> Result<(), ClientError> {
+    /// Send a config; the answer's body (its warnings, one per line).
+    pub async fn put_config(
+        &self,
+        config: Vec<u8>,
+        content_type: &str,
+    ) -> Result<String, ClientError> {
         self.send(http::Method::PUT, APPLICATIONS, config, Some(content_type))
             .await
-            .map(|_| ())
+            .map(|body| String::from_utf8_lossy(&body).into_owned())
     }
 
     pub async fn details(&self) -> Result<serde_json::Value, ClientError> {

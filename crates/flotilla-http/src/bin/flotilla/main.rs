@@ -118,7 +118,8 @@ async fn run(cli: Cli) -> Result<(), ClientError> {
                 Some("json") => "application/json",
                 _ => "application/yaml",
             };
-            client.put_config(text, content_type).await?;
+            let warnings = client.put_config(text, content_type).await?;
+            eprint!("{warnings}");
             println!(
                 "\nSent deploy request successfully.\n * Use `flotilla status` to check applications' statuses.\n * Use `flotilla config` to see the current application config(s).\n"
             );

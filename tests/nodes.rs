@@ -1130,8 +1130,10 @@ async fn a_wrong_cookie_is_refused_and_logged_on_both_sides() {
         log.contains("the head refused this node: authentication failed"),
         "{log}"
     );
-    eventually(10, "the head counted the refusal", || async {
-        serve.metrics().await.unwrap().nodes.refused >= 1
+    // A refusal may be a dropped connection: the node tried three times
+    // before it ended.
+    eventually(10, "the head counted three refusals", || async {
+        serve.metrics().await.unwrap().nodes.refused >= 3
     })
     .await;
     let head_log = String::from_utf8_lossy(&capture.0.lock().unwrap()).into_owned();

@@ -112,6 +112,9 @@ pub(crate) struct AgentState {
     last_beat: Instant,
     seq: u64,
     dialing: bool,
+    /// Handshakes with the head in a row that ended as refusals (see
+    /// [`REFUSALS_TO_END`]).
+    refusals: u32,
     replicas: HashMap<ReplicaId, Local>,
     children: Children<ReplicaId, ReplicaMsg>,
     routes: HashMap<(AppName, DeploymentName), RouteEntry>,
@@ -186,6 +189,11 @@ impl AgentState {
     }
 }
 
+/// Handshakes with the head in a row that must end as refusals before the
+/// node gives up ([`Ending::Refused`]): a wrong cookie is refused every time,
+/// a dropped connection is not.
+const REFUSALS_TO_END: u32 = 3;
+
 fn is_head(peer: &str) -> bool {
     peer.starts_with("flotilla-head-")
 }
@@ -210,6 +218,7 @@ impl Actor for Agent {
             last_beat: Instant::now(),
             seq: 0,
             dialing: false,
+            refusals: 0,
             replicas: HashMap::new(),
             children: Children::new(),
             routes: HashMap::new(),
@@ -453,6 +462,7 @@ fn session(myself: &ActorRef<AgentMsg>, state: &mut AgentState, ev: SessionEvent
             }
             state.dialing = false;
             state.session = Some(peer.clone());
+            state.refusals = 0;
             state.last_heard = Instant::now();
             let (hello, rest) = hello(state);
             info!(node = %state.args.id, head = %peer,
@@ -513,10 +523,22 @@ fn session(myself: &ActorRef<AgentMsg>, state: &mut AgentState, ev: SessionEvent
         } if outbound && state.dials_head(&addr) && state.session.is_none() => {
             state.dialing = false;
             if end == SessionEnd::Refused {
-                let reason = "authentication failed (wrong cookie?)".to_owned();
-                error!(node = %state.args.id, head = %addr,
-                    "the head refused this node: {reason}");
-                state.end(Ending::Refused(reason));
+                // A wrong cookie and a connection cut mid-handshake look
+                // alike here (docs/nodes.md, ractor_cluster's limit 6): one
+                // refusal may be a network blip or a head that died mid-
+                // handshake, and ending would stop every replica for good.
+                state.refusals += 1;
+                if state.refusals >= REFUSALS_TO_END {
+                    let reason = "authentication failed (wrong cookie?)".to_owned();
+                    error!(node = %state.args.id, head = %addr, refusals = state.refusals,
+                        "the head refused this node: {reason}");
+                    state.end(Ending::Refused(reason));
+                } else {
+                    warn!(node = %state.args.id, head = %addr, refusals = state.refusals,
+                        "the handshake with the head failed (a wrong cookie, or the connection \
+                         dropped mid-handshake); dialing again");
+                    state.redial_later(myself);
+                }
             } else {
                 // Not a refusal: the head closed it before its challenge (a
                 // head holding as many handshakes as it may, as when many

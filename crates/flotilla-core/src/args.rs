@@ -52,6 +52,20 @@ impl Args {
     pub fn as_bytes(&self) -> &[u8] {
         &self.0
     }
+
+    /// The value in readable form, for JSON: map keys that are not text
+    /// are written as text (`{0: a}` as `{"0": "a"}`, a `null` key as
+    /// `"null"`), as Ray's REST API writes a Python dict's keys. An error if
+    /// the bytes are not MessagePack.
+    ///
+    /// ```
+    /// let args = flotilla_core::Args::encode(&std::collections::BTreeMap::from([(0u8, "a")])).unwrap();
+    /// let text = serde_json::to_string(&args.readable().unwrap()).unwrap();
+    /// assert_eq!(text, r#"{"0":"a"}"#);
+    /// ```
+    pub fn readable(&self) -> Result<impl Serialize + use<>, Error> {
+        crate::serve_config::value::readable(self)
+    }
 }
 
 impl Default for Args {

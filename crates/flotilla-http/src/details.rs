@@ -182,13 +182,21 @@ pub(crate) fn strip_nulls(v: Value) -> Value {
     }
 }
 
+/// A free-form value as JSON (map keys that are not text written as text,
+/// as Ray's REST API writes a dict's); `None` if it is not MessagePack.
+fn json_of(args: &flotilla::Args) -> Option<Value> {
+    args.readable()
+        .ok()
+        .and_then(|r| serde_json::to_value(r).ok())
+}
+
 /// Ray's `DeploymentSchema` fields of a Flotilla deployment config.
 fn deployment_config(name: &str, c: &flotilla::DeploymentConfig) -> Value {
     let mut v = serde_json::json!({
         "name": name,
         "max_ongoing_requests": c.max_ongoing_requests,
         "max_queued_requests": c.max_queued_requests.map_or(-1, i64::from),
-        "user_config": c.user_config.as_ref().and_then(|a| a.decode::<Value>().ok()),
+        "user_config": c.user_config.as_ref().and_then(json_of),
         "graceful_shutdown_wait_loop_s": c.graceful_shutdown_wait_loop.as_secs_f64(),
         "graceful_shutdown_timeout_s": c.graceful_shutdown_timeout.as_secs_f64(),
         "health_check_period_s": c.health_check_period.as_secs_f64(),
@@ -204,7 +212,7 @@ fn deployment_config(name: &str, c: &flotilla::DeploymentConfig) -> Value {
     let r = &c.request_router;
     v["request_router_config"] = serde_json::json!({
         "request_router_class": r.request_router_class.as_str(),
-        "request_router_kwargs": r.request_router_kwargs.decode::<Value>().ok(),
+        "request_router_kwargs": json_of(&r.request_router_kwargs),
         "request_routing_stats_period_s": r.request_routing_stats_period.as_secs_f64(),
         "request_routing_stats_timeout_s": r.request_routing_stats_timeout.as_secs_f64(),
         "initial_backoff_s": r.initial_backoff.as_secs_f64(),
@@ -257,7 +265,7 @@ fn deployment_config(name: &str, c: &flotilla::DeploymentConfig) -> Value {
                 "aggregation_function": a.aggregation_function.name(),
                 "policy": {
                     "policy_function": a.policy.policy_function.as_str(),
-                    "policy_kwargs": a.policy.policy_kwargs.decode::<Value>().ok(),
+                    "policy_kwargs": json_of(&a.policy.policy_kwargs),
                 },
             });
         }

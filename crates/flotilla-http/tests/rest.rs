@@ -682,11 +682,11 @@ applications:
   - name: one
     route_prefix: /one
     import_path: t.echo:app
-    args: {tag: first, lora: null, deep: {x: null}}
+    args: {tag: first, lora: null, deep: {x: null}, 7: seven}
     runtime_env: {env_vars: {X: null}}
     deployments:
       - name: ingress
-        user_config: {a: null, b: {c: null}}
+        user_config: {a: null, b: {c: null}, 2: two, ~: null-key}
 ";
     let put = send(
         &c,
@@ -709,15 +709,18 @@ applications:
         .json();
     let one = &d["applications"]["one"];
     let app = &one["deployed_app_config"];
+    // Keys that are not text come back as text, as Ray's JSON writes a
+    // Python dict's.
     assert_eq!(
         app["args"],
-        serde_json::json!({"tag": "first", "lora": null, "deep": {"x": null}})
+        serde_json::json!({"tag": "first", "lora": null, "deep": {"x": null}, "7": "seven"})
     );
     assert_eq!(
         app["runtime_env"],
         serde_json::json!({"env_vars": {"X": null}})
     );
-    let user_config = serde_json::json!({"a": null, "b": {"c": null}});
+    let user_config =
+        serde_json::json!({"a": null, "b": {"c": null}, "2": "two", "null": "null-key"});
     assert_eq!(app["deployments"][0]["user_config"], user_config);
     assert_eq!(
         one["deployments"]["ingress"]["deployment_config"]["user_config"],

@@ -126,6 +126,13 @@ impl Value {
 /// status or `GET` shows back is JSON, which has no spelling for them (Ray's
 /// `user_config` must be JSON too), so they would come back as `null`.
 fn from_config<E: de::Error>(value: Value) -> Result<Value, E> {
+    if value.unhashable_key().is_some() {
+        return Err(E::custom(
+            "a free-form value (such as args or user_config) cannot have a list or a map \
+             as a map key (Ray's YAML loader refuses it too: the key is unhashable); use \
+             text, a number, a bool or null",
+        ));
+    }
     if value.all_finite() {
         Ok(value)
     } else {
@@ -170,14 +177,56 @@ impl Serialize for Value {
                 seq.end()
             }
             Value::Map(entries) => {
+                // JSON (the REST API's, and so the CLI's) has text keys only:
+                // a readable form writes the others as Python's json.dumps
+                // writes the keys of Ray's dicts. MessagePack keeps them.
+                let readable = s.is_human_readable();
                 let mut map = s.serialize_map(Some(entries.len()))?;
                 for (k, v) in entries {
-                    map.serialize_entry(k, v)?;
+                    match k.key_text().filter(|_| readable) {
+                        Some(text) => map.serialize_entry(&text, v)?,
+                        None => map.serialize_entry(k, v)?,
+                    }
                 }
                 map.end()
             }
         }
     }
+}
+
+impl Value {
+    /// A scalar map key that is not text, as text (`null`, `true`, `3`,
+    /// `1.5`); `None` for text (written as it is) and for the rest.
+    fn key_text(&self) -> Option<String> {
+        match self {
+            Value::Null => Some("null".to_owned()),
+            Value::Bool(b) => Some(b.to_string()),
+            Value::Int(i) => Some(i.to_string()),
+            Value::UInt(u) => Some(u.to_string()),
+            Value::Float(f) => Some(format!("{f:?}")),
+            _ => None,
+        }
+    }
+
+    /// The first map key in the value (at any depth) that is a sequence, a
+    /// map or bytes.
+    fn unhashable_key(&self) -> Option<&Value> {
+        match self {
+            Value::Seq(items) => items.iter().find_map(Value::unhashable_key),
+            Value::Map(entries) => entries.iter().find_map(|(k, v)| match k {
+                Value::Seq(_) | Value::Map(_) | Value::Bytes(_) => Some(k),
+                _ => v.unhashable_key(),
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// `args` in readable form (for JSON): its value, with map keys that are not
+/// text written as text, as Ray's REST API writes a dict's; an error if the
+/// bytes are not MessagePack.
+pub(crate) fn readable(args: &Args) -> Result<impl Serialize + use<>, Error> {
+    args.decode::<Value>()
 }
 
 impl<'de> Deserialize<'de> for Value {

@@ -314,3 +314,27 @@ fn a_bad_value_is_placed_in_a_document_as_deep_as_the_reader_allows() {
         assert!(e.to_string().contains(named), "{depth}: {e}");
     }
 }
+
+#[test]
+fn a_list_or_a_map_as_a_key_in_a_free_form_value_is_refused() {
+    for (field, value) in [
+        ("args", "{[1, 2]: x}"),
+        ("args", "{deep: {{a: 1}: x}}"),
+        ("user_config", "[{[1]: x}]"),
+    ] {
+        let text = if field == "args" {
+            format!("applications:\n  - name: shop\n    import_path: shop:app\n    args: {value}\n")
+        } else {
+            front(&format!("        user_config: {value}\n"))
+        };
+        let e = err(&text);
+        assert!(e.to_string().contains("unhashable"), "{value}: {e}");
+    }
+    // Scalar keys are kept as they are (the deployment decodes them).
+    let c =
+        parse("applications:\n  - name: shop\n    import_path: shop:app\n    args: {0: a, ~: b}\n");
+    let args: std::collections::BTreeMap<Option<u8>, String> =
+        c.applications[0].args.decode().unwrap();
+    assert_eq!(args[&Some(0)], "a");
+    assert_eq!(args[&None], "b");
+}

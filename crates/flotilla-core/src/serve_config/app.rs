@@ -226,6 +226,7 @@ impl AppConfig {
                 .and_then(|c: DeploymentConfig| {
                     c.validate().map_err(super::overrides::config_field_names)
                 })
+                .map_err(|e| d.as_written(e))
                 .map_err(|e| {
                     let field = e.field_name();
                     Box::new((e.at(Some(app), Some(dep)), site(field)))

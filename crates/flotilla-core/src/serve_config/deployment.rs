@@ -335,6 +335,49 @@ impl DeploymentOverride {
         self.max_ongoing_requests.or(self.max_concurrent_queries)
     }
 
+    /// `e`, naming the field as this override spells it: a range error on a
+    /// value given under an old name (`max_concurrent_queries`,
+    /// `target_num_ongoing_requests_per_replica`, the smoothing factors)
+    /// names that one, so it points at the line the file has.
+    pub(super) fn as_written(&self, e: Error) -> Error {
+        let Error::InvalidField { at, field, reason } = e else {
+            return e;
+        };
+        let a = self.autoscaling_config.as_ref();
+        let field = match field {
+            "max_ongoing_requests" if self.max_ongoing_requests.is_none() => {
+                "max_concurrent_queries"
+            }
+            "autoscaling_config.target_ongoing_requests"
+                if a.is_some_and(|a| a.target_ongoing_requests.is_none()) =>
+            {
+                "autoscaling_config.target_num_ongoing_requests_per_replica"
+            }
+            "autoscaling_config.upscaling_factor" => match a {
+                Some(a) if a.upscaling_factor.is_none() && a.upscale_smoothing_factor.is_some() => {
+                    "autoscaling_config.upscale_smoothing_factor"
+                }
+                Some(a) if a.upscaling_factor.is_none() && a.smoothing_factor.is_some() => {
+                    "autoscaling_config.smoothing_factor"
+                }
+                _ => field,
+            },
+            "autoscaling_config.downscaling_factor" => match a {
+                Some(a)
+                    if a.downscaling_factor.is_none() && a.downscale_smoothing_factor.is_some() =>
+                {
+                    "autoscaling_config.downscale_smoothing_factor"
+                }
+                Some(a) if a.downscaling_factor.is_none() && a.smoothing_factor.is_some() => {
+                    "autoscaling_config.smoothing_factor"
+                }
+                _ => field,
+            },
+            other => other,
+        };
+        Error::InvalidField { at, field, reason }
+    }
+
     /// Checks of the override on its own: no old name beside its new one, no
     /// refused field set, `max_replicas_per_node` not beside bundles (Ray's
     /// schema rule). Errors name the field as the file does.

@@ -38,6 +38,30 @@ fn max_concurrent_queries_is_the_old_name_of_max_ongoing_requests() {
 }
 
 #[test]
+fn a_bad_value_under_an_old_name_is_named_as_the_file_names_it() {
+    let text = front("        max_concurrent_queries: 0\n");
+    assert_at(
+        &err(&text),
+        &text,
+        "0\n",
+        "max_concurrent_queries",
+        "at least 1",
+    );
+    for old in [
+        "target_num_ongoing_requests_per_replica: 0",
+        "smoothing_factor: 0",
+        "upscale_smoothing_factor: 0",
+        "downscale_smoothing_factor: 0",
+    ] {
+        let text = front(&format!(
+            "        autoscaling_config:\n          max_replicas: 4\n          {old}\n"
+        ));
+        let field = format!("autoscaling_config.{}", old.split_once(':').unwrap().0);
+        assert_at(&err(&text), &text, "0\n", &field, "");
+    }
+}
+
+#[test]
 fn backpressure_config_is_kept_for_the_proxy() {
     let c = applied("        backpressure_config: {status_code: 429, retry_after_s: 2.5}\n");
     assert_eq!(

@@ -8,7 +8,10 @@
 //! - `plan_100_replicas/*`: `flotilla_deployment::plan::plan` over a deployment of
 //!   100 replicas on 10 nodes: at rest, in the middle of a roll, scaling down to 50;
 //! - `status_derive/*`: `ApplicationStatusInfo::derive` for an application of 1
-//!   and of 10 HEALTHY deployments, and of 10 with one UNHEALTHY (the message path).
+//!   and of 10 HEALTHY deployments, and of 10 with one UNHEALTHY (the message path);
+//! - `route_match/*`: the HTTP proxy's `PrefixRouter::route` over 100 route
+//!   prefixes, for an ordinary path and for one of 65,000 slashes (a request
+//!   any client may send): the two should cost about the same.
 //!
 //! Run from the repository root: `cargo bench --bench micro` (a filter after `--`
 //! picks benchmarks, e.g. `cargo bench --bench micro -- plan`). Criterion keeps
@@ -201,8 +204,20 @@ fn status_derive(c: &mut Criterion) {
     group.finish();
 }
 
+fn route_match(c: &mut Criterion) {
+    let router = flotilla_http::PrefixRouter::new((0..100).map(|i| (format!("/app{i}/v1"), i)));
+    let mut group = c.benchmark_group("route_match");
+    let ordinary = "/app42/v1/items/7".to_owned();
+    let slashes = "/".repeat(65_000);
+    for (name, path) in [("ordinary", &ordinary), ("65000_slashes", &slashes)] {
+        group.bench_function(name, |b| b.iter(|| router.route(black_box(path)).is_some()));
+    }
+    group.finish();
+}
+
 criterion_group!(
     benches,
+    route_match,
     handle_call,
     checkpoint_commit,
     plan_100_replicas,

@@ -8,7 +8,10 @@
 //! Ray's rule is either the whole path or the part of it before one of its `/`s:
 //! this matcher looks those up in a hash map, longest first, which costs
 //! O(path segments) per request whatever the number of routes, and gives the
-//! same answer (a unit test checks it against Ray's loop).
+//! same answer (a unit test checks it against Ray's loop). Only the part of the
+//! path no longer than the longest prefix is looked at: a path of 65,000
+//! slashes costs what its first few bytes cost, not 65,000 hashes of ever
+//! longer prefixes.
 
 use std::collections::HashMap;
 
@@ -16,12 +19,15 @@ use std::collections::HashMap;
 #[derive(Debug, Clone)]
 pub struct PrefixRouter<T> {
     routes: HashMap<String, T>,
+    /// The length of the longest prefix, in bytes.
+    longest: usize,
 }
 
 impl<T> Default for PrefixRouter<T> {
     fn default() -> Self {
         PrefixRouter {
             routes: HashMap::new(),
+            longest: 0,
         }
     }
 }
@@ -29,9 +35,9 @@ impl<T> Default for PrefixRouter<T> {
 impl<T> PrefixRouter<T> {
     /// A router over `routes` (prefix, value). A later duplicate prefix wins.
     pub fn new(routes: impl IntoIterator<Item = (String, T)>) -> Self {
-        PrefixRouter {
-            routes: routes.into_iter().collect(),
-        }
+        let routes: HashMap<String, T> = routes.into_iter().collect();
+        let longest = routes.keys().map(String::len).max().unwrap_or(0);
+        PrefixRouter { routes, longest }
     }
 
     /// How many prefixes it holds.
@@ -61,14 +67,17 @@ impl<T> PrefixRouter<T> {
         if !path.starts_with('/') {
             return None;
         }
-        if let Some((k, v)) = self.routes.get_key_value(path) {
+        if path.len() <= self.longest
+            && let Some((k, v)) = self.routes.get_key_value(path)
+        {
             return Some((k.as_str(), v));
         }
-        // Each '/' after the first character ends a candidate prefix: longest first.
-        for (i, _) in path.match_indices('/').rev() {
-            if i == 0 {
-                break;
-            }
+        // Each '/' after the first character ends a candidate prefix, longest
+        // first; none is longer than the longest prefix.
+        let bytes = path.as_bytes();
+        let within = &bytes[..bytes.len().min(self.longest.saturating_add(1))];
+        for i in (1..within.len()).rev().filter(|&i| within[i] == b'/') {
+            // `i` is at a '/', so a char boundary.
             if let Some((k, v)) = self.routes.get_key_value(&path[..i]) {
                 return Some((k.as_str(), v));
             }
@@ -130,6 +139,23 @@ mod tests {
         assert_eq!(m("//api").as_deref(), Some("/"));
         assert_eq!(m("*"), None, "not a path");
         assert!(router(&[]).route("/").is_none());
+    }
+
+    #[test]
+    fn a_path_longer_than_every_prefix_matches_as_in_rays_loop() {
+        let set: &[&str] = &["/", "/a", "/a/b", "/api/v1"];
+        let r = router(set);
+        let slashes = "/".repeat(65_000);
+        for path in [
+            slashes.clone(),
+            format!("/a{slashes}"),
+            format!("/a/b{slashes}x"),
+            format!("/api/v1/{}", "é".repeat(1_000)),
+            format!("/api/v1é{slashes}"),
+            format!("/a/bé/{slashes}"),
+        ] {
+            assert_eq!(r.route(&path).map(|(k, _)| k), ray_match(set, &path));
+        }
     }
 
     #[test]

@@ -49,11 +49,13 @@
 //!   timeout of every connection, HTTP/1.1 (as uvicorn's) and HTTP/2 alike: a
 //!   connection with no request in flight (none yet, or none since its last
 //!   response was sent) for that long is closed (an HTTP/2 one with GOAWAY).
-//! - With no replica, a request answers 503 at once when the application cannot
-//!   get one soon (DEPLOY_FAILED, UNHEALTHY, DELETING, or a fixed target of 0),
-//!   and waits in the handle's queue otherwise (DEPLOYING, autoscaled to zero)
-//!   until its timeout, giving up with 503 as soon as the application fails.
-//!   Ray waits in every case.
+//! - With no replica, a request answers 503 at once when its ingress cannot
+//!   get one soon (the ingress deployment DEPLOY_FAILED, the application
+//!   DELETING, or a fixed target of 0), and waits in the handle's queue
+//!   otherwise (DEPLOYING, UNHEALTHY, another deployment failed, autoscaled to
+//!   zero) until its timeout, giving up with 503 if its ingress fails while the
+//!   request still waits for a replica; a request a replica holds is never
+//!   given up for a status. Ray waits in every case.
 //! - A 500 carries the user error's message (Ray's plain deployments answer
 //!   `Internal Server Error`); a 500 for an ingress of the wrong types names the
 //!   application and deployment.

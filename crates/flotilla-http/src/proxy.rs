@@ -37,7 +37,10 @@ use std::{
 };
 
 use bytes::Bytes;
-use flotilla::{ApplicationStatus, CallError, CallStream, DeploymentHandle, ReplicaCount, Serve};
+use flotilla::{
+    ApplicationStatus, ApplicationStatusInfo, Assigned, CallError, CallStream, DeploymentHandle,
+    DeploymentStatus, ReplicaCount, Serve,
+};
 use futures::{FutureExt, StreamExt};
 use http::{HeaderName, HeaderValue, Request, Response, StatusCode, header};
 use tracing::Instrument;
@@ -409,7 +412,9 @@ impl Proxy {
             }
         };
         // No replica now: answer at once if none can come soon; else wait (in the
-        // handle's queue) but give up as soon as the application fails.
+        // handle's queue) but give up if the ingress fails before the request
+        // holds a replica (as Ray's router, which checks when it assigns: a
+        // request a replica runs is never abandoned for a status).
         let no_replica = handle.replicas().is_empty();
         if no_replica && let Some(why) = self.unavailable_now(&entry, &handle).await {
             return text(503, why, &request_id, Some(done));
@@ -417,9 +422,10 @@ impl Proxy {
         // By value: an ingress of this process that takes `HttpRequest` gets it
         // without encoding.
         let mut stream: CallStream<HttpResponse> = handle.call_stream_owned(request);
+        let assigned = stream.assigned();
         let gave_up = async {
             if no_replica {
-                self.became_unavailable(&entry).await
+                self.became_unavailable(&entry, &assigned).await
             } else {
                 std::future::pending().await
             }
@@ -503,7 +509,7 @@ impl Proxy {
         _handle: &DeploymentHandle,
     ) -> Option<String> {
         let status = self.serve.app_status(&entry.app);
-        if let Some(why) = hopeless(entry, status.status) {
+        if let Some(why) = hopeless(entry, &status) {
             return Some(why);
         }
         let snap = self
@@ -516,16 +522,21 @@ impl Proxy {
         fixed_zero.then(|| unavailable(entry, "it has 0 replicas"))
     }
 
-    /// Resolves once the application can no longer get a replica soon.
-    async fn became_unavailable(&self, entry: &RouteEntry) -> String {
+    /// Resolves once the ingress can no longer get a replica soon while the
+    /// request (`assigned`) holds none; never once it holds one.
+    async fn became_unavailable(&self, entry: &RouteEntry, assigned: &Assigned) -> String {
         let Some(mut rx) = self.serve.watch_status(&entry.app) else {
             return unavailable(entry, "its application is being deleted");
         };
         loop {
-            if let Some(why) = hopeless(entry, rx.borrow_and_update().status) {
+            let why = hopeless(entry, &rx.borrow_and_update());
+            if let Some(why) = why.filter(|_| !assigned.get()) {
                 return why;
             }
             if rx.changed().await.is_err() {
+                if assigned.get() {
+                    return std::future::pending().await;
+                }
                 return unavailable(entry, "its application is being deleted");
             }
         }
@@ -616,16 +627,25 @@ fn unavailable(entry: &RouteEntry, reason: &str) -> String {
     )
 }
 
-/// Why an application in `status` cannot get a replica soon, if it cannot.
-fn hopeless(entry: &RouteEntry, status: ApplicationStatus) -> Option<String> {
-    match status {
-        ApplicationStatus::DeployFailed | ApplicationStatus::Unhealthy => {
-            Some(unavailable(entry, "it failed to deploy"))
-        }
+/// Why the ingress of an application in `status` cannot get a replica soon,
+/// if it cannot: the application is going, or the ingress deployment itself
+/// failed to deploy (Ray's `is_available`, which only a terminally failed
+/// deployment loses: another deployment of the application failing, or the
+/// ingress being unhealthy, does not stop its replicas from coming). An
+/// ingress the status does not list goes by the application's status.
+fn hopeless(entry: &RouteEntry, status: &ApplicationStatusInfo) -> Option<String> {
+    let failed = || Some(unavailable(entry, "it failed to deploy"));
+    match status.status {
         ApplicationStatus::Deleting | ApplicationStatus::NotStarted => {
-            Some(unavailable(entry, "its application is being deleted"))
+            return Some(unavailable(entry, "its application is being deleted"));
         }
-        ApplicationStatus::Deploying | ApplicationStatus::Running => None,
+        ApplicationStatus::Deploying | ApplicationStatus::Running => return None,
+        ApplicationStatus::DeployFailed | ApplicationStatus::Unhealthy => {}
+    }
+    match status.deployments.get(entry.ingress.as_str()) {
+        Some(d) if d.status == DeploymentStatus::DeployFailed => failed(),
+        Some(_) => None,
+        None => failed(),
     }
 }
 

@@ -253,6 +253,64 @@ async fn no_replica_is_503_at_once_when_none_can_come_and_back_pressure_is_503()
     f.stop().await;
 }
 
+/// As Ray's router, the proxy gives up on a request waiting for a replica
+/// only when the ingress deployment itself failed to deploy, and never once a
+/// replica holds the request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_ingress_failing_gives_up_a_waiting_request_and_a_running_one_is_kept() {
+    let f = start().await;
+    let pair = ApplicationSpec::builder("pair")
+        .route_prefix("/pair")
+        .deployment(
+            DeploymentSpec::builder("ingress", "t::Gated")
+                .init_args(&"p")
+                .with_config(|c| {
+                    c.with_graceful_shutdown(Duration::from_millis(10), Duration::from_millis(200))
+                }),
+        )
+        .deployment(DeploymentSpec::builder("side", "t::Broken"))
+        .build()
+        .unwrap();
+    f.serve
+        .run_many(vec![pair], support::no_wait())
+        .await
+        .unwrap();
+    // The other deployment failed, so the application did; its ingress is
+    // still starting (its constructor waits for the gate).
+    wait_status(&f.serve, "pair", ApplicationStatus::DeployFailed).await;
+    let c = support::client();
+    let waiting = tokio::spawn({
+        let (c, u) = (c.clone(), f.url("/pair/x"));
+        async move { get(&c, &u).await }
+    });
+    let hanging = tokio::spawn({
+        let (c, u) = (c.clone(), f.url("/pair/hang"));
+        async move { get(&c, &u).await }
+    });
+    // Both wait in the ingress's queue (or were answered at once).
+    let route = f
+        .serve
+        .deployment_handle("pair", "ingress")
+        .unwrap()
+        .route();
+    let mut rx = f.serve.routes().subscribe();
+    while route.queued() < 2 && !waiting.is_finished() && !hanging.is_finished() {
+        tokio::select! { _ = rx.changed() => {}, _ = tokio::task::yield_now() => {} }
+    }
+    let started = f.probe.started.notified();
+    f.probe.constructor_gate.add_permits(1);
+    let r = waiting.await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    started.await;
+    // The request a replica runs is not abandoned as its application goes:
+    // it runs until its replica stops (killed after the graceful timeout).
+    f.serve.delete_apps(["pair"], false).await.unwrap();
+    let r = hanging.await.unwrap();
+    assert_eq!(r.status, 500, "{}", r.body);
+    assert!(r.body.contains("killed"), "{}", r.body);
+    f.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_timeout_is_408_cancels_the_handler_and_frees_its_slot() {
     let f = start_with(

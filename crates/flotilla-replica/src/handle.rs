@@ -337,10 +337,13 @@ impl DeploymentHandle {
         let (tx, rx) = tokio::sync::mpsc::channel(STREAM_BUFFER);
         let tx = ItemSender::local(tx);
         let handle = self.clone();
+        let assigned = Assigned::default();
+        let flag = assigned.clone();
         let work = async move {
             let (mut payload, mut refusals) = (payload, 0);
             loop {
                 let (route, slot) = handle.acquire().await?;
+                flag.set(true);
                 let replica = slot.0.id();
                 let result = match slot.0.remote_call().cloned() {
                     None => {
@@ -364,6 +367,7 @@ impl DeploymentHandle {
                         {
                             Attempt::Ran(result) => result,
                             Attempt::Refused { request, full } => {
+                                flag.set(false);
                                 payload = Payload::Encoded(request);
                                 crate::remote::back_off(&mut refusals, full).await;
                                 continue;
@@ -388,8 +392,28 @@ impl DeploymentHandle {
             driver: Some(driver),
             items: rx,
             last: None,
+            assigned,
             _item: PhantomData,
         }
+    }
+}
+
+/// Whether a streaming call holds a replica now: set once it is routed (its
+/// handler runs, or waits for its batch), cleared if a replica in another
+/// process refused it (it is routed again). Read it beside the stream
+/// ([`CallStream::assigned`]), e.g. to give up on a call only while it
+/// waits for a replica, as Ray's router does.
+#[derive(Debug, Clone, Default)]
+pub struct Assigned(Arc<std::sync::atomic::AtomicBool>);
+
+impl Assigned {
+    /// Whether the call holds a replica.
+    pub fn get(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    fn set(&self, on: bool) {
+        self.0.store(on, std::sync::atomic::Ordering::Release);
     }
 }
 
@@ -413,6 +437,7 @@ pub struct CallStream<Item> {
     items: tokio::sync::mpsc::Receiver<Payload>,
     /// The driver's error, given after the items sent before it.
     last: Option<CallError>,
+    assigned: Assigned,
     _item: PhantomData<fn() -> Item>,
 }
 
@@ -425,8 +450,15 @@ impl<Item> CallStream<Item> {
             driver: None,
             items,
             last: Some(error),
+            assigned: Assigned::default(),
             _item: PhantomData,
         }
+    }
+
+    /// Whether the call holds a replica, readable while the stream is
+    /// polled elsewhere.
+    pub fn assigned(&self) -> Assigned {
+        self.assigned.clone()
     }
 }
 

@@ -48,7 +48,7 @@ pub use endpoint::{
     ReplicaStats,
 };
 pub use error::CallError;
-pub use handle::{ACCESS_TARGET, CallStream, DeploymentHandle, is_access_log};
+pub use handle::{ACCESS_TARGET, Assigned, CallStream, DeploymentHandle, is_access_log};
 pub use model_cache::ModelIds;
 pub use multiplex::{MAX_MODEL_ID_LEN, ModelIdError, MultiplexedDeployment, validate_model_id};
 pub use on_exit::OnExit;

@@ -272,10 +272,26 @@ impl Serve {
             }
             None => NamespaceClaim::generated(),
         };
+        // The node options are checked before the store is touched: a start
+        // they fail leaves no file behind.
+        if let Some(head_options) = &options.nodes {
+            head_options
+                .validate()
+                .map_err(flotilla_cluster::nodes::NodeError::from)?;
+        }
         // Fail before spawning anything if the checkpoint cannot be read; the open reads
         // and checks all of it, and the Controller starts from what it read.
+        let created = !options.store_path.exists();
         let (checkpoint, snapshot) = Checkpoint::open(&options.store_path)?;
         let closer = checkpoint.closer();
+        // A start that fails after this closes the store, and removes the file
+        // if this start created it (what is left is as before the call).
+        let undo = |closer: &CheckpointCloser| {
+            closer.close();
+            if created {
+                let _ = std::fs::remove_file(&options.store_path);
+            }
+        };
         let recovering = !snapshot.apps.is_empty();
         let preloaded = Preloaded::new(snapshot);
         let ns = claim.name().to_owned();
@@ -293,7 +309,7 @@ impl Serve {
                 {
                     Ok(h) => h,
                     Err(e) => {
-                        closer.close();
+                        undo(&closer);
                         return Err(e.into());
                     }
                 };
@@ -331,6 +347,7 @@ impl Serve {
                     if let Some(head) = &head {
                         head.stop().await;
                     }
+                    undo(&closer);
                     // Another instance took the namespace since it was checked.
                     if let ractor::SpawnErr::ActorAlreadyRegistered(_) = e {
                         return Err(ServeError::NamespaceInUse { namespace: ns });

@@ -45,6 +45,43 @@ async fn an_empty_batch_is_refused_and_delete_takes_any_names() {
     assert!(serve.status().is_empty());
 }
 
+/// A start that fails (node options that do not validate, a node port in
+/// use) leaves no store file behind where there was none.
+#[tokio::test]
+async fn a_failed_start_leaves_no_store_file_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Arc::new(Switches::default());
+    let file = dir.path().join("f.redb");
+    let cookie = || flotilla::Cookie::new("a-test-cookie").unwrap();
+    let bad_id = flotilla::HeadOptions::new(cookie())
+        .listen("127.0.0.1:0".parse().unwrap())
+        .node_id("not/an id");
+    let err = Serve::start(options(&dir, registry(&sw)).nodes(bad_id))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ServeError::Nodes(_)), "{err}");
+    assert!(!file.exists(), "{err}");
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let in_use = flotilla::HeadOptions::new(cookie()).listen(taken.local_addr().unwrap());
+    let err = Serve::start(options(&dir, registry(&sw)).nodes(in_use))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ServeError::Nodes(_)), "{err}");
+    assert!(!file.exists(), "{err}");
+    // A store that was there stays, as it was.
+    Serve::start(options(&dir, registry(&sw)))
+        .await
+        .unwrap()
+        .shutdown()
+        .await
+        .unwrap();
+    let in_use = flotilla::HeadOptions::new(cookie()).listen(taken.local_addr().unwrap());
+    Serve::start(options(&dir, registry(&sw)).nodes(in_use))
+        .await
+        .unwrap_err();
+    assert!(file.exists());
+}
+
 #[tokio::test(start_paused = true)]
 async fn unregistered_code_is_refused_naming_it_and_nothing_is_committed() {
     let (_dir, _, serve) = start_fresh().await;

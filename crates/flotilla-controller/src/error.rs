@@ -7,7 +7,12 @@ use flotilla_supervision::Escalation;
 /// default body limit): a config is text a person writes.
 pub const MAX_CONFIG_FILE_BYTES: u64 = 10 << 20;
 
-/// Why a call to Flotilla failed. A failed mutating call changed nothing.
+/// Why a call to Flotilla failed. A call refused before its commit (an
+/// invalid spec, a name in use, a store that refused the write, ...) changed
+/// nothing. Errors that come after the commit say so: `DeployFailed` and
+/// `NotFound` from a `run` that waited (the target was accepted, and stays),
+/// `ControllerCrashed` (the change may or may not have landed; calls are
+/// idempotent, so retry).
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
     /// A spec, name or config is invalid.
@@ -148,8 +153,9 @@ pub enum ServeError {
     /// Flotilla is shut down, or its supervisor gave up.
     #[error("flotilla is not running: {0}")]
     Unavailable(String),
-    /// The head could not start listening for nodes (`ServeOptions::nodes`).
-    #[error("the head could not start listening for nodes")]
+    /// The head could not start (`ServeOptions::nodes`): its options are
+    /// invalid, or it could not listen for nodes.
+    #[error("the head could not start: {0}")]
     Nodes(#[from] flotilla_cluster::nodes::NodeError),
 }
 

@@ -120,9 +120,11 @@ impl ServeOptions {
 #[derive(Debug, Clone, Copy)]
 pub struct RunManyOptions {
     /// Wait until every application's status shows its new generation with its
-    /// ingress deployment, as Ray's `_wait_for_deployment_created` (default
-    /// true; the returned handles queue requests until replicas run either
-    /// way). A later deploy of the application ends the wait too.
+    /// ingress deployment, as Ray's `_wait_for_deployment_created` waits for
+    /// the deployment's status (default true). Flotilla's Controller publishes
+    /// that status before it replies, so the wait ends at once; the returned
+    /// handles queue requests until replicas run either way. A later deploy of
+    /// the application ends the wait too.
     pub wait_for_ingress_deployment_creation: bool,
     /// Wait until every application is RUNNING at its new generation (default true).
     pub wait_for_applications_running: bool,
@@ -491,7 +493,14 @@ impl Serve {
                 })
                 .await?;
             }
-            handles.push(self.inner.directory.handle(&name, &ingress));
+            // A delete that came meanwhile: its routes go as its deployments
+            // end, and a route made now would have nothing behind it.
+            let deleting = self
+                .inner
+                .board
+                .subscribe(name.as_str())
+                .is_some_and(|s| s.borrow().status == ApplicationStatus::Deleting);
+            handles.push(self.handle_on(&name, &ingress, deleting)?);
         }
         Ok(handles)
     }

@@ -291,6 +291,28 @@ async fn a_second_config_deletes_what_it_dropped_adds_what_it_names_and_leaves_i
     wait_status(&serve, "app3", A::NotStarted).await;
 }
 
+/// An imperative application a config took over, whose build failed, shows
+/// DEPLOY_FAILED over what still runs; a config that no longer names it
+/// leaves it alone, and the failure with it.
+#[tokio::test(start_paused = true)]
+async fn a_failed_take_over_no_longer_named_stops_standing_over_the_imperative_app() {
+    let (_dir, _, serve) = start_fresh_with(registry).await;
+    serve
+        .run(support::app("imp", 1, support::tag("mine")))
+        .await
+        .unwrap();
+    apply(
+        &serve,
+        "applications:\n  - {name: imp, import_path: test::app, take_over: true, args: {fail: true}}\n",
+    )
+    .await;
+    wait_status(&serve, "imp", A::DeployFailed).await;
+    apply(&serve, "applications: []\n").await;
+    wait_status(&serve, "imp", A::Running).await;
+    let out: String = serve.app_handle("imp").unwrap().call("x").await.unwrap();
+    assert_eq!(out, "mine:x");
+}
+
 async fn wait_until_tag(serve: &Serve, app: &str, tag: &str) {
     let answered = poll_secs(600, async || {
         let Ok(h) = serve.app_handle(app) else {

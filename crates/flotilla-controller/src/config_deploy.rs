@@ -230,6 +230,19 @@ impl ControllerState {
                 self.board.remove(&unbuilt);
             }
         }
+        // A failed build of an entry this config no longer names stands over
+        // nothing now: the application it failed over (an imperative one the
+        // entry took over, which the config leaves alone) shows what runs.
+        let unnamed: Vec<AppName> = self
+            .config
+            .failed
+            .keys()
+            .filter(|app| config.application(app.as_str()).is_none())
+            .cloned()
+            .collect();
+        for app in unnamed {
+            self.build_current(&app);
+        }
         self.logging
             .set_config_global(config.logging_config.clone());
         // What the config holds that Flotilla does not apply (runtime_env keys,

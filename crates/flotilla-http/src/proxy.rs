@@ -39,7 +39,7 @@ use std::{
 use bytes::Bytes;
 use flotilla::{
     ApplicationStatus, ApplicationStatusInfo, Assigned, CallError, CallStream, DeploymentHandle,
-    DeploymentStatus, ReplicaCount, Serve,
+    DeploymentStatus, Serve,
 };
 use futures::{FutureExt, StreamExt};
 use http::{HeaderName, HeaderValue, Request, Response, StatusCode, header};
@@ -416,7 +416,7 @@ impl Proxy {
         // holds a replica (as Ray's router, which checks when it assigns: a
         // request a replica runs is never abandoned for a status).
         let no_replica = handle.replicas().is_empty();
-        if no_replica && let Some(why) = self.unavailable_now(&entry, &handle).await {
+        if no_replica && let Some(why) = self.unavailable_now(&entry, &handle) {
             return text(503, why, &request_id, Some(done));
         }
         // By value: an ingress of this process that takes `HttpRequest` gets it
@@ -502,24 +502,19 @@ impl Proxy {
         Response::from_parts(parts, body)
     }
 
-    /// Why the ingress cannot get a replica soon, if it cannot.
-    async fn unavailable_now(
-        &self,
-        entry: &RouteEntry,
-        _handle: &DeploymentHandle,
-    ) -> Option<String> {
+    /// Why the ingress cannot get a replica soon, if it cannot: read from
+    /// state at hand (the status board, the route), never by asking an actor,
+    /// so a burst of requests to a deployment without replicas costs its
+    /// DeploymentActor nothing.
+    fn unavailable_now(&self, entry: &RouteEntry, handle: &DeploymentHandle) -> Option<String> {
         let status = self.serve.app_status(&entry.app);
         if let Some(why) = hopeless(entry, &status) {
             return Some(why);
         }
-        let snap = self
-            .serve
-            .deployment_snapshot(&entry.app, &entry.ingress)
-            .await
-            .ok()
-            .flatten()?;
-        let fixed_zero = matches!(snap.target.spec.config.num_replicas, ReplicaCount::Fixed(0));
-        fixed_zero.then(|| unavailable(entry, "it has 0 replicas"))
+        handle
+            .route()
+            .zero_target()
+            .then(|| unavailable(entry, "it has 0 replicas"))
     }
 
     /// Resolves once the ingress can no longer get a replica soon while the

@@ -38,6 +38,8 @@ pub struct DeploymentRoute {
     pub(crate) queue: Arc<WaitQueue>,
     /// `u32::MAX` means unbounded.
     max_queued: AtomicU32,
+    /// Its target is a fixed 0 replicas (no replica is coming).
+    zero_target: AtomicBool,
     /// How a rejection for a full queue is answered over HTTP (read only then).
     backpressure: std::sync::Mutex<BackpressureConfig>,
     rng: AtomicU64,
@@ -82,6 +84,7 @@ impl DeploymentRoute {
             shut: AtomicBool::new(false),
             queue: Arc::default(),
             max_queued: AtomicU32::new(u32::MAX),
+            zero_target: AtomicBool::new(false),
             backpressure: std::sync::Mutex::new(BackpressureConfig::default()),
             rng: AtomicU64::new(0x9E37_79B9_7F4A_7C15),
             stats: RouteStats::default(),
@@ -115,6 +118,10 @@ impl DeploymentRoute {
             || self.max_models_per_replica() != config.max_num_models_per_replica;
         self.set_max_queued(config.max_queued_requests);
         self.set_backpressure(config.backpressure);
+        self.zero_target.store(
+            matches!(config.num_replicas, flotilla_core::ReplicaCount::Fixed(0)),
+            Ordering::Release,
+        );
         self.set_batching(config.batching);
         self.set_max_models_per_replica(config.max_num_models_per_replica);
         let router_changed = self.set_router_config(&config.request_router, registry);
@@ -302,6 +309,13 @@ impl DeploymentRoute {
             .backpressure
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether the deployment's target, as last configured here, is a fixed
+    /// 0 replicas: a caller waiting for a replica would wait for ever (an
+    /// autoscaled deployment at 0 is not: a request scales it up).
+    pub fn zero_target(&self) -> bool {
+        self.zero_target.load(Ordering::Acquire)
     }
 
     /// The queue limit (`None` = unbounded).

@@ -115,14 +115,20 @@ impl ProxyBody {
         }
     }
 
-    /// A streamed body: `pending` first, then every later item's body.
+    /// A streamed body: `pending` first, then every later item's body. A
+    /// `bodyless` response's body is never read (hyper drops it): its status
+    /// is recorded as sent, not as a client that went away.
     pub(crate) fn stream(
         status: u16,
         pending: Vec<Bytes>,
         stream: CallStream<HttpResponse>,
         deadline: Option<tokio::time::Instant>,
-        done: Done,
+        mut done: Done,
+        bodyless: bool,
     ) -> Self {
+        if bodyless {
+            done.status = status;
+        }
         ProxyBody {
             kind: Kind::Stream {
                 pending,

@@ -7,7 +7,7 @@
 //! |---|---|---|
 //! | no route matches | 404 | `Path '{path}' not found. Ping http://.../-/routes for available routes.` |
 //! | queue full (`max_queued_requests`) | 503 | `Request dropped due to backpressure (num_queued_requests={n}, max_queued_requests={m}).` |
-//! | no replica, and none coming soon (DEPLOY_FAILED, UNHEALTHY, DELETING, or a fixed target of 0) | 503 | `Deployment(name='{d}', app='{a}') is unavailable because it failed to deploy.` (or `... because its application is being deleted.`, `... because it has 0 replicas.`) |
+//! | no replica, and none coming soon (the ingress DEPLOY_FAILED, the application DELETING, or a fixed target of 0) | 503 | `Deployment(name='{d}', app='{a}') is unavailable because it failed to deploy.` (or `... because its application is being deleted.`, `... because it has 0 replicas.`) |
 //! | `request_timeout` passed before the response started | 408 | `Request {id} timed out after {t}s.` |
 //! | the handler failed | 500 | the user error's message (no stack) |
 //! | the ingress does not take `HttpRequest` / answer `HttpResponse` | 500 | a message naming the application and the deployment |
@@ -16,10 +16,12 @@
 //! | a `serve_multiplexed_model_id` header that is not a valid model id | 400 | `Invalid serve_multiplexed_model_id header: {why}.` |
 //! | malformed HTTP | 400 | (hyper's; the request never reaches user code) |
 //!
-//! Without a replica while the application can still get one (DEPLOYING, or
-//! autoscaled to zero: a request wakes it) the request waits in the handle's
-//! queue until its timeout; if the application turns DEPLOY_FAILED, UNHEALTHY
-//! or DELETING meanwhile, it gets the 503 at once. A client that goes away
+//! Without a replica while the ingress can still get one (DEPLOYING, UNHEALTHY,
+//! another deployment failed, or autoscaled to zero: a request wakes it) the
+//! request waits in the handle's queue until its timeout; if the ingress turns
+//! DEPLOY_FAILED or the application DELETING while it still waits for a
+//! replica, it gets the 503 at once (never once a replica holds it). A HEAD's
+//! response keeps the length the ingress declares. A client that goes away
 //! drops its request's future, which cancels the handler and frees its slot
 //! (recorded as 499, as Ray).
 //!
@@ -298,6 +300,9 @@ impl Proxy {
         request_id: String,
         mut done: Done,
     ) -> Response<ProxyBody> {
+        // A HEAD's response has no body: what the ingress says its length is
+        // is all the client gets (and hyper never reads a body it would drop).
+        let is_head = req.method() == http::Method::HEAD;
         let (parts, body) = req.into_parts();
         let limit = self.options.max_request_body_bytes;
         let too_large = || format!("Request body is larger than the limit of {limit} bytes.");
@@ -465,11 +470,15 @@ impl Proxy {
         // The head is checked before the body takes `done`: a head that cannot
         // be sent is answered, and recorded, as the 500 it becomes.
         let mut builder = Response::builder().status(head.status);
+        // No body follows (a HEAD's response, a 1xx, 204 or 304): the body is
+        // never read, and a length the ingress gives is only what it says.
+        let bodyless = is_head || matches!(head.status, 100..=199 | 204 | 304);
         for (name, value) in &head.headers {
             // The framing is the server's: a length the ingress declares
             // that its body does not have would corrupt a kept-alive
             // connection. The request id is the proxy's, sent once, below.
-            if is_proxys_own(name) {
+            let declared_length = is_head && name.eq_ignore_ascii_case("content-length");
+            if is_proxys_own(name) && !declared_length {
                 tracing::debug!(header = %name, app = %entry.app,
                     "an ingress's response header the proxy sets itself: dropped");
                 continue;
@@ -494,10 +503,23 @@ impl Proxy {
         }
         let body = if whole {
             let mut pending = pending;
-            ProxyBody::full(head.status, pending.pop().unwrap_or_default(), Some(done))
+            // A HEAD's response whose length the ingress declared goes with
+            // that header and no body (hyper takes an empty body's 0 for the
+            // HEAD's); without one, hyper gives the body's length and sends
+            // no body.
+            let declared = head
+                .headers
+                .iter()
+                .any(|(n, _)| n.eq_ignore_ascii_case("content-length"));
+            let bytes = if is_head && declared {
+                Bytes::new()
+            } else {
+                pending.pop().unwrap_or_default()
+            };
+            ProxyBody::full(head.status, bytes, Some(done))
         } else {
             let pending = pending.into_iter().filter(|b| !b.is_empty()).collect();
-            ProxyBody::stream(head.status, pending, stream, deadline, done)
+            ProxyBody::stream(head.status, pending, stream, deadline, done, bodyless)
         };
         Response::from_parts(parts, body)
     }

@@ -632,6 +632,49 @@ async fn a_client_gone_mid_body_is_counted_499_not_400() {
     f.stop().await;
 }
 
+/// A HEAD's response carries the length the ingress declares (no body
+/// follows to contradict it), and a streamed one, whose body hyper never
+/// reads, is counted with the status it was sent with, not as a client that
+/// went away.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_response_keeps_its_declared_length_and_counts_as_sent() {
+    let f = start().await;
+    f.serve.run(echo_app("h", "/h", "h")).await.unwrap();
+    let c = support::client();
+    let r = send(&c, "HEAD", &f.url("/h/framing"), &[], "").await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.headers[http::header::CONTENT_LENGTH], "5");
+    assert!(r.body.is_empty());
+    // Without a declared length, the body's (which is not sent).
+    let r = send(&c, "HEAD", &f.url("/h/big"), &[], "").await;
+    assert_eq!((r.status, r.body.as_str()), (200, ""));
+    assert_eq!(r.headers[http::header::CONTENT_LENGTH], "1048576");
+    let r = send(&c, "HEAD", &f.url("/h/stream-free/2"), &[], "").await;
+    assert_eq!(r.status, 200);
+    let series = |code: &str| {
+        format!(
+            r#"ray_serve_num_http_requests_total{{route="/h",method="HEAD",application="h",status_code="{code}"}} 3"#
+        )
+    };
+    let url = f.rest_url("/metrics");
+    let counted = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let body = get(&c, &url).await.body;
+            if body.contains(r#"method="HEAD""#) && body.contains(&series("200"))
+                || body.contains(r#"status_code="499""#)
+            {
+                break body;
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("both requests were counted");
+    assert!(counted.contains(&series("200")), "{counted}");
+    assert!(!counted.contains(r#"status_code="499""#), "{counted}");
+    f.stop().await;
+}
+
 /// The ingress cannot set the response's framing or its request id: two
 /// pipelined requests on one connection get two whole responses, each with
 /// the proxy's one request id.

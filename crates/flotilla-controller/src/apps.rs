@@ -94,7 +94,11 @@ impl Controller {
     /// Re-adopt the ApplicationActors a predecessor left running, then start the
     /// missing ones (a restarted Controller).
     pub(crate) async fn adopt_apps(myself: &ActorRef<ControllerMsg>, state: &mut ControllerState) {
-        let names: Vec<AppName> = state.apps.keys().cloned().collect();
+        // In name order, not the map's: which application gets room first
+        // (on a full cluster, which gets any) must not change from one run
+        // of the same history to the next.
+        let mut names: Vec<AppName> = state.apps.keys().cloned().collect();
+        names.sort();
         for name in names {
             if let Some(actor) =
                 ActorRef::<AppMsg>::where_is(actor_names::application(&state.ns, &name))

@@ -55,3 +55,47 @@ fn the_same_seed_gives_the_same_summary() {
         serde_json::from_slice(&std::fs::read(&files.summary).unwrap()).unwrap();
     assert_eq!(json["scenario"]["seed"], 11);
 }
+
+/// A cluster too small for the workload, through a process crash: after the
+/// restart, which applications get the room must not depend on the order of a
+/// hash map (the restarted Controller starts its applications in name order).
+#[test]
+fn the_same_seed_gives_the_same_summary_when_the_cluster_is_full() {
+    let full = scenario(
+        5,
+        Duration::from_secs(60),
+        vec![group("a", 1, 4.0, 16.0)],
+        WorkloadSpec {
+            apps: 24,
+            deployments: 2,
+            replicas: 1,
+            batch: 24,
+            broken_apps: 0,
+            replica_cpus: 1.0,
+            ..Default::default()
+        },
+        20.0,
+        "process@30s",
+    );
+    // It cannot converge (the invariants fail, naming each run's own generated
+    // namespace); everything else must replay.
+    let run = || {
+        let out = flotilla_sim::run(&full, &flotilla_sim::RunOptions::default()).unwrap();
+        without_namespace(&out.summary.without_wall_clock().to_string())
+    };
+    let (one, two) = (run(), run());
+    assert!(one.contains("DEPLOYING"), "{one}");
+    assert_eq!(one, two);
+}
+
+/// `text` with every generated namespace (`flotilla` and digits) as `flotilla`.
+fn without_namespace(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(i) = rest.find("flotilla") {
+        out.push_str(&rest[..i + "flotilla".len()]);
+        rest = rest[i + "flotilla".len()..].trim_start_matches(|c: char| c.is_ascii_digit());
+    }
+    out.push_str(rest);
+    out
+}

@@ -52,6 +52,16 @@ pub enum SimError {
     /// A duration could not be parsed.
     #[error(transparent)]
     Duration(#[from] DurationError),
+    /// The store's file could not be read or written around a simulated
+    /// process crash.
+    #[error("{what}: {source}")]
+    Io {
+        /// What the simulator was doing.
+        what: &'static str,
+        /// Why it failed.
+        #[source]
+        source: std::io::Error,
+    },
     /// The scenario is inconsistent (zero nodes, a rate out of range, ...): the
     /// simulator's own check, in words.
     #[error("scenario: {0}")]

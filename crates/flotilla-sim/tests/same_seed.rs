@@ -99,3 +99,39 @@ fn without_namespace(text: &str) -> String {
     out.push_str(rest);
     out
 }
+
+/// A control-plane fault the schedule arms but no message ever reaches (no
+/// operation follows it) is a crash that never happened: the run fails, it
+/// does not pass untested.
+#[test]
+fn an_armed_fault_that_never_fires_fails_the_run() {
+    let quiet = scenario(
+        3,
+        Duration::from_secs(40),
+        vec![group("a", 1, 8.0, 16.0)],
+        WorkloadSpec {
+            apps: 4,
+            deployments: 1,
+            replicas: 1,
+            batch: 4,
+            broken_apps: 0,
+            ..Default::default()
+        },
+        5.0,
+        "controller@30s:before-commit",
+    );
+    let out = flotilla_sim::run(&quiet, &flotilla_sim::RunOptions::default()).unwrap();
+    let fired = out
+        .summary
+        .invariants
+        .iter()
+        .find(|i| i.name == "every armed control-plane fault fired")
+        .unwrap();
+    assert!(!fired.ok, "{}", out.summary);
+    assert!(
+        fired.detail.contains("ControllerBeforeCommit"),
+        "{}",
+        fired.detail
+    );
+    assert!(!out.summary.ok());
+}

@@ -142,6 +142,7 @@ impl Sim {
     /// After the run: let everything converge again.
     async fn settle(&mut self, run_end: f64) {
         if let Some(s) = self.shared.handles().serve() {
+            self.note_unfired(&s, "at the end of the run");
             s.faults().clear();
         }
         {

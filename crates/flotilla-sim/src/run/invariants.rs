@@ -26,7 +26,24 @@ impl Sim {
         out.push(self.no_orphans(&serve, &pass));
         out.push(self.no_request_failed_unexcused());
         out.push(self.supervisor_never_gave_up());
+        out.push(self.every_armed_fault_fired());
         out
+    }
+
+    /// Every control-plane fault the schedule armed fired: a crash point no
+    /// message passed is a crash that never happened, and the run would pass
+    /// without testing it.
+    fn every_armed_fault_fired(&self) -> Invariant {
+        let unfired = self.shared.observed().unfired.clone();
+        Invariant {
+            name: "every armed control-plane fault fired".into(),
+            ok: unfired.is_empty(),
+            detail: if unfired.is_empty() {
+                "all fired".into()
+            } else {
+                format!("never fired: {}", unfired.join("; "))
+            },
+        }
     }
 
     /// Exactly the expected actors are alive, in this instance and none in the

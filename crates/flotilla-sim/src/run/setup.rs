@@ -8,7 +8,7 @@ use std::{
     time::Duration,
 };
 
-use flotilla::{RestartPolicy, Serve, ServeOptions};
+use flotilla::{FaultPoint, RestartPolicy, Serve, ServeOptions};
 use indicatif::{ProgressBar, ProgressStyle};
 use tokio::time::Instant;
 
@@ -171,14 +171,47 @@ impl Sim {
     pub(super) async fn restart_process(&mut self) -> Result<()> {
         let old = self.serve()?;
         self.read_metrics().await;
+        self.note_unfired(&old, "before the process crash");
         self.shared.handles().set_serve(None);
+        // A crashed process leaves its store as it was on disk, not closed:
+        // its image now (no commit runs meanwhile: commits run inline on this
+        // runtime's one thread) is put back after the crash, whose close
+        // marked the file clean, so the next start goes through redb's
+        // recovery of a file that was not closed, as after a real crash.
+        let image = std::fs::read(&self.store).map_err(|source| SimError::Io {
+            what: "reading the store's image before the process crash",
+            source,
+        })?;
         old.crash_process().await;
+        std::fs::write(&self.store, image).map_err(|source| SimError::Io {
+            what: "putting back the store's image after the process crash",
+            source,
+        })?;
         self.shared.cluster.process_crashed();
         self.dead.push(old);
         self.restarts.process += 1;
         let serve = self.start_serve().await?;
         self.shared.handles().set_serve(Some(serve));
         Ok(())
+    }
+}
+
+impl Sim {
+    /// Note the control-plane faults the schedule armed on `serve` that have
+    /// not fired (`when`): each was meant to crash something, and a run in
+    /// which one never did has not tested what it stands for.
+    pub(super) fn note_unfired(&self, serve: &Serve, when: &str) {
+        let unfired: Vec<String> = [
+            FaultPoint::ControllerBeforeCommit,
+            FaultPoint::ControllerAfterCommit,
+            FaultPoint::ControllerAfterReply,
+            FaultPoint::CommitFails,
+        ]
+        .into_iter()
+        .filter(|p| serve.faults().remaining(*p) > 0)
+        .map(|p| format!("{p:?} {when}"))
+        .collect();
+        self.shared.observed().unfired.extend(unfired);
     }
 }
 

@@ -58,6 +58,9 @@ pub(super) struct Observed {
     pub(super) final_at: Option<(f64, f64)>,
     pub(super) last_running: usize,
     pub(super) fatal: Vec<String>,
+    /// Control-plane faults the schedule armed that never fired (no message
+    /// passed their point before the process crashed or the run ended).
+    pub(super) unfired: Vec<String>,
 }
 
 /// State the driver and the sampler share.

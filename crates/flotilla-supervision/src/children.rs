@@ -71,12 +71,20 @@ impl<K, M> Default for Children<K, M> {
     }
 }
 
+impl<K, M> Children<K, M> {
+    /// Stop watching `actor`, a child no longer tracked here (as `Drop` does
+    /// for every child left): it does not keep this parent in its monitor list.
+    fn unwatch(&self, actor: &ActorRef<M>) {
+        if let Some(parent) = &self.parent {
+            parent.unmonitor(actor.get_cell());
+        }
+    }
+}
+
 impl<K, M> Drop for Children<K, M> {
     fn drop(&mut self) {
-        if let Some(parent) = &self.parent {
-            for actor in self.slots.values().filter_map(|s| s.actor.as_ref()) {
-                parent.unmonitor(actor.get_cell());
-            }
+        for actor in self.slots.values().filter_map(|s| s.actor.as_ref()) {
+            self.unwatch(actor);
         }
     }
 }
@@ -282,6 +290,7 @@ where
     pub fn remove(&mut self, key: &K) -> Option<ActorRef<M>> {
         let actor = self.slots.remove(key)?.actor?;
         self.by_actor.remove(&actor.get_id());
+        self.unwatch(&actor);
         Some(actor)
     }
 }

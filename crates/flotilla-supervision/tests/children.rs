@@ -309,3 +309,30 @@ async fn dropped_children_are_no_longer_watched_by_their_parent() {
         }
     );
 }
+
+/// A child forgotten ([`Children::remove`]) while it still runs is no longer
+/// watched: its exit reaches nobody, and it does not keep the parent in its
+/// monitor list for the rest of its life.
+#[tokio::test(start_paused = true)]
+async fn a_removed_child_is_no_longer_watched() {
+    let mut rig = Rig::new().await;
+    let child = rig.start("a", "children-test/removed").await;
+    assert!(matches!(
+        rig.event().await,
+        SupervisionEvent::ActorStarted(_)
+    ));
+    assert_eq!(
+        rig.children.remove(&"a").map(|a| a.get_id()),
+        Some(child.get_id())
+    );
+    child.cast(Cmd("stop")).unwrap();
+    let late = tokio::time::timeout(Duration::from_secs(5), rig.seen.recv()).await;
+    assert!(
+        late.is_err(),
+        "the parent still watched the removed child: {}",
+        match late {
+            Ok(Some(Seen::Event(e))) => format!("{e:?}"),
+            _ => "another message".into(),
+        }
+    );
+}

@@ -318,8 +318,12 @@ async fn a_roll_at_the_per_node_limit_on_every_node_stops_first_and_completes() 
     let spec = |t: &str| probe(2, &tag(t)).with_config(|c| c.with_max_replicas_per_node(1));
     serve.run(app_of("a", spec("v1"))).await.unwrap();
     // Every node runs its one replica: the new version has no room until an
-    // old replica stops, so the roll stops a step first instead of stalling.
+    // old replica stops, so the roll stops a step first instead of stalling
+    // (at once: not when the 30 s slow-start check next wakes the deployment).
+    let rolling = tokio::time::Instant::now();
     serve.run(app_of("a", spec("v2"))).await.unwrap();
+    let took = rolling.elapsed();
+    assert!(took < Duration::from_secs(30), "the roll took {took:?}");
     let s = observe(&serve, "a", "probe").await;
     assert_eq!(s.count_at(R::Running, &s.version), 2);
     assert_eq!(nodes(&s), ["n1", "n2"]);

@@ -175,6 +175,11 @@ impl DeploymentActor {
                 }
             }
         }
+        // Refused while starts were allowed: the cluster is full. A roll frees
+        // room by stopping old replicas first, which only a plan that knows
+        // there is no room does: plan again now (Ray decides both in one pass),
+        // not when a timer or freed capacity next wakes this actor.
+        let plan_again = starts == Starts::Allowed && refused.is_some();
         if can_start {
             match refused {
                 Some((n, why)) => {
@@ -194,6 +199,10 @@ impl DeploymentActor {
         state.update_status();
         Self::arm_slow_timer(myself, state);
         state.report();
+        if plan_again && state.pending.count > 0 {
+            // Once: the next pass plans with `Starts::NoRoom`.
+            return Box::pin(Self::reconcile_step(myself, state)).await;
+        }
         // Zero replicas wanted is a live deployment (scaled to zero) unless it is
         // being deleted or shut down.
         let leaving = state.args.target.deleting || !state.shutdown.is_empty();

@@ -177,9 +177,11 @@ impl DeploymentActor {
         }
         // Refused while starts were allowed: the cluster is full. A roll frees
         // room by stopping old replicas first, which only a plan that knows
-        // there is no room does: plan again now (Ray decides both in one pass),
-        // not when a timer or freed capacity next wakes this actor.
-        let plan_again = starts == Starts::Allowed && refused.is_some();
+        // there is no room does: during a roll, plan again now (Ray decides
+        // both in one pass), not when a timer or freed capacity next wakes
+        // this actor.
+        let rolling = state.replicas.keys().any(|id| !state.at_target_code(*id));
+        let plan_again = starts == Starts::Allowed && refused.is_some() && rolling;
         if can_start {
             match refused {
                 Some((n, why)) => {

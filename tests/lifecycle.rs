@@ -118,10 +118,16 @@ async fn failing_health_checks_make_it_unhealthy_until_replaced() {
     let built = sw.constructed.load(Ordering::SeqCst);
     sw.unhealthy.store(true, Ordering::SeqCst);
     let s = wait_status(&serve, "a", A::Unhealthy).await;
+    // Its cause, or (a moment later: the switch is still on) its replacement
+    // failing its first check, which the message then says, as Ray's.
+    assert!(s.message.contains("are UNHEALTHY"), "{}", s.message);
+    let d = s.deployments.values().next().unwrap();
+    assert_eq!(d.trigger, flotilla::StatusTrigger::HealthCheckFailed);
     assert!(
-        s.message.contains("consecutive health checks"),
+        d.message.contains("consecutive health checks")
+            || d.message.contains("initial health check failed"),
         "{}",
-        s.message
+        d.message
     );
     sw.unhealthy.store(false, Ordering::SeqCst);
     wait_status(&serve, "a", A::Running).await;

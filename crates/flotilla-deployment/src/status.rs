@@ -121,13 +121,16 @@ impl DeploymentState {
             .values()
             .any(|r| r.state == ReplicaState::Running && r.version == self.version);
         if n >= limit && !running_at_target {
+            // Ray's words first (its tests and users look for them), then
+            // what only Flotilla's status says.
             let (message, delay) = if self.has_started {
                 let delay = backoff(n);
                 (
                     format!(
-                        "The deployment '{}' failed to start a replica {n} times in a row \
-                         (retry limit {limit}) and none is running; retrying in {delay:?}. \
-                         Last error: {error}",
+                        "The deployment failed to start {n} times in a row. This may be due \
+                         to a problem with its constructor or initial health check failing. \
+                         Error:\n{error}\n(deployment '{}', retry limit {limit}; none is \
+                         running; retrying in {delay:?})",
                         self.name()
                     ),
                     delay,
@@ -135,8 +138,10 @@ impl DeploymentState {
             } else {
                 (
                     format!(
-                        "The deployment '{}' failed to start a replica {n} times (retry limit \
-                         {limit}); still retrying every {}s. Last error: {error}",
+                        "The deployment failed to start {n} times in a row. This may be due \
+                         to a problem with its constructor or initial health check failing. \
+                         Error:\n{error}\n(deployment '{}', retry limit {limit}; still \
+                         retrying every {}s)",
                         self.name(),
                         FAILED_BACKOFF.as_secs()
                     ),
@@ -150,29 +155,24 @@ impl DeploymentState {
             );
             delay
         } else {
+            // Every failure says so, whatever the status (Ray's
+            // `update_message`): an UNHEALTHY deployment whose replacement
+            // keeps failing must not go on showing only the old cause.
             let delay = backoff(n);
-            if matches!(
-                self.status.status,
-                DeploymentStatus::Updating
-                    | DeploymentStatus::Upscaling
-                    | DeploymentStatus::Downscaling
-            ) {
-                let more = limit.saturating_sub(n);
-                let tries = if n <= limit {
-                    format!("{n} of {limit} tries used")
-                } else {
-                    format!("{n} failures in a row")
-                };
-                self.set_message(format!(
-                    "Replica {replica} failed to start ({tries}, retrying in {delay:?}{}). \
-                     Error: {error}",
-                    if self.has_started || more == 0 {
-                        String::new()
-                    } else {
-                        format!(", {more} more before DEPLOY_FAILED")
-                    }
-                ));
-            }
+            let more = if self.has_started {
+                String::new()
+            } else {
+                format!(" {} more time(s)", limit.saturating_sub(n))
+            };
+            let tries = if n <= limit {
+                format!("{n} of {limit} tries used")
+            } else {
+                format!("{n} failures in a row")
+            };
+            self.set_message(format!(
+                "A replica failed to start with exception. Retrying{more}. Error:\n{error}\n\
+                 (replica {replica}: {tries}; next try in {delay:?})"
+            ));
             delay
         }
     }

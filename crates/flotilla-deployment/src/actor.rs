@@ -512,10 +512,13 @@ impl Actor for DeploymentActor {
         };
         let was = state.replicas.get(&id).map(|r| r.state);
         match how {
-            // Gone before it ever ran (killed or failed while constructing): a
-            // startup failure, counted and backed off.
+            // Gone before it ever ran (killed or failed while constructing), or
+            // while a successor recovers it (its version is the target's only
+            // as a stand-in): a startup failure, counted and backed off, as
+            // Ray counts a replica that fails recovery. Not a health-check
+            // failure, which from UPDATING would be DEPLOY_FAILED.
             how @ (ChildExit::Killed | ChildExit::Failed { .. })
-                if was == Some(ReplicaState::Starting) =>
+                if matches!(was, Some(ReplicaState::Starting | ReplicaState::Recovering)) =>
             {
                 Self::on_start_failed(&myself, state, id, format!("replica actor {how}"));
             }

@@ -98,11 +98,19 @@ pub(crate) fn recovered(
     snap: Option<Box<ReplicaSnapshot>>,
 ) -> Recovered {
     if state.replicas.get(&id).map(|r| r.state) != Some(ReplicaState::Recovering) {
-        // An event from the replica already told us (all but, perhaps, its node).
-        if let (Some(r), Some(snap)) = (state.replicas.get_mut(&id), &snap)
-            && r.node.is_empty()
-        {
-            r.node = snap.node.clone();
+        // An event from the replica already told us its state; its node, and
+        // its endpoint (a `Reconfigured` carries none), may still be missing:
+        // without an endpoint a RUNNING replica would never be routed to.
+        if let (Some(r), Some(snap)) = (state.replicas.get_mut(&id), &snap) {
+            if r.node.is_empty() {
+                r.node = snap.node.clone();
+            }
+            if r.endpoint.is_none()
+                && let Some(e) = &snap.endpoint
+            {
+                r.limit = e.max_ongoing_requests();
+                r.endpoint = Some(e.clone());
+            }
         }
         return Recovered::Known;
     }

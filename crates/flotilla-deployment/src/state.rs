@@ -273,6 +273,12 @@ impl DeploymentState {
     /// Publish the serving replicas to the route. Skipped while replicas are
     /// RECOVERING: the route keeps what the previous actor published until this
     /// one knows its replicas.
+    ///
+    /// An UPDATING replica stays routed (a request may overlap its
+    /// reconfigure), where Ray's routers drop it: most config-only changes
+    /// (`max_ongoing_requests`, batching, ...) run no user code, and dropping
+    /// it would empty a one-replica deployment's route, here and on every
+    /// node, for each of them.
     pub(crate) fn publish(&self) {
         if self
             .replicas

@@ -657,6 +657,10 @@ async fn control(myself: &ActorRef<AgentMsg>, state: &mut AgentState, env: Envel
             for e in entries {
                 let key = (e.app.clone(), e.deployment.clone());
                 if e.closed {
+                    if state.routes.contains_key(&key) {
+                        info!(node = %state.args.id, app = %key.0, deployment = %key.1,
+                            "route dropped: the head deleted the deployment");
+                    }
                     drop_route(state, &key);
                     continue;
                 }

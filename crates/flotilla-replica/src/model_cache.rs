@@ -158,8 +158,12 @@ impl ModelHub {
 
     /// Publish the heat of its least recently used model (`None`: none).
     pub(crate) fn set_coldest(&self, heat: Option<Heat>) {
-        let v = heat.map_or(f64::NEG_INFINITY, Heat::value);
-        self.coldest.store(v.to_bits(), Ordering::Relaxed);
+        self.set_coldest_heat(heat.map_or(f64::NEG_INFINITY, Heat::value));
+    }
+
+    /// Publish `heat` as that of the model it would evict next.
+    fn set_coldest_heat(&self, heat: f64) {
+        self.coldest.store(heat.to_bits(), Ordering::Relaxed);
     }
 
     /// Whether its replica is multiplexed (a mirror: once it reported).
@@ -253,9 +257,21 @@ impl<M: MultiplexedDeployment> ModelCache<M> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Publish the heat of the model it would evict next.
+    /// Publish the heat of the model it would evict next: its least recently
+    /// used loaded one, or, when the models loading fill its limit, one just
+    /// loaded (the hottest there is: routers send a new model elsewhere).
     fn publish_coldest(&self, s: &State<M::Model>) {
-        self.hub.set_coldest(s.loaded.front().map(|e| e.2));
+        match s.loaded.front() {
+            Some(e) => self.hub.set_coldest(Some(e.2)),
+            None if self
+                .settings
+                .max_models()
+                .is_some_and(|limit| s.loading.len() >= limit as usize) =>
+            {
+                self.hub.set_coldest_heat(f64::INFINITY);
+            }
+            None => self.hub.set_coldest(None),
+        }
     }
 
     fn publish(&self, s: &State<M::Model>) {
@@ -427,6 +443,11 @@ impl<M: MultiplexedDeployment> ModelCache<M> {
         for (id, model, _) in models {
             self.unload(id, model).await;
         }
+        // A load (or the eviction making room for it) still running holds
+        // the turn: its model goes before the replica counts as gone, by the
+        // load's own late unload. Loads queued behind it find the replica
+        // closed and load nothing.
+        drop(self.turn.lock().await);
     }
 }
 
@@ -714,6 +735,46 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert_eq!(zoo.log(), ["load slow", "unload slow"]);
         assert!(c.hub().current().is_empty());
+    }
+
+    /// A replica stopping while a load runs returns once that model, loaded
+    /// after the stop, is unloaded again: its memory is free when the
+    /// replica counts as gone.
+    #[tokio::test(start_paused = true)]
+    async fn a_replica_stopping_mid_load_returns_after_that_model_is_unloaded() {
+        let (zoo, c) = cache(Some(2));
+        let a = {
+            let c = c.clone();
+            tokio::spawn(async move { c.get(&id("a")).await })
+        };
+        // "a" loads (10 ms).
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        assert_eq!(zoo.log(), ["load a"]);
+        c.shutdown().await;
+        assert_eq!(zoo.log(), ["load a", "unload a"]);
+        assert!(c.hub().current().is_empty());
+        let _ = a.await;
+    }
+
+    /// A replica whose models loading fill its limit would evict one just
+    /// loaded: it says so (the hottest heat), so a new model goes elsewhere.
+    #[tokio::test(start_paused = true)]
+    async fn models_loading_up_to_the_limit_publish_the_hottest_victim() {
+        let (_zoo, c) = cache(Some(1));
+        assert_eq!(
+            c.hub().coldest(),
+            Some(f64::NEG_INFINITY),
+            "room: nothing evicted"
+        );
+        let a = {
+            let c = c.clone();
+            tokio::spawn(async move { c.get(&id("a")).await })
+        };
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        assert_eq!(c.hub().coldest(), Some(f64::INFINITY));
+        a.await.unwrap().unwrap();
+        let loaded = c.hub().coldest().unwrap();
+        assert!(loaded.is_finite(), "{loaded}");
     }
 
     #[tokio::test(start_paused = true)]

@@ -164,6 +164,7 @@ impl Batcher {
 /// The forming task: one batch after another, until the replica ends.
 async fn form(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Entry>) {
     let mut closed = shared.closed.subscribe();
+    let mut settings = shared.settings.watch_batching();
     loop {
         let first = tokio::select! {
             biased;
@@ -172,6 +173,12 @@ async fn form(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Entry>) {
                 Some(e) => e,
                 None => break,
             },
+            // The limit may have been raised while batches wait and every
+            // slot is theirs (so no request comes to form the next batch).
+            Ok(()) = settings.changed() => {
+                start_waiting(&shared, &mut shared.exec());
+                continue;
+            }
         };
         if first.gone() {
             continue;
@@ -497,8 +504,9 @@ mod tests {
         assert_eq!(rec.peak.load(Ordering::SeqCst), 4);
     }
 
-    /// A limit raised in place starts the batches already waiting as soon as
-    /// a running one ends, not one at a time.
+    /// A limit raised in place starts the batches already waiting at once:
+    /// not when a running one ends, nor when the next request comes (with
+    /// every slot held by waiting batches, none may come).
     #[tokio::test(start_paused = true)]
     async fn a_raised_limit_starts_the_batches_already_waiting() {
         let (rec, settings, b) = batcher(BatchConfig::new(1, Duration::ZERO));
@@ -508,12 +516,18 @@ mod tests {
         settings.set_batching(Some(
             BatchConfig::new(1, Duration::ZERO).with_max_concurrent_batches(4),
         ));
+        settle().await;
+        assert_eq!(b.shared.exec().waiting.len(), 0, "started at the change");
         let t0 = Instant::now();
         for c in calls {
             c.await.unwrap().unwrap();
         }
-        assert_eq!(rec.peak.load(Ordering::SeqCst), 3);
-        assert_eq!(t0.elapsed(), Duration::from_millis(20));
+        assert_eq!(rec.peak.load(Ordering::SeqCst), 4);
+        assert!(
+            t0.elapsed() <= Duration::from_millis(10),
+            "{:?}",
+            t0.elapsed()
+        );
     }
 
     /// Callers who give up while their batches wait behind a stuck one do

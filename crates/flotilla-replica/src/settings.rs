@@ -23,6 +23,9 @@ pub(crate) struct Settings {
     /// Model uses so far on every replica of this process: a logical clock
     /// that orders the replicas' least recently used models.
     uses: AtomicU64,
+    /// Marked at every batching change, for batchers idle meanwhile (a raised
+    /// `max_concurrent_batches` has room for a waiting batch at once).
+    batching_changed: tokio::sync::watch::Sender<()>,
 }
 
 impl Default for Settings {
@@ -33,6 +36,7 @@ impl Default for Settings {
             max_concurrent_batches: AtomicU32::new(1),
             max_models: AtomicU32::new(DEFAULT_MAX_NUM_MODELS_PER_REPLICA),
             uses: AtomicU64::new(0),
+            batching_changed: tokio::sync::watch::Sender::new(()),
         }
     }
 }
@@ -51,6 +55,13 @@ impl Settings {
                     .store(b.max_batch_size.max(1), Ordering::Release);
             }
         }
+        self.batching_changed.send_replace(());
+    }
+
+    /// Changes when the batching settings are set (every call, changed or
+    /// not: a batcher only rechecks its limit).
+    pub(crate) fn watch_batching(&self) -> tokio::sync::watch::Receiver<()> {
+        self.batching_changed.subscribe()
     }
 
     /// Whether requests go through the batcher.

@@ -43,7 +43,9 @@ pub struct BatchConfig {
     pub max_batch_size: u32,
     /// How long a batch waits for more requests after its first (Ray's
     /// `batch_wait_timeout_s`, default 0.01 s); zero hands over whatever is
-    /// queued at once.
+    /// queued at once. Tokio's timer counts whole milliseconds and rounds a
+    /// deadline up: a partial batch goes up to about 1 ms after this (with
+    /// 0.0002 s, after 1-2 ms), where asyncio's timers are near exact.
     pub batch_wait_timeout: Duration,
     /// Most batches running at once on one replica (at least 1; default 1).
     pub max_concurrent_batches: u32,

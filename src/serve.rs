@@ -493,13 +493,14 @@ impl Serve {
                 })
                 .await?;
             }
-            // A delete that came meanwhile: its routes go as its deployments
-            // end, and a route made now would have nothing behind it.
+            // A delete that came meanwhile (or already finished: the status
+            // is gone): its routes go as its deployments end, and a route
+            // made now would have nothing behind it.
             let deleting = self
                 .inner
                 .board
                 .subscribe(name.as_str())
-                .is_some_and(|s| s.borrow().status == ApplicationStatus::Deleting);
+                .is_none_or(|s| s.borrow().status == ApplicationStatus::Deleting);
             handles.push(self.handle_on(&name, &ingress, deleting)?);
         }
         Ok(handles)

@@ -201,7 +201,7 @@ impl DeploymentActor {
         state.update_status();
         Self::arm_slow_timer(myself, state);
         state.report();
-        if plan_again && state.pending.count > 0 {
+        if plan_again {
             // Once: the next pass plans with `Starts::NoRoom`.
             return Box::pin(Self::reconcile_step(myself, state)).await;
         }

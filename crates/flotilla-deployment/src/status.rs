@@ -121,8 +121,8 @@ impl DeploymentState {
             .values()
             .any(|r| r.state == ReplicaState::Running && r.version == self.version);
         if n >= limit && !running_at_target {
-            // Ray's words first (its tests and users look for them), then
-            // what only Flotilla's status says.
+            // Ray's opening words first (its tests and users look for them),
+            // then what only Flotilla's status says.
             let (message, delay) = if self.has_started {
                 let delay = backoff(n);
                 (
@@ -157,8 +157,13 @@ impl DeploymentState {
         } else {
             // Every failure says so, whatever the status (Ray's
             // `update_message`): an UNHEALTHY deployment whose replacement
-            // keeps failing must not go on showing only the old cause.
+            // keeps failing must not go on showing only the old cause. Not
+            // over a DEPLOY_FAILED for code the registry lacks: that cause
+            // stands until the next target.
             let delay = backoff(n);
+            if self.missing_code.is_some() {
+                return delay;
+            }
             let more = if self.has_started {
                 String::new()
             } else {

@@ -112,8 +112,8 @@ pub(crate) struct AgentState {
     last_beat: Instant,
     seq: u64,
     dialing: bool,
-    /// Handshakes with the head in a row that ended as refusals (see
-    /// [`REFUSALS_TO_END`]).
+    /// Handshakes with the head that ended as refusals since its last
+    /// session (see [`REFUSALS_TO_END`]).
     refusals: u32,
     replicas: HashMap<ReplicaId, Local>,
     children: Children<ReplicaId, ReplicaMsg>,
@@ -189,9 +189,9 @@ impl AgentState {
     }
 }
 
-/// Handshakes with the head in a row that must end as refusals before the
-/// node gives up ([`Ending::Refused`]): a wrong cookie is refused every time,
-/// a dropped connection is not.
+/// Handshakes with the head ending as refusals, since the last session to
+/// it, before the node gives up ([`Ending::Refused`]): a wrong cookie is
+/// refused every time, a dropped connection is not.
 const REFUSALS_TO_END: u32 = 3;
 
 fn is_head(peer: &str) -> bool {

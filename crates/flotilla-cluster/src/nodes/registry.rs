@@ -923,7 +923,10 @@ mod tests {
         Actor::spawn_linked(None, RemoteReplica, args, watcher.get_cell())
             .await
             .unwrap();
-        let why = rx.recv().await.unwrap();
+        let why = tokio::time::timeout(std::time::Duration::from_secs(30), rx.recv())
+            .await
+            .expect("the stand-in stopped")
+            .unwrap();
         assert_eq!(why.as_deref(), Some("its node 'n-1' was lost"));
         watcher.stop(None);
         head.stop().await;

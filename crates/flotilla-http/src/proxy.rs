@@ -545,16 +545,24 @@ impl Proxy {
         let Some(mut rx) = self.serve.watch_status(&entry.app) else {
             return unavailable(entry, "its application is being deleted");
         };
+        // Both watched: the status may turn hopeless while the request holds
+        // a replica, and the request lose it again (a refusal elsewhere).
+        let mut held = assigned.subscribe();
+        let mut status_gone = false;
         loop {
-            let why = hopeless(entry, &rx.borrow_and_update());
-            if let Some(why) = why.filter(|_| !assigned.get()) {
+            let holds = *held.borrow_and_update();
+            let why = if status_gone {
+                Some(unavailable(entry, "its application is being deleted"))
+            } else {
+                hopeless(entry, &rx.borrow_and_update())
+            };
+            if let Some(why) = why.filter(|_| !holds) {
                 return why;
             }
-            if rx.changed().await.is_err() {
-                if assigned.get() {
-                    return std::future::pending().await;
-                }
-                return unavailable(entry, "its application is being deleted");
+            tokio::select! {
+                changed = rx.changed(), if !status_gone => status_gone = changed.is_err(),
+                // The call's own sender lives as long as its stream.
+                _ = held.changed() => {}
             }
         }
     }

@@ -12,7 +12,7 @@ use std::{
 use flotilla_core::Faults;
 use ractor::ActorRef;
 use serde::{Deserialize, Serialize};
-use tokio::sync::{Notify, watch};
+use tokio::sync::watch;
 
 use crate::{
     DeploymentRoute, ModelIds, ReplicaMsg, batching::Batcher, model_cache::ModelHub,
@@ -59,11 +59,9 @@ pub struct ReplicaEndpoint {
     in_flight: AtomicU32,
     max_ongoing: AtomicU32,
     accepting: AtomicBool,
-    /// Wakes requests cut by a forced stop.
-    kill_signal: Notify,
-    /// Set (before `kill_signal` fires) by a forced stop, for a request that
-    /// begins listening after it fired.
-    killed: AtomicBool,
+    /// Set by a forced stop: wakes the requests it cuts, and tells one that
+    /// begins listening later.
+    killed: watch::Sender<bool>,
     /// Wakes callers queued on the deployment when a slot frees.
     queue: Arc<WaitQueue>,
     /// Its replica actor; `None` for a replica in another process (and in
@@ -117,8 +115,7 @@ impl ReplicaEndpoint {
             in_flight: AtomicU32::new(0),
             max_ongoing: AtomicU32::new(max_ongoing),
             accepting: AtomicBool::new(true),
-            kill_signal: Notify::new(),
-            killed: AtomicBool::new(false),
+            killed: watch::Sender::new(false),
             queue,
             actor: None,
             remote: None,
@@ -320,13 +317,8 @@ impl ReplicaEndpoint {
     /// if it already was: however late a request holding a slot begins
     /// listening, it does not miss its replica's kill.
     pub(crate) async fn killed(&self) {
-        let signal = self.kill_signal.notified();
-        tokio::pin!(signal);
-        signal.as_mut().enable();
-        if self.killed.load(Ordering::Acquire) {
-            return;
-        }
-        signal.await;
+        // The sender lives as long as this endpoint: `wait_for` cannot fail.
+        let _ = self.killed.subscribe().wait_for(|k| *k).await;
     }
 
     pub(crate) fn stop_accepting(&self) {
@@ -337,8 +329,7 @@ impl ReplicaEndpoint {
     /// batcher. Its models go with [`unload_models`](Self::unload_models).
     pub(crate) fn kill(&self) {
         self.accepting.store(false, Ordering::Release);
-        self.killed.store(true, Ordering::Release);
-        self.kill_signal.notify_waiters();
+        self.killed.send_replace(true);
         if let Some(b) = self.batcher.get() {
             b.close();
         }

@@ -403,17 +403,29 @@ impl DeploymentHandle {
 /// process refused it (it is routed again). Read it beside the stream
 /// ([`CallStream::assigned`]), e.g. to give up on a call only while it
 /// waits for a replica, as Ray's router does.
-#[derive(Debug, Clone, Default)]
-pub struct Assigned(Arc<std::sync::atomic::AtomicBool>);
+#[derive(Debug, Clone)]
+pub struct Assigned(tokio::sync::watch::Sender<bool>);
+
+impl Default for Assigned {
+    fn default() -> Self {
+        Assigned(tokio::sync::watch::Sender::new(false))
+    }
+}
 
 impl Assigned {
     /// Whether the call holds a replica.
     pub fn get(&self) -> bool {
-        self.0.load(std::sync::atomic::Ordering::Acquire)
+        *self.0.borrow()
+    }
+
+    /// A subscription to it: wakes at each change (a call routed, or routed
+    /// again after a refusal).
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.0.subscribe()
     }
 
     fn set(&self, on: bool) {
-        self.0.store(on, std::sync::atomic::Ordering::Release);
+        self.0.send_if_modified(|v| std::mem::replace(v, on) != on);
     }
 }
 

@@ -340,7 +340,7 @@ async fn run_batch(shared: &Shared, mut batch: Vec<Entry>) {
 /// Hand one batch (or one model's part of it) to the batch handler and give
 /// every caller its answer.
 async fn run_part(shared: &Shared, model_id: Option<Arc<str>>, part: Vec<Entry>) {
-    let (requests, replies): (Vec<_>, Vec<_>) =
+    let (requests, mut replies): (Vec<_>, Vec<_>) =
         part.into_iter().map(|e| (e.bytes, e.reply)).unzip();
     let mut closed = shared.closed.subscribe();
     let span = tracing::info_span!(
@@ -348,9 +348,14 @@ async fn run_part(shared: &Shared, model_id: Option<Arc<str>>, part: Vec<Entry>)
         size = requests.len(),
         model_id = model_id.as_deref().unwrap_or("")
     );
+    // Every caller gone (each dropped or timed out): the batch is cancelled,
+    // as an unbatched handler is when its caller leaves, and so is the load
+    // of its model a multiplexed one may wait for; the place it held frees.
+    let all_left = futures::future::join_all(replies.iter_mut().map(|r| r.closed()));
     let result = tokio::select! {
         r = shared.user.handle_batch(model_id, requests).instrument(span) => r,
         _ = closed.wait_for(|c| *c) => Err(BatchError::Failed(shared.killed())),
+        _ = all_left => return,
     };
     match result {
         Ok(responses) => {
@@ -528,6 +533,25 @@ mod tests {
             "{:?}",
             t0.elapsed()
         );
+    }
+
+    /// A running batch whose every caller gave up is cancelled: the place
+    /// it held goes to the next batch (here, behind a handler that never
+    /// answers).
+    #[tokio::test(start_paused = true)]
+    async fn a_running_batch_every_caller_left_is_cancelled_and_frees_its_place() {
+        let (rec, _, b) = batcher(BatchConfig::new(1, Duration::ZERO));
+        let stuck = {
+            let b = b.clone();
+            let bytes = rmp_serde::to_vec(&996u32).unwrap();
+            tokio::time::timeout(Duration::from_millis(50), async move {
+                b.submit(bytes, None).await
+            })
+        };
+        assert!(stuck.await.is_err(), "the stuck batch's caller gave up");
+        let next = tokio::time::timeout(Duration::from_secs(5), submit(&b, 7)).await;
+        assert_eq!(next.expect("served").unwrap().unwrap(), 70);
+        assert_eq!(rec.peak.load(Ordering::SeqCst), 1);
     }
 
     /// Callers who give up while their batches wait behind a stuck one do

@@ -111,6 +111,7 @@ pub(crate) struct Batcher {
 impl Batcher {
     /// Start the forming task for a replica running `user`.
     pub(crate) fn start(
+        home: &crate::home::Home,
         user: Arc<dyn ErasedDeployment>,
         settings: Arc<Settings>,
         app: AppName,
@@ -130,7 +131,7 @@ impl Batcher {
             closed: watch::Sender::new(false),
             span: span.clone(),
         });
-        tokio::spawn(form(shared.clone(), rx).instrument(span));
+        home.spawn(form(shared.clone(), rx).instrument(span));
         Batcher { queue, shared }
     }
 
@@ -431,6 +432,7 @@ mod tests {
         let settings = Arc::new(Settings::default());
         settings.set_batching(Some(config));
         let b = Batcher::start(
+            &crate::home::Home::current(),
             Arc::new(Erased(rec.clone())),
             settings.clone(),
             AppName::new("a").unwrap(),
@@ -634,6 +636,7 @@ mod tests {
         let settings = Arc::new(Settings::default());
         settings.set_batching(Some(BatchConfig::new(2, Duration::from_millis(1))));
         let b = Arc::new(Batcher::start(
+            &crate::home::Home::current(),
             Arc::new(Erased(Hasty)),
             settings,
             AppName::new("a").unwrap(),

@@ -73,6 +73,8 @@ pub struct ReplicaEndpoint {
     models: Option<Arc<ModelHub>>,
     /// Its batcher, started by the first batched request.
     batcher: OnceLock<Batcher>,
+    /// The runtime it was made on: its batcher runs there.
+    home: crate::home::Home,
     /// The route of its deployment in this process (weak: the route holds
     /// its endpoints), whose settings requests from other processes run by.
     route: Weak<DeploymentRoute>,
@@ -121,6 +123,7 @@ impl ReplicaEndpoint {
             remote: None,
             models: None,
             batcher: OnceLock::new(),
+            home: crate::home::Home::current(),
             route: Weak::new(),
             faults: Faults::new(),
             stats: ReplicaStats::default(),
@@ -299,6 +302,7 @@ impl ReplicaEndpoint {
     pub(crate) fn batcher(&self, route: &DeploymentRoute) -> &Batcher {
         self.batcher.get_or_init(|| {
             Batcher::start(
+                &self.home,
                 self.user.clone(),
                 route.settings().clone(),
                 route.app().clone(),

@@ -26,6 +26,7 @@ mod batching;
 mod endpoint;
 mod error;
 mod handle;
+mod home;
 mod model_cache;
 mod multiplex;
 mod on_exit;

@@ -231,6 +231,8 @@ pub(crate) struct ModelCache<M: MultiplexedDeployment> {
     /// The replica's span: loads and unloads run in `load_model` and
     /// `unload_model` spans under it, not under the request that asked.
     span: tracing::Span,
+    /// The runtime it was made on: loads run there.
+    home: crate::home::Home,
 }
 
 impl<M: MultiplexedDeployment> ModelCache<M> {
@@ -246,6 +248,7 @@ impl<M: MultiplexedDeployment> ModelCache<M> {
             settings,
             hub: Arc::new(ModelHub::local()),
             span,
+            home: crate::home::Home::current(),
         }
     }
 
@@ -311,7 +314,8 @@ impl<M: MultiplexedDeployment> ModelCache<M> {
                     self.publish(&s);
                     let span =
                         tracing::info_span!(parent: &self.span, "load_model", model_id = %id);
-                    tokio::spawn(self.clone().load(id.clone(), tx).instrument(span));
+                    self.home
+                        .spawn(self.clone().load(id.clone(), tx).instrument(span));
                     rx
                 }
             }

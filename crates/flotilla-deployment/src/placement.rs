@@ -108,6 +108,7 @@ pub(crate) async fn start_replica(
     };
     match started {
         Ok(_) => {
+            state.route.stats().record_start();
             let replica = Replica {
                 state: ReplicaState::Starting,
                 version: state.version.clone(),

@@ -538,12 +538,20 @@ impl Collector for Scrape {
         )?;
         for d in &self.deployments {
             for (id, state) in &d.states {
+                // As Ray's: 1 once a replica serves (and while it is updated
+                // in place or recovered), 0 once it stops; a replica still
+                // starting has no series yet.
+                let healthy = match state {
+                    ReplicaState::Starting => continue,
+                    ReplicaState::Running | ReplicaState::Updating | ReplicaState::Recovering => 1,
+                    ReplicaState::Stopping => 0,
+                };
                 let l = vec![
                     ("deployment", d.deployment.as_str()),
                     ("replica", id.as_str()),
                     ("application", d.app.as_str()),
                 ];
-                f.gauge(&l, i64::from(*state == ReplicaState::Running))?;
+                f.gauge(&l, healthy)?;
             }
         }
 

@@ -84,8 +84,6 @@ pub struct ReplicaEndpoint {
     stats: ReplicaStats,
     /// When it began serving (its endpoint was made).
     started_at: SystemTime,
-    /// Set the first time a route publishes it (counts replica starts once).
-    pub(crate) published: AtomicBool,
 }
 
 impl fmt::Debug for ReplicaEndpoint {
@@ -128,7 +126,6 @@ impl ReplicaEndpoint {
             faults: Faults::new(),
             stats: ReplicaStats::default(),
             started_at: SystemTime::now(),
-            published: AtomicBool::new(false),
         }
     }
 

@@ -263,11 +263,6 @@ impl DeploymentRoute {
     /// Publish the replicas routers may use (only running, accepting ones). Sends
     /// only when the set of ids changed.
     pub fn publish(&self, replicas: Vec<Arc<ReplicaEndpoint>>) {
-        for r in &replicas {
-            if !r.published.swap(true, Ordering::AcqRel) {
-                self.stats.replica_starts.fetch_add(1, Ordering::Relaxed);
-            }
-        }
         let changed = self.tx.send_if_modified(|cur| {
             let same = cur.len() == replicas.len()
                 && cur.iter().zip(&replicas).all(|(a, b)| Arc::ptr_eq(a, b));
@@ -419,6 +414,13 @@ impl RouteStats {
     /// `serve_deployment_replica_starts`.
     pub fn replica_starts(&self) -> u64 {
         self.replica_starts.load(Ordering::Relaxed)
+    }
+
+    /// Count a replica started (its actor spawned, before its constructor
+    /// runs, as Ray's counter: a constructor that fails every time counts
+    /// every try). The DeploymentActor calls it.
+    pub fn record_start(&self) {
+        self.replica_starts.fetch_add(1, Ordering::Relaxed);
     }
 }
 

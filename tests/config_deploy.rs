@@ -165,17 +165,30 @@ async fn failing_panicking_and_slow_builds_are_deploy_failed_saying_why() {
 ",
     )
     .await;
-    for (app, why) in [
+    // Declared by the config, so declarative (Ray's source), deployed at the
+    // apply, while the builds run and after they fail.
+    let applied = |app: &str| {
+        let s = serve.app_status(app);
+        assert_eq!(s.api_type, Some(flotilla::ApiType::Declarative), "{app}");
+        s.last_deployed.expect("deployed at the apply")
+    };
+    let at: Vec<_> = ["f", "p", "t"].into_iter().map(applied).collect();
+    for ((app, why), at) in [
         ("f", "the builder refused"),
         ("p", "the builder panicked"),
         ("t", "did not finish within"),
-    ] {
+    ]
+    .into_iter()
+    .zip(at)
+    {
         let s = wait_status(&serve, app, A::DeployFailed).await;
         assert!(
             s.message.contains("failed") && s.message.contains(why),
             "{app}: {}",
             s.message
         );
+        assert_eq!(s.api_type, Some(flotilla::ApiType::Declarative), "{app}");
+        assert_eq!(s.last_deployed, Some(at), "{app}");
     }
 }
 

@@ -317,11 +317,20 @@ impl ControllerState {
 
     /// Publish the status of an application that has no target yet.
     fn publish_unbuilt(&self, app: &AppName, failure: Option<&str>) {
-        let info = ApplicationStatusInfo::derive(AppStatusInputs {
+        let mut info = ApplicationStatusInfo::derive(AppStatusInputs {
             record: None,
             reported: &BTreeMap::new(),
             build_failure: failure,
         });
+        // A config declared it: declarative from then on, deployed when the
+        // config was applied (Ray creates its state so in the call), though
+        // no target has been built yet.
+        info.api_type = Some(ApiType::Declarative);
+        info.last_deployed = self
+            .board
+            .status(app.as_str())
+            .last_deployed
+            .or_else(|| Some((self.clock)()));
         let tx = self.board.sender(app, None, || info.clone());
         publish_status(&tx, app, info);
     }

@@ -258,10 +258,12 @@ pub struct ApplicationStatusInfo {
     /// is accepted (a deployment that has not reported yet is UPDATING).
     pub deployments: BTreeMap<DeploymentName, DeploymentStatusInfo>,
     /// How the application was deployed (Ray's `source`); `None` while it does
-    /// not exist.
+    /// not exist (an application a config declares is declarative from the
+    /// moment the config is applied, before its build produced a target).
     pub api_type: Option<ApiType>,
     /// When its current target was accepted (Ray's `last_deployed_time_s`);
-    /// `None` while a config build of a new application has produced no target.
+    /// for a config's new application still building, when the config was
+    /// applied.
     pub last_deployed: Option<SystemTime>,
     /// Whether its replica counts may be set from outside (Ray's
     /// `external_scaler_enabled`, as its current target declares).

@@ -67,7 +67,8 @@
 //! - Both listeners bind loopback by default. When the REST listener is on,
 //!   binding either listener elsewhere needs a bearer token
 //!   ([`HttpError::TokenRequired`] otherwise); with a token configured, `PUT`
-//!   and `DELETE` always need `Authorization: Bearer <token>` (401 without).
+//!   and `DELETE` always need `Authorization: Bearer <token>` (or, as Ray's,
+//!   `X-Ray-Authorization`): 401 without a token, 403 with a wrong one.
 //!   Reads and `/metrics` need none, as Ray's dashboard. With the REST listener
 //!   off, the proxy may bind anywhere without a token; a disabled proxy binds
 //!   nothing, so its host is neither resolved nor checked.

@@ -249,7 +249,8 @@ impl Rest {
     }
 
     /// `Some(405)` for a browser's request (Ray's refusal of browser traffic,
-    /// see [`crate::auth`]), `Some(401)` without the token; `None` if the
+    /// see [`crate::auth`]), `Some(401)` without a token, `Some(403)` with a
+    /// wrong one; `None` if the
     /// request may mutate.
     fn authorize(&self, req: &Request<hyper::body::Incoming>) -> Option<Response<Body>> {
         if is_browser_request(req.headers()) {
@@ -259,17 +260,25 @@ impl Rest {
             ));
         }
         let token = self.token.as_ref()?;
+        // As Ray's token middleware: `Authorization`, else the
+        // `X-Ray-Authorization` proxies and KubeRay set; none is 401, a wrong
+        // one 403.
         let given = req
             .headers()
             .get(header::AUTHORIZATION)
+            .or_else(|| req.headers().get("x-ray-authorization"))
             .map(|v| v.as_bytes());
-        if token.accepts(given) {
+        if given.is_some() && token.accepts(given) {
             return None;
         }
-        let mut r = text(
-            401,
-            "Unauthorized: this endpoint needs the server's bearer token (Authorization: Bearer <token>).",
-        );
+        let mut r = match given {
+            None => text(
+                401,
+                "Unauthorized: Missing authentication token (this endpoint needs the server's \
+                 token: Authorization: Bearer <token>).",
+            ),
+            Some(_) => text(403, "Forbidden: Invalid authentication token"),
+        };
         r.headers_mut()
             .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         Some(r)

@@ -17,7 +17,7 @@ fn serve_status(details: &Value) -> Value {
         .into_iter()
         .flatten()
         .map(|(name, a)| {
-            let deployments: serde_json::Map<String, Value> = a["deployments"]
+            let mut deployments: serde_json::Map<String, Value> = a["deployments"]
                 .as_object()
                 .into_iter()
                 .flatten()
@@ -35,6 +35,15 @@ fn serve_status(details: &Value) -> Value {
                     )
                 })
                 .collect();
+            // A deployment the details leave out (its DeploymentActor was
+            // restarting or did not answer in time) is still one of the
+            // application's: listed, saying its details are unavailable.
+            for d in a["deployment_topology"]["nodes"].as_object().into_iter().flatten().map(|(d, _)| d) {
+                deployments.entry(d.clone()).or_insert_with(|| {
+                    json!({"status": "UNKNOWN", "status_trigger": "UNKNOWN", "replica_states": {},
+                        "message": "details unavailable: its DeploymentActor did not answer (restarting?); try again"})
+                });
+            }
             (
                 name.clone(),
                 json!({"status": a["status"], "message": a["message"],
@@ -173,4 +182,30 @@ pub fn config(details: &Value, name: Option<&str>) -> Result<String, ClientError
         });
     }
     Ok(docs.join("\n---\n\n"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_deployment_the_details_leave_out_is_listed_as_unavailable() {
+        let details = json!({"applications": {"a": {
+            "status": "UNHEALTHY", "message": "", "last_deployed_time_s": 1.0,
+            "deployments": {"front": {"status": "HEALTHY", "status_trigger": "CONFIG_UPDATE_COMPLETED",
+                "message": "", "replicas": [{"state": "RUNNING"}]}},
+            "deployment_topology": {"nodes": {"front": {}, "back": {}}},
+        }}});
+        let s = serve_status(&details);
+        let deps = &s["applications"]["a"]["deployments"];
+        assert_eq!(deps["front"]["status"], "HEALTHY");
+        assert_eq!(deps["back"]["status"], "UNKNOWN");
+        assert!(
+            deps["back"]["message"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("details unavailable"),
+            "{deps}"
+        );
+    }
 }

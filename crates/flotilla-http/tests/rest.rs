@@ -758,15 +758,10 @@ async fn replica_starts_count_every_try_of_a_constructor_that_always_fails() {
     // One replica: three failed tries before DEPLOY_FAILED.
     wait_status(&f.serve, "broken", ApplicationStatus::DeployFailed).await;
     let c = support::client();
-    let metrics = get(&c, &f.rest_url("/metrics")).await.body;
+    let metrics = parse(&get(&c, &f.rest_url("/metrics")).await.body);
     let series =
-        r#"ray_serve_deployment_replica_starts_total{deployment="ingress",application="broken"} "#;
-    let starts: f64 = metrics
-        .lines()
-        .find_map(|l| l.strip_prefix(series))
-        .unwrap_or_else(|| panic!("no series: {metrics}"))
-        .parse()
-        .unwrap();
+        r#"ray_serve_deployment_replica_starts_total{application="broken",deployment="ingress"}"#;
+    let starts = metrics[series];
     assert!(starts >= 3.0, "{starts}");
     f.stop().await;
 }
@@ -800,19 +795,20 @@ async fn a_deployment_and_a_starting_replica_carry_every_field_ray_requires() {
     // Ray's ReplicaDetails.start_time_s is required: 0.0 while not known.
     assert_eq!(replica["start_time_s"], 0.0, "{replica}");
     // Its metrics, as Ray's: counted as started, no health series yet.
-    let metrics = get(&c, &f.rest_url("/metrics")).await.body;
-    assert!(
-        metrics.contains(
-            r#"ray_serve_deployment_replica_starts_total{deployment="ingress",application="g"} 1"#
+    let metrics = parse(&get(&c, &f.rest_url("/metrics")).await.body);
+    assert_eq!(
+        metrics.get(
+            r#"ray_serve_deployment_replica_starts_total{application="g",deployment="ingress"}"#
         ),
-        "{metrics}"
+        Some(&1.0),
+        "{metrics:?}"
     );
     assert!(
         !metrics
-            .lines()
-            .any(|l| l.starts_with("ray_serve_deployment_replica_healthy")
-                && l.contains(r#"application="g""#)),
-        "{metrics}"
+            .keys()
+            .any(|k| k.starts_with("ray_serve_deployment_replica_healthy{")
+                && k.contains(r#"application="g""#)),
+        "{metrics:?}"
     );
     f.probe.constructor_gate.add_permits(1);
     wait_status(&f.serve, "g", ApplicationStatus::Running).await;

@@ -197,7 +197,8 @@ impl DeploymentHandle {
     }
 
     /// The route to use: ours, or the live one if ours was deleted and the
-    /// deployment has come back since.
+    /// deployment has come back since (a route something serves it on, not
+    /// one a later handle made: that one would have nothing behind it).
     fn live_route(&self) -> Result<Arc<DeploymentRoute>, CallError> {
         if !self.route.is_closed() {
             return Ok(self.route.clone());
@@ -206,16 +207,23 @@ impl DeploymentHandle {
             .directory
             .get(self.route.app(), self.route.deployment())
         {
-            Some(r) if !r.is_closed() => Ok(r),
-            Some(r) => Err(r.not_found()),
-            None => Err(self.route.not_found()),
+            Some(r) if !r.is_closed() && r.is_claimed() => Ok(r),
+            Some(r) if r.is_closed() => Err(r.not_found()),
+            // Deleted before its instance stopped: the stop is what a call
+            // finds now.
+            _ if self.directory.is_shut_down() => Err(CallError::Unavailable {
+                app: self.app().to_owned(),
+                deployment: self.deployment().to_owned(),
+            }),
+            _ => Err(self.route.not_found()),
         }
     }
 
     async fn call_payload(&self, mut payload: Payload) -> Result<Payload, CallError> {
         let mut refusals = 0;
         loop {
-            let (route, slot) = self.acquire().await?;
+            // Counted once per request, not again for each refusal.
+            let (route, slot) = self.acquire(refusals == 0).await?;
             let replica = slot.0.id();
             let result = match slot.0.remote_call().cloned() {
                 None => {
@@ -248,14 +256,15 @@ impl DeploymentHandle {
 
     /// A slot on a replica, picked by the deployment's router: at once if one is
     /// free and nobody waits, else after waiting in the deployment's queue (up
-    /// to `max_queued_requests`), oldest first.
-    async fn acquire(&self) -> Result<(Arc<DeploymentRoute>, Slot), CallError> {
+    /// to `max_queued_requests`), oldest first. `count`: the request's first
+    /// routing (a request a remote replica refused is routed again, uncounted).
+    async fn acquire(&self, count: bool) -> Result<(Arc<DeploymentRoute>, Slot), CallError> {
         let route = self.live_route()?;
         let mut rx = route.subscribe();
         if route.queued() == 0 {
             let set = rx.borrow_and_update().clone();
             if let Some(slot) = self.pick(&route, &set) {
-                return Ok(assigned(route, slot));
+                return Ok(assigned(route, slot, count));
             }
         }
         let place = route.enqueue()?;
@@ -270,7 +279,7 @@ impl DeploymentHandle {
                 let set = rx.borrow_and_update().clone();
                 if let Some(slot) = self.pick(&route, &set) {
                     place.leave_with_slot(set.iter().any(|e| e.has_room()));
-                    return Ok(assigned(route, slot));
+                    return Ok(assigned(route, slot, count));
                 }
                 if set.iter().any(|e| e.has_room()) {
                     place.pass_turn();
@@ -342,7 +351,7 @@ impl DeploymentHandle {
         let work = async move {
             let (mut payload, mut refusals) = (payload, 0);
             loop {
-                let (route, slot) = handle.acquire().await?;
+                let (route, slot) = handle.acquire(refusals == 0).await?;
                 flag.set(true);
                 let replica = slot.0.id();
                 let result = match slot.0.remote_call().cloned() {
@@ -556,12 +565,14 @@ impl DeploymentHandle {
     }
 }
 
-/// Count a request assigned to a replica.
-fn assigned(route: Arc<DeploymentRoute>, slot: Slot) -> (Arc<DeploymentRoute>, Slot) {
-    route
-        .stats()
-        .assigned
-        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+/// Count a request assigned to a replica (if `count`: once per request).
+fn assigned(route: Arc<DeploymentRoute>, slot: Slot, count: bool) -> (Arc<DeploymentRoute>, Slot) {
+    if count {
+        route
+            .stats()
+            .assigned
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
     (route, slot)
 }
 

@@ -33,6 +33,10 @@ pub struct DeploymentRoute {
     closed: AtomicBool,
     /// Closed because its Serve instance stopped (not because it was deleted).
     shut: AtomicBool,
+    /// Something that serves the deployment made it or took it
+    /// ([`Directory::route`]), not only a handle: a handle whose own route
+    /// was deleted moves to this one only then.
+    claimed: AtomicBool,
     /// Callers in this process waiting for a slot, oldest first; shared with
     /// the replicas' endpoints, whose freed slots wake it.
     pub(crate) queue: Arc<WaitQueue>,
@@ -82,6 +86,7 @@ impl DeploymentRoute {
             tx: watch::Sender::new(empty),
             closed: AtomicBool::new(false),
             shut: AtomicBool::new(false),
+            claimed: AtomicBool::new(false),
             queue: Arc::default(),
             max_queued: AtomicU32::new(u32::MAX),
             zero_target: AtomicBool::new(false),
@@ -337,6 +342,12 @@ impl DeploymentRoute {
         self.closed.load(Ordering::Acquire)
     }
 
+    /// Whether something that serves the deployment made or took this route
+    /// (see [`Directory::route`]); a route only a handle made is not.
+    pub fn is_claimed(&self) -> bool {
+        self.claimed.load(Ordering::Acquire)
+    }
+
     pub(crate) fn subscribe(&self) -> watch::Receiver<ReplicaSet> {
         self.tx.subscribe()
     }
@@ -457,9 +468,18 @@ impl Directory {
         Self::default()
     }
 
-    /// The route of a deployment, created if it has none (control actors call this
-    /// when a deployment comes to life).
+    /// The route of a deployment, created if it has none, and claimed: what
+    /// serves the deployment calls this (its DeploymentActor as it comes to
+    /// life, a node's agent for its replicas), and the handles whose route
+    /// was deleted move to it.
     pub fn route(&self, app: &AppName, deployment: &DeploymentName) -> Arc<DeploymentRoute> {
+        let route = self.route_unclaimed(app, deployment);
+        route.claimed.store(true, Ordering::Release);
+        route
+    }
+
+    /// The route of a deployment, created (unclaimed) if it has none.
+    fn route_unclaimed(&self, app: &AppName, deployment: &DeploymentName) -> Arc<DeploymentRoute> {
         let key = (app.clone(), deployment.clone());
         if let Some(r) = self.get_key(&key) {
             return r;
@@ -559,9 +579,11 @@ impl Directory {
     }
 
     /// A handle to a deployment. Its calls wait for a replica if none runs yet, and
-    /// fail with `NotFound` once the deployment is deleted.
+    /// fail with `NotFound` once the deployment is deleted (until it is
+    /// deployed again: a route only handles made since does not bring back
+    /// the handles made before).
     pub fn handle(&self, app: &AppName, deployment: &DeploymentName) -> DeploymentHandle {
-        DeploymentHandle::new(self.clone(), self.route(app, deployment))
+        DeploymentHandle::new(self.clone(), self.route_unclaimed(app, deployment))
     }
 
     /// A handle to a deployment that has a route now, making none: for a

@@ -1,0 +1,128 @@
+//! Routes: which one a handle's calls use as deployments are deleted and
+//! come back, what they get when there is none, and what a route counts.
+
+#![allow(clippy::unwrap_used)]
+
+use std::{
+    sync::{Arc, atomic::Ordering},
+    time::Duration,
+};
+
+use flotilla_core::{AppName, DeploymentName};
+use flotilla_replica::{
+    CallError, Directory, ItemSender, ReplicaId,
+    remote::{Attempt, RemoteCall, RemoteEndpoint},
+};
+use futures::future::BoxFuture;
+
+fn key() -> (AppName, DeploymentName) {
+    (
+        AppName::new("a").unwrap(),
+        DeploymentName::new("d").unwrap(),
+    )
+}
+
+/// A call that must answer (paused time: one that waits fails the test).
+async fn answer(h: &flotilla_replica::DeploymentHandle) -> CallError {
+    tokio::time::timeout(Duration::from_secs(3600), h.call::<u8, u8>(&1))
+        .await
+        .expect("the call answers instead of waiting")
+        .unwrap_err()
+}
+
+/// A handle made after the deployment was deleted makes a route nothing
+/// serves: it must not pull the handles made before onto it (they would wait
+/// for ever instead of failing with `NotFound`). A redeploy does.
+#[tokio::test(start_paused = true)]
+async fn a_handle_made_after_a_deletion_does_not_bring_back_the_older_ones() {
+    let dir = Directory::new();
+    let (a, d) = key();
+    let served = dir.route(&a, &d);
+    assert!(served.is_claimed());
+    let old = dir.handle(&a, &d);
+    dir.remove(&a, &d);
+    assert!(matches!(answer(&old).await, CallError::NotFound { .. }));
+
+    let late = dir.handle(&a, &d);
+    assert!(!dir.get(&a, &d).unwrap().is_claimed());
+    assert!(matches!(answer(&old).await, CallError::NotFound { .. }));
+
+    // Deployed again: the old handle's calls go to the new route (and wait
+    // there for a replica, as the late handle's do).
+    let again = dir.route(&a, &d);
+    assert!(again.is_claimed());
+    let waits = tokio::time::timeout(Duration::from_secs(60), old.call::<u8, u8>(&1)).await;
+    assert!(waits.is_err(), "{waits:?}");
+    drop(late);
+}
+
+/// After the instance stopped, a handle whose deployment was deleted before
+/// answers as every other call then does: `Unavailable`.
+#[tokio::test(start_paused = true)]
+async fn a_deleted_deployments_handle_is_unavailable_once_the_instance_stopped() {
+    let dir = Directory::new();
+    let (a, d) = key();
+    dir.route(&a, &d);
+    let old = dir.handle(&a, &d);
+    dir.remove(&a, &d);
+    dir.shut_down();
+    assert!(matches!(answer(&old).await, CallError::Unavailable { .. }));
+    let late = dir.handle(&a, &d);
+    assert!(matches!(answer(&late).await, CallError::Unavailable { .. }));
+    assert!(matches!(answer(&old).await, CallError::Unavailable { .. }));
+}
+
+/// A replica in another process that refuses a request once (at its limit
+/// there), then runs it.
+struct RefusesOnce(std::sync::atomic::AtomicBool);
+
+impl RemoteCall for RefusesOnce {
+    fn call(
+        &self,
+        _: ReplicaId,
+        request: Vec<u8>,
+        _: Option<Arc<str>>,
+    ) -> BoxFuture<'static, Attempt<Vec<u8>>> {
+        let refuse = !self.0.swap(true, Ordering::SeqCst);
+        Box::pin(async move {
+            if refuse {
+                Attempt::Refused {
+                    request,
+                    full: true,
+                }
+            } else {
+                Attempt::Ran(Ok(request))
+            }
+        })
+    }
+
+    fn call_stream(
+        &self,
+        _: ReplicaId,
+        _: Vec<u8>,
+        _: Option<Arc<str>>,
+        _: ItemSender,
+    ) -> BoxFuture<'static, Attempt<()>> {
+        Box::pin(async { Attempt::Ran(Ok(())) })
+    }
+}
+
+/// A request routed again after a remote replica refused it is still one
+/// request routed (Ray's `serve_num_router_requests`).
+#[tokio::test(start_paused = true)]
+async fn a_request_routed_again_after_a_refusal_is_counted_once() {
+    let dir = Directory::new();
+    let (a, d) = key();
+    let route = dir.route(&a, &d);
+    let remote = RemoteEndpoint::new(
+        ReplicaId(1),
+        "node-1",
+        Arc::new(RefusesOnce(Default::default())),
+        4,
+        &route,
+    );
+    route.publish(vec![remote.endpoint().clone()]);
+    let out: u8 = dir.handle(&a, &d).call(&7u8).await.unwrap();
+    assert_eq!(out, 7);
+    assert_eq!(route.stats().assigned(), 1);
+}

@@ -227,10 +227,7 @@ impl Proxy {
         }
         let Some((_, entry)) = snapshot.router.route(&path) else {
             let done = Done::new(self.metrics.unmatched.clone(), method, started, None);
-            let body = format!(
-                "Path '{}{path}' not found. Ping http://.../-/routes for available routes.",
-                self.options.root_path
-            );
+            let body = not_found(&self.options.root_path, &path);
             return Ok(text(404, body, &request_id, Some(done)));
         };
         let entry = entry.clone();
@@ -451,7 +448,9 @@ impl Proxy {
         };
         let head = match first {
             Some(Ok(head)) => head,
-            Some(Err(e)) => return self.refuse(&entry, &handle, e, &request_id, done),
+            Some(Err(e)) => {
+                return self.refuse(&entry, &handle, e, parts.uri.path(), &request_id, done);
+            }
             None => {
                 let body = format!(
                     "The ingress deployment '{}' of application '{}' answered with an empty stream.",
@@ -464,7 +463,9 @@ impl Proxy {
         let (whole, pending) = match stream.next().now_or_never() {
             Some(None) => (true, vec![head.body.clone()]),
             Some(Some(Ok(next))) => (false, vec![head.body.clone(), next.body]),
-            Some(Some(Err(e))) => return self.refuse(&entry, &handle, e, &request_id, done),
+            Some(Some(Err(e))) => {
+                return self.refuse(&entry, &handle, e, parts.uri.path(), &request_id, done);
+            }
             None => (false, vec![head.body.clone()]),
         };
         // The head is checked before the body takes `done`: a head that cannot
@@ -575,12 +576,13 @@ impl Proxy {
         entry: &RouteEntry,
         handle: &DeploymentHandle,
         e: CallError,
+        raw_path: &str,
         request_id: &str,
         mut done: Done,
     ) -> Response<ProxyBody> {
         let backpressure =
             matches!(e, CallError::BackPressure { .. }).then(|| handle.route().backpressure());
-        let (mut status, body) = self.error_response(entry, handle, e);
+        let (mut status, body) = self.error_response(entry, handle, e, raw_path);
         if let Some(b) = backpressure {
             status = b.status_code.code();
         }
@@ -595,12 +597,14 @@ impl Proxy {
         r
     }
 
-    /// The status and body of a failed call, before the response started.
+    /// The status and body of a failed call, before the response started
+    /// (`raw_path`: the request's path as it came, for a 404).
     fn error_response(
         &self,
         entry: &RouteEntry,
         handle: &DeploymentHandle,
         e: CallError,
+        raw_path: &str,
     ) -> (u16, String) {
         match e {
             CallError::User(m) | CallError::Panicked(m) => (500, m),
@@ -631,17 +635,24 @@ impl Proxy {
                     ),
                 )
             }
+            // Its application was deleted while the request waited: the
+            // same answer as a path no route matches.
             CallError::NotFound { .. } => (
                 404,
-                format!(
-                    "Path '{}{}' not found. Ping http://.../-/routes for available routes.",
-                    self.options.root_path, entry.prefix
+                not_found(
+                    &self.options.root_path,
+                    &decode_path(raw_path).unwrap_or(Cow::Borrowed(raw_path)),
                 ),
             ),
             CallError::Unavailable { .. } => (503, unavailable(entry, "Flotilla is shutting down")),
             CallError::Timeout { .. } => (TIMEOUT_STATUS, e.to_string()),
         }
     }
+}
+
+/// Ray's 404 text for `path` (decoded) under the server's `root_path`.
+fn not_found(root_path: &str, path: &str) -> String {
+    format!("Path '{root_path}{path}' not found. Ping http://.../-/routes for available routes.")
 }
 
 /// Ray's `DeploymentUnavailableError` text, with Flotilla's reason.

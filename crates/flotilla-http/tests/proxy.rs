@@ -253,6 +253,54 @@ async fn no_replica_is_503_at_once_when_none_can_come_and_back_pressure_is_503()
     f.stop().await;
 }
 
+/// A request queued for a replica when its application is deleted is a 404
+/// for its own path, as one that came after the deletion.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_queued_as_its_application_goes_is_a_404_for_its_path() {
+    let f = start().await;
+    let app = ApplicationSpec::builder("q")
+        .route_prefix("/q")
+        .deployment(support::quick(
+            DeploymentSpec::builder("ingress", "t::Echo")
+                .init_args(&"q")
+                .with_config(|mut c| {
+                    // The hanging request is cut soon after the deletion.
+                    c.graceful_shutdown_timeout = Duration::from_millis(100);
+                    c.with_max_ongoing_requests(1)
+                }),
+        ))
+        .build()
+        .unwrap();
+    f.serve.run(app).await.unwrap();
+    let c = support::client();
+    let started = f.probe.started.notified();
+    let hang = tokio::spawn({
+        let (c, u) = (c.clone(), f.url("/q/hang"));
+        async move { get(&c, &u).await }
+    });
+    started.await;
+    let queued = tokio::spawn({
+        let (c, u) = (c.clone(), f.url("/q/deep/er%20path"));
+        async move { get(&c, &u).await }
+    });
+    let route = f.serve.deployment_handle("q", "ingress").unwrap().route();
+    let mut rx = f.serve.routes().subscribe();
+    while route.queued() == 0 {
+        tokio::select! { _ = rx.changed() => {}, _ = tokio::task::yield_now() => {} }
+    }
+    f.serve.delete_apps(["q"], false).await.unwrap();
+    let q = queued.await.unwrap();
+    assert_eq!(
+        (q.status, q.body.as_str()),
+        (
+            404,
+            "Path '/q/deep/er path' not found. Ping http://.../-/routes for available routes."
+        )
+    );
+    hang.abort();
+    f.stop().await;
+}
+
 /// As Ray's router, the proxy gives up on a request waiting for a replica
 /// only when the ingress deployment itself failed to deploy, and never once a
 /// replica holds the request.

@@ -537,6 +537,14 @@ async fn an_external_scaler_sets_replica_counts_durably_until_the_app_declares_a
             .await,
         Err(ServeError::Invalid(_))
     ));
+    // Being deleted: said so (Ray's DeploymentIsBeingDeletedError), not that
+    // it does not exist.
+    serve.delete_apps(["ext"], false).await.unwrap();
+    let e = serve.scale_deployment("ext", "probe", 2).await.unwrap_err();
+    assert!(
+        matches!(&e, ServeError::BeingDeleted { app } if app == "ext"),
+        "{e}"
+    );
 }
 
 #[tokio::test(start_paused = true)]

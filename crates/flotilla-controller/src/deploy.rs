@@ -107,15 +107,19 @@ impl Controller {
         reply: RpcReplyPort<Result<(), ServeError>>,
     ) -> Result<(), ActorProcessingErr> {
         let stage = |s: &ControllerState, batch: &mut Batch| {
-            let record = s
-                .apps
-                .get(&app)
-                .map(|e| &e.record)
-                .filter(|r| !r.deleting)
-                .ok_or_else(|| ServeError::NotFound {
+            let record =
+                s.apps
+                    .get(&app)
+                    .map(|e| &e.record)
+                    .ok_or_else(|| ServeError::NotFound {
+                        app: app.to_string(),
+                        deployment: None,
+                    })?;
+            if record.deleting {
+                return Err(ServeError::BeingDeleted {
                     app: app.to_string(),
-                    deployment: None,
-                })?;
+                });
+            }
             if !record.spec.external_scaler_enabled {
                 return Err(ServeError::ExternalScalerDisabled {
                     app: app.to_string(),

@@ -65,6 +65,13 @@ pub enum ServeError {
         /// The application.
         app: String,
     },
+    /// The application is being deleted, so its replica counts can no longer
+    /// be set (Ray's `DeploymentIsBeingDeletedError`).
+    #[error("application '{app}' is being deleted")]
+    BeingDeleted {
+        /// The application.
+        app: String,
+    },
     /// The same application name appears twice in one batch.
     #[error("application '{app}' appears more than once in the batch")]
     DuplicateApp {

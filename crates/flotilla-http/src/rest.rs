@@ -22,7 +22,7 @@
 use std::{convert::Infallible, sync::Arc};
 
 use bytes::Bytes;
-use flotilla::{ApiType, ApplicationStatus, Serve, ServeConfig, ServeError};
+use flotilla::{ApiType, Serve, ServeConfig, ServeError};
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
 use http_body_util::Full;
 
@@ -220,13 +220,8 @@ impl Rest {
                 }),
             ),
             // Ray's `DeploymentIsBeingDeletedError`: "From customer's viewpoint,
-            // the deployment is deleted". The Controller no longer knows an
-            // application it is deleting; its status says so.
-            Err(ServeError::NotFound { .. })
-                if self.serve.app_status(app).status == ApplicationStatus::Deleting =>
-            {
-                error(412, "Deployment is deleted".to_owned())
-            }
+            // the deployment is deleted".
+            Err(ServeError::BeingDeleted { .. }) => error(412, "Deployment is deleted".to_owned()),
             Err(ServeError::NotFound { .. }) => {
                 error(400, "Application or Deployment not found".to_owned())
             }

@@ -225,17 +225,36 @@ async fn unregistered_classes_and_refused_kwargs_are_refused_naming_where() {
 async fn a_config_names_a_registered_router_by_its_class() {
     let dir = tempfile::tempdir().unwrap();
     let serve = support::start_with(&dir, registry()).await;
-    let config = |class: &str| {
+    let with = |class: &str, kwargs: &str| {
         ServeConfig::from_yaml(&format!(
-            "applications:\n  - name: rt\n    import_path: rt:app\n    deployments:\n      - name: who\n        request_router_config:\n          request_router_class: {class}\n          request_router_kwargs: {{highest: true}}\n"
+            "applications:\n  - name: rt\n    import_path: rt:app\n    deployments:\n      - name: who\n        request_router_config:\n          request_router_class: {class}\n          request_router_kwargs: {kwargs}\n"
         ))
         .unwrap()
     };
+    let config = |class: &str| with(class, "{highest: true}");
     let e = serve
         .apply_config(config("rt.routers:Nope"))
         .await
         .unwrap_err();
     assert!(matches!(e, ServeError::NotRegisteredAt { .. }), "{e}");
+    // Kwargs its factory refuses: refused at the call, as `run` refuses them
+    // (not acknowledged, then DEPLOY_FAILED at the build).
+    let e = serve
+        .apply_config(with("rt.routers:Pinned", "{unknown: bogus}"))
+        .await
+        .unwrap_err();
+    let shown = e.to_string();
+    assert!(
+        shown.contains("'rt'")
+            && shown.contains("'who'")
+            && shown.contains("request_router_config.request_router_kwargs"),
+        "{shown}"
+    );
+    assert!(
+        serve.status().is_empty(),
+        "a refused config leaves no trace"
+    );
+    assert_eq!(serve.applied_config().await.unwrap(), None);
     serve
         .apply_config(config("rt.routers:Pinned"))
         .await

@@ -448,18 +448,35 @@ impl Controller {
                         POLICY_NOT_REGISTERED,
                     ));
                 }
-                if let Some(class) = d
+                // The override replaces the builder's router config whole:
+                // its router must be registered and take its kwargs now, as
+                // `run` checks a spec's (not at the build, after the ack).
+                if let Some(router) = d
                     .request_router_config
                     .as_ref()
-                    .and_then(|r| r.request_router_class.as_ref())
-                    && !state.registry.contains_request_router(class.as_str())
+                    .and_then(|r| r.to_config().ok())
+                    .filter(|r| !r.is_builtin())
                 {
-                    return Err(unregistered(
-                        dep,
-                        "request_router_config.request_router_class",
-                        class.as_str(),
-                        ROUTER_NOT_REGISTERED,
-                    ));
+                    let class = router.request_router_class.as_str();
+                    if !state.registry.contains_request_router(class) {
+                        return Err(unregistered(
+                            dep,
+                            "request_router_config.request_router_class",
+                            class,
+                            ROUTER_NOT_REGISTERED,
+                        ));
+                    }
+                    if let Err(e) = state.registry.request_router(&router) {
+                        return Err(flotilla_core::Error::InvalidField {
+                            at: flotilla_core::Location {
+                                app: Some(app.name.to_string()),
+                                deployment: Some(d.name.to_string()),
+                            },
+                            field: "request_router_config.request_router_kwargs",
+                            reason: e.to_string(),
+                        }
+                        .into());
+                    }
                 }
             }
             if let Some(e) = state.apps.get(&app.name)

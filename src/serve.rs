@@ -339,6 +339,7 @@ impl Serve {
                 preloaded,
                 clock: options.clock,
                 route_table: route_table.clone(),
+                app_restarts: Default::default(),
             },
             fatal: fatal_tx,
         };
@@ -607,7 +608,8 @@ impl Serve {
     /// an application with `external_scaler_enabled`): durable in one
     /// Controller commit when this returns, and standing until the application
     /// declares another count. `ExternalScalerDisabled` for an application
-    /// without an external scaler, `NotFound` for an unknown one.
+    /// without an external scaler, `BeingDeleted` for one being deleted,
+    /// `NotFound` for an unknown one.
     pub async fn scale_deployment(
         &self,
         app: &str,

@@ -326,6 +326,30 @@ async fn a_failed_take_over_no_longer_named_stops_standing_over_the_imperative_a
     assert_eq!(out, "mine:x");
 }
 
+/// The same across a Controller restart: its successor knows nothing of the
+/// failure until its own rebuild fails, and a config applied before that no
+/// longer names the entry; the failure must not stand (it did, on the
+/// ApplicationActor, with nothing left to clear it).
+#[tokio::test(start_paused = true)]
+async fn a_failed_take_over_does_not_outlive_a_controller_restart_and_a_config_without_it() {
+    let (_dir, _, serve) = start_fresh_with(registry).await;
+    serve
+        .run(support::app("imp", 1, support::tag("mine")))
+        .await
+        .unwrap();
+    apply(
+        &serve,
+        "applications:\n  - {name: imp, import_path: test::app, take_over: true, args: {fail: true, sleep_s: 60}}\n",
+    )
+    .await;
+    wait_status(&serve, "imp", A::DeployFailed).await;
+    serve.crash_controller();
+    // Restarted (its rebuild takes a minute, and fails again).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    apply(&serve, "applications: []\n").await;
+    wait_status(&serve, "imp", A::Running).await;
+}
+
 async fn wait_until_tag(serve: &Serve, app: &str, tag: &str) {
     let answered = poll_secs(600, async || {
         let Ok(h) = serve.app_handle(app) else {

@@ -280,11 +280,11 @@ impl ApplicationActor {
             });
             child.spec = target.spec.clone();
             if let Some(a) = state.actors.actor(&name) {
-                match a.cast(DeploymentMsg::SetTarget(Box::new(target.clone()))) {
-                    Ok(()) => continue,
-                    // Gone (its exit event may still be queued): start another.
-                    Err(_) => state.actors.lost(&name),
-                }
+                // A failed cast means it is stopping: its exit event is on its
+                // way (it is watched), and the restart that follows (after a
+                // backoff if it crashed) starts it with the target as it is then.
+                let _ = a.cast(DeploymentMsg::SetTarget(Box::new(target.clone())));
+                continue;
             }
             if !state.actors.is_waiting(&name) {
                 Self::spawn_child(myself, state, name, target).await;
@@ -428,12 +428,22 @@ impl Actor for ApplicationActor {
         state: &mut AppState,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            AppMsg::SetTarget { record, decisions } => {
+            AppMsg::SetTarget {
+                record,
+                decisions,
+                build_failure,
+            } => {
+                let failure = build_failure.map(|m| (record.generation, m));
                 if *record == state.args.record && decisions == state.args.autoscaled {
+                    if failure != state.build_failure {
+                        state.build_failure = failure;
+                        state.derive_status();
+                    }
                     return Ok(());
                 }
                 state.args.record = *record;
                 state.args.autoscaled = decisions;
+                state.build_failure = failure;
             }
             AppMsg::Internal(Internal(InternalMsg::Deployment(event))) => {
                 Self::on_deployment_event(state, event);
@@ -454,7 +464,9 @@ impl Actor for ApplicationActor {
                 return Ok(());
             }
             AppMsg::Internal(Internal(InternalMsg::RestartDeployment(name))) => {
-                state.actors.retry_due(&name);
+                if !state.actors.retry_due(&name) {
+                    return Ok(());
+                }
             }
             AppMsg::Shutdown(reply) => {
                 state.shutting_down = true;

@@ -38,12 +38,16 @@ pub type AppReporter = Arc<dyn Fn(AppEvent) + Send + Sync>;
 pub enum AppMsg {
     /// A new target (idempotent), with the durable replica decisions that
     /// stand for it (an autoscaler's or an external scaler's; the Controller
-    /// drops those a new declaration voids).
+    /// drops those a new declaration voids) and the failed build that stands
+    /// over it, if any (as [`AppMsg::BuildFailure`] sets it: a restarted
+    /// Controller's first word to an application it adopts says it too).
     SetTarget {
         /// The target.
         record: Box<AppRecord>,
         /// Replica decisions by deployment.
         decisions: BTreeMap<DeploymentName, u32>,
+        /// The failed config build standing over this target, if any.
+        build_failure: Option<String>,
     },
     /// A durable replica decision for one deployment (its autoscaler's, or an
     /// external scaler's).

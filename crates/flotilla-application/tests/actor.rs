@@ -146,6 +146,7 @@ async fn a_deployment_dropped_from_the_target_is_deleted_and_a_deletion_is_repor
     app.cast(AppMsg::SetTarget {
         record: Box::new(record(2, &["a"], false)),
         decisions: BTreeMap::new(),
+        build_failure: None,
     })
     .unwrap();
     let s = rig.wait(running(2)).await;
@@ -158,6 +159,7 @@ async fn a_deployment_dropped_from_the_target_is_deleted_and_a_deletion_is_repor
     app.cast(AppMsg::SetTarget {
         record: Box::new(record(3, &["a"], true)),
         decisions: BTreeMap::new(),
+        build_failure: None,
     })
     .unwrap();
     let event = tokio::time::timeout(Duration::from_secs(600), rig.events.recv())
@@ -238,6 +240,7 @@ async fn a_failed_build_stands_over_the_target_until_cleared() {
     app.cast(AppMsg::SetTarget {
         record: Box::new(record(2, &["a"], false)),
         decisions: BTreeMap::new(),
+        build_failure: None,
     })
     .unwrap();
     rig.wait(running(2)).await;

@@ -3,7 +3,7 @@
 //!
 //! [`Children`]: flotilla_supervision::Children
 
-use std::time::Duration;
+use std::{sync::atomic::Ordering, time::Duration};
 
 use flotilla_application::{AppMsg, ApplicationActor};
 use flotilla_core::{AppName, actor_names};
@@ -30,11 +30,11 @@ impl Controller {
         // One copy of the record per message: a restarted Controller sends
         // one to every application.
         if let Some(actor) = state.actors.actor(name) {
-            if actor.cast(state.set_target(&entry.record)).is_ok() {
-                return;
-            }
-            // It is gone (its exit event may still be queued): start another.
-            state.actors.lost(name);
+            // A failed cast means it is stopping: its exit event is on its way
+            // (it is watched), and the restart that follows (after a backoff
+            // if it crashed) starts it with the record as it is then.
+            let _ = actor.cast(state.set_target(&entry.record));
+            return;
         }
         Self::start_app(myself, state, name).await;
     }
@@ -137,6 +137,7 @@ impl Controller {
             how @ (ChildExit::Killed | ChildExit::Failed { .. }) => {
                 warn!(app = %name, %how, "application actor crashed");
                 let policy = state.restart;
+                state.app_restarts.fetch_add(1, Ordering::Relaxed);
                 match state.actors.on_crash(&name, &policy) {
                     Some(delay) => Self::restart_later(myself, state, name, delay),
                     None => {

@@ -78,8 +78,9 @@ impl Controller {
             InternalMsg::RemoveDeleted => Self::remove_deleted(myself, state).await?,
             InternalMsg::SettleParked => Self::settle_parked(myself, state).await?,
             InternalMsg::RestartApp(name) => {
-                state.actors.retry_due(&name);
-                Self::command(myself, state, &name).await;
+                if state.actors.retry_due(&name) {
+                    Self::command(myself, state, &name).await;
+                }
             }
         }
         Ok(())

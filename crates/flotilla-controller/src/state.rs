@@ -3,7 +3,10 @@
 
 use std::{
     collections::{BTreeMap, HashMap},
-    sync::Arc,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
 };
 
 use flotilla_application::{AppArgs, AppMsg, AppReporter};
@@ -54,6 +57,9 @@ pub struct ControllerArgs {
     pub clock: WallClock,
     /// The published route index (the Controller keeps it current).
     pub route_table: RouteTable,
+    /// ApplicationActor crashes, counted over every Controller's life (a
+    /// metric's counter: it must not drop when the Controller restarts).
+    pub app_restarts: Arc<AtomicU64>,
 }
 
 /// A checkpoint already read (the open reads it, to fail before spawning
@@ -206,7 +212,7 @@ impl ControllerState {
             apps: self.apps.len(),
             deleting: self.apps.values().filter(|e| e.record.deleting).count(),
             app_actors: self.actors.living(),
-            app_restarts: self.actors.restarts(),
+            app_restarts: self.app_restarts.load(Ordering::Relaxed),
             store: self.checkpoint.counters(),
         }
     }
@@ -217,6 +223,9 @@ impl ControllerState {
         AppMsg::SetTarget {
             record: Box::new(record.clone()),
             decisions: self.decisions(&record.spec.name),
+            build_failure: self
+                .config
+                .build_failure(&record.spec.name, record.generation),
         }
     }
 

@@ -144,8 +144,8 @@ impl Actor for Supervisor {
                 None => state.queued.push(m),
             },
             SupervisorMsg::Internal(SupervisorInternal(Restart)) => {
-                state.controller.retry_due(&());
-                if state.controller.actor(&()).is_none()
+                if state.controller.retry_due(&())
+                    && state.controller.actor(&()).is_none()
                     && let Err(e) = Self::start_controller(&myself, state).await
                 {
                     warn!(error = %e, "controller failed to start; retrying");

@@ -62,6 +62,7 @@ impl Rig {
                 preloaded: Preloaded::new(snapshot),
                 clock: Arc::new(std::time::SystemTime::now),
                 route_table: routes.clone(),
+                app_restarts: Default::default(),
             },
             fatal: watch::channel(None).0,
         };
@@ -250,6 +251,17 @@ async fn a_crashed_application_actor_is_restarted() {
     .expect("restarted");
     let second = ractor::registry::where_is(name).unwrap();
     assert_ne!(first.get_id(), second.get_id());
+
+    // The count is a metric's counter: the Controller's successor counts on
+    // from it (a drop would read as a counter reset).
+    rig.supervisor.cast(SupervisorMsg::CrashController).unwrap();
+    while !matches!(
+        rig.supervisor.call(SupervisorMsg::Restarts, None).await,
+        Ok(CallResult::Success(1))
+    ) {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert_eq!(rig.observe().await.app_restarts, 1);
 }
 
 #[tokio::test(start_paused = true)]

@@ -645,7 +645,7 @@ impl Collector for Scrape {
             let mut f = family(
                 &mut e,
                 "flotilla_restarts",
-                "Control actors restarted after a crash, by level (controller: by the Supervisor; application: by the current Controller)",
+                "Control actors restarted after a crash, by level (controller: by the Supervisor; application: by the Controller, over all its restarts)",
                 Counter,
             )?;
             f.counter(&vec![("level", "controller")], m.controller_restarts)?;

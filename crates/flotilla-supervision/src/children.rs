@@ -4,6 +4,11 @@
 use std::{collections::HashMap, fmt::Debug, hash::Hash, time::Duration};
 
 use ractor::{Actor, ActorCell, ActorId, ActorRef, ActorStatus, Message, SpawnErr};
+use tokio::time::Instant;
+
+/// How long a retry scheduled beyond what an `Instant` reaches waits (about
+/// 30 years, as tokio's own far future).
+const FAR_FUTURE: Duration = Duration::from_secs(86_400 * 365 * 30);
 
 use crate::{ChildExit, RestartLog, RestartPolicy};
 
@@ -46,8 +51,10 @@ pub struct Children<K, M> {
 struct Slot<M> {
     actor: Option<ActorRef<M>>,
     log: RestartLog,
-    /// A restart is scheduled: nothing starts the child before it is due.
-    waiting: bool,
+    /// A restart is scheduled for this instant: nothing starts the child
+    /// before it is due, and a retry message that comes earlier (one
+    /// scheduled before a longer backoff) is stale.
+    waiting: Option<Instant>,
 }
 
 impl<M> Default for Slot<M> {
@@ -55,7 +62,7 @@ impl<M> Default for Slot<M> {
         Slot {
             actor: None,
             log: RestartLog::default(),
-            waiting: false,
+            waiting: None,
         }
     }
 }
@@ -228,14 +235,6 @@ where
         true
     }
 
-    /// The child of `key` is gone (a cast to it failed): forget it. Its exit
-    /// event, when it comes, is stale.
-    pub fn lost(&mut self, key: &K) {
-        if let Some(old) = self.slots.get_mut(key).and_then(|s| s.actor.take()) {
-            self.by_actor.remove(&old.get_id());
-        }
-    }
-
     /// Which child `event` says ended, and how. `None` when it is not an exit,
     /// or not of a current child (an unknown actor, or one replaced since).
     pub fn exited(&mut self, event: &ractor::SupervisionEvent) -> Option<(K, ChildExit)> {
@@ -260,6 +259,7 @@ where
 
     /// Start `key` again after `after`: `msg(key)` reaches `myself` then, and
     /// until [`retry_due`](Self::retry_due) the key [`is_waiting`](Self::is_waiting).
+    /// A restart already scheduled later than that stays as it is.
     pub fn retry_later<P: Message>(
         &mut self,
         key: K,
@@ -269,19 +269,37 @@ where
     ) where
         K: Send + 'static,
     {
-        self.slots.entry(key.clone()).or_default().waiting = true;
+        // A policy's backoff may be huge (`Duration::MAX`): then never due,
+        // but no overflow.
+        let now = Instant::now();
+        let due = now.checked_add(after).unwrap_or_else(|| now + FAR_FUTURE);
+        let slot = self.slots.entry(key.clone()).or_default();
+        if slot.waiting.is_some_and(|at| at >= due) {
+            return;
+        }
+        slot.waiting = Some(due);
         myself.send_after(after, move || msg(key));
     }
 
     /// Whether a restart of `key` is scheduled and not yet due.
     pub fn is_waiting(&self, key: &K) -> bool {
-        self.slots.get(key).is_some_and(|s| s.waiting)
+        self.slots.get(key).is_some_and(|s| s.waiting.is_some())
     }
 
-    /// The scheduled restart of `key` is due.
-    pub fn retry_due(&mut self, key: &K) {
-        if let Some(s) = self.slots.get_mut(key) {
-            s.waiting = false;
+    /// A retry message of `key` came (the one [`retry_later`](Self::retry_later)
+    /// scheduled): true when the scheduled restart is due now, and no longer
+    /// waiting; false for a stale message (nothing scheduled, or a later
+    /// restart scheduled since), which the parent ignores.
+    pub fn retry_due(&mut self, key: &K) -> bool {
+        let Some(s) = self.slots.get_mut(key) else {
+            return false;
+        };
+        match s.waiting {
+            Some(at) if at <= Instant::now() => {
+                s.waiting = None;
+                true
+            }
+            _ => false,
         }
     }
 

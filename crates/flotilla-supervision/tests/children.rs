@@ -126,6 +126,17 @@ impl Rig {
         }
     }
 
+    /// The next message the parent got (paused time: a missing one fails).
+    async fn msg(&mut self) -> u32 {
+        loop {
+            match tokio::time::timeout(Duration::from_secs(5), self.seen.recv()).await {
+                Ok(Some(Seen::Msg(m))) => return m,
+                Ok(Some(Seen::Event(_))) => continue,
+                other => panic!("no message: {}", other.is_ok()),
+            }
+        }
+    }
+
     /// The next exit the set attributes to a current child.
     async fn exit(&mut self) -> Option<(&'static str, ChildExit)> {
         loop {
@@ -191,7 +202,27 @@ async fn a_crash_restarts_after_a_growing_backoff_then_escalates() {
         _ => panic!("the restart message did not come"),
     }
     assert!(at.elapsed() >= Duration::from_millis(10));
-    rig.children.retry_due(&"a");
+    assert!(rig.children.retry_due(&"a"));
+    assert!(!rig.children.is_waiting(&"a"));
+    assert!(!rig.children.retry_due(&"a"), "nothing is scheduled now");
+}
+
+/// A retry message scheduled before a longer one was asked for does not cut
+/// the longer backoff short, and a shorter ask does not shorten a longer one.
+#[tokio::test(start_paused = true)]
+async fn an_early_retry_message_is_stale() {
+    let mut rig = Rig::new().await;
+    rig.children
+        .retry_later("a", Duration::from_millis(10), &rig.parent, |_| 1);
+    rig.children
+        .retry_later("a", Duration::from_millis(100), &rig.parent, |_| 2);
+    rig.children
+        .retry_later("a", Duration::from_millis(50), &rig.parent, |_| 3);
+    assert_eq!(rig.msg().await, 1);
+    assert!(!rig.children.retry_due(&"a"), "10 ms in, 100 ms were asked");
+    assert!(rig.children.is_waiting(&"a"));
+    assert_eq!(rig.msg().await, 2, "the 50 ms ask sent nothing");
+    assert!(rig.children.retry_due(&"a"));
     assert!(!rig.children.is_waiting(&"a"));
 }
 
@@ -214,12 +245,14 @@ async fn the_exit_of_a_replaced_child_is_stale() {
     );
     new.kill();
     assert_eq!(rig.exit().await, Some(("a", ChildExit::Killed)));
-    // A child forgotten after a failed cast: its exit is stale too.
-    let lost = rig.start("b", "children-test/stale-lost").await;
-    rig.children.lost(&"b");
-    lost.kill();
+    // A child a cast finds gone is still the child until its exit comes:
+    // the exit says how it ended (a crash counts, and waits out its backoff).
+    let gone = rig.start("b", "children-test/gone").await;
+    gone.kill();
     let e = rig.event().await;
-    assert_eq!(rig.children.exited(&e), None);
+    assert!(gone.cast(Cmd("x")).is_err());
+    assert!(rig.children.actor(&"b").is_some());
+    assert_eq!(rig.children.exited(&e), Some(("b", ChildExit::Killed)));
 }
 
 #[tokio::test(start_paused = true)]
@@ -335,4 +368,15 @@ async fn a_removed_child_is_no_longer_watched() {
             _ => "another message".into(),
         }
     );
+}
+
+/// A policy may ask for any backoff: one past what time can count is never
+/// due, and nothing overflows.
+#[tokio::test(start_paused = true)]
+async fn a_backoff_of_any_length_schedules_without_overflow() {
+    let mut rig = Rig::new().await;
+    rig.children
+        .retry_later("a", Duration::MAX, &rig.parent, |_| 1);
+    assert!(rig.children.is_waiting(&"a"));
+    assert!(!rig.children.retry_due(&"a"));
 }

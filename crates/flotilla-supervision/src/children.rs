@@ -129,11 +129,13 @@ impl<M> Started<M> {
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
     /// The spawn failed and no living actor holds the name (its holder is
-    /// still stopping, or the child's start-up failed).
+    /// still stopping, or the child's start-up failed): nothing ran as this
+    /// child.
     #[error("the child could not be spawned: {0}")]
     Spawn(#[source] SpawnErr),
-    /// It stopped before it could be watched (a monitor set that late may never
-    /// fire, so it is not counted as a child).
+    /// The actor spawned for it stopped before it could be watched (a monitor
+    /// set that late may never fire, so it is not counted as a child): it
+    /// ran, and ended.
     #[error("the child stopped before it could be watched")]
     Exited,
 }
@@ -196,17 +198,22 @@ where
         A: Actor<Msg = M>,
     {
         let spawned = Box::pin(Actor::spawn(Some(name.clone()), actor, args)).await;
-        let started = match spawned {
-            Ok((child, _)) => Started::Spawned(child),
+        match spawned {
+            Ok((child, _)) => {
+                if self.watch(parent, key, child.clone()) {
+                    Ok(Started::Spawned(child))
+                } else {
+                    Err(StartError::Exited)
+                }
+            }
             Err(e) => match ActorRef::<M>::where_is(name) {
-                Some(holder) => Started::Adopted(holder),
-                None => return Err(StartError::Spawn(e)),
+                // A holder already stopping is not this child: the name is
+                // still taken, as if no actor held it (try again later).
+                Some(holder) if self.watch(parent, key, holder.clone()) => {
+                    Ok(Started::Adopted(holder))
+                }
+                _ => Err(StartError::Spawn(e)),
             },
-        };
-        if self.watch(parent, key, started.actor().clone()) {
-            Ok(started)
-        } else {
-            Err(StartError::Exited)
         }
     }
 

@@ -497,6 +497,7 @@ impl Actor for ApplicationActor {
             return Ok(());
         };
         let wanted = state.target_of(&name).is_some_and(|t| !t.deleting);
+        let generation = state.args.record.generation;
         let Some(child) = state.children.get_mut(&name) else {
             return Ok(());
         };
@@ -509,13 +510,18 @@ impl Actor for ApplicationActor {
             how @ (ChildExit::Killed | ChildExit::Failed { .. }) => {
                 warn!(app = %state.args.record.spec.name, deployment = %name, %how,
                     "deployment actor crashed");
-                // Ray's INTERNAL_ERROR: UNHEALTHY until its successor reports.
-                if let Some((_, status)) = child.status.as_mut() {
-                    status.handle(
-                        DeploymentTrigger::InternalError,
-                        format!("The deployment's actor crashed ({how}); restarting it."),
-                    );
-                }
+                // Ray's INTERNAL_ERROR, from any state: UNHEALTHY until its
+                // successor reports. A deployment that had not reported on
+                // the current target yet (it crashed taking it) is updating
+                // it, and is UNHEALTHY over it as well.
+                let status = match &mut child.status {
+                    Some((g, s)) if *g == generation => s,
+                    slot => &mut slot.insert((generation, DeploymentStatusInfo::default())).1,
+                };
+                status.handle(
+                    DeploymentTrigger::InternalError,
+                    format!("The deployment's actor crashed ({how}); restarting it."),
+                );
                 let policy = state.args.restart;
                 match state.actors.on_crash(&name, &policy) {
                     Some(delay) => {

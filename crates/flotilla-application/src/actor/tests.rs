@@ -8,8 +8,8 @@ use std::{collections::BTreeMap, sync::Arc, time::Duration};
 use flotilla_cluster::LocalCluster;
 use flotilla_core::{
     ApiType, AppRecord, AppStatusInputs, ApplicationSpec, ApplicationStatus, ApplicationStatusInfo,
-    DeploymentName, DeploymentSpec, DeploymentStatus, DeploymentStatusInfo, Faults, StatusTrigger,
-    actor_names,
+    DeploymentName, DeploymentSpec, DeploymentStatus, DeploymentStatusInfo, FaultPoint, Faults,
+    StatusTrigger, actor_names,
 };
 use flotilla_deployment::{DeploymentEvent, DeploymentMsg};
 use flotilla_replica::{Deployment, Directory, Registry, UserError};
@@ -40,13 +40,16 @@ async fn until(rx: &mut watch::Receiver<ApplicationStatusInfo>, want: Applicatio
     }
 }
 
-/// ractor handles a child's exit before the messages queued ahead of it, so
-/// the last report of a DeploymentActor that crashed right after sending it
-/// comes after the crash. It must not undo the "actor crashed" status while
-/// the actor waits out its restart backoff (the application showed RUNNING).
-#[tokio::test(start_paused = true)]
-async fn a_report_sent_before_its_deployment_crashed_does_not_hide_the_crash() {
-    let ns = "app-actor-test";
+/// An ApplicationActor of one deployment "d" in namespace `ns`, whose crashed
+/// children wait a minute before their restart, RUNNING at generation 1.
+async fn running_app(
+    ns: &str,
+    faults: Faults,
+) -> (
+    ActorRef<AppMsg>,
+    watch::Receiver<ApplicationStatusInfo>,
+    AppRecord,
+) {
     let registry = Registry::new()
         .register("t::Nop", |_ctx| async { Ok(Nop) })
         .unwrap();
@@ -82,7 +85,7 @@ async fn a_report_sent_before_its_deployment_crashed_does_not_hide_the_crash() {
             max_backoff: Duration::from_secs(60),
             ..RestartPolicy::default()
         },
-        faults: Faults::new(),
+        faults,
         autoscaled: BTreeMap::new(),
         build_failure: None,
     };
@@ -91,6 +94,17 @@ async fn a_report_sent_before_its_deployment_crashed_does_not_hide_the_crash() {
         .await
         .unwrap();
     until(&mut rx, ApplicationStatus::Running).await;
+    (app, rx, record)
+}
+
+/// ractor handles a child's exit before the messages queued ahead of it, so
+/// the last report of a DeploymentActor that crashed right after sending it
+/// comes after the crash. It must not undo the "actor crashed" status while
+/// the actor waits out its restart backoff (the application showed RUNNING).
+#[tokio::test(start_paused = true)]
+async fn a_report_sent_before_its_deployment_crashed_does_not_hide_the_crash() {
+    let ns = "app-actor-test";
+    let (app, mut rx, record) = running_app(ns, Faults::new()).await;
 
     let d = DeploymentName::new("d").unwrap();
     let dep: ActorRef<DeploymentMsg> =
@@ -113,5 +127,34 @@ async fn a_report_sent_before_its_deployment_crashed_does_not_hide_the_crash() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     let now = rx.borrow().clone();
     assert_eq!(now.status, ApplicationStatus::Unhealthy, "{now:?}");
+    app.stop(None);
+}
+
+/// A DeploymentActor that crashes taking a new target, before it reported on
+/// it, is UNHEALTHY over that target while it waits out its backoff (Ray's
+/// INTERNAL_ERROR, from any state), not silently DEPLOYING.
+#[tokio::test(start_paused = true)]
+async fn a_deployment_crashing_on_a_new_target_before_its_report_is_unhealthy() {
+    let faults = Faults::new();
+    let (app, mut rx, record) = running_app("app-actor-test-new-target", faults.clone()).await;
+    faults.arm(FaultPoint::DeploymentReconcile, 1);
+    app.cast(AppMsg::SetTarget {
+        record: Box::new(AppRecord {
+            generation: 2,
+            ..record
+        }),
+        decisions: BTreeMap::new(),
+        build_failure: None,
+    })
+    .unwrap();
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        until(&mut rx, ApplicationStatus::Unhealthy),
+    )
+    .await
+    .expect("UNHEALTHY during the backoff");
+    let now = rx.borrow().clone();
+    let d = &now.deployments[&DeploymentName::new("d").unwrap()];
+    assert!(d.message.contains("actor crashed"), "{d:?}");
     app.stop(None);
 }

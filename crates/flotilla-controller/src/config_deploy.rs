@@ -70,9 +70,30 @@ struct Parked {
     source: ConfigSource,
 }
 
+/// The applied config, its applications indexed by name: every build that
+/// lands looks its entry up, and a config may hold thousands.
+struct Applied {
+    config: ServeConfig,
+    index: HashMap<AppName, usize>,
+}
+
+impl Applied {
+    fn new(config: ServeConfig) -> Self {
+        let mut index = HashMap::with_capacity(config.applications.len());
+        for (i, a) in config.applications.iter().enumerate() {
+            index.entry(a.name.clone()).or_insert(i);
+        }
+        Applied { config, index }
+    }
+
+    fn application(&self, name: &AppName) -> Option<&AppConfig> {
+        self.config.applications.get(*self.index.get(name)?)
+    }
+}
+
 /// The last applied config and its builds.
 pub(crate) struct ConfigState {
-    applied: Option<ServeConfig>,
+    applied: Option<Applied>,
     builds: HashMap<AppName, Build>,
     /// Finished builds whose route prefix is still held (see the module docs).
     parked: BTreeMap<AppName, Parked>,
@@ -104,7 +125,7 @@ impl Drop for ConfigState {
 impl ConfigState {
     pub(crate) fn recovered(applied: Option<ServeConfig>) -> Self {
         ConfigState {
-            applied,
+            applied: applied.map(Applied::new),
             builds: HashMap::new(),
             parked: BTreeMap::new(),
             unbuilt: HashSet::new(),
@@ -116,7 +137,7 @@ impl ConfigState {
 
     /// The last applied config, as committed.
     pub(crate) fn applied(&self) -> Option<&ServeConfig> {
-        self.applied.as_ref()
+        self.applied.as_ref().map(|a| &a.config)
     }
 
     /// Forget what is built or building for `app`.
@@ -145,12 +166,12 @@ impl ConfigState {
         let applied = self.applied.as_ref()?;
         let drop: HashSet<&AppName> = names
             .into_iter()
-            .filter(|n| applied.application(n.as_str()).is_some())
+            .filter(|n| applied.application(n).is_some())
             .collect();
         if drop.is_empty() {
             return None;
         }
-        let mut config = applied.clone();
+        let mut config = applied.config.clone();
         config.applications.retain(|a| !drop.contains(&a.name));
         Some(config)
     }
@@ -160,7 +181,7 @@ impl ConfigState {
     /// that had no record yet (still building, or failed to build).
     pub(crate) fn release(&mut self, config: ServeConfig) -> Vec<AppName> {
         let unbuilt = self.drop_unnamed(&config);
-        self.applied = Some(config);
+        self.applied = Some(Applied::new(config));
         unbuilt
     }
 
@@ -169,12 +190,13 @@ impl ConfigState {
     /// generation of a record being deleted). Returns those that had no
     /// record yet (still building, or failed to build).
     fn drop_unnamed(&mut self, config: &ServeConfig) -> Vec<AppName> {
+        let named = config.by_name();
         let dropped: Vec<AppName> = self
             .builds
             .keys()
             .chain(self.parked.keys())
             .chain(self.unbuilt.iter())
-            .filter(|n| config.application(n.as_str()).is_none())
+            .filter(|n| !named.contains_key(n.as_str()))
             .cloned()
             .collect();
         let mut unbuilt = Vec::new();
@@ -233,11 +255,12 @@ impl ControllerState {
         // A failed build of an entry this config no longer names stands over
         // nothing now: the application it failed over (an imperative one the
         // entry took over, which the config leaves alone) shows what runs.
+        let named = config.by_name();
         let unnamed: Vec<AppName> = self
             .config
             .failed
             .keys()
-            .filter(|app| config.application(app.as_str()).is_none())
+            .filter(|app| !named.contains_key(app.as_str()))
             .cloned()
             .collect();
         for app in unnamed {
@@ -260,7 +283,7 @@ impl ControllerState {
                 self.show_unbuilt(&app.name);
             }
         }
-        self.config.applied = Some(config);
+        self.config.applied = Some(Applied::new(config));
     }
 
     /// Take the applied config without some applications (after the commit that
@@ -370,13 +393,14 @@ impl Controller {
         let config = config.inherit_logging();
         let stage = move |s: &ControllerState, batch: &mut Batch| {
             Self::check_config(s, &config)?;
+            let named = config.by_name();
             let gone: Vec<AppName> = s
                 .apps
                 .iter()
                 .filter(|(n, e)| {
                     e.record.api_type == ApiType::Declarative
                         && !e.record.deleting
-                        && config.application(n.as_str()).is_none()
+                        && !named.contains_key(n.as_str())
                 })
                 .map(|(n, _)| n.clone())
                 .collect();
@@ -402,6 +426,7 @@ impl Controller {
     /// and no prefix taken from an application the config does not manage.
     fn check_config(state: &ControllerState, config: &ServeConfig) -> Result<(), ServeError> {
         config.validate()?;
+        let named = config.by_name();
         for app in &config.applications {
             if !state.registry.contains_app(app.import_path.as_str()) {
                 return Err(ServeError::NotRegistered {
@@ -491,7 +516,7 @@ impl Controller {
             if let Some(p) = &app.route_prefix
                 && let Some(holder) = state.routes.get(p)
                 && holder != &app.name
-                && config.application(holder.as_str()).is_none()
+                && !named.contains_key(holder.as_str())
                 && state
                     .apps
                     .get(holder)
@@ -511,7 +536,7 @@ impl Controller {
     /// not what runs (nor already being built). Used after `apply_config` and after
     /// a crash (a build in progress is simply started again).
     pub(crate) fn resume_builds(myself: &ActorRef<ControllerMsg>, state: &mut ControllerState) {
-        let Some(config) = state.config.applied.clone() else {
+        let Some(config) = state.config.applied().cloned() else {
             return;
         };
         for app in &config.applications {
@@ -533,7 +558,7 @@ impl Controller {
         let named: Vec<AppConfig> = match &state.config.applied {
             Some(config) => removed
                 .iter()
-                .filter_map(|n| config.application(n.as_str()).cloned())
+                .filter_map(|n| config.application(n).cloned())
                 .collect(),
             None => return,
         };
@@ -646,7 +671,7 @@ impl Controller {
             .config
             .applied
             .as_ref()
-            .and_then(|c| c.application(app.as_str()))
+            .and_then(|c| c.application(&app))
             .cloned()
         else {
             return Ok(());

@@ -166,13 +166,15 @@ impl ControllerState {
         // stale generation would also hide a new application of the same name).
         // An application the config names but has not built yet stays: the
         // builds resume at once.
+        let named = config.as_ref().map(ServeConfig::by_name);
         let stale = args.board.retain(|name, status| {
             apps.contains_key(name)
                 || (status.observed_generation == 0
-                    && config
+                    && named
                         .as_ref()
-                        .is_some_and(|c| c.application(name.as_str()).is_some()))
+                        .is_some_and(|n| n.contains_key(name.as_str())))
         });
+        drop(named);
         if stale > 0 {
             info!(
                 stale,

@@ -328,9 +328,20 @@ impl ServeConfig {
         self
     }
 
-    /// The application named `name`.
+    /// The application named `name` (a scan: a caller that looks up many
+    /// names takes [`by_name`](Self::by_name) once).
     pub fn application(&self, name: &str) -> Option<&AppConfig> {
         self.applications.iter().find(|a| a.name.as_str() == name)
+    }
+
+    /// Its applications by name (names are unique in a validated config; of
+    /// a repeated one, the first).
+    pub fn by_name(&self) -> std::collections::HashMap<&str, &AppConfig> {
+        let mut map = std::collections::HashMap::with_capacity(self.applications.len());
+        for a in &self.applications {
+            map.entry(a.name.as_str()).or_insert(a);
+        }
+        map
     }
 }
 

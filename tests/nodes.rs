@@ -883,6 +883,53 @@ async fn a_deleted_deployment_is_not_found_by_callers_on_a_node() {
     drop(a);
 }
 
+/// The head's autoscaler sees the load that starts on a node: front, on a,
+/// calls back, autoscaled from zero replicas. front's call waits in a's copy
+/// of back's route, where no caller of the head's is; a reports it, and the
+/// head scales back up (before, it stayed at zero and the call waited for
+/// ever).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_waiting_on_a_node_scale_a_deployment_up_from_zero() {
+    let (_turn, dir, serve, addr) = setup(cpus(0.0)).await;
+    let a = NodeProc::start(addr, &NodeSpec::new("a", 2.0), dir.path());
+    let a_id = a.id().await;
+    let back = ApplicationSpec::builder("back")
+        .deployment(
+            where_dep("back", 1, cpus(1.0), &WhereArgs::default()).with_config(|c| {
+                c.with_autoscaling(flotilla::AutoscalingConfig {
+                    min_replicas: 0,
+                    initial_replicas: Some(0),
+                    max_replicas: 1,
+                    upscale_delay: Duration::ZERO,
+                    ..Default::default()
+                })
+            }),
+        )
+        .build()
+        .unwrap();
+    serve.run(back).await.unwrap();
+    assert!(replica_nodes(&serve, "back", "back").await.is_empty());
+    let front = WhereArgs {
+        downstream: Some("back".into()),
+        downstream_app: Some("back".into()),
+        ..Default::default()
+    };
+    let app = ApplicationSpec::builder("front")
+        .deployment(where_dep("front", 1, cpus(1.0), &front))
+        .build()
+        .unwrap();
+    let handle = serve
+        .run(app)
+        .await
+        .unwrap()
+        .with_timeout(Duration::from_secs(30));
+    let here: Here = handle.call("from zero").await.unwrap();
+    assert_eq!(here.node, a_id);
+    assert_eq!(here.downstream.unwrap().node, a_id);
+    serve.shutdown().await.unwrap();
+    drop(a);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_its_caller_gives_up_on_is_cancelled_on_the_node() {
     let (_turn, dir, serve, addr) = setup(cpus(0.0)).await;

@@ -322,7 +322,7 @@ pub(crate) fn arm(myself: &ActorRef<DeploymentMsg>, state: &mut DeploymentState)
 }
 
 /// Sample the load (ongoing requests on the published replicas plus requests
-/// queued in handles, from the same counters the router uses) and report a new
+/// queued in handles, every process's: see docs/nodes.md) and report a new
 /// target if the policy decides one.
 pub(crate) fn tick(state: &mut DeploymentState) {
     if state.args.target.deleting || !state.shutdown.is_empty() {
@@ -334,12 +334,14 @@ pub(crate) fn tick(state: &mut DeploymentState) {
         .values()
         .filter(|r| r.state == ReplicaState::Running)
         .count() as u32;
-    let queued = state.route.queued() as f64;
+    // Callers of every process: a node's wait in its copy of the route, and
+    // its replicas count every caller's requests (docs/nodes.md).
+    let queued = state.route.queued() as f64 + state.route.queued_elsewhere() as f64;
     let ongoing: f64 = state
         .route
         .replicas()
         .iter()
-        .map(|r| f64::from(r.in_flight()))
+        .map(|r| f64::from(r.load()))
         .sum();
     let Some((a, _)) = &mut state.autoscaler else {
         return;

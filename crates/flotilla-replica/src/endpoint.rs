@@ -57,6 +57,9 @@ pub struct ReplicaEndpoint {
     node: String,
     pub(crate) user: Arc<dyn ErasedDeployment>,
     in_flight: AtomicU32,
+    /// For a replica in another process: the requests running on it from
+    /// every caller, as its process last reported (docs/nodes.md).
+    reported: AtomicU32,
     max_ongoing: AtomicU32,
     accepting: AtomicBool,
     /// Set by a forced stop: wakes the requests it cuts, and tells one that
@@ -113,6 +116,7 @@ impl ReplicaEndpoint {
             node,
             user,
             in_flight: AtomicU32::new(0),
+            reported: AtomicU32::new(0),
             max_ongoing: AtomicU32::new(max_ongoing),
             accepting: AtomicBool::new(true),
             killed: watch::Sender::new(false),
@@ -201,9 +205,22 @@ impl ReplicaEndpoint {
         &self.node
     }
 
-    /// Requests running now: the router's load signal and the autoscaler's metric.
+    /// Requests running now that this process sent: the router's load signal
+    /// (and, for a replica of this process, every caller's).
     pub fn in_flight(&self) -> u32 {
         self.in_flight.load(Ordering::Acquire)
+    }
+
+    /// Requests running on the replica from every caller, the autoscaler's
+    /// metric: for a replica of this process its [`in_flight`](Self::in_flight);
+    /// for one in another process, what its process last reported, or what
+    /// this one sent it if more (a report lags by up to a heartbeat).
+    pub fn load(&self) -> u32 {
+        self.in_flight().max(self.reported.load(Ordering::Acquire))
+    }
+
+    pub(crate) fn set_reported(&self, n: u32) {
+        self.reported.store(n, Ordering::Release);
     }
 
     /// Whether it still takes new requests (false once stopping).

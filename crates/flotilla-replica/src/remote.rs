@@ -99,6 +99,12 @@ impl RemoteEndpoint {
         self.0.set_max_ongoing(n);
     }
 
+    /// Its process reports `n` requests running on it, from every caller
+    /// ([`ReplicaEndpoint::load`]).
+    pub fn set_reported_load(&self, n: u32) {
+        self.0.set_reported(n);
+    }
+
     /// Its replica reported the models it holds (a multiplexed deployment's):
     /// routers here prefer it for those from now on.
     pub fn set_models(&self, ids: crate::ModelIds) {

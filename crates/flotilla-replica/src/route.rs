@@ -44,6 +44,8 @@ pub struct DeploymentRoute {
     max_queued: AtomicU32,
     /// Its target is a fixed 0 replicas (no replica is coming).
     zero_target: AtomicBool,
+    /// Callers waiting in other processes (see `queued_elsewhere`).
+    queued_elsewhere: AtomicU64,
     /// How a rejection for a full queue is answered over HTTP (read only then).
     backpressure: std::sync::Mutex<BackpressureConfig>,
     rng: AtomicU64,
@@ -90,6 +92,7 @@ impl DeploymentRoute {
             queue: Arc::default(),
             max_queued: AtomicU32::new(u32::MAX),
             zero_target: AtomicBool::new(false),
+            queued_elsewhere: AtomicU64::new(0),
             backpressure: std::sync::Mutex::new(BackpressureConfig::default()),
             rng: AtomicU64::new(0x9E37_79B9_7F4A_7C15),
             stats: RouteStats::default(),
@@ -326,9 +329,22 @@ impl DeploymentRoute {
         }
     }
 
-    /// Requests waiting in handles for a slot now (an autoscaling signal).
+    /// Requests waiting in this process's handles for a slot now.
     pub fn queued(&self) -> usize {
         self.queue.len()
+    }
+
+    /// Requests waiting in other processes' handles, as they last reported
+    /// (set by the node transport, docs/nodes.md): with
+    /// [`queued`](Self::queued), the autoscaler's queued load.
+    pub fn queued_elsewhere(&self) -> u64 {
+        self.queued_elsewhere.load(Ordering::Acquire)
+    }
+
+    /// Set what [`queued_elsewhere`](Self::queued_elsewhere) reads: the sum
+    /// over the other processes' latest reports.
+    pub fn set_queued_elsewhere(&self, n: u64) {
+        self.queued_elsewhere.store(n, Ordering::Release);
     }
 
     /// The deployment's routing counters (requests assigned, rejected, replica
@@ -562,6 +578,18 @@ impl Directory {
         if let Some(r) = removed {
             r.close();
         }
+    }
+
+    /// The deployments whose routes have callers waiting in this process's
+    /// handles now, and how many (a load report, `docs/nodes.md`).
+    pub fn waiting(&self) -> Vec<(AppName, DeploymentName, usize)> {
+        let routes = self.routes.read().unwrap_or_else(|p| p.into_inner());
+        (routes.by_key.iter())
+            .filter_map(|((app, dep), r)| {
+                let n = r.queued();
+                (n > 0).then(|| (app.clone(), dep.clone(), n))
+            })
+            .collect()
     }
 
     /// How many deployments have a route.

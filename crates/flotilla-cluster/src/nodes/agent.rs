@@ -33,7 +33,7 @@ use super::{
     transport::PeerCall,
     wire::{
         Control, Envelope, Hello, REPORTS_PART, ReplicaReport, RouteEntry, Start, WireEvent,
-        WireModels, WirePhase, in_parts,
+        WireLoad, WireModels, WirePhase, in_parts,
     },
 };
 
@@ -111,6 +111,8 @@ pub(crate) struct AgentState {
     /// When this node last sent the head a heartbeat, and its number.
     last_beat: Instant,
     seq: u64,
+    /// The load last reported to the head (sent again only when it changes).
+    last_load: WireLoad,
     dialing: bool,
     /// Handshakes with the head that ended as refusals since its last
     /// session (see [`REFUSALS_TO_END`]).
@@ -142,6 +144,26 @@ pub(crate) struct AgentState {
 }
 
 impl AgentState {
+    /// The load the head's autoscalers cannot see from there: requests
+    /// running on this node's replicas (every caller's, counted by their own
+    /// endpoints) and callers waiting in this node's handles, in a stable
+    /// order (a report is sent only when it differs from the last).
+    fn load(&self) -> WireLoad {
+        let mut running: Vec<(u64, u32)> = (self.replicas.iter())
+            .filter_map(|(id, l)| Some((id.0, l.endpoint.as_ref()?.in_flight())))
+            .filter(|(_, n)| *n > 0)
+            .collect();
+        running.sort_unstable();
+        // Every route a caller here waits on: a copy of the head's, or one
+        // a handle made before the copy came.
+        let mut queued: Vec<(AppName, DeploymentName, u32)> = (self.directory.waiting())
+            .into_iter()
+            .map(|(app, dep, n)| (app, dep, u32::try_from(n).unwrap_or(u32::MAX)))
+            .collect();
+        queued.sort_unstable();
+        WireLoad { running, queued }
+    }
+
     fn to_head(&self, control: Control) -> bool {
         match &self.session {
             Some(peer) => self.args.link.shared.send_control(peer, control),
@@ -216,6 +238,7 @@ impl Actor for Agent {
             head: None,
             last_heard: Instant::now(),
             last_beat: Instant::now(),
+            last_load: WireLoad::default(),
             seq: 0,
             dialing: false,
             refusals: 0,
@@ -305,6 +328,10 @@ impl Actor for Agent {
                     state.last_beat = Instant::now();
                     state.seq += 1;
                     state.to_head(Control::Heartbeat { seq: state.seq });
+                    let load = state.load();
+                    if load != state.last_load && state.to_head(Control::Load(load.clone())) {
+                        state.last_load = load;
+                    }
                 }
                 let timeout = state.args.options.heartbeat_timeout;
                 if let Some((_, since)) = state.farewell
@@ -603,6 +630,8 @@ async fn control(myself: &ActorRef<AgentMsg>, state: &mut AgentState, env: Envel
                 head_node = %w.head_node, "joined the head");
             state.args.last_head = Some(w.epoch);
             state.head = Some(Head { ns: w.ns });
+            // A new head session knows none of this node's load.
+            state.last_load = WireLoad::default();
         }
         Control::Refused { reason } => {
             warn!(node = %state.args.id, %reason,

@@ -32,6 +32,9 @@ pub(crate) enum ProxyReport {
     Event(WireEvent),
     /// The models it holds now (a multiplexed replica).
     Models(WireModels),
+    /// The requests running on it now, from every caller (its node's load
+    /// report).
+    Load(u32),
     /// The replica ended.
     Exited { crashed: bool, why: String },
     /// Its node was lost.
@@ -397,6 +400,11 @@ async fn reports(
             ProxyReport::Models(m) => {
                 endpoint.set_models(m.into());
                 models_changed();
+                continue;
+            }
+            // For the deployment's autoscaler, which reads it on the endpoint.
+            ProxyReport::Load(n) => {
+                endpoint.set_reported_load(n);
                 continue;
             }
             ProxyReport::Exited { crashed, why } => {

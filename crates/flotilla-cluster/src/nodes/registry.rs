@@ -6,7 +6,7 @@ use std::{
     sync::{Arc, atomic::Ordering},
 };
 
-use flotilla_core::actor_names;
+use flotilla_core::{AppName, DeploymentName, actor_names};
 use flotilla_replica::{OnExit, ReplicaId};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::{task::JoinHandle, time::Instant};
@@ -18,7 +18,7 @@ use super::{
     link::{Inbound, SessionEnd, SessionEvent},
     options::{CHECK_PERIOD, check_id},
     proxy::{Adopted, ProxyReport, RemoteReplica, RemoteReplicaArgs},
-    wire::{Control, Envelope, Hello, ReplicaReport, Welcome},
+    wire::{Control, Envelope, Hello, ReplicaReport, Welcome, WireLoad},
 };
 use crate::{ClusterEvent, NodeSpec, PlacementRequest};
 
@@ -72,6 +72,8 @@ pub(crate) struct RegistryState {
     /// The dead nodes [`Head::nodes`](super::Head::nodes) still lists, oldest
     /// first: at most [`DEAD_NODES_KEPT`].
     dead: VecDeque<String>,
+    /// Each live node's last load report (`Load`), by node id.
+    loads: HashMap<String, WireLoad>,
     timer: Option<JoinHandle<()>>,
 }
 
@@ -103,6 +105,7 @@ impl Actor for Registry {
             joining: HashMap::new(),
             reattached: false,
             dead: VecDeque::new(),
+            loads: HashMap::new(),
             timer: Some(timer),
         })
     }
@@ -254,7 +257,60 @@ async fn control(state: &mut RegistryState, env: Envelope) {
                     "node leaving: nothing more is placed there while its replicas drain");
             }
         }
+        Control::Load(load) => {
+            touch(state, &from);
+            let Some(node) = state.by_peer.get(&from).cloned() else {
+                return;
+            };
+            take_load(state, &node, Some(load));
+        }
         other => warn!(peer = %from, frame = ?other, "head: unexpected control frame"),
+    }
+}
+
+/// Take `node`'s load report in place of its last (`None`: it is gone, and
+/// its load with it): each of its replicas' running requests goes to its
+/// mirror's endpoint, and each route's callers waiting on any node are summed
+/// on the head's route, where the deployment's autoscaler reads them.
+fn take_load(state: &mut RegistryState, node: &str, load: Option<WireLoad>) {
+    let old = match load {
+        Some(new) => state.loads.insert(node.to_owned(), new),
+        None => state.loads.remove(node),
+    }
+    .unwrap_or_default();
+    let new = state.loads.get(node).cloned().unwrap_or_default();
+    // Only to the node's own replicas' mirrors; quietly (a replica may have
+    // ended since the node counted it).
+    let proxies = lock(&state.shared.proxies);
+    let tell = |replica: u64, n: u32| {
+        if let Some((at, tx)) = proxies.get(&ReplicaId(replica))
+            && at == node
+        {
+            let _ = tx.send(ProxyReport::Load(n));
+        }
+    };
+    for (replica, _) in &old.running {
+        if !new.running.iter().any(|(r, _)| r == replica) {
+            tell(*replica, 0);
+        }
+    }
+    for (replica, n) in &new.running {
+        tell(*replica, *n);
+    }
+    drop(proxies);
+    let touched: HashSet<(&AppName, &DeploymentName)> = (old.queued.iter())
+        .chain(&new.queued)
+        .map(|(a, d, _)| (a, d))
+        .collect();
+    for (app, dep) in touched {
+        let total: u64 = (state.loads.values())
+            .flat_map(|l| &l.queued)
+            .filter(|(a, d, _)| a == app && d == dep)
+            .map(|(_, _, n)| u64::from(*n))
+            .sum();
+        if let Some(route) = state.shared.directory.get(app, dep) {
+            route.set_queued_elsewhere(total);
+        }
     }
 }
 
@@ -577,6 +633,7 @@ fn declare_lost(state: &mut RegistryState, id: &str, why: &str) {
     if state.by_peer.get(&peer).is_some_and(|n| n == id) {
         state.by_peer.remove(&peer);
     }
+    take_load(state, id, None);
     state.dead.push_back(id.to_owned());
     while state.dead.len() > DEAD_NODES_KEPT {
         if let Some(oldest) = state.dead.pop_front() {
@@ -653,7 +710,7 @@ fn humantime(d: std::time::Duration) -> String {
 mod tests {
     #![allow(clippy::unwrap_used)]
 
-    use flotilla_core::{AppName, DeploymentSpec, Resources};
+    use flotilla_core::{DeploymentSpec, Resources};
     use flotilla_replica::Directory;
     use tokio::sync::mpsc;
 
@@ -726,6 +783,46 @@ mod tests {
             replicas: Vec::new(),
             more: false,
         })
+    }
+
+    /// Callers waiting on each node are summed on the head's route, each
+    /// node's report taking the place of its last; a lost node's go with it.
+    #[tokio::test]
+    async fn queued_load_is_summed_over_nodes_and_forgotten_with_a_lost_node() {
+        let head = head("registry-load").await;
+        let (app, dep) = (
+            AppName::new("a").unwrap(),
+            DeploymentName::new("d").unwrap(),
+        );
+        let route = head.shared.directory.route(&app, &dep);
+        let load = |n: u32| {
+            Control::Load(WireLoad {
+                running: Vec::new(),
+                queued: vec![(app.clone(), dep.clone(), n)],
+            })
+        };
+        let (p1, p2) = ("node-1@127.0.0.1", "node-2@127.0.0.1");
+        deliver(&head, p1, joining("n-1")).await;
+        deliver(&head, p2, joining("n-2")).await;
+        deliver(&head, p1, load(3)).await;
+        deliver(&head, p2, load(4)).await;
+        assert_eq!(route.queued_elsewhere(), 7);
+        deliver(&head, p1, load(1)).await;
+        assert_eq!(route.queued_elsewhere(), 5);
+        // Nothing waits on n-2 any more: it says so with an empty report.
+        deliver(&head, p2, Control::Load(WireLoad::default())).await;
+        assert_eq!(route.queued_elsewhere(), 1);
+        // From a peer that never joined: not counted.
+        deliver(&head, "node-9@127.0.0.1", load(50)).await;
+        assert_eq!(route.queued_elsewhere(), 1);
+        let dropped = ractor::call!(head.registry, |r| RegistryMsg::DropNode("n-1".into(), r));
+        assert!(dropped.unwrap());
+        assert_eq!(
+            route.queued_elsewhere(),
+            0,
+            "n-1's callers are gone with it"
+        );
+        head.stop().await;
     }
 
     /// Every incarnation of a node has an id of its own: the head forgets

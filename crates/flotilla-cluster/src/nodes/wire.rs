@@ -188,6 +188,21 @@ pub(crate) enum Control {
         /// dials.
         listen: Vec<String>,
     },
+    /// Node -> head, with a heartbeat, when it changed since the last one:
+    /// the load the head's autoscalers cannot see from there.
+    Load(WireLoad),
+}
+
+/// The load a node sees: the requests running on its replicas (from every
+/// caller) and the callers waiting in its handles. Only what is not zero;
+/// the head takes each report whole, in place of the node's last.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct WireLoad {
+    /// Its replicas with requests running: (replica id, requests).
+    pub running: Vec<(u64, u32)>,
+    /// Its copies of routes with callers waiting: (application, deployment,
+    /// callers).
+    pub queued: Vec<(AppName, DeploymentName, u32)>,
 }
 
 /// A node's join.

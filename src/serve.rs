@@ -286,11 +286,15 @@ impl Serve {
         let created = !options.store_path.exists();
         let (checkpoint, snapshot) = Checkpoint::open(&options.store_path)?;
         let closer = checkpoint.closer();
-        // A start that fails after this closes the store, and removes the file
-        // if this start created it (what is left is as before the call).
+        // A start that fails after this removes the file if this start
+        // created it (what is left is as before the call), then closes the
+        // store: removed while its lock is held, so it is not another
+        // start's, which could open the path once the lock is released.
         let undo = |closer: &CheckpointCloser| {
+            let removed = created && std::fs::remove_file(&options.store_path).is_ok();
             closer.close();
-            if created {
+            // Where an open file cannot be removed (Windows), once closed.
+            if created && !removed {
                 let _ = std::fs::remove_file(&options.store_path);
             }
         };

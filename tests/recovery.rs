@@ -125,6 +125,41 @@ async fn controller_crash_after_the_commit_keeps_the_batch_and_converges() {
     assert_eq!(serve.metrics().await.unwrap().controller.apps, 500);
 }
 
+/// A commit whose outcome the store cannot tell (its last flush failed after
+/// the header that names it was written) is neither taken as written nor as
+/// not: the call hears the Controller crash (may or may not be applied), and
+/// the successor goes by the file. Taken as not written, as before, the next
+/// call on the same route prefix was accepted over the record already in the
+/// file, and the file refused every later start (two live routes on one
+/// prefix).
+#[tokio::test(start_paused = true)]
+async fn a_commit_of_unknown_outcome_is_settled_by_the_file() {
+    let (dir, sw, serve) = start_fresh().await;
+    serve.faults().arm(FaultPoint::CommitUnsettled, 1);
+    let first = serve.run(app("x", 1, tag("x"))).await;
+    assert!(
+        matches!(first, Err(ServeError::ControllerCrashed)),
+        "{first:?}"
+    );
+    // The file holds x: the successor runs it, and its prefix is taken.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    wait_status(&serve, "x", A::Running).await;
+    let rival = flotilla::ApplicationSpec::builder("y")
+        .route_prefix("/x")
+        .deployment(support::probe(1, &tag("y")))
+        .build()
+        .unwrap();
+    let taken = serve.run(rival).await;
+    assert!(
+        matches!(taken, Err(ServeError::RouteTaken { .. })),
+        "{taken:?}"
+    );
+    serve.crash_process().await;
+    drop(serve);
+    let serve = start(&dir, &sw).await;
+    wait_status(&serve, "x", A::Running).await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn controller_crash_after_the_reply_still_starts_every_application() {
     let (_dir, sw, serve) = start_fresh().await;

@@ -110,9 +110,12 @@ impl Checkpoint {
         self.store.close();
     }
 
-    /// Commit `batch` with the fault points around it. `Err` is an injected
-    /// crash; `Ok(Err)` is the store's refusal, for the caller to report
-    /// (nothing changed).
+    /// Commit `batch` with the fault points around it. `Err` is a crash: an
+    /// injected one, or a commit whose outcome is the file's
+    /// ([`StoreError::CommitUnsettled`]: the Controller's memory must take it
+    /// neither as written nor as not, so its successor reads the file, and the
+    /// call's caller hears the crash: may or may not be applied). `Ok(Err)` is
+    /// the store's refusal, for the caller to report (nothing changed).
     pub(crate) async fn commit(
         &self,
         faults: &Faults,
@@ -122,7 +125,14 @@ impl Checkpoint {
         if faults.hit(FaultPoint::CommitFails) {
             self.store.fail_next_commit();
         }
+        if faults.hit(FaultPoint::CommitUnsettled) {
+            self.store.unsettle_next_commit();
+        }
         let result = self.write(batch).await?;
+        if let Err(e @ StoreError::CommitUnsettled { .. }) = result {
+            tracing::error!(error = %e, "checkpoint commit of unknown outcome: restarting the controller");
+            return Err(Box::new(e));
+        }
         if result.is_ok() {
             crash_if(faults, FaultPoint::ControllerAfterCommit)?;
         }

@@ -30,11 +30,15 @@ pub enum FaultPoint {
     /// The next checkpoint commit fails (nothing is written; the call that
     /// needed it answers the store's error).
     CommitFails,
+    /// The next checkpoint commit is written, then fails as it ended, its
+    /// outcome unknown to the Controller: it crashes, and its successor reads
+    /// what the file holds.
+    CommitUnsettled,
 }
 
 impl FaultPoint {
     /// Every fault point.
-    pub const ALL: [FaultPoint; 9] = [
+    pub const ALL: [FaultPoint; 10] = [
         FaultPoint::ControllerBeforeCommit,
         FaultPoint::ControllerAfterCommit,
         FaultPoint::ControllerAfterReply,
@@ -44,6 +48,7 @@ impl FaultPoint {
         FaultPoint::ReplicaHandler,
         FaultPoint::ReplicaHealthCheck,
         FaultPoint::CommitFails,
+        FaultPoint::CommitUnsettled,
     ];
 
     fn index(self) -> usize {

@@ -10,10 +10,11 @@ pub type CorruptCause = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// Why the store refused or failed an operation.
 ///
-/// Every variant that concerns the file names its path. None of them is returned after
-/// the file was modified by the failed call: an open that refuses a file (as `Corrupt`,
-/// `SchemaTooNew`, `NotAFile`, `Locked`) wrote nothing, not even to a file that was not
-/// closed cleanly (see [`Store::open`](crate::Store::open)), and a commit that fails is
+/// Every variant that concerns the file names its path. None of them but
+/// [`CommitUnsettled`](Self::CommitUnsettled) is returned after the file was modified by
+/// the failed call: an open that refuses a file (as `Corrupt`, `SchemaTooNew`,
+/// `NotAFile`, `Locked`) wrote nothing, not even to a file that was not closed cleanly
+/// (see [`Store::open`](crate::Store::open)), and a commit that fails before it ends is
 /// rolled back.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -92,6 +93,21 @@ pub enum StoreError {
         /// rmp-serde's error.
         #[source]
         source: rmp_serde::encode::Error,
+    },
+    /// The commit failed as it ended (redb's last flush, or what follows it):
+    /// the transaction may or may not be in the file, as the next read of it
+    /// (after a crash, or the store's next call, which opens the file again)
+    /// will tell. Its caller must not take it as written nor as not written.
+    #[error(
+        "checkpoint {}: the commit failed as it ended and may or may not be in the file: {source}",
+        path.display()
+    )]
+    CommitUnsettled {
+        /// The checkpoint file.
+        path: PathBuf,
+        /// How it failed (an I/O error, or a panic of redb as `Corrupt`).
+        #[source]
+        source: Box<StoreError>,
     },
     /// Any other error from redb.
     #[error("checkpoint {}: storage error: {source}", path.display())]

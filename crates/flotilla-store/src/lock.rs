@@ -30,6 +30,7 @@ use std::io;
 use std::ops::Bound;
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use redb::backends::FileBackend;
 use redb::{BackendError, StorageBackend};
@@ -40,6 +41,9 @@ use crate::StoreError;
 pub(crate) struct LockedFile {
     /// The file: its reads and writes, and the lock (taken through it, recorded in it).
     file: FileBackend,
+    /// Flushes (`sync_data`) that failed, ever: a commit that fails in one
+    /// may already be in the file (see `Store::commit`).
+    failed_flushes: Arc<AtomicU64>,
 }
 
 impl fmt::Debug for LockedFile {
@@ -71,7 +75,10 @@ impl LockedFile {
             Err(e) => return Err(StoreError::io(path, io::Error::from(e))),
         }
         Ok(LockedBackend {
-            file: Arc::new(LockedFile { file }),
+            file: Arc::new(LockedFile {
+                file,
+                failed_flushes: Arc::default(),
+            }),
         })
     }
 }
@@ -90,6 +97,13 @@ impl Drop for LockedFile {
 #[derive(Debug, Clone)]
 pub(crate) struct LockedBackend {
     file: Arc<LockedFile>,
+}
+
+impl LockedBackend {
+    /// The count of the file's failed flushes, shared.
+    pub(crate) fn failed_flushes(&self) -> Arc<AtomicU64> {
+        self.file.failed_flushes.clone()
+    }
 }
 
 /// Whether the range is the whole storage, the only lock this backend offers.
@@ -121,7 +135,11 @@ impl StorageBackend for LockedBackend {
     }
 
     fn sync_data(&self) -> Result<(), io::Error> {
-        self.file.file.sync_data()
+        let synced = self.file.file.sync_data();
+        if synced.is_err() {
+            self.file.failed_flushes.fetch_add(1, Ordering::Relaxed);
+        }
+        synced
     }
 
     fn write(&self, offset: u64, data: &[u8]) -> Result<(), io::Error> {

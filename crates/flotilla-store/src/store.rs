@@ -8,7 +8,7 @@ use std::io;
 use std::panic::{self, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, PoisonError, RwLock, RwLockReadGuard};
+use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard};
 
 use flotilla_core::{AppName, AppRecord, DeploymentName, DeploymentRecord, RoutePrefix, shown};
 use redb::{
@@ -44,11 +44,16 @@ pub struct Store {
     db: RwLock<Option<Database>>,
     /// Opens the database again over the same locked file. `None` once closed.
     reopen: Mutex<Option<Reopen>>,
-    /// An I/O error failed a call: redb refuses the handle for good
-    /// (`PreviousIo`), so the next call opens the database again first.
-    io_failed: AtomicBool,
+    /// The file's failed flushes (counted by its backend): a commit that
+    /// failed while this grew may be in the file.
+    failed_flushes: Arc<AtomicU64>,
+    /// An I/O error or a failed commit failed a call: redb refuses the handle
+    /// for good (`PreviousIo`, or a discarded allocator state), so the next
+    /// call opens the database again first.
+    broken: AtomicBool,
     path: PathBuf,
     fail_next: AtomicBool,
+    unsettle_next: AtomicBool,
     counters: Mutex<StoreCounters>,
 }
 
@@ -178,7 +183,12 @@ impl Store {
     }
 
     /// Write `batch` in one redb write transaction with immediate durability: when this
-    /// returns `Ok`, the batch survives a crash. On `Err` nothing of it was written.
+    /// returns `Ok`, the batch survives a crash. On `Err` nothing of it was written,
+    /// except on [`StoreError::CommitUnsettled`]: a flush failed during the commit (redb
+    /// writes the header that names the transaction before its last flush), or redb
+    /// panicked in it, and the batch may be in the file. After any failed commit the store's next call opens the
+    /// file again (redb refuses a handle whose commit failed), which recovers it as after
+    /// a crash.
     ///
     /// An empty batch is a no-op: it opens no transaction and does not count as a commit
     /// (nor does it consume a [`fail_next_commit`](Self::fail_next_commit)). A damaged
@@ -193,13 +203,48 @@ impl Store {
                 path: self.path.clone(),
             });
         }
-        self.with_db("writing", |path, db| {
+        let written = self.with_db("writing", |path, db| {
             let txn = begin_write(path, db)?;
             // On an error the transaction is dropped, which aborts it: nothing is written.
             apply(path, &txn, batch)?;
-            txn.commit()
-                .map_err(|e| StoreError::from_redb_commit(path, e))
-        })?;
+            // redb writes the new pages, flushes, writes the header that names
+            // the transaction, and flushes again: a failed write leaves the
+            // old header in charge, but after a failed flush (or a panic) the
+            // new header may be in the file.
+            let unsettled = |source| StoreError::CommitUnsettled {
+                path: path.to_owned(),
+                source: Box::new(source),
+            };
+            let flushes = self.failed_flushes.load(Ordering::Acquire);
+            match unpanicking(path, "committing to", || txn.commit()) {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(e)) => {
+                    let e = StoreError::from_redb_commit(path, e);
+                    if self.failed_flushes.load(Ordering::Acquire) == flushes {
+                        Err(e)
+                    } else {
+                        Err(unsettled(e))
+                    }
+                }
+                Err(panicked) => Err(unsettled(panicked)),
+            }
+        });
+        if let Err(e) = written {
+            // redb refuses a handle whose commit failed (its allocator state
+            // is dropped), whatever the cause: the next call opens it again.
+            self.broken.store(true, Ordering::Release);
+            return Err(e);
+        }
+        if self.unsettle_next.load(Ordering::Relaxed)
+            && self.unsettle_next.swap(false, Ordering::Relaxed)
+        {
+            return Err(StoreError::CommitUnsettled {
+                path: self.path.clone(),
+                source: Box::new(StoreError::Injected {
+                    path: self.path.clone(),
+                }),
+            });
+        }
 
         let mut counters = self.counters.lock().unwrap_or_else(PoisonError::into_inner);
         counters.commits = counters.commits.saturating_add(1);
@@ -239,29 +284,37 @@ impl Store {
 
     /// The store over `db`, the open checkpoint at `path`, which `reopen` opens
     /// again.
-    fn with_database(path: PathBuf, db: Database, reopen: Reopen) -> Store {
+    fn with_database(
+        path: PathBuf,
+        db: Database,
+        reopen: Reopen,
+        failed_flushes: Arc<AtomicU64>,
+    ) -> Store {
         Store {
+            failed_flushes,
             db: RwLock::new(Some(db)),
             reopen: Mutex::new(Some(reopen)),
-            io_failed: AtomicBool::new(false),
+            broken: AtomicBool::new(false),
             path,
             fail_next: AtomicBool::new(false),
+            unsettle_next: AtomicBool::new(false),
             counters: Mutex::new(StoreCounters::default()),
         }
     }
 
     /// Run `f` on the open database, turning a panic of redb into [`StoreError::Corrupt`].
     ///
-    /// After an I/O error (a full disk, say) redb refuses every later access to its
-    /// handle, even once the cause is gone; the call after one opens the database again,
-    /// over the same locked file (which redb recovers as after a crash: only committed
-    /// transactions are there), so one failure leaves no trace.
+    /// After an I/O error (a full disk, say) or a failed commit redb refuses every later
+    /// access to its handle, even once the cause is gone; the call after one opens the
+    /// database again, over the same locked file (which redb recovers as after a crash:
+    /// only committed transactions are there), so one failure leaves no trace beyond
+    /// its own (see [`commit`](Self::commit)).
     fn with_db<T>(
         &self,
         doing: &str,
         f: impl FnOnce(&Path, &Database) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
-        if self.io_failed.load(Ordering::Acquire) {
+        if self.broken.load(Ordering::Acquire) {
             self.reopen()?;
         }
         let db = self.open_db();
@@ -270,16 +323,16 @@ impl Store {
         if let Err(e) = &result
             && e.is_io_failure()
         {
-            self.io_failed.store(true, Ordering::Release);
+            self.broken.store(true, Ordering::Release);
         }
         result
     }
 
-    /// Open the database again after an I/O error (see [`Self::with_db`]). Should
-    /// that fail too, the next call tries again.
+    /// Open the database again after an I/O error or a failed commit (see
+    /// [`Self::with_db`]). Should that fail too, the next call tries again.
     fn reopen(&self) -> Result<(), StoreError> {
         let mut db = self.db.write().unwrap_or_else(PoisonError::into_inner);
-        if !self.io_failed.load(Ordering::Acquire) {
+        if !self.broken.load(Ordering::Acquire) {
             return Ok(());
         }
         let reopen = self.reopen.lock().unwrap_or_else(PoisonError::into_inner);
@@ -293,9 +346,9 @@ impl Store {
         let new = unpanicking(&self.path, "reopening", open)?
             .map_err(|e| StoreError::from_redb_database(&self.path, e))?;
         *db = Some(new);
-        self.io_failed.store(false, Ordering::Release);
+        self.broken.store(false, Ordering::Release);
         tracing::warn!(checkpoint = %self.path.display(),
-            "opened the checkpoint again after an I/O error");
+            "opened the checkpoint again after an I/O error or a failed commit");
         Ok(())
     }
 
@@ -319,6 +372,13 @@ impl Store {
     /// commit one relaxed atomic load while unused.
     pub fn fail_next_commit(&self) {
         self.fail_next.store(true, Ordering::Relaxed);
+    }
+
+    /// Fault hook for tests: the next [`commit`](Self::commit) of a non-empty batch is
+    /// written, then returns [`StoreError::CommitUnsettled`] (as a commit whose last
+    /// flush failed after redb wrote its header may).
+    pub fn unsettle_next_commit(&self) {
+        self.unsettle_next.store(true, Ordering::Relaxed);
     }
 }
 
@@ -637,11 +697,12 @@ fn open_existing(
         );
     });
     let again = file.clone();
+    let failed_flushes = file.failed_flushes();
     // The file is not empty (it passed the check), so this opens it and initialises nothing.
     let db = unpanicking(&path, "opening", || builder.create_with_backend(file))?
         .map_err(|e| StoreError::from_redb_database(&path, e))?;
     let reopen: Reopen = Box::new(move || Builder::new().create_with_backend(again.clone()));
-    let store = Store::with_database(path, db, reopen);
+    let store = Store::with_database(path, db, reopen, failed_flushes);
     // Checked again (one key), at no cost: the lock keeps redb handles out, not a writer
     // that takes no lock.
     store.with_db("reading", |path, db| {
@@ -821,14 +882,20 @@ mod tests {
         let db = Builder::new().open(&path).unwrap();
         let reopen = path.clone();
         let reopen: Reopen = Box::new(move || Builder::new().open(&reopen));
-        (dir, Store::with_database(path, db, reopen))
+        (dir, Store::with_database(path, db, reopen, Arc::default()))
     }
 
-    /// An in-memory file whose writes fail while `failing` is set (a full disk).
+    /// An in-memory file whose writes fail while `failing` is set (a full disk),
+    /// and whose `fail_sync`-th flush from now fails (0: none).
     #[derive(Debug, Clone, Default)]
     struct Flaky {
         bytes: std::sync::Arc<redb::backends::InMemoryBackend>,
         failing: std::sync::Arc<AtomicBool>,
+        fail_sync: std::sync::Arc<std::sync::atomic::AtomicU32>,
+        /// Counted as a store's backend counts them.
+        failed_flushes: Arc<AtomicU64>,
+        /// The next flush panics (as redb may on a damaged page).
+        panic_sync: std::sync::Arc<AtomicBool>,
     }
 
     impl redb::StorageBackend for Flaky {
@@ -843,8 +910,11 @@ mod tests {
             self.bytes.set_len(len)
         }
         fn sync_data(&self) -> Result<(), io::Error> {
-            self.full()?;
-            self.bytes.sync_data()
+            let synced = self.sync();
+            if synced.is_err() {
+                self.failed_flushes.fetch_add(1, Ordering::SeqCst);
+            }
+            synced
         }
         fn write(&self, offset: u64, data: &[u8]) -> Result<(), io::Error> {
             self.full()?;
@@ -856,6 +926,22 @@ mod tests {
     }
 
     impl Flaky {
+        fn sync(&self) -> Result<(), io::Error> {
+            assert!(
+                !self.panic_sync.swap(false, Ordering::SeqCst),
+                "a flush panicked"
+            );
+            self.full()?;
+            let n = self.fail_sync.load(Ordering::SeqCst);
+            if n > 0 {
+                self.fail_sync.store(n - 1, Ordering::SeqCst);
+                if n == 1 {
+                    return Err(io::Error::other("flush failed"));
+                }
+            }
+            redb::StorageBackend::sync_data(&*self.bytes)
+        }
+
         fn full(&self) -> Result<(), io::Error> {
             if self.failing.load(Ordering::SeqCst) {
                 Err(io::Error::from(io::ErrorKind::StorageFull))
@@ -863,6 +949,87 @@ mod tests {
                 Ok(())
             }
         }
+    }
+
+    /// A commit whose flush fails may still be in the file when the failed
+    /// flush was its last (redb wrote the header that names it first): that
+    /// one is `CommitUnsettled`, and no other failed commit is in the file.
+    /// Either way the next commit works, over the file as it is.
+    #[test]
+    fn only_an_unsettled_commit_may_be_in_the_file_after_it_failed() {
+        let mut unsettled_and_written = 0;
+        for k in 1..=4 {
+            let file = Flaky::default();
+            let path = PathBuf::from("flaky.redb");
+            initialise(&path, file.clone()).unwrap();
+            let open = {
+                let file = file.clone();
+                move || Builder::new().create_with_backend(file.clone())
+            };
+            let db = open().unwrap();
+            let store = Store::with_database(path, db, Box::new(open), file.failed_flushes.clone());
+            let put = |name: &str| {
+                let mut batch = Batch::new();
+                batch.put_app(&record(name, 1)).unwrap();
+                store.commit(&batch)
+            };
+            let names = || -> Vec<String> {
+                let snapshot = store.load().unwrap();
+                snapshot
+                    .apps
+                    .iter()
+                    .map(|r| r.spec.name.to_string())
+                    .collect()
+            };
+            put("before").unwrap();
+            file.fail_sync.store(k, Ordering::SeqCst);
+            let result = put("ghost");
+            file.fail_sync.store(0, Ordering::SeqCst);
+            let written = names().contains(&"ghost".to_owned());
+            match &result {
+                Ok(()) => assert!(written, "flush {k}"),
+                Err(StoreError::CommitUnsettled { .. }) => {
+                    unsettled_and_written += usize::from(written);
+                }
+                Err(e) => assert!(!written, "flush {k}: {e} and yet it is in the file"),
+            }
+            put("after").unwrap();
+            assert!(names().contains(&"after".to_owned()));
+        }
+        assert!(
+            unsettled_and_written > 0,
+            "no failed flush left its commit in the file: the case this checks did not occur"
+        );
+    }
+
+    /// A commit in which redb panicked may be in the file (unsettled), and
+    /// leaves redb's handle unusable (it drops its allocator state): the next
+    /// commit opens the file again and works.
+    #[test]
+    fn a_commit_that_panicked_is_unsettled_and_the_next_one_works() {
+        let file = Flaky::default();
+        let path = PathBuf::from("flaky.redb");
+        initialise(&path, file.clone()).unwrap();
+        let open = {
+            let file = file.clone();
+            move || Builder::new().create_with_backend(file.clone())
+        };
+        let db = open().unwrap();
+        let store = Store::with_database(path, db, Box::new(open), file.failed_flushes.clone());
+        let put = |name: &str| {
+            let mut batch = Batch::new();
+            batch.put_app(&record(name, 1)).unwrap();
+            store.commit(&batch)
+        };
+        put("before").unwrap();
+        file.panic_sync.store(true, Ordering::SeqCst);
+        let err = put("panicked").unwrap_err();
+        assert!(matches!(err, StoreError::CommitUnsettled { .. }), "{err:?}");
+        put("after").unwrap();
+        let names: Vec<String> = (store.load().unwrap().apps.iter())
+            .map(|r| r.spec.name.to_string())
+            .collect();
+        assert!(names.contains(&"after".to_owned()), "{names:?}");
     }
 
     /// A write that fails on I/O (the disk was full) fails its own call
@@ -878,7 +1045,7 @@ mod tests {
             move || Builder::new().create_with_backend(file.clone())
         };
         let db = open().unwrap();
-        let store = Store::with_database(path, db, Box::new(open));
+        let store = Store::with_database(path, db, Box::new(open), file.failed_flushes.clone());
         let put = |name: &str| {
             let mut batch = Batch::new();
             batch.put_app(&record(name, 1)).unwrap();

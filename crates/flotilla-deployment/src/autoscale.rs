@@ -94,8 +94,12 @@ pub struct Autoscaler {
     config: AutoscalingConfig,
     policy: Policy,
     samples: VecDeque<(Instant, f64)>,
-    /// The direction wanted and since when (the delay runs from there).
-    pending: Option<(Direction, Instant)>,
+    /// The way the wanted count has pointed since when (the delay runs from
+    /// there), from which target:
+    /// kept after a decision is sent, until the target moves (a decision
+    /// lost on its way, as a failed commit, is sent again at the next tick,
+    /// not after another whole delay).
+    pending: Option<(Direction, Instant, u32)>,
     /// A custom policy's failure (a panic, a count that is not a number) was
     /// logged already.
     warned: bool,
@@ -263,9 +267,9 @@ impl Autoscaler {
             }
         };
         let since = match self.pending {
-            Some((d, t)) if d == direction => t,
+            Some((d, t, from)) if d == direction && from == current => t,
             _ => {
-                self.pending = Some((direction, now));
+                self.pending = Some((direction, now, current));
                 now
             }
         };
@@ -274,12 +278,7 @@ impl Autoscaler {
             Direction::Down if desired == 0 => c.downscale_to_zero_delay(),
             Direction::Down => c.downscale_delay,
         };
-        if now.duration_since(since) >= delay {
-            self.pending = None;
-            Some(desired)
-        } else {
-            None
-        }
+        (now.duration_since(since) >= delay).then_some(desired)
     }
 }
 
@@ -402,6 +401,22 @@ mod tests {
         let (at, n) = run(&mut a, t, 100, 4.0, 2).unwrap();
         assert_eq!(n, 4);
         assert_eq!(at, 30);
+    }
+
+    /// A decision whose target never came (its commit failed, say) is sent
+    /// again at the next tick, not after another whole delay; once the
+    /// target moves, the next decision waits its delay again.
+    #[tokio::test(start_paused = true)]
+    async fn a_decision_lost_on_its_way_is_sent_again_at_once() {
+        let mut a = Autoscaler::new(config(1, 10));
+        let t = Instant::now();
+        assert_eq!(run(&mut a, t, 100, 4.0, 2), Some((30, 4)));
+        let next = t + Duration::from_secs(31);
+        a.record(next, 4.0);
+        assert_eq!(a.decide(next, 2, 2, 0.0), Some(4), "the target is still 2");
+        // Applied: more load waits its own delay from the new target.
+        let (at, n) = run(&mut a, t + Duration::from_secs(32), 100, 8.0, 4).unwrap();
+        assert_eq!((at, n), (30, 8));
     }
 
     #[tokio::test(start_paused = true)]

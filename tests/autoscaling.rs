@@ -254,6 +254,53 @@ async fn an_autoscaling_decision_mid_update_leaves_the_deployment_updating() {
     }
 }
 
+/// Deleting an autoscaled deployment is (UPDATING, DELETING) while its
+/// replicas drain: the count's fall to zero is no autoscaling decision.
+#[tokio::test(start_paused = true)]
+async fn a_deleted_autoscaled_deployment_is_updating_while_deleting() {
+    let (_dir, _, serve) = support::start_fresh().await;
+    serve.run(autoscaled(1, 2, 10)).await.unwrap();
+    wait_snapshot(&serve, "auto", "probe", |s| {
+        s.status.status == DeploymentStatus::Healthy
+    })
+    .await;
+    serve.delete_apps(["auto"], false).await.unwrap();
+    let s = wait_snapshot(&serve, "auto", "probe", |s| s.target.replicas == 0).await;
+    assert_eq!(
+        (s.status.status, s.status.trigger),
+        (
+            DeploymentStatus::Updating,
+            flotilla::StatusTrigger::Deleting
+        ),
+        "{:?}",
+        s.status
+    );
+}
+
+/// New bounds clamp the autoscaler's standing decision for good, as Ray's
+/// `deploy` sets the target to the current one clamped: bounds widened again
+/// later start from the clamped count (and the autoscaler's delay), not from
+/// the old decision.
+#[tokio::test(start_paused = true)]
+async fn new_bounds_clamp_the_standing_decision_for_good() {
+    let (_dir, _, serve) = support::start_fresh().await;
+    serve.run(autoscaled(1, 1, 10)).await.unwrap();
+    let calls = load(&serve, 5);
+    wait_snapshot(&serve, "auto", "probe", |s| s.target.replicas == 5).await;
+    serve.run(autoscaled(1, 1, 3)).await.unwrap();
+    assert_eq!(observe(&serve, "auto", "probe").await.target.replicas, 3);
+    serve.run(autoscaled(1, 1, 10)).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        observe(&serve, "auto", "probe").await.target.replicas,
+        3,
+        "the old decision of 5 came back without the upscale delay"
+    );
+    for c in calls {
+        c.abort();
+    }
+}
+
 /// A running deployment that turns autoscaled keeps its count (clamped into
 /// the new bounds) until the autoscaler decides, as Ray's `register` keeps
 /// the current target; `initial_replicas` overrides it.

@@ -61,12 +61,10 @@ async fn a_constructor_slower_than_30s_is_reported_on_the_status_by_a_timer() {
     tokio::time::sleep_until(t0 + Duration::from_millis(30_100)).await;
     let s = observe(&serve, "a", "probe").await;
     assert_eq!(s.status.status, DeploymentStatus::Updating);
-    assert!(
-        s.status.message.contains(
-            "Deployment 'probe' in application 'a': 2 replicas have taken more than 30s to start"
-        ) && s.status.message.contains("constructor is still running"),
-        "{}",
-        s.status.message
+    assert_eq!(
+        s.status.message,
+        "Deployment 'probe' in application 'a' has 2 replicas that have taken more than 30s to \
+         initialize.\nThis may be caused by a slow constructor or reconfigure method."
     );
     let st = wait_status(&serve, "a", A::Running).await;
     assert_eq!(st.deployments.values().next().unwrap().message, "");
@@ -115,8 +113,8 @@ async fn a_replica_without_room_waits_naming_the_resource_and_starts_when_room_a
     assert!(
         b.status
             .message
-            .contains("1 replicas have taken more than 30s to start")
-            && b.status.message.contains("no node can take them")
+            .contains("has 1 replicas that have taken more than 30s to be scheduled")
+            && b.status.message.contains("No node can take them")
             && b.status.message.contains("cpus: need 1"),
         "{}",
         b.status.message

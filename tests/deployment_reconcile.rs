@@ -428,3 +428,49 @@ async fn losing_an_outdated_replica_mid_config_update_does_not_fail_the_update()
     sw.reconfigure_delay_ms.store(0, Ordering::SeqCst);
     wait_status(&serve, "a", A::Running).await;
 }
+
+/// A replica taking its config in place for over 30 s is reported as a slow
+/// start is (Ray checks UPDATING replicas as it checks STARTING ones); one
+/// that crashes while it updates is a startup failure, replaced, not a
+/// health-check failure (which from UPDATING would be DEPLOY_FAILED).
+#[tokio::test(start_paused = true)]
+async fn a_slow_or_crashed_reconfigure_is_a_matter_of_starting() {
+    let (_dir, sw, serve) = start_fresh().await;
+    let spec = |uc: &str| probe(1, &tag("x")).with_config(|c| c.with_user_config(user_config(uc)));
+    serve.run(app_of("a", spec("one"))).await.unwrap();
+    sw.reconfigure_delay_ms.store(100_000, Ordering::SeqCst);
+    serve
+        .run_many(vec![app_of("a", spec("two"))], no_wait())
+        .await
+        .unwrap();
+    wait_snapshot(&serve, "a", "probe", |s| s.count(R::Updating) == 1).await;
+    tokio::time::sleep(Duration::from_secs(31)).await;
+    let s = observe(&serve, "a", "probe").await;
+    assert!(
+        s.status.message.contains(
+            "Deployment 'probe' in application 'a' has 1 replicas that have taken more than 30s \
+             to initialize."
+        ),
+        "{:?}",
+        s.status
+    );
+    let updating = s
+        .replicas
+        .iter()
+        .find(|r| r.state == R::Updating)
+        .unwrap()
+        .id;
+    assert!(serve.crash_replica("a", "probe", updating));
+    let s = wait_snapshot(&serve, "a", "probe", |s| {
+        !s.replicas.iter().any(|r| r.id == updating)
+    })
+    .await;
+    assert_ne!(
+        s.status.status,
+        DeploymentStatus::DeployFailed,
+        "{:?}",
+        s.status
+    );
+    sw.reconfigure_delay_ms.store(0, Ordering::SeqCst);
+    wait_status(&serve, "a", A::Running).await;
+}

@@ -60,7 +60,9 @@ impl ControllerState {
     /// declaration wins) or whose application no longer has an external scaler.
     /// A running deployment that turns autoscaled without `initial_replicas`
     /// keeps its count, clamped into its bounds, as its first decision (Ray's
-    /// `register`: the current target, not `min_replicas`).
+    /// `register`: the current target, not `min_replicas`); one that stays
+    /// autoscaled has its decision clamped into its new bounds (Ray's
+    /// `deploy`).
     pub(crate) fn stage_targets(
         &self,
         records: &[AppRecord],
@@ -80,11 +82,11 @@ impl ControllerState {
                 )?;
                 seeded.push((r.spec.name.clone(), dep, replicas));
             }
-            for dep in self
+            for (dep, &decided) in self
                 .autoscaled
                 .get(&r.spec.name)
                 .into_iter()
-                .flat_map(|m| m.keys())
+                .flat_map(|m| m.iter())
             {
                 let declared = |r: &AppRecord| {
                     r.spec
@@ -92,7 +94,23 @@ impl ControllerState {
                         .map(|d| d.config.num_replicas.clone())
                 };
                 let still = match declared(r) {
-                    Some(ReplicaCount::Auto(_)) => true,
+                    Some(ReplicaCount::Auto(a)) => {
+                        // Ray's `deploy`: the current target clamped into the
+                        // new bounds is the target (and durable), so a later
+                        // widening does not bring the old count back.
+                        let clamped = decided.clamp(a.min_replicas, a.max_replicas);
+                        if clamped != decided {
+                            batch.put_deployment(
+                                &r.spec.name,
+                                dep,
+                                &DeploymentRecord {
+                                    autoscaled_replicas: Some(clamped),
+                                },
+                            )?;
+                            seeded.push((r.spec.name.clone(), dep.clone(), clamped));
+                        }
+                        true
+                    }
                     Some(count) => {
                         r.spec.external_scaler_enabled
                             && self

@@ -251,7 +251,11 @@ impl DeploymentActor {
         state.version = target.spec.version();
         state.args.target = target;
         if deleting {
+            // (UPDATING, DELETING) until it is gone: the count's fall to 0 is
+            // no autoscaling decision (Ray's `autoscale` does nothing while
+            // deleting).
             state.transition(DeploymentTrigger::Delete, String::new(), None);
+            return;
         } else if spec_changed || undeleting {
             // A new spec starts with a clean slate: no failures, no backoff.
             state.failures = 0;
@@ -390,6 +394,17 @@ impl DeploymentActor {
                 if current == Some(ReplicaState::Stopping) {
                     return;
                 }
+                // Ray health-checks RUNNING replicas only: one still taking
+                // its config in place, or being recovered, that fails is a
+                // startup failure (from UPDATING a health-check failure
+                // would be DEPLOY_FAILED).
+                if matches!(
+                    current,
+                    Some(ReplicaState::Updating | ReplicaState::Recovering)
+                ) {
+                    Self::on_start_failed(myself, state, id, reason);
+                    return;
+                }
                 let at_target = state.at_target_version(id);
                 state.stop(id, true, &reason);
                 state.replica_lost(id, at_target, &reason);
@@ -512,13 +527,19 @@ impl Actor for DeploymentActor {
         };
         let was = state.replicas.get(&id).map(|r| r.state);
         match how {
-            // Gone before it ever ran (killed or failed while constructing), or
+            // Gone before it ever ran (killed or failed while constructing),
             // while a successor recovers it (its version is the target's only
-            // as a stand-in): a startup failure, counted and backed off, as
-            // Ray counts a replica that fails recovery. Not a health-check
-            // failure, which from UPDATING would be DEPLOY_FAILED.
+            // as a stand-in), or while it takes a config in place: a startup
+            // failure, counted and backed off, as Ray counts a replica that
+            // fails recovery or its reconfigure. Not a health-check failure,
+            // which from UPDATING would be DEPLOY_FAILED.
             how @ (ChildExit::Killed | ChildExit::Failed { .. })
-                if matches!(was, Some(ReplicaState::Starting | ReplicaState::Recovering)) =>
+                if matches!(
+                    was,
+                    Some(
+                        ReplicaState::Starting | ReplicaState::Recovering | ReplicaState::Updating
+                    )
+                ) =>
             {
                 Self::on_start_failed(&myself, state, id, format!("replica actor {how}"));
             }

@@ -133,12 +133,13 @@ pub(crate) fn recovered(
         let why = snap.condemned.unwrap_or_default();
         return Recovered::StartFailed(why);
     }
-    if let Some(why) = &snap.condemned {
-        // It had reported itself unhealthy to our predecessor: replace it now.
-        state.set_state(id, phase_state(snap.phase), "recovered");
-        let at_target = state.at_target_code(id);
-        state.stop(id, true, &format!("recovered as unhealthy: {why}"));
-        state.replica_lost(id, at_target, why);
+    if let Some(why) = snap.condemned {
+        // It had reported itself unhealthy to our predecessor. Recovering,
+        // it is not ready: as Ray's RECOVERING replica that fails, a startup
+        // failure (not a health-check failure, which from this successor's
+        // UPDATING would be DEPLOY_FAILED).
+        state.set_state(id, ReplicaState::Starting, "recovered");
+        return Recovered::StartFailed(format!("recovered as unhealthy: {why}"));
     } else if alive {
         state.set_state(id, phase_state(snap.phase), "recovered");
     } else {

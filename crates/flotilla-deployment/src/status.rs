@@ -219,44 +219,43 @@ impl DeploymentState {
         }
     }
 
-    /// The slow-start warning for `now`, if any replica has been starting (or
-    /// waiting for a node) for at least [`SLOW_START`].
+    /// The slow-start warning for `now`, if any replica has been starting,
+    /// taking its config in place (UPDATING), or waiting for a node for at
+    /// least [`SLOW_START`]: Ray's two messages, the one for replicas that
+    /// initialize slowly taking the place of the one for replicas not
+    /// scheduled, as Ray sets them one after the other. Ray's "slow __init__"
+    /// is the constructor here, and where Ray points at `ray status`, the
+    /// pool's reason says what no node has.
     pub(crate) fn slow_start_message(&self, now: Instant) -> Option<String> {
         let slow = |since: Instant| now.saturating_duration_since(since) >= SLOW_START;
-        let constructing = self
+        let initializing = self
             .replicas
             .values()
-            .filter(|r| r.state == ReplicaState::Starting && slow(r.since))
+            .filter(|r| {
+                matches!(r.state, ReplicaState::Starting | ReplicaState::Updating) && slow(r.since)
+            })
             .count();
         let unplaced = if self.pending.since.is_some_and(slow) {
             self.pending.count
         } else {
             0
         };
-        let secs = SLOW_START.as_secs();
-        let mut parts = Vec::new();
-        if constructing > 0 {
-            parts.push(format!(
-                "{constructing} replicas have taken more than {secs}s to start: their \
-                 constructor is still running (a slow constructor, reconfigure or first \
-                 health check)"
-            ));
-        }
-        if unplaced > 0 {
-            parts.push(format!(
-                "{unplaced} replicas have taken more than {secs}s to start: no node can \
-                 take them ({})",
+        let (secs, d, a) = (SLOW_START.as_secs(), self.name(), &self.args.app);
+        if initializing > 0 {
+            Some(format!(
+                "Deployment '{d}' in application '{a}' has {initializing} replicas that have \
+                 taken more than {secs}s to initialize.\nThis may be caused by a slow \
+                 constructor or reconfigure method."
+            ))
+        } else if unplaced > 0 {
+            Some(format!(
+                "Deployment '{d}' in application '{a}' has {unplaced} replicas that have \
+                 taken more than {secs}s to be scheduled. No node can take them: {}.",
                 self.pending.reason
-            ));
+            ))
+        } else {
+            None
         }
-        (!parts.is_empty()).then(|| {
-            format!(
-                "Deployment '{}' in application '{}': {}.",
-                self.name(),
-                self.args.app,
-                parts.join("; ")
-            )
-        })
     }
 
     /// When the slow-start check must run next: 30 s after the oldest start (or
@@ -265,7 +264,7 @@ impl DeploymentState {
         let oldest = self
             .replicas
             .values()
-            .filter(|r| r.state == ReplicaState::Starting)
+            .filter(|r| matches!(r.state, ReplicaState::Starting | ReplicaState::Updating))
             .map(|r| r.since)
             .chain(self.pending.since.filter(|_| self.pending.count > 0))
             .min()?;

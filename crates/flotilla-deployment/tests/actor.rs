@@ -64,6 +64,16 @@ async fn spawn_deployment(
     replicas: u32,
     cluster: Arc<dyn Cluster>,
 ) -> ActorRef<DeploymentMsg> {
+    spawn_reporting(ns, replicas, cluster, Arc::new(|_| {})).await
+}
+
+/// [`spawn_deployment`], its events to `reporter`.
+async fn spawn_reporting(
+    ns: &str,
+    replicas: u32,
+    cluster: Arc<dyn Cluster>,
+    reporter: flotilla_deployment::DeploymentReporter,
+) -> ActorRef<DeploymentMsg> {
     let (ns, app, _) = names(ns);
     let target = target(replicas);
     let args = DeploymentArgs {
@@ -74,7 +84,7 @@ async fn spawn_deployment(
             .unwrap(),
         directory: Directory::new(),
         cluster,
-        reporter: Arc::new(|_| {}),
+        reporter,
         target: target.clone(),
         faults: flotilla_core::Faults::new(),
     };
@@ -101,6 +111,8 @@ struct FakeArgs {
     version: DeploymentVersion,
     group: String,
     answer_after: Option<Duration>,
+    /// It had reported itself unhealthy (to a predecessor), and says so.
+    condemned: Option<String>,
 }
 
 impl Actor for FakeReplica {
@@ -135,7 +147,7 @@ impl Actor for FakeReplica {
                     phase: ReplicaPhase::Running,
                     endpoint: None,
                     node: "local".into(),
-                    condemned: None,
+                    condemned: args.condemned.clone(),
                     model_ids: Vec::new(),
                 };
                 match args.answer_after {
@@ -166,6 +178,7 @@ async fn living_replicas_are_recovering_until_they_describe_themselves() {
             version: version.clone(),
             group: actor_names::replica_group(&ns, &app, &dep),
             answer_after,
+            condemned: None,
         };
         let name = actor_names::replica(&ns, &app, &dep, id);
         fakes.push(Actor::spawn(Some(name), FakeReplica, args).await.unwrap());
@@ -378,4 +391,60 @@ async fn a_replica_that_exits_while_its_deployment_actor_is_down_gives_its_place
     assert_ne!(s.replicas[0].id, first);
     assert_eq!(cluster.placed(), 1);
     actor.stop(None);
+}
+
+/// A replica that had failed its health checks while its DeploymentActor was
+/// down (its report lost with the actor) is found condemned by the successor,
+/// whose status starts UPDATING: as Ray's RECOVERING replica that fails, that
+/// is a startup failure (replaced), not a health-check failure, which from
+/// UPDATING would be DEPLOY_FAILED.
+#[tokio::test(start_paused = true)]
+async fn a_replica_recovered_condemned_is_replaced_without_failing_the_deployment() {
+    let (ns, app, dep) = names("actor-test-condemned");
+    let version = target(2).spec.version();
+    let mut fakes = Vec::new();
+    for (id, condemned) in [
+        (1_000_011, None),
+        (
+            1_000_012,
+            Some("failed 3 consecutive health checks".to_owned()),
+        ),
+    ] {
+        let args = FakeArgs {
+            id: ReplicaId(id),
+            version: version.clone(),
+            group: actor_names::replica_group(&ns, &app, &dep),
+            answer_after: Some(Duration::ZERO),
+            condemned,
+        };
+        let name = actor_names::replica(&ns, &app, &dep, id);
+        fakes.push(Actor::spawn(Some(name), FakeReplica, args).await.unwrap());
+    }
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let reporter: flotilla_deployment::DeploymentReporter = {
+        let seen = seen.clone();
+        Arc::new(move |e| {
+            if let flotilla_deployment::DeploymentEvent::Status { status, .. } = e {
+                seen.lock().unwrap().push(status.status);
+            }
+        })
+    };
+    let actor = spawn_reporting(&ns, 2, Arc::new(LocalCluster::new()), reporter).await;
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let s = observe(&actor).await;
+    let seen = seen.lock().unwrap().clone();
+    assert!(!seen.contains(&DeploymentStatus::DeployFailed), "{seen:?}");
+    let ids: Vec<u64> = s.replicas.iter().map(|r| r.id.0).collect();
+    assert!(
+        !ids.contains(&1_000_012),
+        "the condemned one is gone: {ids:?}"
+    );
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let s = observe(&actor).await;
+    assert_eq!(s.status.status, DeploymentStatus::Healthy, "{s:#?}");
+    assert_eq!(s.count_at(ReplicaState::Running, &version), 2, "{s:#?}");
+    actor.stop(None);
+    for (f, _) in fakes {
+        f.stop(None);
+    }
 }

@@ -160,6 +160,44 @@ async fn failures_at_once_hold_starts_back_for_the_longest_backoff_they_earn() {
     assert_eq!(offsets, [0, 0, 0, 400, 400, 400]);
     assert_eq!(sw.failed.load(Ordering::SeqCst), 3);
 }
+/// A handle's call to a deployment that failed to deploy and has no replica
+/// fails at once, as Ray's router raises DeploymentUnavailableError, instead
+/// of waiting for a replica that keeps failing to start; once one starts,
+/// calls reach it.
+#[tokio::test(start_paused = true)]
+async fn calls_to_a_deploy_failed_deployment_fail_at_once_until_it_recovers() {
+    let (_dir, sw, serve) = start_fresh().await;
+    sw.fail_starts.store(true, Ordering::SeqCst);
+    serve
+        .run_many(vec![app_of("a", probe(1, &tag("f")))], no_wait())
+        .await
+        .unwrap();
+    let h = serve.app_handle("a").unwrap();
+    let early = tokio::spawn({
+        let h = h.clone();
+        async move { h.call::<_, String>("x").await }
+    });
+    wait_snapshot(&serve, "a", "probe", |s| {
+        s.status.status == DeploymentStatus::DeployFailed
+    })
+    .await;
+    let e = tokio::time::timeout(Duration::from_secs(60), early)
+        .await
+        .expect("the waiting call answers")
+        .unwrap()
+        .unwrap_err();
+    assert!(matches!(e, CallError::DeployFailed { .. }), "{e}");
+    let e = h.call::<_, String>("x").await.unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "deployment 'probe' of application 'a' is unavailable because it failed to deploy"
+    );
+    // It starts working: its slow retries bring a replica, which serves.
+    sw.fail_starts.store(false, Ordering::SeqCst);
+    wait_status(&serve, "a", A::Running).await;
+    assert_eq!(h.call::<_, String>("x").await.unwrap(), "f:x");
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_redeploy_that_only_rescales_a_failed_deployment_starts_its_retries_afresh() {
     let (_dir, sw, serve) = start_fresh().await;

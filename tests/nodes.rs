@@ -930,6 +930,54 @@ async fn callers_waiting_on_a_node_scale_a_deployment_up_from_zero() {
     drop(a);
 }
 
+/// A caller on a node of a deployment that failed to deploy (and has no
+/// replica) fails at once, as on the head: the route's copy says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nodes_callers_of_a_deploy_failed_deployment_fail_at_once() {
+    let (_turn, dir, serve, addr) = setup(cpus(1.0)).await;
+    let a = NodeProc::start(
+        addr,
+        &NodeSpec::new("a", 0.0).custom("front", 1.0),
+        dir.path(),
+    );
+    let _ = a.id().await;
+    let broken = ApplicationSpec::builder("broken")
+        .deployment(flotilla::DeploymentSpec::builder("back", "where::Broken"))
+        .build()
+        .unwrap();
+    let no_wait = RunManyOptions {
+        wait_for_applications_running: false,
+        ..Default::default()
+    };
+    serve.run_many(vec![broken], no_wait).await.unwrap();
+    eventually(60, "broken is DEPLOY_FAILED", || async {
+        serve.app_status("broken").status == flotilla::ApplicationStatus::DeployFailed
+    })
+    .await;
+    let front = WhereArgs {
+        downstream: Some("back".into()),
+        downstream_app: Some("broken".into()),
+        ..Default::default()
+    };
+    let app = ApplicationSpec::builder("front")
+        .deployment(where_dep("front", 1, custom("front"), &front))
+        .build()
+        .unwrap();
+    let handle = serve
+        .run(app)
+        .await
+        .unwrap()
+        .with_timeout(Duration::from_secs(20));
+    match handle.call::<_, Here>("x").await {
+        Err(CallError::User(message)) => {
+            assert!(message.contains("failed to deploy"), "{message}");
+        }
+        other => panic!("front's call to the broken back: {other:?}"),
+    }
+    serve.shutdown().await.unwrap();
+    drop(a);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_its_caller_gives_up_on_is_cancelled_on_the_node() {
     let (_turn, dir, serve, addr) = setup(cpus(0.0)).await;

@@ -408,6 +408,11 @@ pub fn registry() -> Registry {
             |_ctx: InitContext| async move { Ok(Batched) },
         )
         .unwrap()
+        // Never starts: its deployment is DEPLOY_FAILED.
+        .register("where::Broken", |_ctx: InitContext| async move {
+            Err::<Batched, _>(UserError::new("broken on purpose"))
+        })
+        .unwrap()
         .register_multiplexed("where::Counted", |_ctx: InitContext| async move {
             Ok(Counted::default())
         })

@@ -645,6 +645,9 @@ impl Proxy {
                 ),
             ),
             CallError::Unavailable { .. } => (503, unavailable(entry, "Flotilla is shutting down")),
+            // The ingress failed to deploy as the request came (answered
+            // before the call when it already had).
+            CallError::DeployFailed { .. } => (503, unavailable(entry, "it failed to deploy")),
             CallError::Timeout { .. } => (TIMEOUT_STATUS, e.to_string()),
         }
     }

@@ -592,6 +592,7 @@ impl ErrorKind {
             E::BackPressure { .. }
             | E::NotFound { .. }
             | E::Unavailable { .. }
+            | E::DeployFailed { .. }
             | E::Timeout { .. } => None,
         }
     }

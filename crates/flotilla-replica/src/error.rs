@@ -72,6 +72,20 @@ pub enum CallError {
         /// The deployment.
         deployment: String,
     },
+    /// The deployment failed to deploy (DEPLOY_FAILED: its replicas fail to
+    /// start) and has no replica to take the request: none is coming soon, so
+    /// the call fails at once instead of waiting (Ray's
+    /// `DeploymentUnavailableError`). The deployment keeps retrying slowly;
+    /// once a replica runs, calls reach it again.
+    #[error(
+        "deployment '{deployment}' of application '{app}' is unavailable because it failed to deploy"
+    )]
+    DeployFailed {
+        /// The application.
+        app: String,
+        /// The deployment.
+        deployment: String,
+    },
     /// A batch handler returned a different number of responses than it was
     /// given requests: every request of the batch fails (Ray's "Batched
     /// function doesn't preserve batch size").

@@ -267,6 +267,11 @@ impl DeploymentHandle {
                 return Ok(assigned(route, slot, count));
             }
         }
+        // No replica, and none coming soon: fail now (Ray's router raises
+        // for a deployment that is not available).
+        if route.is_deploy_failed() && rx.borrow().is_empty() {
+            return Err(route.deploy_failed_error());
+        }
         let place = route.enqueue()?;
         let woken = place.woken();
         loop {
@@ -291,6 +296,9 @@ impl DeploymentHandle {
             // between would be marked seen and never wake this waiter.
             if route.is_closed() {
                 return Err(route.not_found());
+            }
+            if route.is_deploy_failed() && rx.borrow().is_empty() {
+                return Err(route.deploy_failed_error());
             }
             tokio::select! {
                 changed = rx.changed() => if changed.is_err() { return Err(route.not_found()) },

@@ -46,6 +46,8 @@ pub struct DeploymentRoute {
     zero_target: AtomicBool,
     /// Callers waiting in other processes (see `queued_elsewhere`).
     queued_elsewhere: AtomicU64,
+    /// The deployment is DEPLOY_FAILED (see `set_deploy_failed`).
+    deploy_failed: AtomicBool,
     /// How a rejection for a full queue is answered over HTTP (read only then).
     backpressure: std::sync::Mutex<BackpressureConfig>,
     rng: AtomicU64,
@@ -93,6 +95,7 @@ impl DeploymentRoute {
             max_queued: AtomicU32::new(u32::MAX),
             zero_target: AtomicBool::new(false),
             queued_elsewhere: AtomicU64::new(0),
+            deploy_failed: AtomicBool::new(false),
             backpressure: std::sync::Mutex::new(BackpressureConfig::default()),
             rng: AtomicU64::new(0x9E37_79B9_7F4A_7C15),
             stats: RouteStats::default(),
@@ -332,6 +335,32 @@ impl DeploymentRoute {
     /// Requests waiting in this process's handles for a slot now.
     pub fn queued(&self) -> usize {
         self.queue.len()
+    }
+
+    /// Whether the deployment failed to deploy: a call that finds no replica
+    /// then fails at once ([`CallError::DeployFailed`]) instead of waiting.
+    pub fn is_deploy_failed(&self) -> bool {
+        self.deploy_failed.load(Ordering::Acquire)
+    }
+
+    /// Say whether the deployment is DEPLOY_FAILED (its DeploymentActor, as
+    /// its status changes; a node's agent, from the head's copy). Returns
+    /// whether that changed; the callers waiting for a replica look again.
+    pub fn set_deploy_failed(&self, failed: bool) -> bool {
+        if self.deploy_failed.swap(failed, Ordering::AcqRel) == failed {
+            return false;
+        }
+        // Every waiter watches the set: a no-op change wakes them to look.
+        self.tx.send_modify(|_| {});
+        true
+    }
+
+    /// What a call that finds no replica of a DEPLOY_FAILED deployment gets.
+    pub(crate) fn deploy_failed_error(&self) -> CallError {
+        CallError::DeployFailed {
+            app: self.app.to_string(),
+            deployment: self.deployment.to_string(),
+        }
     }
 
     /// Requests waiting in other processes' handles, as they last reported

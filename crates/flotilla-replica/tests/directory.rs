@@ -126,3 +126,30 @@ async fn a_request_routed_again_after_a_refusal_is_counted_once() {
     assert_eq!(out, 7);
     assert_eq!(route.stats().assigned(), 1);
 }
+
+/// A deployment that failed to deploy and has no replica fails its calls at
+/// once (Ray's DeploymentUnavailableError), those already waiting too, and
+/// calls wait again once it no longer is.
+#[tokio::test(start_paused = true)]
+async fn calls_to_a_deploy_failed_deployment_without_replicas_fail_at_once() {
+    let dir = Directory::new();
+    let (a, d) = key();
+    let route = dir.route(&a, &d);
+    let h = dir.handle(&a, &d);
+    let waiting = tokio::spawn({
+        let h = h.clone();
+        async move { h.call::<u8, u8>(&1).await }
+    });
+    tokio::task::yield_now().await;
+    assert_eq!(route.queued(), 1);
+    assert!(route.set_deploy_failed(true));
+    assert!(!route.set_deploy_failed(true), "no change");
+    assert!(matches!(
+        waiting.await.unwrap(),
+        Err(CallError::DeployFailed { .. })
+    ));
+    assert!(matches!(answer(&h).await, CallError::DeployFailed { .. }));
+    route.set_deploy_failed(false);
+    let waits = tokio::time::timeout(Duration::from_secs(60), h.call::<u8, u8>(&1)).await;
+    assert!(waits.is_err(), "{waits:?}");
+}

@@ -316,6 +316,7 @@ fn error_kind(e: &CallError) -> &'static str {
         CallError::BackPressure { .. } => "back_pressure",
         CallError::NotFound { .. } => "not_found",
         CallError::Unavailable { .. } => "unavailable",
+        CallError::DeployFailed { .. } => "deploy_failed",
         CallError::Timeout { .. } => "timeout",
         CallError::BatchSize { .. } => "batch_size",
         CallError::ModelLoad { .. } => "model_load",

@@ -947,6 +947,7 @@ fn publish(state: &mut AgentState, key: &(AppName, DeploymentName)) {
         return;
     };
     let route = state.directory.route(&key.0, &key.1);
+    route.set_deploy_failed(entry.deploy_failed);
     route.set_max_queued(entry.max_queued);
     route.set_batching(entry.batching);
     route.set_max_models_per_replica(entry.max_models);

@@ -145,6 +145,7 @@ fn entry(
         router: route.router_config(),
         replicas,
         closed,
+        deploy_failed: route.is_deploy_failed(),
     }
 }
 

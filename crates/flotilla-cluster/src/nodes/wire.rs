@@ -421,6 +421,10 @@ pub(crate) struct RouteEntry {
     /// a deployment of that name is deployed again.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub closed: bool,
+    /// The deployment is DEPLOY_FAILED: callers there that find no replica
+    /// fail at once, as on the head.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub deploy_failed: bool,
 }
 
 /// One replica of a route.

@@ -192,9 +192,9 @@ pub(crate) async fn run(
     request: Vec<u8>,
     model_id: Option<Arc<str>>,
 ) -> Attempt<Vec<u8>> {
-    let started = std::time::Instant::now();
+    let mut outcome = Outcome::new(&slot);
     let attempt = remote.call(slot.0.id(), request, model_id).await;
-    record(&slot, &attempt, started);
+    outcome.record(&attempt);
     attempt
 }
 
@@ -206,21 +206,49 @@ pub(crate) async fn run_stream(
     model_id: Option<Arc<str>>,
     items: &ItemSender,
 ) -> Attempt<()> {
-    let started = std::time::Instant::now();
+    let mut outcome = Outcome::new(&slot);
     let attempt = remote
         .call_stream(slot.0.id(), request, model_id, items.clone())
         .await;
-    record(&slot, &attempt, started);
+    outcome.record(&attempt);
     attempt
 }
 
-fn record<T>(slot: &Slot, attempt: &Attempt<T>, started: std::time::Instant) {
-    if let Attempt::Ran(result) = attempt {
-        let outcome = match result {
-            Ok(_) => Ok(()),
-            Err(e) => Err(ErrorKind::of(e).unwrap_or(ErrorKind::User)),
-        };
-        slot.0.stats().record(outcome, started.elapsed());
+/// A call's outcome on the remote endpoint's counters, recorded once: as it
+/// ran, or as cancelled when its caller drops it first (as a local call's
+/// `Running`). A refused call ran nowhere and records nothing.
+struct Outcome<'a> {
+    slot: &'a Slot,
+    started: std::time::Instant,
+    recorded: bool,
+}
+
+impl<'a> Outcome<'a> {
+    fn new(slot: &'a Slot) -> Self {
+        Outcome {
+            slot,
+            started: std::time::Instant::now(),
+            recorded: false,
+        }
+    }
+
+    fn record<T>(&mut self, attempt: &Attempt<T>) {
+        self.recorded = true;
+        if let Attempt::Ran(result) = attempt {
+            let outcome = match result {
+                Ok(_) => Ok(()),
+                Err(e) => Err(ErrorKind::of(e).unwrap_or(ErrorKind::User)),
+            };
+            self.slot.0.stats().record(outcome, self.started.elapsed());
+        }
+    }
+}
+
+impl Drop for Outcome<'_> {
+    fn drop(&mut self) {
+        if !self.recorded {
+            self.slot.0.stats().record_cancelled(self.started.elapsed());
+        }
     }
 }
 

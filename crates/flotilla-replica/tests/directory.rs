@@ -153,3 +153,43 @@ async fn calls_to_a_deploy_failed_deployment_without_replicas_fail_at_once() {
     let waits = tokio::time::timeout(Duration::from_secs(60), h.call::<u8, u8>(&1)).await;
     assert!(waits.is_err(), "{waits:?}");
 }
+
+/// A replica in another process that never answers.
+struct Hangs;
+
+impl RemoteCall for Hangs {
+    fn call(
+        &self,
+        _: ReplicaId,
+        _: Vec<u8>,
+        _: Option<Arc<str>>,
+    ) -> BoxFuture<'static, Attempt<Vec<u8>>> {
+        Box::pin(std::future::pending())
+    }
+
+    fn call_stream(
+        &self,
+        _: ReplicaId,
+        _: Vec<u8>,
+        _: Option<Arc<str>>,
+        _: ItemSender,
+    ) -> BoxFuture<'static, Attempt<()>> {
+        Box::pin(std::future::pending())
+    }
+}
+
+/// A call to a replica in another process that its caller drops is counted
+/// as cancelled on the caller's endpoint of it, as a local call is.
+#[tokio::test(start_paused = true)]
+async fn a_remote_call_its_caller_drops_counts_as_cancelled() {
+    let dir = Directory::new();
+    let (a, d) = key();
+    let route = dir.route(&a, &d);
+    let remote = RemoteEndpoint::new(ReplicaId(2), "node-1", Arc::new(Hangs), 4, &route);
+    let ep = remote.endpoint().clone();
+    route.publish(vec![ep.clone()]);
+    let h = dir.handle(&a, &d);
+    let gone = tokio::time::timeout(Duration::from_secs(1), h.call::<u8, u8>(&7)).await;
+    assert!(gone.is_err());
+    assert_eq!((ep.stats().cancelled(), ep.in_flight()), (1, 0));
+}

@@ -10,6 +10,7 @@
 //! | --- | --- |
 //! | `controller@T` | crash the Controller (the Supervisor restarts it) |
 //! | `controller@T:before-commit` (`after-commit`, `after-reply`) | arm a Controller crash at that point of the next mutating message |
+//! | `controller@T:unsettled` | the next commit is written, then reported of unknown outcome: the Controller restarts and goes by the file |
 //! | `app@T[:N]` | kill N ApplicationActors (default 1) |
 //! | `deployment@T[:N]` | kill N DeploymentActors |
 //! | `replica@T[:N]` | kill N replica actors |
@@ -166,6 +167,7 @@ fn point_name(p: FaultPoint) -> String {
         FaultPoint::ControllerBeforeCommit => "before-commit".into(),
         FaultPoint::ControllerAfterCommit => "after-commit".into(),
         FaultPoint::ControllerAfterReply => "after-reply".into(),
+        FaultPoint::CommitUnsettled => "unsettled".into(),
         other => format!("{other:?}"),
     }
 }
@@ -265,9 +267,10 @@ pub fn parse(entry: &str) -> Result<Event> {
                 Some(&"before-commit") => Some(FaultPoint::ControllerBeforeCommit),
                 Some(&"after-commit") => Some(FaultPoint::ControllerAfterCommit),
                 Some(&"after-reply") => Some(FaultPoint::ControllerAfterReply),
+                Some(&"unsettled") => Some(FaultPoint::CommitUnsettled),
                 Some(other) => {
                     return Err(err(format!(
-                        "unknown point '{other}' (before-commit, after-commit, after-reply)"
+                        "unknown point '{other}' (before-commit, after-commit, after-reply, unsettled)"
                     )));
                 }
             })
@@ -327,7 +330,7 @@ mod tests {
     #[test]
     fn parses_every_kind_and_rejects_nonsense() {
         let evs = parse_list(
-            "controller@60s,node@2m:2,process@300s,controller@1s:after-commit,ctor@10s:0.5:30s,flap@5s,update@1m30s:20",
+            "controller@60s,node@2m:2,process@300s,controller@1s:after-commit,ctor@10s:0.5:30s,flap@5s,update@1m30s:20,controller@2s:unsettled",
         )
         .unwrap();
         assert_eq!(evs[0].at, Duration::from_secs(60));
@@ -354,6 +357,10 @@ mod tests {
             }
         );
         assert_eq!(evs[6].kind, EventKind::Update(20));
+        assert_eq!(
+            evs[7].kind,
+            EventKind::Controller(Some(FaultPoint::CommitUnsettled))
+        );
         assert!(parse_list("none").unwrap().is_empty());
         let c = parse("config@5m:dir/next:v2.yaml").unwrap();
         assert_eq!(c.kind, EventKind::Config("dir/next:v2.yaml".into()));

@@ -309,7 +309,8 @@ impl Default for TrafficSpec {
 /// The default event schedule (times from the start of the run).
 pub const DEFAULT_FAULTS: &str = "controller@15s,node@60s,deployment@80s:40,app@100s:40,\
 commit@120s,update@120s:200,controller@150s:after-commit,scale@150s:100,flap@180s:50:60s,\
-node-add@200s,replica@240s:50,process@300s,delete@360s:50,deploy@380s:50,controller@420s,\
+node-add@200s,replica@240s:50,process@300s,controller@355s:unsettled,delete@360s:50,\
+deploy@380s:50,controller@420s,\
 ctor@440s:0.5:40s,node@450s,node-add@500s";
 
 /// A whole simulation.

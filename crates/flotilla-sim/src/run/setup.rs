@@ -206,6 +206,7 @@ impl Sim {
             FaultPoint::ControllerAfterCommit,
             FaultPoint::ControllerAfterReply,
             FaultPoint::CommitFails,
+            FaultPoint::CommitUnsettled,
         ]
         .into_iter()
         .filter(|p| serve.faults().remaining(*p) > 0)

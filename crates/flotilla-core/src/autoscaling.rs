@@ -221,21 +221,23 @@ impl Default for AutoscalingConfig {
 impl AutoscalingConfig {
     /// Bounds in order, factors and target positive.
     pub fn validate(&self) -> Result<(), Error> {
-        if self.min_replicas > self.max_replicas {
-            return Err(Error::field(
-                "autoscaling_config.min_replicas",
-                format!(
-                    "min_replicas ({}) must not exceed max_replicas ({})",
-                    self.min_replicas, self.max_replicas
-                ),
-            ));
-        }
+        // max_replicas first: with min_replicas left at its default of 1, a
+        // max_replicas of 0 is max_replicas's fault.
         if self.max_replicas == 0 || self.max_replicas > MAX_REPLICAS {
             return Err(Error::field(
                 "autoscaling_config.max_replicas",
                 format!(
                     "must be from 1 to {MAX_REPLICAS}, got {}",
                     self.max_replicas
+                ),
+            ));
+        }
+        if self.min_replicas > self.max_replicas {
+            return Err(Error::field(
+                "autoscaling_config.min_replicas",
+                format!(
+                    "min_replicas ({}) must not exceed max_replicas ({})",
+                    self.min_replicas, self.max_replicas
                 ),
             ));
         }

@@ -262,6 +262,25 @@ impl RayActorOptions {
                     ));
                 }
             }
+            // As Ray's `resources_from_ray_options`: memory is its own option
+            // (as a custom resource no node offers it, so nothing would fit).
+            if ["memory", "object_store_memory"]
+                .iter()
+                .any(|k| res.contains_key(*k))
+            {
+                return Err(Error::field(
+                    "ray_actor_options.resources",
+                    "The resources dictionary must not contain the key 'memory' or \
+                     'object_store_memory' (as Ray); a replica's memory is \
+                     ray_actor_options.memory",
+                ));
+            }
+            if res.contains_key("bundle") {
+                return Err(Error::field(
+                    "ray_actor_options.resources",
+                    "'bundle' is a reserved resource name (as Ray)",
+                ));
+            }
         }
         if let Some(t) = &self.accelerator_type
             && (t.is_empty() || t.chars().any(char::is_whitespace))

@@ -64,12 +64,23 @@ const HINTS: &[(&str, &str, &str)] = &[
     ),
 ];
 
+/// The longest unknown name a suggestion is looked for (no field of Ray's
+/// schema is near this long; the distance costs its length times theirs).
+const SUGGEST_MAX_LEN: usize = 64;
+
 /// The nearest of `known` to `unknown` by Damerau-Levenshtein distance, if near
-/// enough to be a typo (at most 2 edits, or a third of the name).
+/// enough to be a typo (at most 2 edits, or a third of the name). Names whose
+/// lengths differ by more than that are not compared (their distance is at
+/// least the difference), and a name over [`SUGGEST_MAX_LEN`] is no typo.
 pub(super) fn nearest<'a>(unknown: &str, known: &[&'a str]) -> Option<&'a str> {
-    let limit = (unknown.chars().count() / 3).max(2);
+    let len = unknown.chars().count();
+    if len > SUGGEST_MAX_LEN {
+        return None;
+    }
+    let limit = (len / 3).max(2);
     known
         .iter()
+        .filter(|k| k.chars().count().abs_diff(len) <= limit)
         .map(|k| (strsim::damerau_levenshtein(unknown, k), *k))
         .filter(|(d, _)| *d <= limit)
         .min_by_key(|(d, _)| *d)
@@ -84,7 +95,12 @@ pub(super) fn nearest<'a>(unknown: &str, known: &[&'a str]) -> Option<&'a str> {
 /// `expected a`, or `there are no fields`).
 pub(super) fn unknown_field(message: &str) -> Option<String> {
     let rest = message.strip_prefix("unknown field `")?;
-    let (field, rest) = rest.split_once('`')?;
+    // The name may hold a backtick itself: it ends at the last "`," (or the
+    // last backtick).
+    let (field, rest) = match rest.rfind("`,") {
+        Some(at) => (&rest[..at], &rest[at + 1..]),
+        None => rest.rsplit_once('`')?,
+    };
     let known: Vec<&str> = match rest.trim_start_matches(',').trim() {
         r if r.starts_with("expected one of ") => r["expected one of ".len()..]
             .split(", ")
@@ -143,6 +159,17 @@ mod tests {
             "{hint}"
         );
         assert_eq!(unknown_field("invalid type: string"), None);
+        // A name with a backtick is named whole.
+        let tick = unknown_field("unknown field `max`x`, expected one of name").unwrap();
+        assert!(tick.starts_with("unknown field `max`x`"), "{tick}");
+        // A name far longer than any field is no typo: nothing is compared.
+        let long = "a".repeat(1_000_000);
+        let m = unknown_field(&format!("unknown field `{long}`, expected one of name")).unwrap();
+        assert!(
+            m.contains("known fields here: name"),
+            "{}",
+            &m[m.len() - 40..]
+        );
         assert_eq!(
             nearest("improt_path", &["import_path", "args"]),
             Some("import_path")

@@ -423,6 +423,24 @@ fn ray_actor_options_accelerator_type_is_rays_custom_resource() {
         "ray_actor_options.resources",
         "Use the 'num_cpus' and 'num_gpus' keyword",
     );
+    // Memory is its own option, and 'bundle' is reserved, as in Ray (as
+    // custom resources no node would offer them: never placed).
+    for (key, says) in [
+        ("memory", "must not contain the key 'memory'"),
+        ("object_store_memory", "must not contain the key 'memory'"),
+        ("bundle", "reserved"),
+    ] {
+        let text = front(&format!(
+            "        ray_actor_options:\n          resources: {{{key}: 2}}\n"
+        ));
+        assert_at(
+            &err(&text),
+            &text,
+            &format!("{{{key}"),
+            "ray_actor_options.resources",
+            says,
+        );
+    }
 }
 
 #[test]

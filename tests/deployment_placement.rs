@@ -328,3 +328,44 @@ async fn a_roll_at_the_per_node_limit_on_every_node_stops_first_and_completes() 
     let h = serve.app_handle("a").unwrap();
     assert!(h.call::<_, String>("x").await.unwrap().starts_with("v2:"));
 }
+
+/// A replica taking its config in place (UPDATING) that is lost with its
+/// node had not become ready for the target: a startup failure, replaced,
+/// not a health-check failure (which from UPDATING is DEPLOY_FAILED).
+#[tokio::test(start_paused = true)]
+async fn a_node_lost_under_an_updating_replica_does_not_fail_the_update() {
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Arc::new(Switches::default());
+    let cluster = Arc::new(StaticCluster::new([cpus("n1", 2.0), cpus("n2", 2.0)]));
+    let serve = start_on(&dir, &sw, cluster.clone()).await;
+    let spec = |uc: &str| {
+        probe(2, &tag("u")).with_config(|c| c.with_user_config(flotilla::Args::encode(uc).unwrap()))
+    };
+    serve.run(app_of("a", spec("one"))).await.unwrap();
+    sw.reconfigure_delay_ms.store(60_000, Ordering::SeqCst);
+    serve
+        .run_many(vec![app_of("a", spec("two"))], no_wait())
+        .await
+        .unwrap();
+    let s = wait_snapshot(&serve, "a", "probe", |s| s.count(R::Updating) >= 1).await;
+    let node = s
+        .replicas
+        .iter()
+        .find(|r| r.state == R::Updating)
+        .unwrap()
+        .node
+        .clone();
+    assert!(cluster.kill_node(&node));
+    let s = wait_snapshot(&serve, "a", "probe", |s| {
+        !s.replicas.iter().any(|r| r.node == node)
+    })
+    .await;
+    assert_ne!(
+        s.status.status,
+        DeploymentStatus::DeployFailed,
+        "{:?}",
+        s.status
+    );
+    sw.reconfigure_delay_ms.store(0, Ordering::SeqCst);
+    wait_status(&serve, "a", A::Running).await;
+}

@@ -137,9 +137,11 @@ impl Controller {
             how @ (ChildExit::Killed | ChildExit::Failed { .. }) => {
                 warn!(app = %name, %how, "application actor crashed");
                 let policy = state.restart;
-                state.app_restarts.fetch_add(1, Ordering::Relaxed);
                 match state.actors.on_crash(&name, &policy) {
-                    Some(delay) => Self::restart_later(myself, state, name, delay),
+                    Some(delay) => {
+                        state.app_restarts.fetch_add(1, Ordering::Relaxed);
+                        Self::restart_later(myself, state, name, delay);
+                    }
                     None => {
                         return Err(Escalation::of(format!("application '{name}'"), &policy).into());
                     }

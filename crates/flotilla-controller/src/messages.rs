@@ -17,8 +17,8 @@ pub struct ControllerSnapshot {
     pub deleting: usize,
     /// Living ApplicationActors.
     pub app_actors: usize,
-    /// ApplicationActor crashes (each restarted, or escalated) since the
-    /// instance started, over every Controller's life.
+    /// ApplicationActor restarts after a crash since the instance started,
+    /// over every Controller's life.
     pub app_restarts: u64,
     /// The checkpoint's commits, keys and bytes written since it was opened.
     pub store: StoreCounters,

@@ -57,8 +57,9 @@ pub struct ControllerArgs {
     pub clock: WallClock,
     /// The published route index (the Controller keeps it current).
     pub route_table: RouteTable,
-    /// ApplicationActor crashes, counted over every Controller's life (a
-    /// metric's counter: it must not drop when the Controller restarts).
+    /// ApplicationActor restarts after a crash, counted over every
+    /// Controller's life (a metric's counter: it must not drop when the
+    /// Controller restarts).
     pub app_restarts: Arc<AtomicU64>,
 }
 

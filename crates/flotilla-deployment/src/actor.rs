@@ -328,6 +328,25 @@ impl DeploymentActor {
         Self::schedule_retry(myself, state, delay);
     }
 
+    /// A living replica failed to become ready for the target (its
+    /// reconfigure failed, or it turned unhealthy while UPDATING or
+    /// RECOVERING): stopped gracefully (its requests drain) and counted as a
+    /// startup failure, as Ray's `_check_startup_replicas` does with a FAILED
+    /// one, unless it was outdated.
+    fn not_ready(
+        myself: &ActorRef<DeploymentMsg>,
+        state: &mut DeploymentState,
+        id: ReplicaId,
+        error: &str,
+    ) {
+        let at_target = state.at_target_code(id);
+        state.stop(id, true, error);
+        if at_target && state.target_count() > 0 {
+            let delay = state.record_startup_failure(id, error);
+            Self::schedule_retry(myself, state, delay);
+        }
+    }
+
     fn on_replica_event(
         myself: &ActorRef<DeploymentMsg>,
         state: &mut DeploymentState,
@@ -402,7 +421,7 @@ impl DeploymentActor {
                     current,
                     Some(ReplicaState::Updating | ReplicaState::Recovering)
                 ) {
-                    Self::on_start_failed(myself, state, id, reason);
+                    Self::not_ready(myself, state, id, &reason);
                     return;
                 }
                 let at_target = state.at_target_version(id);
@@ -413,12 +432,7 @@ impl DeploymentActor {
                 if current == Some(ReplicaState::Stopping) {
                     return;
                 }
-                let at_target = state.at_target_code(id);
-                state.stop(id, true, &error);
-                if at_target && state.target_count() > 0 {
-                    let delay = state.record_startup_failure(id, &error);
-                    Self::schedule_retry(myself, state, delay);
-                }
+                Self::not_ready(myself, state, id, &error);
             }
         }
     }
@@ -489,14 +503,23 @@ impl Actor for DeploymentActor {
                     }
                 }
                 InternalMsg::PlacementRetry => state.placement_timer = None,
-                InternalMsg::Recovered(id, snap) => {
-                    if let Recovered::StartFailed(error) = recovery::recovered(state, id, snap) {
+                InternalMsg::Recovered(id, snap) => match recovery::recovered(state, id, snap) {
+                    Recovered::Known => {}
+                    Recovered::StartFailed(error) => {
                         Self::on_start_failed(&myself, state, id, error);
                     }
-                }
+                    Recovered::NotReady(error) => Self::not_ready(&myself, state, id, &error),
+                },
                 InternalMsg::Cluster(ClusterEvent::CapacityFreed) => {}
                 InternalMsg::Cluster(ClusterEvent::NodeDied(node)) => {
-                    placement::node_died(state, &node);
+                    for (id, error) in placement::node_died(state, &node) {
+                        // Lost before it was ready for the target: a
+                        // startup failure, not a health-check failure.
+                        if state.target_count() > 0 {
+                            let delay = state.record_startup_failure(id, &error);
+                            Self::schedule_retry(&myself, state, delay);
+                        }
+                    }
                 }
                 InternalMsg::ClusterResync => placement::resync(state),
                 InternalMsg::SlowStartCheck => {

@@ -128,25 +128,32 @@ pub(crate) async fn start_replica(
 }
 
 /// Node `node` died: its replicas are gone. Stop what is left of them at once;
-/// the next reconcile starts replacements elsewhere.
-pub(crate) fn node_died(state: &mut DeploymentState, node: &str) {
+/// the next reconcile starts replacements elsewhere. A RUNNING one at the
+/// target is a lost replica (HEALTH_CHECK_FAILED); returned, for the actor to
+/// count as startup failures, those of the target's code lost before they
+/// were ready for it (UPDATING or RECOVERING: as when one crashes so).
+pub(crate) fn node_died(state: &mut DeploymentState, node: &str) -> Vec<(ReplicaId, String)> {
     let lost: Vec<(ReplicaId, ReplicaState)> = state
         .replicas
         .iter()
         .filter(|(_, r)| r.node == node)
         .map(|(id, r)| (*id, r.state))
         .collect();
+    let mut not_ready = Vec::new();
     for (id, was) in lost {
         let at_target = state.at_target_version(id);
+        let at_target_code = state.at_target_code(id);
+        let why = format!("Replica {id} was lost with its node '{node}'");
         state.stop(id, false, &format!("its node '{node}' died"));
-        if matches!(was, ReplicaState::Running | ReplicaState::Updating) {
-            state.replica_lost(
-                id,
-                at_target,
-                &format!("Replica {id} was lost with its node '{node}'"),
-            );
+        match was {
+            ReplicaState::Running => state.replica_lost(id, at_target, &why),
+            ReplicaState::Updating | ReplicaState::Recovering if at_target_code => {
+                not_ready.push((id, why));
+            }
+            _ => {}
         }
     }
+    not_ready
 }
 
 /// The subscription lagged: any node may have died unseen.

@@ -89,6 +89,10 @@ pub(crate) enum Recovered {
     /// Its start had failed, and its predecessor may not have heard: handle it
     /// as a start failure now.
     StartFailed(String),
+    /// It lives, but had reported itself unhealthy (or its reconfigure
+    /// failed) to the predecessor: not ready, to stop gracefully and count as
+    /// a startup failure.
+    NotReady(String),
 }
 
 /// A RECOVERING replica described itself (or did not answer in time).
@@ -137,9 +141,9 @@ pub(crate) fn recovered(
         // It had reported itself unhealthy to our predecessor. Recovering,
         // it is not ready: as Ray's RECOVERING replica that fails, a startup
         // failure (not a health-check failure, which from this successor's
-        // UPDATING would be DEPLOY_FAILED).
-        state.set_state(id, ReplicaState::Starting, "recovered");
-        return Recovered::StartFailed(format!("recovered as unhealthy: {why}"));
+        // UPDATING would be DEPLOY_FAILED). It still serves what it holds.
+        state.set_state(id, phase_state(snap.phase), "recovered");
+        return Recovered::NotReady(format!("recovered as unhealthy: {why}"));
     } else if alive {
         state.set_state(id, phase_state(snap.phase), "recovered");
     } else {

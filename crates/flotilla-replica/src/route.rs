@@ -518,20 +518,27 @@ impl Directory {
     /// life, a node's agent for its replicas), and the handles whose route
     /// was deleted move to it.
     pub fn route(&self, app: &AppName, deployment: &DeploymentName) -> Arc<DeploymentRoute> {
-        let route = self.route_unclaimed(app, deployment);
-        route.claimed.store(true, Ordering::Release);
-        route
+        self.route_claimed(app, deployment, true)
     }
 
-    /// The route of a deployment, created (unclaimed) if it has none.
-    fn route_unclaimed(&self, app: &AppName, deployment: &DeploymentName) -> Arc<DeploymentRoute> {
+    /// The route of a deployment, created if it has none; claimed if `claim`
+    /// (a route made so is claimed before any handle can see it).
+    fn route_claimed(
+        &self,
+        app: &AppName,
+        deployment: &DeploymentName,
+        claim: bool,
+    ) -> Arc<DeploymentRoute> {
         let key = (app.clone(), deployment.clone());
         if let Some(r) = self.get_key(&key) {
+            if claim {
+                r.claimed.store(true, Ordering::Release);
+            }
             return r;
         }
         let mut routes = self.routes.write().unwrap_or_else(|p| p.into_inner());
         let Routes { by_key, by_app } = &mut *routes;
-        by_key
+        let route = by_key
             .entry(key)
             .or_insert_with(|| {
                 by_app
@@ -544,7 +551,11 @@ impl Directory {
                 }
                 Arc::new(route)
             })
-            .clone()
+            .clone();
+        if claim {
+            route.claimed.store(true, Ordering::Release);
+        }
+        route
     }
 
     /// The instance stopped (shut down or crashed): close every route, so each
@@ -640,7 +651,7 @@ impl Directory {
     /// deployed again: a route only handles made since does not bring back
     /// the handles made before).
     pub fn handle(&self, app: &AppName, deployment: &DeploymentName) -> DeploymentHandle {
-        DeploymentHandle::new(self.clone(), self.route_unclaimed(app, deployment))
+        DeploymentHandle::new(self.clone(), self.route_claimed(app, deployment, false))
     }
 
     /// A handle to a deployment that has a route now, making none: for a
@@ -651,7 +662,10 @@ impl Directory {
         app: &AppName,
         deployment: &DeploymentName,
     ) -> Option<DeploymentHandle> {
-        let route = self.get(app, deployment).filter(|r| !r.is_closed())?;
+        // Claimed: one only a later handle made has nothing behind it.
+        let route = self
+            .get(app, deployment)
+            .filter(|r| !r.is_closed() && r.is_claimed())?;
         Some(DeploymentHandle::new(self.clone(), route))
     }
 }

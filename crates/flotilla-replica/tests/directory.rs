@@ -46,6 +46,8 @@ async fn a_handle_made_after_a_deletion_does_not_bring_back_the_older_ones() {
     let late = dir.handle(&a, &d);
     assert!(!dir.get(&a, &d).unwrap().is_claimed());
     assert!(matches!(answer(&old).await, CallError::NotFound { .. }));
+    // Nor is it a route a handle for a deleting application may take.
+    assert!(dir.existing_handle(&a, &d).is_none());
 
     // Deployed again: the old handle's calls go to the new route (and wait
     // there for a replica, as the late handle's do).

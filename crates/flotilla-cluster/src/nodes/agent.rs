@@ -143,6 +143,9 @@ pub(crate) struct AgentState {
     timer: Option<JoinHandle<()>>,
 }
 
+/// A node's load that stands is sent again every this many heartbeats.
+const LOAD_REFRESH_BEATS: u64 = 10;
+
 impl AgentState {
     /// The load the head's autoscalers cannot see from there: requests
     /// running on this node's replicas (every caller's, counted by their own
@@ -328,8 +331,15 @@ impl Actor for Agent {
                     state.last_beat = Instant::now();
                     state.seq += 1;
                     state.to_head(Control::Heartbeat { seq: state.seq });
+                    // When it changed, and a load that stands now and then
+                    // (the head applies a report to the routes and replicas
+                    // it has: one it gets later, as after its restart, takes
+                    // the load from the next).
                     let load = state.load();
-                    if load != state.last_load && state.to_head(Control::Load(load.clone())) {
+                    let refresh = state.seq % LOAD_REFRESH_BEATS == 0 && !load.is_empty();
+                    if (load != state.last_load || refresh)
+                        && state.to_head(Control::Load(load.clone()))
+                    {
                         state.last_load = load;
                     }
                 }

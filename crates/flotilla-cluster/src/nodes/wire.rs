@@ -205,6 +205,13 @@ pub(crate) struct WireLoad {
     pub queued: Vec<(AppName, DeploymentName, u32)>,
 }
 
+impl WireLoad {
+    /// Nothing runs and nobody waits.
+    pub fn is_empty(&self) -> bool {
+        self.running.is_empty() && self.queued.is_empty()
+    }
+}
+
 /// A node's join.
 #[derive(Debug, Serialize, Deserialize)]
 pub(crate) struct Hello {
@@ -501,6 +508,10 @@ mod tests {
                 app: app.clone(),
                 deployment: deployment.clone(),
             },
+            CallError::DeployFailed {
+                app: app.clone(),
+                deployment: deployment.clone(),
+            },
             CallError::BatchSize {
                 app: app.clone(),
                 deployment: deployment.clone(),
@@ -513,6 +524,25 @@ mod tests {
             },
             CallError::Timeout { app, deployment },
         ];
+        // Every variant is listed: a new one fails to compile here first.
+        for e in &errors {
+            match e {
+                CallError::User(_)
+                | CallError::Panicked(_)
+                | CallError::Killed { .. }
+                | CallError::NodeLost { .. }
+                | CallError::BadRequest(_)
+                | CallError::BadResponse(_)
+                | CallError::BackPressure { .. }
+                | CallError::NotFound { .. }
+                | CallError::Unavailable { .. }
+                | CallError::DeployFailed { .. }
+                | CallError::BatchSize { .. }
+                | CallError::ModelLoad { .. }
+                | CallError::Timeout { .. } => {}
+            }
+        }
+        assert_eq!(errors.len(), 13, "one of each variant");
         for e in errors {
             let header = DataHeader::End {
                 call: 9,

@@ -336,7 +336,7 @@ impl Actor for Agent {
                     // it has: one it gets later, as after its restart, takes
                     // the load from the next).
                     let load = state.load();
-                    let refresh = state.seq % LOAD_REFRESH_BEATS == 0 && !load.is_empty();
+                    let refresh = state.seq.is_multiple_of(LOAD_REFRESH_BEATS) && !load.is_empty();
                     if (load != state.last_load || refresh)
                         && state.to_head(Control::Load(load.clone()))
                     {

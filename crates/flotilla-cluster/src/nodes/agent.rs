@@ -132,6 +132,8 @@ pub(crate) struct AgentState {
     dialing_peers: HashMap<String, Instant>,
     /// Peers whose last dial failed (warned once, then retried quietly).
     unreachable: HashSet<String>,
+    /// The nodes the current head session last listed alive (`Nodes`).
+    listed: HashSet<String>,
     shutting_down: bool,
     /// Shut down with every replica gone: the `Leaving` whose answer ends the
     /// node (the head has then read every replica's `Exited`), and when it
@@ -254,6 +256,7 @@ impl Actor for Agent {
             to_dial: HashMap::new(),
             dialing_peers: HashMap::new(),
             unreachable: HashSet::new(),
+            listed: HashSet::new(),
             shutting_down: false,
             farewell: None,
             fencing: None,
@@ -640,6 +643,9 @@ async fn control(myself: &ActorRef<AgentMsg>, state: &mut AgentState, env: Envel
                 head_node = %w.head_node, "joined the head");
             state.args.last_head = Some(w.epoch);
             state.head = Some(Head { ns: w.ns });
+            // A new head session lists the nodes back so far: those it has
+            // not listed yet are not lost.
+            state.listed.clear();
             // A new head session knows none of this node's load.
             state.last_load = WireLoad::default();
         }
@@ -737,20 +743,33 @@ async fn control(myself: &ActorRef<AgentMsg>, state: &mut AgentState, env: Envel
                 .unreachable
                 .retain(|peer| state.to_dial.contains_key(peer));
             meet_peers(myself, state);
-            for peer in state.args.link.shared.connected() {
-                if !is_head(&peer) && !alive.contains(&peer) {
-                    state
-                        .args
-                        .link
-                        .shared
-                        .drop_session(&peer, "the head declared that node lost");
-                }
+            let connected = state.args.link.shared.connected();
+            for peer in declared_lost(&connected, &state.listed, &alive) {
+                state
+                    .args
+                    .link
+                    .shared
+                    .drop_session(&peer, "the head declared that node lost");
             }
+            state.listed = alive.into_iter().collect();
         }
         other => {
             warn!(node = %state.args.id, frame = ?other, "node: unexpected control frame");
         }
     }
+}
+
+/// The peers to drop on a `Nodes` frame: connected ones (not the head) that
+/// this head session listed alive before and omits now. A peer it never
+/// listed is not one it declared lost: a restarted head lists the nodes as
+/// they re-attach, and a frame sent before a node joined omits it, while the
+/// nodes' sessions to each other (and their calls) go on.
+fn declared_lost(connected: &[String], listed: &HashSet<String>, alive: &[String]) -> Vec<String> {
+    connected
+        .iter()
+        .filter(|p| !is_head(p) && listed.contains(*p) && !alive.contains(p))
+        .cloned()
+        .collect()
 }
 
 /// A `Prune` being gathered: the part expected next, and the names so far.
@@ -1012,6 +1031,25 @@ mod tests {
             .iter()
             .map(|n| (AppName::new(*n).unwrap(), DeploymentName::new("d").unwrap()))
             .collect()
+    }
+
+    /// A head's `Nodes` drops only the peers it listed before and omits now:
+    /// a restarted head's first lists (the nodes back so far) and a frame that
+    /// predates a node's join leave the sessions between nodes alone.
+    #[test]
+    fn only_peers_the_head_listed_and_then_omitted_are_dropped() {
+        let s = |v: &[&str]| v.iter().map(|p| (*p).to_owned()).collect::<Vec<_>>();
+        let connected = s(&["node-b@h", "node-c@h"]);
+        let listed: HashSet<String> = HashSet::new();
+        // A new head session that lists only this node so far.
+        assert!(declared_lost(&connected, &listed, &s(&["node-a@h"])).is_empty());
+        // Listed, then omitted: lost.
+        let listed: HashSet<String> = s(&["node-a@h", "node-b@h"]).into_iter().collect();
+        assert_eq!(
+            declared_lost(&connected, &listed, &s(&["node-a@h"])),
+            s(&["node-b@h"]),
+            "c was never listed: a later join, not a loss"
+        );
     }
 
     #[test]

@@ -75,6 +75,23 @@ pub(crate) fn changed(shared: &HeadShared, route: &Arc<DeploymentRoute>) {
     }
 }
 
+/// A replica of `route` on a node reported its models: export the route
+/// again, if its DeploymentActor exported it already (else its first
+/// export carries them). A stand-in's route that no DeploymentActor has
+/// published (the head waits for its nodes before it recovers) is not sent:
+/// empty and unconfigured, it would empty the nodes' copies, and a route no
+/// deployment owns would be kept for good.
+pub(crate) fn models_changed(shared: &HeadShared, route: &Arc<DeploymentRoute>) {
+    let key = (route.app().clone(), route.deployment().clone());
+    let known = lock(&shared.export)
+        .known
+        .get(&key)
+        .is_some_and(|r| Arc::ptr_eq(r, route));
+    if known {
+        changed(shared, route);
+    }
+}
+
 /// Stop serving head-local replica `id` to nodes; its model watcher ends
 /// with its guard.
 fn unserve(shared: &HeadShared, ex: &mut Export, id: ReplicaId) {
@@ -312,6 +329,27 @@ pub(crate) mod tests {
             .await
             .unwrap();
         (head, directory)
+    }
+
+    /// A stand-in's model report exports only a route its DeploymentActor
+    /// has published: before that (a restarted head waiting for its nodes),
+    /// the empty, unconfigured route would empty the nodes' copies.
+    #[tokio::test]
+    async fn a_model_report_exports_only_a_route_its_deployment_published() {
+        let (head, directory) = head("export-test-models").await;
+        let (app, dep) = (
+            AppName::new("a").unwrap(),
+            DeploymentName::new("d").unwrap(),
+        );
+        let known = || lock(&head.shared.export).known.len();
+        let route = directory.route(&app, &dep);
+        models_changed(&head.shared, &route);
+        assert_eq!(known(), 0);
+        head.cluster().route_changed(&route);
+        assert_eq!(known(), 1);
+        models_changed(&head.shared, &route);
+        assert_eq!(known(), 1);
+        head.stop().await;
     }
 
     #[tokio::test]

@@ -271,7 +271,7 @@ impl Actor for RemoteReplica {
             let (shared, route) = (Arc::downgrade(&state.host.shared), state.route.clone());
             let models_changed = move || {
                 if let Some(shared) = shared.upgrade() {
-                    super::export::changed(&shared, &route);
+                    super::export::models_changed(&shared, &route);
                 }
             };
             state.task = Some(tokio::spawn(reports(

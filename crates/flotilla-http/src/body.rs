@@ -3,17 +3,18 @@
 //! request's metrics and access log once it is over.
 
 use std::{
-    future::Future as _,
     pin::Pin,
-    sync::{Arc, atomic::Ordering},
+    sync::{Arc, Mutex, atomic::Ordering},
     task::{Context, Poll},
-    time::Instant,
+    time::{Duration, Instant},
 };
 
 use bytes::Bytes;
 use flotilla::CallStream;
-use futures::Stream;
+use futures::StreamExt;
 use http_body::{Body, Frame, SizeHint};
+use tokio::sync::mpsc;
+use tracing::Instrument;
 
 use crate::{
     HttpResponse,
@@ -84,12 +85,17 @@ enum Kind {
     Stream {
         /// Chunks already taken from the stream, sent first.
         pending: Vec<Bytes>,
-        stream: CallStream<HttpResponse>,
-        /// The request's deadline: passing it cuts the stream (Ray's timeout
-        /// once the response started).
-        deadline: Option<Pin<Box<tokio::time::Sleep>>>,
+        /// The chunks the stream's driver ([`drive`]) takes from the ingress.
+        chunks: mpsc::Receiver<Bytes>,
+        /// Why the driver cut the stream, once it did (set before it closes
+        /// `chunks`); nothing when the stream ended.
+        cut: Arc<Mutex<Option<StreamCut>>>,
     },
 }
+
+/// Chunks the driver may take from the ingress ahead of the client (the
+/// call's own stream buffers ahead of the handler too).
+const CHUNKS_AHEAD: usize = 4;
 
 /// A response body.
 pub(crate) struct ProxyBody {
@@ -118,22 +124,34 @@ impl ProxyBody {
     /// A streamed body: `pending` first, then every later item's body. A
     /// `bodyless` response's body is never read (hyper drops it): its status
     /// is recorded as sent, not as a client that went away.
+    ///
+    /// A task of its own drives the ingress's stream ([`drive`]), not the
+    /// body's polls: hyper stops polling a body whose client reads nothing
+    /// (an HTTP/2 window at 0, a full socket), and the handler, which runs
+    /// only as its stream is polled, would hold its replica's slot for as
+    /// long, deadline or not. The driver cuts the stream at the request's
+    /// `deadline` (Ray's timeout once the response started), when the client
+    /// has taken nothing for `stall` (as a request body that stalls), or as
+    /// soon as the client goes.
     pub(crate) fn stream(
         status: u16,
         pending: Vec<Bytes>,
         stream: CallStream<HttpResponse>,
-        deadline: Option<tokio::time::Instant>,
+        limits: (Option<tokio::time::Instant>, Duration),
         mut done: Done,
         bodyless: bool,
     ) -> Self {
         if bodyless {
             done.status = status;
         }
+        let (tx, chunks) = mpsc::channel(CHUNKS_AHEAD);
+        let cut = Arc::new(Mutex::new(None));
+        tokio::spawn(drive(stream, tx, limits, cut.clone()).instrument(tracing::Span::current()));
         ProxyBody {
             kind: Kind::Stream {
                 pending,
-                stream,
-                deadline: deadline.map(|d| Box::pin(tokio::time::sleep_until(d))),
+                chunks,
+                cut,
             },
             status,
             done: Some(done),
@@ -156,6 +174,67 @@ enum StreamCut {
     Failed(#[source] flotilla::CallError),
     #[error("request timed out while its response streamed")]
     TimedOut,
+    #[error("the client took nothing of the streamed response for {0:?}")]
+    Stalled(Duration),
+}
+
+impl StreamCut {
+    /// The status recorded for the request.
+    fn status(&self) -> u16 {
+        match self {
+            StreamCut::Failed(_) => 500,
+            StreamCut::TimedOut => crate::proxy::TIMEOUT_STATUS,
+            StreamCut::Stalled(_) => CLIENT_CLOSED,
+        }
+    }
+}
+
+/// Take the ingress's chunks into `tx` until the stream ends; cut it (drop
+/// it, which cancels the handler and frees its slot, and say why in `cut`)
+/// at the deadline, when the client takes nothing for `stall`, or when it
+/// failed; stop as soon as the body is gone (the client went away).
+async fn drive(
+    mut stream: CallStream<HttpResponse>,
+    tx: mpsc::Sender<Bytes>,
+    (deadline, stall): (Option<tokio::time::Instant>, Duration),
+    cut: Arc<Mutex<Option<StreamCut>>>,
+) {
+    let expired = async {
+        match deadline {
+            Some(d) => tokio::time::sleep_until(d).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(expired);
+    let why = loop {
+        let item = tokio::select! {
+            biased;
+            () = tx.closed() => return,
+            () = &mut expired => break StreamCut::TimedOut,
+            item = stream.next() => item,
+        };
+        let chunk = match item {
+            None => return,
+            Some(Err(e)) => break StreamCut::Failed(e),
+            Some(Ok(item)) if item.body.is_empty() => continue,
+            Some(Ok(item)) => item.body,
+        };
+        tokio::select! {
+            biased;
+            () = &mut expired => break StreamCut::TimedOut,
+            sent = tx.send(chunk) => if sent.is_err() { return },
+            () = tokio::time::sleep(stall) => break StreamCut::Stalled(stall),
+        }
+    };
+    drop(stream);
+    match &why {
+        StreamCut::Failed(e) => {
+            tracing::warn!(error = %e, "ingress stream failed after the response started: cut");
+        }
+        other => tracing::warn!(why = %other, "streamed response cut"),
+    }
+    *cut.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(why);
 }
 
 impl Body for ProxyBody {
@@ -177,41 +256,33 @@ impl Body for ProxyBody {
             }
             Kind::Stream {
                 pending,
-                stream,
-                deadline,
+                chunks,
+                cut,
             } => {
                 if !pending.is_empty() {
                     return Poll::Ready(Some(Ok(Frame::data(pending.remove(0)))));
                 }
-                loop {
-                    if let Some(d) = deadline
-                        && d.as_mut().poll(cx).is_ready()
-                    {
-                        tracing::warn!(
-                            status = this.status,
-                            "request timed out while streaming: cut"
-                        );
-                        this.finish(Some(crate::proxy::TIMEOUT_STATUS));
-                        return Poll::Ready(Some(Err(Box::new(StreamCut::TimedOut))));
-                    }
-                    match Pin::new(&mut *stream).poll_next(cx) {
-                        Poll::Ready(Some(Ok(item))) => {
-                            if item.body.is_empty() {
-                                continue;
+                match chunks.poll_recv(cx) {
+                    Poll::Ready(Some(chunk)) => Poll::Ready(Some(Ok(Frame::data(chunk)))),
+                    Poll::Ready(None) => {
+                        // The driver is done: ended, or cut (said before it
+                        // closed the channel).
+                        let why = cut
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner)
+                            .take();
+                        match why {
+                            None => {
+                                this.finish(None);
+                                Poll::Ready(None)
                             }
-                            return Poll::Ready(Some(Ok(Frame::data(item.body))));
+                            Some(why) => {
+                                this.finish(Some(why.status()));
+                                Poll::Ready(Some(Err(Box::new(why))))
+                            }
                         }
-                        Poll::Ready(Some(Err(e))) => {
-                            tracing::warn!(error = %e, "ingress stream failed after the response started: cut");
-                            this.finish(Some(500));
-                            return Poll::Ready(Some(Err(Box::new(StreamCut::Failed(e)))));
-                        }
-                        Poll::Ready(None) => {
-                            this.finish(None);
-                            return Poll::Ready(None);
-                        }
-                        Poll::Pending => return Poll::Pending,
                     }
+                    Poll::Pending => Poll::Pending,
                 }
             }
         }

@@ -61,7 +61,10 @@
 //!   application and deployment.
 //! - Streaming: the first item of an ingress's stream is the response head; a
 //!   stream with one item is sent whole with `content-length`. An error or the
-//!   timeout after the head cuts the stream (as Ray).
+//!   timeout after the head cuts the stream (as Ray), and so does a client that
+//!   takes nothing of it for `keep_alive_timeout` (as a request body that
+//!   stalls): the stream is driven by a task of its own, not by the client's
+//!   reads, so its handler and replica slot are freed then.
 //! - `request_timeout` starts when the request arrives and covers reading its
 //!   body, queueing and the handler (Ray's is end to end too).
 //! - Both listeners bind loopback by default. When the REST listener is on,

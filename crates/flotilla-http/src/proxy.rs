@@ -520,7 +520,8 @@ impl Proxy {
             ProxyBody::full(head.status, bytes, Some(done))
         } else {
             let pending = pending.into_iter().filter(|b| !b.is_empty()).collect();
-            ProxyBody::stream(head.status, pending, stream, deadline, done, bodyless)
+            let limits = (deadline, self.options.keep_alive_timeout);
+            ProxyBody::stream(head.status, pending, stream, limits, done, bodyless)
         };
         Response::from_parts(parts, body)
     }

@@ -533,6 +533,43 @@ async fn a_client_that_disconnects_cancels_its_request() {
     f.stop().await;
 }
 
+/// A client that takes nothing of a streamed response does not hold its
+/// handler, and the replica's slot, for as long as it keeps the stream open:
+/// hyper stops polling a body its client does not read (here an HTTP/2
+/// window of 0), and the stream is cut once nothing was taken for the
+/// keep-alive timeout, as a request body that stalls is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_response_nobody_reads_frees_its_replica() {
+    let f = start_with(
+        test_options()
+            .keep_alive_timeout(Duration::from_millis(500))
+            .build()
+            .unwrap(),
+    )
+    .await;
+    f.serve.run(echo_app("s", "/s", "s")).await.unwrap();
+    let before = f.probe.dropped.load(Ordering::SeqCst);
+    let tcp = tokio::net::TcpStream::connect(f.proxy).await.unwrap();
+    let (mut send, conn) =
+        hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .initial_stream_window_size(0)
+            .handshake(hyper_util::rt::TokioIo::new(tcp))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let req = http::Request::get(f.url("/s/stream-free/100000"))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let resp = send.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    // Read nothing, hold the response.
+    within("the unread stream is cut", f.probe.wait_dropped(before + 1)).await;
+    let h = f.serve.deployment_handle("s", "ingress").unwrap();
+    support::until(|| h.replicas()[0].in_flight() == 0).await;
+    drop(resp);
+    f.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streamed_chunks_arrive_before_the_handler_ends_over_http1_and_http2() {
     let f = start().await;

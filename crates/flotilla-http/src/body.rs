@@ -3,22 +3,22 @@
 //! request's metrics and access log once it is over.
 
 use std::{
+    future::Future as _,
     pin::Pin,
-    sync::{Arc, Mutex, atomic::Ordering},
+    sync::{Arc, atomic::Ordering},
     task::{Context, Poll},
-    time::{Duration, Instant},
+    time::Instant,
 };
 
 use bytes::Bytes;
 use flotilla::CallStream;
-use futures::StreamExt;
+use futures::Stream;
 use http_body::{Body, Frame, SizeHint};
-use tokio::sync::mpsc;
-use tracing::Instrument;
 
 use crate::{
     HttpResponse,
     metrics::{HttpStats, ProxyMetrics},
+    reaper::{Reaper, StreamCut, Watched},
 };
 
 /// The status recorded for a request whose client went away first (Ray's 499:
@@ -85,17 +85,15 @@ enum Kind {
     Stream {
         /// Chunks already taken from the stream, sent first.
         pending: Vec<Bytes>,
-        /// The chunks the stream's driver ([`drive`]) takes from the ingress.
-        chunks: mpsc::Receiver<Bytes>,
-        /// Why the driver cut the stream, once it did (set before it closes
-        /// `chunks`); nothing when the stream ended.
-        cut: Arc<Mutex<Option<StreamCut>>>,
+        /// The stream, shared with the server's reaper (which cuts it when
+        /// its client takes nothing, or at the deadline while the body is
+        /// not polled).
+        watched: Arc<Watched>,
+        /// The request's deadline: passing it cuts the stream (Ray's timeout
+        /// once the response started).
+        deadline: Option<Pin<Box<tokio::time::Sleep>>>,
     },
 }
-
-/// Chunks the driver may take from the ingress ahead of the client (the
-/// call's own stream buffers ahead of the handler too).
-const CHUNKS_AHEAD: usize = 4;
 
 /// A response body.
 pub(crate) struct ProxyBody {
@@ -121,37 +119,26 @@ impl ProxyBody {
         }
     }
 
-    /// A streamed body: `pending` first, then every later item's body. A
-    /// `bodyless` response's body is never read (hyper drops it): its status
-    /// is recorded as sent, not as a client that went away.
-    ///
-    /// A task of its own drives the ingress's stream ([`drive`]), not the
-    /// body's polls: hyper stops polling a body whose client reads nothing
-    /// (an HTTP/2 window at 0, a full socket), and the handler, which runs
-    /// only as its stream is polled, would hold its replica's slot for as
-    /// long, deadline or not. The driver cuts the stream at the request's
-    /// `deadline` (Ray's timeout once the response started), when the client
-    /// has taken nothing for `stall` (as a request body that stalls), or as
-    /// soon as the client goes.
+    /// A streamed body: `pending` first, then every later item's body, the
+    /// stream watched by `reaper` (see [`crate::reaper`]). A `bodyless`
+    /// response's body is never read (hyper drops it): its status is recorded
+    /// as sent, not as a client that went away.
     pub(crate) fn stream(
         status: u16,
         pending: Vec<Bytes>,
-        stream: CallStream<HttpResponse>,
-        limits: (Option<tokio::time::Instant>, Duration),
+        (stream, reaper): (CallStream<HttpResponse>, &Reaper),
+        deadline: Option<tokio::time::Instant>,
         mut done: Done,
         bodyless: bool,
     ) -> Self {
         if bodyless {
             done.status = status;
         }
-        let (tx, chunks) = mpsc::channel(CHUNKS_AHEAD);
-        let cut = Arc::new(Mutex::new(None));
-        tokio::spawn(drive(stream, tx, limits, cut.clone()).instrument(tracing::Span::current()));
         ProxyBody {
             kind: Kind::Stream {
                 pending,
-                chunks,
-                cut,
+                watched: reaper.watch(stream, deadline),
+                deadline: deadline.map(|d| Box::pin(tokio::time::sleep_until(d))),
             },
             status,
             done: Some(done),
@@ -165,76 +152,6 @@ impl ProxyBody {
             d.status = cut.unwrap_or(self.status);
         }
     }
-}
-
-/// Why a streamed body was cut after its head was sent.
-#[derive(Debug, thiserror::Error)]
-enum StreamCut {
-    #[error("the ingress stream failed after the response started: {0}")]
-    Failed(#[source] flotilla::CallError),
-    #[error("request timed out while its response streamed")]
-    TimedOut,
-    #[error("the client took nothing of the streamed response for {0:?}")]
-    Stalled(Duration),
-}
-
-impl StreamCut {
-    /// The status recorded for the request.
-    fn status(&self) -> u16 {
-        match self {
-            StreamCut::Failed(_) => 500,
-            StreamCut::TimedOut => crate::proxy::TIMEOUT_STATUS,
-            StreamCut::Stalled(_) => CLIENT_CLOSED,
-        }
-    }
-}
-
-/// Take the ingress's chunks into `tx` until the stream ends; cut it (drop
-/// it, which cancels the handler and frees its slot, and say why in `cut`)
-/// at the deadline, when the client takes nothing for `stall`, or when it
-/// failed; stop as soon as the body is gone (the client went away).
-async fn drive(
-    mut stream: CallStream<HttpResponse>,
-    tx: mpsc::Sender<Bytes>,
-    (deadline, stall): (Option<tokio::time::Instant>, Duration),
-    cut: Arc<Mutex<Option<StreamCut>>>,
-) {
-    let expired = async {
-        match deadline {
-            Some(d) => tokio::time::sleep_until(d).await,
-            None => std::future::pending().await,
-        }
-    };
-    tokio::pin!(expired);
-    let why = loop {
-        let item = tokio::select! {
-            biased;
-            () = tx.closed() => return,
-            () = &mut expired => break StreamCut::TimedOut,
-            item = stream.next() => item,
-        };
-        let chunk = match item {
-            None => return,
-            Some(Err(e)) => break StreamCut::Failed(e),
-            Some(Ok(item)) if item.body.is_empty() => continue,
-            Some(Ok(item)) => item.body,
-        };
-        tokio::select! {
-            biased;
-            () = &mut expired => break StreamCut::TimedOut,
-            sent = tx.send(chunk) => if sent.is_err() { return },
-            () = tokio::time::sleep(stall) => break StreamCut::Stalled(stall),
-        }
-    };
-    drop(stream);
-    match &why {
-        StreamCut::Failed(e) => {
-            tracing::warn!(error = %e, "ingress stream failed after the response started: cut");
-        }
-        other => tracing::warn!(why = %other, "streamed response cut"),
-    }
-    *cut.lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(why);
 }
 
 impl Body for ProxyBody {
@@ -256,34 +173,55 @@ impl Body for ProxyBody {
             }
             Kind::Stream {
                 pending,
-                chunks,
-                cut,
+                watched,
+                deadline,
             } => {
                 if !pending.is_empty() {
+                    watched.handed();
                     return Poll::Ready(Some(Ok(Frame::data(pending.remove(0)))));
                 }
-                match chunks.poll_recv(cx) {
-                    Poll::Ready(Some(chunk)) => Poll::Ready(Some(Ok(Frame::data(chunk)))),
-                    Poll::Ready(None) => {
-                        // The driver is done: ended, or cut (said before it
-                        // closed the channel).
-                        let why = cut
-                            .lock()
-                            .unwrap_or_else(std::sync::PoisonError::into_inner)
-                            .take();
-                        match why {
-                            None => {
-                                this.finish(None);
-                                Poll::Ready(None)
+                let mut slot = watched.stream();
+                let Some(stream) = slot.as_mut() else {
+                    // Cut by the reaper (or over already).
+                    drop(slot);
+                    let why = watched.take_cut();
+                    this.finish(why.as_ref().map(StreamCut::status));
+                    return Poll::Ready(why.map(|w| Err(Box::new(w) as BoxError)));
+                };
+                let cut = loop {
+                    if let Some(d) = deadline
+                        && d.as_mut().poll(cx).is_ready()
+                    {
+                        tracing::warn!(
+                            status = this.status,
+                            "request timed out while streaming: cut"
+                        );
+                        break Some(StreamCut::TimedOut);
+                    }
+                    match Pin::new(&mut *stream).poll_next(cx) {
+                        Poll::Ready(Some(Ok(item))) => {
+                            if item.body.is_empty() {
+                                continue;
                             }
-                            Some(why) => {
-                                this.finish(Some(why.status()));
-                                Poll::Ready(Some(Err(Box::new(why))))
-                            }
+                            watched.handed();
+                            return Poll::Ready(Some(Ok(Frame::data(item.body))));
+                        }
+                        Poll::Ready(Some(Err(e))) => {
+                            tracing::warn!(error = %e, "ingress stream failed after the response started: cut");
+                            break Some(StreamCut::Failed(e));
+                        }
+                        Poll::Ready(None) => break None,
+                        Poll::Pending => {
+                            watched.waiting();
+                            return Poll::Pending;
                         }
                     }
-                    Poll::Pending => Poll::Pending,
-                }
+                };
+                // Over: the stream goes now (its handler, if cut, with it).
+                *slot = None;
+                drop(slot);
+                this.finish(cut.as_ref().map(StreamCut::status));
+                Poll::Ready(cut.map(|c| Err(Box::new(c) as BoxError)))
             }
         }
     }

@@ -63,8 +63,8 @@
 //!   stream with one item is sent whole with `content-length`. An error or the
 //!   timeout after the head cuts the stream (as Ray), and so does a client that
 //!   takes nothing of it for `keep_alive_timeout` (as a request body that
-//!   stalls): the stream is driven by a task of its own, not by the client's
-//!   reads, so its handler and replica slot are freed then.
+//!   stalls): the server's reaper cuts a stream whose body hyper stopped
+//!   polling, so its handler and replica slot are freed then.
 //! - `request_timeout` starts when the request arrives and covers reading its
 //!   body, queueing and the handler (Ray's is end to end too).
 //! - Both listeners bind loopback by default. When the REST listener is on,
@@ -131,6 +131,7 @@ mod error;
 pub mod metrics;
 mod options;
 pub mod proxy;
+mod reaper;
 mod request_body;
 pub mod rest;
 mod router;

@@ -105,6 +105,8 @@ pub(crate) struct Proxy {
     pub(crate) ids: RequestIds,
     /// Set when the server begins to shut down: health checks turn 503.
     pub(crate) draining: std::sync::atomic::AtomicBool,
+    /// Cuts streamed responses whose clients take nothing.
+    pub(crate) reaper: Arc<crate::reaper::Reaper>,
 }
 
 /// Ray-shaped request ids (random UUIDv4 text), from a per-process random key.
@@ -520,8 +522,8 @@ impl Proxy {
             ProxyBody::full(head.status, bytes, Some(done))
         } else {
             let pending = pending.into_iter().filter(|b| !b.is_empty()).collect();
-            let limits = (deadline, self.options.keep_alive_timeout);
-            ProxyBody::stream(head.status, pending, stream, limits, done, bodyless)
+            let stream = (stream, &*self.reaper);
+            ProxyBody::stream(head.status, pending, stream, deadline, done, bodyless)
         };
         Response::from_parts(parts, body)
     }

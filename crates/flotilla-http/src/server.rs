@@ -246,6 +246,7 @@ impl HttpServer {
             proxy_addr.map(|a| a.ip().to_string()).unwrap_or_default(),
         ));
         let draining = Arc::new(AtomicBool::new(false));
+        let reaper = crate::reaper::Reaper::new(options.keep_alive_timeout);
         let proxy = Arc::new(Proxy {
             serve: serve.clone(),
             routes: routes.clone(),
@@ -253,8 +254,9 @@ impl HttpServer {
             metrics: metrics.clone(),
             ids: RequestIds::default(),
             draining: AtomicBool::new(false),
+            reaper: reaper.clone(),
         });
-        let mut tasks = vec![follower];
+        let mut tasks = vec![follower, tokio::spawn(reaper.run(stop_rx.clone()))];
         if let Some(listener) = proxy_listener {
             let p = proxy.clone();
             tasks.push(accept_loop(

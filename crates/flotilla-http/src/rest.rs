@@ -42,7 +42,12 @@ pub const RAY_VERSION: &str = "2.60.0";
 /// The REST listener's state.
 pub(crate) struct Rest {
     pub(crate) serve: Serve,
+    /// The options the server runs with (the program's, with the applied
+    /// config's laid over them at start).
     pub(crate) options: Arc<HttpOptions>,
+    /// The program's own options, which the next start lays the config
+    /// applied then over.
+    pub(crate) base_options: Arc<HttpOptions>,
     pub(crate) token: Option<Token>,
     pub(crate) proxy_addr: Option<std::net::SocketAddr>,
     /// The proxy's, for its counters in `/metrics`.
@@ -330,7 +335,7 @@ impl Rest {
         // start would refuse (an ssl_* field, an empty host, an address off
         // loopback without a token) is refused now, before anything changes,
         // not at that start.
-        let wanted = match crate::HttpOptionsBuilder::from((*self.options).clone())
+        let wanted = match crate::HttpOptionsBuilder::from((*self.base_options).clone())
             .serve_config(&config)
             .build()
         {

@@ -196,6 +196,7 @@ impl HttpServer {
     /// token), load the token, bind the listeners, and start serving. Returns
     /// once they listen; nothing listens after an error.
     pub async fn start(serve: &Serve, options: HttpOptions) -> Result<HttpServer, HttpError> {
+        let base_options = Arc::new(options.clone());
         let options = match serve.applied_config().await {
             Ok(Some(config)) => crate::HttpOptionsBuilder::from(options)
                 .serve_config(&config)
@@ -275,6 +276,7 @@ impl HttpServer {
             let rest = Arc::new(Rest {
                 serve: serve.clone(),
                 options: options.clone(),
+                base_options,
                 token,
                 proxy_addr,
                 proxy: Some((metrics, routes)),

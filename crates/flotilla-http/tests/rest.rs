@@ -663,6 +663,51 @@ async fn counters_the_controller_cannot_give_are_left_out_not_reported_as_zero()
     f.stop().await;
 }
 
+/// A PUT is checked against what the server's next start lays it over: the
+/// program's own options, not the running ones, which carry the config
+/// applied before. A server started under a config that turned the proxy
+/// off must still refuse one that turns it back on at a host the start
+/// would refuse (off loopback, no token): stored, it would stop the REST API
+/// at the next start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_put_is_checked_against_the_programs_options_not_the_running_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let probe = std::sync::Arc::new(support::Probe::default());
+    let serve = flotilla::Serve::start(
+        flotilla::ServeOptions::new(support::registry(&probe))
+            .store_path(dir.path().join("f.redb")),
+    )
+    .await
+    .unwrap();
+    serve
+        .apply_config(
+            flotilla::ServeConfig::from_yaml("proxy_location: Disabled\napplications: []\n")
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    let http = flotilla_http::HttpServer::start(&serve, test_options().build().unwrap())
+        .await
+        .unwrap();
+    assert!(
+        http.proxy_addr().is_none(),
+        "the applied config turned it off"
+    );
+    let rest = http.rest_addr().unwrap();
+    let r = send(
+        &support::client(),
+        "PUT",
+        &format!("http://{rest}/api/serve/applications/"),
+        &[("content-type", "text/yaml")],
+        "proxy_location: EveryNode\nhttp_options: {host: 0.0.0.0}\napplications: []\n",
+    )
+    .await;
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(r.body.contains("http_options.host"), "{}", r.body);
+    http.shutdown().await;
+    serve.shutdown().await.unwrap();
+}
+
 #[test]
 fn options_are_validated_by_the_builder() {
     assert!(HttpOptions::builder().root_path("/a/").build().is_err());

@@ -18,7 +18,7 @@ use http_body::{Body, Frame, SizeHint};
 use crate::{
     HttpResponse,
     metrics::{HttpStats, ProxyMetrics},
-    reaper::{Reaper, StreamCut, Watched},
+    reaper::{Reaper, Slot, StreamCut, Watched},
 };
 
 /// The status recorded for a request whose client went away first (Ray's 499:
@@ -137,11 +137,13 @@ impl ProxyBody {
         ProxyBody {
             kind: Kind::Stream {
                 pending,
-                watched: reaper.watch(stream, deadline),
+                watched: reaper.watch(stream, deadline, done),
                 deadline: deadline.map(|d| Box::pin(tokio::time::sleep_until(d))),
             },
             status,
-            done: Some(done),
+            // The stream's record is the watched stream's (the reaper may
+            // settle it).
+            done: None,
         }
     }
 
@@ -152,6 +154,27 @@ impl ProxyBody {
             d.status = cut.unwrap_or(self.status);
         }
     }
+}
+
+/// The most of a chunk handed to hyper at once: hyper asks for the next
+/// frame only once it has room for it (its write buffer, the HTTP/2 window),
+/// so a frame this small is handed within the stall bound by a client that
+/// keeps reading, however large the ingress's chunks.
+const MAX_FRAME: usize = 16 * 1024;
+
+/// The next frame: `chunk` (or the first of `pending`), at most
+/// [`MAX_FRAME`] of it, the rest put first in `pending`.
+fn frame_of(pending: &mut Vec<Bytes>, chunk: Option<Bytes>) -> Bytes {
+    let mut chunk = match chunk {
+        Some(c) => c,
+        None => pending.remove(0),
+    };
+    if chunk.len() > MAX_FRAME {
+        let first = chunk.split_to(MAX_FRAME);
+        pending.insert(0, chunk);
+        return first;
+    }
+    chunk
 }
 
 impl Body for ProxyBody {
@@ -176,51 +199,56 @@ impl Body for ProxyBody {
                 watched,
                 deadline,
             } => {
+                let status = this.status;
                 if !pending.is_empty() {
                     watched.handed();
-                    return Poll::Ready(Some(Ok(Frame::data(pending.remove(0)))));
+                    return Poll::Ready(Some(Ok(Frame::data(frame_of(pending, None)))));
                 }
-                let mut slot = watched.stream();
-                let Some(stream) = slot.as_mut() else {
-                    // Cut by the reaper (or over already).
-                    drop(slot);
-                    let why = watched.take_cut();
-                    this.finish(why.as_ref().map(StreamCut::status));
-                    return Poll::Ready(why.map(|w| Err(Box::new(w) as BoxError)));
+                let mut slot = watched.slot();
+                let stream = match &mut *slot {
+                    Slot::Live(stream) => stream,
+                    Slot::Over => return Poll::Ready(None),
+                    // Cut by the reaper, which recorded the request.
+                    Slot::Cut(_) => {
+                        let Slot::Cut(why) = std::mem::replace(&mut *slot, Slot::Over) else {
+                            return Poll::Ready(None);
+                        };
+                        return Poll::Ready(Some(Err(Box::new(why))));
+                    }
                 };
                 let cut = loop {
                     if let Some(d) = deadline
                         && d.as_mut().poll(cx).is_ready()
                     {
-                        tracing::warn!(
-                            status = this.status,
-                            "request timed out while streaming: cut"
-                        );
+                        tracing::warn!(status, "request timed out while streaming: cut");
                         break Some(StreamCut::TimedOut);
                     }
+                    watched.waiting();
                     match Pin::new(&mut *stream).poll_next(cx) {
                         Poll::Ready(Some(Ok(item))) => {
                             if item.body.is_empty() {
                                 continue;
                             }
                             watched.handed();
-                            return Poll::Ready(Some(Ok(Frame::data(item.body))));
+                            return Poll::Ready(Some(Ok(Frame::data(frame_of(
+                                pending,
+                                Some(item.body),
+                            )))));
                         }
                         Poll::Ready(Some(Err(e))) => {
                             tracing::warn!(error = %e, "ingress stream failed after the response started: cut");
                             break Some(StreamCut::Failed(e));
                         }
                         Poll::Ready(None) => break None,
-                        Poll::Pending => {
-                            watched.waiting();
-                            return Poll::Pending;
-                        }
+                        Poll::Pending => return Poll::Pending,
                     }
                 };
-                // Over: the stream goes now (its handler, if cut, with it).
-                *slot = None;
+                // Over: the stream goes now (its handler, if cut, with it),
+                // dropped outside the lock.
+                let over = std::mem::replace(&mut *slot, Slot::Over);
                 drop(slot);
-                this.finish(cut.as_ref().map(StreamCut::status));
+                drop(over);
+                watched.finish(cut.as_ref().map_or(status, StreamCut::status));
                 Poll::Ready(cut.map(|c| Err(Box::new(c) as BoxError)))
             }
         }

@@ -23,7 +23,7 @@ use std::{
 use flotilla::CallStream;
 use tokio::{sync::watch, time::Instant};
 
-use crate::HttpResponse;
+use crate::{HttpResponse, body::Done};
 
 /// Why a streamed body was cut after its head was sent.
 #[derive(Debug, thiserror::Error)]
@@ -54,12 +54,23 @@ impl StreamCut {
 /// is not what holds it up).
 const WAITING: u64 = u64::MAX;
 
+/// A watched stream's state: one lock, so a cut and its reason are seen
+/// together (a body never takes a cut stream for one that ended).
+pub(crate) enum Slot {
+    /// Being streamed.
+    Live(CallStream<HttpResponse>),
+    /// Cut by the reaper, for this reason (the body has not seen it yet).
+    Cut(StreamCut),
+    /// Over: ended, failed or cut, and the body has seen it.
+    Over,
+}
+
 /// One streamed response, shared by its body and the reaper.
 pub(crate) struct Watched {
-    /// The ingress's stream; `None` once cut (or ended).
-    stream: Mutex<Option<CallStream<HttpResponse>>>,
-    /// Why the reaper cut it.
-    cut: Mutex<Option<StreamCut>>,
+    slot: Mutex<Slot>,
+    /// The request's record: settled by the body as it ends, or by the
+    /// reaper as it cuts a stream whose body hyper may never poll again.
+    done: Mutex<Option<Done>>,
     /// When (ms from the reaper's epoch) the body last handed a chunk to
     /// hyper, or [`WAITING`].
     ready_at: AtomicU64,
@@ -68,17 +79,22 @@ pub(crate) struct Watched {
 }
 
 impl Watched {
-    /// The stream, to poll (`None` once cut or ended).
-    pub(crate) fn stream(&self) -> MutexGuard<'_, Option<CallStream<HttpResponse>>> {
-        self.stream.lock().unwrap_or_else(PoisonError::into_inner)
+    /// The stream's state, to poll or to end.
+    pub(crate) fn slot(&self) -> MutexGuard<'_, Slot> {
+        self.slot.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Why the reaper cut it, once.
-    pub(crate) fn take_cut(&self) -> Option<StreamCut> {
-        self.cut
+    /// Record the request with `status`, once (the first of the body and the
+    /// reaper to end it does).
+    pub(crate) fn finish(&self, status: u16) {
+        let done = self
+            .done
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .take()
+            .take();
+        if let Some(mut d) = done {
+            d.status = status;
+        }
     }
 
     /// The body handed hyper a chunk now: the client has to take it.
@@ -86,31 +102,46 @@ impl Watched {
         self.ready_at.store(ms_since(self.epoch), Ordering::Release);
     }
 
-    /// The body waits for the handler's next item.
+    /// The body waits for the handler's next item (set before it polls the
+    /// stream: a handler's long step is not the client's stall).
     pub(crate) fn waiting(&self) {
         self.ready_at.store(WAITING, Ordering::Release);
     }
 
-    /// Why to cut it at `now_ms`, if it is to be cut.
+    /// Why to cut it at `now_ms`, if it is to be cut: a client that took
+    /// nothing for `stall`, or a deadline passed while the body waits on the
+    /// client (while it waits on the handler, its own timer cuts it).
     fn overdue(&self, now: Instant, now_ms: u64, stall: Duration) -> Option<StreamCut> {
+        let ready_at = self.ready_at.load(Ordering::Acquire);
+        if ready_at == WAITING {
+            return None;
+        }
         if self.deadline.is_some_and(|d| d <= now) {
             return Some(StreamCut::TimedOut);
         }
-        let ready_at = self.ready_at.load(Ordering::Acquire);
-        let stalled = ready_at != WAITING
-            && now_ms.saturating_sub(ready_at)
-                >= u64::try_from(stall.as_millis()).unwrap_or(u64::MAX);
-        stalled.then_some(StreamCut::Stalled(stall))
+        let stall_ms = u64::try_from(stall.as_millis()).unwrap_or(u64::MAX);
+        (now_ms.saturating_sub(ready_at) >= stall_ms).then_some(StreamCut::Stalled(stall))
     }
 
-    /// Cut it: drop the stream (the handler is cancelled, its slot freed).
-    fn cut(&self, why: StreamCut) {
-        let Some(stream) = self.stream().take() else {
+    /// Cut it if it is overdue now: the stream is dropped (its handler
+    /// cancelled, its slot freed) and the request recorded with the reason's
+    /// status. A body that holds the stream now is polling it: left alone.
+    fn cut_if_overdue(&self, now: Instant, now_ms: u64, stall: Duration) {
+        let Ok(mut slot) = self.slot.try_lock() else {
             return;
         };
-        drop(stream);
+        if !matches!(*slot, Slot::Live(_)) {
+            return;
+        }
+        let Some(why) = self.overdue(now, now_ms, stall) else {
+            return;
+        };
+        let status = why.status();
         tracing::warn!(why = %why, "streamed response cut");
-        *self.cut.lock().unwrap_or_else(PoisonError::into_inner) = Some(why);
+        let stream = std::mem::replace(&mut *slot, Slot::Cut(why));
+        drop(slot);
+        drop(stream);
+        self.finish(status);
     }
 }
 
@@ -136,16 +167,17 @@ impl Reaper {
         })
     }
 
-    /// Watch `stream`, whose request ends at `deadline`; its body has not
-    /// been polled yet (the head was just sent).
+    /// Watch `stream`, whose request ends at `deadline` and is recorded by
+    /// `done`; its body has not been polled yet (the head was just sent).
     pub(crate) fn watch(
         &self,
         stream: CallStream<HttpResponse>,
         deadline: Option<Instant>,
+        done: Done,
     ) -> Arc<Watched> {
         let watched = Arc::new(Watched {
-            stream: Mutex::new(Some(stream)),
-            cut: Mutex::new(None),
+            slot: Mutex::new(Slot::Live(stream)),
+            done: Mutex::new(Some(done)),
             ready_at: AtomicU64::new(ms_since(self.epoch)),
             deadline,
             epoch: self.epoch,
@@ -172,24 +204,15 @@ impl Reaper {
     /// Cut the streams overdue now; forget those whose bodies are gone.
     fn sweep(&self) {
         let (now, now_ms) = (Instant::now(), ms_since(self.epoch));
-        let mut overdue = Vec::new();
-        self.streams
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .retain(|w| match w.upgrade() {
-                None => false,
-                Some(s) => match s.overdue(now, now_ms, self.stall) {
-                    Some(why) => {
-                        overdue.push((s, why));
-                        false
-                    }
-                    None => true,
-                },
-            });
-        // Cut outside the list's lock: dropping a stream runs its handler's
-        // drop code.
-        for (s, why) in overdue {
-            s.cut(why);
+        let live: Vec<Arc<Watched>> = {
+            let mut streams = self.streams.lock().unwrap_or_else(PoisonError::into_inner);
+            streams.retain(|w| w.strong_count() > 0);
+            streams.iter().filter_map(Weak::upgrade).collect()
+        };
+        // Outside the list's lock: cutting (or the last reference, dropped
+        // here) runs the handler's drop code.
+        for s in live {
+            s.cut_if_overdue(now, now_ms, self.stall);
         }
     }
 }

@@ -570,6 +570,49 @@ async fn a_streamed_response_nobody_reads_frees_its_replica() {
     f.stop().await;
 }
 
+/// A streamed response past its request's deadline whose client reads
+/// nothing is cut at the deadline (not at the stall bound, nor when the
+/// client goes), and recorded as a timeout then, though hyper never polls
+/// its body again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unread_stream_past_its_deadline_is_cut_and_counted_408() {
+    let f = start_with(
+        test_options()
+            .keep_alive_timeout(Duration::from_secs(60))
+            .request_timeout(Duration::from_millis(300))
+            .build()
+            .unwrap(),
+    )
+    .await;
+    f.serve.run(echo_app("s", "/s", "s")).await.unwrap();
+    let before = f.probe.dropped.load(Ordering::SeqCst);
+    let tcp = tokio::net::TcpStream::connect(f.proxy).await.unwrap();
+    let (mut send, conn) =
+        hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .initial_stream_window_size(0)
+            .handshake(hyper_util::rt::TokioIo::new(tcp))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let req = http::Request::get(f.url("/s/stream-free/100000"))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let resp = send.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    within("the deadline cuts it", f.probe.wait_dropped(before + 1)).await;
+    let c = support::client();
+    let url = f.rest_url("/metrics");
+    let series = r#"ray_serve_num_http_requests_total{route="/s",method="GET",application="s",status_code="408"} 1"#;
+    within("the 408 is recorded while the client holds the stream", async {
+        while !get(&c, &url).await.body.contains(series) {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    drop(resp);
+    f.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streamed_chunks_arrive_before_the_handler_ends_over_http1_and_http2() {
     let f = start().await;

@@ -603,11 +603,14 @@ async fn an_unread_stream_past_its_deadline_is_cut_and_counted_408() {
     let c = support::client();
     let url = f.rest_url("/metrics");
     let series = r#"ray_serve_num_http_requests_total{route="/s",method="GET",application="s",status_code="408"} 1"#;
-    within("the 408 is recorded while the client holds the stream", async {
-        while !get(&c, &url).await.body.contains(series) {
-            tokio::task::yield_now().await;
-        }
-    })
+    within(
+        "the 408 is recorded while the client holds the stream",
+        async {
+            while !get(&c, &url).await.body.contains(series) {
+                tokio::task::yield_now().await;
+            }
+        },
+    )
     .await;
     drop(resp);
     f.stop().await;

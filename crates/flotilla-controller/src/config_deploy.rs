@@ -491,17 +491,12 @@ impl Controller {
                             ROUTER_NOT_REGISTERED,
                         ));
                     }
-                    if let Err(e) = state.registry.request_router(&router) {
-                        return Err(flotilla_core::Error::InvalidField {
-                            at: flotilla_core::Location {
-                                app: Some(app.name.to_string()),
-                                deployment: Some(d.name.to_string()),
-                            },
-                            field: "request_router_config.request_router_kwargs",
-                            reason: e.to_string(),
-                        }
-                        .into());
-                    }
+                    crate::validate::router_kwargs_taken(
+                        &state.registry,
+                        &router,
+                        app.name.as_str(),
+                        d.name.as_str(),
+                    )?;
                 }
             }
             if let Some(e) = state.apps.get(&app.name)

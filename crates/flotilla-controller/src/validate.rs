@@ -97,20 +97,30 @@ pub(crate) fn validate_app(app: &ApplicationSpec, registry: &Registry) -> Result
                 ROUTER_NOT_REGISTERED,
             ));
         }
-        if !router.is_builtin()
-            && let Err(e) = registry.request_router(router)
-        {
-            // Registered, but its factory refuses the kwargs.
-            return Err(flotilla_core::Error::InvalidField {
-                at: flotilla_core::Location {
-                    app: Some(app.name.to_string()),
-                    deployment: Some(d.name.to_string()),
-                },
-                field: "request_router_config.request_router_kwargs",
-                reason: e.to_string(),
-            }
-            .into());
+        if !router.is_builtin() {
+            router_kwargs_taken(registry, router, app.name.as_str(), d.name.as_str())?;
         }
     }
     Ok(())
+}
+
+/// `router`'s factory (registered) takes its kwargs: else the error names
+/// the field, in `app`'s `deployment`.
+pub(crate) fn router_kwargs_taken(
+    registry: &Registry,
+    router: &flotilla_core::RequestRouterConfig,
+    app: &str,
+    deployment: &str,
+) -> Result<(), ServeError> {
+    registry.request_router(router).map(|_| ()).map_err(|e| {
+        flotilla_core::Error::InvalidField {
+            at: flotilla_core::Location {
+                app: Some(app.to_owned()),
+                deployment: Some(deployment.to_owned()),
+            },
+            field: "request_router_config.request_router_kwargs",
+            reason: e.to_string(),
+        }
+        .into()
+    })
 }

@@ -533,6 +533,25 @@ async fn a_client_that_disconnects_cancels_its_request() {
     f.stop().await;
 }
 
+/// A GET of `path` over an HTTP/2 connection of its own whose client takes
+/// nothing (its window is 0): the response's head (200), held unread.
+async fn unread_stream(f: &support::Fixture, path: &str) -> http::Response<hyper::body::Incoming> {
+    let tcp = tokio::net::TcpStream::connect(f.proxy).await.unwrap();
+    let (mut send, conn) =
+        hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .initial_stream_window_size(0)
+            .handshake(hyper_util::rt::TokioIo::new(tcp))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let req = http::Request::get(f.url(path))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let resp = send.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    resp
+}
+
 /// A client that takes nothing of a streamed response does not hold its
 /// handler, and the replica's slot, for as long as it keeps the stream open:
 /// hyper stops polling a body its client does not read (here an HTTP/2
@@ -549,19 +568,7 @@ async fn a_streamed_response_nobody_reads_frees_its_replica() {
     .await;
     f.serve.run(echo_app("s", "/s", "s")).await.unwrap();
     let before = f.probe.dropped.load(Ordering::SeqCst);
-    let tcp = tokio::net::TcpStream::connect(f.proxy).await.unwrap();
-    let (mut send, conn) =
-        hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
-            .initial_stream_window_size(0)
-            .handshake(hyper_util::rt::TokioIo::new(tcp))
-            .await
-            .unwrap();
-    tokio::spawn(conn);
-    let req = http::Request::get(f.url("/s/stream-free/100000"))
-        .body(Full::new(Bytes::new()))
-        .unwrap();
-    let resp = send.send_request(req).await.unwrap();
-    assert_eq!(resp.status(), 200);
+    let resp = unread_stream(&f, "/s/stream-free/100000").await;
     // Read nothing, hold the response.
     within("the unread stream is cut", f.probe.wait_dropped(before + 1)).await;
     let h = f.serve.deployment_handle("s", "ingress").unwrap();
@@ -586,19 +593,7 @@ async fn an_unread_stream_past_its_deadline_is_cut_and_counted_408() {
     .await;
     f.serve.run(echo_app("s", "/s", "s")).await.unwrap();
     let before = f.probe.dropped.load(Ordering::SeqCst);
-    let tcp = tokio::net::TcpStream::connect(f.proxy).await.unwrap();
-    let (mut send, conn) =
-        hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
-            .initial_stream_window_size(0)
-            .handshake(hyper_util::rt::TokioIo::new(tcp))
-            .await
-            .unwrap();
-    tokio::spawn(conn);
-    let req = http::Request::get(f.url("/s/stream-free/100000"))
-        .body(Full::new(Bytes::new()))
-        .unwrap();
-    let resp = send.send_request(req).await.unwrap();
-    assert_eq!(resp.status(), 200);
+    let resp = unread_stream(&f, "/s/stream-free/100000").await;
     within("the deadline cuts it", f.probe.wait_dropped(before + 1)).await;
     let c = support::client();
     let url = f.rest_url("/metrics");

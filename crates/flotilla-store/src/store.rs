@@ -951,6 +951,23 @@ mod tests {
         }
     }
 
+    /// A store over a new in-memory [`Flaky`] file, and the file.
+    fn flaky_store() -> (Flaky, Store) {
+        let file = Flaky::default();
+        let path = PathBuf::from("flaky.redb");
+        initialise(&path, file.clone()).unwrap();
+        let open = {
+            let file = file.clone();
+            move || Builder::new().create_with_backend(file.clone())
+        };
+        let db = open().unwrap();
+        let flushes = file.failed_flushes.clone();
+        (
+            file,
+            Store::with_database(path, db, Box::new(open), flushes),
+        )
+    }
+
     /// A commit whose flush fails may still be in the file when the failed
     /// flush was its last (redb wrote the header that names it first): that
     /// one is `CommitUnsettled`, and no other failed commit is in the file.
@@ -959,15 +976,7 @@ mod tests {
     fn only_an_unsettled_commit_may_be_in_the_file_after_it_failed() {
         let mut unsettled_and_written = 0;
         for k in 1..=4 {
-            let file = Flaky::default();
-            let path = PathBuf::from("flaky.redb");
-            initialise(&path, file.clone()).unwrap();
-            let open = {
-                let file = file.clone();
-                move || Builder::new().create_with_backend(file.clone())
-            };
-            let db = open().unwrap();
-            let store = Store::with_database(path, db, Box::new(open), file.failed_flushes.clone());
+            let (file, store) = flaky_store();
             let put = |name: &str| {
                 let mut batch = Batch::new();
                 batch.put_app(&record(name, 1)).unwrap();
@@ -1007,15 +1016,7 @@ mod tests {
     /// commit opens the file again and works.
     #[test]
     fn a_commit_that_panicked_is_unsettled_and_the_next_one_works() {
-        let file = Flaky::default();
-        let path = PathBuf::from("flaky.redb");
-        initialise(&path, file.clone()).unwrap();
-        let open = {
-            let file = file.clone();
-            move || Builder::new().create_with_backend(file.clone())
-        };
-        let db = open().unwrap();
-        let store = Store::with_database(path, db, Box::new(open), file.failed_flushes.clone());
+        let (file, store) = flaky_store();
         let put = |name: &str| {
             let mut batch = Batch::new();
             batch.put_app(&record(name, 1)).unwrap();
@@ -1037,15 +1038,7 @@ mod tests {
     /// holds every commit that succeeded.
     #[test]
     fn an_io_error_fails_its_commit_alone() {
-        let file = Flaky::default();
-        let path = PathBuf::from("flaky.redb");
-        initialise(&path, file.clone()).unwrap();
-        let open = {
-            let file = file.clone();
-            move || Builder::new().create_with_backend(file.clone())
-        };
-        let db = open().unwrap();
-        let store = Store::with_database(path, db, Box::new(open), file.failed_flushes.clone());
+        let (file, store) = flaky_store();
         let put = |name: &str| {
             let mut batch = Batch::new();
             batch.put_app(&record(name, 1)).unwrap();

@@ -134,6 +134,10 @@ pub(crate) struct AgentState {
     unreachable: HashSet<String>,
     /// The nodes the current head session last listed alive (`Nodes`).
     listed: HashSet<String>,
+    /// Peers this node had sessions to when the current head welcomed it:
+    /// dropped, if that head still does not list them, once it says its
+    /// wait for its nodes is over.
+    inherited: HashSet<String>,
     shutting_down: bool,
     /// Shut down with every replica gone: the `Leaving` whose answer ends the
     /// node (the head has then read every replica's `Exited`), and when it
@@ -257,6 +261,7 @@ impl Actor for Agent {
             dialing_peers: HashMap::new(),
             unreachable: HashSet::new(),
             listed: HashSet::new(),
+            inherited: HashSet::new(),
             shutting_down: false,
             farewell: None,
             fencing: None,
@@ -644,8 +649,11 @@ async fn control(myself: &ActorRef<AgentMsg>, state: &mut AgentState, env: Envel
             state.args.last_head = Some(w.epoch);
             state.head = Some(Head { ns: w.ns });
             // A new head session lists the nodes back so far: those it has
-            // not listed yet are not lost.
+            // not listed yet are not lost, until its wait for them is over.
             state.listed.clear();
+            state.inherited = (state.args.link.shared.connected().into_iter())
+                .filter(|p| !is_head(p))
+                .collect();
             // A new head session knows none of this node's load.
             state.last_load = WireLoad::default();
         }
@@ -727,7 +735,12 @@ async fn control(myself: &ActorRef<AgentMsg>, state: &mut AgentState, env: Envel
                 drop_route(state, &key);
             }
         }
-        Control::Nodes { alive, ids, listen } => {
+        Control::Nodes {
+            alive,
+            ids,
+            listen,
+            settled,
+        } => {
             state.peers = ids;
             let me = state.args.link.shared.me.clone();
             state.to_dial = alive
@@ -744,7 +757,11 @@ async fn control(myself: &ActorRef<AgentMsg>, state: &mut AgentState, env: Envel
                 .retain(|peer| state.to_dial.contains_key(peer));
             meet_peers(myself, state);
             let connected = state.args.link.shared.connected();
-            for peer in declared_lost(&connected, &state.listed, &alive) {
+            let lost = declared_lost(&connected, &state.listed, &state.inherited, &alive, settled);
+            if settled {
+                state.inherited.clear();
+            }
+            for peer in lost {
                 state
                     .args
                     .link
@@ -759,15 +776,27 @@ async fn control(myself: &ActorRef<AgentMsg>, state: &mut AgentState, env: Envel
     }
 }
 
-/// The peers to drop on a `Nodes` frame: connected ones (not the head) that
-/// this head session listed alive before and omits now. A peer it never
-/// listed is not one it declared lost: a restarted head lists the nodes as
-/// they re-attach, and a frame sent before a node joined omits it, while the
-/// nodes' sessions to each other (and their calls) go on.
-fn declared_lost(connected: &[String], listed: &HashSet<String>, alive: &[String]) -> Vec<String> {
+/// The peers to drop on a `Nodes` frame: connected ones (not the head) the
+/// frame omits that this head session listed alive before, or, once the
+/// head says its wait for its nodes is over (`settled`), that this node had
+/// sessions to before this head (`inherited`). A restarted head lists the
+/// nodes as they re-attach, and a frame sent before a node joined omits it:
+/// neither is a loss, and the nodes' sessions to each other (and their
+/// calls) go on meanwhile.
+fn declared_lost(
+    connected: &[String],
+    listed: &HashSet<String>,
+    inherited: &HashSet<String>,
+    alive: &[String],
+    settled: bool,
+) -> Vec<String> {
     connected
         .iter()
-        .filter(|p| !is_head(p) && listed.contains(*p) && !alive.contains(p))
+        .filter(|p| {
+            !is_head(p)
+                && !alive.contains(p)
+                && (listed.contains(*p) || (settled && inherited.contains(*p)))
+        })
         .cloned()
         .collect()
 }
@@ -1040,15 +1069,22 @@ mod tests {
     fn only_peers_the_head_listed_and_then_omitted_are_dropped() {
         let s = |v: &[&str]| v.iter().map(|p| (*p).to_owned()).collect::<Vec<_>>();
         let connected = s(&["node-b@h", "node-c@h"]);
-        let listed: HashSet<String> = HashSet::new();
+        let none: HashSet<String> = HashSet::new();
+        let inherited: HashSet<String> = connected.iter().cloned().collect();
+        let only_a = s(&["node-a@h"]);
         // A new head session that lists only this node so far.
-        assert!(declared_lost(&connected, &listed, &s(&["node-a@h"])).is_empty());
+        assert!(declared_lost(&connected, &none, &inherited, &only_a, false).is_empty());
+        // Its wait is over and it still does not list them: gone for it.
+        assert_eq!(
+            declared_lost(&connected, &none, &inherited, &only_a, true),
+            connected
+        );
         // Listed, then omitted: lost.
         let listed: HashSet<String> = s(&["node-a@h", "node-b@h"]).into_iter().collect();
         assert_eq!(
-            declared_lost(&connected, &listed, &s(&["node-a@h"])),
+            declared_lost(&connected, &listed, &none, &only_a, true),
             s(&["node-b@h"]),
-            "c was never listed: a later join, not a loss"
+            "c was never listed nor inherited: a later join, not a loss"
         );
     }
 

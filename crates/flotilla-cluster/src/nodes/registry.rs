@@ -74,6 +74,10 @@ pub(crate) struct RegistryState {
     dead: VecDeque<String>,
     /// Each live node's last load report (`Load`), by node id.
     loads: HashMap<String, WireLoad>,
+    /// When this head started, and whether its wait for its nodes to
+    /// re-attach is over (see `Control::Nodes::settled`).
+    started: Instant,
+    settled: bool,
     timer: Option<JoinHandle<()>>,
 }
 
@@ -106,6 +110,8 @@ impl Actor for Registry {
             reattached: false,
             dead: VecDeque::new(),
             loads: HashMap::new(),
+            started: Instant::now(),
+            settled: false,
             timer: Some(timer),
         })
     }
@@ -600,6 +606,7 @@ fn broadcast_nodes(state: &RegistryState) {
                 alive: peers.clone(),
                 ids: ids.clone(),
                 listen: listen.clone(),
+                settled: state.settled,
             },
         );
     }
@@ -679,6 +686,15 @@ fn declare_lost(state: &mut RegistryState, id: &str, why: &str) {
 
 fn tick(state: &mut RegistryState) {
     let shared = state.shared.clone();
+    // The re-attach wait is over: every node expected is back (after one
+    // re-attached), or the grace ran out. The nodes hear it.
+    if !state.settled
+        && ((state.reattached && state.expected.is_empty())
+            || state.started.elapsed() >= shared.options.reattach_grace)
+    {
+        state.settled = true;
+        broadcast_nodes(state);
+    }
     let timeout = shared.options.heartbeat_timeout;
     let silent: Vec<(String, String)> = lock(&shared.nodes)
         .iter()

@@ -187,6 +187,12 @@ pub(crate) enum Control {
         /// order: what the node that [`dials`](super::link::dials) a peer
         /// dials.
         listen: Vec<String>,
+        /// The head's wait for its nodes to re-attach is over (after its
+        /// restart: every node it expects is back, or its grace ran out): a
+        /// node drops its sessions, from before this head, to peers the head
+        /// does not list.
+        #[serde(default)]
+        settled: bool,
     },
     /// Node -> head, with a heartbeat, when it changed since the last one:
     /// the load the head's autoscalers cannot see from there.

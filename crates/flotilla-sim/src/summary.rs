@@ -92,6 +92,11 @@ pub struct Restarts {
     pub application: u64,
     /// DeploymentActors killed (Flotilla's metrics do not count their restarts).
     pub deployment_actors_killed: u64,
+    /// ApplicationActors the schedule killed.
+    pub applications_killed: u64,
+    /// Controller crashes the schedule caused (crashed at once, or armed at a
+    /// point of its next mutating message).
+    pub controller_crashes: u64,
     /// Replica actors killed.
     pub replicas_killed: u64,
 }
@@ -295,8 +300,14 @@ impl fmt::Display for Summary {
         let r = &self.restarts;
         writeln!(
             f,
-            "restarts          process {}, controller {}, application {}; killed: deployment actors {}, replicas {}",
-            r.process, r.controller, r.application, r.deployment_actors_killed, r.replicas_killed
+            "restarts          process {}, controller {} (crashes caused {}), application {} (killed {}); killed: deployment actors {}, replicas {}",
+            r.process,
+            r.controller,
+            r.controller_crashes,
+            r.application,
+            r.applications_killed,
+            r.deployment_actors_killed,
+            r.replicas_killed
         )?;
         let p = &self.replicas;
         writeln!(

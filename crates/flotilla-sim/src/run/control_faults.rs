@@ -16,6 +16,7 @@ impl Sim {
     pub(super) async fn crash_controller(&mut self, now: f64) -> Result<String> {
         self.read_metrics().await;
         self.serve()?.crash_controller();
+        self.restarts.controller_crashes += 1;
         self.shared
             .windows()
             .open(now, CONTROL_WINDOW, None, Cause::ControlPlane);
@@ -25,6 +26,8 @@ impl Sim {
     /// Crash the Controller at `point` of its next mutating message.
     pub(super) fn arm_controller_crash(&mut self, point: FaultPoint, now: f64) -> Result<String> {
         self.serve()?.faults().arm(point, 1);
+        // It fires (an invariant checks that every armed fault did).
+        self.restarts.controller_crashes += 1;
         self.shared
             .windows()
             .open(now, CONTROL_WINDOW, None, Cause::ControlPlane);
@@ -41,6 +44,7 @@ impl Sim {
             .iter()
             .filter(|i| serve.crash_application(&names.name(**i)))
             .count();
+        self.restarts.applications_killed += killed as u64;
         self.shared
             .windows()
             .open(now, CONTROL_WINDOW, None, Cause::ControlPlane);

@@ -64,6 +64,20 @@ impl Sim {
             checkpoint.keys_written += p.keys;
             checkpoint.bytes_written += p.bytes;
         }
+        // Every control actor the schedule crashed was restarted (and
+        // counted): the supervision under test, not only its outcome.
+        invariants.push(Invariant {
+            name: "every crashed control actor was restarted".into(),
+            ok: restarts.controller >= restarts.controller_crashes
+                && restarts.application >= restarts.applications_killed,
+            detail: format!(
+                "Controller restarted {} times for {} crashes caused; ApplicationActors {} for {} killed",
+                restarts.controller,
+                restarts.controller_crashes,
+                restarts.application,
+                restarts.applications_killed
+            ),
+        });
         let summary = Summary {
             scenario: echo(&sc, self.configs.initial.as_deref()),
             applications,

@@ -355,6 +355,18 @@ mod tests {
         }
     }
 
+    /// A max_replicas of 0 is its own fault, not min_replicas's (which the
+    /// file may not give: its default is 1).
+    #[test]
+    fn a_zero_max_replicas_is_named_before_the_bounds_order() {
+        let a = AutoscalingConfig {
+            max_replicas: 0,
+            ..AutoscalingConfig::default()
+        };
+        let e = a.validate().unwrap_err().to_string();
+        assert!(e.contains("autoscaling_config.max_replicas"), "{e}");
+    }
+
     #[test]
     fn the_default_policy_is_rays_default_path() {
         let p = AutoscalingPolicy::default();

@@ -951,6 +951,23 @@ mod tests {
         }
     }
 
+    /// Commit one application record named `name`.
+    fn put(store: &Store, name: &str) -> Result<(), StoreError> {
+        let mut batch = Batch::new();
+        batch.put_app(&record(name, 1)).unwrap();
+        store.commit(&batch)
+    }
+
+    /// The names of the applications the store holds.
+    fn app_names(store: &Store) -> Vec<String> {
+        let snapshot = store.load().unwrap();
+        snapshot
+            .apps
+            .iter()
+            .map(|r| r.spec.name.to_string())
+            .collect()
+    }
+
     /// A store over a new in-memory [`Flaky`] file, and the file.
     fn flaky_store() -> (Flaky, Store) {
         let file = Flaky::default();
@@ -977,24 +994,11 @@ mod tests {
         let mut unsettled_and_written = 0;
         for k in 1..=4 {
             let (file, store) = flaky_store();
-            let put = |name: &str| {
-                let mut batch = Batch::new();
-                batch.put_app(&record(name, 1)).unwrap();
-                store.commit(&batch)
-            };
-            let names = || -> Vec<String> {
-                let snapshot = store.load().unwrap();
-                snapshot
-                    .apps
-                    .iter()
-                    .map(|r| r.spec.name.to_string())
-                    .collect()
-            };
-            put("before").unwrap();
+            put(&store, "before").unwrap();
             file.fail_sync.store(k, Ordering::SeqCst);
-            let result = put("ghost");
+            let result = put(&store, "ghost");
             file.fail_sync.store(0, Ordering::SeqCst);
-            let written = names().contains(&"ghost".to_owned());
+            let written = app_names(&store).contains(&"ghost".to_owned());
             match &result {
                 Ok(()) => assert!(written, "flush {k}"),
                 Err(StoreError::CommitUnsettled { .. }) => {
@@ -1002,8 +1006,8 @@ mod tests {
                 }
                 Err(e) => assert!(!written, "flush {k}: {e} and yet it is in the file"),
             }
-            put("after").unwrap();
-            assert!(names().contains(&"after".to_owned()));
+            put(&store, "after").unwrap();
+            assert!(app_names(&store).contains(&"after".to_owned()));
         }
         assert!(
             unsettled_and_written > 0,
@@ -1017,19 +1021,12 @@ mod tests {
     #[test]
     fn a_commit_that_panicked_is_unsettled_and_the_next_one_works() {
         let (file, store) = flaky_store();
-        let put = |name: &str| {
-            let mut batch = Batch::new();
-            batch.put_app(&record(name, 1)).unwrap();
-            store.commit(&batch)
-        };
-        put("before").unwrap();
+        put(&store, "before").unwrap();
         file.panic_sync.store(true, Ordering::SeqCst);
-        let err = put("panicked").unwrap_err();
+        let err = put(&store, "panicked").unwrap_err();
         assert!(matches!(err, StoreError::CommitUnsettled { .. }), "{err:?}");
-        put("after").unwrap();
-        let names: Vec<String> = (store.load().unwrap().apps.iter())
-            .map(|r| r.spec.name.to_string())
-            .collect();
+        put(&store, "after").unwrap();
+        let names = app_names(&store);
         assert!(names.contains(&"after".to_owned()), "{names:?}");
     }
 
@@ -1039,24 +1036,13 @@ mod tests {
     #[test]
     fn an_io_error_fails_its_commit_alone() {
         let (file, store) = flaky_store();
-        let put = |name: &str| {
-            let mut batch = Batch::new();
-            batch.put_app(&record(name, 1)).unwrap();
-            store.commit(&batch)
-        };
-        put("before").unwrap();
+        put(&store, "before").unwrap();
         file.failing.store(true, Ordering::SeqCst);
-        let err = put("lost").unwrap_err();
+        let err = put(&store, "lost").unwrap_err();
         assert!(err.is_io_failure(), "{err:?}");
         file.failing.store(false, Ordering::SeqCst);
-        put("after").unwrap();
-        let mut names: Vec<String> = store
-            .load()
-            .unwrap()
-            .apps
-            .iter()
-            .map(|r| r.spec.name.to_string())
-            .collect();
+        put(&store, "after").unwrap();
+        let mut names = app_names(&store);
         names.sort();
         assert_eq!(names, ["after", "before"]);
         assert_eq!(store.counters().commits, 2);

@@ -162,7 +162,13 @@ mod tests {
         // A name with a backtick is named whole.
         let tick = unknown_field("unknown field `max`x`, expected one of name").unwrap();
         assert!(tick.starts_with("unknown field `max`x`"), "{tick}");
-        // A name far longer than any field is no typo: nothing is compared.
+        // A name far longer than any field is no typo: nothing is compared,
+        // even with a known name one edit away (the cap says no, not the
+        // distance).
+        let (known, typo) = ("k".repeat(65), format!("{}x", "k".repeat(64)));
+        assert_eq!(nearest(&typo, &[known.as_str()]), None);
+        let (known, typo) = ("k".repeat(64), format!("{}x", "k".repeat(63)));
+        assert_eq!(nearest(&typo, &[known.as_str()]), Some(known.as_str()));
         let long = "a".repeat(1_000_000);
         let m = unknown_field(&format!("unknown field `{long}`, expected one of name")).unwrap();
         assert!(

@@ -180,8 +180,9 @@ impl DeploymentActor {
         // there is no room does: during a roll, plan again now (Ray decides
         // both in one pass), not when a timer or freed capacity next wakes
         // this actor.
-        let rolling = state.replicas.keys().any(|id| !state.at_target_code(*id));
-        let plan_again = starts == Starts::Allowed && refused.is_some() && rolling;
+        let plan_again = starts == Starts::Allowed
+            && refused.is_some()
+            && state.replicas.keys().any(|id| !state.at_target_code(*id));
         if can_start {
             match refused {
                 Some((n, why)) => {
@@ -318,14 +319,25 @@ impl DeploymentActor {
         id: ReplicaId,
         error: String,
     ) {
-        let stale = !state.at_target_code(id);
+        let at_target = state.at_target_code(id);
         state.cast(id, ReplicaMsg::Stop { graceful: false });
         state.forget(id, &format!("failed to start: {error}"));
-        if stale || state.target_count() == 0 {
-            return;
+        Self::count_startup_failure(myself, state, id, at_target, &error);
+    }
+
+    /// Count a startup failure of `id` and back off, unless it was outdated
+    /// (`at_target`: of the target's code) or no replica is wanted.
+    fn count_startup_failure(
+        myself: &ActorRef<DeploymentMsg>,
+        state: &mut DeploymentState,
+        id: ReplicaId,
+        at_target: bool,
+        error: &str,
+    ) {
+        if at_target && state.target_count() > 0 {
+            let delay = state.record_startup_failure(id, error);
+            Self::schedule_retry(myself, state, delay);
         }
-        let delay = state.record_startup_failure(id, &error);
-        Self::schedule_retry(myself, state, delay);
     }
 
     /// A living replica failed to become ready for the target (its
@@ -341,10 +353,7 @@ impl DeploymentActor {
     ) {
         let at_target = state.at_target_code(id);
         state.stop(id, true, error);
-        if at_target && state.target_count() > 0 {
-            let delay = state.record_startup_failure(id, error);
-            Self::schedule_retry(myself, state, delay);
-        }
+        Self::count_startup_failure(myself, state, id, at_target, error);
     }
 
     fn on_replica_event(
@@ -513,12 +522,9 @@ impl Actor for DeploymentActor {
                 InternalMsg::Cluster(ClusterEvent::CapacityFreed) => {}
                 InternalMsg::Cluster(ClusterEvent::NodeDied(node)) => {
                     for (id, error) in placement::node_died(state, &node) {
-                        // Lost before it was ready for the target: a
-                        // startup failure, not a health-check failure.
-                        if state.target_count() > 0 {
-                            let delay = state.record_startup_failure(id, &error);
-                            Self::schedule_retry(&myself, state, delay);
-                        }
+                        // Lost before it was ready for the target (of its
+                        // code): a startup failure, not a health-check one.
+                        Self::count_startup_failure(&myself, state, id, true, &error);
                     }
                 }
                 InternalMsg::ClusterResync => placement::resync(state),

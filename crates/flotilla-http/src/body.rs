@@ -81,13 +81,18 @@ impl Drop for Done {
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 enum Kind {
-    Full(Option<Bytes>),
+    Full {
+        bytes: Option<Bytes>,
+        /// Records the request once the body is done (or dropped:
+        /// disconnected).
+        done: Option<Done>,
+    },
     Stream {
         /// Chunks already taken from the stream, sent first.
         pending: Vec<Bytes>,
-        /// The stream, shared with the server's reaper (which cuts it when
-        /// its client takes nothing, or at the deadline while the body is
-        /// not polled).
+        /// The stream and the request's record, shared with the server's
+        /// reaper (which cuts it when its client takes nothing, or at the
+        /// deadline while the body is not polled).
         watched: Arc<Watched>,
         /// The request's deadline: passing it cuts the stream (Ray's timeout
         /// once the response started).
@@ -101,8 +106,6 @@ pub(crate) struct ProxyBody {
     /// The status sent, recorded once the body ends (a stream dropped before
     /// its end is recorded as 499: the client went away).
     status: u16,
-    /// Records the request once the body is done (or dropped: disconnected).
-    done: Option<Done>,
 }
 
 impl ProxyBody {
@@ -113,9 +116,11 @@ impl ProxyBody {
             d.status = status;
         }
         ProxyBody {
-            kind: Kind::Full((!bytes.is_empty()).then_some(bytes)),
+            kind: Kind::Full {
+                bytes: (!bytes.is_empty()).then_some(bytes),
+                done,
+            },
             status,
-            done,
         }
     }
 
@@ -141,17 +146,6 @@ impl ProxyBody {
                 deadline: deadline.map(|d| Box::pin(tokio::time::sleep_until(d))),
             },
             status,
-            // The stream's record is the watched stream's (the reaper may
-            // settle it).
-            done: None,
-        }
-    }
-
-    /// The body is over: record the status it was sent with, or `cut` if it
-    /// was cut short.
-    fn finish(&mut self, cut: Option<u16>) {
-        if let Some(mut d) = self.done.take() {
-            d.status = cut.unwrap_or(self.status);
         }
     }
 }
@@ -187,10 +181,12 @@ impl Body for ProxyBody {
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
         match &mut this.kind {
-            Kind::Full(bytes) => {
+            Kind::Full { bytes, done } => {
                 let out = bytes.take();
-                if out.is_none() {
-                    this.finish(None);
+                if out.is_none()
+                    && let Some(mut d) = done.take()
+                {
+                    d.status = this.status;
                 }
                 Poll::Ready(out.map(|b| Ok(Frame::data(b))))
             }
@@ -206,7 +202,7 @@ impl Body for ProxyBody {
                 }
                 let mut slot = watched.slot();
                 let stream = match &mut *slot {
-                    Slot::Live(stream) => stream,
+                    Slot::Live(stream, _) => stream,
                     Slot::Over => return Poll::Ready(None),
                     // Cut by the reaper, which recorded the request.
                     Slot::Cut(_) => {
@@ -244,23 +240,27 @@ impl Body for ProxyBody {
                     }
                 };
                 // Over: the stream goes now (its handler, if cut, with it),
-                // dropped outside the lock.
+                // and the request is recorded, outside the lock.
                 let over = std::mem::replace(&mut *slot, Slot::Over);
                 drop(slot);
-                drop(over);
-                watched.finish(cut.as_ref().map_or(status, StreamCut::status));
+                if let Slot::Live(stream, mut done) = over {
+                    drop(stream);
+                    done.status = cut.as_ref().map_or(status, StreamCut::status);
+                }
                 Poll::Ready(cut.map(|c| Err(Box::new(c) as BoxError)))
             }
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        matches!(self.kind, Kind::Full(None))
+        matches!(self.kind, Kind::Full { bytes: None, .. })
     }
 
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
-            Kind::Full(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
+            Kind::Full { bytes, .. } => {
+                SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64))
+            }
             Kind::Stream { .. } => SizeHint::default(),
         }
     }

@@ -57,8 +57,9 @@ const WAITING: u64 = u64::MAX;
 /// A watched stream's state: one lock, so a cut and its reason are seen
 /// together (a body never takes a cut stream for one that ended).
 pub(crate) enum Slot {
-    /// Being streamed.
-    Live(CallStream<HttpResponse>),
+    /// Being streamed; the request's record, settled by whichever of the
+    /// body and the reaper ends it.
+    Live(CallStream<HttpResponse>, Done),
     /// Cut by the reaper, for this reason (the body has not seen it yet).
     Cut(StreamCut),
     /// Over: ended, failed or cut, and the body has seen it.
@@ -68,9 +69,6 @@ pub(crate) enum Slot {
 /// One streamed response, shared by its body and the reaper.
 pub(crate) struct Watched {
     slot: Mutex<Slot>,
-    /// The request's record: settled by the body as it ends, or by the
-    /// reaper as it cuts a stream whose body hyper may never poll again.
-    done: Mutex<Option<Done>>,
     /// When (ms from the reaper's epoch) the body last handed a chunk to
     /// hyper, or [`WAITING`].
     ready_at: AtomicU64,
@@ -82,19 +80,6 @@ impl Watched {
     /// The stream's state, to poll or to end.
     pub(crate) fn slot(&self) -> MutexGuard<'_, Slot> {
         self.slot.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Record the request with `status`, once (the first of the body and the
-    /// reaper to end it does).
-    pub(crate) fn finish(&self, status: u16) {
-        let done = self
-            .done
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        if let Some(mut d) = done {
-            d.status = status;
-        }
     }
 
     /// The body handed hyper a chunk now: the client has to take it.
@@ -130,7 +115,7 @@ impl Watched {
         let Ok(mut slot) = self.slot.try_lock() else {
             return;
         };
-        if !matches!(*slot, Slot::Live(_)) {
+        if !matches!(*slot, Slot::Live(..)) {
             return;
         }
         let Some(why) = self.overdue(now, now_ms, stall) else {
@@ -138,10 +123,13 @@ impl Watched {
         };
         let status = why.status();
         tracing::warn!(why = %why, "streamed response cut");
-        let stream = std::mem::replace(&mut *slot, Slot::Cut(why));
+        let live = std::mem::replace(&mut *slot, Slot::Cut(why));
         drop(slot);
-        drop(stream);
-        self.finish(status);
+        // Recorded now: hyper may never poll the body again.
+        if let Slot::Live(stream, mut done) = live {
+            drop(stream);
+            done.status = status;
+        }
     }
 }
 
@@ -176,8 +164,7 @@ impl Reaper {
         done: Done,
     ) -> Arc<Watched> {
         let watched = Arc::new(Watched {
-            slot: Mutex::new(Slot::Live(stream)),
-            done: Mutex::new(Some(done)),
+            slot: Mutex::new(Slot::Live(stream, done)),
             ready_at: AtomicU64::new(ms_since(self.epoch)),
             deadline,
             epoch: self.epoch,

@@ -284,7 +284,8 @@ fn take_load(state: &mut RegistryState, node: &str, load: Option<WireLoad>) {
         None => state.loads.remove(node),
     }
     .unwrap_or_default();
-    let new = state.loads.get(node).cloned().unwrap_or_default();
+    let none = WireLoad::default();
+    let new = state.loads.get(node).unwrap_or(&none);
     // Only to the node's own replicas' mirrors; quietly (a replica may have
     // ended since the node counted it).
     let proxies = lock(&state.shared.proxies);

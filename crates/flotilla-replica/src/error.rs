@@ -33,7 +33,9 @@ pub enum CallError {
         /// The replica.
         replica: String,
     },
-    /// The request could not be decoded as the deployment's request type.
+    /// The request could not be encoded, or decoded as the deployment's
+    /// request type (also when the type's own serde code panicked: the
+    /// handler never ran, and the replica serves on).
     #[error("bad request: {0}")]
     BadRequest(String),
     /// The response could not be encoded or decoded.

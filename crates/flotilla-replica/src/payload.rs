@@ -83,17 +83,18 @@ fn unwinding<T>(f: impl FnOnce() -> Result<T, PayloadError>) -> Result<T, Payloa
 }
 
 impl PayloadError {
-    /// As the error of a request that could not be had (a panic in its
-    /// type's serde code is reported as the panic it is).
+    /// As the error of a request that could not be had: a bad request, even
+    /// when its type's serde code panicked (the caller's `Serialize` of a
+    /// value handed over, or the deployment's `Deserialize` of what came).
+    /// The handler never ran, so the replica is not condemned for it: a
+    /// caller must not be able to take replicas down by what it sends.
     pub(crate) fn bad_request(self) -> CallError {
-        match self {
-            PayloadError::Panicked(m) => CallError::Panicked(m),
-            e => CallError::BadRequest(e.to_string()),
-        }
+        CallError::BadRequest(self.to_string())
     }
 
-    /// As the error of a response that could not be had (a panic as for
-    /// [`bad_request`](Self::bad_request)).
+    /// As the error of a response that could not be had: a panic in the
+    /// response type's serde code (the deployment's own) is reported as the
+    /// panic it is.
     pub(crate) fn bad_response(self) -> CallError {
         match self {
             PayloadError::Panicked(m) => CallError::Panicked(m),

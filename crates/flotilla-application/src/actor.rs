@@ -57,7 +57,7 @@ pub struct AppArgs {
     /// external scaler's.
     pub autoscaled: BTreeMap<DeploymentName, u32>,
     /// A failed config build standing over `record`'s generation (see
-    /// [`AppMsg::BuildFailure`]), so a restarted actor keeps showing it.
+    /// [`AppMsg::SetTarget`]), so a restarted actor keeps showing it.
     pub build_failure: Option<String>,
 }
 
@@ -454,14 +454,6 @@ impl Actor for ApplicationActor {
                     return Ok(());
                 }
                 state.args.autoscaled.insert(name, replicas);
-            }
-            AppMsg::BuildFailure {
-                generation,
-                message,
-            } => {
-                state.build_failure = message.map(|m| (generation, m));
-                state.derive_status();
-                return Ok(());
             }
             AppMsg::Internal(Internal(InternalMsg::RestartDeployment(name))) => {
                 if !state.actors.retry_due(&name) {

@@ -39,29 +39,22 @@ pub enum AppMsg {
     /// A new target (idempotent), with the durable replica decisions that
     /// stand for it (an autoscaler's or an external scaler's; the Controller
     /// drops those a new declaration voids) and the failed build that stands
-    /// over it, if any (as [`AppMsg::BuildFailure`] sets it: a restarted
-    /// Controller's first word to an application it adopts says it too).
+    /// over it, if any. The Controller sends it again, same target, when a
+    /// config's build of the application fails or stops failing.
     SetTarget {
         /// The target.
         record: Box<AppRecord>,
         /// Replica decisions by deployment.
         decisions: BTreeMap<DeploymentName, u32>,
-        /// The failed config build standing over this target, if any.
+        /// The config's latest build of this application failed while this
+        /// target runs: DEPLOY_FAILED with this message sticks over it (Ray:
+        /// until a new config), whatever its deployments report. `None`: the
+        /// application's own status holds.
         build_failure: Option<String>,
     },
     /// A durable replica decision for one deployment (its autoscaler's, or an
     /// external scaler's).
     SetReplicas(DeploymentName, u32),
-    /// The config's latest build of this application failed while `generation`
-    /// runs: DEPLOY_FAILED with `message` sticks over that target (Ray: until a
-    /// new config), whatever its deployments report. `None`: the config's entry
-    /// is what runs again, the application's own status holds.
-    BuildFailure {
-        /// The target generation the failure stands over (a newer one voids it).
-        generation: u64,
-        /// Why, or `None` to clear.
-        message: Option<String>,
-    },
     /// Stop every replica gracefully; reply when done.
     Shutdown(RpcReplyPort<()>),
     /// The actor's own messages (its deployments' reports, restart timers);

@@ -229,33 +229,22 @@ async fn a_failed_build_stands_over_the_target_until_cleared() {
     );
     let app = rig.spawn().await;
     rig.wait(running(1)).await;
-    app.cast(AppMsg::BuildFailure {
-        generation: 1,
-        message: Some("the builder broke".into()),
-    })
-    .unwrap();
+    let target = |generation, failure: Option<&str>| AppMsg::SetTarget {
+        record: Box::new(record(generation, &["a"], false)),
+        decisions: BTreeMap::new(),
+        build_failure: failure.map(str::to_owned),
+    };
+    // The same target, told again with a failed build over it.
+    app.cast(target(1, Some("the builder broke"))).unwrap();
     let s = rig.wait(|s| s.status == A::DeployFailed).await;
     assert_eq!(s.message, "the builder broke");
     // A new target voids it.
-    app.cast(AppMsg::SetTarget {
-        record: Box::new(record(2, &["a"], false)),
-        decisions: BTreeMap::new(),
-        build_failure: None,
-    })
-    .unwrap();
+    app.cast(target(2, None)).unwrap();
     rig.wait(running(2)).await;
-    app.cast(AppMsg::BuildFailure {
-        generation: 2,
-        message: Some("again".into()),
-    })
-    .unwrap();
+    app.cast(target(2, Some("again"))).unwrap();
     rig.wait(|s| s.status == A::DeployFailed).await;
     // Cleared: the application's own status holds again.
-    app.cast(AppMsg::BuildFailure {
-        generation: 2,
-        message: None,
-    })
-    .unwrap();
+    app.cast(target(2, None)).unwrap();
     rig.wait(running(2)).await;
 }
 

@@ -20,7 +20,7 @@ use std::{
     time::Duration,
 };
 
-use flotilla_application::{AppMsg, publish_status};
+use flotilla_application::publish_status;
 use flotilla_core::{
     ApiType, AppConfig, AppName, AppRecord, AppStatusInputs, ApplicationSpec,
     ApplicationStatusInfo, Args, ConfigSource, ServeConfig, apply_overrides, stable_hash,
@@ -311,15 +311,10 @@ impl ControllerState {
         match self.apps.get(app).filter(|e| !e.record.deleting) {
             Some(e) => {
                 let generation = e.record.generation;
-                if let Some(actor) = self.actors.actor(app) {
-                    let _ = actor.cast(AppMsg::BuildFailure {
-                        generation,
-                        message: Some(message.clone()),
-                    });
-                }
                 self.config
                     .failed
                     .insert(app.clone(), (generation, message));
+                self.retell_target(app);
             }
             None => self.publish_unbuilt(app, Some(&message)),
         }
@@ -328,13 +323,16 @@ impl ControllerState {
     /// What runs for `app` is the config's entry: no failed build stands over it.
     fn build_current(&mut self, app: &AppName) {
         self.config.forget_failure(app);
+        self.retell_target(app);
+    }
+
+    /// Tell `app`'s actor its target again, with the failed build that now
+    /// stands over it (or none): the one message that carries both.
+    fn retell_target(&self, app: &AppName) {
         if let Some(e) = self.apps.get(app)
             && let Some(actor) = self.actors.actor(app)
         {
-            let _ = actor.cast(AppMsg::BuildFailure {
-                generation: e.record.generation,
-                message: None,
-            });
+            let _ = actor.cast(self.set_target(&e.record));
         }
     }
 

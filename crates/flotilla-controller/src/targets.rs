@@ -70,17 +70,22 @@ impl ControllerState {
     ) -> Result<StagedDecisions, StoreError> {
         let mut dropped = Vec::new();
         let mut seeded = Vec::new();
+        // A decision written with this target: durable, and told to the actor.
+        let mut seed = |batch: &mut Batch, app: &AppName, dep: &DeploymentName, replicas| {
+            batch.put_deployment(
+                app,
+                dep,
+                &DeploymentRecord {
+                    autoscaled_replicas: Some(replicas),
+                },
+            )?;
+            seeded.push((app.clone(), dep.clone(), replicas));
+            Ok::<_, StoreError>(())
+        };
         for r in records {
             batch.put_app(r)?;
             for (dep, replicas) in self.kept_counts(r) {
-                batch.put_deployment(
-                    &r.spec.name,
-                    &dep,
-                    &DeploymentRecord {
-                        autoscaled_replicas: Some(replicas),
-                    },
-                )?;
-                seeded.push((r.spec.name.clone(), dep, replicas));
+                seed(batch, &r.spec.name, &dep, replicas)?;
             }
             for (dep, &decided) in self
                 .autoscaled
@@ -100,14 +105,7 @@ impl ControllerState {
                         // widening does not bring the old count back.
                         let clamped = decided.clamp(a.min_replicas, a.max_replicas);
                         if clamped != decided {
-                            batch.put_deployment(
-                                &r.spec.name,
-                                dep,
-                                &DeploymentRecord {
-                                    autoscaled_replicas: Some(clamped),
-                                },
-                            )?;
-                            seeded.push((r.spec.name.clone(), dep.clone(), clamped));
+                            seed(batch, &r.spec.name, dep, clamped)?;
                         }
                         true
                     }

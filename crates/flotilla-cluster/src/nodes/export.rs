@@ -81,14 +81,17 @@ pub(crate) fn changed(shared: &HeadShared, route: &Arc<DeploymentRoute>) {
 /// published (the head waits for its nodes before it recovers) is not sent:
 /// empty and unconfigured, it would empty the nodes' copies, and a route no
 /// deployment owns would be kept for good.
+/// A closed route is not sent again for it: its deletion sent it once
+/// ([`changed`]).
 pub(crate) fn models_changed(shared: &HeadShared, route: &Arc<DeploymentRoute>) {
     let key = (route.app().clone(), route.deployment().clone());
-    let known = lock(&shared.export)
-        .known
-        .get(&key)
-        .is_some_and(|r| Arc::ptr_eq(r, route));
-    if known {
-        changed(shared, route);
+    let mut ex = lock(&shared.export);
+    let known = ex.known.get(&key).is_some_and(|r| Arc::ptr_eq(r, route));
+    // As `changed`, under the same lock: a node alive now is sent it.
+    if known && !route.is_closed() && shared.any_alive() {
+        ex.dirty.insert(key);
+        drop(ex);
+        shared.export_wake.notify_one();
     }
 }
 

@@ -474,3 +474,47 @@ async fn a_slow_or_crashed_reconfigure_is_a_matter_of_starting() {
     sw.reconfigure_delay_ms.store(0, Ordering::SeqCst);
     wait_status(&serve, "a", A::Running).await;
 }
+
+/// A replica that turns unhealthy while it takes its config in place (a
+/// request panicked on it: UPDATING replicas take requests) did not become
+/// ready for the target: it is a startup failure, not a failed health check
+/// (which from UPDATING would be DEPLOY_FAILED), and it stops gracefully, so
+/// a request it was running finishes.
+#[tokio::test(start_paused = true)]
+async fn a_replica_condemned_while_updating_drains_and_is_replaced() {
+    let (_dir, sw, serve) = start_fresh().await;
+    let spec = |uc: &str| probe(1, &tag("u")).with_config(|c| c.with_user_config(user_config(uc)));
+    let h = serve.run(app_of("a", spec("one"))).await.unwrap();
+    sw.reconfigure_delay_ms.store(100_000, Ordering::SeqCst);
+    serve
+        .run_many(vec![app_of("a", spec("two"))], no_wait())
+        .await
+        .unwrap();
+    let s = wait_snapshot(&serve, "a", "probe", |s| s.count(R::Updating) == 1).await;
+    let updating = s.replicas[0].id;
+    let running = {
+        let h = h.clone();
+        tokio::spawn(async move { h.call::<_, String>("sleep:5000").await })
+    };
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert!(h.call::<_, String>("panic").await.is_err());
+    sw.reconfigure_delay_ms.store(0, Ordering::SeqCst);
+    let s = wait_snapshot(&serve, "a", "probe", |s| {
+        s.replicas
+            .iter()
+            .any(|r| r.id == updating && r.state == R::Stopping)
+    })
+    .await;
+    assert_ne!(
+        s.status.status,
+        DeploymentStatus::DeployFailed,
+        "{:?}",
+        s.status
+    );
+    // Graceful: the request it was running when condemned finishes.
+    assert!(running.await.unwrap().is_ok());
+    wait_status(&serve, "a", A::Running).await;
+    let s = observe(&serve, "a", "probe").await;
+    assert!(!ids(&s).contains(&updating.0), "replaced");
+    assert_eq!(s.count_at(R::Running, &s.version), 1);
+}

@@ -727,8 +727,10 @@ fn humantime(d: std::time::Duration) -> String {
 mod tests {
     #![allow(clippy::unwrap_used)]
 
+    use std::time::Duration;
+
     use flotilla_core::{DeploymentSpec, Resources};
-    use flotilla_replica::Directory;
+    use flotilla_replica::{Directory, ReplicaMsg};
     use tokio::sync::mpsc;
 
     use super::*;
@@ -839,6 +841,57 @@ mod tests {
             0,
             "n-1's callers are gone with it"
         );
+        head.stop().await;
+    }
+
+    /// The requests running on a node's replica, as its node reports them,
+    /// reach that replica's mirror endpoint (where the deployment's autoscaler
+    /// reads a replica's load), and a report that leaves the replica out puts
+    /// it back to 0.
+    #[tokio::test]
+    async fn running_load_reaches_the_mirror_of_the_reporting_nodes_replica() {
+        let head = head("registry-running").await;
+        deliver(&head, PEER, reattaching("n-1", &head, &[], 1, false)).await;
+        assert_eq!(proxies(&head), [1]);
+        let (app, dep) = (
+            AppName::new("a").unwrap(),
+            DeploymentName::new("d").unwrap(),
+        );
+        let name = actor_names::replica("registry-running", &app, &dep, 1);
+        let proxy: ActorRef<ReplicaMsg> = ractor::registry::where_is(name).unwrap().into();
+        let endpoint = ractor::call!(proxy, ReplicaMsg::Observe)
+            .unwrap()
+            .endpoint
+            .unwrap();
+        assert_eq!(endpoint.load(), 0);
+        // The mirror takes its report in a task of its own: wait for it.
+        let settles = |n: u32| {
+            let endpoint = endpoint.clone();
+            async move {
+                while endpoint.load() != n {
+                    tokio::task::yield_now().await;
+                }
+            }
+        };
+        let running = |replicas: Vec<(u64, u32)>| {
+            Control::Load(WireLoad {
+                running: replicas,
+                queued: Vec::new(),
+            })
+        };
+        deliver(&head, PEER, running(vec![(1, 5)])).await;
+        tokio::time::timeout(Duration::from_secs(10), settles(5))
+            .await
+            .unwrap();
+        deliver(&head, PEER, running(vec![(1, 2)])).await;
+        tokio::time::timeout(Duration::from_secs(10), settles(2))
+            .await
+            .unwrap();
+        // Nothing runs there any more: left out of the next report.
+        deliver(&head, PEER, running(Vec::new())).await;
+        tokio::time::timeout(Duration::from_secs(10), settles(0))
+            .await
+            .unwrap();
         head.stop().await;
     }
 

@@ -492,6 +492,96 @@ async fn a_lost_session_between_two_nodes_is_dialed_again_by_the_name_that_sorts
     drop((a, m));
 }
 
+/// A partition between two nodes that both still reach the head: the head
+/// sees nothing wrong, so the nodes' own heartbeats on the session between
+/// them must find it. A call in flight from m to a's replica fails (it may
+/// have run) instead of waiting for ever, m dials a again, and its calls
+/// reach a once the path is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_between_two_nodes_fails_the_calls_on_it_and_the_session_is_dialed_again() {
+    let (_turn, dir, serve, addr) = setup(cpus(0.0)).await;
+    let a = NodeProc::start(addr, &gpu_node("a"), dir.path());
+    let a_id = a.id().await;
+    let listen = || {
+        serve
+            .nodes()
+            .into_iter()
+            .find(|n| n.id == a_id)
+            .map(|n| n.listen)
+            .unwrap_or_default()
+    };
+    eventually(30, "a's listener is known", || async {
+        !listen().is_empty()
+    })
+    .await;
+    let listen: std::net::SocketAddr = listen().parse().unwrap();
+    // m reaches a through the relay (m's name sorts last: it dials a).
+    let relay = Relay::start(listen).await;
+    let m = NodeProc::start(
+        addr,
+        &NodeSpec::new("m", 0.0)
+            .custom("caller", 1.0)
+            .dial_via(listen, relay.addr),
+        dir.path(),
+    );
+    m.id().await;
+    // back, slow, on a; front, on m, calls it over the session m dialed.
+    let slow = WhereArgs {
+        delay_ms: 4_000,
+        ..Default::default()
+    };
+    let calls = WhereArgs {
+        downstream: Some("back".into()),
+        ..Default::default()
+    };
+    let app = ApplicationSpec::builder("split")
+        .deployment(where_dep("back", 1, custom("gpu"), &slow))
+        .deployment(where_dep("front", 1, custom("caller"), &calls))
+        .build()
+        .unwrap();
+    serve.run(app).await.unwrap();
+    let front = serve.deployment_handle("split", "front").unwrap();
+    let here: Here = front.call(&"before".to_owned()).await.unwrap();
+    assert_eq!(here.downstream.unwrap().node, a_id);
+    assert_eq!(relay.connections(), 1, "m dialed a through the relay");
+
+    // A call in flight from m to a when the path between them goes silent.
+    let during = {
+        let front = front.clone();
+        tokio::spawn(async move { front.call::<_, Here>(&"during".to_owned()).await })
+    };
+    eventually(30, "a runs the request", || async {
+        !log_lines(&a, "where: request during began").is_empty()
+    })
+    .await;
+    relay.partition();
+    let err = tokio::time::timeout(Duration::from_secs(60), during)
+        .await
+        .expect("the call on the silent session ends")
+        .unwrap()
+        .unwrap_err();
+    assert!(err.to_string().contains("was lost with its node"), "{err}");
+    assert!(
+        !log_lines(&m, "no heartbeat from the peer node").is_empty(),
+        "m found the silence; log:\n{}",
+        m.log_text()
+    );
+    eventually(60, "m connected to a again, through the relay", || async {
+        relay.connections() >= 2 && log_lines(&m, "connected to a peer node").len() >= 2
+    })
+    .await;
+    let here: Here = front.call(&"after".to_owned()).await.unwrap();
+    assert_eq!(here.downstream.unwrap().node, a_id);
+    let nodes = serve.metrics().await.unwrap().nodes;
+    assert_eq!(
+        (nodes.live, nodes.lost),
+        (2, 0),
+        "the head saw nothing wrong"
+    );
+    serve.shutdown().await.unwrap();
+    drop((a, m, relay));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_head_local_multiplexed_replicas_models_reach_the_nodes() {
     // The models' one replica on the head, the caller on node c.

@@ -562,6 +562,9 @@ pub struct NodeSpec {
     pub gpus: f64,
     pub custom: Vec<(String, f64)>,
     pub cookie: String,
+    /// A peer it dials at another address: (where the peer listens, where
+    /// to dial it), `NodeOptions::dial_peer_via`.
+    pub dial_via: Option<(SocketAddr, SocketAddr)>,
 }
 
 impl NodeSpec {
@@ -572,7 +575,13 @@ impl NodeSpec {
             gpus: 0.0,
             custom: Vec::new(),
             cookie: COOKIE.to_owned(),
+            dial_via: None,
         }
+    }
+
+    pub fn dial_via(mut self, listen: SocketAddr, via: SocketAddr) -> Self {
+        self.dial_via = Some((listen, via));
+        self
     }
 
     pub fn gpus(mut self, gpus: f64) -> Self {
@@ -597,7 +606,7 @@ impl NodeSpec {
             .map(|(k, v)| format!("{k}={v}"))
             .collect();
         format!(
-            "{head} {} {} {} {} {}",
+            "{head} {} {} {} {} {} {}",
             self.cookie,
             self.name,
             self.cpus,
@@ -606,6 +615,10 @@ impl NodeSpec {
                 "-".to_owned()
             } else {
                 custom.join(",")
+            },
+            match self.dial_via {
+                Some((listen, via)) => format!("{listen}={via}"),
+                None => "-".to_owned(),
             }
         )
     }
@@ -655,10 +668,13 @@ pub fn run_child(line: &str) {
         std::process::exit(0);
     });
     let code = rt.block_on(async move {
-        let options = flotilla::node::NodeOptions::new(head, Cookie::new(parts[1]).unwrap())
+        let mut options = flotilla::node::NodeOptions::new(head, Cookie::new(parts[1]).unwrap())
             .name(parts[2])
             .resources(resources)
             .label("test", "yes");
+        if let Some((listen, via)) = parts[6].split_once('=') {
+            options = options.dial_peer_via(listen.parse().unwrap(), via.parse().unwrap());
+        }
         let node = match flotilla::node::start(registry(), options).await {
             Ok(n) => n,
             Err(e) => {
@@ -907,4 +923,84 @@ pub async fn replica_nodes(
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// A TCP relay a test puts between two processes: it forwards each
+/// connection to `upstream` until [`partition`](Relay::partition), after
+/// which the connections it carried then go silent both ways, forwarding
+/// nothing and closing nothing (a network partition), while connections
+/// made later are forwarded (the path is back for new ones).
+pub struct Relay {
+    pub addr: SocketAddr,
+    epoch: Arc<std::sync::atomic::AtomicU64>,
+    accepted: Arc<std::sync::atomic::AtomicU64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Relay {
+    pub async fn start(upstream: SocketAddr) -> Relay {
+        use std::sync::atomic::Ordering::SeqCst;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let epoch = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let accepted = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let (e, a) = (epoch.clone(), accepted.clone());
+        let task = tokio::spawn(async move {
+            while let Ok((down, _)) = listener.accept().await {
+                let Ok(up) = tokio::net::TcpStream::connect(upstream).await else {
+                    continue;
+                };
+                a.fetch_add(1, SeqCst);
+                let born = e.load(SeqCst);
+                let (down_r, down_w) = down.into_split();
+                let (up_r, up_w) = up.into_split();
+                tokio::spawn(pump(down_r, up_w, e.clone(), born));
+                tokio::spawn(pump(up_r, down_w, e.clone(), born));
+            }
+        });
+        Relay {
+            addr,
+            epoch,
+            accepted,
+            task,
+        }
+    }
+
+    /// Silence every connection carried now.
+    pub fn partition(&self) {
+        self.epoch.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Connections accepted (and connected upstream) so far.
+    pub fn connections(&self) -> u64 {
+        self.accepted.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Copy `from` to `to` until either ends, or, once the relay partitioned
+/// the connection, hold both ends open and forward nothing more (not even
+/// an end).
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    epoch: Arc<std::sync::atomic::AtomicU64>,
+    born: u64,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = from.read(&mut buf).await.unwrap_or(0);
+        if epoch.load(std::sync::atomic::Ordering::SeqCst) != born {
+            std::future::pending::<()>().await;
+        }
+        if n == 0 || to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
 }

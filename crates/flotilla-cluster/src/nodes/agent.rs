@@ -132,6 +132,11 @@ pub(crate) struct AgentState {
     dialing_peers: HashMap<String, Instant>,
     /// Peers whose last dial failed (warned once, then retried quietly).
     unreachable: HashSet<String>,
+    /// When each peer node with a session was last heard (its beats and its
+    /// answers to ours): a session silent for `heartbeat_timeout` is stopped.
+    peer_heard: HashMap<String, Instant>,
+    /// When this node last sent its peers a beat.
+    last_peer_beat: Instant,
     /// The nodes the current head session last listed alive (`Nodes`).
     listed: HashSet<String>,
     /// Peers this node had sessions to when the current head welcomed it:
@@ -260,6 +265,8 @@ impl Actor for Agent {
             to_dial: HashMap::new(),
             dialing_peers: HashMap::new(),
             unreachable: HashSet::new(),
+            peer_heard: HashMap::new(),
+            last_peer_beat: Instant::now(),
             listed: HashSet::new(),
             inherited: HashSet::new(),
             shutting_down: false,
@@ -331,6 +338,7 @@ impl Actor for Agent {
             },
             AgentMsg::Tick => {
                 meet_peers(&myself, state);
+                peer_beats(state);
                 // The node's own heartbeat, every `NodeOptions::heartbeat`
                 // once the head welcomed it; the head answers each one, so
                 // the node hears its head at least that often.
@@ -469,8 +477,9 @@ fn meet_peers(myself: &ActorRef<AgentMsg>, state: &mut AgentState) {
             continue;
         }
         state.dialing_peers.insert(peer.clone(), Instant::now());
-        info!(node = %state.args.id, %peer, %listen, "dialing a peer node");
-        let (link, me, peer, listen) = (link.clone(), myself.clone(), peer.clone(), listen.clone());
+        let at = state.args.options.peer_dial_address(listen);
+        info!(node = %state.args.id, %peer, %listen, %at, "dialing a peer node");
+        let (link, me, peer, listen) = (link.clone(), myself.clone(), peer.clone(), at);
         let timeout = state.args.options.connect_timeout;
         tokio::spawn(async move {
             let error = link
@@ -481,6 +490,60 @@ fn meet_peers(myself: &ActorRef<AgentMsg>, state: &mut AgentState) {
             let _ = me.cast(AgentMsg::PeerDialed { peer, error });
         });
     }
+}
+
+/// Heartbeats on the sessions between this node and its peer nodes (the
+/// head's session has its own): a beat to each every `heartbeat`, and a
+/// session that was silent for `heartbeat_timeout` stopped. The head cannot
+/// see a partition between two of its nodes that both still reach it: without
+/// this, calls in flight over the silent session would wait for ever. Its
+/// calls then fail as `NodeLost` (they may have run), the next calls go to
+/// the peer's replicas once a session is back, and the node whose name sorts
+/// last dials again.
+fn peer_beats(state: &mut AgentState) {
+    let shared = &state.args.link.shared;
+    let connected: HashSet<String> = shared.connected().into_iter().collect();
+    state.peer_heard.retain(|peer, _| connected.contains(peer));
+    let options = &state.args.options;
+    let now = Instant::now();
+    if now.duration_since(state.last_peer_beat) >= options.heartbeat {
+        state.last_peer_beat = now;
+        for peer in state.peer_heard.keys() {
+            shared.send_control(peer, Control::PeerBeat { answer: false });
+        }
+    }
+    for peer in silent_peers(&state.peer_heard, now, options.heartbeat_timeout) {
+        warn!(node = %state.args.id, %peer,
+            "no heartbeat from the peer node for {} ms: dropping its session",
+            options.heartbeat_timeout.as_millis());
+        state.peer_heard.remove(&peer);
+        shared.drop_session(&peer, "peer heartbeat timeout");
+    }
+}
+
+/// A beat (or an answer to ours) from `peer`: heard now; a beat is answered.
+/// A peer without a session here is not tracked (nothing is added).
+fn peer_beat(state: &mut AgentState, peer: &str, answer: bool) {
+    if let Some(heard) = state.peer_heard.get_mut(peer) {
+        *heard = Instant::now();
+        if !answer {
+            (state.args.link.shared).send_control(peer, Control::PeerBeat { answer: true });
+        }
+    }
+}
+
+/// The peers of `heard` not heard for longer than `timeout` at `now`, sorted.
+fn silent_peers(
+    heard: &HashMap<String, Instant>,
+    now: Instant,
+    timeout: std::time::Duration,
+) -> Vec<String> {
+    let mut silent: Vec<String> = (heard.iter())
+        .filter(|(_, at)| now.duration_since(**at) > timeout)
+        .map(|(peer, _)| peer.clone())
+        .collect();
+    silent.sort_unstable();
+    silent
 }
 
 fn session(myself: &ActorRef<AgentMsg>, state: &mut AgentState, ev: SessionEvent) {
@@ -538,6 +601,10 @@ fn session(myself: &ActorRef<AgentMsg>, state: &mut AgentState, ev: SessionEvent
             // gone already (`meet_peers` drops entries of peers the link lists
             // as connected, which it may do before this event arrives).
             state.dialing_peers.remove(&peer);
+            if !is_head(&peer) {
+                // A new session: heard now, whatever an earlier one was.
+                state.peer_heard.insert(peer.clone(), Instant::now());
+            }
             info!(node = %state.args.id, %peer, dialed = outbound, "connected to a peer node");
         }
         SessionEvent::Closed {
@@ -637,6 +704,10 @@ fn hello(state: &AgentState) -> (Hello, Vec<Vec<ReplicaReport>>) {
 
 async fn control(myself: &ActorRef<AgentMsg>, state: &mut AgentState, env: Envelope) {
     if state.session.as_deref() != Some(env.from.as_str()) {
+        if let Control::PeerBeat { answer } = env.control {
+            peer_beat(state, &env.from, answer);
+            return;
+        }
         warn!(node = %state.args.id, from = %env.from,
             "control frame from a peer other than the head this node dialed: ignored");
         return;
@@ -1060,6 +1131,25 @@ mod tests {
             .iter()
             .map(|n| (AppName::new(*n).unwrap(), DeploymentName::new("d").unwrap()))
             .collect()
+    }
+
+    /// A peer is silent once nothing was heard from it for longer than the
+    /// timeout; at the timeout itself it is not yet.
+    #[test]
+    fn a_peer_is_silent_past_the_timeout_only() {
+        let timeout = std::time::Duration::from_secs(2);
+        let now = Instant::now() + std::time::Duration::from_secs(10);
+        let heard: HashMap<String, Instant> = [
+            ("fresh", now),
+            ("at-the-limit", now - timeout),
+            ("quiet", now - timeout - std::time::Duration::from_millis(1)),
+            ("gone", now - std::time::Duration::from_secs(9)),
+        ]
+        .into_iter()
+        .map(|(p, at)| (p.to_owned(), at))
+        .collect();
+        assert_eq!(silent_peers(&heard, now, timeout), ["gone", "quiet"]);
+        assert!(silent_peers(&HashMap::new(), now, timeout).is_empty());
     }
 
     /// A head's `Nodes` drops only the peers it listed before and omits now:

@@ -305,6 +305,10 @@ pub struct NodeOptions {
     /// How long a connection from another node may take to authenticate
     /// before it is closed (default [`HANDSHAKE_TIMEOUT`]).
     pub handshake_timeout: Duration,
+    /// Peer nodes this node reaches at another address than the one they
+    /// listen on (a port forward, a NAT, a TCP proxy): `(listen, via)` pairs
+    /// (see [`dial_peer_via`](Self::dial_peer_via)). Empty by default.
+    pub peer_routes: Vec<(SocketAddr, SocketAddr)>,
 }
 
 impl NodeOptions {
@@ -322,6 +326,38 @@ impl NodeOptions {
             connect_timeout: Duration::from_secs(2),
             redial: Duration::from_millis(250),
             handshake_timeout: HANDSHAKE_TIMEOUT,
+            peer_routes: Vec::new(),
+        }
+    }
+
+    /// Dial the peer node that listens on `listen` (as the head lists it) at
+    /// `via` instead: a port forward, a NAT or a TCP proxy between the two.
+    /// The peer is still known by its own name; only where this node dials
+    /// it changes. A later route for the same `listen` replaces an earlier.
+    ///
+    /// ```
+    /// # use flotilla_cluster::nodes::{Cookie, NodeOptions};
+    /// let options = NodeOptions::new("10.0.0.1:7000".parse().unwrap(), Cookie::new("secret").unwrap())
+    ///     .dial_peer_via("10.0.0.7:41000".parse().unwrap(), "192.168.1.7:41000".parse().unwrap());
+    /// assert_eq!(options.peer_dial_address("10.0.0.7:41000"), "192.168.1.7:41000");
+    /// assert_eq!(options.peer_dial_address("10.0.0.8:41000"), "10.0.0.8:41000");
+    /// ```
+    pub fn dial_peer_via(mut self, listen: SocketAddr, via: SocketAddr) -> Self {
+        self.peer_routes.retain(|(l, _)| *l != listen);
+        self.peer_routes.push((listen, via));
+        self
+    }
+
+    /// Where this node dials the peer that listens on `listen`: its route
+    /// ([`dial_peer_via`](Self::dial_peer_via)), or `listen` itself.
+    pub fn peer_dial_address(&self, listen: &str) -> String {
+        let route = listen
+            .parse::<SocketAddr>()
+            .ok()
+            .and_then(|at| self.peer_routes.iter().rev().find(|(l, _)| *l == at));
+        match route {
+            Some((_, via)) => via.to_string(),
+            None => listen.to_owned(),
         }
     }
 

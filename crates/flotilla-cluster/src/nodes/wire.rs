@@ -104,6 +104,14 @@ pub(crate) enum Control {
         /// A counter, for logs.
         seq: u64,
     },
+    /// Node <-> node, on a session between two nodes (the head's session has
+    /// [`Control::Heartbeat`]): each sends its own every its heartbeat
+    /// period, and the other answers each, so each side judges the session
+    /// by its own period.
+    PeerBeat {
+        /// An answer to the peer's beat (not answered again).
+        answer: bool,
+    },
     /// Head -> node: start a replica.
     Start(Box<Start>),
     /// Head -> node: take a new config in place.

@@ -56,7 +56,8 @@ pub struct HttpOptions {
     pub rest_port: u16,
     /// Where the bearer token for mutating REST endpoints comes from.
     pub token: Option<TokenSource>,
-    /// How long a shutdown waits for open connections (default 5 s).
+    /// How long a shutdown waits for open connections (default 5 s; at most
+    /// [`MAX_DURATION`](flotilla::MAX_DURATION)).
     pub shutdown_grace: Duration,
     /// Serve the proxy (default true; a config's `proxy_location: Disabled`
     /// turns it off).
@@ -132,6 +133,12 @@ impl HttpOptions {
         )?;
         if self.max_request_body_bytes == 0 {
             return bad("max_request_body_bytes", "must be at least 1");
+        }
+        if self.shutdown_grace > flotilla::MAX_DURATION {
+            return bad(
+                "shutdown_grace",
+                "must be at most the longest duration Flotilla takes (MAX_DURATION)",
+            );
         }
         if let Some(field) = self.tls_asked {
             return bad(
@@ -335,6 +342,9 @@ mod tests {
             field(b().keep_alive_timeout(Duration::MAX)),
             "keep_alive_timeout"
         );
+        // Its shutdown would add a second to it.
+        assert_eq!(field(b().shutdown_grace(Duration::MAX)), "shutdown_grace");
+        assert!(b().shutdown_grace(flotilla::MAX_DURATION).build().is_ok());
         let longest = b().request_timeout(flotilla::MAX_DURATION).build();
         assert_eq!(
             longest.map(|o| o.request_timeout).ok(),

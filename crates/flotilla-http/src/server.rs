@@ -329,7 +329,7 @@ impl HttpServer {
         let _ = self.stop.send(true);
         let tasks = std::mem::take(&mut self.tasks);
         let all = futures::future::join_all(tasks);
-        if tokio::time::timeout(self.grace + Duration::from_secs(1), all)
+        if tokio::time::timeout(self.grace.saturating_add(Duration::from_secs(1)), all)
             .await
             .is_err()
         {

@@ -129,6 +129,36 @@ async fn deploy_status_config_delete_against_a_running_server() {
     );
 }
 
+/// A reader that went away before the output came (`flotilla status | head`
+/// with `head` done) is not an error, and nothing panics.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn output_to_a_reader_that_went_away_is_not_an_error() {
+    let f = start().await;
+    let address = f.rest_url("");
+    let (ok, stderr) = tokio::task::spawn_blocking(move || {
+        // The pipe's reading end is closed before the binary starts: its
+        // first write fails with EPIPE (Rust ignores SIGPIPE).
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_flotilla"))
+            .args(args(&address, &["status", "-o", "json"]))
+            .env_remove("FLOTILLA_ADDRESS")
+            .env_remove("FLOTILLA_TOKEN_FILE")
+            .stdout(writer)
+            .stderr(std::process::Stdio::piped())
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    })
+    .await
+    .unwrap();
+    assert!(ok, "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
 /// An error is printed with its causes: a missing file says why it cannot be
 /// read. (Nothing is contacted: the file is read first.)
 #[tokio::test]

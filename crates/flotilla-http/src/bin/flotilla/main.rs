@@ -105,7 +105,7 @@ fn client(cli: &Cli) -> Result<Client, ClientError> {
 async fn run(cli: Cli) -> Result<(), ClientError> {
     let client = client(&cli)?;
     if let Some(warning) = client.plaintext_warning() {
-        eprintln!("{warning}");
+        tell(&format!("{warning}\n"));
     }
     match cli.command {
         Command::Deploy { config } => {
@@ -113,24 +113,27 @@ async fn run(cli: Cli) -> Result<(), ClientError> {
                 path: config.clone(),
                 source,
             })?;
-            println!("Deploying from config file: '{}'.", config.display());
+            say(&format!(
+                "Deploying from config file: '{}'.\n",
+                config.display()
+            ))?;
             let content_type = match config.extension().and_then(|e| e.to_str()) {
                 Some("json") => "application/json",
                 _ => "application/yaml",
             };
             let warnings = client.put_config(text, content_type).await?;
-            eprint!("{warnings}");
-            println!(
-                "\nSent deploy request successfully.\n * Use `flotilla status` to check applications' statuses.\n * Use `flotilla config` to see the current application config(s).\n"
-            );
+            tell(&warnings);
+            say(
+                "\nSent deploy request successfully.\n * Use `flotilla status` to check applications' statuses.\n * Use `flotilla config` to see the current application config(s).\n\n",
+            )?;
         }
         Command::Status { output, name } => {
             let details = client.details().await?;
-            print!("{}", output::status(&details, output, name.as_deref())?);
+            say(&output::status(&details, output, name.as_deref())?)?;
         }
         Command::Config { name } => {
             let details = client.details().await?;
-            print!("{}", output::config(&details, name.as_deref())?);
+            say(&output::config(&details, name.as_deref())?)?;
         }
         Command::Delete { yes } => {
             if !yes && !confirm(&cli.address)? {
@@ -141,22 +144,38 @@ async fn run(cli: Cli) -> Result<(), ClientError> {
             client.delete().await?;
             let details = client.details().await?;
             match details["applications"].as_object().map_or(0, |a| a.len()) {
-                0 => println!("Deleted every application."),
-                n => println!(
-                    "Sent delete request; {n} application(s) are still being deleted (see `flotilla status`)."
-                ),
+                0 => say("Deleted every application.\n")?,
+                n => say(&format!(
+                    "Sent delete request; {n} application(s) are still being deleted (see `flotilla status`).\n"
+                ))?,
             }
         }
     }
     Ok(())
 }
 
-fn confirm(address: &str) -> Result<bool, ClientError> {
+/// Write `text` to standard output. A reader that went away first (`|
+/// head`) is not an error: there is nobody left to tell. Any other failure
+/// is.
+fn say(text: &str) -> Result<(), ClientError> {
     use std::io::Write;
-    print!(
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(ClientError::Terminal(e)),
+        _ => Ok(()),
+    }
+}
+
+/// Write `text` to standard error, if anyone reads it.
+fn tell(text: &str) {
+    use std::io::Write;
+    let _ = std::io::stderr().lock().write_all(text.as_bytes());
+}
+
+fn confirm(address: &str) -> Result<bool, ClientError> {
+    say(&format!(
         "This will delete every application of the Flotilla instance at \"{address}\". Do you want to continue? [y/N]: "
-    );
-    std::io::stdout().flush().map_err(ClientError::Terminal)?;
+    ))?;
     let mut line = String::new();
     std::io::stdin()
         .read_line(&mut line)
@@ -172,14 +191,14 @@ fn main() -> ExitCode {
     {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("Error: cannot start the async runtime: {e}");
+            tell(&format!("Error: cannot start the async runtime: {e}\n"));
             return ExitCode::FAILURE;
         }
     };
     match runtime.block_on(run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("Error: {}", with_causes(&e));
+            tell(&format!("Error: {}\n", with_causes(&e)));
             ExitCode::FAILURE
         }
     }

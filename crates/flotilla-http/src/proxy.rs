@@ -615,10 +615,12 @@ impl Proxy {
             | CallError::NodeLost { .. }
             | CallError::BatchSize { .. }
             | CallError::ModelLoad { .. } => (500, e.to_string()),
+            // Its request type is not an HttpRequest, or that type's own
+            // serde code failed (or panicked) on this request.
             CallError::BadRequest(m) => (
                 500,
                 format!(
-                    "Application '{}': its ingress deployment '{}' does not take an HttpRequest ({m}).",
+                    "Application '{}': its ingress deployment '{}' could not take the request as an HttpRequest ({m}).",
                     entry.app, entry.ingress
                 ),
             ),

@@ -132,10 +132,7 @@ pub(crate) struct AgentState {
     dialing_peers: HashMap<String, Instant>,
     /// Peers whose last dial failed (warned once, then retried quietly).
     unreachable: HashSet<String>,
-    /// When each peer node with a session was last heard (its beats and its
-    /// answers to ours): a session silent for `heartbeat_timeout` is stopped.
-    peer_heard: HashMap<String, Instant>,
-    /// When this node last sent its peers a beat.
+    /// When this node last sent its peer nodes a beat.
     last_peer_beat: Instant,
     /// The nodes the current head session last listed alive (`Nodes`).
     listed: HashSet<String>,
@@ -265,7 +262,6 @@ impl Actor for Agent {
             to_dial: HashMap::new(),
             dialing_peers: HashMap::new(),
             unreachable: HashSet::new(),
-            peer_heard: HashMap::new(),
             last_peer_beat: Instant::now(),
             listed: HashSet::new(),
             inherited: HashSet::new(),
@@ -366,8 +362,11 @@ impl Actor for Agent {
                     warn!(node = %state.args.id, "the head did not answer this node's leaving: ending");
                     state.end(Ending::Stopped);
                 }
+                // Any frame counts as heard, a data frame too (the link
+                // stamps those).
                 if let Some(peer) = state.session.clone()
                     && state.last_heard.elapsed() > timeout
+                    && !state.args.link.shared.heard_within(&peer, timeout)
                 {
                     warn!(node = %state.args.id, head = %peer,
                         "no heartbeat from the head for {} ms: dropping its session",
@@ -494,56 +493,36 @@ fn meet_peers(myself: &ActorRef<AgentMsg>, state: &mut AgentState) {
 
 /// Heartbeats on the sessions between this node and its peer nodes (the
 /// head's session has its own): a beat to each every `heartbeat`, and a
-/// session that was silent for `heartbeat_timeout` stopped. The head cannot
-/// see a partition between two of its nodes that both still reach it: without
-/// this, calls in flight over the silent session would wait for ever. Its
-/// calls then fail as `NodeLost` (they may have run), the next calls go to
-/// the peer's replicas once a session is back, and the node whose name sorts
-/// last dials again.
+/// session from which nothing came for `heartbeat_timeout` (no beat, no
+/// answer, no other frame) stopped. The head cannot see a partition between
+/// two of its nodes that both still reach it: without this, calls in flight
+/// over the silent session would wait for ever. They fail as `NodeLost`
+/// (they may have run), the next calls go to the peer's replicas once a
+/// session is back, and the node whose name sorts last dials again.
 fn peer_beats(state: &mut AgentState) {
     let shared = &state.args.link.shared;
-    let connected: HashSet<String> = shared.connected().into_iter().collect();
-    state.peer_heard.retain(|peer, _| connected.contains(peer));
     let options = &state.args.options;
-    let now = Instant::now();
-    if now.duration_since(state.last_peer_beat) >= options.heartbeat {
-        state.last_peer_beat = now;
-        for peer in state.peer_heard.keys() {
+    if state.last_peer_beat.elapsed() >= options.heartbeat {
+        state.last_peer_beat = Instant::now();
+        for peer in shared.connected().iter().filter(|p| !is_head(p)) {
             shared.send_control(peer, Control::PeerBeat { answer: false });
         }
     }
-    for peer in silent_peers(&state.peer_heard, now, options.heartbeat_timeout) {
+    let timeout = options.heartbeat_timeout;
+    for peer in shared.drop_silent(timeout, |p| !is_head(p), "peer heartbeat timeout") {
         warn!(node = %state.args.id, %peer,
-            "no heartbeat from the peer node for {} ms: dropping its session",
-            options.heartbeat_timeout.as_millis());
-        state.peer_heard.remove(&peer);
-        shared.drop_session(&peer, "peer heartbeat timeout");
+            "no heartbeat from the peer node for {} ms: dropped its session",
+            timeout.as_millis());
     }
 }
 
-/// A beat (or an answer to ours) from `peer`: heard now; a beat is answered.
-/// A peer without a session here is not tracked (nothing is added).
-fn peer_beat(state: &mut AgentState, peer: &str, answer: bool) {
-    if let Some(heard) = state.peer_heard.get_mut(peer) {
-        *heard = Instant::now();
-        if !answer {
-            (state.args.link.shared).send_control(peer, Control::PeerBeat { answer: true });
-        }
+/// A beat from a peer node with a session here is answered (the port counted
+/// it as heard); an answer is not.
+fn peer_beat(state: &AgentState, peer: &str, answer: bool) {
+    let shared = &state.args.link.shared;
+    if !answer && !is_head(peer) && shared.is_connected(peer) {
+        shared.send_control(peer, Control::PeerBeat { answer: true });
     }
-}
-
-/// The peers of `heard` not heard for longer than `timeout` at `now`, sorted.
-fn silent_peers(
-    heard: &HashMap<String, Instant>,
-    now: Instant,
-    timeout: std::time::Duration,
-) -> Vec<String> {
-    let mut silent: Vec<String> = (heard.iter())
-        .filter(|(_, at)| now.duration_since(**at) > timeout)
-        .map(|(peer, _)| peer.clone())
-        .collect();
-    silent.sort_unstable();
-    silent
 }
 
 fn session(myself: &ActorRef<AgentMsg>, state: &mut AgentState, ev: SessionEvent) {
@@ -601,10 +580,6 @@ fn session(myself: &ActorRef<AgentMsg>, state: &mut AgentState, ev: SessionEvent
             // gone already (`meet_peers` drops entries of peers the link lists
             // as connected, which it may do before this event arrives).
             state.dialing_peers.remove(&peer);
-            if !is_head(&peer) {
-                // A new session: heard now, whatever an earlier one was.
-                state.peer_heard.insert(peer.clone(), Instant::now());
-            }
             info!(node = %state.args.id, %peer, dialed = outbound, "connected to a peer node");
         }
         SessionEvent::Closed {
@@ -1131,25 +1106,6 @@ mod tests {
             .iter()
             .map(|n| (AppName::new(*n).unwrap(), DeploymentName::new("d").unwrap()))
             .collect()
-    }
-
-    /// A peer is silent once nothing was heard from it for longer than the
-    /// timeout; at the timeout itself it is not yet.
-    #[test]
-    fn a_peer_is_silent_past_the_timeout_only() {
-        let timeout = std::time::Duration::from_secs(2);
-        let now = Instant::now() + std::time::Duration::from_secs(10);
-        let heard: HashMap<String, Instant> = [
-            ("fresh", now),
-            ("at-the-limit", now - timeout),
-            ("quiet", now - timeout - std::time::Duration::from_millis(1)),
-            ("gone", now - std::time::Duration::from_secs(9)),
-        ]
-        .into_iter()
-        .map(|(p, at)| (p.to_owned(), at))
-        .collect();
-        assert_eq!(silent_peers(&heard, now, timeout), ["gone", "quiet"]);
-        assert!(silent_peers(&HashMap::new(), now, timeout).is_empty());
     }
 
     /// A head's `Nodes` drops only the peers it listed before and omits now:

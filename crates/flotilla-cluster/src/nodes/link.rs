@@ -20,6 +20,7 @@ use ractor_cluster::{
 use tokio::{
     sync::{mpsc, oneshot},
     task::JoinHandle,
+    time::Instant,
 };
 use tracing::{debug, info, warn};
 
@@ -175,10 +176,11 @@ impl Calls {
         lock(&self.pending).remove(&call).is_some()
     }
 
-    fn finish(&self, call: u64, outcome: Outcome<Vec<u8>>) {
-        let Some(p) = lock(&self.pending).remove(&call) else {
-            return;
-        };
+    /// The answer to `call` came: its waiter gets `outcome`. Returns the
+    /// peer that answered, if the call was still waited on.
+    fn finish(&self, call: u64, outcome: Outcome<Vec<u8>>) -> Option<String> {
+        let p = lock(&self.pending).remove(&call)?;
+        let peer = p.peer;
         match (p.waiter, outcome) {
             (Waiter::Unary(tx), o) => {
                 let _ = tx.send(o);
@@ -190,15 +192,19 @@ impl Calls {
                 let _ = tx.send(Piece::End(Outcome::Ran(r.map(|_| ()))));
             }
         }
+        Some(peer)
     }
 
-    fn item(&self, call: u64, body: Vec<u8>) {
+    /// An item of streamed `call` came; `heard` is told which peer sent it.
+    fn item(&self, call: u64, body: Vec<u8>, heard: impl FnOnce(&str)) {
         if let Some(Pending {
             waiter: Waiter::Stream(tx),
+            peer,
             ..
         }) = lock(&self.pending).get(&call)
         {
             let _ = tx.send(Piece::Item(body));
+            heard(peer);
         }
     }
 
@@ -249,6 +255,10 @@ pub(crate) struct Shared {
     /// has two to elect between. A second one (a peer that dials against the
     /// rule) is kept until ractor_cluster closes the loser.
     sessions: Mutex<HashMap<String, Vec<ActorRef<NodeSessionMessage>>>>,
+    /// When each peer with a session was last heard: its session's start,
+    /// then any frame of its (stamped by the port). Taken after `sessions`
+    /// when both are held. What [`drop_silent`](Self::drop_silent) judges.
+    heard: Mutex<HashMap<String, Instant>>,
     inbound: mpsc::UnboundedSender<Inbound>,
     /// Deadlines and slots of sessions not yet authenticated.
     handshakes: Arc<Handshakes>,
@@ -387,18 +397,98 @@ impl Shared {
     /// Stop the session to `peer` (a heartbeat timeout, a lost or fenced
     /// node). Returns whether there was one.
     pub(crate) fn drop_session(&self, peer: &str, why: &str) -> bool {
-        let session = lock(&self.sessions).remove(peer);
-        lock(&self.peers).remove(peer);
+        let session = {
+            let mut sessions = lock(&self.sessions);
+            lock(&self.heard).remove(peer);
+            sessions.remove(peer)
+        };
         match session {
             Some(all) => {
-                info!(node = %self.me, peer, why, "stopping the session");
-                for s in all {
-                    s.stop(Some(format!("flotilla: {why}")));
-                }
+                self.stop_sessions(peer, all, why);
                 true
             }
-            None => false,
+            None => {
+                lock(&self.peers).remove(peer);
+                false
+            }
         }
+    }
+
+    /// Stop the sessions to the peers that `judged` accepts and from which
+    /// nothing came for longer than `timeout` (see [`heard_from`](Self::heard_from)),
+    /// as [`drop_session`](Self::drop_session) does; the peers dropped. A
+    /// peer's session that is newer than the silence is never taken for it:
+    /// judged and removed under the lock its registration takes.
+    pub(crate) fn drop_silent(
+        &self,
+        timeout: std::time::Duration,
+        judged: impl Fn(&str) -> bool,
+        why: &str,
+    ) -> Vec<String> {
+        let now = Instant::now();
+        let dropped: Vec<(String, Vec<ActorRef<NodeSessionMessage>>)> = {
+            let mut sessions = lock(&self.sessions);
+            let mut heard = lock(&self.heard);
+            let silent: Vec<String> = (heard.iter())
+                .filter(|(peer, at)| judged(peer) && now.duration_since(**at) > timeout)
+                .map(|(peer, _)| peer.clone())
+                .collect();
+            silent
+                .into_iter()
+                .map(|peer| {
+                    heard.remove(&peer);
+                    let all = sessions.remove(&peer).unwrap_or_default();
+                    (peer, all)
+                })
+                .collect()
+        };
+        for (peer, all) in &dropped {
+            self.stop_sessions(peer, all.clone(), why);
+        }
+        dropped.into_iter().map(|(peer, _)| peer).collect()
+    }
+
+    /// Stop `all`, the sessions to `peer` just taken out of the map, and
+    /// fail what went by them at once, as their close would: a close that
+    /// comes after a new session to the peer registered is taken for a
+    /// duplicate's and fails nothing, so it cannot be left to it.
+    fn stop_sessions(&self, peer: &str, all: Vec<ActorRef<NodeSessionMessage>>, why: &str) {
+        lock(&self.peers).remove(peer);
+        info!(node = %self.me, peer, why, "stopping the session");
+        for s in all {
+            s.stop(Some(format!("flotilla: {why}")));
+        }
+        let failed = self.calls.fail_peer(peer);
+        if failed > 0 {
+            warn!(node = %self.me, peer, failed, "calls lost with their session");
+        }
+        let abandoned = self.abandon_calls_from(peer);
+        if abandoned > 0 {
+            info!(node = %self.me, peer, abandoned,
+                "calls of a peer whose session closed stopped here");
+        }
+        self.mark_closed(peer);
+    }
+
+    /// A frame came from `peer`: heard now (only a peer with a session is
+    /// tracked, so a frame naming anyone else adds nothing).
+    pub(crate) fn heard_from(&self, peer: &str) {
+        if let Some(at) = lock(&self.heard).get_mut(peer) {
+            *at = Instant::now();
+        }
+    }
+
+    /// Whether some frame came from `peer` within `timeout` (on a session
+    /// that is still up).
+    pub(crate) fn heard_within(&self, peer: &str, timeout: std::time::Duration) -> bool {
+        lock(&self.heard)
+            .get(peer)
+            .is_some_and(|at| at.elapsed() <= timeout)
+    }
+
+    /// Whether `peer` has an authenticated session now.
+    pub(crate) fn is_connected(&self, peer: &str) -> bool {
+        lock(&self.sessions).contains_key(peer)
     }
 
     /// Peers with an authenticated session now.
@@ -409,10 +499,10 @@ impl Shared {
     fn on_session(&self, event: SessionEvent, session: Option<ActorRef<NodeSessionMessage>>) {
         match (&event, session) {
             (SessionEvent::Ready { peer, .. }, Some(actor)) => {
-                lock(&self.sessions)
-                    .entry(peer.clone())
-                    .or_default()
-                    .push(actor);
+                let mut sessions = lock(&self.sessions);
+                sessions.entry(peer.clone()).or_default().push(actor);
+                // A new session: heard now, whatever an earlier one was.
+                lock(&self.heard).insert(peer.clone(), Instant::now());
             }
             (
                 SessionEvent::Closed {
@@ -434,6 +524,7 @@ impl Shared {
                     };
                     if !others {
                         sessions.remove(peer);
+                        lock(&self.heard).remove(peer);
                     }
                     (registered, others)
                 };
@@ -580,6 +671,7 @@ impl Actor for Port {
         match msg {
             PortMsg::Control(bytes) => match wire::decode::<Envelope>("control", &bytes) {
                 Ok(env) => {
+                    shared.heard_from(&env.from);
                     let _ = shared.inbound.send(Inbound::Control(env));
                 }
                 Err(e) => undecodable(shared, &e),
@@ -610,45 +702,58 @@ fn undecodable(shared: &Shared, e: &wire::WireError) {
     warn!(node = %shared.me, error = %e, "node port: undecodable frame dropped");
 }
 
-/// One data frame: a call to serve here, or the answer to one of ours.
+/// One data frame: a call to serve here, or the answer to one of ours. Its
+/// sender counts as heard (a peer busy sending large frames is not silent).
 fn data(shared: &Arc<Shared>, header: DataHeader, body: Vec<u8>) {
-    match header {
+    let answered = match header {
         DataHeader::Call {
             call,
             replica,
             stream,
             from,
             model,
-        } => serve_call(shared, call, ReplicaId(replica), stream, from, model, body),
+        } => {
+            shared.heard_from(&from);
+            serve_call(shared, call, ReplicaId(replica), stream, from, model, body);
+            None
+        }
         DataHeader::Cancel { call, from } => {
+            shared.heard_from(&from);
             if let Some(task) = lock(&shared.running).remove(&(from, call)) {
                 task.abort();
             }
+            None
         }
         DataHeader::Reply { call, error } => {
             let outcome = match error {
                 None => Outcome::Ran(Ok(body)),
                 Some(e) => Outcome::Ran(Err(e)),
             };
-            shared.calls.finish(call, outcome);
+            shared.calls.finish(call, outcome)
         }
-        DataHeader::Item { call } => shared.calls.item(call, body),
+        DataHeader::Item { call } => {
+            shared
+                .calls
+                .item(call, body, |peer| shared.heard_from(peer));
+            None
+        }
         DataHeader::End { call, error } => {
             let outcome = match error {
                 None => Outcome::Ran(Ok(Vec::new())),
                 Some(e) => Outcome::Ran(Err(e)),
             };
-            shared.calls.finish(call, outcome);
+            shared.calls.finish(call, outcome)
         }
-        DataHeader::Refused { call, full } => {
-            shared.calls.finish(
-                call,
-                Outcome::Refused {
-                    request: body,
-                    full,
-                },
-            );
-        }
+        DataHeader::Refused { call, full } => shared.calls.finish(
+            call,
+            Outcome::Refused {
+                request: body,
+                full,
+            },
+        ),
+    };
+    if let Some(peer) = answered {
+        shared.heard_from(&peer);
     }
 }
 
@@ -793,6 +898,7 @@ impl Link {
             running: Mutex::default(),
             peers: Mutex::default(),
             sessions: Mutex::default(),
+            heard: Mutex::default(),
             inbound,
             handshakes: Handshakes::new(me.clone(), handshake, matches!(listen, Listen::Own(_))),
             undecodable: AtomicU64::new(0),
@@ -1074,12 +1180,51 @@ pub(crate) mod tests {
             running: Mutex::default(),
             peers: Mutex::default(),
             sessions: Mutex::default(),
+            heard: Mutex::default(),
             inbound,
             handshakes: Handshakes::new("me".into(), Duration::from_secs(5), false),
             undecodable: AtomicU64::new(0),
             port: OnceLock::new(),
             secret: 7,
         })
+    }
+
+    /// A peer from which nothing came for longer than the timeout is dropped;
+    /// one that sent any frame (a streamed item too) is not, and neither is
+    /// one the judge leaves out. The calls in flight to the dropped peer fail
+    /// at once (not when its session's close comes, which may come after a
+    /// new session to it and then fails nothing). A new session is heard at
+    /// its start.
+    #[tokio::test(start_paused = true)]
+    async fn a_silent_peers_session_is_dropped_and_its_calls_fail_at_once() {
+        let shared = unconnected();
+        let (quiet, busy, head) = ("quiet@127.0.0.1", "busy@127.0.0.1", "head@127.0.0.1");
+        for peer in [quiet, busy, head] {
+            connect(&shared, peer).await;
+        }
+        let (_, waiting) = shared.calls.unary(quiet, "node-quiet", ReplicaId(1));
+        let (streamed, _items) = shared.calls.stream(busy, "node-busy", ReplicaId(2));
+        tokio::time::advance(Duration::from_millis(1_500)).await;
+        data(&shared, DataHeader::Item { call: streamed }, Vec::new());
+        tokio::time::advance(Duration::from_millis(1_000)).await;
+        let timeout = Duration::from_secs(2);
+        let judged = |peer: &str| peer != head;
+        assert_eq!(shared.drop_silent(timeout, judged, "test"), [quiet]);
+        assert!(!shared.is_connected(quiet));
+        assert!(shared.is_connected(busy) && shared.is_connected(head));
+        match waiting.await {
+            Ok(Outcome::Ran(Err(CallError::NodeLost { node, .. }))) => {
+                assert_eq!(node, "node-quiet");
+            }
+            other => panic!("the call to the dropped peer: {other:?}"),
+        }
+        // Its next session starts heard, whatever the last one was.
+        connect(&shared, quiet).await;
+        assert!(shared.drop_silent(timeout, judged, "test").is_empty());
+        tokio::time::advance(Duration::from_millis(2_100)).await;
+        let mut dropped = shared.drop_silent(timeout, judged, "test");
+        dropped.sort();
+        assert_eq!(dropped, [busy, quiet]);
     }
 
     #[tokio::test(start_paused = true)]

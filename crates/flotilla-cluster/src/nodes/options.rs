@@ -292,11 +292,14 @@ pub struct NodeOptions {
     /// The address other nodes dial this one on (port chosen by the system;
     /// default `127.0.0.1`).
     pub listen: IpAddr,
-    /// How often the node sends the head a heartbeat, which the head answers
-    /// (default 500 ms).
+    /// How often the node sends the head, and each peer node it has a
+    /// session with, a heartbeat, which the other side answers (default
+    /// 500 ms).
     pub heartbeat: Duration,
-    /// Silence from the head after which its session is dropped (default
-    /// 2 s); the head's answers to the node's heartbeats count.
+    /// Silence from the head, or from a peer node, after which its session is
+    /// dropped (default 2 s); the answers to the node's heartbeats count, and
+    /// so does every other frame. It must be longer than the largest frame
+    /// takes on the link.
     pub heartbeat_timeout: Duration,
     /// How long one dial of the head may take (default 2 s).
     pub connect_timeout: Duration,
@@ -385,7 +388,8 @@ impl NodeOptions {
         self
     }
 
-    /// Heartbeat every `period`; a head silent for `timeout` is lost.
+    /// Heartbeat every `period`; a head or peer node silent for `timeout`
+    /// has its session dropped.
     pub fn heartbeat(mut self, period: Duration, timeout: Duration) -> Self {
         self.heartbeat = period;
         self.heartbeat_timeout = timeout;

@@ -697,9 +697,12 @@ fn tick(state: &mut RegistryState) {
         broadcast_nodes(state);
     }
     let timeout = shared.options.heartbeat_timeout;
+    // Any frame counts as heard, a data frame too: a node busy answering
+    // calls with large responses has its heartbeats queued behind them.
     let silent: Vec<(String, String)> = lock(&shared.nodes)
         .iter()
         .filter(|(_, n)| n.alive && n.last_heard.elapsed() > timeout)
+        .filter(|(_, n)| !shared.link.shared.heard_within(&n.peer, timeout))
         .map(|(id, n)| (id.clone(), n.peer.clone()))
         .collect();
     for (id, peer) in silent {

@@ -364,18 +364,19 @@ impl Actor for Agent {
                 }
                 // Any frame counts as heard, a data frame too (the link
                 // stamps those).
+                // Said once: the session is gone until its close comes.
                 if let Some(peer) = state.session.clone()
                     && state.last_heard.elapsed() > timeout
                     && !state.args.link.shared.heard_within(&peer, timeout)
-                {
-                    warn!(node = %state.args.id, head = %peer,
-                        "no heartbeat from the head for {} ms: dropping its session",
-                        timeout.as_millis());
-                    state
+                    && state
                         .args
                         .link
                         .shared
-                        .drop_session(&peer, "heartbeat timeout");
+                        .drop_session(&peer, "heartbeat timeout")
+                {
+                    warn!(node = %state.args.id, head = %peer,
+                        "no heartbeat from the head for {} ms: dropped its session",
+                        timeout.as_millis());
                 }
             }
             AgentMsg::Shutdown => {

@@ -393,6 +393,14 @@ impl Actor for ReplicaActor {
         myself: ActorRef<ReplicaMsg>,
         state: &mut ReplicaActorState,
     ) -> Result<(), ActorProcessingErr> {
+        // Every entry point in this process validates the specs it takes; a
+        // spec from another process (a node's `Start`) is checked here, so
+        // that no config a validation refuses (a zero health-check period,
+        // whose timer would panic) ever runs.
+        if let Err(e) = state.args.spec.validate() {
+            start_failed(state, format!("its spec does not validate: {e}"));
+            return Ok(());
+        }
         let a = &state.args;
         let init = InitArgs {
             registry: a.registry.clone(),
@@ -518,14 +526,17 @@ fn started(
                 let _ = myself.cast(ReplicaMsg::Reconfigure(spec));
             }
         }
-        Err(error) => {
-            warn!(app = %state.args.app, deployment = %state.args.deployment,
-                replica = %state.args.id, %error, "replica failed to start");
-            state.set_phase(ReplicaPhase::StartFailed);
-            state.condemned = Some(error.clone());
-            state.report(ReplicaEvent::StartFailed { error });
-        }
+        Err(error) => start_failed(state, error),
     }
+}
+
+/// The replica could not start: it says why and waits to be stopped.
+fn start_failed(state: &mut ReplicaActorState, error: String) {
+    warn!(app = %state.args.app, deployment = %state.args.deployment,
+        replica = %state.args.id, %error, "replica failed to start");
+    state.set_phase(ReplicaPhase::StartFailed);
+    state.condemned = Some(error.clone());
+    state.report(ReplicaEvent::StartFailed { error });
 }
 
 /// Take a new config: at once if the user config is unchanged, else through
@@ -535,6 +546,14 @@ fn reconfigure(
     state: &mut ReplicaActorState,
     spec: Arc<DeploymentSpec>,
 ) {
+    // As at the start: a spec from another process is checked here.
+    if let Err(e) = spec.validate() {
+        let error = format!("the new spec does not validate: {e}");
+        warn!(app = %state.args.app, deployment = %state.args.deployment,
+            replica = %state.args.id, %error, "reconfigure refused");
+        state.report(ReplicaEvent::ReconfigureFailed { error });
+        return;
+    }
     let Some(user) = state.user.clone() else {
         // Still starting: the constructor runs the old config; apply the
         // new one (user reconfigure included) once it runs.

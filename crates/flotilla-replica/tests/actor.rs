@@ -85,6 +85,10 @@ fn spec(user_config: Option<&str>) -> Arc<DeploymentSpec> {
 /// Replica 1 of deployment `d` of application `a`, reporting to `tx`.
 impl Rig {
     async fn start(ns: &str, fail_start: bool) -> Rig {
+        Rig::start_with(ns, fail_start, spec(None)).await
+    }
+
+    async fn start_with(ns: &str, fail_start: bool, spec: Arc<DeploymentSpec>) -> Rig {
         let knobs = Arc::new(Knobs::default());
         knobs.fail_start.store(fail_start, Ordering::SeqCst);
         let k = knobs.clone();
@@ -101,7 +105,7 @@ impl Rig {
             .unwrap();
         let (tx, events) = mpsc::unbounded_channel();
         let directory = Directory::new();
-        let args = support::args(ns, spec(None), registry, &directory, tx, OnExit::none());
+        let args = support::args(ns, spec, registry, &directory, tx, OnExit::none());
         let (app, deployment) = (args.app.clone(), args.deployment.clone());
         let (actor, _) = Actor::spawn(None, ReplicaActor, args).await.unwrap();
         Rig {
@@ -169,6 +173,41 @@ async fn a_failed_start_is_reported_and_waits_to_be_stopped() {
     rig.actor.cast(ReplicaMsg::Stop { graceful: true }).unwrap();
     rig.actor.drain_and_wait(None).await.ok();
     assert!(rig.actor.get_status() >= ractor::ActorStatus::Stopping);
+}
+
+/// A spec that does not validate (one from another process: every entry
+/// point in this one validates its own) is refused, naming the field: the
+/// start fails, or the reconfigure does and the replica serves on with its
+/// config. A zero health-check period would make its timer panic.
+#[tokio::test(start_paused = true)]
+async fn a_spec_that_does_not_validate_fails_the_start_or_the_reconfigure() {
+    let invalid = || {
+        let mut s = (*spec(None)).clone();
+        s.config.health_check_period = Duration::ZERO;
+        Arc::new(s)
+    };
+    let mut rig = Rig::start_with("replica-test-invalid", false, invalid()).await;
+    match rig.event().await {
+        ReplicaEvent::StartFailed { error } => {
+            assert!(error.contains("health_check_period"), "{error}");
+        }
+        other => panic!("expected StartFailed, got {other:?}"),
+    }
+    assert_eq!(rig.phase().await, ReplicaPhase::StartFailed);
+
+    let mut rig = Rig::start("replica-test-invalid-reconf", false).await;
+    let ready = rig.event().await;
+    rig.serve(&ready);
+    rig.actor.cast(ReplicaMsg::Reconfigure(invalid())).unwrap();
+    match rig.event().await {
+        ReplicaEvent::ReconfigureFailed { error } => {
+            assert!(error.contains("health_check_period"), "{error}");
+        }
+        other => panic!("expected ReconfigureFailed, got {other:?}"),
+    }
+    assert_eq!(rig.phase().await, ReplicaPhase::Running);
+    let h = rig.directory.handle(&rig.app, &rig.deployment);
+    assert_eq!(h.call::<_, u64>(&7u64).await.unwrap(), 7);
 }
 
 #[tokio::test(start_paused = true)]

@@ -13,12 +13,28 @@ use flotilla::{
 };
 use flotilla_deployment::{DeploymentMsg, DeploymentSnapshot};
 use support::{
-    ProbeArgs, app_of, deployment_actor, no_wait, observe, probe, start_fresh, tag, wait_snapshot,
-    wait_status,
+    ProbeArgs, Switches, app_of, deployment_actor, no_wait, observe, probe, start_fresh, tag,
+    wait_snapshot, wait_status,
 };
 
 fn ids(s: &DeploymentSnapshot) -> BTreeSet<u64> {
     s.replicas.iter().map(|r| r.id.0).collect()
+}
+
+/// Deploy `probe` of app `a` anew while each reconfigure takes `delay_ms`,
+/// and wait until one replica is UPDATING.
+async fn update_slowly(
+    serve: &flotilla::Serve,
+    sw: &Switches,
+    probe: flotilla::DeploymentSpecBuilder,
+    delay_ms: u64,
+) -> DeploymentSnapshot {
+    sw.reconfigure_delay_ms.store(delay_ms, Ordering::SeqCst);
+    serve
+        .run_many(vec![app_of("a", probe)], no_wait())
+        .await
+        .unwrap();
+    wait_snapshot(serve, "a", "probe", |s| s.count(R::Updating) == 1).await
 }
 
 fn user_config(v: &str) -> Args {
@@ -53,12 +69,7 @@ async fn replica_states_and_counts_by_state_and_version_are_observable() {
     // UPDATING: a config-only change with a slow reconfigure, still at the old
     // version until the reconfigure finishes; paced like a roll (one at a time
     // of two).
-    sw.reconfigure_delay_ms.store(1_000, Ordering::SeqCst);
-    serve
-        .run_many(vec![app_of("a", spec("two"))], no_wait())
-        .await
-        .unwrap();
-    let s = wait_snapshot(&serve, "a", "probe", |s| s.count(R::Updating) == 1).await;
+    let s = update_slowly(&serve, &sw, spec("two"), 1_000).await;
     assert_eq!(s.count_at(R::Updating, &v1), 1);
     assert_eq!(s.count_at(R::Running, &v1), 1);
     assert_ne!(s.version, v1);
@@ -407,12 +418,7 @@ async fn losing_an_outdated_replica_mid_config_update_does_not_fail_the_update()
     let (_dir, sw, serve) = start_fresh().await;
     let spec = |uc: &str| probe(3, &tag("x")).with_config(|c| c.with_user_config(user_config(uc)));
     serve.run(app_of("a", spec("one"))).await.unwrap();
-    sw.reconfigure_delay_ms.store(60_000, Ordering::SeqCst);
-    serve
-        .run_many(vec![app_of("a", spec("two"))], no_wait())
-        .await
-        .unwrap();
-    let s = wait_snapshot(&serve, "a", "probe", |s| s.count(R::Updating) == 1).await;
+    let s = update_slowly(&serve, &sw, spec("two"), 60_000).await;
     let outdated = s
         .replicas
         .iter()
@@ -438,12 +444,7 @@ async fn a_slow_or_crashed_reconfigure_is_a_matter_of_starting() {
     let (_dir, sw, serve) = start_fresh().await;
     let spec = |uc: &str| probe(1, &tag("x")).with_config(|c| c.with_user_config(user_config(uc)));
     serve.run(app_of("a", spec("one"))).await.unwrap();
-    sw.reconfigure_delay_ms.store(100_000, Ordering::SeqCst);
-    serve
-        .run_many(vec![app_of("a", spec("two"))], no_wait())
-        .await
-        .unwrap();
-    wait_snapshot(&serve, "a", "probe", |s| s.count(R::Updating) == 1).await;
+    update_slowly(&serve, &sw, spec("two"), 100_000).await;
     tokio::time::sleep(Duration::from_secs(31)).await;
     let s = observe(&serve, "a", "probe").await;
     assert!(
@@ -485,12 +486,7 @@ async fn a_replica_condemned_while_updating_drains_and_is_replaced() {
     let (_dir, sw, serve) = start_fresh().await;
     let spec = |uc: &str| probe(1, &tag("u")).with_config(|c| c.with_user_config(user_config(uc)));
     let h = serve.run(app_of("a", spec("one"))).await.unwrap();
-    sw.reconfigure_delay_ms.store(100_000, Ordering::SeqCst);
-    serve
-        .run_many(vec![app_of("a", spec("two"))], no_wait())
-        .await
-        .unwrap();
-    let s = wait_snapshot(&serve, "a", "probe", |s| s.count(R::Updating) == 1).await;
+    let s = update_slowly(&serve, &sw, spec("two"), 100_000).await;
     let updating = s.replicas[0].id;
     let running = {
         let h = h.clone();

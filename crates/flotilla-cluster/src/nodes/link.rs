@@ -1172,6 +1172,19 @@ pub(crate) mod tests {
         session
     }
 
+    /// Call `call` from `from` comes to `ep`, served here: a request that
+    /// keeps the counter's handler running until it is stopped.
+    fn long_call(shared: &Arc<Shared>, ep: &ReplicaEndpoint, call: u64, from: &str) {
+        let header = DataHeader::Call {
+            call,
+            replica: ep.id().0,
+            stream: false,
+            from: from.to_owned(),
+            model: None,
+        };
+        data(shared, header, rmp_serde::to_vec_named(&0u32).unwrap());
+    }
+
     /// `peer`'s session closed.
     fn close(shared: &Shared, peer: &str) {
         let session = lock(&shared.sessions)
@@ -1204,14 +1217,7 @@ pub(crate) mod tests {
         let peer = "caller@127.0.0.1";
         let old = connect(&shared, peer).await;
         assert!(shared.drop_session(peer, "test"));
-        let call = DataHeader::Call {
-            call: 3,
-            replica: ep.id().0,
-            stream: false,
-            from: peer.to_owned(),
-            model: None,
-        };
-        data(&shared, call, rmp_serde::to_vec_named(&0u32).unwrap());
+        long_call(&shared, &ep, 3, peer);
         tokio::time::sleep(Duration::from_secs(1)).await;
         assert_eq!(ep.in_flight(), 1, "the new session's call runs");
         close_session(&shared, peer, Some(old));
@@ -1287,14 +1293,7 @@ pub(crate) mod tests {
         shared.serve(ep.clone());
         let from = "caller@127.0.0.1".to_owned();
         connect(&shared, &from).await;
-        let call = DataHeader::Call {
-            call: 3,
-            replica: ep.id().0,
-            stream: false,
-            from: from.clone(),
-            model: None,
-        };
-        data(&shared, call, rmp_serde::to_vec_named(&0u32).unwrap());
+        long_call(&shared, &ep, 3, &from);
         tokio::time::sleep(Duration::from_secs(1)).await;
         assert_eq!(ep.in_flight(), 1, "the call runs");
         data(&shared, DataHeader::Cancel { call: 3, from }, Vec::new());
@@ -1310,18 +1309,10 @@ pub(crate) mod tests {
         let shared = unconnected();
         shared.serve(ep.clone());
         let (from, other) = ("caller@127.0.0.1".to_owned(), "other@127.0.0.1");
-        let call = |call, from: &str| DataHeader::Call {
-            call,
-            replica: ep.id().0,
-            stream: false,
-            from: from.to_owned(),
-            model: None,
-        };
-        let never = || rmp_serde::to_vec_named(&0u32).unwrap();
         connect(&shared, &from).await;
         connect(&shared, other).await;
-        data(&shared, call(3, &from), never());
-        data(&shared, call(3, other), never());
+        long_call(&shared, &ep, 3, &from);
+        long_call(&shared, &ep, 3, other);
         tokio::time::sleep(Duration::from_secs(1)).await;
         assert_eq!(ep.in_flight(), 2, "both calls run");
         // The caller's session closes: it will never send a Cancel.
@@ -1386,14 +1377,7 @@ pub(crate) mod tests {
         let ep = counter().await;
         let shared = unconnected();
         shared.serve(ep.clone());
-        let call = DataHeader::Call {
-            call: 3,
-            replica: ep.id().0,
-            stream: false,
-            from: "early@127.0.0.1".to_owned(),
-            model: None,
-        };
-        data(&shared, call, rmp_serde::to_vec_named(&0u32).unwrap());
+        long_call(&shared, &ep, 3, "early@127.0.0.1");
         tokio::time::sleep(Duration::from_secs(1)).await;
         assert_eq!(ep.in_flight(), 1, "the call was dropped unanswered");
     }

@@ -464,6 +464,18 @@ impl Shared {
             s.stop(Some(format!("flotilla: {why}")));
         }
         let failed = self.calls.fail_peer(peer);
+        self.session_ended(peer, failed);
+    }
+
+    /// The session to `peer` ended (`failed` of our calls on it failed):
+    /// the calls the peer made here have nobody to answer now (its side
+    /// fails them as lost, and no Cancel can come), so their handlers stop
+    /// and free their slots, as a Cancel would have them. Those still in the
+    /// port's mailbox start after this pass: the port stops them when it
+    /// reaches the mark put behind them. (A call of a session the peer opens
+    /// again is not one of them: that session must connect and authenticate
+    /// first, while this close is reported as the old session exits.)
+    fn session_ended(&self, peer: &str, failed: usize) {
         if failed > 0 {
             warn!(node = %self.me, peer, failed, "calls lost with their session");
         }
@@ -564,26 +576,7 @@ impl Shared {
                     // The peer is still connected: nobody hears of a close.
                     return;
                 }
-                if failed > 0 {
-                    warn!(node = %self.me, peer, failed, "calls lost with their session");
-                }
-                // Calls the peer made here have nobody to answer now (its side
-                // fails them as lost, and no Cancel can come): their handlers
-                // stop and free their slots, as a Cancel would have them.
-                // (A call of a session the peer opens again is not one of
-                // them: that session must connect and authenticate first,
-                // while this close is reported as the old session exits.)
-                let abandoned = self.abandon_calls_from(peer);
-                if abandoned > 0 {
-                    info!(node = %self.me, peer, abandoned,
-                        "calls of a peer whose session closed stopped here");
-                }
-                // Calls of the session still waiting in the port start after
-                // this pass: the port stops them when it reaches this mark,
-                // behind them in its mailbox. (A new session's calls are not
-                // ahead of it: that session must connect and authenticate
-                // first, while this close is reported as the old one exits.)
-                self.mark_closed(peer);
+                self.session_ended(peer, failed);
             }
             _ => {}
         }

@@ -363,8 +363,8 @@ impl Actor for Agent {
                     state.end(Ending::Stopped);
                 }
                 // Any frame counts as heard, a data frame too (the link
-                // stamps those).
-                // Said once: the session is gone until its close comes.
+                // stamps those). Said once: the session is gone until its
+                // close comes.
                 if let Some(peer) = state.session.clone()
                     && state.last_heard.elapsed() > timeout
                     && !state.args.link.shared.heard_within(&peer, timeout)

@@ -417,30 +417,35 @@ impl Rest {
             return respond(200, "text/plain; charset=utf-8", Bytes::new());
         }
         // Ray's `serve.shutdown()` waits (30 s at most) until its controller
-        // has deleted everything; so does this. Past the bound the deletions,
-        // committed, go on.
-        let deleting = self.serve.delete_apps(&names, true);
-        let outcome = match tokio::time::timeout(DELETE_WAIT, deleting).await {
-            Ok(outcome) => outcome,
-            Err(_) => {
-                tracing::warn!(applications = names.len(), wait = ?DELETE_WAIT,
-                    "applications still deleting after the REST API's wait: they go on");
-                Ok(())
+        // has deleted everything; so does this. The bound is on the wait
+        // only: the deletion is answered once it is committed (or refused),
+        // however long the Controller takes, so a 200 is never sent for a
+        // deletion that a crash could still lose. Past the bound the
+        // deletions, committed, go on. Each application's status channel,
+        // taken before the deletion, closes when it is gone (one deployed
+        // again meanwhile keeps it: the wait then ends at the bound).
+        let watching: Vec<_> = (names.iter())
+            .filter_map(|n| self.serve.watch_status(n))
+            .collect();
+        if let Err(e) = self.serve.delete_apps(&names, false).await {
+            let (status, msg) = serve_error(&e);
+            return text(status, msg);
+        }
+        let gone = async {
+            for mut status in watching {
+                while status.changed().await.is_ok() {}
             }
         };
-        match outcome {
-            Ok(()) => {
-                tracing::info!(
-                    applications = names.len(),
-                    "every application deleted over the REST API"
-                );
-                respond(200, "text/plain; charset=utf-8", Bytes::new())
-            }
-            Err(e) => {
-                let (status, msg) = serve_error(&e);
-                text(status, msg)
-            }
+        if tokio::time::timeout(DELETE_WAIT, gone).await.is_err() {
+            tracing::warn!(applications = names.len(), wait = ?DELETE_WAIT,
+                "applications still deleting after the REST API's wait: they go on");
+        } else {
+            tracing::info!(
+                applications = names.len(),
+                "every application deleted over the REST API"
+            );
         }
+        respond(200, "text/plain; charset=utf-8", Bytes::new())
     }
 
     async fn metrics(&self) -> Response<Body> {

@@ -140,6 +140,21 @@ async fn put_get_delete_round_trip_in_rays_shapes() {
     wait_routes(&f.serve, |r| r.len() == 1).await;
     assert_eq!(get(&c, &f.url("/two/x")).await.status, 404);
 
+    // A deletion its commit refused is an error, and deletes nothing.
+    let before = f.serve.status().len();
+    assert!(before > 0);
+    f.serve.fail_next_commit();
+    let refused = send(
+        &c,
+        "DELETE",
+        &f.rest_url("/api/serve/applications/"),
+        &[],
+        "",
+    )
+    .await;
+    assert_eq!(refused.status, 500, "{}", refused.body);
+    assert_eq!(f.serve.status().len(), before, "nothing was deleted");
+
     let del = send(
         &c,
         "DELETE",

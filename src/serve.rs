@@ -433,6 +433,13 @@ impl Serve {
     /// Deploy many applications in one controller message and one checkpoint commit.
     /// All-or-nothing: a rejected batch changes nothing.
     ///
+    /// With `wait_for_applications_running` (the default) the call then waits
+    /// for every application to run. An error from that wait comes after the
+    /// commit: `DeployFailed` (or `NotFound`, for an application deleted
+    /// meanwhile) names the first application that did not reach RUNNING,
+    /// and every application of the batch stays deployed (see
+    /// [`status`](Self::status) for the others).
+    ///
     /// ```no_run
     /// # async fn demo(serve: flotilla::Serve) -> Result<(), Box<dyn std::error::Error>> {
     /// use flotilla::{ApplicationSpec, DeploymentSpec, RunManyOptions, ServeError};

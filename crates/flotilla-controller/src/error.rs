@@ -125,8 +125,9 @@ pub enum ServeError {
     /// The checkpoint store failed; nothing was changed.
     #[error("checkpoint store: {0}")]
     Store(#[from] StoreError),
-    /// The application reached DEPLOY_FAILED at the awaited generation.
-    #[error("application '{app}' failed to deploy: {message}")]
+    /// The application reached DEPLOY_FAILED at the awaited generation. The
+    /// call's change was committed before the wait, and stays.
+    #[error("application '{app}' failed to deploy (its target is committed and stays): {message}")]
     DeployFailed {
         /// The application.
         app: String,

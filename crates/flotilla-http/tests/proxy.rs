@@ -535,7 +535,16 @@ async fn a_client_that_disconnects_cancels_its_request() {
 
 /// A GET of `path` over an HTTP/2 connection of its own whose client takes
 /// nothing (its window is 0): the response's head (200), held unread.
-async fn unread_stream(f: &support::Fixture, path: &str) -> http::Response<hyper::body::Incoming> {
+/// A streamed response over HTTP/2 whose client takes nothing of it (a
+/// window of 0), and the client's connection task, which ends when the
+/// connection does.
+async fn unread_stream(
+    f: &support::Fixture,
+    path: &str,
+) -> (
+    http::Response<hyper::body::Incoming>,
+    tokio::task::JoinHandle<hyper::Result<()>>,
+) {
     let tcp = tokio::net::TcpStream::connect(f.proxy).await.unwrap();
     let (mut send, conn) =
         hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
@@ -543,13 +552,13 @@ async fn unread_stream(f: &support::Fixture, path: &str) -> http::Response<hyper
             .handshake(hyper_util::rt::TokioIo::new(tcp))
             .await
             .unwrap();
-    tokio::spawn(conn);
+    let conn = tokio::spawn(conn);
     let req = http::Request::get(f.url(path))
         .body(Full::new(Bytes::new()))
         .unwrap();
     let resp = send.send_request(req).await.unwrap();
     assert_eq!(resp.status(), 200);
-    resp
+    (resp, conn)
 }
 
 /// A client that takes nothing of a streamed response does not hold its
@@ -568,11 +577,15 @@ async fn a_streamed_response_nobody_reads_frees_its_replica() {
     .await;
     f.serve.run(echo_app("s", "/s", "s")).await.unwrap();
     let before = f.probe.dropped.load(Ordering::SeqCst);
-    let resp = unread_stream(&f, "/s/stream-free/100000").await;
+    let (resp, conn) = unread_stream(&f, "/s/stream-free/100000").await;
     // Read nothing, hold the response.
     within("the unread stream is cut", f.probe.wait_dropped(before + 1)).await;
     let h = f.serve.deployment_handle("s", "ingress").unwrap();
     support::until(|| h.replicas()[0].in_flight() == 0).await;
+    // Nothing else runs on the connection: it goes idle and the server
+    // closes it. The cut stream does not hold it open, although its client
+    // still reads nothing.
+    let _ = within("the server closes the idle connection", conn).await;
     drop(resp);
     f.stop().await;
 }
@@ -593,7 +606,7 @@ async fn an_unread_stream_past_its_deadline_is_cut_and_counted_408() {
     .await;
     f.serve.run(echo_app("s", "/s", "s")).await.unwrap();
     let before = f.probe.dropped.load(Ordering::SeqCst);
-    let resp = unread_stream(&f, "/s/stream-free/100000").await;
+    let (resp, _conn) = unread_stream(&f, "/s/stream-free/100000").await;
     within("the deadline cuts it", f.probe.wait_dropped(before + 1)).await;
     let c = support::client();
     let url = f.rest_url("/metrics");

@@ -673,6 +673,40 @@ impl Serve {
         I: IntoIterator,
         I::Item: AsRef<str>,
     {
+        let deletion = self.begin_delete(names).await?;
+        if wait {
+            self.deleted(deletion).await?;
+        }
+        Ok(())
+    }
+
+    /// [`delete_apps`](Self::delete_apps), waiting at most `limit` for the
+    /// applications to be gone: `Ok(true)` once they are, `Ok(false)` when
+    /// the limit passed first (the deletions, committed, go on). An error
+    /// is the deletion's own, however long the Controller took to answer.
+    pub async fn delete_apps_within<I>(
+        &self,
+        names: I,
+        limit: std::time::Duration,
+    ) -> Result<bool, ServeError>
+    where
+        I: IntoIterator,
+        I::Item: AsRef<str>,
+    {
+        let deletion = self.begin_delete(names).await?;
+        match tokio::time::timeout(limit, self.deleted(deletion)).await {
+            Ok(gone) => gone.map(|()| true),
+            Err(_) => Ok(false),
+        }
+    }
+
+    /// Ask the Controller to delete `names`; answered once the deletion is
+    /// committed (or refused).
+    async fn begin_delete<I>(&self, names: I) -> Result<Deletion, ServeError>
+    where
+        I: IntoIterator,
+        I::Item: AsRef<str>,
+    {
         let names = names
             .into_iter()
             .map(|n| AppName::new(n.as_ref()))
@@ -687,24 +721,36 @@ impl Serve {
                 reply,
             })
             .await??;
-        if wait {
-            for ((rx, generation), name) in watchers.into_iter().zip(generations).zip(&names) {
-                let (Some(mut rx), Some(generation)) = (rx, generation) else {
-                    continue;
-                };
-                // Gone when the board drops the channel; a redeploy that cancels the
-                // deletion shows as a newer generation.
-                loop {
-                    tokio::select! {
-                        biased;
-                        changed = rx.changed() => if changed.is_err() {
-                            break;
-                        },
-                        () = self.stopped() => return Err(Self::stopped_waiting(name)),
-                    }
-                    if rx.borrow().observed_generation > generation {
+        Ok(Deletion {
+            names,
+            watchers,
+            generations,
+        })
+    }
+
+    /// Wait until every application of `deletion` is gone.
+    async fn deleted(&self, deletion: Deletion) -> Result<(), ServeError> {
+        let Deletion {
+            names,
+            watchers,
+            generations,
+        } = deletion;
+        for ((rx, generation), name) in watchers.into_iter().zip(generations).zip(&names) {
+            let (Some(mut rx), Some(generation)) = (rx, generation) else {
+                continue;
+            };
+            // Gone when the board drops the channel; a redeploy that cancels the
+            // deletion shows as a newer generation.
+            loop {
+                tokio::select! {
+                    biased;
+                    changed = rx.changed() => if changed.is_err() {
                         break;
-                    }
+                    },
+                    () = self.stopped() => return Err(Self::stopped_waiting(name)),
+                }
+                if rx.borrow().observed_generation > generation {
+                    break;
                 }
             }
         }
@@ -1126,6 +1172,15 @@ fn lost_reply(fatal: &watch::Receiver<Option<Fatal>>, stopped: bool) -> ServeErr
         return ServeError::Unavailable("flotilla was shut down".into());
     }
     ServeError::ControllerCrashed
+}
+
+/// A deletion the Controller committed, and how to see it done: each
+/// application's status channel (taken before the deletion) and the
+/// generation its deletion was given.
+struct Deletion {
+    names: Vec<AppName>,
+    watchers: Vec<Option<watch::Receiver<ApplicationStatusInfo>>>,
+    generations: Vec<Option<u64>>,
 }
 
 #[cfg(test)]

@@ -304,22 +304,27 @@ async fn a_second_config_deletes_what_it_dropped_adds_what_it_names_and_leaves_i
     wait_status(&serve, "app3", A::NotStarted).await;
 }
 
+/// Run the imperative application `imp`, then apply a config that takes it
+/// over with a build that fails (`args`), and wait for DEPLOY_FAILED.
+async fn fail_a_take_over(serve: &flotilla::Serve, args: &str) {
+    serve
+        .run(support::app("imp", 1, support::tag("mine")))
+        .await
+        .unwrap();
+    let config = format!(
+        "applications:\n  - {{name: imp, import_path: test::app, take_over: true, args: {args}}}\n"
+    );
+    apply(serve, &config).await;
+    wait_status(serve, "imp", A::DeployFailed).await;
+}
+
 /// An imperative application a config took over, whose build failed, shows
 /// DEPLOY_FAILED over what still runs; a config that no longer names it
 /// leaves it alone, and the failure with it.
 #[tokio::test(start_paused = true)]
 async fn a_failed_take_over_no_longer_named_stops_standing_over_the_imperative_app() {
     let (_dir, _, serve) = start_fresh_with(registry).await;
-    serve
-        .run(support::app("imp", 1, support::tag("mine")))
-        .await
-        .unwrap();
-    apply(
-        &serve,
-        "applications:\n  - {name: imp, import_path: test::app, take_over: true, args: {fail: true}}\n",
-    )
-    .await;
-    wait_status(&serve, "imp", A::DeployFailed).await;
+    fail_a_take_over(&serve, "{fail: true}").await;
     apply(&serve, "applications: []\n").await;
     wait_status(&serve, "imp", A::Running).await;
     let out: String = serve.app_handle("imp").unwrap().call("x").await.unwrap();
@@ -333,16 +338,7 @@ async fn a_failed_take_over_no_longer_named_stops_standing_over_the_imperative_a
 #[tokio::test(start_paused = true)]
 async fn a_failed_take_over_does_not_outlive_a_controller_restart_and_a_config_without_it() {
     let (_dir, _, serve) = start_fresh_with(registry).await;
-    serve
-        .run(support::app("imp", 1, support::tag("mine")))
-        .await
-        .unwrap();
-    apply(
-        &serve,
-        "applications:\n  - {name: imp, import_path: test::app, take_over: true, args: {fail: true, sleep_s: 60}}\n",
-    )
-    .await;
-    wait_status(&serve, "imp", A::DeployFailed).await;
+    fail_a_take_over(&serve, "{fail: true, sleep_s: 60}").await;
     serve.crash_controller();
     // Restarted (its rebuild takes a minute, and fails again).
     tokio::time::sleep(Duration::from_secs(1)).await;

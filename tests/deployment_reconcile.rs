@@ -13,8 +13,8 @@ use flotilla::{
 };
 use flotilla_deployment::{DeploymentMsg, DeploymentSnapshot};
 use support::{
-    ProbeArgs, Switches, app_of, deployment_actor, no_wait, observe, probe, start_fresh, tag,
-    wait_snapshot, wait_status,
+    ProbeArgs, Switches, app_of, assert_not_deploy_failed, deployment_actor, no_wait, observe,
+    probe, start_fresh, tag, wait_snapshot, wait_status,
 };
 
 fn ids(s: &DeploymentSnapshot) -> BTreeSet<u64> {
@@ -466,12 +466,7 @@ async fn a_slow_or_crashed_reconfigure_is_a_matter_of_starting() {
         !s.replicas.iter().any(|r| r.id == updating)
     })
     .await;
-    assert_ne!(
-        s.status.status,
-        DeploymentStatus::DeployFailed,
-        "{:?}",
-        s.status
-    );
+    assert_not_deploy_failed(&s);
     sw.reconfigure_delay_ms.store(0, Ordering::SeqCst);
     wait_status(&serve, "a", A::Running).await;
 }
@@ -501,16 +496,43 @@ async fn a_replica_condemned_while_updating_drains_and_is_replaced() {
             .any(|r| r.id == updating && r.state == R::Stopping)
     })
     .await;
-    assert_ne!(
-        s.status.status,
-        DeploymentStatus::DeployFailed,
-        "{:?}",
-        s.status
-    );
+    assert_not_deploy_failed(&s);
     // Graceful: the request it was running when condemned finishes.
     assert!(running.await.unwrap().is_ok());
     wait_status(&serve, "a", A::Running).await;
     let s = observe(&serve, "a", "probe").await;
     assert!(!ids(&s).contains(&updating.0), "replaced");
     assert_eq!(s.count_at(R::Running, &s.version), 1);
+}
+
+/// `delete_apps_within` answers once the deletion is committed: `false`
+/// when its applications are still going at the limit (a replica drains a
+/// request), `true` once they are gone within it; a refused deletion is an
+/// error, and deletes nothing.
+#[tokio::test(start_paused = true)]
+async fn delete_apps_within_says_whether_the_applications_went_in_time() {
+    let (_dir, _, serve) = start_fresh().await;
+    let h = serve.run(app_of("a", probe(1, &tag("w")))).await.unwrap();
+    serve.fail_next_commit();
+    assert!(
+        serve
+            .delete_apps_within(["a"], Duration::from_secs(1))
+            .await
+            .is_err()
+    );
+    assert_eq!(serve.app_status("a").status, A::Running, "nothing deleted");
+    let call = tokio::spawn(async move { h.call::<_, String>("sleep:5000").await });
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let gone = serve
+        .delete_apps_within(["a"], Duration::from_secs(1))
+        .await;
+    assert!(!gone.unwrap(), "the request still drains");
+    assert!(call.await.unwrap().is_ok());
+    wait_status(&serve, "a", A::NotStarted).await;
+    serve.run(app_of("b", probe(1, &tag("w")))).await.unwrap();
+    let gone = serve
+        .delete_apps_within(["b"], Duration::from_secs(60))
+        .await;
+    assert!(gone.unwrap(), "nothing holds b");
+    assert!(serve.status().is_empty());
 }

@@ -935,17 +935,8 @@ async fn a_deleted_deployment_is_not_found_by_callers_on_a_node() {
     };
     serve.run(back()).await.unwrap();
     // front, on a, calls back (another application, on the head).
-    let front = WhereArgs {
-        downstream: Some("back".into()),
-        downstream_app: Some("back".into()),
-        ..Default::default()
-    };
-    let app = ApplicationSpec::builder("front")
-        .deployment(where_dep("front", 1, custom("front"), &front))
-        .build()
-        .unwrap();
     let handle = serve
-        .run(app)
+        .run(front_calling("back", "back", custom("front")))
         .await
         .unwrap()
         .with_timeout(Duration::from_secs(10));
@@ -999,17 +990,8 @@ async fn callers_waiting_on_a_node_scale_a_deployment_up_from_zero() {
         .unwrap();
     serve.run(back).await.unwrap();
     assert!(replica_nodes(&serve, "back", "back").await.is_empty());
-    let front = WhereArgs {
-        downstream: Some("back".into()),
-        downstream_app: Some("back".into()),
-        ..Default::default()
-    };
-    let app = ApplicationSpec::builder("front")
-        .deployment(where_dep("front", 1, cpus(1.0), &front))
-        .build()
-        .unwrap();
     let handle = serve
-        .run(app)
+        .run(front_calling("back", "back", cpus(1.0)))
         .await
         .unwrap()
         .with_timeout(Duration::from_secs(30));
@@ -1044,17 +1026,8 @@ async fn a_nodes_callers_of_a_deploy_failed_deployment_fail_at_once() {
         serve.app_status("broken").status == flotilla::ApplicationStatus::DeployFailed
     })
     .await;
-    let front = WhereArgs {
-        downstream: Some("back".into()),
-        downstream_app: Some("broken".into()),
-        ..Default::default()
-    };
-    let app = ApplicationSpec::builder("front")
-        .deployment(where_dep("front", 1, custom("front"), &front))
-        .build()
-        .unwrap();
     let handle = serve
-        .run(app)
+        .run(front_calling("broken", "back", custom("front")))
         .await
         .unwrap()
         .with_timeout(Duration::from_secs(20));
@@ -1616,13 +1589,19 @@ async fn a_reattached_replica_no_deployment_adopts_is_stopped_after_the_adopt_ti
 
 /// `front`, whose one replica calls app's `where`.
 fn front_calling_where() -> ApplicationSpec {
+    front_calling("app", "where", cpus(1.0))
+}
+
+/// Application `front`, whose one replica (placed by `resources`) calls
+/// deployment `deployment` of application `app`.
+fn front_calling(app: &str, deployment: &str, resources: Resources) -> ApplicationSpec {
     let calls = WhereArgs {
-        downstream: Some("where".into()),
-        downstream_app: Some("app".into()),
+        downstream: Some(deployment.into()),
+        downstream_app: Some(app.into()),
         ..Default::default()
     };
     ApplicationSpec::builder("front")
-        .deployment(where_dep("front", 1, cpus(1.0), &calls))
+        .deployment(where_dep("front", 1, resources, &calls))
         .build()
         .unwrap()
 }

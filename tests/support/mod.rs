@@ -320,6 +320,17 @@ pub fn deployment_actor(
 }
 
 /// The snapshot of `app`/`deployment` (panics if its actor is not alive).
+/// `s`'s deployment is not DEPLOY_FAILED (a replica lost while it started
+/// or updated is a startup failure, replaced, not a failed deployment).
+pub fn assert_not_deploy_failed(s: &DeploymentSnapshot) {
+    assert_ne!(
+        s.status.status,
+        flotilla::DeploymentStatus::DeployFailed,
+        "{:?}",
+        s.status
+    );
+}
+
 pub async fn observe(serve: &Serve, app: &str, deployment: &str) -> DeploymentSnapshot {
     let app = AppName::new(app).expect("valid app name");
     let dep = DeploymentName::new(deployment).expect("valid deployment name");

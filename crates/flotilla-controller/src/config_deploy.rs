@@ -36,7 +36,7 @@ use crate::{
     apps::RETRY,
     messages::InternalMsg,
     state::ControllerState,
-    validate::{POLICY_NOT_REGISTERED, ROUTER_NOT_REGISTERED, validate_app},
+    validate::{POLICY_NOT_REGISTERED, check_router, validate_app},
 };
 
 /// How long an application builder may run before its build fails.
@@ -478,23 +478,8 @@ impl Controller {
                     .request_router_config
                     .as_ref()
                     .and_then(|r| r.to_config().ok())
-                    .filter(|r| !r.is_builtin())
                 {
-                    let class = router.request_router_class.as_str();
-                    if !state.registry.contains_request_router(class) {
-                        return Err(unregistered(
-                            dep,
-                            "request_router_config.request_router_class",
-                            class,
-                            ROUTER_NOT_REGISTERED,
-                        ));
-                    }
-                    crate::validate::router_kwargs_taken(
-                        &state.registry,
-                        &router,
-                        app.name.as_str(),
-                        d.name.as_str(),
-                    )?;
+                    check_router(&state.registry, &router, app.name.as_str(), d.name.as_str())?;
                 }
             }
             if let Some(e) = state.apps.get(&app.name)

@@ -89,29 +89,37 @@ pub(crate) fn validate_app(app: &ApplicationSpec, registry: &Registry) -> Result
                 POLICY_NOT_REGISTERED,
             ));
         }
-        let router = &d.config.request_router;
-        if !registry.contains_request_router(router.request_router_class.as_str()) {
-            return Err(unregistered(
-                "request_router_config.request_router_class",
-                router.request_router_class.as_str(),
-                ROUTER_NOT_REGISTERED,
-            ));
-        }
-        if !router.is_builtin() {
-            router_kwargs_taken(registry, router, app.name.as_str(), d.name.as_str())?;
-        }
+        check_router(
+            registry,
+            &d.config.request_router,
+            app.name.as_str(),
+            d.name.as_str(),
+        )?;
     }
     Ok(())
 }
 
-/// `router`'s factory (registered) takes its kwargs: else the error names
-/// the field, in `app`'s `deployment`.
-pub(crate) fn router_kwargs_taken(
+/// `router` is registered, and (one not built in) its factory takes its
+/// kwargs: else the error names the field, in `app`'s `deployment`.
+pub(crate) fn check_router(
     registry: &Registry,
     router: &flotilla_core::RequestRouterConfig,
     app: &str,
     deployment: &str,
 ) -> Result<(), ServeError> {
+    let class = router.request_router_class.as_str();
+    if !registry.contains_request_router(class) {
+        return Err(ServeError::NotRegisteredAt {
+            app: app.to_owned(),
+            deployment: Some(deployment.to_owned()),
+            field: "request_router_config.request_router_class",
+            import_path: class.to_owned(),
+            reason: ROUTER_NOT_REGISTERED,
+        });
+    }
+    if router.is_builtin() {
+        return Ok(());
+    }
     registry.request_router(router).map(|_| ()).map_err(|e| {
         flotilla_core::Error::InvalidField {
             at: flotilla_core::Location {

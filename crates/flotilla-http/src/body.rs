@@ -18,7 +18,7 @@ use http_body::{Body, Frame, SizeHint};
 use crate::{
     HttpResponse,
     metrics::{HttpStats, ProxyMetrics},
-    reaper::{Reaper, Slot, StreamCut, Watched},
+    reaper::{Reaper, Slot, StreamCut, Watched, end_live},
 };
 
 /// The status recorded for a request whose client went away first (Ray's 499:
@@ -97,15 +97,15 @@ enum Kind {
         /// The request's deadline: passing it cuts the stream (Ray's timeout
         /// once the response started).
         deadline: Option<Pin<Box<tokio::time::Sleep>>>,
+        /// The status sent, recorded once the stream ends (one dropped before
+        /// its end is recorded as 499: the client went away).
+        status: u16,
     },
 }
 
 /// A response body.
 pub(crate) struct ProxyBody {
     kind: Kind,
-    /// The status sent, recorded once the body ends (a stream dropped before
-    /// its end is recorded as 499: the client went away).
-    status: u16,
 }
 
 impl ProxyBody {
@@ -120,7 +120,6 @@ impl ProxyBody {
                 bytes: (!bytes.is_empty()).then_some(bytes),
                 done,
             },
-            status,
         }
     }
 
@@ -144,8 +143,8 @@ impl ProxyBody {
                 pending,
                 watched: reaper.watch(stream, deadline, done),
                 deadline: deadline.map(|d| Box::pin(tokio::time::sleep_until(d))),
+                status,
             },
-            status,
         }
     }
 }
@@ -183,10 +182,9 @@ impl Body for ProxyBody {
         match &mut this.kind {
             Kind::Full { bytes, done } => {
                 let out = bytes.take();
-                if out.is_none()
-                    && let Some(mut d) = done.take()
-                {
-                    d.status = this.status;
+                if out.is_none() {
+                    // Ended: recorded now, with the status `full` gave it.
+                    drop(done.take());
                 }
                 Poll::Ready(out.map(|b| Ok(Frame::data(b))))
             }
@@ -194,8 +192,9 @@ impl Body for ProxyBody {
                 pending,
                 watched,
                 deadline,
+                status,
             } => {
-                let status = this.status;
+                let status = *status;
                 if !pending.is_empty() {
                     watched.handed();
                     return Poll::Ready(Some(Ok(Frame::data(frame_of(pending, None)))));
@@ -241,12 +240,11 @@ impl Body for ProxyBody {
                 };
                 // Over: the stream goes now (its handler, if cut, with it),
                 // and the request is recorded, outside the lock.
-                let over = std::mem::replace(&mut *slot, Slot::Over);
-                drop(slot);
-                if let Slot::Live(stream, mut done) = over {
-                    drop(stream);
-                    done.status = cut.as_ref().map_or(status, StreamCut::status);
-                }
+                end_live(
+                    slot,
+                    Slot::Over,
+                    cut.as_ref().map_or(status, StreamCut::status),
+                );
                 Poll::Ready(cut.map(|c| Err(Box::new(c) as BoxError)))
             }
         }

@@ -112,7 +112,7 @@ impl Watched {
     /// cancelled, its slot freed) and the request recorded with the reason's
     /// status. A body that holds the stream now is polling it: left alone.
     fn cut_if_overdue(&self, now: Instant, now_ms: u64, stall: Duration) {
-        let Ok(mut slot) = self.slot.try_lock() else {
+        let Ok(slot) = self.slot.try_lock() else {
             return;
         };
         if !matches!(*slot, Slot::Live(..)) {
@@ -123,13 +123,20 @@ impl Watched {
         };
         let status = why.status();
         tracing::warn!(why = %why, "streamed response cut");
-        let live = std::mem::replace(&mut *slot, Slot::Cut(why));
-        drop(slot);
         // Recorded now: hyper may never poll the body again.
-        if let Slot::Live(stream, mut done) = live {
-            drop(stream);
-            done.status = status;
-        }
+        end_live(slot, Slot::Cut(why), status);
+    }
+}
+
+/// End a live stream: `slot` becomes `next` under its lock; then, outside
+/// it, the stream goes (its handler, if still running, with it) and the
+/// request is recorded with `status`. Nothing happens to a slot not live.
+pub(crate) fn end_live(mut slot: MutexGuard<'_, Slot>, next: Slot, status: u16) {
+    let live = std::mem::replace(&mut *slot, next);
+    drop(slot);
+    if let Slot::Live(stream, mut done) = live {
+        drop(stream);
+        done.status = status;
     }
 }
 

@@ -421,29 +421,18 @@ impl Rest {
         // only: the deletion is answered once it is committed (or refused),
         // however long the Controller takes, so a 200 is never sent for a
         // deletion that a crash could still lose. Past the bound the
-        // deletions, committed, go on. Each application's status channel,
-        // taken before the deletion, closes when it is gone (one deployed
-        // again meanwhile keeps it: the wait then ends at the bound).
-        let watching: Vec<_> = (names.iter())
-            .filter_map(|n| self.serve.watch_status(n))
-            .collect();
-        if let Err(e) = self.serve.delete_apps(&names, false).await {
-            let (status, msg) = serve_error(&e);
-            return text(status, msg);
-        }
-        let gone = async {
-            for mut status in watching {
-                while status.changed().await.is_ok() {}
-            }
-        };
-        if tokio::time::timeout(DELETE_WAIT, gone).await.is_err() {
-            tracing::warn!(applications = names.len(), wait = ?DELETE_WAIT,
-                "applications still deleting after the REST API's wait: they go on");
-        } else {
-            tracing::info!(
+        // deletions, committed, go on.
+        match self.serve.delete_apps_within(&names, DELETE_WAIT).await {
+            Ok(true) => tracing::info!(
                 applications = names.len(),
                 "every application deleted over the REST API"
-            );
+            ),
+            Ok(false) => tracing::warn!(applications = names.len(), wait = ?DELETE_WAIT,
+                "applications still deleting after the REST API's wait: they go on"),
+            Err(e) => {
+                let (status, msg) = serve_error(&e);
+                return text(status, msg);
+            }
         }
         respond(200, "text/plain; charset=utf-8", Bytes::new())
     }

@@ -16,13 +16,7 @@ use http_body_util::BodyExt;
 use support::{Probe, get, send, test_options, wait_routes, wait_status};
 
 async fn serve_with(yaml: &str) -> (tempfile::TempDir, Serve, Arc<Probe>) {
-    let dir = tempfile::tempdir().unwrap();
-    let probe = Arc::new(Probe::default());
-    let serve = Serve::start(
-        ServeOptions::new(support::registry(&probe)).store_path(dir.path().join("f.redb")),
-    )
-    .await
-    .unwrap();
+    let (dir, serve, probe) = support::bare_serve().await;
     serve
         .apply_config(ServeConfig::from_yaml(yaml).unwrap())
         .await

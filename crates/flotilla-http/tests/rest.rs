@@ -143,26 +143,13 @@ async fn put_get_delete_round_trip_in_rays_shapes() {
     // A deletion its commit refused is an error, and deletes nothing.
     let before = f.serve.status().len();
     assert!(before > 0);
+    let apps = f.rest_url("/api/serve/applications/");
     f.serve.fail_next_commit();
-    let refused = send(
-        &c,
-        "DELETE",
-        &f.rest_url("/api/serve/applications/"),
-        &[],
-        "",
-    )
-    .await;
+    let refused = send(&c, "DELETE", &apps, &[], "").await;
     assert_eq!(refused.status, 500, "{}", refused.body);
     assert_eq!(f.serve.status().len(), before, "nothing was deleted");
 
-    let del = send(
-        &c,
-        "DELETE",
-        &f.rest_url("/api/serve/applications/"),
-        &[],
-        "",
-    )
-    .await;
+    let del = send(&c, "DELETE", &apps, &[], "").await;
     assert_eq!(del.status, 200, "{}", del.body);
     // As Ray's (`serve.shutdown()` waits for the controller): answered once
     // the applications are gone.
@@ -297,14 +284,7 @@ async fn an_invalid_config_is_400_naming_where_and_changes_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_public_bind_needs_a_token_and_mutations_need_it_once_configured() {
-    let dir = tempfile::tempdir().unwrap();
-    let probe = std::sync::Arc::new(support::Probe::default());
-    let serve = flotilla::Serve::start(
-        flotilla::ServeOptions::new(support::registry(&probe))
-            .store_path(dir.path().join("f.redb")),
-    )
-    .await
-    .unwrap();
+    let (dir, serve, _probe) = support::bare_serve().await;
     for (proxy_host, rest_host) in [("0.0.0.0", "127.0.0.1"), ("127.0.0.1", "0.0.0.0")] {
         let opts = test_options()
             .host(proxy_host)
@@ -686,14 +666,7 @@ async fn counters_the_controller_cannot_give_are_left_out_not_reported_as_zero()
 /// at the next start.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_put_is_checked_against_the_programs_options_not_the_running_ones() {
-    let dir = tempfile::tempdir().unwrap();
-    let probe = std::sync::Arc::new(support::Probe::default());
-    let serve = flotilla::Serve::start(
-        flotilla::ServeOptions::new(support::registry(&probe))
-            .store_path(dir.path().join("f.redb")),
-    )
-    .await
-    .unwrap();
+    let (_dir, serve, _probe) = support::bare_serve().await;
     serve
         .apply_config(
             flotilla::ServeConfig::from_yaml("proxy_location: Disabled\napplications: []\n")

@@ -267,10 +267,9 @@ impl DeploymentHandle {
                 return Ok(assigned(route, slot, count));
             }
         }
-        // No replica, and none coming soon: fail now (Ray's router raises
-        // for a deployment that is not available).
-        if route.is_deploy_failed() && rx.borrow().is_empty() {
-            return Err(route.deploy_failed_error());
+        // No replica, and none coming soon: fail now.
+        if let Some(e) = unavailable(&route, &rx.borrow()) {
+            return Err(e);
         }
         let place = route.enqueue()?;
         let woken = place.woken();
@@ -297,8 +296,8 @@ impl DeploymentHandle {
             if route.is_closed() {
                 return Err(route.not_found());
             }
-            if route.is_deploy_failed() && rx.borrow().is_empty() {
-                return Err(route.deploy_failed_error());
+            if let Some(e) = unavailable(&route, &rx.borrow()) {
+                return Err(e);
             }
             tokio::select! {
                 changed = rx.changed() => if changed.is_err() { return Err(route.not_found()) },
@@ -618,6 +617,13 @@ impl Drop for Running {
             self.slot.0.stats().record_cancelled(self.started.elapsed());
         }
     }
+}
+
+/// The error of a call to a deployment that failed to deploy and has no
+/// replica (`set`): it fails now, as Ray's router raises for a deployment
+/// that is not available, instead of waiting for a replica none will start.
+fn unavailable(route: &DeploymentRoute, set: &ReplicaSet) -> Option<CallError> {
+    (route.is_deploy_failed() && set.is_empty()).then(|| route.deploy_failed_error())
 }
 
 /// The `ReplicaHandler` fault point, if armed: the request fails as a panic.

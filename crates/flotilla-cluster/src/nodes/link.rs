@@ -446,10 +446,13 @@ impl Shared {
                 })
                 .collect()
         };
-        for (peer, all) in &dropped {
-            self.stop_sessions(peer, all.clone(), why);
-        }
-        dropped.into_iter().map(|(peer, _)| peer).collect()
+        dropped
+            .into_iter()
+            .map(|(peer, all)| {
+                self.stop_sessions(&peer, all, why);
+                peer
+            })
+            .collect()
     }
 
     /// Stop `all`, the sessions to `peer` just taken out of the map, and
@@ -1168,14 +1171,23 @@ pub(crate) mod tests {
     /// Call `call` from `from` comes to `ep`, served here: a request that
     /// keeps the counter's handler running until it is stopped.
     fn long_call(shared: &Arc<Shared>, ep: &ReplicaEndpoint, call: u64, from: &str) {
-        let header = DataHeader::Call {
+        data(shared, call_header(ep, call, from, false), forever());
+    }
+
+    /// The header of call `call` from `from` to `ep`.
+    fn call_header(ep: &ReplicaEndpoint, call: u64, from: &str, stream: bool) -> DataHeader {
+        DataHeader::Call {
             call,
             replica: ep.id().0,
-            stream: false,
+            stream,
             from: from.to_owned(),
             model: None,
-        };
-        data(shared, header, rmp_serde::to_vec_named(&0u32).unwrap());
+        }
+    }
+
+    /// A request the counter's handler runs until it is stopped.
+    fn forever() -> Vec<u8> {
+        rmp_serde::to_vec_named(&0u32).unwrap()
     }
 
     /// `peer`'s session closed.
@@ -1333,17 +1345,8 @@ pub(crate) mod tests {
         let from = "caller@127.0.0.1";
         connect(&shared, from).await;
         let call = |call| {
-            let header = DataHeader::Call {
-                call,
-                replica: ep.id().0,
-                stream: false,
-                from: from.to_owned(),
-                model: None,
-            };
-            PortMsg::Data(
-                wire::encode("data", &header).unwrap(),
-                rmp_serde::to_vec_named(&0u32).unwrap(),
-            )
+            let header = call_header(&ep, call, from, false);
+            PortMsg::Data(wire::encode("data", &header).unwrap(), forever())
         };
         // Queued, then the close: the port reads the call after the pass.
         port.cast(call(1)).unwrap();
@@ -1383,14 +1386,11 @@ pub(crate) mod tests {
         let shared = unconnected();
         connect(&shared, "gone@127.0.0.1").await;
         shared.serve(ep.clone());
-        let call = DataHeader::Call {
-            call: 7,
-            replica: ep.id().0,
-            stream: true,
-            from: "gone@127.0.0.1".into(),
-            model: None,
-        };
-        data(&shared, call, rmp_serde::to_vec_named(&0u32).unwrap());
+        data(
+            &shared,
+            call_header(&ep, 7, "gone@127.0.0.1", true),
+            forever(),
+        );
         tokio::time::sleep(Duration::from_secs(5)).await;
         assert!(
             lock(&shared.running).is_empty(),

@@ -337,13 +337,19 @@ pub fn test_options() -> flotilla_http::HttpOptionsBuilder {
         .shutdown_grace(Duration::from_secs(1))
 }
 
-pub async fn start_with(options: HttpOptions) -> Fixture {
+/// A `Serve` of the test registry on a fresh store, and no HTTP server.
+pub async fn bare_serve() -> (tempfile::TempDir, Serve, Arc<Probe>) {
     let dir = tempfile::tempdir().unwrap();
     let probe = Arc::new(Probe::default());
     let serve =
         Serve::start(ServeOptions::new(registry(&probe)).store_path(dir.path().join("f.redb")))
             .await
             .unwrap();
+    (dir, serve, probe)
+}
+
+pub async fn start_with(options: HttpOptions) -> Fixture {
+    let (dir, serve, probe) = bare_serve().await;
     let http = HttpServer::start(&serve, options).await.unwrap();
     let (proxy, rest) = (
         http.proxy_addr().expect("the proxy listens"),

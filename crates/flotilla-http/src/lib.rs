@@ -119,13 +119,17 @@
 //! `flotilla_checkpoint_bytes_written_total`, `flotilla_restarts_total{level}`
 //! (`controller`, `application`), `flotilla_replicas{state}`,
 //! `flotilla_backpressure_rejections_total`, `flotilla_deployment_cancelled_requests_total`,
-//! `flotilla_metrics_scrapes_total`. The `route` label of replica metrics is
+//! `flotilla_metrics_scrapes_total`, and per listener (`listener`: `proxy`,
+//! `rest`) `flotilla_http_connections`, `flotilla_http_max_connections` and
+//! `flotilla_http_connection_limit_reached_total` (see
+//! [`HttpOptions::max_connections`]). The `route` label of replica metrics is
 //! the application's route prefix (Ray's is the request's route). Router
 //! metrics are per deployment (Ray's are per handle).
 
 mod auth;
 mod body;
 mod connection;
+mod connection_limit;
 pub mod details;
 mod error;
 pub mod metrics;
@@ -143,8 +147,8 @@ pub use auth::TokenSource;
 pub use error::HttpError;
 pub use metrics::METRICS_CONTENT_TYPE;
 pub use options::{
-    DEFAULT_KEEP_ALIVE_TIMEOUT, DEFAULT_MAX_REQUEST_BODY_BYTES, DEFAULT_PORT, DEFAULT_REST_PORT,
-    DEFAULT_SHUTDOWN_GRACE, HttpOptions, HttpOptionsBuilder,
+    DEFAULT_KEEP_ALIVE_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_REQUEST_BODY_BYTES,
+    DEFAULT_PORT, DEFAULT_REST_PORT, DEFAULT_SHUTDOWN_GRACE, HttpOptions, HttpOptionsBuilder,
 };
 pub use proxy::{MULTIPLEXED_MODEL_ID_HEADER, REQUEST_TIMEOUT_HEADER};
 pub use rest::RAY_VERSION;

@@ -31,6 +31,8 @@ use prometheus_client::{
     registry::Registry,
 };
 
+use crate::connection_limit::ConnectionLimit;
+
 /// The content type of a scrape: Prometheus text 0.0.4, as Ray's exporter.
 pub const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
@@ -171,10 +173,16 @@ pub(crate) struct ProxyMetrics {
     pub(crate) node_ip: String,
     /// Scrapes served (Flotilla's own).
     pub(crate) scrapes: AtomicU64,
+    /// The connection limit of each listener that runs.
+    pub(crate) listeners: Vec<Arc<ConnectionLimit>>,
 }
 
 impl ProxyMetrics {
-    pub(crate) fn new(node_id: String, node_ip: String) -> Self {
+    pub(crate) fn new(
+        node_id: String,
+        node_ip: String,
+        listeners: Vec<Arc<ConnectionLimit>>,
+    ) -> Self {
         ProxyMetrics {
             ongoing: AtomicI64::new(0),
             unmatched: Arc::new(HttpStats::new("", "", "")),
@@ -183,6 +191,7 @@ impl ProxyMetrics {
             node_id,
             node_ip,
             scrapes: AtomicU64::new(0),
+            listeners,
         }
     }
 }
@@ -226,6 +235,8 @@ struct Scrape {
     /// as a counter reset.
     flotilla: Option<flotilla::Metrics>,
     scrapes: u64,
+    /// Each listener's `(name, open connections, limit, times it reached it)`.
+    listeners: Vec<(&'static str, usize, usize, u64)>,
 }
 
 impl std::fmt::Debug for Scrape {
@@ -317,6 +328,14 @@ pub(crate) async fn scrape(
             .collect(),
         flotilla,
         scrapes: proxy.map_or(0, |p| p.scrapes.fetch_add(1, Ordering::Relaxed) + 1),
+        listeners: proxy
+            .map(|p| {
+                p.listeners
+                    .iter()
+                    .map(|l| (l.listener, l.open(), l.max(), l.reached()))
+                    .collect()
+            })
+            .unwrap_or_default(),
     };
     let mut registry = Registry::default();
     registry.register_collector(Box::new(scrape));
@@ -688,6 +707,35 @@ impl Collector for Scrape {
                 f.counter(&replica_labels(d, r, false), r.cancelled)?;
             }
         }
+        if !self.listeners.is_empty() {
+            let mut f = family(
+                &mut e,
+                "flotilla_http_connections",
+                "Connections open on each HTTP listener",
+                Gauge,
+            )?;
+            for (listener, open, _, _) in &self.listeners {
+                f.gauge(&vec![("listener", *listener)], gauge_value(*open))?;
+            }
+            let mut f = family(
+                &mut e,
+                "flotilla_http_max_connections",
+                "The most connections each HTTP listener holds open at once (max_connections)",
+                Gauge,
+            )?;
+            for (listener, _, max, _) in &self.listeners {
+                f.gauge(&vec![("listener", *listener)], gauge_value(*max))?;
+            }
+            let mut f = family(
+                &mut e,
+                "flotilla_http_connection_limit_reached",
+                "Times an HTTP listener reached max_connections and held new connections back",
+                Counter,
+            )?;
+            for (listener, _, _, reached) in &self.listeners {
+                f.counter(&vec![("listener", *listener)], *reached)?;
+            }
+        }
         if self.scrapes > 0 {
             let mut f = family(
                 &mut e,
@@ -699,6 +747,11 @@ impl Collector for Scrape {
         }
         Ok(())
     }
+}
+
+/// A count as a gauge's value (saturated: no count comes near it).
+fn gauge_value(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
 }
 
 fn is_error(status: &str) -> bool {

@@ -19,6 +19,9 @@ pub const DEFAULT_REST_PORT: u16 = 8265;
 /// Ray's `DEFAULT_UVICORN_KEEP_ALIVE_TIMEOUT_S`.
 pub const DEFAULT_KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(90);
 
+/// The default [`HttpOptions::max_connections`] of each listener.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
+
 /// How long a shutdown waits for open connections to finish (Ray's
 /// `PROXY_GRACEFUL_SHUTDOWN_TIMEOUT_S`).
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
@@ -48,6 +51,15 @@ pub struct HttpOptions {
     /// The largest request body accepted (default
     /// [`DEFAULT_MAX_REQUEST_BODY_BYTES`]); larger is 413.
     pub max_request_body_bytes: usize,
+    /// The most connections each listener holds open at once (default
+    /// [`DEFAULT_MAX_CONNECTIONS`]; at least 1). At its limit a listener
+    /// accepts no more until one closes: newcomers wait in the kernel's accept
+    /// backlog, as HAProxy's `maxconn` holds them, so that a flood of
+    /// connections cannot take every file descriptor of the process. Ray's
+    /// proxy (uvicorn) sets none. `/metrics` shows each listener's open
+    /// connections (`flotilla_http_connections`) and how often it reached its
+    /// limit (`flotilla_http_connection_limit_reached_total`).
+    pub max_connections: usize,
     /// Serve the REST API and `/metrics` (default true).
     pub rest: bool,
     /// The REST listener's host (default `127.0.0.1`).
@@ -77,6 +89,7 @@ impl Default for HttpOptions {
             request_timeout: None,
             keep_alive_timeout: DEFAULT_KEEP_ALIVE_TIMEOUT,
             max_request_body_bytes: DEFAULT_MAX_REQUEST_BODY_BYTES,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
             rest: true,
             rest_host: "127.0.0.1".to_owned(),
             rest_port: DEFAULT_REST_PORT,
@@ -133,6 +146,15 @@ impl HttpOptions {
         )?;
         if self.max_request_body_bytes == 0 {
             return bad("max_request_body_bytes", "must be at least 1");
+        }
+        if self.max_connections == 0 {
+            return bad("max_connections", "must be at least 1");
+        }
+        if self.max_connections > tokio::sync::Semaphore::MAX_PERMITS {
+            return bad(
+                "max_connections",
+                &format!("must be at most {}", tokio::sync::Semaphore::MAX_PERMITS),
+            );
         }
         if self.shutdown_grace > flotilla::MAX_DURATION {
             return bad(
@@ -230,6 +252,13 @@ impl HttpOptionsBuilder {
     /// The request body limit in bytes.
     pub fn max_request_body_bytes(mut self, limit: usize) -> Self {
         self.options.max_request_body_bytes = limit;
+        self
+    }
+
+    /// The most connections each listener holds open at once (see
+    /// [`HttpOptions::max_connections`]).
+    pub fn max_connections(mut self, max: usize) -> Self {
+        self.options.max_connections = max;
         self
     }
 
@@ -342,6 +371,8 @@ mod tests {
             field(b().keep_alive_timeout(Duration::MAX)),
             "keep_alive_timeout"
         );
+        assert_eq!(field(b().max_connections(0)), "max_connections");
+        assert_eq!(field(b().max_connections(usize::MAX)), "max_connections");
         // Its shutdown would add a second to it.
         assert_eq!(field(b().shutdown_grace(Duration::MAX)), "shutdown_grace");
         assert!(b().shutdown_grace(flotilla::MAX_DURATION).build().is_ok());

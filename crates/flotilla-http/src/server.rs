@@ -18,6 +18,7 @@ use crate::{
     HttpError, HttpOptions,
     auth::Token,
     connection::{self, Bounds, InFlight},
+    connection_limit::ConnectionLimit,
     metrics::ProxyMetrics,
     proxy::{Proxy, RequestIds},
     rest::Rest,
@@ -116,10 +117,10 @@ async fn bind(addr: SocketAddr) -> Result<TcpListener, HttpError> {
         .map_err(|source| HttpError::Bind { addr, source })
 }
 
-/// Serve connections from `listener` with `service` until `stop`; then let open
-/// connections finish for up to `grace`.
+/// Serve connections from `listener` with `service`, at most `limit`'s open
+/// at once, until `stop`; then let open connections finish for up to `grace`.
 fn accept_loop<S, B>(
-    name: &'static str,
+    limit: Arc<ConnectionLimit>,
     listener: TcpListener,
     options: &HttpOptions,
     service: S,
@@ -149,10 +150,17 @@ where
         .header_read_timeout(options.keep_alive_timeout);
     builder.http2().timer(TokioTimer::new());
     let idle = options.keep_alive_timeout;
+    let name = limit.listener;
     tokio::spawn(async move {
         // Each connection holds a receiver until it ends.
         let (open, opened) = watch::channel(());
         loop {
+            // A place first: at the limit, newcomers stay in the backlog.
+            let place = tokio::select! {
+                place = limit.admit() => place,
+                () = crate::stopped(&mut stop) => break,
+            };
+            let Some(place) = place else { break };
             tokio::select! {
                 accepted = listener.accept() => {
                     let (stream, peer) = match accepted {
@@ -177,6 +185,7 @@ where
                     let (stop, open) = (stop.clone(), opened.clone());
                     tokio::spawn(async move {
                         connection::serve(conn, load, bounds, stop, open).await;
+                        drop(place);
                     });
                 }
                 () = crate::stopped(&mut stop) => break,
@@ -242,9 +251,19 @@ impl HttpServer {
             options.root_path.clone(),
             stop_rx.clone(),
         );
+        let limit = |listener: &Option<TcpListener>, name| {
+            listener
+                .as_ref()
+                .map(|_| ConnectionLimit::new(name, options.max_connections))
+        };
+        let (proxy_limit, rest_limit) = (
+            limit(&proxy_listener, "proxy"),
+            limit(&rest_listener, "rest"),
+        );
         let metrics = Arc::new(ProxyMetrics::new(
             flotilla::LOCAL_NODE.to_owned(),
             proxy_addr.map(|a| a.ip().to_string()).unwrap_or_default(),
+            proxy_limit.iter().chain(&rest_limit).cloned().collect(),
         ));
         let draining = Arc::new(AtomicBool::new(false));
         let reaper = crate::reaper::Reaper::new(options.keep_alive_timeout);
@@ -258,10 +277,10 @@ impl HttpServer {
             reaper: reaper.clone(),
         });
         let mut tasks = vec![follower, tokio::spawn(reaper.run(stop_rx.clone()))];
-        if let Some(listener) = proxy_listener {
+        if let (Some(listener), Some(limit)) = (proxy_listener, proxy_limit) {
             let p = proxy.clone();
             tasks.push(accept_loop(
-                "proxy",
+                limit,
                 listener,
                 &options,
                 move |req| {
@@ -272,7 +291,7 @@ impl HttpServer {
                 grace,
             ));
         }
-        if let Some(listener) = rest_listener {
+        if let (Some(listener), Some(limit)) = (rest_listener, rest_limit) {
             let rest = Arc::new(Rest {
                 serve: serve.clone(),
                 options: options.clone(),
@@ -283,7 +302,7 @@ impl HttpServer {
                 draining: draining.clone(),
             });
             tasks.push(accept_loop(
-                "rest",
+                limit,
                 listener,
                 &options,
                 move |req| {

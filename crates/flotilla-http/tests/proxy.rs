@@ -1140,3 +1140,90 @@ async fn the_serve_multiplexed_model_id_header_is_the_calls_model_id() {
     );
     f.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listener_at_max_connections_accepts_no_more_until_one_closes() {
+    let f = start_with(
+        test_options()
+            .max_connections(1)
+            .keep_alive_timeout(Duration::from_millis(200))
+            .build()
+            .unwrap(),
+    )
+    .await;
+    f.serve.run(echo_app("s", "/s", "s")).await.unwrap();
+    // The proxy's one place: a connection whose stream waits at the gate.
+    let (mut send, conn) = support::h2_connection(f.proxy).await;
+    let resp = send
+        .send_request(
+            http::Request::get(f.url("/s/stream/1"))
+                .body(Full::new(Bytes::new()))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    // A second connection: the kernel takes it into the backlog, and its
+    // request waits there.
+    let mut waiting = tokio::net::TcpStream::connect(f.proxy).await.unwrap();
+    waiting
+        .write_all(b"GET /s/x HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    // The REST listener has places of its own; a silent connection there is
+    // closed keep_alive_timeout after it opens. Once three in a row are, the
+    // waiting request has had three times that to be answered, had its
+    // connection been accepted.
+    for _ in 0..3 {
+        let mut silent = tokio::net::TcpStream::connect(f.rest.unwrap())
+            .await
+            .unwrap();
+        let mut buf = [0u8; 8];
+        let closed = within("the silent connection is closed", silent.read(&mut buf)).await;
+        assert!(matches!(closed, Ok(0) | Err(_)), "{closed:?}");
+    }
+    let mut buf = [0u8; 256];
+    let unanswered = waiting.try_read(&mut buf);
+    assert!(
+        matches!(&unanswered, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "a connection past the limit was served: {unanswered:?}"
+    );
+    let c = support::client();
+    let metrics = get(&c, &f.rest_url("/metrics")).await.body;
+    for series in [
+        r#"flotilla_http_connections{listener="proxy"} 1"#,
+        r#"flotilla_http_max_connections{listener="proxy"} 1"#,
+        r#"flotilla_http_connection_limit_reached_total{listener="proxy"} 1"#,
+        r#"flotilla_http_max_connections{listener="rest"} 1"#,
+    ] {
+        assert!(metrics.contains(series), "{series} in {metrics}");
+    }
+    // The stream ends and its connection closes: the waiting one takes the
+    // place and is answered.
+    f.probe.gate.add_permits(1);
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&body[..], b"token0 ");
+    drop(send);
+    within("the first connection closes", conn)
+        .await
+        .unwrap()
+        .unwrap();
+    let mut head = Vec::new();
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = within("the waiting request is answered", waiting.read(&mut buf))
+            .await
+            .unwrap();
+        assert!(
+            n > 0,
+            "closed unanswered: {:?}",
+            String::from_utf8_lossy(&head)
+        );
+        head.extend_from_slice(&buf[..n]);
+    }
+    assert!(
+        head.starts_with(b"HTTP/1.1 200"),
+        "{:?}",
+        String::from_utf8_lossy(&head)
+    );
+    f.stop().await;
+}

@@ -1,0 +1,126 @@
+//! How many connections one listener holds open at once
+//! ([`HttpOptions::max_connections`](crate::HttpOptions::max_connections)).
+//!
+//! At its limit a listener accepts nothing until one of its connections
+//! closes: newcomers wait in the kernel's accept backlog (as HAProxy's
+//! `maxconn` and Envoy's listener limit hold them), not in the process. So a
+//! flood of connections cannot take every file descriptor (the checkpoint,
+//! node links and the other listener need theirs) nor the memory that each
+//! connection's requests and buffers hold.
+
+use std::{
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+
+use tokio::{
+    sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError},
+    time::Instant,
+};
+
+/// How often, at most, a listener held at its limit says so (WARN).
+const WARN_EVERY: Duration = Duration::from_secs(60);
+
+/// One listener's connection limit and its figures.
+#[derive(Debug)]
+pub(crate) struct ConnectionLimit {
+    /// The listener's name (`proxy`, `rest`): the `listener` label and field.
+    pub(crate) listener: &'static str,
+    max: usize,
+    /// One permit per connection that may open; an open one holds its permit.
+    places: Arc<Semaphore>,
+    /// How many times the listener found itself at its limit.
+    reached: AtomicU64,
+    /// When it last said so.
+    warned: Mutex<Option<Instant>>,
+}
+
+impl ConnectionLimit {
+    /// A limit of `max` connections (at least 1 and at most
+    /// [`Semaphore::MAX_PERMITS`]: [`HttpOptions::validate`](crate::HttpOptions::validate)
+    /// holds it to that).
+    pub(crate) fn new(listener: &'static str, max: usize) -> Arc<Self> {
+        let max = max.clamp(1, Semaphore::MAX_PERMITS);
+        Arc::new(ConnectionLimit {
+            listener,
+            max,
+            places: Arc::new(Semaphore::new(max)),
+            reached: AtomicU64::new(0),
+            warned: Mutex::new(None),
+        })
+    }
+
+    /// A place for one more connection, held until the connection ends: at
+    /// once below the limit, and at the limit once a connection closes.
+    /// `None` never comes (the limit closes nothing), but would mean that no
+    /// place ever will.
+    pub(crate) async fn admit(&self) -> Option<OwnedSemaphorePermit> {
+        match self.places.clone().try_acquire_owned() {
+            Ok(place) => return Some(place),
+            Err(TryAcquireError::Closed) => return None,
+            Err(TryAcquireError::NoPermits) => {}
+        }
+        self.reached.fetch_add(1, Ordering::Relaxed);
+        self.warn();
+        self.places.clone().acquire_owned().await.ok()
+    }
+
+    /// Say that the listener is at its limit, at most once per [`WARN_EVERY`]
+    /// (a flood would otherwise log once per connection).
+    fn warn(&self) {
+        let now = Instant::now();
+        let mut warned = self.warned.lock().unwrap_or_else(|p| p.into_inner());
+        if warned.is_some_and(|at| now.duration_since(at) < WARN_EVERY) {
+            return;
+        }
+        *warned = Some(now);
+        tracing::warn!(
+            listener = self.listener,
+            max_connections = self.max,
+            "at max_connections: new connections wait in the accept backlog until one closes"
+        );
+    }
+
+    /// How many of its connections are open now.
+    pub(crate) fn open(&self) -> usize {
+        self.max.saturating_sub(self.places.available_permits())
+    }
+
+    /// Its limit.
+    pub(crate) fn max(&self) -> usize {
+        self.max
+    }
+
+    /// How many times it found itself at its limit.
+    pub(crate) fn reached(&self) -> u64 {
+        self.reached.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_past_the_limit_waits_for_one_to_close() {
+        let limit = ConnectionLimit::new("proxy", 2);
+        let first = limit.admit().await.unwrap();
+        let _second = limit.admit().await.unwrap();
+        assert_eq!((limit.open(), limit.reached()), (2, 0));
+        let third = tokio::spawn({
+            let limit = limit.clone();
+            async move { limit.admit().await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!third.is_finished(), "admitted past the limit");
+        assert_eq!(limit.reached(), 1);
+        drop(first);
+        let _third = third.await.unwrap().unwrap();
+        assert_eq!((limit.open(), limit.max()), (2, 2));
+    }
+}

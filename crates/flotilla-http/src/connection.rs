@@ -10,9 +10,9 @@
 //! stream open; this one bound covers them all alike, so a connection that
 //! sends nothing, or nothing more, holds its task and descriptor for at most
 //! `keep_alive_timeout` (uvicorn's `timeout_keep_alive`, which Ray's proxy
-//! runs under). A request whose body stops arriving is in flight, so this
-//! check leaves it be: the body read cuts it after the same bound
-//! (`request_body`), with a 408.
+//! runs under). A request whose body stops arriving (or trickles in) is in
+//! flight, so this check leaves it be: the body read cuts it after the same
+//! bound (`request_body`, with its minimum rate), with a 408.
 
 use std::{
     convert::Infallible,

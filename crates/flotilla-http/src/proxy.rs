@@ -334,7 +334,7 @@ impl Proxy {
             Err(BodyReadError::TooLarge { .. }) => {
                 return text(413, too_large(), &request_id, Some(done));
             }
-            Err(e @ BodyReadError::Stalled { .. }) => {
+            Err(e @ (BodyReadError::Stalled { .. } | BodyReadError::TooSlow { .. })) => {
                 done.status = TIMEOUT_STATUS;
                 let body = format!("Request {request_id}'s body stalled: {e}.");
                 return text(TIMEOUT_STATUS, body, &request_id, Some(done));

@@ -1,13 +1,23 @@
-//! Reading a request's body whole, bounded in size and in how long it may stall.
+//! Reading a request's body whole, bounded in size, in how long it may stall
+//! and in how slowly it may come.
 //!
 //! hyper bounds the wait for a request head (`header_read_timeout`), and the
 //! connection's idle check does not run while a request is in flight, so a
 //! client that sends a head and then stops mid-body would hold its connection
 //! for ever. Every body read here must make progress at least once per
-//! `keep_alive_timeout`: a client that stops sending holds its connection no
-//! longer than one that sends nothing.
+//! `keep_alive_timeout` (the `stall`): a client that stops sending holds its
+//! connection no longer than one that sends nothing.
+//!
+//! Progress alone is not enough: a byte a minute is progress, and a body
+//! trickled so would hold its connection (and its place under
+//! `max_connections`) for ever. So a body must also be whole within `stall`
+//! plus one second per [`MIN_BODY_RATE`] bytes received, Apache's
+//! `mod_reqtimeout` rule (`body=20,MinRate=500`): an upload at any useful
+//! speed is never cut by it, a trickle is within about `stall`.
 
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 use bytes::{Bytes, BytesMut};
 use http_body::Body;
@@ -26,6 +36,21 @@ pub(crate) enum BodyReadError {
     #[error("nothing arrived for {}s", .stall.as_secs_f64())]
     Stalled {
         /// How long the body made no progress.
+        stall: Duration,
+    },
+    /// The body came slower than [`MIN_BODY_RATE`] allows.
+    #[error(
+        "only {received} bytes arrived in {}s: after the first {}s a body must come at \
+         {MIN_BODY_RATE} bytes a second or more",
+        .elapsed.as_secs_f64(),
+        .stall.as_secs_f64()
+    )]
+    TooSlow {
+        /// The bytes received when it was cut.
+        received: usize,
+        /// How long it had been read for.
+        elapsed: Duration,
+        /// The stall bound, the time it had before the rate counted.
         stall: Duration,
     },
     /// The client went away before its body was whole (its connection
@@ -53,8 +78,20 @@ fn client_gone(e: &(dyn std::error::Error + 'static)) -> bool {
     })
 }
 
+/// The slowest a request body may come once its first `stall` has passed,
+/// in bytes a second (Apache's `MinRate` default): a body of `n` bytes has
+/// `stall + n / MIN_BODY_RATE` seconds, whatever its size.
+pub(crate) const MIN_BODY_RATE: u64 = 500;
+
+/// How long a body that has sent `received` bytes may take in all.
+fn allowance(stall: Duration, received: usize) -> Duration {
+    let earned = (received as u64).saturating_mul(1000) / MIN_BODY_RATE;
+    stall.saturating_add(Duration::from_millis(earned))
+}
+
 /// Read `body` whole: at most `limit` bytes, each frame within `stall` of the
-/// one before (or of the start).
+/// one before (or of the start), and all of it within `stall` plus a second
+/// per [`MIN_BODY_RATE`] bytes received.
 pub(crate) async fn read_whole<B>(
     body: B,
     limit: usize,
@@ -66,8 +103,30 @@ where
 {
     let mut body = Limited::new(body, limit);
     let mut out = BytesMut::new();
+    let start = Instant::now();
     loop {
-        let frame = match tokio::time::timeout(stall, body.frame()).await {
+        let now = Instant::now();
+        let stalled_at = now.checked_add(stall);
+        let slow_at = start.checked_add(allowance(stall, out.len()));
+        let (at, slow) = match (stalled_at, slow_at) {
+            (Some(st), Some(sl)) if sl <= st => (Some(sl), true),
+            (Some(st), _) => (Some(st), false),
+            (None, sl) => (sl, true),
+        };
+        let next = async {
+            match at {
+                Some(at) => tokio::time::timeout_at(at, body.frame()).await,
+                None => Ok(body.frame().await),
+            }
+        };
+        let frame = match next.await {
+            Err(_) if slow => {
+                return Err(BodyReadError::TooSlow {
+                    received: out.len(),
+                    elapsed: start.elapsed(),
+                    stall,
+                });
+            }
             Err(_) => return Err(BodyReadError::Stalled { stall }),
             Ok(None) => return Ok(out.freeze()),
             Ok(Some(Err(e))) if e.is::<LengthLimitError>() => {
@@ -136,6 +195,47 @@ mod tests {
         assert!(
             matches!(large, Err(BodyReadError::TooLarge { limit: 5 })),
             "{large:?}"
+        );
+    }
+
+    /// Sends `chunks` parts of `size` bytes, one every `every`, then ends.
+    fn trickle(
+        chunks: usize,
+        size: usize,
+        every: Duration,
+    ) -> impl Body<Data = Bytes, Error = std::io::Error> + Unpin {
+        let parts = futures::stream::unfold(0, move |i| async move {
+            if i == chunks {
+                return None;
+            }
+            tokio::time::sleep(every).await;
+            Some((Ok(Frame::data(Bytes::from(vec![b'x'; size]))), i + 1))
+        });
+        http_body_util::StreamBody::new(Box::pin(parts))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_body_trickled_below_the_minimum_rate_is_cut_and_a_slow_upload_is_not() {
+        let stall = Duration::from_secs(10);
+        // A byte every 9 s never stalls, and would take 1,000 of them.
+        let start = Instant::now();
+        let trickled = read_whole(trickle(1000, 1, Duration::from_secs(9)), 1 << 20, stall).await;
+        assert!(
+            matches!(trickled, Err(BodyReadError::TooSlow { received: 1, .. })),
+            "{trickled:?}"
+        );
+        // Cut at the allowance of its one byte: the stall plus 2 ms.
+        assert_eq!(start.elapsed(), Duration::from_millis(10_002));
+        // 1,000 bytes a second (twice the minimum) for a minute: whole.
+        let upload = read_whole(trickle(60, 1000, Duration::from_secs(1)), 1 << 20, stall).await;
+        assert_eq!(upload.unwrap().len(), 60_000);
+        // 400 bytes a second: after t seconds it has 10 + 0.8 t, so the
+        // stall's head start is spent at t = 46.8 (18,400 bytes in).
+        let slow = read_whole(trickle(1000, 400, Duration::from_secs(1)), 1 << 20, stall).await;
+        assert!(
+            matches!(slow, Err(BodyReadError::TooSlow { received: 18_400, elapsed, .. })
+                if elapsed == Duration::from_millis(46_800)),
+            "{slow:?}"
         );
     }
 }

@@ -208,7 +208,7 @@ impl Rest {
         let stall = self.options.keep_alive_timeout;
         let body = match read_whole(req.into_body(), limit, stall).await {
             Ok(b) => b,
-            Err(e @ BodyReadError::Stalled { .. }) => {
+            Err(e @ (BodyReadError::Stalled { .. } | BodyReadError::TooSlow { .. })) => {
                 return error(408, format!("The request body stalled: {e}."));
             }
             Err(e) => return error(400, format!("Invalid request body: {e}")),
@@ -318,7 +318,7 @@ impl Rest {
                     format!("Request body is larger than the limit of {limit} bytes."),
                 );
             }
-            Err(e @ BodyReadError::Stalled { .. }) => {
+            Err(e @ (BodyReadError::Stalled { .. } | BodyReadError::TooSlow { .. })) => {
                 return text(408, format!("The request body stalled: {e}."));
             }
             Err(e) => return text(400, format!("The request body could not be read: {e}")),

@@ -1659,6 +1659,57 @@ async fn a_nodes_callers_keep_their_routes_through_a_head_restart() {
     drop(a);
 }
 
+/// A node forgets the old head's own replicas when the head goes: they went
+/// with its process. app's `where` ran on the head alone (the only holder of
+/// `h`); the head restarted without `h` cannot place it again, so where's
+/// route never changes there and is never sent again. A call from front (on
+/// a) to where then waits in a's queue, which the head counts as load (its
+/// autoscaler's, its backpressure's), instead of trying the dead replica over
+/// and over where nothing counts it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_forgets_the_old_heads_own_replicas_when_the_head_restarts() {
+    let _turn = turn().await;
+    let dir = tempfile::tempdir().unwrap();
+    let addr = restartable_addr();
+    let serve = head_at(dir.path(), custom("h"), addr).await;
+    let a = NodeProc::start(addr, &NodeSpec::new("a", 2.0), dir.path());
+    let a_id = a.id().await;
+    serve.run(where_app("app", 1, custom("h"))).await.unwrap();
+    let here: Here = (serve.run(front_calling_where()).await.unwrap())
+        .call("before")
+        .await
+        .unwrap();
+    assert_eq!(here.node, a_id);
+    assert_ne!(
+        here.downstream.unwrap().node,
+        a_id,
+        "where runs on the head"
+    );
+
+    serve.crash_process().await;
+    drop(serve);
+    let serve = head_at(dir.path(), Resources::none(), addr).await;
+    eventually(20, "front's replica on a adopted", || async {
+        let r = replica_nodes(&serve, "front", "front").await;
+        r.len() == 1 && r[0].2 == ReplicaState::Running
+    })
+    .await;
+    let handle = serve
+        .app_handle("front")
+        .unwrap()
+        .with_timeout(Duration::from_secs(60));
+    let call = tokio::spawn(async move { handle.call::<_, Here>("after").await });
+    let route = serve.deployment_handle("app", "where").unwrap().route();
+    eventually(20, "front's call to where waits in a's queue", || {
+        let queued = route.queued_elsewhere();
+        async move { queued >= 1 }
+    })
+    .await;
+    call.abort();
+    serve.shutdown().await.unwrap();
+    drop(a);
+}
+
 /// A head restarted on another store runs none of the old deployments: a
 /// node that re-attaches drops its copies of their routes once the head has
 /// recovered, so a caller there hears NotFound instead of reaching a replica

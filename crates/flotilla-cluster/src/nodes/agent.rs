@@ -593,6 +593,7 @@ fn session(myself: &ActorRef<AgentMsg>, state: &mut AgentState, ev: SessionEvent
                     "lost the head; replicas keep serving; dialing again");
                 state.session = None;
                 state.head = None;
+                forget_replicas_of(state, &peer);
                 state.redial_later(myself);
             } else if outbound && state.dials_head(&addr) && state.session.is_none() {
                 // The head dial's session ended before it became the head's
@@ -1045,6 +1046,42 @@ fn replica_event(
     }
 }
 
+/// The head `peer` is gone: its own replicas (those in its process) go from
+/// every route copy, and the routes they leave are published again.
+///
+/// Nothing else would take them out. A head that comes back after a crash is
+/// a new process under a new name, and it sends a route again only when the
+/// route changes there; one whose replicas it cannot place soon (or ever)
+/// never changes. Callers here would meanwhile try the dead replicas over and
+/// over (no session reaches them), never waiting in the queue that the head
+/// counts as load. If the same head answers again, its welcome sends every
+/// route, its own replicas in them.
+fn forget_replicas_of(state: &mut AgentState, peer: &str) {
+    let changed = drop_replicas_of(&mut state.routes, peer);
+    if !changed.is_empty() {
+        info!(node = %state.args.id, head = %peer, routes = changed.len(),
+            "the head's own replicas left this node's routes with it");
+    }
+    for key in changed {
+        publish(state, &key);
+    }
+}
+
+/// Take `peer`'s replicas out of `routes`; the keys of the routes they left.
+fn drop_replicas_of(
+    routes: &mut HashMap<(AppName, DeploymentName), RouteEntry>,
+    peer: &str,
+) -> Vec<(AppName, DeploymentName)> {
+    routes
+        .iter_mut()
+        .filter_map(|(key, entry)| {
+            let before = entry.replicas.len();
+            entry.replicas.retain(|r| r.peer != peer);
+            (entry.replicas.len() != before).then(|| key.clone())
+        })
+        .collect()
+}
+
 /// Publish the node's copy of a route: its own replicas' endpoints, and remote
 /// endpoints (kept per replica) for the rest.
 fn publish(state: &mut AgentState, key: &(AppName, DeploymentName)) {
@@ -1101,6 +1138,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
+    use crate::nodes::wire::RouteReplica;
 
     fn keys(names: &[&str]) -> Vec<(AppName, DeploymentName)> {
         names
@@ -1133,6 +1171,55 @@ mod tests {
             s(&["node-b@h"]),
             "c was never listed nor inherited: a later join, not a loss"
         );
+    }
+
+    #[test]
+    fn a_lost_heads_replicas_leave_every_route_and_only_theirs() {
+        let replica = |id, peer: &str| RouteReplica {
+            id,
+            node: peer.to_owned(),
+            peer: peer.to_owned(),
+            max_ongoing: 5,
+            models: None,
+        };
+        let entry = |key: &(AppName, DeploymentName), replicas| RouteEntry {
+            app: key.0.clone(),
+            deployment: key.1.clone(),
+            max_queued: None,
+            batching: None,
+            max_models: None,
+            router: None,
+            replicas,
+            closed: false,
+            deploy_failed: false,
+        };
+        let k = keys(&["mixed", "nodes", "head"]);
+        let mut routes: HashMap<_, _> = [
+            (
+                k[0].clone(),
+                vec![replica(1, "head-1"), replica(2, "node-b")],
+            ),
+            (k[1].clone(), vec![replica(3, "node-b")]),
+            (k[2].clone(), vec![replica(4, "head-1")]),
+        ]
+        .into_iter()
+        .map(|(key, replicas)| (key.clone(), entry(&key, replicas)))
+        .collect();
+        let mut changed = drop_replicas_of(&mut routes, "head-1");
+        changed.sort();
+        let mut expected = vec![k[0].clone(), k[2].clone()];
+        expected.sort();
+        assert_eq!(changed, expected);
+        let ids = |key: &(AppName, DeploymentName)| -> Vec<u64> {
+            routes[key].replicas.iter().map(|r| r.id).collect()
+        };
+        assert_eq!(
+            (ids(&k[0]), ids(&k[1]), ids(&k[2])),
+            (vec![2], vec![3], vec![])
+        );
+        // The route stays (its callers wait for a replica); a second loss of
+        // the same head changes nothing.
+        assert!(drop_replicas_of(&mut routes, "head-1").is_empty());
     }
 
     #[test]

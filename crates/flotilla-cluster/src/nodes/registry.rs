@@ -493,7 +493,7 @@ async fn take_reports(
 ) {
     for r in reports {
         if reattach {
-            Box::pin(adopt(state, node, r)).await;
+            Box::pin(adopt(state, from, node, r)).await;
         } else {
             let stop = Control::Stop {
                 replica: r.id,
@@ -532,14 +532,46 @@ fn join_done(
     shared.announce(ClusterEvent::CapacityFreed);
 }
 
-/// A replica a re-attaching node runs: reserve its resources there again and
-/// make its proxy, which its DeploymentActor adopts.
-async fn adopt(state: &RegistryState, node: &str, r: ReplicaReport) {
+/// A replica a re-attaching node (`node`, session `from`) runs: reserve its
+/// resources there again and make its proxy, which its DeploymentActor
+/// adopts. One that cannot be adopted is stopped on its node: nothing here
+/// would own it, count it, or ever stop it.
+async fn adopt(state: &RegistryState, from: &str, node: &str, r: ReplicaReport) {
     let shared = &state.shared;
     let id = ReplicaId(r.id);
     ReplicaId::seed(r.id.saturating_add(1));
     let spec = Arc::new(*r.spec);
     let dep = spec.name.clone();
+    let ns = &shared.ns;
+    let name = actor_names::replica(ns, &r.app, &dep, id.0);
+    let stop = || {
+        send(
+            state,
+            from,
+            Control::Stop {
+                replica: r.id,
+                graceful: true,
+            },
+        );
+    };
+    // Ids are unique per head (the clock's milliseconds, then past every id
+    // re-attached), but a clock that went back, or a head moved to another
+    // machine, can give one of this head's own replicas the id of a
+    // re-attached one. Reserving it would take (and its exit free) the other
+    // replica's reservation, and its proxy could not take the name.
+    let elsewhere = shared.pool().node_of(id).map(|n| n.name().to_owned());
+    if let Some(holder) = elsewhere.filter(|n| n != node) {
+        warn!(app = %r.app, deployment = %dep, replica = %id, node, %holder,
+            "re-attached replica's id is another replica's here (a clock that went back?): stopping it");
+        stop();
+        return;
+    }
+    if ractor::registry::where_is(name.clone()).is_some() {
+        warn!(app = %r.app, deployment = %dep, replica = %id, node,
+            "re-attached replica's name is another replica's here (a clock that went back?): stopping it");
+        stop();
+        return;
+    }
     {
         let mut pool = shared.pool();
         let req = PlacementRequest::for_config(id, &r.app, &dep, &spec.config);
@@ -554,7 +586,6 @@ async fn adopt(state: &RegistryState, node: &str, r: ReplicaReport) {
                 "re-attached replica's resources do not fit: not reserved"),
         }
     }
-    let ns = &shared.ns;
     let args = RemoteReplicaArgs::adopted(
         id,
         r.app.clone(),
@@ -577,12 +608,15 @@ async fn adopt(state: &RegistryState, node: &str, r: ReplicaReport) {
             OnExit::new(move || shared.release(id))
         },
     );
-    let name = actor_names::replica(ns, &r.app, &dep, id.0);
     match Actor::spawn(Some(name), RemoteReplica, args).await {
         Ok(_) => info!(app = %r.app, deployment = %dep, replica = %id, node,
             "re-attached replica adopted"),
-        Err(e) => warn!(app = %r.app, deployment = %dep, replica = %id, node, error = %e,
-            "re-attached replica could not be adopted"),
+        Err(e) => {
+            // Its reservation went with the args (their `OnExit`).
+            warn!(app = %r.app, deployment = %dep, replica = %id, node, error = %e,
+                "re-attached replica could not be adopted: stopping it");
+            stop();
+        }
     }
 }
 
@@ -1026,6 +1060,39 @@ mod tests {
             *head.shared.reattach.borrow(),
             (false, 0),
             "the join of a lost node ended"
+        );
+        head.stop().await;
+    }
+
+    /// A re-attached replica whose id this head already gave another replica
+    /// (a clock that went back) is not adopted, and the other's reservation
+    /// stays where it is.
+    #[tokio::test]
+    async fn a_reattached_replica_whose_id_is_taken_here_is_not_adopted() {
+        let head = head("registry-taken").await;
+        deliver(&head, "node-x@127.0.0.1", joining("n-x")).await;
+        let spec = DeploymentSpec::builder("d", "test::D").build().unwrap();
+        let app = AppName::new("a").unwrap();
+        {
+            let req = PlacementRequest::for_config(ReplicaId(1), &app, &spec.name, &spec.config);
+            let at = head
+                .shared
+                .pool()
+                .place(&req, |_, n, _| n.name() != "n-x")
+                .unwrap();
+            assert_eq!(at, "n-x");
+        }
+        deliver(&head, PEER, reattaching("n-1", &head, &[], 1, false)).await;
+        assert!(proxies(&head).is_empty(), "adopted under a taken id");
+        let holder = head
+            .shared
+            .pool()
+            .node_of(ReplicaId(1))
+            .map(|n| n.name().to_owned());
+        assert_eq!(
+            holder.as_deref(),
+            Some("n-x"),
+            "the other replica's reservation moved"
         );
         head.stop().await;
     }

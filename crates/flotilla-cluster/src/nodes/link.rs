@@ -272,6 +272,10 @@ pub(crate) struct Shared {
     port: OnceLock<ActorRef<PortMsg>>,
     /// What proves a [`PortMsg::Closed`] came from this process.
     secret: u64,
+    /// Session closes held until the port passes them on
+    /// ([`pass_on_behind_frames`](Self::pass_on_behind_frames)), by number.
+    closes: Mutex<HashMap<u64, SessionEvent>>,
+    next_close: AtomicU64,
 }
 
 impl Shared {
@@ -299,14 +303,40 @@ impl Shared {
         n
     }
 
-    /// Put a [`PortMsg::Closed`] for `peer` in this process's port mailbox.
+    /// Put a [`PortMsg::Closed`] for `peer` in this process's port mailbox,
+    /// which stops the calls the peer made here when the port reaches it.
     fn mark_closed(&self, peer: &str) {
+        self.mark(peer, true, None);
+    }
+
+    /// Put a mark for `peer` in the port's mailbox (see [`wire::Closed`]);
+    /// whether it went in.
+    fn mark(&self, peer: &str, abandon: bool, event: Option<u64>) -> bool {
         let closed = wire::Closed {
             secret: self.secret,
             peer: peer.to_owned(),
+            abandon,
+            event,
         };
-        if let (Some(port), Ok(bytes)) = (self.port.get(), wire::encode("closed", &closed)) {
-            let _ = port.cast(PortMsg::Closed(bytes));
+        match (self.port.get(), wire::encode("closed", &closed)) {
+            (Some(port), Ok(bytes)) => port.cast(PortMsg::Closed(bytes)).is_ok(),
+            _ => false,
+        }
+    }
+
+    /// Pass a session's close on to the owner behind the frames the session
+    /// delivered before it closed. Those frames wait in the port's mailbox
+    /// (a session puts each in as it reads it), while the close comes from
+    /// the server's own task: sent straight on, it could overtake them, and
+    /// the registry would hear a node's close before its `Hello` (and then
+    /// admit a node with no session). Straight on when no port runs.
+    fn pass_on_behind_frames(&self, event: SessionEvent, peer: &str) {
+        let n = self.next_close.fetch_add(1, Ordering::Relaxed);
+        lock(&self.closes).insert(n, event);
+        if !self.mark(peer, false, Some(n))
+            && let Some(event) = lock(&self.closes).remove(&n)
+        {
+            let _ = self.inbound.send(Inbound::Session(event));
         }
     }
 
@@ -531,6 +561,7 @@ impl Shared {
                 },
                 closing,
             ) => {
+                let peer = peer.clone();
                 if closing
                     .as_ref()
                     .is_some_and(|c| lock(&self.stopped).remove(&c.get_id()))
@@ -538,9 +569,10 @@ impl Shared {
                     // Stopped here: its calls failed then, and the peer may
                     // have a new session by now, whose calls (some can run
                     // before its `Ready`) this close must leave alone.
-                    let _ = self.inbound.send(Inbound::Session(event));
+                    self.pass_on_behind_frames(event, &peer);
                     return;
                 }
+                let peer = &peer;
                 // The session goes before its calls fail (see `send_data`).
                 let (registered, duplicate) = {
                     let mut sessions = lock(&self.sessions);
@@ -580,6 +612,9 @@ impl Shared {
                     return;
                 }
                 self.session_ended(peer, failed);
+                let peer = peer.clone();
+                self.pass_on_behind_frames(event, &peer);
+                return;
             }
             _ => {}
         }
@@ -693,10 +728,16 @@ impl Actor for Port {
             },
             PortMsg::Closed(bytes) => match wire::decode::<wire::Closed>("closed", &bytes) {
                 Ok(c) if c.secret == shared.secret => {
-                    let late = shared.abandon_calls_from(&c.peer);
-                    if late > 0 {
-                        info!(node = %shared.me, peer = %c.peer, late,
-                            "calls that waited here while their session closed stopped");
+                    if c.abandon {
+                        let late = shared.abandon_calls_from(&c.peer);
+                        if late > 0 {
+                            info!(node = %shared.me, peer = %c.peer, late,
+                                "calls that waited here while their session closed stopped");
+                        }
+                    }
+                    let event = c.event.and_then(|n| lock(&shared.closes).remove(&n));
+                    if let Some(event) = event {
+                        let _ = shared.inbound.send(Inbound::Session(event));
                     }
                 }
                 Ok(c) => warn!(node = %shared.me, peer = %c.peer,
@@ -916,6 +957,8 @@ impl Link {
             undecodable: AtomicU64::new(0),
             port: OnceLock::new(),
             secret: super::head::random_u64(),
+            closes: Mutex::default(),
+            next_close: AtomicU64::new(0),
         });
         let (port, _) = Actor::spawn(Some(port_name(&me)), Port, shared.clone())
             .await
@@ -1235,8 +1278,13 @@ pub(crate) mod tests {
 
     /// A process's `Shared` with no sessions (no frame it sends goes out).
     fn unconnected() -> Arc<Shared> {
-        let (inbound, _rx) = mpsc::unbounded_channel();
-        Arc::new(Shared {
+        unconnected_with_inbound().0
+    }
+
+    /// [`unconnected`], with what it passes on to its owner.
+    fn unconnected_with_inbound() -> (Arc<Shared>, mpsc::UnboundedReceiver<Inbound>) {
+        let (inbound, rx) = mpsc::unbounded_channel();
+        let shared = Arc::new(Shared {
             me: "me@127.0.0.1".into(),
             calls: Calls::default(),
             serving: Mutex::default(),
@@ -1250,7 +1298,10 @@ pub(crate) mod tests {
             undecodable: AtomicU64::new(0),
             port: OnceLock::new(),
             secret: 7,
-        })
+            closes: Mutex::default(),
+            next_close: AtomicU64::new(0),
+        });
+        (shared, rx)
     }
 
     /// A peer from which nothing came for longer than the timeout is dropped;
@@ -1359,11 +1410,44 @@ pub(crate) mod tests {
         let forged = wire::Closed {
             secret: shared.secret + 1,
             peer: from.to_owned(),
+            abandon: true,
+            event: None,
         };
         let forged = PortMsg::Closed(wire::encode("closed", &forged).unwrap());
         port.cast(forged).unwrap();
         tokio::time::sleep(Duration::from_secs(1)).await;
         assert_eq!(ep.in_flight(), 1, "a forged mark stopped a call");
+    }
+
+    /// A session's close reaches the owner after the frames the session
+    /// delivered before it closed: a node's `Hello` still in the port's
+    /// mailbox when its session closes comes first, so the registry never
+    /// admits a node whose session it has already seen close.
+    #[tokio::test(start_paused = true)]
+    async fn a_sessions_close_comes_after_the_frames_it_delivered() {
+        let (shared, mut rx) = unconnected_with_inbound();
+        let (port, _) = Actor::spawn(None, Port, shared.clone()).await.unwrap();
+        let peer = "node-a@127.0.0.1";
+        connect(&shared, peer).await;
+        // Delivered by the session: in the port's mailbox, not read yet.
+        let env = Envelope {
+            from: peer.to_owned(),
+            control: wire::Control::Heartbeat { seq: 1 },
+        };
+        port.cast(PortMsg::Control(wire::encode("control", &env).unwrap()))
+            .unwrap();
+        close(&shared, peer);
+        let mut heard = Vec::new();
+        for _ in 0..3 {
+            heard.push(match rx.recv().await.unwrap() {
+                Inbound::Session(SessionEvent::Ready { .. }) => "ready",
+                Inbound::Control(_) => "frame",
+                Inbound::Session(SessionEvent::Closed { .. }) => "closed",
+                Inbound::Session(SessionEvent::Opened { .. }) => "opened",
+            });
+        }
+        assert_eq!(heard, ["ready", "frame", "closed"]);
+        assert!(lock(&shared.closes).is_empty(), "a close held for good");
     }
 
     /// A call whose caller's session is not `Ready` here yet (its frames can

@@ -36,6 +36,13 @@ pub(crate) struct Closed {
     pub secret: u64,
     /// The peer (its ractor name) whose session closed.
     pub peer: String,
+    /// Stop the calls the peer made here that are still running (or still
+    /// queued ahead of this mark).
+    pub abandon: bool,
+    /// The close event the port passes on when it reaches this mark (an
+    /// index into the link's held events), after every frame the session
+    /// put in the port's mailbox before it closed.
+    pub event: Option<u64>,
 }
 
 /// A frame that could not be encoded or decoded.

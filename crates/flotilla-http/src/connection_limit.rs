@@ -4,14 +4,14 @@
 //! At its limit a listener accepts nothing until one of its connections
 //! closes: newcomers wait in the kernel's accept backlog (as HAProxy's
 //! `maxconn` and Envoy's listener limit hold them), not in the process. So a
-//! flood of connections cannot take every file descriptor (the checkpoint,
-//! node links and the other listener need theirs) nor the memory that each
-//! connection's requests and buffers hold.
+//! flood of connections takes at most that many file descriptors (set below
+//! the process's open-file limit, the checkpoint, node links and the other
+//! listener keep theirs), and the memory those connections' requests hold.
 
 use std::{
     sync::{
         Arc, Mutex,
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicU64, AtomicUsize, Ordering},
     },
     time::Duration,
 };
@@ -34,6 +34,9 @@ pub(crate) struct ConnectionLimit {
     places: Arc<Semaphore>,
     /// How many times the listener found itself at its limit.
     reached: AtomicU64,
+    /// Connections open now: places turned into connections ([`Open`]). The
+    /// accept loop holds one more place while it waits for a connection.
+    open: AtomicUsize,
     /// When it last said so.
     warned: Mutex<Option<Instant>>,
 }
@@ -49,6 +52,7 @@ impl ConnectionLimit {
             max,
             places: Arc::new(Semaphore::new(max)),
             reached: AtomicU64::new(0),
+            open: AtomicUsize::new(0),
             warned: Mutex::new(None),
         })
     }
@@ -84,9 +88,19 @@ impl ConnectionLimit {
         );
     }
 
+    /// `place` now holds an accepted connection, until the [`Open`] is
+    /// dropped (with the connection's task).
+    pub(crate) fn opened(self: &Arc<Self>, place: OwnedSemaphorePermit) -> Open {
+        self.open.fetch_add(1, Ordering::Relaxed);
+        Open {
+            limit: self.clone(),
+            _place: place,
+        }
+    }
+
     /// How many of its connections are open now.
     pub(crate) fn open(&self) -> usize {
-        self.max.saturating_sub(self.places.available_permits())
+        self.open.load(Ordering::Relaxed)
     }
 
     /// Its limit.
@@ -100,6 +114,19 @@ impl ConnectionLimit {
     }
 }
 
+/// One open connection's place, given back when this is dropped.
+#[derive(Debug)]
+pub(crate) struct Open {
+    limit: Arc<ConnectionLimit>,
+    _place: OwnedSemaphorePermit,
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.limit.open.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -110,7 +137,10 @@ mod tests {
     async fn a_connection_past_the_limit_waits_for_one_to_close() {
         let limit = ConnectionLimit::new("proxy", 2);
         let first = limit.admit().await.unwrap();
-        let _second = limit.admit().await.unwrap();
+        // A place the accept loop holds while it waits is no connection.
+        assert_eq!(limit.open(), 0);
+        let first = limit.opened(first);
+        let _second = limit.opened(limit.admit().await.unwrap());
         assert_eq!((limit.open(), limit.reached()), (2, 0));
         let third = tokio::spawn({
             let limit = limit.clone();
@@ -120,7 +150,8 @@ mod tests {
         assert!(!third.is_finished(), "admitted past the limit");
         assert_eq!(limit.reached(), 1);
         drop(first);
-        let _third = third.await.unwrap().unwrap();
+        assert_eq!(limit.open(), 1);
+        let _third = limit.opened(third.await.unwrap().unwrap());
         assert_eq!((limit.open(), limit.max()), (2, 2));
     }
 }

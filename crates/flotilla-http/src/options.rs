@@ -58,8 +58,12 @@ pub struct HttpOptions {
     /// [`DEFAULT_MAX_CONNECTIONS`]; at least 1). At its limit a listener
     /// accepts no more until one closes: newcomers wait in the kernel's accept
     /// backlog, as HAProxy's `maxconn` holds them, so that a flood of
-    /// connections cannot take every file descriptor of the process. Ray's
-    /// proxy (uvicorn) sets none. `/metrics` shows each listener's open
+    /// connections takes at most that many file descriptors. Set it below
+    /// the process's open-file limit (`ulimit -n`, often 1,024), less what
+    /// the rest of the process needs, for that to keep the checkpoint, node
+    /// links and the other listener served: above it, a flood meets the
+    /// limit of the process first (accepts fail with EMFILE; the listener
+    /// retries every 10 ms). Ray's proxy (uvicorn) sets none. `/metrics` shows each listener's open
     /// connections (`flotilla_http_connections`) and how often it reached its
     /// limit (`flotilla_http_connection_limit_reached_total`).
     pub max_connections: usize,

@@ -183,6 +183,7 @@ where
                         .into_owned();
                     let bounds = Bounds { listener: name, peer, idle, grace };
                     let (stop, open) = (stop.clone(), opened.clone());
+                    let place = limit.opened(place);
                     tokio::spawn(async move {
                         connection::serve(conn, load, bounds, stop, open).await;
                         drop(place);

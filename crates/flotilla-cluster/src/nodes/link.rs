@@ -272,8 +272,8 @@ pub(crate) struct Shared {
     port: OnceLock<ActorRef<PortMsg>>,
     /// What proves a [`PortMsg::Closed`] came from this process.
     secret: u64,
-    /// Session closes held until the port passes them on
-    /// ([`pass_on_behind_frames`](Self::pass_on_behind_frames)), by number.
+    /// Session events held until the port passes them on
+    /// ([`pass_on`](Self::pass_on)), by number.
     closes: Mutex<HashMap<u64, SessionEvent>>,
     next_close: AtomicU64,
 }
@@ -324,18 +324,31 @@ impl Shared {
         }
     }
 
-    /// Pass a session's close on to the owner behind the frames the session
-    /// delivered before it closed. Those frames wait in the port's mailbox
-    /// (a session puts each in as it reads it), while the close comes from
-    /// the server's own task: sent straight on, it could overtake them, and
-    /// the registry would hear a node's close before its `Hello` (and then
-    /// admit a node with no session). Straight on when no port runs.
-    fn pass_on_behind_frames(&self, event: SessionEvent, peer: &str) {
+    /// Pass a session event on to the owner behind the frames sessions
+    /// delivered before it. Those frames wait in the port's mailbox (a
+    /// session puts each in as it reads it), while session events come from
+    /// the server's own task: sent straight on, a close could overtake its
+    /// session's frames (the registry would hear a node's close before its
+    /// `Hello`, and then admit a node with no session), and an old session's
+    /// close a new session's `Ready`. Through the port, every event keeps
+    /// the server's order and comes after the frames before it. Straight on
+    /// when no port runs.
+    fn pass_on(&self, event: SessionEvent) {
         let n = self.next_close.fetch_add(1, Ordering::Relaxed);
         lock(&self.closes).insert(n, event);
-        if !self.mark(peer, false, Some(n))
+        if !self.mark("", false, Some(n))
             && let Some(event) = lock(&self.closes).remove(&n)
         {
+            let _ = self.inbound.send(Inbound::Session(event));
+        }
+    }
+
+    /// Pass on every event still held (the port stopped before it reached
+    /// their marks).
+    fn pass_on_held(&self) {
+        let mut held: Vec<(u64, SessionEvent)> = lock(&self.closes).drain().collect();
+        held.sort_unstable_by_key(|(n, _)| *n);
+        for (_, event) in held {
             let _ = self.inbound.send(Inbound::Session(event));
         }
     }
@@ -561,7 +574,6 @@ impl Shared {
                 },
                 closing,
             ) => {
-                let peer = peer.clone();
                 if closing
                     .as_ref()
                     .is_some_and(|c| lock(&self.stopped).remove(&c.get_id()))
@@ -569,10 +581,9 @@ impl Shared {
                     // Stopped here: its calls failed then, and the peer may
                     // have a new session by now, whose calls (some can run
                     // before its `Ready`) this close must leave alone.
-                    self.pass_on_behind_frames(event, &peer);
+                    self.pass_on(event);
                     return;
                 }
-                let peer = &peer;
                 // The session goes before its calls fail (see `send_data`).
                 let (registered, duplicate) = {
                     let mut sessions = lock(&self.sessions);
@@ -612,13 +623,10 @@ impl Shared {
                     return;
                 }
                 self.session_ended(peer, failed);
-                let peer = peer.clone();
-                self.pass_on_behind_frames(event, &peer);
-                return;
             }
             _ => {}
         }
-        let _ = self.inbound.send(Inbound::Session(event));
+        self.pass_on(event);
     }
 }
 
@@ -706,6 +714,17 @@ impl Actor for Port {
         pg::join(PORTS.to_owned(), vec![myself.get_cell()]);
         let _ = shared.port.set(myself);
         Ok(shared)
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<PortMsg>,
+        shared: &mut Arc<Shared>,
+    ) -> Result<(), ActorProcessingErr> {
+        // A stop is taken before the messages still queued: the events
+        // whose marks it never reached go on now, in order.
+        shared.pass_on_held();
+        Ok(())
     }
 
     async fn handle(

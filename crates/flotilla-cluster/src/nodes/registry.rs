@@ -559,8 +559,10 @@ async fn adopt(state: &RegistryState, from: &str, node: &str, r: ReplicaReport) 
     // machine, can give one of this head's own replicas the id of a
     // re-attached one. Reserving it would take (and its exit free) the other
     // replica's reservation, and its proxy could not take the name.
-    let elsewhere = shared.pool().node_of(id).map(|n| n.name().to_owned());
-    if let Some(holder) = elsewhere.filter(|n| n != node) {
+    // Even one reserved on this node: a node re-attaches once, so that is
+    // another replica placed there since its hello.
+    let taken = shared.pool().node_of(id).map(|n| n.name().to_owned());
+    if let Some(holder) = taken {
         warn!(app = %r.app, deployment = %dep, replica = %id, node, %holder,
             "re-attached replica's id is another replica's here (a clock that went back?): stopping it");
         stop();

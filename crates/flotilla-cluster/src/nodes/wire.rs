@@ -34,14 +34,15 @@ pub enum PortMsg {
 pub(crate) struct Closed {
     /// The process's secret, random per link.
     pub secret: u64,
-    /// The peer (its ractor name) whose session closed.
+    /// The peer (its ractor name) whose session closed (empty for a mark
+    /// that only passes an event on).
     pub peer: String,
     /// Stop the calls the peer made here that are still running (or still
     /// queued ahead of this mark).
     pub abandon: bool,
-    /// The close event the port passes on when it reaches this mark (an
-    /// index into the link's held events), after every frame the session
-    /// put in the port's mailbox before it closed.
+    /// The session event the port passes on when it reaches this mark (an
+    /// index into the link's held events), after every frame sessions put
+    /// in the port's mailbox before it.
     pub event: Option<u64>,
 }
 

@@ -79,9 +79,11 @@ impl BatchConfig {
     }
 
     /// Ray's checks: `max_batch_size` and `max_concurrent_batches` at least 1
-    /// (a duration is never negative). Errors name the field as a config file
-    /// does.
+    /// (a duration is never negative), and `batch_wait_timeout` at most
+    /// [`MAX_DURATION`](crate::MAX_DURATION), as every duration of a config.
+    /// Errors name the field as a config file does.
     pub fn validate(&self) -> Result<(), Error> {
+        crate::config::check_max_duration("batch_wait_timeout_s", self.batch_wait_timeout)?;
         if self.max_batch_size < 1 {
             return Err(Error::field(
                 "max_batch_size",
@@ -150,6 +152,11 @@ mod tests {
             field(BatchConfig::new(4, Duration::ZERO).with_max_concurrent_batches(0)),
             Some("max_concurrent_batches")
         );
+        assert_eq!(
+            field(BatchConfig::new(4, Duration::MAX)),
+            Some("batch_wait_timeout_s")
+        );
+        BatchConfig::new(4, crate::MAX_DURATION).validate().unwrap();
         assert!(validate_max_models(Some(0)).is_err());
         validate_max_models(None).unwrap();
         validate_max_models(Some(1)).unwrap();

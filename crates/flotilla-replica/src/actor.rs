@@ -462,13 +462,17 @@ impl Actor for ReplicaActor {
             ep.kill();
             // Its models go before the replica counts as gone: its place (a
             // GPU's memory) is given back when this state drops. A hook slower
-            // than the graceful shutdown timeout goes on in the background.
+            // than the graceful shutdown timeout goes on in the background; a
+            // load still running then is cancelled (it would keep the
+            // shutdown waiting for its turn, for good if it never returns).
             if let Some(unloading) = ep.unload_models() {
                 let bound = state.args.spec.config.graceful_shutdown_timeout;
                 if tokio::time::timeout(bound, unloading).await.is_err() {
                     warn!(app = %state.args.app, deployment = %state.args.deployment,
                         replica = %state.args.id, timeout = ?bound,
-                        "models still unloading after the graceful shutdown timeout");
+                        "models still loading or unloading after the graceful shutdown \
+                         timeout: loads cancelled, unloads left to finish");
+                    ep.abort_model_loads();
                 }
             }
         }
@@ -485,6 +489,8 @@ impl Drop for ReplicaActorState {
     fn drop(&mut self) {
         if let Some(ep) = &self.endpoint {
             ep.kill();
+            // Killed: its loads are cut as its requests are.
+            ep.abort_model_loads();
             drop(ep.unload_models());
         }
     }

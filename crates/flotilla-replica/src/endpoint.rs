@@ -365,6 +365,16 @@ impl ReplicaEndpoint {
         Some(rt.spawn(async move { user.shutdown().await }))
     }
 
+    /// Cancel the model loads of a multiplexed replica served here that are
+    /// still running or queued: its stop waits for them no longer (a loader
+    /// that never returns would otherwise keep its task, and the deployment's
+    /// value with whatever it holds, for good).
+    pub(crate) fn abort_model_loads(&self) {
+        if self.models.is_some() && !self.is_remote() {
+            self.user.abort_loads();
+        }
+    }
+
     pub(crate) fn report_panic(&self, message: String) {
         // The replica may already be gone; then there is nobody left to tell. A
         // replica elsewhere reports its own panics.

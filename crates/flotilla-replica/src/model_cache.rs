@@ -233,6 +233,9 @@ pub(crate) struct ModelCache<M: MultiplexedDeployment> {
     span: tracing::Span,
     /// The runtime it was made on: loads run there.
     home: crate::home::Home,
+    /// The tasks of loads running or waiting for their turn, to cancel when
+    /// the replica no longer waits for them ([`abort_loads`](Self::abort_loads)).
+    tasks: Mutex<Vec<tokio::task::AbortHandle>>,
 }
 
 impl<M: MultiplexedDeployment> ModelCache<M> {
@@ -249,6 +252,7 @@ impl<M: MultiplexedDeployment> ModelCache<M> {
             hub: Arc::new(ModelHub::local()),
             span,
             home: crate::home::Home::current(),
+            tasks: Mutex::new(Vec::new()),
         }
     }
 
@@ -314,8 +318,12 @@ impl<M: MultiplexedDeployment> ModelCache<M> {
                     self.publish(&s);
                     let span =
                         tracing::info_span!(parent: &self.span, "load_model", model_id = %id);
-                    self.home
+                    let task = self
+                        .home
                         .spawn(self.clone().load(id.clone(), tx).instrument(span));
+                    let mut tasks = self.tasks.lock().unwrap_or_else(|p| p.into_inner());
+                    tasks.retain(|t| !t.is_finished());
+                    tasks.push(task.abort_handle());
                     rx
                 }
             }
@@ -432,6 +440,25 @@ impl<M: MultiplexedDeployment> ModelCache<M> {
         }
     }
 
+    /// The replica will not wait for its loads any more (its graceful
+    /// shutdown timeout passed, or it was killed): cancel every load still
+    /// running or waiting for its turn. Their callers get
+    /// [`CallError::ModelLoad`] (the load was abandoned), nothing they were
+    /// loading is cached, and a [`shutdown`](Self::shutdown) waiting for the
+    /// turn goes on.
+    pub(crate) fn abort_loads(&self) {
+        let tasks: Vec<_> =
+            std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|p| p.into_inner()));
+        for task in &tasks {
+            task.abort();
+        }
+        let mut s = self.lock();
+        if !s.loading.is_empty() {
+            s.loading.clear();
+            self.publish(&s);
+        }
+    }
+
     /// The replica stopped: unload every model, least recently used first.
     pub(crate) async fn shutdown(&self) {
         let models = {
@@ -473,9 +500,9 @@ mod tests {
 
     use super::*;
 
-    /// Loads take 10 ms; loading "bad" fails; the first load of "boom"
-    /// panics before the loader returns its future; unloading "slow" takes
-    /// 100 ms; every load and unload is logged.
+    /// Loads take 10 ms; loading "bad" fails; loading "never" never ends;
+    /// the first load of "boom" panics before the loader returns its future;
+    /// unloading "slow" takes 100 ms; every load and unload is logged.
     #[derive(Default)]
     struct Zoo {
         loads: AtomicU32,
@@ -503,6 +530,9 @@ mod tests {
             );
             let id = id.to_owned();
             async move {
+                if id == "never" {
+                    std::future::pending::<()>().await;
+                }
                 tokio::time::sleep(Duration::from_millis(10)).await;
                 if id == "bad" {
                     return Err(UserError::new("no such model"));
@@ -738,6 +768,42 @@ mod tests {
         assert!(b.await.unwrap().is_err());
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert_eq!(zoo.log(), ["load slow", "unload slow"]);
+        assert!(c.hub().current().is_empty());
+    }
+
+    /// A loader that never returns keeps a stopping replica's shutdown
+    /// waiting for its turn until the loads are cancelled; then the shutdown
+    /// ends, the caller hears the load was abandoned, and nothing is cached.
+    #[tokio::test(start_paused = true)]
+    async fn cancelled_loads_free_a_shutdown_stuck_behind_a_loader_that_never_returns() {
+        let (zoo, c) = cache(Some(2));
+        let stuck = {
+            let c = c.clone();
+            tokio::spawn(async move { c.get(&id("never")).await })
+        };
+        let mut rx = c.hub().subscribe();
+        rx.wait_for(|ids| ids.loading.len() == 1).await.unwrap();
+        let shutdown = {
+            let c = c.clone();
+            tokio::spawn(async move { c.shutdown().await })
+        };
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+        assert!(!shutdown.is_finished(), "the loader returned after all");
+        c.abort_loads();
+        tokio::time::timeout(Duration::from_secs(1), shutdown)
+            .await
+            .expect("the shutdown ended once the loads were cancelled")
+            .unwrap();
+        match stuck.await.unwrap() {
+            Err(CallError::ModelLoad { model_id, message }) => {
+                assert_eq!(
+                    (model_id.as_str(), message.as_str()),
+                    ("never", "the load was abandoned")
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(zoo.log(), ["load never"]);
         assert!(c.hub().current().is_empty());
     }
 

@@ -132,15 +132,20 @@ pub trait MultiplexedDeployment: Send + Sync + 'static {
     /// [`CallError::ModelLoad`](crate::CallError::ModelLoad), nothing is
     /// cached, and the replica is not replaced (as Ray, where a loader's
     /// exception fails its requests only). A load still waiting for its turn
-    /// when the replica stops does not run.
+    /// when the replica stops does not run; one still running when the
+    /// replica's graceful shutdown timeout passes, or when it is killed, is
+    /// cancelled (its future dropped), and its requests fail as abandoned.
     fn load_model(
         &self,
         model_id: &str,
     ) -> impl Future<Output = Result<Self::Model, UserError>> + Send;
 
-    /// Unload an evicted model (Ray calls the model's `__del__`). Requests
-    /// still running with it keep their share of it until they finish. A panic
-    /// here is logged. Default: drop it.
+    /// Unload an evicted model (Ray calls the model's `__del__`). It runs at
+    /// once, as Ray's does: requests that took the model before it was
+    /// evicted may still be running with it (each holds an `Arc` of it, so
+    /// the value itself lives until the last is done). Free what they could
+    /// still use (a GPU's memory) in the model's `Drop`, which runs after
+    /// them, not here. A panic here is logged. Default: drop it.
     fn unload_model(
         &self,
         model_id: &str,
@@ -284,6 +289,10 @@ impl<M: MultiplexedDeployment> ErasedDeployment for ErasedMultiplexed<M> {
 
     fn shutdown(&self) -> BoxFuture<'_, ()> {
         Box::pin(self.cache.shutdown())
+    }
+
+    fn abort_loads(&self) {
+        self.cache.abort_loads();
     }
 }
 

@@ -110,7 +110,13 @@ pub trait Deployment: Send + Sync + 'static {
     /// response list of another length fails them all with
     /// [`CallError::BatchSize`]. A caller that gives up (drops its call, or
     /// times out) before its batch starts is left out of it; one that gives up
-    /// while its batch runs only loses its response.
+    /// while its batch runs only loses its response. Once every caller of a
+    /// running batch has given up, the batch is cancelled (its future
+    /// dropped) and its place under `max_concurrent_batches` freed, as a
+    /// request's handler is cancelled when its caller leaves: work it hands
+    /// to another thread or task (`spawn_blocking` inference) must stop with
+    /// the future (an abort guard it holds), or it goes on outside those
+    /// limits. Ray's batch runs on to its end.
     ///
     /// Default: every request through [`handle`](Self::handle), concurrently;
     /// the first error fails the batch.
@@ -220,6 +226,9 @@ pub(crate) trait ErasedDeployment: Send + Sync + 'static {
     fn shutdown(&self) -> BoxFuture<'_, ()> {
         Box::pin(async {})
     }
+    /// The replica is gone and will not wait for its model loads any more:
+    /// cancel those still running or queued (multiplexed deployments).
+    fn abort_loads(&self) {}
 }
 
 pub(crate) fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {

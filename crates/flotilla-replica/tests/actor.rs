@@ -58,6 +58,78 @@ impl Deployment for Sleeper {
     }
 }
 
+/// Its loader never returns; says when it is dropped.
+struct Stuck(Arc<AtomicBool>);
+
+impl Drop for Stuck {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+impl MultiplexedDeployment for Stuck {
+    type Request = ();
+    type Response = String;
+    type Model = String;
+    async fn load_model(&self, _: &str) -> Result<String, UserError> {
+        std::future::pending().await
+    }
+    async fn handle(&self, model: &String, _: ()) -> Result<String, UserError> {
+        Ok(model.clone())
+    }
+}
+
+/// A loader that never returns does not outlive its replica, stopped (once
+/// the graceful shutdown timeout has passed) or killed: the load is
+/// cancelled, its caller hears so, and the deployment's value (with whatever
+/// it holds, a GPU's memory) is dropped.
+#[tokio::test(start_paused = true)]
+async fn a_load_that_never_returns_is_cancelled_when_its_replica_goes() {
+    for kill in [false, true] {
+        let dropped = Arc::new(AtomicBool::new(false));
+        let d = dropped.clone();
+        let registry = Registry::new()
+            .register_multiplexed("test::Sleeper", move |_ctx| {
+                let d = d.clone();
+                async move { Ok(Stuck(d)) }
+            })
+            .unwrap();
+        let (tx, mut events) = mpsc::unbounded_channel();
+        let directory = Directory::new();
+        let ns = format!("replica-test-stuck-load-{kill}");
+        let args = support::args(&ns, spec(None), registry, &directory, tx, OnExit::none());
+        let (app, deployment) = (args.app.clone(), args.deployment.clone());
+        let (actor, done) = Actor::spawn(None, ReplicaActor, args).await.unwrap();
+        let Some(ReplicaEvent::Ready { endpoint, .. }) = events.recv().await else {
+            panic!("not ready");
+        };
+        let route = directory.route(&app, &deployment);
+        route.publish(vec![endpoint]);
+        let h = directory
+            .handle(&app, &deployment)
+            .with_model_id("m")
+            .unwrap();
+        let call = tokio::spawn(async move { h.call::<_, String>(&()).await });
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert!(!call.is_finished(), "the load returned after all");
+        if kill {
+            actor.kill();
+        } else {
+            actor.cast(ReplicaMsg::Stop { graceful: false }).unwrap();
+        }
+        done.await.unwrap();
+        route.publish(vec![]);
+        drop(events);
+        let outcome = call.await.unwrap();
+        assert!(outcome.is_err(), "kill: {kill}: {outcome:?}");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(
+            dropped.load(Ordering::SeqCst),
+            "kill: {kill}: the deployment outlived its replica"
+        );
+    }
+}
+
 struct Rig {
     knobs: Arc<Knobs>,
     actor: ActorRef<ReplicaMsg>,

@@ -166,8 +166,9 @@ pub struct DeploymentConfig {
     /// Most models a replica of a multiplexed deployment keeps loaded; loading
     /// one more unloads the least recently used first (Ray's
     /// `@serve.multiplexed(max_num_models_per_replica)`, default 3). `None` is
-    /// Ray's -1: no limit. Part of the config version; a lower limit applies
-    /// from the next load.
+    /// Ray's -1: no limit. Part of the config version, changed in place: a
+    /// lower limit evicts each replica's least recently used models down to
+    /// it at once (Ray's cannot change without a redeploy).
     #[serde(default = "default_max_models")]
     pub max_num_models_per_replica: Option<u32>,
 }

@@ -236,11 +236,29 @@ pub(crate) struct ModelCache<M: MultiplexedDeployment> {
     /// The tasks of loads running or waiting for their turn, to cancel when
     /// the replica no longer waits for them ([`abort_loads`](Self::abort_loads)).
     tasks: Mutex<Vec<tokio::task::AbortHandle>>,
+    /// The task that follows the deployment's model limit
+    /// ([`follow_limit`](Self::follow_limit)), ended with the cache.
+    follower: Mutex<Option<tokio::task::AbortHandle>>,
+}
+
+impl<M: MultiplexedDeployment> Drop for ModelCache<M> {
+    fn drop(&mut self) {
+        if let Some(f) = self
+            .follower
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            f.abort();
+        }
+    }
 }
 
 impl<M: MultiplexedDeployment> ModelCache<M> {
-    pub(crate) fn new(source: Arc<M>, settings: Arc<Settings>, span: tracing::Span) -> Self {
-        ModelCache {
+    /// The cache of one replica of `source`, following `settings`' model
+    /// limit: a lower one evicts at once.
+    pub(crate) fn new(source: Arc<M>, settings: Arc<Settings>, span: tracing::Span) -> Arc<Self> {
+        let cache = Arc::new(ModelCache {
             source,
             state: Mutex::new(State {
                 loaded: VecDeque::new(),
@@ -253,7 +271,31 @@ impl<M: MultiplexedDeployment> ModelCache<M> {
             span,
             home: crate::home::Home::current(),
             tasks: Mutex::new(Vec::new()),
-        }
+            follower: Mutex::new(None),
+        });
+        cache.follow_limit();
+        cache
+    }
+
+    /// Evict down to the deployment's model limit whenever it is lowered, in
+    /// the turn of loads (Ray's limit cannot change in place; Flotilla's can,
+    /// and "at most" holds then too, not only from the next load). The task
+    /// holds the cache weakly and ends with it.
+    fn follow_limit(self: &Arc<Self>) {
+        let mut changed = self.settings.watch_max_models();
+        changed.mark_unchanged();
+        let cache = Arc::downgrade(self);
+        let task = self.home.spawn(async move {
+            while changed.changed().await.is_ok() {
+                let Some(cache) = cache.upgrade() else { return };
+                let _turn = cache.turn.lock().await;
+                if cache.lock().closed {
+                    return;
+                }
+                cache.evict_beyond(0).await;
+            }
+        });
+        *self.follower.lock().unwrap_or_else(|p| p.into_inner()) = Some(task.abort_handle());
     }
 
     pub(crate) fn hub(&self) -> &Arc<ModelHub> {
@@ -408,13 +450,19 @@ impl<M: MultiplexedDeployment> ModelCache<M> {
 
     /// Unload least recently used models until one more fits the limit.
     async fn make_room(&self) {
+        self.evict_beyond(1).await;
+    }
+
+    /// Unload least recently used models until `room` more fit the limit
+    /// (in the turn of loads).
+    async fn evict_beyond(&self, room: usize) {
         loop {
             let victim = {
                 let mut s = self.lock();
                 let full = self
                     .settings
                     .max_models()
-                    .is_some_and(|limit| s.loaded.len() >= limit as usize);
+                    .is_some_and(|limit| s.loaded.len() + room > limit as usize);
                 let victim = if full { s.loaded.pop_front() } else { None };
                 if victim.is_some() {
                     self.publish(&s);
@@ -467,6 +515,14 @@ impl<M: MultiplexedDeployment> ModelCache<M> {
                 return;
             }
             s.closed = true;
+            if let Some(f) = self
+                .follower
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take()
+            {
+                f.abort();
+            }
             let models: Vec<_> = s.loaded.drain(..).collect();
             self.publish(&s);
             models
@@ -557,7 +613,7 @@ mod tests {
         let settings = Arc::new(Settings::default());
         settings.set_max_models(limit);
         let span = tracing::Span::none();
-        (zoo.clone(), Arc::new(ModelCache::new(zoo, settings, span)))
+        (zoo.clone(), ModelCache::new(zoo, settings, span))
     }
 
     fn id(s: &str) -> Arc<str> {
@@ -848,15 +904,57 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn no_limit_keeps_everything_and_a_lower_limit_applies_from_the_next_load() {
-        let (_zoo, c) = cache(None);
+    async fn no_limit_keeps_everything_and_a_lower_limit_evicts_at_once() {
+        let (zoo, c) = cache(None);
         for m in ["a", "b", "c", "d"] {
             c.get(&id(m)).await.unwrap();
         }
         assert_eq!(loaded(&c), ["a", "b", "c", "d"]);
+        // "b" used again: "a" and "c" are the least recently used.
+        c.get(&id("b")).await.unwrap();
+        let mut rx = c.hub().subscribe();
         c.settings.set_max_models(Some(2));
-        assert_eq!(loaded(&c).len(), 4);
+        tokio::time::timeout(
+            Duration::from_secs(1),
+            rx.wait_for(|ids| ids.loaded.len() == 2),
+        )
+        .await
+        .expect("evicted down to the lower limit")
+        .unwrap();
+        assert_eq!(loaded(&c), ["d", "b"]);
+        assert_eq!(&zoo.log()[4..], ["unload a", "unload c"]);
+        // A raised limit evicts nothing; the next load fills it.
+        c.settings.set_max_models(Some(3));
         c.get(&id("e")).await.unwrap();
-        assert_eq!(loaded(&c), ["d", "e"]);
+        assert_eq!(loaded(&c), ["d", "b", "e"]);
+    }
+
+    /// The task following the limit ends with its replica (stopped) or its
+    /// cache (dropped): a replica leaves no task behind on a route that lives
+    /// on.
+    #[tokio::test(start_paused = true)]
+    async fn the_limit_follower_ends_with_its_replica() {
+        let (_zoo, stopped) = cache(Some(2));
+        let settings = stopped.settings.clone();
+        let dropped = ModelCache::new(
+            Arc::new(Zoo::default()),
+            settings.clone(),
+            tracing::Span::none(),
+        );
+        assert_eq!(settings.max_models_followers(), 2);
+        stopped.shutdown().await;
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert_eq!(
+            settings.max_models_followers(),
+            1,
+            "a stopped replica's follower waits on"
+        );
+        drop(dropped);
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert_eq!(
+            settings.max_models_followers(),
+            0,
+            "a dropped cache's follower waits on"
+        );
     }
 }

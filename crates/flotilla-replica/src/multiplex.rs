@@ -215,7 +215,7 @@ impl<M: MultiplexedDeployment> ErasedMultiplexed<M> {
     pub(crate) fn new(inner: M, settings: Arc<Settings>, span: tracing::Span) -> Self {
         let inner = Arc::new(inner);
         ErasedMultiplexed {
-            cache: Arc::new(ModelCache::new(inner.clone(), settings, span)),
+            cache: ModelCache::new(inner.clone(), settings, span),
             inner,
         }
     }

@@ -111,7 +111,7 @@ impl DeploymentRoute {
 
     /// Take the data-plane part of a deployment's config, in place: the queue
     /// limit and its HTTP answer (`backpressure_config`), batching (from each
-    /// replica's next batch), the model limit (from each replica's next load)
+    /// replica's next batch), the model limit (a lower one evicts at once)
     /// and the request router ([`set_router_config`](Self::set_router_config)).
     /// The DeploymentActor calls this whenever the deployment's target changes.
     ///
@@ -207,8 +207,10 @@ impl DeploymentRoute {
         self.settings.batching()
     }
 
-    /// Keep at most `limit` models per replica from each replica's next load
-    /// (`None`: no limit). Set as [`set_batching`](Self::set_batching) is.
+    /// Keep at most `limit` models per replica (`None`: no limit): a lower
+    /// limit than before evicts each replica's least recently used models
+    /// down to it at once (in the turn of its loads). Set as
+    /// [`set_batching`](Self::set_batching) is.
     pub fn set_max_models_per_replica(&self, limit: Option<u32>) {
         self.settings.set_max_models(limit);
     }

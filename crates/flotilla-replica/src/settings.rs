@@ -26,6 +26,9 @@ pub(crate) struct Settings {
     /// Marked at every batching change, for batchers idle meanwhile (a raised
     /// `max_concurrent_batches` has room for a waiting batch at once).
     batching_changed: tokio::sync::watch::Sender<()>,
+    /// Marked when the model limit changes, for model caches holding more
+    /// than a lowered limit (they evict down to it at once).
+    models_changed: tokio::sync::watch::Sender<()>,
 }
 
 impl Default for Settings {
@@ -37,6 +40,7 @@ impl Default for Settings {
             max_models: AtomicU32::new(DEFAULT_MAX_NUM_MODELS_PER_REPLICA),
             uses: AtomicU64::new(0),
             batching_changed: tokio::sync::watch::Sender::new(()),
+            models_changed: tokio::sync::watch::Sender::new(()),
         }
     }
 }
@@ -94,7 +98,21 @@ impl Settings {
 
     /// Keep at most `limit` models per replica (`None`: no limit).
     pub(crate) fn set_max_models(&self, limit: Option<u32>) {
-        self.max_models.store(limit.unwrap_or(0), Ordering::Release);
+        let was = self.max_models.swap(limit.unwrap_or(0), Ordering::AcqRel);
+        if was != limit.unwrap_or(0) {
+            self.models_changed.send_replace(());
+        }
+    }
+
+    /// Changes when the model limit does.
+    pub(crate) fn watch_max_models(&self) -> tokio::sync::watch::Receiver<()> {
+        self.models_changed.subscribe()
+    }
+
+    /// How many follow the model limit (tests).
+    #[cfg(test)]
+    pub(crate) fn max_models_followers(&self) -> usize {
+        self.models_changed.receiver_count()
     }
 
     /// The model limit (`None`: no limit).

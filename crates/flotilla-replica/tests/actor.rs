@@ -79,6 +79,36 @@ impl MultiplexedDeployment for Stuck {
     }
 }
 
+/// A replica of the multiplexed deployment `registry` registers as
+/// `test::Sleeper`, Ready and published on its route: the actor, its end, the
+/// route and a handle that asks for model `m`.
+async fn multiplexed_replica(
+    ns: &str,
+    registry: Registry,
+    on_exit: OnExit,
+) -> (
+    ActorRef<ReplicaMsg>,
+    tokio::task::JoinHandle<()>,
+    Arc<flotilla_replica::DeploymentRoute>,
+    flotilla_replica::DeploymentHandle,
+) {
+    let (tx, mut events) = mpsc::unbounded_channel();
+    let directory = Directory::new();
+    let args = support::args(ns, spec(None), registry, &directory, tx, on_exit);
+    let (app, deployment) = (args.app.clone(), args.deployment.clone());
+    let (actor, done) = Actor::spawn(None, ReplicaActor, args).await.unwrap();
+    let Some(ReplicaEvent::Ready { endpoint, .. }) = events.recv().await else {
+        panic!("not ready");
+    };
+    let route = directory.route(&app, &deployment);
+    route.publish(vec![endpoint]);
+    let h = directory
+        .handle(&app, &deployment)
+        .with_model_id("m")
+        .unwrap();
+    (actor, done, route, h)
+}
+
 /// A loader that never returns does not outlive its replica, stopped (once
 /// the graceful shutdown timeout has passed) or killed: the load is
 /// cancelled, its caller hears so, and the deployment's value (with whatever
@@ -94,21 +124,8 @@ async fn a_load_that_never_returns_is_cancelled_when_its_replica_goes() {
                 async move { Ok(Stuck(d)) }
             })
             .unwrap();
-        let (tx, mut events) = mpsc::unbounded_channel();
-        let directory = Directory::new();
         let ns = format!("replica-test-stuck-load-{kill}");
-        let args = support::args(&ns, spec(None), registry, &directory, tx, OnExit::none());
-        let (app, deployment) = (args.app.clone(), args.deployment.clone());
-        let (actor, done) = Actor::spawn(None, ReplicaActor, args).await.unwrap();
-        let Some(ReplicaEvent::Ready { endpoint, .. }) = events.recv().await else {
-            panic!("not ready");
-        };
-        let route = directory.route(&app, &deployment);
-        route.publish(vec![endpoint]);
-        let h = directory
-            .handle(&app, &deployment)
-            .with_model_id("m")
-            .unwrap();
+        let (actor, done, route, h) = multiplexed_replica(&ns, registry, OnExit::none()).await;
         let call = tokio::spawn(async move { h.call::<_, String>(&()).await });
         tokio::time::sleep(Duration::from_secs(60)).await;
         assert!(!call.is_finished(), "the load returned after all");
@@ -119,7 +136,6 @@ async fn a_load_that_never_returns_is_cancelled_when_its_replica_goes() {
         }
         done.await.unwrap();
         route.publish(vec![]);
-        drop(events);
         let outcome = call.await.unwrap();
         assert!(outcome.is_err(), "kill: {kill}: {outcome:?}");
         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -387,22 +403,10 @@ async fn a_replica_unloads_its_models_before_it_is_gone_stopped_or_killed() {
                 async move { Ok(Models(l)) }
             })
             .unwrap();
-        let (tx, mut events) = mpsc::unbounded_channel();
-        let directory = Directory::new();
         let l = log.clone();
         let on_exit = OnExit::new(move || l.lock().unwrap().push("exit".to_owned()));
         let ns = format!("replica-test-unload-{kill}");
-        let args = support::args(&ns, spec(None), registry, &directory, tx, on_exit);
-        let (app, deployment) = (args.app.clone(), args.deployment.clone());
-        let (actor, done) = Actor::spawn(None, ReplicaActor, args).await.unwrap();
-        let Some(ReplicaEvent::Ready { endpoint, .. }) = events.recv().await else {
-            panic!("not ready");
-        };
-        directory.route(&app, &deployment).publish(vec![endpoint]);
-        let h = directory
-            .handle(&app, &deployment)
-            .with_model_id("m")
-            .unwrap();
+        let (actor, done, _route, h) = multiplexed_replica(&ns, registry, on_exit).await;
         assert_eq!(h.call::<_, String>(&()).await.unwrap(), "m");
         if kill {
             actor.kill();

@@ -283,7 +283,6 @@ impl<M: MultiplexedDeployment> ModelCache<M> {
     /// holds the cache weakly and ends with it.
     fn follow_limit(self: &Arc<Self>) {
         let mut changed = self.settings.watch_max_models();
-        changed.mark_unchanged();
         let cache = Arc::downgrade(self);
         let task = self.home.spawn(async move {
             while changed.changed().await.is_ok() {
@@ -515,12 +514,12 @@ impl<M: MultiplexedDeployment> ModelCache<M> {
                 return;
             }
             s.closed = true;
-            if let Some(f) = self
+            let follower = self
                 .follower
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .take()
-            {
+                .take();
+            if let Some(f) = follower {
                 f.abort();
             }
             let models: Vec<_> = s.loaded.drain(..).collect();

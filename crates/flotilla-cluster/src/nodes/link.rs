@@ -274,8 +274,8 @@ pub(crate) struct Shared {
     secret: u64,
     /// Session events held until the port passes them on
     /// ([`pass_on`](Self::pass_on)), by number.
-    closes: Mutex<HashMap<u64, SessionEvent>>,
-    next_close: AtomicU64,
+    held: Mutex<HashMap<u64, SessionEvent>>,
+    next_held: AtomicU64,
 }
 
 impl Shared {
@@ -334,10 +334,10 @@ impl Shared {
     /// the server's order and comes after the frames before it. Straight on
     /// when no port runs.
     fn pass_on(&self, event: SessionEvent) {
-        let n = self.next_close.fetch_add(1, Ordering::Relaxed);
-        lock(&self.closes).insert(n, event);
+        let n = self.next_held.fetch_add(1, Ordering::Relaxed);
+        lock(&self.held).insert(n, event);
         if !self.mark("", false, Some(n))
-            && let Some(event) = lock(&self.closes).remove(&n)
+            && let Some(event) = lock(&self.held).remove(&n)
         {
             let _ = self.inbound.send(Inbound::Session(event));
         }
@@ -346,7 +346,7 @@ impl Shared {
     /// Pass on every event still held (the port stopped before it reached
     /// their marks).
     fn pass_on_held(&self) {
-        let mut held: Vec<(u64, SessionEvent)> = lock(&self.closes).drain().collect();
+        let mut held: Vec<(u64, SessionEvent)> = lock(&self.held).drain().collect();
         held.sort_unstable_by_key(|(n, _)| *n);
         for (_, event) in held {
             let _ = self.inbound.send(Inbound::Session(event));
@@ -754,7 +754,7 @@ impl Actor for Port {
                                 "calls that waited here while their session closed stopped");
                         }
                     }
-                    let event = c.event.and_then(|n| lock(&shared.closes).remove(&n));
+                    let event = c.event.and_then(|n| lock(&shared.held).remove(&n));
                     if let Some(event) = event {
                         let _ = shared.inbound.send(Inbound::Session(event));
                     }
@@ -976,8 +976,8 @@ impl Link {
             undecodable: AtomicU64::new(0),
             port: OnceLock::new(),
             secret: super::head::random_u64(),
-            closes: Mutex::default(),
-            next_close: AtomicU64::new(0),
+            held: Mutex::default(),
+            next_held: AtomicU64::new(0),
         });
         let (port, _) = Actor::spawn(Some(port_name(&me)), Port, shared.clone())
             .await
@@ -1317,8 +1317,8 @@ pub(crate) mod tests {
             undecodable: AtomicU64::new(0),
             port: OnceLock::new(),
             secret: 7,
-            closes: Mutex::default(),
-            next_close: AtomicU64::new(0),
+            held: Mutex::default(),
+            next_held: AtomicU64::new(0),
         });
         (shared, rx)
     }
@@ -1466,7 +1466,7 @@ pub(crate) mod tests {
             });
         }
         assert_eq!(heard, ["ready", "frame", "closed"]);
-        assert!(lock(&shared.closes).is_empty(), "a close held for good");
+        assert!(lock(&shared.held).is_empty(), "a close held for good");
     }
 
     /// A call whose caller's session is not `Ready` here yet (its frames can

@@ -558,19 +558,16 @@ async fn adopt(state: &RegistryState, from: &str, node: &str, r: ReplicaReport) 
     // re-attached), but a clock that went back, or a head moved to another
     // machine, can give one of this head's own replicas the id of a
     // re-attached one. Reserving it would take (and its exit free) the other
-    // replica's reservation, and its proxy could not take the name.
-    // Even one reserved on this node: a node re-attaches once, so that is
-    // another replica placed there since its hello.
-    let taken = shared.pool().node_of(id).map(|n| n.name().to_owned());
-    if let Some(holder) = taken {
-        warn!(app = %r.app, deployment = %dep, replica = %id, node, %holder,
+    // replica's reservation, and its proxy could not take the name. A
+    // reservation on this very node counts too: a node re-attaches once, so
+    // it is another replica's, placed there since the node's hello.
+    let taken = match shared.pool().node_of(id) {
+        Some(n) => Some(format!("reserved on node '{}'", n.name())),
+        None => ractor::registry::where_is(name.clone()).map(|_| "its name in use".to_owned()),
+    };
+    if let Some(taken) = taken {
+        warn!(app = %r.app, deployment = %dep, replica = %id, node, %taken,
             "re-attached replica's id is another replica's here (a clock that went back?): stopping it");
-        stop();
-        return;
-    }
-    if ractor::registry::where_is(name.clone()).is_some() {
-        warn!(app = %r.app, deployment = %dep, replica = %id, node,
-            "re-attached replica's name is another replica's here (a clock that went back?): stopping it");
         stop();
         return;
     }

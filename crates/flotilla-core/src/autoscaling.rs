@@ -219,6 +219,17 @@ impl Default for AutoscalingConfig {
 }
 
 impl AutoscalingConfig {
+    /// Ray's warning when autoscaling can never scale up: a replica takes at
+    /// most `max_ongoing_requests`, so its load never exceeds a larger
+    /// `target_ongoing_requests`. In Ray's words; `None` when it can.
+    pub fn max_ongoing_warning(&self, max_ongoing_requests: u32) -> Option<String> {
+        (f64::from(max_ongoing_requests) < self.target_ongoing_requests).then(|| {
+            "Autoscaling will never happen, because 'max_ongoing_requests' is less than \
+                 'target_ongoing_requests' now."
+                .to_owned()
+        })
+    }
+
     /// Bounds in order, factors and target positive.
     pub fn validate(&self) -> Result<(), Error> {
         // max_replicas first: with min_replicas left at its default of 1, a
@@ -339,6 +350,22 @@ impl AutoscalingConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_max_ongoing_warning_is_rays() {
+        let a = AutoscalingConfig {
+            target_ongoing_requests: 5.0,
+            ..Default::default()
+        };
+        assert_eq!(a.max_ongoing_warning(5), None);
+        assert_eq!(
+            a.max_ongoing_warning(4).as_deref(),
+            Some(
+                "Autoscaling will never happen, because 'max_ongoing_requests' is less than \
+                 'target_ongoing_requests' now."
+            )
+        );
+    }
 
     #[test]
     fn aggregation_reduces_the_window() {

@@ -44,6 +44,9 @@ pub struct DeploymentRoute {
     max_queued: AtomicU32,
     /// Its target is a fixed 0 replicas (no replica is coming).
     zero_target: AtomicBool,
+    /// The `(max_ongoing_requests, target_ongoing_requests)` last warned
+    /// about ([`configure`](Self::configure)'s autoscaling warning).
+    autoscaling_warned: std::sync::Mutex<Option<(u32, u64)>>,
     /// Callers waiting in other processes (see `queued_elsewhere`).
     queued_elsewhere: AtomicU64,
     /// The deployment is DEPLOY_FAILED (see `set_deploy_failed`).
@@ -94,6 +97,7 @@ impl DeploymentRoute {
             queue: Arc::default(),
             max_queued: AtomicU32::new(u32::MAX),
             zero_target: AtomicBool::new(false),
+            autoscaling_warned: std::sync::Mutex::new(None),
             queued_elsewhere: AtomicU64::new(0),
             deploy_failed: AtomicBool::new(false),
             backpressure: std::sync::Mutex::new(BackpressureConfig::default()),
@@ -124,6 +128,7 @@ impl DeploymentRoute {
         {
             tracing::warn!(app = %self.app, deployment = %self.deployment, "{warning}");
         }
+        self.warn_if_autoscaling_cannot_scale(config);
         let copied = self.max_queued() != config.max_queued_requests
             || self.batching() != config.batching
             || self.max_models_per_replica() != config.max_num_models_per_replica;
@@ -137,6 +142,34 @@ impl DeploymentRoute {
         self.set_max_models_per_replica(config.max_num_models_per_replica);
         let router_changed = self.set_router_config(&config.request_router, registry);
         copied || router_changed
+    }
+
+    /// Ray's "autoscaling will never happen" warning, said once per pair of
+    /// `max_ongoing_requests` and `target_ongoing_requests` that earns it (a
+    /// target set again, a scaling decision, a DeploymentActor's restart do
+    /// not repeat it).
+    /// Whether it warned.
+    fn warn_if_autoscaling_cannot_scale(&self, config: &DeploymentConfig) -> bool {
+        let flotilla_core::ReplicaCount::Auto(a) = &config.num_replicas else {
+            return false;
+        };
+        let Some(warning) = a.max_ongoing_warning(config.max_ongoing_requests) else {
+            return false;
+        };
+        let pair = (
+            config.max_ongoing_requests,
+            a.target_ongoing_requests.to_bits(),
+        );
+        let mut warned = self
+            .autoscaling_warned
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if *warned == Some(pair) {
+            return false;
+        }
+        *warned = Some(pair);
+        tracing::warn!(app = %self.app, deployment = %self.deployment, "{warning}");
+        true
     }
 
     /// Route with the router `wanted` names, made by `registry`, from now on:
@@ -669,5 +702,36 @@ impl Directory {
             .get(app, deployment)
             .filter(|r| !r.is_closed() && r.is_claimed())?;
         Some(DeploymentHandle::new(self.clone(), route))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use flotilla_core::{AppName, AutoscalingConfig, DeploymentConfig, DeploymentName};
+
+    /// Ray's "autoscaling will never happen" is said when a config earns it,
+    /// once per pair of limits: a target set again does not repeat it.
+    #[test]
+    fn the_autoscaling_warning_is_said_once_per_pair_of_limits() {
+        let directory = crate::Directory::new();
+        let route = directory.route(
+            &AppName::new("a").unwrap(),
+            &DeploymentName::new("d").unwrap(),
+        );
+        let auto = |max_ongoing, target| {
+            DeploymentConfig::default()
+                .with_max_ongoing_requests(max_ongoing)
+                .with_autoscaling(AutoscalingConfig {
+                    target_ongoing_requests: target,
+                    ..Default::default()
+                })
+        };
+        assert!(!route.warn_if_autoscaling_cannot_scale(&auto(5, 2.0)));
+        assert!(!route.warn_if_autoscaling_cannot_scale(&DeploymentConfig::default()));
+        assert!(route.warn_if_autoscaling_cannot_scale(&auto(4, 5.0)));
+        assert!(!route.warn_if_autoscaling_cannot_scale(&auto(4, 5.0)));
+        assert!(route.warn_if_autoscaling_cannot_scale(&auto(3, 5.0)));
     }
 }

@@ -74,6 +74,9 @@ pub(crate) struct RegistryState {
     dead: VecDeque<String>,
     /// Each live node's last load report (`Load`), by node id.
     loads: HashMap<String, WireLoad>,
+    /// Each route's callers waiting on any node: the sum of `loads`' queued
+    /// counts, kept as reports replace each other.
+    queued: HashMap<(AppName, DeploymentName), u64>,
     /// When this head started, and whether its wait for its nodes to
     /// re-attach is over (see `Control::Nodes::settled`).
     started: Instant,
@@ -110,6 +113,7 @@ impl Actor for Registry {
             reattached: false,
             dead: VecDeque::new(),
             loads: HashMap::new(),
+            queued: HashMap::new(),
             started: Instant::now(),
             settled: false,
             timer: Some(timer),
@@ -296,8 +300,9 @@ fn take_load(state: &mut RegistryState, node: &str, load: Option<WireLoad>) {
             let _ = tx.send(ProxyReport::Load(n));
         }
     };
+    let still: HashSet<u64> = new.running.iter().map(|(r, _)| *r).collect();
     for (replica, _) in &old.running {
-        if !new.running.iter().any(|(r, _)| r == replica) {
+        if !still.contains(replica) {
             tell(*replica, 0);
         }
     }
@@ -305,17 +310,23 @@ fn take_load(state: &mut RegistryState, node: &str, load: Option<WireLoad>) {
         tell(*replica, *n);
     }
     drop(proxies);
-    let touched: HashSet<(&AppName, &DeploymentName)> = (old.queued.iter())
-        .chain(&new.queued)
-        .map(|(a, d, _)| (a, d))
-        .collect();
-    for (app, dep) in touched {
-        let total: u64 = (state.loads.values())
-            .flat_map(|l| &l.queued)
-            .filter(|(a, d, _)| a == app && d == dep)
-            .map(|(_, _, n)| u64::from(*n))
-            .sum();
-        if let Some(route) = state.shared.directory.get(app, dep) {
+    // The totals change by this node's difference alone: O(its routes), not
+    // O(nodes x routes) per report.
+    let mut touched = HashSet::new();
+    for (queued, sign) in [(&old.queued, -1i64), (&new.queued, 1)] {
+        for (app, dep, n) in queued {
+            let key = (app.clone(), dep.clone());
+            let total = state.queued.entry(key.clone()).or_default();
+            *total = total.saturating_add_signed(sign * i64::from(*n));
+            touched.insert(key);
+        }
+    }
+    for key in touched {
+        let total = state.queued.get(&key).copied().unwrap_or_default();
+        if total == 0 {
+            state.queued.remove(&key);
+        }
+        if let Some(route) = state.shared.directory.get(&key.0, &key.1) {
             route.set_queued_elsewhere(total);
         }
     }

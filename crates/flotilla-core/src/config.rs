@@ -168,7 +168,8 @@ pub struct DeploymentConfig {
     /// `@serve.multiplexed(max_num_models_per_replica)`, default 3). `None` is
     /// Ray's -1: no limit. Part of the config version, changed in place: a
     /// lower limit evicts each replica's least recently used models down to
-    /// it at once (Ray's cannot change without a redeploy).
+    /// it as soon as the load under way there, if any, is done (Ray's cannot
+    /// change without a redeploy).
     #[serde(default = "default_max_models")]
     pub max_num_models_per_replica: Option<u32>,
 }

@@ -14,9 +14,13 @@
 //!   leaves nothing cached (Ray's waiters would each retry the load).
 //! - Loads (with the unloads that make room for them) run one at a time per
 //!   replica, in a task of their own, as Ray's single lock orders them: the
-//!   limit is never exceeded, even while a load runs. A load that has begun
-//!   finishes (and its model is cached) even if every caller waiting for it
-//!   gave up; one still waiting for its turn then does not run.
+//!   limit is never exceeded, even while a load runs (a limit lowered in
+//!   place is reached once the load or eviction under way gives up its
+//!   turn). A load that has begun finishes (and its model is cached) even if
+//!   every caller waiting for it gave up; one still waiting for its turn then
+//!   does not run. When the replica gives up on its loads (its graceful
+//!   shutdown timeout passed, or it was killed), the loaders still running
+//!   are cancelled; unload hooks are never cut.
 //! - The published ids include models still loading, as Ray's do, so routers
 //!   send more requests for a model to the replica already loading it.
 
@@ -218,6 +222,9 @@ struct State<T> {
     loading: Vec<Loading<T>>,
     /// The replica stopped: no more loads.
     closed: bool,
+    /// The replica gave up on its loads ([`ModelCache::abort_loads`]): no
+    /// more loads, and those running are cancelled.
+    aborted: bool,
 }
 
 /// The model cache of one replica of `M`.
@@ -233,9 +240,10 @@ pub(crate) struct ModelCache<M: MultiplexedDeployment> {
     span: tracing::Span,
     /// The runtime it was made on: loads run there.
     home: crate::home::Home,
-    /// The tasks of loads running or waiting for their turn, to cancel when
-    /// the replica no longer waits for them ([`abort_loads`](Self::abort_loads)).
-    tasks: Mutex<Vec<tokio::task::AbortHandle>>,
+    /// Turns true when the replica gives up on its loads
+    /// ([`abort_loads`](Self::abort_loads)): each load's loader (only the
+    /// loader, never an unload hook) is cancelled then.
+    abort: watch::Sender<bool>,
     /// The task that follows the deployment's model limit
     /// ([`follow_limit`](Self::follow_limit)), ended with the cache.
     follower: Mutex<Option<tokio::task::AbortHandle>>,
@@ -264,13 +272,14 @@ impl<M: MultiplexedDeployment> ModelCache<M> {
                 loaded: VecDeque::new(),
                 loading: Vec::new(),
                 closed: false,
+                aborted: false,
             }),
             turn: tokio::sync::Mutex::new(()),
             settings,
             hub: Arc::new(ModelHub::local()),
             span,
             home: crate::home::Home::current(),
-            tasks: Mutex::new(Vec::new()),
+            abort: watch::Sender::new(false),
             follower: Mutex::new(None),
         });
         cache.follow_limit();
@@ -334,7 +343,7 @@ impl<M: MultiplexedDeployment> ModelCache<M> {
     pub(crate) async fn get(self: &Arc<Self>, id: &Arc<str>) -> Result<Arc<M::Model>, CallError> {
         let mut outcome = {
             let mut s = self.lock();
-            if s.closed {
+            if s.closed || s.aborted {
                 return Err(load_error(id, "the replica is stopping"));
             }
             if let Some(pos) = s.loaded.iter().position(|(k, ..)| k == id)
@@ -359,12 +368,8 @@ impl<M: MultiplexedDeployment> ModelCache<M> {
                     self.publish(&s);
                     let span =
                         tracing::info_span!(parent: &self.span, "load_model", model_id = %id);
-                    let task = self
-                        .home
+                    self.home
                         .spawn(self.clone().load(id.clone(), tx).instrument(span));
-                    let mut tasks = self.tasks.lock().unwrap_or_else(|p| p.into_inner());
-                    tasks.retain(|t| !t.is_finished());
-                    tasks.push(task.abort_handle());
                     rx
                 }
             }
@@ -380,7 +385,13 @@ impl<M: MultiplexedDeployment> ModelCache<M> {
     /// Load `id` in its turn, unloading the least recently used models first
     /// to make room, and tell every waiter.
     async fn load(self: Arc<Self>, id: Arc<str>, done: watch::Sender<Outcome<M::Model>>) {
-        let _turn = self.turn.lock().await;
+        let mut abort = self.abort.subscribe();
+        // Not for ever behind an unload hook that never returns, once the
+        // replica has given up on its loads.
+        let _turn = tokio::select! {
+            turn = self.turn.lock() => Some(turn),
+            _ = abort.wait_for(|a| *a) => None,
+        };
         if self.skipped(&id, &done) {
             return;
         }
@@ -390,7 +401,14 @@ impl<M: MultiplexedDeployment> ModelCache<M> {
         if self.skipped(&id, &done) {
             return;
         }
-        let result = guarded(|| self.source.load_model(&id)).await;
+        let result = tokio::select! {
+            result = guarded(|| self.source.load_model(&id)) => result,
+            _ = abort.wait_for(|a| *a) => {
+                // The loader is dropped here; `skipped` tells the waiters.
+                self.skipped(&id, &done);
+                return;
+            }
+        };
         let (outcome, late) = {
             let mut s = self.lock();
             s.loading.retain(|l| l.id != id);
@@ -428,7 +446,10 @@ impl<M: MultiplexedDeployment> ModelCache<M> {
         // Nobody waits any more when only the entry's own receiver is left
         // (each waiter holds one; under this lock no new one comes).
         let abandoned = done.receiver_count() <= 1;
-        let why = if s.closed {
+        let why = if s.aborted {
+            // The replica gave up on its loads.
+            "the load was cancelled: its replica is gone"
+        } else if s.closed {
             // The replica stopped while this load waited: load nothing (it
             // would run, evict and unload after the replica's end).
             "the replica is stopping"
@@ -488,22 +509,15 @@ impl<M: MultiplexedDeployment> ModelCache<M> {
     }
 
     /// The replica will not wait for its loads any more (its graceful
-    /// shutdown timeout passed, or it was killed): cancel every load still
-    /// running or waiting for its turn. Their callers get
-    /// [`CallError::ModelLoad`] (the load was abandoned), nothing they were
+    /// shutdown timeout passed, or it was killed): no load starts from now
+    /// on, and the loaders still running are cancelled (their futures
+    /// dropped). Their callers get [`CallError::ModelLoad`], nothing they were
     /// loading is cached, and a [`shutdown`](Self::shutdown) waiting for the
-    /// turn goes on.
+    /// turn goes on. An unload hook under way (making room, or a model loaded
+    /// after the stop) runs to its end.
     pub(crate) fn abort_loads(&self) {
-        let tasks: Vec<_> =
-            std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|p| p.into_inner()));
-        for task in &tasks {
-            task.abort();
-        }
-        let mut s = self.lock();
-        if !s.loading.is_empty() {
-            s.loading.clear();
-            self.publish(&s);
-        }
+        self.lock().aborted = true;
+        self.abort.send_replace(true);
     }
 
     /// The replica stopped: unload every model, least recently used first.
@@ -514,14 +528,6 @@ impl<M: MultiplexedDeployment> ModelCache<M> {
                 return;
             }
             s.closed = true;
-            let follower = self
-                .follower
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .take();
-            if let Some(f) = follower {
-                f.abort();
-            }
             let models: Vec<_> = s.loaded.drain(..).collect();
             self.publish(&s);
             models
@@ -529,11 +535,22 @@ impl<M: MultiplexedDeployment> ModelCache<M> {
         for (id, model, _) in models {
             self.unload(id, model).await;
         }
-        // A load (or the eviction making room for it) still running holds
-        // the turn: its model goes before the replica counts as gone, by the
-        // load's own late unload. Loads queued behind it find the replica
-        // closed and load nothing.
-        drop(self.turn.lock().await);
+        // A load (or the eviction making room for it, or the limit's
+        // follower evicting) still running holds the turn: its model goes
+        // before the replica counts as gone, by the load's own late unload,
+        // and an eviction's unload hook runs to its end. Loads queued behind
+        // it find the replica closed and load nothing. Holding the turn, the
+        // follower is idle or queued: it can go now without cutting a hook.
+        let turn = self.turn.lock().await;
+        let follower = self
+            .follower
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(f) = follower {
+            f.abort();
+        }
+        drop(turn);
     }
 }
 
@@ -561,6 +578,8 @@ mod tests {
     #[derive(Default)]
     struct Zoo {
         loads: AtomicU32,
+        /// Unload hooks that ran to their end.
+        unloaded: AtomicU32,
         boomed: std::sync::atomic::AtomicBool,
         log: Mutex<Vec<String>>,
     }
@@ -601,6 +620,7 @@ mod tests {
             if id == "slow" {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
+            self.unloaded.fetch_add(1, Ordering::SeqCst);
         }
         async fn handle(&self, model: &String, _: ()) -> Result<String, UserError> {
             Ok(model.clone())
@@ -853,13 +873,56 @@ mod tests {
             Err(CallError::ModelLoad { model_id, message }) => {
                 assert_eq!(
                     (model_id.as_str(), message.as_str()),
-                    ("never", "the load was abandoned")
+                    ("never", "the load was cancelled: its replica is gone")
                 );
             }
             other => panic!("{other:?}"),
         }
         assert_eq!(zoo.log(), ["load never"]);
         assert!(c.hub().current().is_empty());
+    }
+
+    /// Giving up on the loads cuts loaders only: an unload hook making room
+    /// for a load runs to its end, and the load it made room for does not
+    /// run.
+    #[tokio::test(start_paused = true)]
+    async fn cancelled_loads_leave_an_unload_hook_under_way_to_finish() {
+        let (zoo, c) = cache(Some(1));
+        c.get(&id("slow")).await.unwrap();
+        let b = {
+            let c = c.clone();
+            tokio::spawn(async move { c.get(&id("b")).await })
+        };
+        // "b" makes room: unloading "slow" takes 100 ms.
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!(zoo.log(), ["load slow", "unload slow"]);
+        c.abort_loads();
+        assert!(b.await.unwrap().is_err());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(zoo.unloaded.load(Ordering::SeqCst), 1, "the hook was cut");
+        assert_eq!(zoo.log(), ["load slow", "unload slow"]);
+        assert!(c.hub().current().is_empty());
+        // No load starts any more.
+        assert!(c.get(&id("c")).await.is_err());
+        assert_eq!(zoo.loads.load(Ordering::SeqCst), 1);
+    }
+
+    /// A stop waits for the limit's follower to finish the unload hook it
+    /// runs, and only then ends it.
+    #[tokio::test(start_paused = true)]
+    async fn a_stop_lets_the_limit_follower_finish_its_unload() {
+        let (zoo, c) = cache(Some(2));
+        c.get(&id("slow")).await.unwrap();
+        c.get(&id("a")).await.unwrap();
+        c.settings.set_max_models(Some(1));
+        // The follower evicts "slow", the least recently used (100 ms).
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!(&zoo.log()[2..], ["unload slow"]);
+        c.shutdown().await;
+        assert_eq!(&zoo.log()[2..], ["unload slow", "unload a"]);
+        assert_eq!(zoo.unloaded.load(Ordering::SeqCst), 2, "a hook was cut");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert_eq!(c.settings.max_models_followers(), 0);
     }
 
     /// A replica stopping while a load runs returns once that model, loaded

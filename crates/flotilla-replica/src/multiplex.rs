@@ -134,7 +134,8 @@ pub trait MultiplexedDeployment: Send + Sync + 'static {
     /// exception fails its requests only). A load still waiting for its turn
     /// when the replica stops does not run; one still running when the
     /// replica's graceful shutdown timeout passes, or when it is killed, is
-    /// cancelled (its future dropped), and its requests fail as abandoned.
+    /// cancelled (its future dropped; an unload hook is never cut), and its
+    /// requests fail with [`CallError::ModelLoad`](crate::CallError::ModelLoad).
     fn load_model(
         &self,
         model_id: &str,

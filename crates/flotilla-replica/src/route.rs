@@ -144,26 +144,28 @@ impl DeploymentRoute {
         copied || router_changed
     }
 
-    /// Ray's "autoscaling will never happen" warning, said once per pair of
-    /// `max_ongoing_requests` and `target_ongoing_requests` that earns it (a
-    /// target set again, a scaling decision, a DeploymentActor's restart do
-    /// not repeat it).
+    /// Ray's "autoscaling will never happen" warning, said once for each
+    /// config that comes to earn it (a target set again, a scaling decision,
+    /// a DeploymentActor's restart do not repeat it; a config that mends it
+    /// and one that breaks it again do).
     /// Whether it warned.
     fn warn_if_autoscaling_cannot_scale(&self, config: &DeploymentConfig) -> bool {
+        let mut warned = self
+            .autoscaling_warned
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         let flotilla_core::ReplicaCount::Auto(a) = &config.num_replicas else {
+            *warned = None;
             return false;
         };
         let Some(warning) = a.max_ongoing_warning(config.max_ongoing_requests) else {
+            *warned = None;
             return false;
         };
         let pair = (
             config.max_ongoing_requests,
             a.target_ongoing_requests.to_bits(),
         );
-        let mut warned = self
-            .autoscaling_warned
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
         if *warned == Some(pair) {
             return false;
         }
@@ -242,7 +244,8 @@ impl DeploymentRoute {
 
     /// Keep at most `limit` models per replica (`None`: no limit): a lower
     /// limit than before evicts each replica's least recently used models
-    /// down to it at once (in the turn of its loads). Set as
+    /// down to it as soon as the load or eviction under way there, if any,
+    /// is done (in the turn of its loads). Set as
     /// [`set_batching`](Self::set_batching) is.
     pub fn set_max_models_per_replica(&self, limit: Option<u32>) {
         self.settings.set_max_models(limit);
@@ -732,6 +735,9 @@ mod tests {
         assert!(!route.warn_if_autoscaling_cannot_scale(&DeploymentConfig::default()));
         assert!(route.warn_if_autoscaling_cannot_scale(&auto(4, 5.0)));
         assert!(!route.warn_if_autoscaling_cannot_scale(&auto(4, 5.0)));
+        assert!(route.warn_if_autoscaling_cannot_scale(&auto(3, 5.0)));
+        // Mended, then broken again the same way: said again.
+        assert!(!route.warn_if_autoscaling_cannot_scale(&auto(8, 5.0)));
         assert!(route.warn_if_autoscaling_cannot_scale(&auto(3, 5.0)));
     }
 }

@@ -826,19 +826,29 @@ mod tests {
         assert!(c.hub().current().is_empty());
     }
 
-    /// A load whose turn came before the replica stopped, and that was
-    /// still making room when it did, does not run either.
-    #[tokio::test(start_paused = true)]
-    async fn a_load_making_room_when_the_replica_stops_does_not_run() {
+    /// A cache holding one model, "slow", and a load of "b" that has its
+    /// turn and is making room: unloading "slow" (100 ms, 10 ms in).
+    async fn b_making_room() -> (
+        Arc<Zoo>,
+        Arc<ModelCache<Zoo>>,
+        tokio::task::JoinHandle<Result<Arc<String>, CallError>>,
+    ) {
         let (zoo, c) = cache(Some(1));
         c.get(&id("slow")).await.unwrap();
         let b = {
             let c = c.clone();
             tokio::spawn(async move { c.get(&id("b")).await })
         };
-        // "b" has its turn and is unloading "slow" (100 ms).
         tokio::time::sleep(Duration::from_millis(10)).await;
         assert_eq!(zoo.log(), ["load slow", "unload slow"]);
+        (zoo, c, b)
+    }
+
+    /// A load whose turn came before the replica stopped, and that was
+    /// still making room when it did, does not run either.
+    #[tokio::test(start_paused = true)]
+    async fn a_load_making_room_when_the_replica_stops_does_not_run() {
+        let (zoo, c, b) = b_making_room().await;
         c.shutdown().await;
         assert!(b.await.unwrap().is_err());
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -887,15 +897,7 @@ mod tests {
     /// run.
     #[tokio::test(start_paused = true)]
     async fn cancelled_loads_leave_an_unload_hook_under_way_to_finish() {
-        let (zoo, c) = cache(Some(1));
-        c.get(&id("slow")).await.unwrap();
-        let b = {
-            let c = c.clone();
-            tokio::spawn(async move { c.get(&id("b")).await })
-        };
-        // "b" makes room: unloading "slow" takes 100 ms.
-        tokio::time::sleep(Duration::from_millis(10)).await;
-        assert_eq!(zoo.log(), ["load slow", "unload slow"]);
+        let (zoo, c, b) = b_making_room().await;
         c.abort_loads();
         assert!(b.await.unwrap().is_err());
         tokio::time::sleep(Duration::from_millis(200)).await;

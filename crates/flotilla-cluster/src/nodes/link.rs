@@ -303,44 +303,44 @@ impl Shared {
         n
     }
 
-    /// Put a [`PortMsg::Closed`] for `peer` in this process's port mailbox,
-    /// which stops the calls the peer made here when the port reaches it.
-    fn mark_closed(&self, peer: &str) {
-        self.mark(peer, true, None);
-    }
-
-    /// Put a mark for `peer` in the port's mailbox (see [`wire::Closed`]);
-    /// whether it went in.
-    fn mark(&self, peer: &str, abandon: bool, event: Option<u64>) -> bool {
+    /// Put one mark in this process's port mailbox (see [`wire::Closed`]):
+    /// when the port reaches it, it stops the calls `peer` made here (if
+    /// `abandon`) and passes `event` on to the owner.
+    ///
+    /// Session events go this way, behind the frames sessions delivered
+    /// before them. Those frames wait in the port's mailbox (a session puts
+    /// each in as it reads it), while session events come from the server's
+    /// own task: sent straight on, a close could overtake its session's
+    /// frames (the registry would hear a node's close before its `Hello`, and
+    /// then admit a node with no session), and an old session's close a new
+    /// session's `Ready`. Through the port, every event keeps the server's
+    /// order and comes after the frames before it. Straight on when no port
+    /// runs.
+    fn mark(&self, peer: &str, abandon: bool, event: Option<SessionEvent>) {
+        let held = event.map(|event| {
+            let n = self.next_held.fetch_add(1, Ordering::Relaxed);
+            lock(&self.held).insert(n, event);
+            n
+        });
         let closed = wire::Closed {
             secret: self.secret,
             peer: peer.to_owned(),
             abandon,
-            event,
+            event: held,
         };
-        match (self.port.get(), wire::encode("closed", &closed)) {
+        let sent = match (self.port.get(), wire::encode("closed", &closed)) {
             (Some(port), Ok(bytes)) => port.cast(PortMsg::Closed(bytes)).is_ok(),
             _ => false,
+        };
+        if !sent && let Some(event) = held.and_then(|n| lock(&self.held).remove(&n)) {
+            let _ = self.inbound.send(Inbound::Session(event));
         }
     }
 
-    /// Pass a session event on to the owner behind the frames sessions
-    /// delivered before it. Those frames wait in the port's mailbox (a
-    /// session puts each in as it reads it), while session events come from
-    /// the server's own task: sent straight on, a close could overtake its
-    /// session's frames (the registry would hear a node's close before its
-    /// `Hello`, and then admit a node with no session), and an old session's
-    /// close a new session's `Ready`. Through the port, every event keeps
-    /// the server's order and comes after the frames before it. Straight on
-    /// when no port runs.
+    /// Pass a session event on to the owner, behind the frames before it
+    /// ([`mark`](Self::mark)).
     fn pass_on(&self, event: SessionEvent) {
-        let n = self.next_held.fetch_add(1, Ordering::Relaxed);
-        lock(&self.held).insert(n, event);
-        if !self.mark("", false, Some(n))
-            && let Some(event) = lock(&self.held).remove(&n)
-        {
-            let _ = self.inbound.send(Inbound::Session(event));
-        }
+        self.mark("", false, Some(event));
     }
 
     /// Pass on every event still held (the port stopped before it reached
@@ -510,7 +510,8 @@ impl Shared {
             s.stop(Some(format!("flotilla: {why}")));
         }
         let failed = self.calls.fail_peer(peer);
-        self.session_ended(peer, failed);
+        // Its close comes later, and is passed on then.
+        self.session_ended(peer, failed, None);
     }
 
     /// The session to `peer` ended (`failed` of our calls on it failed):
@@ -520,8 +521,9 @@ impl Shared {
     /// port's mailbox start after this pass: the port stops them when it
     /// reaches the mark put behind them. (A call of a session the peer opens
     /// again is not one of them: that session must connect and authenticate
-    /// first, while this close is reported as the old session exits.)
-    fn session_ended(&self, peer: &str, failed: usize) {
+    /// first, while this close is reported as the old session exits.) The
+    /// close `event`, if it came already, goes on behind the same mark.
+    fn session_ended(&self, peer: &str, failed: usize, event: Option<SessionEvent>) {
         if failed > 0 {
             warn!(node = %self.me, peer, failed, "calls lost with their session");
         }
@@ -530,7 +532,7 @@ impl Shared {
             info!(node = %self.me, peer, abandoned,
                 "calls of a peer whose session closed stopped here");
         }
-        self.mark_closed(peer);
+        self.mark(peer, true, event);
     }
 
     /// A frame came from `peer`: heard now (only a peer with a session is
@@ -622,7 +624,9 @@ impl Shared {
                     // The peer is still connected: nobody hears of a close.
                     return;
                 }
-                self.session_ended(peer, failed);
+                let peer = peer.clone();
+                self.session_ended(&peer, failed, Some(event));
+                return;
             }
             _ => {}
         }
@@ -1467,6 +1471,29 @@ pub(crate) mod tests {
         }
         assert_eq!(heard, ["ready", "frame", "closed"]);
         assert!(lock(&shared.held).is_empty(), "a close held for good");
+    }
+
+    /// Session events keep the server's order: an old session's close comes
+    /// before the `Ready` of the peer's next session, which the server
+    /// reported after it (the registry keys where a node listens by peer: a
+    /// late close would erase the new session's address).
+    #[tokio::test(start_paused = true)]
+    async fn an_old_sessions_close_comes_before_the_next_sessions_ready() {
+        let (shared, mut rx) = unconnected_with_inbound();
+        let _port = Actor::spawn(None, Port, shared.clone()).await.unwrap();
+        let peer = "node-a@127.0.0.1";
+        connect(&shared, peer).await;
+        close(&shared, peer);
+        connect(&shared, peer).await;
+        let mut heard = Vec::new();
+        for _ in 0..3 {
+            heard.push(match rx.recv().await.unwrap() {
+                Inbound::Session(SessionEvent::Ready { .. }) => "ready",
+                Inbound::Session(SessionEvent::Closed { .. }) => "closed",
+                _ => "other",
+            });
+        }
+        assert_eq!(heard, ["ready", "closed", "ready"]);
     }
 
     /// A call whose caller's session is not `Ready` here yet (its frames can

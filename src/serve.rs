@@ -283,8 +283,8 @@ impl Serve {
         }
         // Fail before spawning anything if the checkpoint cannot be read; the open reads
         // and checks all of it, and the Controller starts from what it read.
-        let created = !options.store_path.exists();
         let (checkpoint, snapshot) = Checkpoint::open(&options.store_path)?;
+        let created = checkpoint.created();
         let closer = checkpoint.closer();
         // A start that fails after this removes the file if this start
         // created it (what is left is as before the call), then closes the

@@ -78,6 +78,11 @@ impl Checkpoint {
         ))
     }
 
+    /// Whether [`open`](Self::open) created the file (it found none).
+    pub fn created(&self) -> bool {
+        self.store.created()
+    }
+
     /// A handle that can only close the store.
     pub fn closer(&self) -> CheckpointCloser {
         CheckpointCloser {

@@ -52,6 +52,8 @@ pub struct Store {
     /// call opens the database again first.
     broken: AtomicBool,
     path: PathBuf,
+    /// This store's open created the file.
+    created: bool,
     fail_next: AtomicBool,
     unsettle_next: AtomicBool,
     counters: Mutex<StoreCounters>,
@@ -99,7 +101,10 @@ impl Store {
     /// is built in place and locked at once; an opener that finds it in the moment between
     /// its creation and its lock reads an empty file ([`StoreError::Corrupt`]). A crash
     /// while creating may leave the temporary `.<name>.creating-<pid>-<n>` behind; it is
-    /// never read.
+    /// never read. An open that fails after it created the file removes it, under its
+    /// lock, and leaves no file behind; an opener that found the file and locked it only
+    /// after it was removed sees that (the path no longer names what it locked) and looks
+    /// at the path again.
     ///
     /// **A damaged file is never written.** An existing file is first opened read-only,
     /// which writes nothing, and read whole in one read transaction: its schema version is
@@ -153,23 +158,58 @@ impl Store {
         check: impl FnOnce(&Path, &Snapshot) -> Result<(), StoreError>,
     ) -> Result<(Store, Snapshot), StoreError> {
         let path = path.as_ref().to_path_buf();
-        // Looked at before anything opens it: opening a FIFO would wait for a writer.
-        let created = match fs::metadata(&path) {
-            Ok(meta) => {
-                if let Some(kind) = FileKind::of(meta.file_type()) {
-                    return Err(StoreError::NotAFile { path, kind });
+        // A file found here may be removed before this open locks it, by the
+        // failed open that created it (below): then the path is looked at again.
+        for _ in 0..OPEN_ATTEMPTS {
+            // Looked at before anything opens it: opening a FIFO would wait for a writer.
+            let file = match fs::metadata(&path) {
+                Ok(meta) => {
+                    if let Some(kind) = FileKind::of(meta.file_type()) {
+                        return Err(StoreError::NotAFile { path, kind });
+                    }
+                    match lock_existing(&path)? {
+                        Some(file) => file,
+                        None => continue,
+                    }
                 }
-                None
-            }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => create(&path)?,
-            Err(e) => return Err(StoreError::io(&path, e)),
-        };
-        open_existing(path, created, check)
+                Err(e) if e.kind() == io::ErrorKind::NotFound => match create(&path)? {
+                    Some(file) => {
+                        // An open that fails after it created the file leaves none:
+                        // removed while the lock is held (this clone holds it), so
+                        // the file removed is this open's, and an opener that
+                        // locks it later finds it gone (`lock_existing`).
+                        let held = file.clone();
+                        let opened = open_locked(path.clone(), file, true, check);
+                        if opened.is_err() {
+                            remove_created(&path);
+                        }
+                        drop(held);
+                        return opened;
+                    }
+                    // Another opener created it first: open theirs.
+                    None => match lock_existing(&path)? {
+                        Some(file) => file,
+                        None => continue,
+                    },
+                },
+                Err(e) => return Err(StoreError::io(&path, e)),
+            };
+            return open_locked(path, file, false, check);
+        }
+        Err(StoreError::io(
+            &path,
+            io::Error::other("the file was removed while it was being opened, again and again"),
+        ))
     }
 
     /// The checkpoint file's path, as given to [`open`](Self::open).
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Whether the open that made this store created the file (it found none).
+    pub fn created(&self) -> bool {
+        self.created
     }
 
     /// Read everything the checkpoint holds, in one read transaction, checked as
@@ -289,8 +329,10 @@ impl Store {
         db: Database,
         reopen: Reopen,
         failed_flushes: Arc<AtomicU64>,
+        created: bool,
     ) -> Store {
         Store {
+            created,
             failed_flushes,
             db: RwLock::new(Some(db)),
             reopen: Mutex::new(Some(reopen)),
@@ -584,7 +626,11 @@ fn create(path: &Path) -> Result<Option<LockedBackend>, StoreError> {
     match linked? {
         (file, Ok(())) => {
             tracing::info!(checkpoint = %path.display(), schema = SCHEMA_VERSION, "created the checkpoint");
-            sync_dir(path, dir)?;
+            if let Err(e) = sync_dir(path, dir) {
+                remove_created(path);
+                drop(file);
+                return Err(e);
+            }
             Ok(Some(file))
         }
         // Another opener created it first: open theirs.
@@ -594,8 +640,18 @@ fn create(path: &Path) -> Result<Option<LockedBackend>, StoreError> {
             tracing::debug!(error = %e, "cannot link the new checkpoint into place; creating it in place");
             match create_new(path) {
                 Ok(file) => {
-                    let file = built(path, file)?;
-                    sync_dir(path, dir)?;
+                    // Visible before it is locked: another opener may lock it
+                    // first (this open is then refused, and leaves the file be).
+                    let file = LockedFile::lock(path, file)?;
+                    let initialised =
+                        unpanicking(path, "creating", || initialise(path, file.clone()))
+                            .and_then(|r| r)
+                            .and_then(|()| sync_dir(path, dir));
+                    if let Err(e) = initialised {
+                        remove_created(path);
+                        drop(file);
+                        return Err(e);
+                    }
                     Ok(Some(file))
                 }
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(None),
@@ -662,30 +718,75 @@ fn initialise(path: &Path, file: impl redb::StorageBackend) -> Result<(), StoreE
     db.close().map_err(db_err)
 }
 
-/// Open an existing checkpoint: lock it (unless `created` is it, locked already), read and
-/// check it without writing, then open it for writing, all through the one lock.
-fn open_existing(
+/// How many times an open looks for its file again after finding it removed
+/// before it could lock it.
+const OPEN_ATTEMPTS: usize = 3;
+
+/// Open and lock the file at `path`, which was found there; `None` if it was
+/// removed before the lock was taken (or replaced by another file): the lock
+/// then holds a file nobody will find, and the caller looks again.
+fn lock_existing(path: &Path) -> Result<Option<LockedBackend>, StoreError> {
+    let file = match OpenOptions::new().read(true).write(true).open(path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(StoreError::io(path, e)),
+    };
+    let opened = file.metadata().map_err(|e| StoreError::io(path, e))?;
+    #[cfg(test)]
+    at_step("found");
+    let locked = LockedFile::lock(path, file)?;
+    match fs::metadata(path) {
+        Ok(now) if same_file(&opened, &now) => Ok(Some(locked)),
+        Ok(_) => Ok(None),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(StoreError::io(path, e)),
+    }
+}
+
+/// Whether two looks at a path saw the same file.
+#[cfg(unix)]
+fn same_file(a: &fs::Metadata, b: &fs::Metadata) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    (a.dev(), a.ino()) == (b.dev(), b.ino())
+}
+
+/// Whether two looks at a path saw the same file (without inode numbers, as
+/// far as can be told: where an open file cannot be removed, it is).
+#[cfg(not(unix))]
+fn same_file(_: &fs::Metadata, _: &fs::Metadata) -> bool {
+    true
+}
+
+/// Remove the checkpoint this open created, after the open failed; a
+/// removal that fails is logged (the file is a valid, empty checkpoint).
+fn remove_created(path: &Path) {
+    match fs::remove_file(path) {
+        Ok(()) => tracing::info!(
+            checkpoint = %path.display(),
+            "removed the checkpoint this failed open created"
+        ),
+        Err(e) => tracing::warn!(
+            checkpoint = %path.display(),
+            error = %e,
+            "cannot remove the checkpoint this failed open created"
+        ),
+    }
+}
+
+/// Open a checkpoint this open has locked: read and check it without
+/// writing, then open it for writing, all through the one lock.
+fn open_locked(
     path: PathBuf,
-    created: Option<LockedBackend>,
+    file: LockedBackend,
+    created: bool,
     check: impl FnOnce(&Path, &Snapshot) -> Result<(), StoreError>,
 ) -> Result<(Store, Snapshot), StoreError> {
-    let file = match created {
-        Some(file) => file,
-        None => {
-            let file = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open(&path)
-                .map_err(|e| StoreError::io(&path, e))?;
-            LockedFile::lock(&path, file)?
-        }
-    };
     #[cfg(test)]
-    while_locked("checking");
+    at_step("checking");
     let snapshot = check_without_writing(&path, &file)?;
     check(&path, &snapshot)?;
     #[cfg(test)]
-    while_locked("opening");
+    at_step("opening");
 
     let mut builder = Builder::new();
     let shown = path.display().to_string();
@@ -702,7 +803,7 @@ fn open_existing(
     let db = unpanicking(&path, "opening", || builder.create_with_backend(file))?
         .map_err(|e| StoreError::from_redb_database(&path, e))?;
     let reopen: Reopen = Box::new(move || Builder::new().create_with_backend(again.clone()));
-    let store = Store::with_database(path, db, reopen, failed_flushes);
+    let store = Store::with_database(path, db, reopen, failed_flushes, created);
     // Checked again (one key), at no cost: the lock keeps redb handles out, not a writer
     // that takes no lock.
     store.with_db("reading", |path, db| {
@@ -755,24 +856,25 @@ fn check_unclean(path: &Path, file: &LockedBackend) -> Result<Snapshot, StoreErr
     snapshot?
 }
 
-/// A test's hook, run at a step of an open (see [`WHILE_LOCKED`]).
+/// A test's hook, run at a step of an open (see [`AT_STEP`]).
 #[cfg(test)]
 type Hook = Box<dyn FnMut(&str)>;
 
 #[cfg(test)]
 thread_local! {
-    /// Test seam: run by [`open_existing`] in the opening thread while it holds the lock,
-    /// with the step it is at: "checking" (before the check), "opening" (before the
-    /// writable open).
-    static WHILE_LOCKED: std::cell::RefCell<Option<Hook>> = const { std::cell::RefCell::new(None) };
+    /// Test seam: run in the opening thread at each step of an open, with its
+    /// name: "found" ([`lock_existing`] has opened a file it found, and not
+    /// locked it yet); then, while the lock is held ([`open_locked`]),
+    /// "checking" (before the check) and "opening" (before the writable open).
+    static AT_STEP: std::cell::RefCell<Option<Hook>> = const { std::cell::RefCell::new(None) };
 }
 
 #[cfg(test)]
-fn while_locked(step: &str) {
+fn at_step(step: &str) {
     // Taken out while it runs, so that an open it makes runs none.
-    if let Some(mut hook) = WHILE_LOCKED.with_borrow_mut(Option::take) {
+    if let Some(mut hook) = AT_STEP.with_borrow_mut(Option::take) {
         hook(step);
-        WHILE_LOCKED.set(Some(hook));
+        AT_STEP.set(Some(hook));
     }
 }
 
@@ -882,7 +984,10 @@ mod tests {
         let db = Builder::new().open(&path).unwrap();
         let reopen = path.clone();
         let reopen: Reopen = Box::new(move || Builder::new().open(&reopen));
-        (dir, Store::with_database(path, db, reopen, Arc::default()))
+        (
+            dir,
+            Store::with_database(path, db, reopen, Arc::default(), true),
+        )
     }
 
     /// An in-memory file whose writes fail while `failing` is set (a full disk),
@@ -981,7 +1086,7 @@ mod tests {
         let flushes = file.failed_flushes.clone();
         (
             file,
-            Store::with_database(path, db, Box::new(open), flushes),
+            Store::with_database(path, db, Box::new(open), flushes, true),
         )
     }
 
@@ -1092,12 +1197,16 @@ mod tests {
         }
     }
 
-    /// Open `path` while the hook opens it again at every step: each of those opens must
-    /// be refused as `Locked`. Returns the store and the steps the hook saw.
+    /// Open `path` while the hook opens it again at every step under the lock: each of
+    /// those opens must be refused as `Locked`. Returns the store and the steps the hook
+    /// saw.
     fn open_while_another_tries(path: &Path) -> (Store, Vec<String>) {
         let steps = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
         let (other, seen) = (path.to_path_buf(), steps.clone());
-        WHILE_LOCKED.set(Some(Box::new(move |step| {
+        AT_STEP.set(Some(Box::new(move |step| {
+            if step == "found" {
+                return;
+            }
             let refused = Store::open(&other);
             assert!(
                 matches!(refused, Err(StoreError::Locked { .. })),
@@ -1106,9 +1215,85 @@ mod tests {
             seen.borrow_mut().push(step.to_owned());
         })));
         let opened = Store::open(path);
-        WHILE_LOCKED.set(None);
+        AT_STEP.set(None);
         let store = opened.unwrap().0;
         (store, steps.take())
+    }
+
+    /// The names in `dir`.
+    fn listing(dir: &Path) -> Vec<OsString> {
+        let mut names: Vec<_> = fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn an_open_that_fails_after_creating_the_file_leaves_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.redb");
+        let refused = Store::open_checked(&path, |path, _| {
+            Err(StoreError::Injected {
+                path: path.to_owned(),
+            })
+        });
+        assert!(
+            matches!(refused, Err(StoreError::Injected { .. })),
+            "{refused:?}"
+        );
+        assert!(listing(dir.path()).is_empty(), "{:?}", listing(dir.path()));
+
+        // A file that was there before is left as it was.
+        drop(Store::open(&path).unwrap());
+        let before = fs::read(&path).unwrap();
+        let refused = Store::open_checked(&path, |path, _| {
+            Err(StoreError::Injected {
+                path: path.to_owned(),
+            })
+        });
+        assert!(
+            matches!(refused, Err(StoreError::Injected { .. })),
+            "{refused:?}"
+        );
+        assert_eq!(fs::read(&path).unwrap(), before);
+    }
+
+    #[test]
+    fn an_open_whose_file_is_removed_before_it_locks_it_creates_a_new_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.redb");
+        let first = Store::open(&path).unwrap().0;
+        let mut batch = Batch::new();
+        batch.put_app(&record(NEEDLE, 1)).unwrap();
+        first.commit(&batch).unwrap();
+        // Closed and removed between the open's look and its lock, as a failed start
+        // that created it removes it.
+        let removed = path.clone();
+        let mut held = Some(first);
+        let steps = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+        let seen = steps.clone();
+        AT_STEP.set(Some(Box::new(move |step| {
+            seen.borrow_mut().push(step.to_owned());
+            if let Some(store) = held.take() {
+                fs::remove_file(&removed).unwrap();
+                store.close();
+            }
+        })));
+        let opened = Store::open(&path);
+        AT_STEP.set(None);
+        let (store, snapshot) = opened.unwrap();
+        // It locked the removed file, found it gone, and created the path anew: it does
+        // not run on a file nobody can find.
+        assert_eq!(steps.take(), ["found", "checking", "opening"]);
+        assert!(snapshot.apps.is_empty());
+        assert!(store.created());
+        store.commit(&batch).unwrap();
+        drop(store);
+        let (store, snapshot) = Store::open(&path).unwrap();
+        assert_eq!(snapshot.apps.len(), 1);
+        assert!(!store.created());
     }
 
     #[test]

@@ -16,7 +16,7 @@ use super::{
     RemoteHost,
     head::{HeadShared, NodeEntry, lock},
     link::{Inbound, SessionEnd, SessionEvent},
-    options::{CHECK_PERIOD, check_id},
+    options::{CHECK_PERIOD, OptionsError, check_id},
     proxy::{Adopted, ProxyReport, RemoteReplica, RemoteReplicaArgs},
     wire::{Control, Envelope, Hello, ReplicaReport, Welcome, WireLoad},
 };
@@ -401,27 +401,66 @@ fn send(state: &RegistryState, peer: &str, control: Control) {
 /// node could have (`check_id`), not the head's own (the head's replicas run
 /// under it, and the session's close would declare it lost), not one that
 /// is `joined` (alive), and not one this head declared `lost`.
-fn admission(node: &str, head: &str, lost: bool, joined: bool) -> Result<(), String> {
-    check_id(node).map_err(|e| e.to_string())?;
+fn admission(node: &str, head: &str, lost: bool, joined: bool) -> Result<(), Refusal> {
+    check_id(node).map_err(Refusal::BadId)?;
     if node == head {
-        return Err(format!("node id {node} is the head's own"));
+        return Err(Refusal::HeadsOwn {
+            node: node.to_owned(),
+        });
     }
     if lost {
-        return Err(format!(
-            "node {node} was declared lost by this head: its replicas were replaced; stop them \
-             and join as a new node"
-        ));
+        return Err(Refusal::Lost {
+            node: node.to_owned(),
+        });
     }
     if joined {
-        return Err(format!("node {node} already joined"));
+        return Err(Refusal::Joined {
+            node: node.to_owned(),
+        });
     }
     Ok(())
 }
 
-fn refuse(state: &RegistryState, peer: &str, node: &str, reason: String) {
+/// Why the head refuses a node's hello; its text is what the node hears
+/// ([`Control::Refused`]).
+#[derive(Debug, PartialEq, thiserror::Error)]
+enum Refusal {
+    /// The node id is not one a node could have.
+    #[error(transparent)]
+    BadId(OptionsError),
+    /// The node id is the head's own.
+    #[error("node id {node} is the head's own")]
+    HeadsOwn {
+        /// The node id given.
+        node: String,
+    },
+    /// This head declared the node lost.
+    #[error(
+        "node {node} was declared lost by this head: its replicas were replaced; stop them and \
+         join as a new node"
+    )]
+    Lost {
+        /// The node id given.
+        node: String,
+    },
+    /// A node of that id is alive.
+    #[error("node {node} already joined")]
+    Joined {
+        /// The node id given.
+        node: String,
+    },
+}
+
+fn refuse(state: &RegistryState, peer: &str, node: &str, reason: Refusal) {
     state.shared.refused.fetch_add(1, Ordering::Relaxed);
     warn!(%peer, %node, %reason, "head: node refused");
-    send(state, peer, Control::Refused { reason });
+    send(
+        state,
+        peer,
+        Control::Refused {
+            reason: reason.to_string(),
+        },
+    );
 }
 
 async fn hello(state: &mut RegistryState, from: String, h: Hello) {
@@ -793,12 +832,20 @@ mod tests {
             Err(reason) => reason,
             Ok(()) => panic!("{node} was admitted"),
         };
-        assert!(refused("head", false, false).contains("the head's own"));
-        assert!(refused("", false, false).contains("1 to 64"));
-        assert!(refused("a/b", false, false).contains("1 to 64"));
-        assert!(refused(&"n".repeat(65), false, false).contains("1 to 64"));
-        assert!(refused("node-1", true, false).contains("declared lost"));
-        assert!(refused("node-1", false, true).contains("already joined"));
+        let head = refused("head", false, false);
+        assert!(matches!(head, Refusal::HeadsOwn { .. }), "{head:?}");
+        assert!(head.to_string().contains("the head's own"));
+        for bad in ["", "a/b", &"n".repeat(65)] {
+            let id = refused(bad, false, false);
+            assert!(matches!(id, Refusal::BadId(_)), "{id:?}");
+            assert!(id.to_string().contains("1 to 64"), "{id}");
+        }
+        let lost = refused("node-1", true, false);
+        assert!(matches!(lost, Refusal::Lost { .. }), "{lost:?}");
+        assert!(lost.to_string().contains("declared lost"));
+        let joined = refused("node-1", false, true);
+        assert!(matches!(joined, Refusal::Joined { .. }), "{joined:?}");
+        assert!(joined.to_string().contains("already joined"));
     }
 
     const PEER: &str = "node-test@127.0.0.1";

@@ -198,6 +198,56 @@ async fn calls_to_a_deploy_failed_deployment_fail_at_once_until_it_recovers() {
     assert_eq!(h.call::<_, String>("x").await.unwrap(), "f:x");
 }
 
+/// Only a deployment none of whose target replicas ever ran is unavailable
+/// (Ray's `is_available = not _terminally_failed()`): one that is
+/// DEPLOY_FAILED because its running new replica was lost mid-roll keeps its
+/// callers waiting for the replacement.
+#[tokio::test(start_paused = true)]
+async fn a_deploy_failed_deployment_whose_new_replica_ran_keeps_its_callers_waiting() {
+    let (_dir, _sw, serve) = start_fresh().await;
+    let version = |t: &str| {
+        let args = ProbeArgs {
+            start_delay_ms: 5_000,
+            ..tag(t)
+        };
+        // The old replica drains for 30 s once replaced: the roll stays UPDATING.
+        probe(1, &args).with_config(|c| {
+            c.with_graceful_shutdown(Duration::from_secs(30), Duration::from_secs(60))
+        })
+    };
+    serve.run(app_of("a", version("v1"))).await.unwrap();
+    serve
+        .run_many(vec![app_of("a", version("v2"))], no_wait())
+        .await
+        .unwrap();
+    let s = wait_snapshot(&serve, "a", "probe", |s| {
+        s.count_at(R::Running, &s.version) == 1 && s.count(R::Stopping) == 1
+    })
+    .await;
+    assert_eq!(s.status.status, DeploymentStatus::Updating);
+    let new = s
+        .replicas
+        .iter()
+        .find(|r| r.state == R::Running)
+        .unwrap()
+        .id;
+    assert!(serve.crash_replica("a", "probe", new));
+    let s = wait_snapshot(&serve, "a", "probe", |s| {
+        s.status.status == DeploymentStatus::DeployFailed
+    })
+    .await;
+    assert_eq!(s.count(R::Running), 0, "{s:?}");
+    // No replica serves, and the replacement takes 5 s to start: the call
+    // waits for it.
+    let h = serve.app_handle("a").unwrap();
+    let t0 = Instant::now();
+    let answer = tokio::time::timeout(Duration::from_secs(20), h.call::<_, String>("x"))
+        .await
+        .expect("the call is answered once the replacement runs");
+    assert_eq!(answer.unwrap(), "v2:x");
+    assert!(t0.elapsed() >= Duration::from_secs(1), "{:?}", t0.elapsed());
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_redeploy_that_only_rescales_a_failed_deployment_starts_its_retries_afresh() {
     let (_dir, sw, serve) = start_fresh().await;

@@ -303,11 +303,10 @@ impl DeploymentState {
     }
 
     /// Tell the ApplicationActor about a status it has not seen, and the
-    /// route whether the deployment failed to deploy (its callers that find
-    /// no replica then fail at once, here and on every node).
+    /// route whether the deployment is terminally failed (its callers that
+    /// find no replica then fail at once, here and on every node).
     pub(crate) fn report(&mut self) {
-        let failed = self.status.status == flotilla_core::DeploymentStatus::DeployFailed;
-        if self.route.set_deploy_failed(failed) {
+        if self.route.set_deploy_failed(self.terminally_failed()) {
             self.args.cluster.route_changed(&self.route);
         }
         let generation = self.args.target.generation;

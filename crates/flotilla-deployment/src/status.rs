@@ -35,6 +35,16 @@ impl DeploymentState {
         MAX_CONSTRUCTOR_RETRIES.min(3 * self.args.target.replicas.max(1))
     }
 
+    /// Ray's `_terminally_failed` (what its routers hear as the deployment
+    /// not being available): no replica of the target ever ran, and startup
+    /// failures reached the retry limit. Not every DEPLOY_FAILED is: one
+    /// whose replica ran and was then lost (a failed health check while
+    /// UPDATING), or one naming code the registry lacks, still starts
+    /// replicas, and its callers wait for them, as Ray's do.
+    pub(crate) fn terminally_failed(&self) -> bool {
+        !self.has_started && self.failures >= self.retry_limit()
+    }
+
     fn name(&self) -> String {
         self.args.target.spec.name.to_string()
     }

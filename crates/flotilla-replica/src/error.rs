@@ -74,8 +74,9 @@ pub enum CallError {
         /// The deployment.
         deployment: String,
     },
-    /// The deployment failed to deploy (DEPLOY_FAILED: its replicas fail to
-    /// start) and has no replica to take the request: none is coming soon, so
+    /// The deployment failed to deploy (DEPLOY_FAILED, with no replica of its
+    /// target ever running: its replicas fail to start) and has no replica to
+    /// take the request: none is coming soon, so
     /// the call fails at once instead of waiting (Ray's
     /// `DeploymentUnavailableError`). The deployment keeps retrying slowly;
     /// once a replica runs, calls reach it again.

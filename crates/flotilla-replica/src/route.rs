@@ -49,7 +49,7 @@ pub struct DeploymentRoute {
     autoscaling_warned: std::sync::Mutex<Option<(u32, u64)>>,
     /// Callers waiting in other processes (see `queued_elsewhere`).
     queued_elsewhere: AtomicU64,
-    /// The deployment is DEPLOY_FAILED (see `set_deploy_failed`).
+    /// The deployment failed to deploy for good (see `set_deploy_failed`).
     deploy_failed: AtomicBool,
     /// How a rejection for a full queue is answered over HTTP (read only then).
     backpressure: std::sync::Mutex<BackpressureConfig>,
@@ -381,9 +381,13 @@ impl DeploymentRoute {
         self.deploy_failed.load(Ordering::Acquire)
     }
 
-    /// Say whether the deployment is DEPLOY_FAILED (its DeploymentActor, as
-    /// its status changes; a node's agent, from the head's copy). Returns
-    /// whether that changed; the callers waiting for a replica look again.
+    /// Say whether the deployment failed to deploy for good (Ray's
+    /// `_terminally_failed`: no replica of its target ever ran and its
+    /// startup failures reached the retry limit), as its DeploymentActor
+    /// judges it, or a node's agent from the head's copy. A DEPLOY_FAILED
+    /// deployment whose target did run is not: its callers wait for a
+    /// replica. Returns whether that changed; the callers waiting for a
+    /// replica look again.
     pub fn set_deploy_failed(&self, failed: bool) -> bool {
         if self.deploy_failed.swap(failed, Ordering::AcqRel) == failed {
             return false;

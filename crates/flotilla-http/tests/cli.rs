@@ -174,8 +174,46 @@ async fn an_error_names_its_cause() {
     assert!(!ok);
     assert_eq!(
         err,
-        format!("Error: cannot read {}: {cannot}\n", missing.display()),
+        format!(
+            "Error: cannot read config file {}: {cannot}\n",
+            missing.display()
+        ),
         "{err}"
+    );
+}
+
+/// A config path that is no regular file (a directory here; a FIFO would wait
+/// for a writer for good) is refused from its metadata, as the library's
+/// `apply_config_file` refuses it; and so is an address whose port is no port
+/// (it would send the token to port 80). Nothing is contacted.
+#[tokio::test]
+async fn a_config_that_is_no_file_and_a_port_that_is_no_port_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ok, _, err) = flotilla(args(
+        "http://127.0.0.1:9",
+        &["deploy", dir.path().to_str().unwrap()],
+    ))
+    .await;
+    assert!(!ok);
+    assert_eq!(
+        err,
+        format!(
+            "Error: config file {} is not a regular file\n",
+            dir.path().display()
+        )
+    );
+    let (ok, _, err) = flotilla(args("http://127.0.0.1:99999", &["delete", "-y"])).await;
+    assert!(!ok);
+    assert!(
+        err.contains("its port must be a number from 1 to 65535"),
+        "{err}"
+    );
+    // The help says what the binary is.
+    let (ok, out, _) = flotilla(vec!["--help".to_owned()]).await;
+    assert!(ok);
+    assert!(
+        out.starts_with("CLI for managing Flotilla applications through the Serve REST API"),
+        "{out}"
     );
 }
 
@@ -195,4 +233,51 @@ async fn the_token_file_is_sent_as_a_bearer_token() {
     .await;
     assert!(ok, "{out}{err}");
     f.stop().await;
+}
+
+/// A deletion the server committed is a success, even when the look at what
+/// is left fails after it (a script would otherwise delete again, or alert,
+/// for nothing). The server here is a stub: DELETE answers 200, GET 503.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_committed_delete_succeeds_when_the_look_after_it_fails() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = format!("http://{}", listener.local_addr().unwrap());
+    let stub = tokio::spawn(async move {
+        let mut methods = Vec::new();
+        while methods.len() < 2 {
+            let (mut conn, _) = listener.accept().await.unwrap();
+            let mut buf = Vec::new();
+            // Requests without bodies, one after another on the connection.
+            while methods.len() < 2 {
+                let mut chunk = [0u8; 1024];
+                let n = conn.read(&mut chunk).await.unwrap();
+                if n == 0 {
+                    break;
+                }
+                buf.extend_from_slice(&chunk[..n]);
+                while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                    let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+                    buf.drain(..end + 4);
+                    let method = head.split(' ').next().unwrap_or_default().to_owned();
+                    let status = if method == "DELETE" {
+                        "200 OK"
+                    } else {
+                        "503 Service Unavailable"
+                    };
+                    let answer = format!("HTTP/1.1 {status}\r\ncontent-length: 0\r\n\r\n");
+                    conn.write_all(answer.as_bytes()).await.unwrap();
+                    methods.push(method);
+                }
+            }
+        }
+        methods
+    });
+    let (ok, out, err) = flotilla(args(&address, &["delete", "-y"])).await;
+    assert_eq!(stub.await.unwrap(), ["DELETE", "GET"]);
+    assert!(ok, "{out}{err}");
+    assert!(
+        out.contains("Sent delete request successfully; could not see what is left"),
+        "{out}"
+    );
 }

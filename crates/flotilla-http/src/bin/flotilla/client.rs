@@ -27,6 +27,10 @@ pub enum ClientError {
         #[source]
         source: http::uri::InvalidUri,
     },
+    /// The address names a port that is no port (`http://host:99999`): a
+    /// request would go to port 80 instead, with the token.
+    #[error("Got an unexpected address \"{0}\": its port must be a number from 1 to 65535.")]
+    AddressPort(String),
     /// The server could not be reached.
     #[error("Failed to connect to Flotilla at address: {address}.")]
     Connect {
@@ -62,6 +66,10 @@ pub enum ClientError {
         #[source]
         source: std::io::Error,
     },
+    /// The config file to deploy could not be used: it is no regular file,
+    /// is too large, or could not be read (as the library reads one).
+    #[error(transparent)]
+    ConfigFile(flotilla::ServeError),
     /// The token file holds no token (it is empty, or only whitespace).
     #[error("no bearer token in file {}: it is empty", path.display())]
     EmptyToken {
@@ -110,12 +118,23 @@ impl Client {
         if !address.starts_with("http://") {
             return Err(ClientError::Address(address.to_owned()));
         }
-        address
+        let uri = address
             .parse::<http::Uri>()
             .map_err(|source| ClientError::InvalidAddress {
                 address: address.to_owned(),
                 source,
             })?;
+        // The URI parser takes any digits for a port, and the connector then
+        // goes to port 80 for one that does not fit: the token with it.
+        if let Some(authority) = uri.authority() {
+            let after_host = match authority.as_str().rsplit_once(']') {
+                Some((_, rest)) => rest,
+                None => authority.as_str(),
+            };
+            if after_host.contains(':') && authority.port_u16().is_none_or(|p| p == 0) {
+                return Err(ClientError::AddressPort(address.to_owned()));
+            }
+        }
         Ok(Client {
             address: address.trim_end_matches('/').to_owned(),
             token: None,
@@ -298,6 +317,29 @@ mod tests {
             Err(ClientError::Address(_))
         ));
         assert!(Client::new("http://[::1]:8265/").is_ok());
+    }
+
+    #[test]
+    fn an_address_whose_port_is_no_port_is_refused() {
+        for bad in [
+            "http://127.0.0.1:99999",
+            "http://127.0.0.1:0",
+            "http://[::1]:65536",
+            "http://host:",
+        ] {
+            let e = Client::new(bad).err();
+            assert!(
+                matches!(&e, Some(ClientError::AddressPort(a)) if a == bad),
+                "{bad}: {e:?}"
+            );
+        }
+        for good in [
+            "http://127.0.0.1:65535",
+            "http://[::1]:1",
+            "http://localhost",
+        ] {
+            assert!(Client::new(good).is_ok(), "{good}");
+        }
     }
 
     #[test]

@@ -25,7 +25,7 @@ use client::{Client, ClientError};
 
 /// CLI for managing Flotilla applications through the Serve REST API.
 #[derive(Debug, Parser)]
-#[command(name = "flotilla", version, about)]
+#[command(name = "flotilla", version)]
 struct Cli {
     /// The REST API's address.
     #[arg(
@@ -109,10 +109,7 @@ async fn run(cli: Cli) -> Result<(), ClientError> {
     }
     match cli.command {
         Command::Deploy { config } => {
-            let text = std::fs::read(&config).map_err(|source| ClientError::ReadFile {
-                path: config.clone(),
-                source,
-            })?;
+            let text = flotilla::read_config_file(&config).map_err(ClientError::ConfigFile)?;
             say(&format!(
                 "Deploying from config file: '{}'.\n",
                 config.display()
@@ -121,7 +118,7 @@ async fn run(cli: Cli) -> Result<(), ClientError> {
                 Some("json") => "application/json",
                 _ => "application/yaml",
             };
-            let warnings = client.put_config(text, content_type).await?;
+            let warnings = client.put_config(text.into_bytes(), content_type).await?;
             tell(&warnings);
             say(
                 "\nSent deploy request successfully.\n * Use `flotilla status` to check applications' statuses.\n * Use `flotilla config` to see the current application config(s).\n\n",
@@ -142,11 +139,17 @@ async fn run(cli: Cli) -> Result<(), ClientError> {
             // The server answers once every application is gone, or after 30
             // s while some still drain: say which.
             client.delete().await?;
-            let details = client.details().await?;
-            match details["applications"].as_object().map_or(0, |a| a.len()) {
-                0 => say("Deleted every application.\n")?,
-                n => say(&format!(
-                    "Sent delete request; {n} application(s) are still being deleted (see `flotilla status`).\n"
+            // The deletion is committed: a failed look at what is left is
+            // said, not an error (a script would delete again for nothing).
+            match client.details().await {
+                Ok(details) => match details["applications"].as_object().map_or(0, |a| a.len()) {
+                    0 => say("Deleted every application.\n")?,
+                    n => say(&format!(
+                        "Sent delete request; {n} application(s) are still being deleted (see `flotilla status`).\n"
+                    ))?,
+                },
+                Err(e) => say(&format!(
+                    "Sent delete request successfully; could not see what is left ({e}): see `flotilla status`.\n"
                 ))?,
             }
         }

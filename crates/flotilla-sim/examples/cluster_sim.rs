@@ -46,7 +46,8 @@ struct Flags {
     /// the simulator's builders `sim.chain:app` and `sim.failing:app`
     #[arg(long, value_name = "FILE")]
     serve_config: Option<PathBuf>,
-    /// Virtual time to run traffic and events for, e.g. 10m, 1h [default: 10m]
+    /// Virtual time to run traffic and events for, e.g. 10m, 1h [default: 10m];
+    /// a shorter run keeps the default event schedule's events that fit in it
     #[arg(long, value_parser = parse_duration)]
     duration: Option<Duration>,
     /// Event schedule, e.g. "controller@60s,node@120s,process@300s,config@400s:next.yaml"
@@ -75,8 +76,8 @@ struct Flags {
     #[arg(long)]
     quiet: bool,
     /// Give up (exit status 3) if virtual time stops advancing for this many
-    /// wall seconds: a live-lock in the system under test
-    #[arg(long, default_value_t = 60)]
+    /// wall seconds (at least 1): a live-lock in the system under test
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
     stall_timeout: u64,
 }
 

@@ -450,6 +450,14 @@ impl Scenario {
         }
         if let Some(v) = &o.faults {
             self.faults = faults::split(v);
+        } else if let Some(end) = o.duration
+            && self.faults == faults::split(DEFAULT_FAULTS)
+        {
+            // A shorter run keeps the default schedule's events that fit in
+            // it: nobody wrote the others (a schedule somebody wrote is held
+            // to the duration, below).
+            self.faults
+                .retain(|entry| faults::parse(entry).is_ok_and(|e| e.at < end));
         }
         if let Some(v) = o.seed {
             self.seed = v;
@@ -557,6 +565,29 @@ impl Scenario {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn a_shorter_duration_keeps_the_default_events_that_fit_and_holds_written_ones() {
+        let short = Duration::from_secs(90);
+        let mut s = Scenario::default();
+        s.apply(&Overrides {
+            duration: Some(short),
+            ..Overrides::default()
+        })
+        .unwrap();
+        assert_eq!(
+            s.faults,
+            ["controller@15s", "node@60s", "deployment@80s:40"]
+        );
+        // Events somebody wrote are not dropped: one past the end is an error.
+        let mut s = Scenario::default();
+        let e = s.apply(&Overrides {
+            duration: Some(short),
+            faults: Some("node@100s".into()),
+            ..Overrides::default()
+        });
+        assert!(matches!(e, Err(SimError::EventAfterEnd { .. })), "{e:?}");
+    }
 
     #[test]
     fn durations_parse_and_print() {

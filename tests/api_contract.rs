@@ -539,12 +539,20 @@ async fn an_external_scaler_sets_replica_counts_durably_until_the_app_declares_a
     ));
     // Being deleted: said so (Ray's DeploymentIsBeingDeletedError), not that
     // it does not exist.
+    serve.scale_deployment("ext", "probe", 3).await.unwrap();
+    wait_snapshot(&serve, "ext", "probe", |s| s.target.replicas == 3).await;
     serve.delete_apps(["ext"], false).await.unwrap();
     let e = serve.scale_deployment("ext", "probe", 2).await.unwrap_err();
     assert!(
         matches!(&e, ServeError::BeingDeleted { app } if app == "ext"),
         "{e}"
     );
+    // Deployed again while it is still being deleted: it starts afresh, at
+    // its declared count, as it would once the deletion ended (the decision
+    // went with the deletion).
+    serve.run(scaled(2)).await.unwrap();
+    let s = observe(&serve, "ext", "probe").await;
+    assert_eq!(s.target.replicas, 2, "{s:?}");
 }
 
 #[tokio::test(start_paused = true)]

@@ -55,8 +55,11 @@ impl ControllerState {
     }
 
     /// Put `records` in `batch`, with the removal of the replica decisions that
-    /// no longer stand: an autoscaler's for a deployment no longer autoscaled,
-    /// an external scaler's for one whose declared count changed (the newer
+    /// no longer stand: every decision of an application deployed again while
+    /// it is being deleted (it starts afresh, as it would once its deletion
+    /// ended; Ray's `deploy` over a deleting target starts from the declared
+    /// count), an autoscaler's for a deployment no longer autoscaled, an
+    /// external scaler's for one whose declared count changed (the newer
     /// declaration wins) or whose application no longer has an external scaler.
     /// A running deployment that turns autoscaled without `initial_replicas`
     /// keeps its count, clamped into its bounds, as its first decision (Ray's
@@ -84,6 +87,10 @@ impl ControllerState {
         };
         for r in records {
             batch.put_app(r)?;
+            let undeleted = self
+                .apps
+                .get(&r.spec.name)
+                .is_some_and(|e| e.record.deleting);
             for (dep, replicas) in self.kept_counts(r) {
                 seed(batch, &r.spec.name, &dep, replicas)?;
             }
@@ -99,6 +106,7 @@ impl ControllerState {
                         .map(|d| d.config.num_replicas.clone())
                 };
                 let still = match declared(r) {
+                    _ if undeleted => false,
                     Some(ReplicaCount::Auto(a)) => {
                         // Ray's `deploy`: the current target clamped into the
                         // new bounds is the target (and durable), so a later

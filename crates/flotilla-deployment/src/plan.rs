@@ -58,7 +58,9 @@ pub struct Plan {
 /// - Only RUNNING replicas take a config change in place (`reconfigure`), at most
 ///   `rollout.step(target)` in transition at once (UPDATING, or missing: a
 ///   replica whose reconfigure failed counts until its replacement runs); a
-///   STARTING one is reconfigured once it runs.
+///   STARTING one is reconfigured once it runs. A pending scale-down finishes
+///   first: none is reconfigured while more replicas at another version live
+///   or stop than the target.
 /// - [`Starts::HeldBack`] (constructor backoff) holds starts back;
 ///   [`Starts::NoRoom`] (the cluster refused the last start) lets a roll stop a
 ///   step of old replicas before their replacements run, so a full cluster (or a
@@ -114,12 +116,24 @@ pub fn plan(
         .filter(|r| r.version != *version && r.state != ReplicaState::Updating)
         .count();
     let in_transition = (target as usize).saturating_sub(at_target + outdated);
+    // A scale-down finishes first (Ray's `target_num < old_running +
+    // old_stopping: return`): while more replicas at another version live or
+    // still stop than the target, none is reconfigured.
+    let outdated_or_stopping = replicas
+        .iter()
+        .filter(|r| r.version != *version && r.state != ReplicaState::Updating)
+        .count();
+    let step = if outdated_or_stopping > target as usize {
+        0
+    } else {
+        rollout.step(target) as usize
+    };
     let mut out = Plan {
         reconfigure: new
             .iter()
             .filter(|r| r.version.config != version.config && r.state == ReplicaState::Running)
             .map(|r| r.id)
-            .take((rollout.step(target) as usize).saturating_sub(in_transition))
+            .take(step.saturating_sub(in_transition))
             .collect(),
         ..Plan::default()
     };
@@ -428,6 +442,28 @@ mod tests {
                 .reconfigure
                 .is_empty()
         );
+    }
+
+    #[test]
+    fn a_scale_down_finishes_before_a_config_change_rolls() {
+        let mut target = v("a");
+        target.config = ConfigVersion(2);
+        let mut rs: Vec<_> = (1..=10).map(|i| r(i, Running, "a")).collect();
+        // Ten at the old config, five wanted at the new one: five stop, and
+        // nothing is reconfigured yet.
+        let p = plan(5, &target, R, &rs, Starts::Allowed);
+        assert_eq!(p.stop.len(), 5, "{p:?}");
+        assert!(p.reconfigure.is_empty(), "{p:?}");
+        // While those five still stop, still nothing.
+        for r in &mut rs[5..] {
+            r.state = Stopping;
+        }
+        let p = plan(5, &target, R, &rs, Starts::Allowed);
+        assert!(p.reconfigure.is_empty() && p.stop.is_empty(), "{p:?}");
+        // Once they are gone, the change rolls, a step at a time.
+        rs.truncate(5);
+        let p = plan(5, &target, R, &rs, Starts::Allowed);
+        assert_eq!(p.reconfigure, vec![ReplicaId(1)]);
     }
 
     #[test]

@@ -364,3 +364,32 @@ async fn a_node_lost_under_an_updating_replica_does_not_fail_the_update() {
     sw.reconfigure_delay_ms.store(0, Ordering::SeqCst);
     wait_status(&serve, "a", A::Running).await;
 }
+
+/// A replica still constructing (STARTING) that is lost with its node is a
+/// startup failure, counted (and backed off), as Ray counts a starting
+/// replica whose actor died; replaced on another node.
+#[tokio::test(start_paused = true)]
+async fn a_node_lost_under_a_starting_replica_counts_a_startup_failure() {
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Arc::new(Switches::default());
+    let cluster = Arc::new(StaticCluster::new([cpus("n1", 2.0), cpus("n2", 2.0)]));
+    let serve = start_on(&dir, &sw, cluster.clone()).await;
+    let slow = ProbeArgs {
+        start_delay_ms: 10_000,
+        ..tag("s")
+    };
+    serve
+        .run_many(vec![app_of("a", probe(1, &slow))], no_wait())
+        .await
+        .unwrap();
+    let s = wait_snapshot(&serve, "a", "probe", |s| s.count(R::Starting) == 1).await;
+    let node = s.replicas[0].node.clone();
+    assert!(cluster.kill_node(&node));
+    let s = wait_snapshot(&serve, "a", "probe", |s| {
+        !s.replicas.iter().any(|r| r.node == node)
+    })
+    .await;
+    assert_eq!(s.startup_failures, 1, "{s:?}");
+    let st = wait_status(&serve, "a", A::Running).await;
+    assert_eq!(st.deployments.len(), 1);
+}

@@ -527,7 +527,11 @@ impl Actor for DeploymentActor {
                         Self::count_startup_failure(&myself, state, id, true, &error);
                     }
                 }
-                InternalMsg::ClusterResync => placement::resync(state),
+                InternalMsg::ClusterResync => {
+                    for (id, error) in placement::resync(state) {
+                        Self::count_startup_failure(&myself, state, id, true, &error);
+                    }
+                }
                 InternalMsg::SlowStartCheck => {
                     state.slow.timer = None;
                     state.check_slow_start(Instant::now());

@@ -131,7 +131,9 @@ pub(crate) async fn start_replica(
 /// the next reconcile starts replacements elsewhere. A RUNNING one at the
 /// target is a lost replica (HEALTH_CHECK_FAILED); returned, for the actor to
 /// count as startup failures, those of the target's code lost before they
-/// were ready for it (UPDATING or RECOVERING: as when one crashes so).
+/// were ready for it (STARTING, UPDATING or RECOVERING: as when one crashes
+/// so, and as Ray counts a starting replica whose actor died), whichever of
+/// the node's death and the replica's own exit is heard first.
 pub(crate) fn node_died(state: &mut DeploymentState, node: &str) -> Vec<(ReplicaId, String)> {
     let lost: Vec<(ReplicaId, ReplicaState)> = state
         .replicas
@@ -147,7 +149,9 @@ pub(crate) fn node_died(state: &mut DeploymentState, node: &str) -> Vec<(Replica
         state.stop(id, false, &format!("its node '{node}' died"));
         match was {
             ReplicaState::Running => state.replica_lost(id, at_target, &why),
-            ReplicaState::Updating | ReplicaState::Recovering if at_target_code => {
+            ReplicaState::Starting | ReplicaState::Updating | ReplicaState::Recovering
+                if at_target_code =>
+            {
                 not_ready.push((id, why));
             }
             _ => {}
@@ -156,8 +160,9 @@ pub(crate) fn node_died(state: &mut DeploymentState, node: &str) -> Vec<(Replica
     not_ready
 }
 
-/// The subscription lagged: any node may have died unseen.
-pub(crate) fn resync(state: &mut DeploymentState) {
+/// The subscription lagged: any node may have died unseen. Returns what
+/// [`node_died`] returns, for every node found dead.
+pub(crate) fn resync(state: &mut DeploymentState) -> Vec<(ReplicaId, String)> {
     let mut dead: Vec<String> = state
         .replicas
         .values()
@@ -166,7 +171,7 @@ pub(crate) fn resync(state: &mut DeploymentState) {
         .collect();
     dead.sort();
     dead.dedup();
-    for node in dead {
-        node_died(state, &node);
-    }
+    dead.iter()
+        .flat_map(|node| node_died(state, node))
+        .collect()
 }

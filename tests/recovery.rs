@@ -413,3 +413,36 @@ async fn a_crash_right_after_a_deletion_is_removed_leaves_no_stale_status() {
     assert_eq!(h.call::<_, String>("x").await.unwrap(), "new:x");
     assert_eq!(serve.metrics().await.unwrap().controller_restarts, 1);
 }
+
+/// A shutdown drains the replicas of a deployment, and of an application,
+/// whose actor is waiting out a restart backoff: the waiting actor starts at
+/// once and stops its replicas gracefully, so a request in flight finishes
+/// (it was killed with its replica before).
+#[tokio::test(start_paused = true)]
+async fn a_shutdown_drains_the_replicas_of_actors_waiting_to_restart() {
+    for level in ["deployment", "application"] {
+        let dir = tempfile::tempdir().unwrap();
+        let sw = Arc::new(Switches::default());
+        // The first restart waits 10 minutes.
+        let restart = RestartPolicy {
+            first_backoff: Duration::from_secs(600),
+            max_backoff: Duration::from_secs(600),
+            ..Default::default()
+        };
+        let serve = start_restarting(&dir, &sw, restart).await;
+        let h = serve.run(app("a", 1, tag("v"))).await.unwrap();
+        let call = tokio::spawn(async move { h.call::<_, String>("sleep:5000").await });
+        while sw.handled.load(Ordering::SeqCst) == 0 {
+            tokio::task::yield_now().await;
+        }
+        let crashed = match level {
+            "deployment" => serve.crash_deployment("a", "probe"),
+            _ => serve.crash_application("a"),
+        };
+        assert!(crashed, "{level}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        serve.shutdown().await.unwrap();
+        let answer = call.await.unwrap();
+        assert_eq!(answer.ok().as_deref(), Some("v:sleep:5000"), "{level}");
+    }
+}

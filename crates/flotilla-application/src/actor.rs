@@ -461,6 +461,14 @@ impl Actor for ApplicationActor {
                 }
             }
             AppMsg::Shutdown(reply) => {
+                // A deployment waiting out a restart backoff starts now: its
+                // replicas drain only through it (it recovers them as on any
+                // restart), and nothing starts it once this is shutting down.
+                for name in state.actors.end_waits() {
+                    if let Some(target) = state.target_of(&name) {
+                        Self::spawn_child(&myself, state, name, target).await;
+                    }
+                }
                 state.shutting_down = true;
                 let children: Vec<_> = state.actors.actors().map(|(_, a)| a.clone()).collect();
                 tokio::spawn(async move {

@@ -44,8 +44,16 @@ fn refuse_after_shutdown(state: &ControllerState, msg: ControllerMsg) {
 
 impl Controller {
     /// Drain every application at once (each drains its deployments), then
-    /// reply; nothing new starts meanwhile.
-    fn shutdown(state: &mut ControllerState, reply: ractor::RpcReplyPort<()>) {
+    /// reply; nothing new starts meanwhile. An application waiting out a
+    /// restart backoff starts first: its replicas drain only through it.
+    async fn shutdown(
+        myself: &ActorRef<ControllerMsg>,
+        state: &mut ControllerState,
+        reply: ractor::RpcReplyPort<()>,
+    ) {
+        for name in state.actors.end_waits() {
+            Self::command(myself, state, &name).await;
+        }
         state.shutting_down = true;
         state.config.cancel_all();
         let actors: Vec<_> = state.actors.actors().map(|(_, a)| a.clone()).collect();
@@ -148,7 +156,7 @@ impl Actor for Controller {
                 Ok(())
             }
             ControllerMsg::Shutdown(reply) => {
-                Self::shutdown(state, reply);
+                Self::shutdown(&myself, state, reply).await;
                 Ok(())
             }
             ControllerMsg::Internal(Internal(m)) => Self::internal(&myself, state, m).await,

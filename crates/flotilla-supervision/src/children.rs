@@ -293,6 +293,17 @@ where
         self.slots.get(key).is_some_and(|s| s.waiting.is_some())
     }
 
+    /// Cancel every scheduled restart and return the keys that had one, for a
+    /// parent that must start them at once (a shutdown that drains each
+    /// child's work cannot wait out a backoff). Their retry messages, when
+    /// they come, are stale ([`retry_due`](Self::retry_due) is false).
+    pub fn end_waits(&mut self) -> Vec<K> {
+        self.slots
+            .iter_mut()
+            .filter_map(|(k, s)| s.waiting.take().map(|_| k.clone()))
+            .collect()
+    }
+
     /// A retry message of `key` came (the one [`retry_later`](Self::retry_later)
     /// scheduled): true when the scheduled restart is due now, and no longer
     /// waiting; false for a stale message (nothing scheduled, or a later

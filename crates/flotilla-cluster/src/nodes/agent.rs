@@ -27,6 +27,7 @@ use tracing::{error, info, warn};
 
 use super::{
     AbortOnDrop, NodeOptions,
+    fenced::Fenced,
     link::{Inbound, Link, SessionEnd, SessionEvent, dials},
     on_model_changes,
     options::CHECK_PERIOD,
@@ -140,6 +141,9 @@ pub(crate) struct AgentState {
     /// dropped, if that head still does not list them, once it says its
     /// wait for its nodes is over.
     inherited: HashSet<String>,
+    /// Peers a head declared lost (or that left): their sessions are
+    /// dropped as they open.
+    fenced: Fenced,
     shutting_down: bool,
     /// Shut down with every replica gone: the `Leaving` whose answer ends the
     /// node (the head has then read every replica's `Exited`), and when it
@@ -265,6 +269,7 @@ impl Actor for Agent {
             last_peer_beat: Instant::now(),
             listed: HashSet::new(),
             inherited: HashSet::new(),
+            fenced: Fenced::default(),
             shutting_down: false,
             farewell: None,
             fencing: None,
@@ -336,9 +341,12 @@ impl Actor for Agent {
                 meet_peers(&myself, state);
                 peer_beats(state);
                 // The node's own heartbeat, every `NodeOptions::heartbeat`
-                // once the head welcomed it; the head answers each one, so
-                // the node hears its head at least that often.
-                if state.head.is_some() && state.last_beat.elapsed() >= state.args.options.heartbeat
+                // from the start of its head session, before the welcome
+                // too: the head's port answers each one, however long the
+                // head takes to welcome it (a wave of joins), so the node
+                // hears its head at least that often.
+                if state.session.is_some()
+                    && state.last_beat.elapsed() >= state.args.options.heartbeat
                 {
                     state.last_beat = Instant::now();
                     state.seq += 1;
@@ -346,10 +354,11 @@ impl Actor for Agent {
                     // When it changed, and a load that stands now and then
                     // (the head applies a report to the routes and replicas
                     // it has: one it gets later, as after its restart, takes
-                    // the load from the next).
+                    // the load from the next); once welcomed.
                     let load = state.load();
                     let refresh = state.seq.is_multiple_of(LOAD_REFRESH_BEATS) && !load.is_empty();
-                    if (load != state.last_load || refresh)
+                    if state.head.is_some()
+                        && (load != state.last_load || refresh)
                         && state.to_head(Control::Load(load.clone()))
                     {
                         state.last_load = load;
@@ -581,6 +590,18 @@ fn session(myself: &ActorRef<AgentMsg>, state: &mut AgentState, ev: SessionEvent
             // gone already (`meet_peers` drops entries of peers the link lists
             // as connected, which it may do before this event arrives).
             state.dialing_peers.remove(&peer);
+            if state.fenced.contains(&peer) {
+                // Cut off from the head, not from this node: its replicas are
+                // being replaced, and no call of ours goes to them.
+                warn!(node = %state.args.id, %peer,
+                    "a peer node the head declared lost connected: dropped its session");
+                state
+                    .args
+                    .link
+                    .shared
+                    .drop_session(&peer, "a peer node the head declared lost");
+                return;
+            }
             info!(node = %state.args.id, %peer, dialed = outbound, "connected to a peer node");
         }
         SessionEvent::Closed {
@@ -806,6 +827,7 @@ async fn control(myself: &ActorRef<AgentMsg>, state: &mut AgentState, env: Envel
             meet_peers(myself, state);
             let connected = state.args.link.shared.connected();
             let lost = declared_lost(&connected, &state.listed, &state.inherited, &alive, settled);
+            state.fenced.note(&state.listed, &alive, &lost);
             if settled {
                 state.inherited.clear();
             }

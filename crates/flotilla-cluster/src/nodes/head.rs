@@ -22,7 +22,7 @@ use tracing::info;
 
 use super::{
     HeadOptions, NodeError,
-    link::{Link, Listen},
+    link::{Link, Listen, Role},
     proxy::ProxyReport,
     registry::{Registry, RegistryMsg},
 };
@@ -146,6 +146,8 @@ pub(crate) struct HeadShared {
     /// Replicas on nodes declared lost, when they were.
     pub(crate) replicas_lost: AtomicU64,
     pub(crate) refused: AtomicU64,
+    /// `Nodes` broadcasts sent (each changes that come at once share one).
+    pub(crate) nodes_broadcasts: AtomicU64,
     /// (a node re-attached, node ids still expected back).
     pub(crate) reattach: watch::Sender<(bool, usize)>,
 }
@@ -330,6 +332,7 @@ impl Head {
             options.cookie.secret(),
             Listen::Own(listener),
             options.handshake_timeout,
+            Role::Head,
         )
         .await?;
         let link = Arc::new(link);
@@ -357,6 +360,7 @@ impl Head {
             left_count: AtomicU64::new(0),
             replicas_lost: AtomicU64::new(0),
             refused: AtomicU64::new(0),
+            nodes_broadcasts: AtomicU64::new(0),
             reattach: watch::Sender::new((false, 0)),
         });
         let (registry, _) = match Actor::spawn(None, Registry, shared.clone()).await {

@@ -55,6 +55,16 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// Which process a link is: the head's (its port answers the nodes'
+/// heartbeats) or a node's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Role {
+    /// The head.
+    Head,
+    /// A node.
+    Node,
+}
+
 /// What a session did, as the registry or agent hears it.
 #[derive(Debug, Clone)]
 pub(crate) enum SessionEvent {
@@ -276,6 +286,9 @@ pub(crate) struct Shared {
     /// ([`pass_on`](Self::pass_on)), by number.
     held: Mutex<HashMap<u64, SessionEvent>>,
     next_held: AtomicU64,
+    /// This process is the head: its port answers each node's heartbeat
+    /// itself, whatever its owner (the registry) is busy with.
+    answers_heartbeats: bool,
 }
 
 impl Shared {
@@ -741,6 +754,17 @@ impl Actor for Port {
             PortMsg::Control(bytes) => match wire::decode::<Envelope>("control", &bytes) {
                 Ok(env) => {
                     shared.heard_from(&env.from);
+                    // The head answers a node's heartbeat here, not in its
+                    // registry: a registry busy with a wave of joins must not
+                    // fall silent to the nodes (they would drop their
+                    // sessions, and the head would then declare them lost).
+                    // A node sends its heartbeats from its session's start.
+                    if shared.answers_heartbeats
+                        && let wire::Control::Heartbeat { seq } = env.control
+                    {
+                        shared.send_control(&env.from, wire::Control::Heartbeat { seq });
+                        return Ok(());
+                    }
                     let _ = shared.inbound.send(Inbound::Control(env));
                 }
                 Err(e) => undecodable(shared, &e),
@@ -954,8 +978,9 @@ pub(crate) enum Listen {
 
 impl Link {
     /// Start a NodeServer named `name@host` with `cookie`, its port and its
-    /// event subscription. Inbound control frames and session events come out
-    /// of the returned receiver. An inbound session that has not
+    /// event subscription, for a process of `role`. Inbound control frames
+    /// and session events come out of the returned receiver (but the head's
+    /// port answers heartbeats itself). An inbound session that has not
     /// authenticated within `handshake` is closed ([`Handshakes`]).
     pub(crate) async fn start(
         name: &str,
@@ -963,6 +988,7 @@ impl Link {
         cookie: &str,
         listen: Listen,
         handshake: std::time::Duration,
+        role: Role,
     ) -> Result<(Link, mpsc::UnboundedReceiver<Inbound>), NodeError> {
         let (inbound, rx) = mpsc::unbounded_channel();
         let me = format!("{name}@{host}");
@@ -982,6 +1008,7 @@ impl Link {
             secret: super::head::random_u64(),
             held: Mutex::default(),
             next_held: AtomicU64::new(0),
+            answers_heartbeats: role == Role::Head,
         });
         let (port, _) = Actor::spawn(Some(port_name(&me)), Port, shared.clone())
             .await
@@ -1306,6 +1333,11 @@ pub(crate) mod tests {
 
     /// [`unconnected`], with what it passes on to its owner.
     fn unconnected_with_inbound() -> (Arc<Shared>, mpsc::UnboundedReceiver<Inbound>) {
+        unconnected_as(Role::Node)
+    }
+
+    /// [`unconnected_with_inbound`], as `role`'s process.
+    fn unconnected_as(role: Role) -> (Arc<Shared>, mpsc::UnboundedReceiver<Inbound>) {
         let (inbound, rx) = mpsc::unbounded_channel();
         let shared = Arc::new(Shared {
             me: "me@127.0.0.1".into(),
@@ -1323,8 +1355,98 @@ pub(crate) mod tests {
             secret: 7,
             held: Mutex::default(),
             next_held: AtomicU64::new(0),
+            answers_heartbeats: role == Role::Head,
         });
         (shared, rx)
+    }
+
+    /// A peer's port, standing in for the remote one: what it is sent.
+    struct PeerPort(mpsc::UnboundedSender<PortMsg>);
+
+    impl Actor for PeerPort {
+        type Msg = PortMsg;
+        type State = ();
+        type Arguments = ();
+        async fn pre_start(&self, _: ActorRef<Self::Msg>, _: ()) -> Result<(), ActorProcessingErr> {
+            Ok(())
+        }
+        async fn handle(
+            &self,
+            _: ActorRef<Self::Msg>,
+            msg: PortMsg,
+            _: &mut (),
+        ) -> Result<(), ActorProcessingErr> {
+            let _ = self.0.send(msg);
+            Ok(())
+        }
+    }
+
+    /// The head's port answers a node's heartbeat itself, even while its
+    /// owner (the registry) reads nothing, and from a node that has not joined
+    /// yet; the heartbeat is not passed on. A node's port passes a heartbeat
+    /// on (its agent hears the head), and answers nothing.
+    #[tokio::test(start_paused = true)]
+    async fn the_heads_port_answers_heartbeats_whatever_its_owner_does() {
+        let peer = "node-a@127.0.0.1";
+        let beat = |seq| {
+            let env = Envelope {
+                from: peer.to_owned(),
+                control: wire::Control::Heartbeat { seq },
+            };
+            PortMsg::Control(wire::encode("control", &env).unwrap())
+        };
+        for role in [Role::Head, Role::Node] {
+            let (shared, mut rx) = unconnected_as(role);
+            let (port, _) = Actor::spawn(None, Port, shared.clone()).await.unwrap();
+            connect(&shared, peer).await;
+            assert!(matches!(
+                rx.recv().await,
+                Some(Inbound::Session(SessionEvent::Ready { .. }))
+            ));
+            let (tx, mut answers) = mpsc::unbounded_channel();
+            let (theirs, _) = Actor::spawn(None, PeerPort(tx), ()).await.unwrap();
+            lock(&shared.peers).insert(peer.to_owned(), theirs);
+            port.cast(beat(41)).unwrap();
+            port.cast(beat(42)).unwrap();
+            // A mark behind the beats: everything the port does with them
+            // is done once the owner hears it.
+            let ready = SessionEvent::Ready {
+                peer: "node-b@127.0.0.1".into(),
+                addr: "127.0.0.1:2".into(),
+                listen: "127.0.0.1:2".into(),
+                outbound: false,
+            };
+            shared.pass_on(ready);
+            let mut passed_on = Vec::new();
+            while let Inbound::Control(env) = rx.recv().await.unwrap() {
+                passed_on.push(env.control);
+            }
+            let mut answered = Vec::new();
+            while let Ok(PortMsg::Control(bytes)) = answers.try_recv() {
+                let env: Envelope = wire::decode("control", &bytes).unwrap();
+                assert_eq!(env.from, shared.me);
+                answered.push(env.control);
+            }
+            let seqs = |v: &[wire::Control]| -> Vec<u64> {
+                v.iter()
+                    .map(|c| match c {
+                        wire::Control::Heartbeat { seq } => *seq,
+                        other => panic!("{other:?}"),
+                    })
+                    .collect()
+            };
+            match role {
+                Role::Head => {
+                    assert_eq!(seqs(&answered), [41, 42]);
+                    assert!(passed_on.is_empty(), "{passed_on:?}");
+                }
+                Role::Node => {
+                    assert!(answered.is_empty(), "{answered:?}");
+                    assert_eq!(seqs(&passed_on), [41, 42]);
+                }
+            }
+            assert!(shared.heard_within(peer, Duration::from_millis(1)));
+        }
     }
 
     /// A peer from which nothing came for longer than the timeout is dropped;

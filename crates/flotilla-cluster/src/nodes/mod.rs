@@ -24,6 +24,7 @@
 mod agent;
 mod cookie;
 mod export;
+mod fenced;
 mod handshake;
 mod head;
 mod link;

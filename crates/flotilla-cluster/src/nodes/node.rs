@@ -15,7 +15,7 @@ use super::{
     NodeError, NodeOptions,
     agent::{Agent, AgentArgs, AgentMsg, Ending},
     head::random_suffix,
-    link::{Link, Listen},
+    link::{Link, Listen, Role},
 };
 
 /// How long [`Node::shutdown`] waits for the replicas to drain.
@@ -171,6 +171,7 @@ impl Incarnation {
             options.cookie.secret(),
             Listen::Server(options.listen),
             options.handshake_timeout,
+            Role::Node,
         )
         .await?;
         let link = Arc::new(link);

@@ -31,6 +31,9 @@ pub(crate) enum RegistryMsg {
     Tick,
     /// Drop the connection to a node (fault injection).
     DropNode(String, RpcReplyPort<bool>),
+    /// Tell the nodes which nodes are alive, if that changed since the last
+    /// time (sent by the registry to itself: see `nodes_changed`).
+    BroadcastNodes,
 }
 
 impl ractor::Message for RegistryMsg {}
@@ -82,6 +85,10 @@ pub(crate) struct RegistryState {
     started: Instant,
     settled: bool,
     timer: Option<JoinHandle<()>>,
+    /// The nodes alive (or where they listen) changed since the last
+    /// `Nodes` broadcast, and whether a `BroadcastNodes` is in the mailbox.
+    nodes_changed: bool,
+    broadcast_queued: bool,
 }
 
 /// How many dead nodes the head still lists, the most recent ones (Ray's GCS
@@ -117,16 +124,24 @@ impl Actor for Registry {
             started: Instant::now(),
             settled: false,
             timer: Some(timer),
+            nodes_changed: false,
+            broadcast_queued: false,
         })
     }
 
     async fn handle(
         &self,
-        _myself: ActorRef<RegistryMsg>,
+        myself: ActorRef<RegistryMsg>,
         msg: RegistryMsg,
         state: &mut RegistryState,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
+            RegistryMsg::BroadcastNodes => {
+                state.broadcast_queued = false;
+                if std::mem::take(&mut state.nodes_changed) {
+                    broadcast_nodes(state);
+                }
+            }
             RegistryMsg::Inbound(Inbound::Control(env)) => control(state, env).await,
             RegistryMsg::Inbound(Inbound::Session(ev)) => session(state, ev),
             RegistryMsg::Tick => tick(state),
@@ -143,6 +158,11 @@ impl Actor for Registry {
                 }
                 let _ = reply.send(alive);
             }
+        }
+        // One broadcast for every change the mailbox holds now: a wave of
+        // joins (or losses) costs one `Nodes` per node, not one per change.
+        if state.nodes_changed && !state.broadcast_queued {
+            state.broadcast_queued = myself.cast(RegistryMsg::BroadcastNodes).is_ok();
         }
         Ok(())
     }
@@ -220,14 +240,9 @@ async fn control(state: &mut RegistryState, env: Envelope) {
                 join_done(state, &from, &j.node, j.reattach, j.peers);
             }
         }
-        Control::Heartbeat { seq } => {
-            touch(state, &from);
-            // Answer a joined node's heartbeat: the node judges the head by
-            // its own period (`NodeOptions::heartbeat`), whatever the head's.
-            if state.by_peer.contains_key(&from) {
-                send(state, &from, Control::Heartbeat { seq });
-            }
-        }
+        // The head's port answers heartbeats and keeps them (the link's
+        // `Role::Head`): none comes here.
+        Control::Heartbeat { .. } => touch(state, &from),
         Control::Event { replica, event } => {
             touch(state, &from);
             let _ = report(state, &from, replica, ProxyReport::Event(event));
@@ -358,7 +373,7 @@ fn session(state: &mut RegistryState, ev: SessionEvent) {
                     }
                     n.listen = listen;
                 }
-                broadcast_nodes(state);
+                nodes_changed(state);
             }
         }
         SessionEvent::Closed {
@@ -578,7 +593,7 @@ fn join_done(
         .reattach
         .send_replace((state.reattached, state.expected.len()));
     super::export::full_copy(&shared, from);
-    broadcast_nodes(state);
+    nodes_changed(state);
     shared.announce(ClusterEvent::CapacityFreed);
 }
 
@@ -669,7 +684,18 @@ async fn adopt(state: &RegistryState, from: &str, node: &str, r: ReplicaReport) 
     }
 }
 
+/// The nodes alive, or where one listens, changed: the nodes hear it in one
+/// `Nodes` broadcast, once the registry has read what its mailbox holds now.
+fn nodes_changed(state: &mut RegistryState) {
+    state.nodes_changed = true;
+}
+
+/// Tell every live node which nodes are alive and where they listen.
 fn broadcast_nodes(state: &RegistryState) {
+    state
+        .shared
+        .nodes_broadcasts
+        .fetch_add(1, Ordering::Relaxed);
     let alive = state.shared.alive();
     let (ids, peers): (Vec<String>, Vec<String>) = alive.iter().cloned().unzip();
     let listen: Vec<String> = peers
@@ -765,7 +791,7 @@ fn declare_lost(state: &mut RegistryState, id: &str, why: &str) {
         warn!(node = id, failed, "calls in flight to a lost node failed");
     }
     shared.announce(ClusterEvent::NodeDied(id.to_owned()));
-    broadcast_nodes(state);
+    nodes_changed(state);
 }
 
 fn tick(state: &mut RegistryState) {
@@ -777,7 +803,7 @@ fn tick(state: &mut RegistryState) {
             || state.started.elapsed() >= shared.options.reattach_grace)
     {
         state.settled = true;
-        broadcast_nodes(state);
+        nodes_changed(state);
     }
     let timeout = shared.options.heartbeat_timeout;
     // Any frame counts as heard, a data frame too: a node busy answering
@@ -1014,6 +1040,39 @@ mod tests {
         deliver(&head, "node-0@127.0.0.1", joining("n-0")).await;
         assert!(!head.nodes().iter().any(|n| n.id == "n-0"));
         assert_eq!(head.shared.pool().nodes().len(), 1);
+        head.stop().await;
+    }
+
+    /// The joins a wave brings at once share one `Nodes` broadcast: each
+    /// node hears the new list once, not once per join (a wave of N joins
+    /// cost N broadcasts of N frames of N names each).
+    #[tokio::test]
+    async fn a_wave_of_joins_is_told_in_one_nodes_broadcast() {
+        let head = head("registry-wave").await;
+        let broadcasts = || head.shared.nodes_broadcasts.load(Ordering::Relaxed);
+        for i in 0..20 {
+            let env = Envelope {
+                from: format!("node-{i}@127.0.0.1"),
+                control: joining(&format!("n-{i}")),
+            };
+            head.registry
+                .cast(RegistryMsg::Inbound(Inbound::Control(env)))
+                .unwrap();
+        }
+        // Two barriers: the broadcast the first join queued comes after the
+        // first (behind the other joins), and before the second.
+        for _ in 0..2 {
+            let barrier =
+                ractor::call!(head.registry, |r| RegistryMsg::DropNode("nobody".into(), r));
+            assert!(!barrier.unwrap());
+        }
+        assert_eq!(head.nodes().iter().filter(|n| n.alive).count(), 20);
+        assert_eq!(broadcasts(), 1);
+        // A later change is told again.
+        deliver(&head, "node-20@127.0.0.1", joining("n-20")).await;
+        let barrier = ractor::call!(head.registry, |r| RegistryMsg::DropNode("nobody".into(), r));
+        assert!(!barrier.unwrap());
+        assert_eq!(broadcasts(), 2);
         head.stop().await;
     }
 

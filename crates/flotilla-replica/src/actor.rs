@@ -21,7 +21,7 @@ use flotilla_supervision::groups::{self, Membership};
 
 use crate::{
     DeploymentRoute, Directory, OnExit, Registry, ReplicaEndpoint, ReplicaId, UserError,
-    user::{ErasedDeployment, guarded},
+    user::{ErasedDeployment, Guarded, guarded},
 };
 
 /// Consecutive failed health checks that make a replica unhealthy (Ray's threshold).
@@ -125,6 +125,30 @@ pub enum HealthError {
     Injected,
 }
 
+/// Why a replica failed to start (Ray's `initialize_and_get_metadata`
+/// failing); its text is what [`ReplicaEvent::StartFailed`] says.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum StartFailure {
+    /// Its spec, from another process, does not validate.
+    #[error("its spec does not validate: {0}")]
+    InvalidSpec(#[source] flotilla_core::Error),
+    /// A fault point failed the constructor (fault injection).
+    #[error("constructor failed: injected fault: ReplicaConstructor")]
+    Injected,
+    /// The user's constructor failed or panicked.
+    #[error("constructor failed: {0}")]
+    Constructor(Guarded),
+    /// The user's `reconfigure` with the user config failed.
+    #[error("reconfigure failed: {0}")]
+    Reconfigure(#[source] UserError),
+    /// The first health check failed.
+    #[error("initial health check failed: {0}")]
+    HealthCheck(#[source] UserError),
+    /// The first health check did not answer within its timeout.
+    #[error("initial health check timed out")]
+    HealthCheckTimedOut,
+}
+
 /// Messages to a ReplicaActor: its owner's requests, and its own internal ones.
 #[derive(Debug)]
 pub enum ReplicaMsg {
@@ -151,7 +175,7 @@ pub struct Internal(pub(crate) InternalMsg);
 
 pub(crate) enum InternalMsg {
     /// The constructor task finished.
-    Started(Result<Arc<dyn ErasedDeployment>, String>),
+    Started(Result<Arc<dyn ErasedDeployment>, StartFailure>),
     /// A reconfigure finished.
     Reconfigured(Arc<DeploymentSpec>, Result<(), UserError>),
     /// Time for a health check.
@@ -309,7 +333,7 @@ impl ReplicaActorState {
 
 /// Construct, then reconfigure with the user config, then one health check: a
 /// failure anywhere is a startup failure (Ray's `initialize_and_get_metadata`).
-async fn initialise(args: InitArgs) -> Result<Arc<dyn ErasedDeployment>, String> {
+async fn initialise(args: InitArgs) -> Result<Arc<dyn ErasedDeployment>, StartFailure> {
     let InitArgs {
         registry,
         ctx,
@@ -317,20 +341,20 @@ async fn initialise(args: InitArgs) -> Result<Arc<dyn ErasedDeployment>, String>
         faults,
     } = args;
     if faults.hit(FaultPoint::ReplicaConstructor) {
-        return Err("constructor failed: injected fault: ReplicaConstructor".to_owned());
+        return Err(StartFailure::Injected);
     }
     let user = guarded(|| registry.construct(&spec.import_path, ctx))
         .await
-        .map_err(|g| format!("constructor failed: {g}"))?;
+        .map_err(StartFailure::Constructor)?;
     if let Some(uc) = spec.config.user_config.clone() {
         user.reconfigure(uc)
             .await
-            .map_err(|e| format!("reconfigure failed: {e}"))?;
+            .map_err(StartFailure::Reconfigure)?;
     }
     match tokio::time::timeout(spec.config.health_check_timeout, user.check_health()).await {
         Ok(Ok(())) => Ok(user),
-        Ok(Err(e)) => Err(format!("initial health check failed: {e}")),
-        Err(_) => Err("initial health check timed out".to_owned()),
+        Ok(Err(e)) => Err(StartFailure::HealthCheck(e)),
+        Err(_) => Err(StartFailure::HealthCheckTimedOut),
     }
 }
 
@@ -398,7 +422,7 @@ impl Actor for ReplicaActor {
         // that no config a validation refuses (a zero health-check period,
         // whose timer would panic) ever runs.
         if let Err(e) = state.args.spec.validate() {
-            start_failed(state, format!("its spec does not validate: {e}"));
+            start_failed(state, StartFailure::InvalidSpec(e));
             return Ok(());
         }
         let a = &state.args;
@@ -501,7 +525,7 @@ impl Drop for ReplicaActorState {
 fn started(
     myself: &ActorRef<ReplicaMsg>,
     state: &mut ReplicaActorState,
-    result: Result<Arc<dyn ErasedDeployment>, String>,
+    result: Result<Arc<dyn ErasedDeployment>, StartFailure>,
 ) {
     state.constructor = None;
     if state.phase == ReplicaPhase::Stopping {
@@ -537,7 +561,8 @@ fn started(
 }
 
 /// The replica could not start: it says why and waits to be stopped.
-fn start_failed(state: &mut ReplicaActorState, error: String) {
+fn start_failed(state: &mut ReplicaActorState, failure: StartFailure) {
+    let error = failure.to_string();
     warn!(app = %state.args.app, deployment = %state.args.deployment,
         replica = %state.args.id, %error, "replica failed to start");
     state.set_phase(ReplicaPhase::StartFailed);

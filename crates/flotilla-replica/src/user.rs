@@ -256,6 +256,7 @@ where
 }
 
 /// How user code went wrong.
+#[derive(Debug)]
 pub(crate) enum Guarded {
     Failed(UserError),
     Panicked(String),

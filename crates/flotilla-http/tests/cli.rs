@@ -281,3 +281,16 @@ async fn a_committed_delete_succeeds_when_the_look_after_it_fails() {
         "{out}"
     );
 }
+
+/// A delete whose confirmation gets no answer (the input ended) deletes
+/// nothing and ends the prompt's line. Nothing is contacted.
+#[tokio::test]
+async fn a_delete_without_an_answer_is_aborted() {
+    let (ok, out, err) = flotilla(args("http://127.0.0.1:9", &["delete"])).await;
+    assert!(!ok);
+    assert!(
+        out.ends_with("Do you want to continue? [y/N]: \n"),
+        "{out:?}"
+    );
+    assert_eq!(err, "Error: aborted\n");
+}

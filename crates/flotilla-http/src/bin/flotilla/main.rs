@@ -180,9 +180,14 @@ fn confirm(address: &str) -> Result<bool, ClientError> {
         "This will delete every application of the Flotilla instance at \"{address}\". Do you want to continue? [y/N]: "
     ))?;
     let mut line = String::new();
-    std::io::stdin()
+    let read = std::io::stdin()
         .read_line(&mut line)
         .map_err(ClientError::Terminal)?;
+    if read == 0 {
+        // The input ended (Ctrl-D, or none): no answer's newline ends the
+        // prompt's line.
+        say("\n")?;
+    }
     Ok(matches!(line.trim(), "y" | "Y" | "yes"))
 }
 

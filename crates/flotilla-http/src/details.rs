@@ -182,6 +182,29 @@ pub(crate) fn strip_nulls(v: Value) -> Value {
     }
 }
 
+/// Whether an application's `field` holds its default, which Ray's
+/// `exclude_unset` leaves out when the config leaves it out (Flotilla
+/// cannot tell an explicit default from an unset field, so it leaves out
+/// both): `args: {}`, `runtime_env: {}`, `deployments: []`,
+/// `external_scaler_enabled: false`, and Flotilla's own `take_over: false`.
+fn is_app_default(field: &str, v: &Value) -> bool {
+    match field {
+        "args" | "runtime_env" => v.as_object().is_some_and(|m| m.is_empty()),
+        "deployments" => v.as_array().is_some_and(|a| a.is_empty()),
+        "external_scaler_enabled" | "take_over" => *v == Value::Bool(false),
+        _ => false,
+    }
+}
+
+/// An application's applied config with its defaults left out
+/// ([`is_app_default`]).
+fn strip_app_defaults(mut v: Value) -> Value {
+    if let Value::Object(m) = &mut v {
+        m.retain(|field, v| !is_app_default(field, v));
+    }
+    v
+}
+
 /// A free-form value as JSON (map keys that are not text written as text,
 /// as Ray's REST API writes a dict's); `None` if it is not MessagePack.
 fn json_of(args: &flotilla::Args) -> Option<Value> {
@@ -308,7 +331,7 @@ pub(crate) async fn instance_details(
         .filter_map(|a| {
             serde_json::to_value(a)
                 .ok()
-                .map(|v| (a.name.to_string(), strip_nulls(v)))
+                .map(|v| (a.name.to_string(), strip_app_defaults(strip_nulls(v))))
         })
         .collect();
     let prefixes: BTreeMap<String, String> = serve

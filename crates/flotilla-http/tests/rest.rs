@@ -76,6 +76,18 @@ async fn put_get_delete_round_trip_in_rays_shapes() {
     assert!(one["last_deployed_time_s"].as_f64().unwrap() > 1.6e9);
     assert_eq!(one["deployed_app_config"]["import_path"], "t.echo:app");
     assert_eq!(one["deployed_app_config"]["args"]["tag"], "first");
+    // What the config leaves at its default is left out, as Ray dumps with
+    // `exclude_unset` (and Flotilla's own `take_over` with it).
+    let two = d["applications"]["two"]["deployed_app_config"]
+        .as_object()
+        .unwrap();
+    let mut keys: Vec<&str> = two.keys().map(String::as_str).collect();
+    keys.sort_unstable();
+    assert_eq!(
+        keys,
+        ["args", "import_path", "name", "route_prefix"],
+        "{two:?}"
+    );
     let ingress = &one["deployments"]["ingress"];
     assert_eq!(ingress["status"], "HEALTHY");
     assert_eq!(ingress["status_trigger"], "CONFIG_UPDATE_COMPLETED");

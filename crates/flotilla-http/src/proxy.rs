@@ -41,7 +41,7 @@ use std::{
 use bytes::Bytes;
 use flotilla::{
     ApplicationStatus, ApplicationStatusInfo, Assigned, CallError, CallStream, DeploymentHandle,
-    DeploymentStatus, Serve,
+    Serve,
 };
 use futures::{FutureExt, StreamExt};
 use http::{HeaderName, HeaderValue, Request, Response, StatusCode, header};
@@ -429,7 +429,7 @@ impl Proxy {
         let assigned = stream.assigned();
         let gave_up = async {
             if no_replica {
-                self.became_unavailable(&entry, &assigned).await
+                self.became_unavailable(&entry, &handle, &assigned).await
             } else {
                 std::future::pending().await
             }
@@ -534,7 +534,7 @@ impl Proxy {
     /// DeploymentActor nothing.
     fn unavailable_now(&self, entry: &RouteEntry, handle: &DeploymentHandle) -> Option<String> {
         let status = self.serve.app_status(&entry.app);
-        if let Some(why) = hopeless(entry, &status) {
+        if let Some(why) = hopeless(entry, &status, handle.route().is_deploy_failed()) {
             return Some(why);
         }
         handle
@@ -545,7 +545,12 @@ impl Proxy {
 
     /// Resolves once the ingress can no longer get a replica soon while the
     /// request (`assigned`) holds none; never once it holds one.
-    async fn became_unavailable(&self, entry: &RouteEntry, assigned: &Assigned) -> String {
+    async fn became_unavailable(
+        &self,
+        entry: &RouteEntry,
+        handle: &DeploymentHandle,
+        assigned: &Assigned,
+    ) -> String {
         let Some(mut rx) = self.serve.watch_status(&entry.app) else {
             return unavailable(entry, "its application is being deleted");
         };
@@ -558,7 +563,13 @@ impl Proxy {
             let why = if status_gone {
                 Some(unavailable(entry, "its application is being deleted"))
             } else {
-                hopeless(entry, &rx.borrow_and_update())
+                // The route's flag is read as the status changes; a flag
+                // set while the request waits fails its call itself.
+                hopeless(
+                    entry,
+                    &rx.borrow_and_update(),
+                    handle.route().is_deploy_failed(),
+                )
             };
             if let Some(why) = why.filter(|_| !holds) {
                 return why;
@@ -673,11 +684,17 @@ fn unavailable(entry: &RouteEntry, reason: &str) -> String {
 
 /// Why the ingress of an application in `status` cannot get a replica soon,
 /// if it cannot: the application is going, or the ingress deployment itself
-/// failed to deploy (Ray's `is_available`, which only a terminally failed
-/// deployment loses: another deployment of the application failing, or the
-/// ingress being unhealthy, does not stop its replicas from coming). An
-/// ingress the status does not list goes by the application's status.
-fn hopeless(entry: &RouteEntry, status: &ApplicationStatusInfo) -> Option<String> {
+/// failed to deploy for good (`deploy_failed`, its route's flag: Ray's
+/// `is_available`, which only a terminally failed deployment loses; a
+/// DEPLOY_FAILED ingress whose new replica ran still gets replicas, and so
+/// does one whose application failed through another deployment, or that is
+/// unhealthy). An ingress the status does not list goes by the
+/// application's status.
+fn hopeless(
+    entry: &RouteEntry,
+    status: &ApplicationStatusInfo,
+    deploy_failed: bool,
+) -> Option<String> {
     let failed = || Some(unavailable(entry, "it failed to deploy"));
     match status.status {
         ApplicationStatus::Deleting | ApplicationStatus::NotStarted => {
@@ -687,7 +704,7 @@ fn hopeless(entry: &RouteEntry, status: &ApplicationStatusInfo) -> Option<String
         ApplicationStatus::DeployFailed | ApplicationStatus::Unhealthy => {}
     }
     match status.deployments.get(entry.ingress.as_str()) {
-        Some(d) if d.status == DeploymentStatus::DeployFailed => failed(),
+        Some(_) if deploy_failed => failed(),
         Some(_) => None,
         None => failed(),
     }

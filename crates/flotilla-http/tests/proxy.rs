@@ -359,6 +359,74 @@ async fn only_the_ingress_failing_gives_up_a_waiting_request_and_a_running_one_i
     f.stop().await;
 }
 
+/// A DEPLOY_FAILED ingress that is not failed for good (its new replica ran,
+/// and was lost while the roll was still UPDATING) keeps a request waiting
+/// for the replacement, as a handle call waits: only a terminally failed
+/// ingress (its route's flag, Ray's `is_available`) is answered 503 at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_waits_for_an_ingress_that_failed_mid_roll_after_its_replica_ran() {
+    use flotilla::ReplicaState::{Running, Stopping};
+    let f = start().await;
+    let version = |tag: &str| {
+        ApplicationSpec::builder("roll")
+            .route_prefix("/roll")
+            .deployment(
+                DeploymentSpec::builder("ingress", "t::Gated")
+                    .init_args(&tag)
+                    // The old replica drains for 5 s once replaced: the roll
+                    // stays UPDATING meanwhile.
+                    .with_config(|c| {
+                        c.with_graceful_shutdown(Duration::from_secs(5), Duration::from_secs(5))
+                    }),
+            )
+            .build()
+            .unwrap()
+    };
+    f.probe.constructor_gate.add_permits(1);
+    f.serve.run(version("v1")).await.unwrap();
+    f.serve
+        .run_many(vec![version("v2")], support::no_wait())
+        .await
+        .unwrap();
+    f.probe.constructor_gate.add_permits(1);
+    let new = loop {
+        let s = f
+            .serve
+            .deployment_snapshot("roll", "ingress")
+            .await
+            .unwrap();
+        if let Some(s) = s
+            && s.count_at(Running, &s.version) == 1
+            && s.count(Stopping) == 1
+        {
+            break s.replicas.iter().find(|r| r.state == Running).unwrap().id;
+        }
+        tokio::task::yield_now().await;
+    };
+    assert!(f.serve.crash_replica("roll", "ingress", new));
+    wait_status(&f.serve, "roll", ApplicationStatus::DeployFailed).await;
+    let c = support::client();
+    let waiting = tokio::spawn({
+        let (c, u) = (c.clone(), f.url("/roll/x"));
+        async move { get(&c, &u).await }
+    });
+    let route = f
+        .serve
+        .deployment_handle("roll", "ingress")
+        .unwrap()
+        .route();
+    while route.queued() < 1 && !waiting.is_finished() {
+        tokio::task::yield_now().await;
+    }
+    assert!(!waiting.is_finished(), "answered at once");
+    // The replacement's constructor may finish: it serves the request.
+    f.probe.constructor_gate.add_permits(1);
+    let r = waiting.await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.json()["tag"], "v2");
+    f.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_timeout_is_408_cancels_the_handler_and_frees_its_slot() {
     let f = start_with(

@@ -550,6 +550,7 @@ async fn an_external_scaler_sets_replica_counts_durably_until_the_app_declares_a
     // Deployed again while it is still being deleted: it starts afresh, at
     // its declared count, as it would once the deletion ended (the decision
     // went with the deletion).
+    assert_eq!(serve.app_status("ext").status, A::Deleting);
     serve.run(scaled(2)).await.unwrap();
     let s = observe(&serve, "ext", "probe").await;
     assert_eq!(s.target.replicas, 2, "{s:?}");

@@ -57,8 +57,10 @@ impl ControllerState {
     /// Put `records` in `batch`, with the removal of the replica decisions that
     /// no longer stand: every decision of an application deployed again while
     /// it is being deleted (it starts afresh, as it would once its deletion
-    /// ended; Ray's `deploy` over a deleting target starts from the declared
-    /// count), an autoscaler's for a deployment no longer autoscaled, an
+    /// ended; Ray's `deploy` over a deleting target starts a fixed count from
+    /// the declaration, and an autoscaled one from its current target, 0,
+    /// clamped into its bounds, where Flotilla starts it from
+    /// `initial_replicas` if set), an autoscaler's for a deployment no longer autoscaled, an
     /// external scaler's for one whose declared count changed (the newer
     /// declaration wins) or whose application no longer has an external scaler.
     /// A running deployment that turns autoscaled without `initial_replicas`

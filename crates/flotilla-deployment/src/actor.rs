@@ -320,9 +320,19 @@ impl DeploymentActor {
         error: String,
     ) {
         let at_target = state.at_target_code(id);
+        // One already stopping was counted, if it had to be, when it was
+        // stopped (its node died) or needs no count (a scale-down): a
+        // failure it reports late (a node's frame crossing the node's loss)
+        // is not counted again.
+        let stopping = state
+            .replicas
+            .get(&id)
+            .is_none_or(|r| r.state == ReplicaState::Stopping);
         state.cast(id, ReplicaMsg::Stop { graceful: false });
         state.forget(id, &format!("failed to start: {error}"));
-        Self::count_startup_failure(myself, state, id, at_target, &error);
+        if !stopping {
+            Self::count_startup_failure(myself, state, id, at_target, &error);
+        }
     }
 
     /// Count a startup failure of `id` and back off, unless it was outdated

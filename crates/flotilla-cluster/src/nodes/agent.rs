@@ -566,7 +566,16 @@ fn session(myself: &ActorRef<AgentMsg>, state: &mut AgentState, ev: SessionEvent
                 replicas = hello.replicas.len() + rest.iter().map(Vec::len).sum::<usize>(),
                 frames = 1 + rest.len(), "connected to the head: joining");
             if !state.to_head(Control::Hello(hello)) {
-                warn!(node = %state.args.id, "hello not sent: the head's port is not visible");
+                // The head answers this node's heartbeats whether it joined
+                // or not: a session whose Hello went nowhere would stay up,
+                // unjoined, for good. Closed, it is dialed again.
+                warn!(node = %state.args.id,
+                    "hello not sent: the head's port is not visible; closing the session to join again");
+                state
+                    .args
+                    .link
+                    .shared
+                    .drop_session(&peer, "the hello could not be sent");
                 return;
             }
             let parts = rest.len();

@@ -322,8 +322,18 @@ pub(crate) mod tests {
     /// directory. (Its proxies' names are in the namespace: tests running at
     /// once must not share one.)
     pub(crate) async fn head(name: &str) -> (Head, Directory) {
-        let options = HeadOptions::new(Cookie::new("export-test-cookie").unwrap())
-            .listen("127.0.0.1:0".parse().unwrap());
+        head_with(name, |o| o).await
+    }
+
+    /// [`head`], its options changed by `options`.
+    pub(crate) async fn head_with(
+        name: &str,
+        options: impl FnOnce(HeadOptions) -> HeadOptions,
+    ) -> (Head, Directory) {
+        let options = options(
+            HeadOptions::new(Cookie::new("export-test-cookie").unwrap())
+                .listen("127.0.0.1:0".parse().unwrap()),
+        );
         let reporter = Arc::new(
             |_: &str, _: &_, _: &_| -> flotilla_replica::ReplicaReporter { Arc::new(|_, _| {}) },
         );

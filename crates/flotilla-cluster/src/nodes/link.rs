@@ -759,13 +759,19 @@ impl Actor for Port {
                     // fall silent to the nodes (they would drop their
                     // sessions, and the head would then declare them lost).
                     // A node sends its heartbeats from its session's start.
-                    if shared.answers_heartbeats
-                        && let wire::Control::Heartbeat { seq } = env.control
-                    {
-                        shared.send_control(&env.from, wire::Control::Heartbeat { seq });
-                        return Ok(());
+                    // Only while the owner lives (what it is passed on to
+                    // still takes it): a head whose registry is gone falls
+                    // silent, and its nodes notice.
+                    let answer = match env.control {
+                        wire::Control::Heartbeat { seq } if shared.answers_heartbeats => {
+                            Some((env.from.clone(), seq))
+                        }
+                        _ => None,
+                    };
+                    let passed_on = shared.inbound.send(Inbound::Control(env)).is_ok();
+                    if let Some((peer, seq)) = answer.filter(|_| passed_on) {
+                        shared.send_control(&peer, wire::Control::Heartbeat { seq });
                     }
-                    let _ = shared.inbound.send(Inbound::Control(env));
                 }
                 Err(e) => undecodable(shared, &e),
             },
@@ -1383,8 +1389,8 @@ pub(crate) mod tests {
 
     /// The head's port answers a node's heartbeat itself, even while its
     /// owner (the registry) reads nothing, and from a node that has not joined
-    /// yet; the heartbeat is not passed on. A node's port passes a heartbeat
-    /// on (its agent hears the head), and answers nothing.
+    /// yet; but not once its owner is gone. A node's port answers nothing.
+    /// Both pass heartbeats on.
     #[tokio::test(start_paused = true)]
     async fn the_heads_port_answers_heartbeats_whatever_its_owner_does() {
         let peer = "node-a@127.0.0.1";
@@ -1435,17 +1441,21 @@ pub(crate) mod tests {
                     })
                     .collect()
             };
+            assert_eq!(seqs(&passed_on), [41, 42]);
             match role {
-                Role::Head => {
-                    assert_eq!(seqs(&answered), [41, 42]);
-                    assert!(passed_on.is_empty(), "{passed_on:?}");
-                }
-                Role::Node => {
-                    assert!(answered.is_empty(), "{answered:?}");
-                    assert_eq!(seqs(&passed_on), [41, 42]);
-                }
+                Role::Head => assert_eq!(seqs(&answered), [41, 42]),
+                Role::Node => assert!(answered.is_empty(), "{answered:?}"),
             }
             assert!(shared.heard_within(peer, Duration::from_millis(1)));
+            // The owner is gone: nothing is answered any more. (An
+            // undecodable frame behind the beat says when the port is past it.)
+            drop(rx);
+            port.cast(beat(43)).unwrap();
+            port.cast(PortMsg::Control(vec![0xc1])).unwrap();
+            while shared.undecodable.load(Ordering::Relaxed) == 0 {
+                tokio::task::yield_now().await;
+            }
+            assert!(answers.try_recv().is_err(), "answered with no owner");
         }
     }
 

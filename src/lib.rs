@@ -96,4 +96,4 @@ pub use flotilla_replica::{
 };
 pub use flotilla_supervision::{Escalation, RestartPolicy};
 pub use logging::{ACCESS_TARGET, AppLogLayer, is_access_log};
-pub use serve::{LivingReplica, Metrics, RunManyOptions, Serve, ServeOptions, read_config_file};
+pub use serve::{LivingReplica, Metrics, RunManyOptions, Serve, ServeOptions};

@@ -1128,17 +1128,10 @@ impl Serve {
     }
 }
 
-/// A config file's text, read as [`Serve::apply_config_file`] reads it: only
-/// if it is a regular file (a FIFO would wait for a writer, a device may
-/// never end) of at most [`MAX_CONFIG_FILE_BYTES`](crate::MAX_CONFIG_FILE_BYTES)
-/// (checked again while reading, in case it grew), as UTF-8.
-///
-/// ```
-/// let dir = tempfile::tempdir().unwrap();
-/// let e = flotilla::read_config_file(dir.path()).unwrap_err();
-/// assert!(matches!(e, flotilla::ServeError::ConfigFileNotAFile { .. }));
-/// ```
-pub fn read_config_file(path: &std::path::Path) -> Result<String, ServeError> {
+/// A config file's text, read only if it is a regular file of at most
+/// [`MAX_CONFIG_FILE_BYTES`](crate::MAX_CONFIG_FILE_BYTES) (checked again while
+/// reading, in case it grew).
+fn read_config_file(path: &std::path::Path) -> Result<String, ServeError> {
     use std::io::Read;
     let limit = flotilla_controller::MAX_CONFIG_FILE_BYTES;
     let io = |source| ServeError::ConfigFile {

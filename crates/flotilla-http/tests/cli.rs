@@ -174,32 +174,23 @@ async fn an_error_names_its_cause() {
     assert!(!ok);
     assert_eq!(
         err,
-        format!(
-            "Error: cannot read config file {}: {cannot}\n",
-            missing.display()
-        ),
+        format!("Error: cannot read {}: {cannot}\n", missing.display()),
         "{err}"
     );
 }
 
-/// A config path that is no regular file (a directory here; a FIFO would wait
-/// for a writer for good) is refused from its metadata, as the library's
-/// `apply_config_file` refuses it; and so is an address whose port is no port
-/// (it would send the token to port 80). Nothing is contacted.
+/// A config that never ends (a device) is read up to the server's limit,
+/// then refused; and an address whose port is no port (it would send the
+/// token to port 80) is refused. Nothing is contacted.
 #[tokio::test]
-async fn a_config_that_is_no_file_and_a_port_that_is_no_port_are_refused() {
-    let dir = tempfile::tempdir().unwrap();
-    let (ok, _, err) = flotilla(args(
-        "http://127.0.0.1:9",
-        &["deploy", dir.path().to_str().unwrap()],
-    ))
-    .await;
+async fn a_config_past_the_limit_and_a_port_that_is_no_port_are_refused() {
+    let (ok, _, err) = flotilla(args("http://127.0.0.1:9", &["deploy", "/dev/zero"])).await;
     assert!(!ok);
     assert_eq!(
         err,
         format!(
-            "Error: config file {} is not a regular file\n",
-            dir.path().display()
+            "Error: config file /dev/zero is larger than {} bytes\n",
+            flotilla::MAX_CONFIG_FILE_BYTES
         )
     );
     let (ok, _, err) = flotilla(args("http://127.0.0.1:99999", &["delete", "-y"])).await;

@@ -66,10 +66,14 @@ pub enum ClientError {
         #[source]
         source: std::io::Error,
     },
-    /// The config file to deploy could not be used: it is no regular file,
-    /// is too large, or could not be read (as the library reads one).
-    #[error(transparent)]
-    ConfigFile(flotilla::ServeError),
+    /// The config file to deploy is larger than the server takes.
+    #[error("config file {} is larger than {limit} bytes", path.display())]
+    ConfigTooLarge {
+        /// The file.
+        path: PathBuf,
+        /// The limit ([`flotilla::MAX_CONFIG_FILE_BYTES`]).
+        limit: u64,
+    },
     /// The token file holds no token (it is empty, or only whitespace).
     #[error("no bearer token in file {}: it is empty", path.display())]
     EmptyToken {
@@ -127,9 +131,14 @@ impl Client {
         // The URI parser takes any digits for a port, and the connector then
         // goes to port 80 for one that does not fit: the token with it.
         if let Some(authority) = uri.authority() {
-            let after_host = match authority.as_str().rsplit_once(']') {
+            // The host and port: after any `user:password@`.
+            let host_port = match authority.as_str().rsplit_once('@') {
                 Some((_, rest)) => rest,
                 None => authority.as_str(),
+            };
+            let after_host = match host_port.rsplit_once(']') {
+                Some((_, rest)) => rest,
+                None => host_port,
             };
             if after_host.contains(':') && authority.port_u16().is_none_or(|p| p == 0) {
                 return Err(ClientError::AddressPort(address.to_owned()));
@@ -337,6 +346,8 @@ mod tests {
             "http://127.0.0.1:65535",
             "http://[::1]:1",
             "http://localhost",
+            "http://user:pw@host",
+            "http://user@host:8265",
         ] {
             assert!(Client::new(good).is_ok(), "{good}");
         }

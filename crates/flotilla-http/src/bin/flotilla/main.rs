@@ -109,7 +109,7 @@ async fn run(cli: Cli) -> Result<(), ClientError> {
     }
     match cli.command {
         Command::Deploy { config } => {
-            let text = flotilla::read_config_file(&config).map_err(ClientError::ConfigFile)?;
+            let text = read_config(&config)?;
             say(&format!(
                 "Deploying from config file: '{}'.\n",
                 config.display()
@@ -118,7 +118,7 @@ async fn run(cli: Cli) -> Result<(), ClientError> {
                 Some("json") => "application/json",
                 _ => "application/yaml",
             };
-            let warnings = client.put_config(text.into_bytes(), content_type).await?;
+            let warnings = client.put_config(text, content_type).await?;
             tell(&warnings);
             say(
                 "\nSent deploy request successfully.\n * Use `flotilla status` to check applications' statuses.\n * Use `flotilla config` to see the current application config(s).\n\n",
@@ -183,12 +183,38 @@ fn confirm(address: &str) -> Result<bool, ClientError> {
     let read = std::io::stdin()
         .read_line(&mut line)
         .map_err(ClientError::Terminal)?;
-    if read == 0 {
-        // The input ended (Ctrl-D, or none): no answer's newline ends the
-        // prompt's line.
+    if read == 0 || !line.ends_with('\n') {
+        // The input ended (Ctrl-D, none, or a last line without one): no
+        // answer's newline ends the prompt's line.
         say("\n")?;
     }
     Ok(matches!(line.trim(), "y" | "Y" | "yes"))
+}
+
+/// The config file's bytes, at most what the server takes
+/// ([`flotilla::MAX_CONFIG_FILE_BYTES`]): any file that reads, a regular file
+/// or a pipe (`deploy <(envsubst < serve.yaml)`, as Ray's `serve deploy`
+/// reads one), never more than the limit (a device that never ends).
+fn read_config(path: &std::path::Path) -> Result<Vec<u8>, ClientError> {
+    use std::io::Read;
+    let limit = flotilla::MAX_CONFIG_FILE_BYTES;
+    let io = |source| ClientError::ReadFile {
+        path: path.to_owned(),
+        source,
+    };
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .map_err(io)?
+        .take(limit + 1)
+        .read_to_end(&mut bytes)
+        .map_err(io)?;
+    if bytes.len() as u64 > limit {
+        return Err(ClientError::ConfigTooLarge {
+            path: path.to_owned(),
+            limit,
+        });
+    }
+    Ok(bytes)
 }
 
 fn main() -> ExitCode {

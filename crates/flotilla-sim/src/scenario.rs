@@ -418,9 +418,22 @@ impl Scenario {
 
     /// Parse a YAML scenario.
     pub fn from_yaml(text: &str) -> Result<Scenario> {
-        let s: Scenario = serde_saphyr::from_str(text).map_err(SimError::ScenarioYaml)?;
+        let mut s: Scenario = serde_saphyr::from_str(text).map_err(SimError::ScenarioYaml)?;
+        s.fit_default_faults();
         s.validate()?;
         Ok(s)
+    }
+
+    /// A run shorter than the default schedule keeps its events that fit:
+    /// nobody wrote the others. (A schedule somebody wrote is held to the
+    /// duration by `validate`; one written identical to the default is taken
+    /// for it.)
+    fn fit_default_faults(&mut self) {
+        if self.faults == faults::split(DEFAULT_FAULTS) {
+            let end = self.duration;
+            self.faults
+                .retain(|entry| faults::parse(entry).is_ok_and(|e| e.at < end));
+        }
     }
 
     /// Apply flags on top.
@@ -450,14 +463,8 @@ impl Scenario {
         }
         if let Some(v) = &o.faults {
             self.faults = faults::split(v);
-        } else if let Some(end) = o.duration
-            && self.faults == faults::split(DEFAULT_FAULTS)
-        {
-            // A shorter run keeps the default schedule's events that fit in
-            // it: nobody wrote the others (a schedule somebody wrote is held
-            // to the duration, below).
-            self.faults
-                .retain(|entry| faults::parse(entry).is_ok_and(|e| e.at < end));
+        } else {
+            self.fit_default_faults();
         }
         if let Some(v) = o.seed {
             self.seed = v;
@@ -587,6 +594,12 @@ mod tests {
             ..Overrides::default()
         });
         assert!(matches!(e, Err(SimError::EventAfterEnd { .. })), "{e:?}");
+        // A scenario file that sets a short duration and no schedule too.
+        let s = Scenario::from_yaml("duration: 90s\n").unwrap();
+        assert_eq!(
+            s.faults,
+            ["controller@15s", "node@60s", "deployment@80s:40"]
+        );
     }
 
     #[test]

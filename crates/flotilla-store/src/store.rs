@@ -1234,29 +1234,25 @@ mod tests {
     fn an_open_that_fails_after_creating_the_file_leaves_none() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("c.redb");
-        let refused = Store::open_checked(&path, |path, _| {
-            Err(StoreError::Injected {
-                path: path.to_owned(),
-            })
-        });
-        assert!(
-            matches!(refused, Err(StoreError::Injected { .. })),
-            "{refused:?}"
-        );
+        // An open whose caller's check refuses the file.
+        let refused_open = || {
+            let refused = Store::open_checked(&path, |path, _| {
+                Err(StoreError::Injected {
+                    path: path.to_owned(),
+                })
+            });
+            assert!(
+                matches!(refused, Err(StoreError::Injected { .. })),
+                "{refused:?}"
+            );
+        };
+        refused_open();
         assert!(listing(dir.path()).is_empty(), "{:?}", listing(dir.path()));
 
         // A file that was there before is left as it was.
         drop(Store::open(&path).unwrap());
         let before = fs::read(&path).unwrap();
-        let refused = Store::open_checked(&path, |path, _| {
-            Err(StoreError::Injected {
-                path: path.to_owned(),
-            })
-        });
-        assert!(
-            matches!(refused, Err(StoreError::Injected { .. })),
-            "{refused:?}"
-        );
+        refused_open();
         assert_eq!(fs::read(&path).unwrap(), before);
     }
 

@@ -438,7 +438,11 @@ impl Serve {
     /// commit: `DeployFailed` (or `NotFound`, for an application deleted
     /// meanwhile) names the first application that did not reach RUNNING,
     /// and every application of the batch stays deployed (see
-    /// [`status`](Self::status) for the others).
+    /// [`status`](Self::status) for the others). An application that a
+    /// later deploy changed meanwhile is waited for at that later
+    /// generation; if its target no longer has this call's ingress, the
+    /// call is `NotFound` naming the ingress (no handle to a deployment
+    /// nothing runs).
     ///
     /// ```no_run
     /// # async fn demo(serve: flotilla::Serve) -> Result<(), Box<dyn std::error::Error>> {
@@ -506,14 +510,15 @@ impl Serve {
                 .await?;
             }
             // A delete that came meanwhile (or already finished: the status
-            // is gone): its routes go as its deployments end, and a route
-            // made now would have nothing behind it.
-            let deleting = self
-                .inner
-                .board
-                .subscribe(name.as_str())
-                .is_none_or(|s| s.borrow().status == ApplicationStatus::Deleting);
-            handles.push(self.handle_on(&name, &ingress, deleting)?);
+            // is gone), or a later deploy whose target has no such ingress
+            // (the wait ends at a later generation too): its route goes as
+            // its deployment ends, and a route made now would have nothing
+            // behind it.
+            let gone = self.inner.board.subscribe(name.as_str()).is_none_or(|s| {
+                let s = s.borrow();
+                s.status == ApplicationStatus::Deleting || !s.deployments.contains_key(&ingress)
+            });
+            handles.push(self.handle_on(&name, &ingress, gone)?);
         }
         Ok(handles)
     }

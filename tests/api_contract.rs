@@ -573,11 +573,48 @@ async fn waiting_for_the_ingress_ends_when_a_later_deploy_dropped_it() {
     let first = tokio::spawn(async move { s1.run_many(vec![v1], ingress_only).await });
     let second = tokio::spawn(async move { s2.run_many(vec![v2], no_wait()).await });
     second.await.unwrap().unwrap();
-    let handles = tokio::time::timeout(Duration::from_secs(600), first)
+    let first = tokio::time::timeout(Duration::from_secs(600), first)
         .await
         .expect("the wait ended")
-        .unwrap()
         .unwrap();
-    assert_eq!(handles.len(), 1);
+    // No handle to the ingress the later deploy dropped: a route made for it
+    // would have nothing behind it, and its calls would wait for good.
+    assert!(
+        matches!(&first, Err(ServeError::NotFound { deployment: Some(d), .. }) if d == "probe"),
+        "{first:?}"
+    );
     assert_eq!(serve.app_status("a").observed_generation, 2);
+    assert!(
+        serve
+            .routes()
+            .routes()
+            .iter()
+            .all(|r| r.ingress.as_str() != "probe")
+    );
+
+    // The same when the first call waits for its application to run (the
+    // later generation runs first).
+    let slow = |t: &str, ms| ProbeArgs {
+        start_delay_ms: ms,
+        ..tag(t)
+    };
+    let v3 = app_of("b", probe(1, &slow("v3", 60_000)));
+    let v4 = app_of(
+        "b",
+        DeploymentSpec::builder("renamed", "test::Probe").init_args(&slow("v4", 1_000)),
+    );
+    let s3 = serve.clone();
+    let first = tokio::spawn(async move { s3.run(v3).await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    serve.run_many(vec![v4], no_wait()).await.unwrap();
+    let first = first.await.unwrap();
+    assert!(
+        matches!(&first, Err(ServeError::NotFound { deployment: Some(d), .. }) if d == "probe"),
+        "{first:?}"
+    );
+    let gone = serve.deployment_handle("b", "probe").err();
+    assert!(
+        matches!(gone, Some(ServeError::NotFound { .. })),
+        "{gone:?}"
+    );
 }

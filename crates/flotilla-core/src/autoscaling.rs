@@ -288,6 +288,26 @@ impl AutoscalingConfig {
                 "must be longer than zero",
             ));
         }
+        // Every duration, as a config file's (its seconds are held to it).
+        for (field, d) in [
+            ("autoscaling_config.upscale_delay", Some(self.upscale_delay)),
+            (
+                "autoscaling_config.downscale_delay",
+                Some(self.downscale_delay),
+            ),
+            (
+                "autoscaling_config.downscale_to_zero_delay",
+                self.downscale_to_zero_delay,
+            ),
+            (
+                "autoscaling_config.look_back_period",
+                Some(self.look_back_period),
+            ),
+        ] {
+            if let Some(d) = d {
+                crate::config::check_max_duration(field, d)?;
+            }
+        }
         Ok(())
     }
 
@@ -392,6 +412,32 @@ mod tests {
         };
         let e = a.validate().unwrap_err().to_string();
         assert!(e.contains("autoscaling_config.max_replicas"), "{e}");
+    }
+
+    /// Every duration is held to `MAX_DURATION` through the Rust API, as a
+    /// config file's seconds are.
+    #[test]
+    fn durations_longer_than_the_longest_are_refused_naming_the_field() {
+        let long = crate::MAX_DURATION + Duration::from_secs(1);
+        type Set = fn(&mut AutoscalingConfig, Duration);
+        let cases: [(Set, &str); 4] = [
+            (|a, d| a.upscale_delay = d, "upscale_delay"),
+            (|a, d| a.downscale_delay = d, "downscale_delay"),
+            (
+                |a, d| a.downscale_to_zero_delay = Some(d),
+                "downscale_to_zero_delay",
+            ),
+            (|a, d| a.look_back_period = d, "look_back_period"),
+        ];
+        for (set, field) in cases {
+            let mut a = AutoscalingConfig::default();
+            set(&mut a, crate::MAX_DURATION);
+            assert!(a.validate().is_ok(), "{field}");
+            set(&mut a, long);
+            let e = a.validate().unwrap_err();
+            let name = e.field_name().map(str::to_owned);
+            assert_eq!(name, Some(format!("autoscaling_config.{field}")), "{e}");
+        }
     }
 
     #[test]

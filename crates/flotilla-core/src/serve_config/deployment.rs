@@ -66,7 +66,7 @@ pub struct DeploymentOverride {
     /// Seconds after which a health check fails (> 0).
     #[serde(default, deserialize_with = "lax::opt_f64")]
     pub health_check_timeout_s: Option<f64>,
-    /// Seconds between a stopping replica's idleness checks (> 0).
+    /// Seconds between a stopping replica's idleness checks (>= 0, as Ray).
     #[serde(default, deserialize_with = "lax::opt_f64")]
     pub graceful_shutdown_wait_loop_s: Option<f64>,
     /// Seconds after which a stopping replica is killed (>= 0).

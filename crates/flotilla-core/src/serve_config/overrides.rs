@@ -87,8 +87,9 @@ impl DeploymentOverride {
     ///   [`AutoscalingConfig::default`] updated by the given fields (Ray replaces
     ///   the whole autoscaling config; it does not merge with the code's).
     /// - `num_replicas: auto` autoscales with [`auto_autoscaling_config`] updated by
-    ///   the given `autoscaling_config`, or, without one, keeps the builder's
-    ///   autoscaling config if it has one.
+    ///   the given `autoscaling_config`, or, without one (or with an empty
+    ///   one, `{}`, as Ray reads it), keeps the builder's autoscaling config
+    ///   if it has one.
     /// - `max_ongoing_requests` (or its old name `max_concurrent_queries`).
     /// - `max_queued_requests: -1` is unbounded.
     /// - `ray_actor_options` replaces the resources whole, with Ray's defaults for
@@ -121,10 +122,13 @@ impl DeploymentOverride {
                 ));
             }
             (Some(NumReplicas::Fixed(n)), None) => c.num_replicas = ReplicaCount::Fixed(n),
-            (Some(NumReplicas::Auto), Some(given)) => {
+            // An empty `autoscaling_config: {}` with `auto` is none at all:
+            // Ray takes `options.get("autoscaling_config") or the builder's`,
+            // and `{}` is falsy.
+            (Some(NumReplicas::Auto), Some(given)) if *given != AutoscalingOverride::default() => {
                 c.num_replicas = ReplicaCount::Auto(given.apply_to(auto_autoscaling_config())?);
             }
-            (Some(NumReplicas::Auto), None) => {
+            (Some(NumReplicas::Auto), _) => {
                 if !matches!(c.num_replicas, ReplicaCount::Auto(_)) {
                     c.num_replicas = ReplicaCount::Auto(auto_autoscaling_config());
                 }
@@ -424,6 +428,11 @@ pub(crate) fn config_field_names(e: Error) -> Error {
                 "graceful_shutdown_wait_loop" => "graceful_shutdown_wait_loop_s",
                 "graceful_shutdown_timeout" => "graceful_shutdown_timeout_s",
                 "autoscaling_config.look_back_period" => "autoscaling_config.look_back_period_s",
+                "autoscaling_config.upscale_delay" => "autoscaling_config.upscale_delay_s",
+                "autoscaling_config.downscale_delay" => "autoscaling_config.downscale_delay_s",
+                "autoscaling_config.downscale_to_zero_delay" => {
+                    "autoscaling_config.downscale_to_zero_delay_s"
+                }
                 "resources.cpus" => "ray_actor_options.num_cpus",
                 "resources.gpus" => "ray_actor_options.num_gpus",
                 "resources.custom" => "ray_actor_options.resources",
@@ -551,13 +560,19 @@ mod tests {
                 ..auto_autoscaling_config()
             })
         );
-        // "auto" alone keeps an autoscaling config the code already has.
-        let app = app("      - name: back\n        num_replicas: auto\n");
-        let spec = apply_overrides(shop_builder(&app.args), &app).unwrap();
-        let ReplicaCount::Auto(a) = &spec.deployment("back").unwrap().config.num_replicas else {
-            panic!("not autoscaled");
-        };
-        assert_eq!((a.min_replicas, a.max_replicas), (2, 6));
+        // "auto" alone keeps an autoscaling config the code already has, and
+        // so does "auto" with an empty one (Ray: `{}` is falsy).
+        for given in ["", "        autoscaling_config: {}\n"] {
+            let app = app(&format!(
+                "      - name: back\n        num_replicas: auto\n{given}"
+            ));
+            let spec = apply_overrides(shop_builder(&app.args), &app).unwrap();
+            let ReplicaCount::Auto(a) = &spec.deployment("back").unwrap().config.num_replicas
+            else {
+                panic!("not autoscaled");
+            };
+            assert_eq!((a.min_replicas, a.max_replicas), (2, 6), "{given:?}");
+        }
     }
 
     #[test]

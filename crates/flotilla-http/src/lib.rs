@@ -84,9 +84,11 @@
 //!   different `http_options` are logged, as Ray warns, and apply at the next
 //!   start; `http_options` that start would refuse (any `ssl_*` field, an
 //!   empty host, a host that does not resolve, a host off loopback without a
-//!   token, the proxy on the REST API's port) make the PUT a 400 that changes
-//!   nothing and names the field, where Ray accepts them: stored, they would
-//!   stop the next start, and with it the REST API that could mend them.
+//!   token, the proxy on the REST API's port) or could not bind (a host that
+//!   is not this machine's, a new port another process holds now) make the
+//!   PUT a 400 that changes nothing and names the field, where Ray accepts
+//!   them: stored, they would stop the next start, and with it the REST API
+//!   that could mend them. (A port taken only after the PUT still does.)
 //! - `GET /api/serve/applications/`: replica ids are Flotilla's numbers,
 //!   `actor_name`s are Flotilla's actor names, pids, worker ids and log files
 //!   are left out, `recent_dead_replicas` is empty, `deployment_topology` lists

@@ -351,25 +351,34 @@ impl Rest {
         // And what that start checks before it binds (the host resolves, the
         // bind rule, one port per listener): a stored config it would refuse
         // stops the REST API that could mend it.
+        // Then whether its proxy could bind (its host is this machine's, a
+        // new port is free), not only be resolved.
         let token = self.token.is_some();
+        let running = self.proxy_addr;
         let checked = {
             let wanted = wanted.clone();
-            tokio::task::spawn_blocking(move || crate::server::check_startable(&wanted, token))
-                .await
-        };
-        let field = |e: &crate::HttpError| match e {
-            crate::HttpError::SharedPort { .. } => "http_options.port",
-            crate::HttpError::TokenRequired {
-                listener: "proxy", ..
-            }
-            | crate::HttpError::Resolve {
-                listener: "proxy", ..
-            } => "http_options.host",
-            _ => "rest_host",
+            tokio::task::spawn_blocking(move || {
+                let field = |e: crate::HttpError| {
+                    let field = match &e {
+                        crate::HttpError::SharedPort { .. } => "http_options.port",
+                        crate::HttpError::TokenRequired {
+                            listener: "proxy", ..
+                        }
+                        | crate::HttpError::Resolve {
+                            listener: "proxy", ..
+                        } => "http_options.host",
+                        _ => "rest_host",
+                    };
+                    (field, e)
+                };
+                crate::server::check_startable(&wanted, token).map_err(field)?;
+                crate::server::check_bindable(&wanted, running)
+            })
+            .await
         };
         match checked {
             Ok(Ok(())) => {}
-            Ok(Err(e)) => return text(400, format!("Invalid config: {}: {e}", field(&e))),
+            Ok(Err((field, e))) => return text(400, format!("Invalid config: {field}: {e}")),
             Err(e) => return text(500, format!("The config could not be checked: {e}")),
         }
         let moved = wanted != *self.options;

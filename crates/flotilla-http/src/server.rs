@@ -111,6 +111,36 @@ pub(crate) fn check_startable(options: &HttpOptions, token: bool) -> Result<(), 
     check_exposure(options.rest, token, [("proxy", proxy), ("rest", rest)])
 }
 
+/// Whether the proxy of `options` could bind, as far as this process can
+/// tell while its own proxy (bound at `running`) holds its address: its host
+/// must be an address of this machine, and a port other than the running
+/// proxy's must be free now. A `PUT` checks its `http_options` with it
+/// (after [`check_startable`]), so that a stored config does not fail the
+/// next start's bind (and stop the REST API with it); a port taken only
+/// later still does. The field to blame comes with the error. It binds
+/// sockets and resolves host names: call it off the runtime's threads.
+pub(crate) fn check_bindable(
+    options: &HttpOptions,
+    running: Option<SocketAddr>,
+) -> Result<(), (&'static str, HttpError)> {
+    if !options.proxy {
+        return Ok(());
+    }
+    let addr =
+        resolve("proxy", &options.host, options.port).map_err(|e| ("http_options.host", e))?;
+    let probe = |a: SocketAddr| {
+        std::net::TcpListener::bind(a)
+            .map(drop)
+            .map_err(|source| HttpError::Bind { addr: a, source })
+    };
+    probe(SocketAddr::new(addr.ip(), 0)).map_err(|e| ("http_options.host", e))?;
+    // The running proxy's own port is taken by itself: not probed.
+    if addr.port() != 0 && running.is_none_or(|r| r.port() != addr.port()) {
+        probe(addr).map_err(|e| ("http_options.port", e))?;
+    }
+    Ok(())
+}
+
 async fn bind(addr: SocketAddr) -> Result<TcpListener, HttpError> {
     TcpListener::bind(addr)
         .await

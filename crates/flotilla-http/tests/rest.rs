@@ -708,6 +708,47 @@ async fn a_put_is_checked_against_the_programs_options_not_the_running_ones() {
     serve.shutdown().await.unwrap();
 }
 
+/// A PUT whose proxy could not bind at the next start (a port another
+/// process holds, a host that is not this machine's) is refused naming the
+/// field: stored, it would fail that start, and with it the REST API that
+/// could mend it. A free port is taken (for the next start).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_put_whose_proxy_could_not_bind_is_refused_naming_the_field() {
+    let f = start_with(test_options().token("t0ken").build().unwrap()).await;
+    let c = support::client();
+    let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken = held.local_addr().unwrap().port();
+    let put = |http_options: String| {
+        let (c, url) = (c.clone(), f.rest_url("/api/serve/applications/"));
+        async move {
+            send(
+                &c,
+                "PUT",
+                &url,
+                &[
+                    ("content-type", "text/yaml"),
+                    ("authorization", "Bearer t0ken"),
+                ],
+                format!("http_options: {http_options}\napplications: []\n"),
+            )
+            .await
+        }
+    };
+    let r = put(format!("{{port: {taken}}}")).await;
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(r.body.contains("http_options.port"), "{}", r.body);
+    // TEST-NET-1: an address, but not this machine's (the token allows
+    // binding off loopback).
+    let r = put("{host: 192.0.2.1, port: 0}".to_owned()).await;
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(r.body.contains("http_options.host"), "{}", r.body);
+    assert!(f.serve.applied_config().await.unwrap().is_none());
+    drop(held);
+    let r = put(format!("{{port: {taken}}}")).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    f.stop().await;
+}
+
 #[test]
 fn options_are_validated_by_the_builder() {
     assert!(HttpOptions::builder().root_path("/a/").build().is_err());

@@ -215,14 +215,27 @@ async fn serve_inner<C>(
     let ended = match ended {
         Some(ended) => ended,
         None => {
-            let limit = if *stop.borrow() { grace } else { idle };
+            let mut stopping = *stop.borrow();
+            let limit = if stopping { grace } else { idle };
             conn.as_mut().graceful_shutdown();
-            match tokio::time::timeout(limit, conn.as_mut()).await {
-                Ok(ended) => ended,
-                Err(_) => {
-                    tracing::warn!(listener, %peer, ?limit,
-                        "connection still open after its closing period: dropped");
-                    return;
+            let deadline = tokio::time::sleep(limit);
+            tokio::pin!(deadline);
+            loop {
+                tokio::select! {
+                    ended = conn.as_mut() => break ended,
+                    () = &mut deadline => {
+                        tracing::warn!(listener, %peer, ?limit,
+                            "connection still open after its closing period: dropped");
+                        return;
+                    }
+                    // A shutdown during an idle goodbye cuts it to the grace.
+                    () = crate::stopped(&mut stop), if !stopping => {
+                        stopping = true;
+                        let cut = tokio::time::Instant::now() + grace;
+                        if cut < deadline.deadline() {
+                            deadline.as_mut().reset(cut);
+                        }
+                    }
                 }
             }
         }

@@ -1295,3 +1295,53 @@ async fn a_listener_at_max_connections_accepts_no_more_until_one_closes() {
     );
     f.stop().await;
 }
+
+/// A shutdown cuts short a connection already saying goodbye after idling:
+/// an HTTP/2 client that never answers the goodbye's PING is closed within
+/// the shutdown grace, not at the end of its idle goodbye
+/// (keep_alive_timeout) after the server stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_cuts_short_an_idle_connections_goodbye() {
+    let mut f = start_with(
+        test_options()
+            .keep_alive_timeout(Duration::from_secs(3))
+            .shutdown_grace(Duration::from_millis(100))
+            .build()
+            .unwrap(),
+    )
+    .await;
+    let mut sock = tokio::net::TcpStream::connect(f.proxy).await.unwrap();
+    // The preface, empty SETTINGS, and one GET / (HPACK: :method GET,
+    // :scheme http, :path /, :authority "localhost") ending its stream.
+    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    out.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]);
+    let block: Vec<u8> = [&[0x82, 0x86, 0x84, 0x41, 9][..], b"localhost"].concat();
+    out.extend_from_slice(&[0, 0, block.len() as u8, 1, 0x05, 0, 0, 0, 1]);
+    out.extend_from_slice(&block);
+    sock.write_all(&out).await.unwrap();
+    // Read frames (acknowledging nothing) until the idle goodbye's GOAWAY.
+    loop {
+        let mut head = [0u8; 9];
+        sock.read_exact(&mut head).await.unwrap();
+        let len = usize::from(head[0]) << 16 | usize::from(head[1]) << 8 | usize::from(head[2]);
+        let mut payload = vec![0u8; len];
+        sock.read_exact(&mut payload).await.unwrap();
+        if head[3] == 7 {
+            break;
+        }
+    }
+    let http = f.http.take().unwrap();
+    let stopping = tokio::spawn(http.shutdown());
+    // Closed within the grace (and a margin), not 3 s later.
+    let closed = tokio::time::timeout(Duration::from_secs(1), async {
+        let mut buf = [0u8; 1024];
+        while sock.read(&mut buf).await.is_ok_and(|n| n > 0) {}
+    })
+    .await;
+    assert!(
+        closed.is_ok(),
+        "the connection outlived the shutdown's grace"
+    );
+    stopping.await.unwrap();
+    f.stop().await;
+}

@@ -25,10 +25,10 @@
 //! drops its request's future, which cancels the handler and frees its slot
 //! (recorded as 499, as Ray).
 //!
-//! A request's `serve_multiplexed_model_id` header (matched as Ray matches it:
-//! after lower-casing and `-` to `_`, so `Serve-Multiplexed-Model-Id` too; the
-//! first such header wins; an empty one is no model id) is the model id of its
-//! call ([`DeploymentHandle::with_model_id`](flotilla::DeploymentHandle::with_model_id)).
+//! A request's `serve_multiplexed_model_id` header (its name in any case, as
+//! Ray's; `serve-multiplexed-model-id` too, which is Flotilla's own; the last
+//! such header wins, as in Ray; an empty one is no model id) is the model id
+//! of its call ([`DeploymentHandle::with_model_id`](flotilla::DeploymentHandle::with_model_id)).
 
 use std::{
     borrow::Cow,
@@ -68,14 +68,16 @@ pub(crate) const TIMEOUT_STATUS: u16 = 408;
 /// (`SERVE_MULTIPLEXED_MODEL_ID`), matched after lower-casing and `-` to `_`.
 pub const MULTIPLEXED_MODEL_ID_HEADER: &str = "serve_multiplexed_model_id";
 
-/// The first header that names the request's model id, as Ray's proxy finds it
-/// (`key.lower().replace("-", "_") == "serve_multiplexed_model_id"`; header
-/// names are lower case already).
+/// The last header that names the request's model id: Ray's proxy reads
+/// every header and the last `serve_multiplexed_model_id` wins
+/// (`setup_request_context_and_handle`); header names are lower case
+/// already. The `serve-multiplexed-model-id` spelling is Flotilla's own
+/// (proxies in front rewrite `_` to `-`, or drop such names).
 fn model_id_header(headers: &http::HeaderMap) -> Option<&HeaderValue> {
     let want = MULTIPLEXED_MODEL_ID_HEADER.as_bytes();
     headers
         .iter()
-        .find(|(name, _)| {
+        .filter(|(name, _)| {
             let n = name.as_str().as_bytes();
             n.len() == want.len()
                 && n.iter()
@@ -83,6 +85,7 @@ fn model_id_header(headers: &http::HeaderMap) -> Option<&HeaderValue> {
                     .all(|(a, b)| a == b || (*a == b'-' && *b == b'_'))
         })
         .map(|(_, v)| v)
+        .last()
 }
 
 const TEXT_UTF8: &str = "text/plain; charset=utf-8";

@@ -1165,7 +1165,7 @@ async fn the_serve_multiplexed_model_id_header_is_the_calls_model_id() {
         .unwrap();
     f.serve.run(app).await.unwrap();
     let c = support::client();
-    // Ray's match: lower case, '-' read as '_'.
+    // Any case (header names are); '-' for '_' too (Flotilla's own).
     for name in [
         "serve_multiplexed_model_id",
         "Serve-Multiplexed-Model-Id",
@@ -1174,6 +1174,19 @@ async fn the_serve_multiplexed_model_id_header_is_the_calls_model_id() {
         let r = send(&c, "GET", &f.url("/mx/x"), &[(name, "m1")], "").await;
         assert_eq!((r.status, r.body.as_str()), (200, "model m1: /x"), "{name}");
     }
+    // Of two, the last wins, as in Ray's proxy.
+    let r = send(
+        &c,
+        "GET",
+        &f.url("/mx/x"),
+        &[
+            ("serve_multiplexed_model_id", "m1"),
+            ("serve-multiplexed-model-id", "m2"),
+        ],
+        "",
+    )
+    .await;
+    assert_eq!((r.status, r.body.as_str()), (200, "model m2: /x"));
     // None (or an empty one): Ray's empty model id, a 500 from the deployment.
     for headers in [&[][..], &[("serve_multiplexed_model_id", "")][..]] {
         let r = send(&c, "GET", &f.url("/mx/x"), headers, "").await;
@@ -1204,7 +1217,7 @@ async fn the_serve_multiplexed_model_id_header_is_the_calls_model_id() {
     let replicas = &d["applications"]["mx"]["deployments"]["models"]["replicas"];
     assert_eq!(
         replicas[0]["multiplexed_model_ids"],
-        serde_json::json!(["m1"])
+        serde_json::json!(["m1", "m2"])
     );
     f.stop().await;
 }

@@ -643,11 +643,9 @@ fn create(path: &Path) -> Result<Option<LockedBackend>, StoreError> {
                     // Visible before it is locked: another opener may lock it
                     // first (this open is then refused, and leaves the file be).
                     let file = LockedFile::lock(path, file)?;
-                    let initialised =
-                        unpanicking(path, "creating", || initialise(path, file.clone()))
-                            .and_then(|r| r)
-                            .and_then(|()| sync_dir(path, dir));
-                    if let Err(e) = initialised {
+                    if let Err(e) =
+                        initialise_locked(path, &file).and_then(|()| sync_dir(path, dir))
+                    {
                         remove_created(path);
                         drop(file);
                         return Err(e);
@@ -664,8 +662,13 @@ fn create(path: &Path) -> Result<Option<LockedBackend>, StoreError> {
 /// Lock the new, empty `file` and [`initialise`] it; the lock is kept.
 fn built(path: &Path, file: File) -> Result<LockedBackend, StoreError> {
     let file = LockedFile::lock(path, file)?;
-    unpanicking(path, "creating", || initialise(path, file.clone()))??;
+    initialise_locked(path, &file)?;
     Ok(file)
+}
+
+/// [`initialise`] the new, empty, locked `file` (a panic of redb caught).
+fn initialise_locked(path: &Path, file: &LockedBackend) -> Result<(), StoreError> {
+    unpanicking(path, "creating", || initialise(path, file.clone()))?
 }
 
 /// Create a file that must not exist yet, for reading and writing. On Unix it is made

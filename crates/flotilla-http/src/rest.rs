@@ -349,10 +349,9 @@ impl Rest {
             Err(e) => return text(400, format!("Invalid config: {e}")),
         };
         // And what that start checks before it binds (the host resolves, the
-        // bind rule, one port per listener): a stored config it would refuse
-        // stops the REST API that could mend it.
-        // Then whether its proxy could bind (its host is this machine's, a
-        // new port is free), not only be resolved.
+        // bind rule, one port per listener), then whether its proxy could
+        // bind (its host is this machine's, a new port is free): a stored
+        // config it would refuse stops the REST API that could mend it.
         let token = self.token.is_some();
         let running = self.proxy_addr;
         let checked = {

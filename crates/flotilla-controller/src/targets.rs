@@ -55,14 +55,18 @@ impl ControllerState {
     }
 
     /// Put `records` in `batch`, with the removal of the replica decisions that
-    /// no longer stand: every decision of an application deployed again while
-    /// it is being deleted (it starts afresh, as it would once its deletion
-    /// ended; Ray's `deploy` over a deleting target starts a fixed count from
-    /// the declaration, and an autoscaled one from its current target, 0,
-    /// clamped into its bounds, where Flotilla starts it from
-    /// `initial_replicas` if set), an autoscaler's for a deployment no longer autoscaled, an
-    /// external scaler's for one whose declared count changed (the newer
-    /// declaration wins) or whose application no longer has an external scaler.
+    /// no longer stand:
+    /// - every decision of an application deployed again while it is being
+    ///   deleted: it starts afresh, as it would once its deletion ended (Ray's
+    ///   `deploy` over a deleting target starts a fixed count from the
+    ///   declaration, and an autoscaled one from its current target, 0,
+    ///   clamped into its bounds, where Flotilla starts it from
+    ///   `initial_replicas` if set);
+    /// - an autoscaler's for a deployment no longer autoscaled;
+    /// - an external scaler's for one whose declared count changed (the newer
+    ///   declaration wins) or whose application no longer has an external
+    ///   scaler.
+    ///
     /// A running deployment that turns autoscaled without `initial_replicas`
     /// keeps its count, clamped into its bounds, as its first decision (Ray's
     /// `register`: the current target, not `min_replicas`); one that stays
@@ -89,7 +93,7 @@ impl ControllerState {
         };
         for r in records {
             batch.put_app(r)?;
-            let undeleted = self
+            let was_deleting = self
                 .apps
                 .get(&r.spec.name)
                 .is_some_and(|e| e.record.deleting);
@@ -108,7 +112,7 @@ impl ControllerState {
                         .map(|d| d.config.num_replicas.clone())
                 };
                 let still = match declared(r) {
-                    _ if undeleted => false,
+                    _ if was_deleting => false,
                     Some(ReplicaCount::Auto(a)) => {
                         // Ray's `deploy`: the current target clamped into the
                         // new bounds is the target (and durable), so a later

@@ -17,7 +17,7 @@ use crate::{
     endpoint::{ErrorKind, Slot},
     multiplex::validate_model_id,
     payload::{ItemSender, Payload, PayloadError},
-    remote::Attempt,
+    remote::{Attempt, Refusals},
     route::{DeploymentRoute, ReplicaSet},
     user::Call,
 };
@@ -220,10 +220,10 @@ impl DeploymentHandle {
     }
 
     async fn call_payload(&self, mut payload: Payload) -> Result<Payload, CallError> {
-        let mut refusals = 0;
+        let mut refusals = Refusals::default();
         loop {
             // Counted once per request, not again for each refusal.
-            let (route, slot) = self.acquire(refusals == 0).await?;
+            let (route, slot) = self.acquire(&refusals).await?;
             let replica = slot.0.id();
             let result = match slot.0.remote_call().cloned() {
                 None => {
@@ -241,7 +241,7 @@ impl DeploymentHandle {
                         Attempt::Ran(result) => result.map(Payload::Encoded),
                         Attempt::Refused { request, full } => {
                             payload = Payload::Encoded(request);
-                            crate::remote::back_off(&mut refusals, full).await;
+                            refusals.refused(replica, full).await;
                             continue;
                         }
                     }
@@ -256,14 +256,20 @@ impl DeploymentHandle {
 
     /// A slot on a replica, picked by the deployment's router: at once if one is
     /// free and nobody waits, else after waiting in the deployment's queue (up
-    /// to `max_queued_requests`), oldest first. `count`: the request's first
-    /// routing (a request a remote replica refused is routed again, uncounted).
-    async fn acquire(&self, count: bool) -> Result<(Arc<DeploymentRoute>, Slot), CallError> {
+    /// to `max_queued_requests`), oldest first. A request a remote replica
+    /// refused is routed again (`refusals`): uncounted, not held to
+    /// `max_queued_requests` (it was admitted), and not to the replicas that
+    /// refused it while not full, if another can take it.
+    async fn acquire(
+        &self,
+        refusals: &Refusals,
+    ) -> Result<(Arc<DeploymentRoute>, Slot), CallError> {
+        let count = refusals.first();
         let route = self.live_route()?;
         let mut rx = route.subscribe();
         if route.queued() == 0 {
             let set = rx.borrow_and_update().clone();
-            if let Some(slot) = self.pick(&route, &set) {
+            if let Some(slot) = self.pick(&route, &refusals.candidates(&set)) {
                 return Ok(assigned(route, slot, count));
             }
         }
@@ -271,7 +277,7 @@ impl DeploymentHandle {
         if let Some(e) = unavailable(&route, &rx.borrow()) {
             return Err(e);
         }
-        let place = route.enqueue()?;
+        let place = route.enqueue(count)?;
         let woken = place.woken();
         loop {
             // Register before taking the turn, so a turn given between the two
@@ -281,7 +287,7 @@ impl DeploymentHandle {
             turn.as_mut().enable();
             if place.take_turn() {
                 let set = rx.borrow_and_update().clone();
-                if let Some(slot) = self.pick(&route, &set) {
+                if let Some(slot) = self.pick(&route, &refusals.candidates(&set)) {
                     place.leave_with_slot(set.iter().any(|e| e.has_room()));
                     return Ok(assigned(route, slot, count));
                 }
@@ -356,9 +362,9 @@ impl DeploymentHandle {
         let assigned = Assigned::default();
         let flag = assigned.clone();
         let work = async move {
-            let (mut payload, mut refusals) = (payload, 0);
+            let (mut payload, mut refusals) = (payload, Refusals::default());
             loop {
-                let (route, slot) = handle.acquire(refusals == 0).await?;
+                let (route, slot) = handle.acquire(&refusals).await?;
                 flag.set(true);
                 let replica = slot.0.id();
                 let result = match slot.0.remote_call().cloned() {
@@ -385,7 +391,7 @@ impl DeploymentHandle {
                             Attempt::Refused { request, full } => {
                                 flag.set(false);
                                 payload = Payload::Encoded(request);
-                                crate::remote::back_off(&mut refusals, full).await;
+                                refusals.refused(replica, full).await;
                                 continue;
                             }
                         }

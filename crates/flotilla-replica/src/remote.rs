@@ -255,19 +255,61 @@ impl Drop for Outcome<'_> {
 /// Refusals in a row after which the backoff stops growing.
 const MAX_BACKOFF_STEP: u32 = 7;
 
-/// Wait before routing a refused request again: nothing for the first refusal
-/// of a replica that was not full (the router skips it now), else 100 µs
-/// doubling to 12.8 ms, so callers held back by other processes' load wait
-/// for slots instead of spinning.
-pub(crate) async fn back_off(refusals: &mut u32, full: bool) {
-    let n = *refusals;
-    *refusals = n.saturating_add(1);
-    if !full && n == 0 {
-        tokio::task::yield_now().await;
-        return;
+/// A request's refusals by replicas in other processes, while it is routed
+/// again: how many in a row (its backoff), and which replicas refused it
+/// without being full (their process is not reachable from here now: one
+/// that keeps refusing so would otherwise win every pick, its slot always
+/// free). Those are not picked again for it while another replica can be,
+/// as Ray's router stops sending to a replica whose actor is unavailable.
+#[derive(Debug, Default)]
+pub(crate) struct Refusals {
+    count: u32,
+    unreachable: Vec<ReplicaId>,
+}
+
+impl Refusals {
+    /// Whether the request has not been refused yet: its first routing,
+    /// counted and held to `max_queued_requests` (a retry was admitted once).
+    pub(crate) fn first(&self) -> bool {
+        self.count == 0
     }
-    let step = n.min(MAX_BACKOFF_STEP);
-    tokio::time::sleep(Duration::from_micros(100) * (1 << step)).await;
+
+    /// `replica` refused the request (`full`: at its limit there). Wait
+    /// before routing it again: nothing after a replica that was not full
+    /// (it is left out now), else 100 µs doubling to 12.8 ms, so callers held
+    /// back by other processes' load wait for slots instead of spinning.
+    pub(crate) async fn refused(&mut self, replica: ReplicaId, full: bool) {
+        let n = self.count;
+        self.count = n.saturating_add(1);
+        if !full && !self.unreachable.contains(&replica) {
+            self.unreachable.push(replica);
+            tokio::task::yield_now().await;
+            return;
+        }
+        let step = n.min(MAX_BACKOFF_STEP);
+        tokio::time::sleep(Duration::from_micros(100) * (1 << step)).await;
+    }
+
+    /// The replicas of `set` to pick from: all but those that refused while
+    /// not full, unless that leaves none (then every one is tried again).
+    pub(crate) fn candidates<'a>(
+        &self,
+        set: &'a [Arc<ReplicaEndpoint>],
+    ) -> std::borrow::Cow<'a, [Arc<ReplicaEndpoint>]> {
+        if self.unreachable.is_empty() {
+            return std::borrow::Cow::Borrowed(set);
+        }
+        let rest: Vec<Arc<ReplicaEndpoint>> = set
+            .iter()
+            .filter(|e| !self.unreachable.contains(&e.id()))
+            .cloned()
+            .collect();
+        if rest.is_empty() {
+            std::borrow::Cow::Borrowed(set)
+        } else {
+            std::borrow::Cow::Owned(rest)
+        }
+    }
 }
 
 /// The user code of a remote endpoint: requests never reach it (the handle

@@ -462,10 +462,14 @@ impl DeploymentRoute {
         x.wrapping_mul(0x2545_F491_4F6C_DD1D)
     }
 
-    /// Join this route's queue (oldest first), or be refused at once beyond
-    /// `max_queued_requests`.
-    pub(crate) fn enqueue(&self) -> Result<Place, CallError> {
-        let max = self.max_queued.load(Ordering::Acquire) as usize;
+    /// Join this route's queue (oldest first), or, for a request's first
+    /// routing (`admit`), be refused at once beyond `max_queued_requests`; a
+    /// request routed again after a refusal was admitted once, and joins.
+    pub(crate) fn enqueue(&self, admit: bool) -> Result<Place, CallError> {
+        let max = match admit {
+            true => self.max_queued.load(Ordering::Acquire) as usize,
+            false => usize::MAX,
+        };
         self.queue.join(max).map_err(|full| {
             self.stats.rejected.fetch_add(1, Ordering::Relaxed);
             CallError::BackPressure {

@@ -195,3 +195,173 @@ async fn a_remote_call_its_caller_drops_counts_as_cancelled() {
     assert!(gone.is_err());
     assert_eq!((ep.stats().cancelled(), ep.in_flight()), (1, 0));
 }
+
+/// A replica in another process that answers each call as the test says:
+/// the n-th call waits for the n-th script entry (`true`: refused, at its
+/// limit; `false`: run), and a call past the scripts runs at once. Calls are
+/// counted.
+#[derive(Default)]
+struct Scripted {
+    scripts: std::sync::Mutex<std::collections::VecDeque<tokio::sync::oneshot::Receiver<bool>>>,
+    calls: std::sync::atomic::AtomicU32,
+}
+
+impl Scripted {
+    fn script(&self) -> tokio::sync::oneshot::Sender<bool> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.scripts.lock().unwrap().push_back(rx);
+        tx
+    }
+}
+
+impl RemoteCall for Scripted {
+    fn call(
+        &self,
+        _: ReplicaId,
+        request: Vec<u8>,
+        _: Option<Arc<str>>,
+    ) -> BoxFuture<'static, Attempt<Vec<u8>>> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let script = self.scripts.lock().unwrap().pop_front();
+        Box::pin(async move {
+            let refuse = match script {
+                Some(rx) => rx.await.unwrap_or(false),
+                None => false,
+            };
+            if refuse {
+                Attempt::Refused {
+                    request,
+                    full: true,
+                }
+            } else {
+                Attempt::Ran(Ok(request))
+            }
+        })
+    }
+
+    fn call_stream(
+        &self,
+        _: ReplicaId,
+        _: Vec<u8>,
+        _: Option<Arc<str>>,
+        _: ItemSender,
+    ) -> BoxFuture<'static, Attempt<()>> {
+        Box::pin(async { Attempt::Ran(Ok(())) })
+    }
+}
+
+/// A replica in another process this one cannot reach now: it refuses every
+/// call, not being full (its session is down).
+#[derive(Default)]
+struct Unreachable(std::sync::atomic::AtomicU32);
+
+impl RemoteCall for Unreachable {
+    fn call(
+        &self,
+        _: ReplicaId,
+        request: Vec<u8>,
+        _: Option<Arc<str>>,
+    ) -> BoxFuture<'static, Attempt<Vec<u8>>> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        Box::pin(async move {
+            Attempt::Refused {
+                request,
+                full: false,
+            }
+        })
+    }
+
+    fn call_stream(
+        &self,
+        _: ReplicaId,
+        _: Vec<u8>,
+        _: Option<Arc<str>>,
+        _: ItemSender,
+    ) -> BoxFuture<'static, Attempt<()>> {
+        Box::pin(async {
+            Attempt::Refused {
+                request: Vec::new(),
+                full: false,
+            }
+        })
+    }
+}
+
+/// A replica that refuses a request without being full (its process is not
+/// reachable) is not picked again for it while another can take it: it
+/// would win every pick (its slot is always free) and the request would
+/// never reach the busy, healthy one.
+#[tokio::test(start_paused = true)]
+async fn a_replica_that_refuses_while_not_full_is_left_out_of_the_requests_next_picks() {
+    let dir = Directory::new();
+    let (a, d) = key();
+    let route = dir.route(&a, &d);
+    let healthy = Arc::new(Scripted::default());
+    let _busy = healthy.script();
+    let g = RemoteEndpoint::new(ReplicaId(1), "node-1", healthy.clone(), 4, &route);
+    route.publish(vec![g.endpoint().clone()]);
+    let h = dir.handle(&a, &d);
+    let first = tokio::spawn({
+        let h = h.clone();
+        async move { h.call::<u8, u8>(&1).await }
+    });
+    while g.endpoint().in_flight() == 0 {
+        tokio::task::yield_now().await;
+    }
+    let unreachable = Arc::new(Unreachable::default());
+    let b = RemoteEndpoint::new(ReplicaId(2), "node-2", unreachable.clone(), 4, &route);
+    route.publish(vec![b.endpoint().clone(), g.endpoint().clone()]);
+    let out = tokio::time::timeout(Duration::from_secs(5), h.call::<u8, u8>(&7)).await;
+    assert_eq!(out.expect("answered").unwrap(), 7);
+    assert_eq!(unreachable.0.load(Ordering::SeqCst), 1, "tried once");
+    first.abort();
+}
+
+/// A request a remote replica refused (at its limit there) is routed again
+/// as a request already admitted: a queue that filled meanwhile does not
+/// refuse it for back-pressure.
+#[tokio::test(start_paused = true)]
+async fn a_refused_request_routed_again_is_not_refused_for_back_pressure() {
+    let dir = Directory::new();
+    let (a, d) = key();
+    let route = dir.route(&a, &d);
+    route.set_max_queued(Some(1));
+    let remote = Arc::new(Scripted::default());
+    let first_answer = remote.script();
+    let second_answer = remote.script();
+    let r = RemoteEndpoint::new(ReplicaId(1), "node-1", remote.clone(), 1, &route);
+    route.publish(vec![r.endpoint().clone()]);
+    let h = dir.handle(&a, &d);
+    let call = |n: u8| {
+        let h = h.clone();
+        tokio::spawn(async move { h.call::<u8, u8>(&n).await })
+    };
+    // A runs there, B waits here.
+    let a_call = call(1);
+    while r.endpoint().in_flight() == 0 {
+        tokio::task::yield_now().await;
+    }
+    let b_call = call(2);
+    while route.queued() == 0 {
+        tokio::task::yield_now().await;
+    }
+    // The replica refuses A: B takes the slot, and C fills the queue while A
+    // waits to be routed again.
+    first_answer.send(true).unwrap();
+    while remote.calls.load(Ordering::SeqCst) < 2 {
+        tokio::task::yield_now().await;
+    }
+    let c_call = call(3);
+    while route.queued() == 0 {
+        tokio::task::yield_now().await;
+    }
+    // A's backoff ends while the queue is full: it joins, behind C.
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(route.queued(), 2);
+    second_answer.send(false).unwrap();
+    assert_eq!(a_call.await.unwrap().unwrap(), 1);
+    assert_eq!(b_call.await.unwrap().unwrap(), 2);
+    assert_eq!(c_call.await.unwrap().unwrap(), 3);
+    assert_eq!(route.stats().rejected(), 0);
+    assert_eq!(route.stats().assigned(), 3);
+}

@@ -74,41 +74,6 @@ async fn a_deleted_deployments_handle_is_unavailable_once_the_instance_stopped()
     assert!(matches!(answer(&old).await, CallError::Unavailable { .. }));
 }
 
-/// A replica in another process that refuses a request once (at its limit
-/// there), then runs it.
-struct RefusesOnce(std::sync::atomic::AtomicBool);
-
-impl RemoteCall for RefusesOnce {
-    fn call(
-        &self,
-        _: ReplicaId,
-        request: Vec<u8>,
-        _: Option<Arc<str>>,
-    ) -> BoxFuture<'static, Attempt<Vec<u8>>> {
-        let refuse = !self.0.swap(true, Ordering::SeqCst);
-        Box::pin(async move {
-            if refuse {
-                Attempt::Refused {
-                    request,
-                    full: true,
-                }
-            } else {
-                Attempt::Ran(Ok(request))
-            }
-        })
-    }
-
-    fn call_stream(
-        &self,
-        _: ReplicaId,
-        _: Vec<u8>,
-        _: Option<Arc<str>>,
-        _: ItemSender,
-    ) -> BoxFuture<'static, Attempt<()>> {
-        Box::pin(async { Attempt::Ran(Ok(())) })
-    }
-}
-
 /// A request routed again after a remote replica refused it is still one
 /// request routed (Ray's `serve_num_router_requests`).
 #[tokio::test(start_paused = true)]
@@ -116,13 +81,11 @@ async fn a_request_routed_again_after_a_refusal_is_counted_once() {
     let dir = Directory::new();
     let (a, d) = key();
     let route = dir.route(&a, &d);
-    let remote = RemoteEndpoint::new(
-        ReplicaId(1),
-        "node-1",
-        Arc::new(RefusesOnce(Default::default())),
-        4,
-        &route,
-    );
+    // A replica in another process that refuses the request once (at its
+    // limit there), then runs it.
+    let refuses_once = Arc::new(Scripted::default());
+    refuses_once.script().send(true).unwrap();
+    let remote = RemoteEndpoint::new(ReplicaId(1), "node-1", refuses_once, 4, &route);
     route.publish(vec![remote.endpoint().clone()]);
     let out: u8 = dir.handle(&a, &d).call(&7u8).await.unwrap();
     assert_eq!(out, 7);

@@ -270,7 +270,8 @@ impl DeploymentHandle {
         if route.queued() == 0 {
             let set = rx.borrow_and_update().clone();
             if let Some(slot) = self.pick(&route, &refusals.candidates(&set)) {
-                return Ok(assigned(route, slot, count));
+                admitted(&route, count);
+                return Ok((route, slot));
             }
         }
         // No replica, and none coming soon: fail now.
@@ -278,6 +279,9 @@ impl DeploymentHandle {
             return Err(e);
         }
         let place = route.enqueue(count)?;
+        // Past back-pressure: admitted, whether a replica takes it or it
+        // times out or is cancelled while it waits.
+        admitted(&route, count);
         let woken = place.woken();
         loop {
             // Register before taking the turn, so a turn given between the two
@@ -289,7 +293,7 @@ impl DeploymentHandle {
                 let set = rx.borrow_and_update().clone();
                 if let Some(slot) = self.pick(&route, &refusals.candidates(&set)) {
                     place.leave_with_slot(set.iter().any(|e| e.has_room()));
-                    return Ok(assigned(route, slot, count));
+                    return Ok((route, slot));
                 }
                 if set.iter().any(|e| e.has_room()) {
                     place.pass_turn();
@@ -578,15 +582,16 @@ impl DeploymentHandle {
     }
 }
 
-/// Count a request assigned to a replica (if `count`: once per request).
-fn assigned(route: Arc<DeploymentRoute>, slot: Slot, count: bool) -> (Arc<DeploymentRoute>, Slot) {
+/// Count a request admitted to routing (if `count`: once per request), as
+/// Ray's router counts it (`inc_num_total_requests`, past back-pressure,
+/// before a replica is found).
+fn admitted(route: &DeploymentRoute, count: bool) {
     if count {
         route
             .stats()
             .assigned
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
-    (route, slot)
 }
 
 /// A request running on a replica: holds its slot, and records its outcome and

@@ -502,7 +502,11 @@ pub struct RouteStats {
 }
 
 impl RouteStats {
-    /// Requests handed to a replica (Ray's `serve_num_router_requests`).
+    /// Requests admitted to routing (Ray's `serve_num_router_requests`):
+    /// handed to a replica at once, or let into the queue past back-pressure
+    /// (counted then, as Ray counts them, whether a replica takes them or
+    /// they time out or are cancelled while they wait). A request routed
+    /// again after a remote replica refused it is not counted again.
     pub fn assigned(&self) -> u64 {
         self.assigned.load(Ordering::Relaxed)
     }

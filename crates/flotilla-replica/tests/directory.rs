@@ -328,3 +328,30 @@ async fn a_refused_request_routed_again_is_not_refused_for_back_pressure() {
     assert_eq!(route.stats().rejected(), 0);
     assert_eq!(route.stats().assigned(), 3);
 }
+
+/// A request that waited in the queue and timed out is still one request
+/// routed: Ray counts a request once it is past back-pressure, before a
+/// replica takes it.
+#[tokio::test(start_paused = true)]
+async fn a_request_that_times_out_in_the_queue_is_counted() {
+    let dir = Directory::new();
+    let (a, d) = key();
+    let route = dir.route(&a, &d);
+    let remote = RemoteEndpoint::new(ReplicaId(1), "node-1", Arc::new(Hangs), 1, &route);
+    route.publish(vec![remote.endpoint().clone()]);
+    let h = dir.handle(&a, &d);
+    let first = tokio::spawn({
+        let h = h.clone();
+        async move { h.call::<u8, u8>(&1).await }
+    });
+    while remote.endpoint().in_flight() == 0 {
+        tokio::task::yield_now().await;
+    }
+    let late = h
+        .with_timeout(Duration::from_secs(1))
+        .call::<u8, u8>(&2)
+        .await;
+    assert!(matches!(late, Err(CallError::Timeout { .. })), "{late:?}");
+    assert_eq!(route.stats().assigned(), 2);
+    first.abort();
+}

@@ -22,6 +22,23 @@ fn key() -> (AppName, DeploymentName) {
     )
 }
 
+/// `h`'s call with `n`, in a task of its own.
+fn spawn_call(
+    h: &flotilla_replica::DeploymentHandle,
+    n: u8,
+) -> tokio::task::JoinHandle<Result<u8, CallError>> {
+    let h = h.clone();
+    tokio::spawn(async move { h.call::<u8, u8>(&n).await })
+}
+
+/// Yield until `ready` holds (other tasks run meanwhile; paused time does
+/// not move).
+async fn until(ready: impl Fn() -> bool) {
+    while !ready() {
+        tokio::task::yield_now().await;
+    }
+}
+
 /// A call that must answer (paused time: one that waits fails the test).
 async fn answer(h: &flotilla_replica::DeploymentHandle) -> CallError {
     tokio::time::timeout(Duration::from_secs(3600), h.call::<u8, u8>(&1))
@@ -101,10 +118,7 @@ async fn calls_to_a_deploy_failed_deployment_without_replicas_fail_at_once() {
     let (a, d) = key();
     let route = dir.route(&a, &d);
     let h = dir.handle(&a, &d);
-    let waiting = tokio::spawn({
-        let h = h.clone();
-        async move { h.call::<u8, u8>(&1).await }
-    });
+    let waiting = spawn_call(&h, 1);
     tokio::task::yield_now().await;
     assert_eq!(route.queued(), 1);
     assert!(route.set_deploy_failed(true));
@@ -264,13 +278,8 @@ async fn a_replica_that_refuses_while_not_full_is_left_out_of_the_requests_next_
     let g = RemoteEndpoint::new(ReplicaId(1), "node-1", healthy.clone(), 4, &route);
     route.publish(vec![g.endpoint().clone()]);
     let h = dir.handle(&a, &d);
-    let first = tokio::spawn({
-        let h = h.clone();
-        async move { h.call::<u8, u8>(&1).await }
-    });
-    while g.endpoint().in_flight() == 0 {
-        tokio::task::yield_now().await;
-    }
+    let first = spawn_call(&h, 1);
+    until(|| g.endpoint().in_flight() > 0).await;
     let unreachable = Arc::new(Unreachable::default());
     let b = RemoteEndpoint::new(ReplicaId(2), "node-2", unreachable.clone(), 4, &route);
     route.publish(vec![b.endpoint().clone(), g.endpoint().clone()]);
@@ -295,29 +304,17 @@ async fn a_refused_request_routed_again_is_not_refused_for_back_pressure() {
     let r = RemoteEndpoint::new(ReplicaId(1), "node-1", remote.clone(), 1, &route);
     route.publish(vec![r.endpoint().clone()]);
     let h = dir.handle(&a, &d);
-    let call = |n: u8| {
-        let h = h.clone();
-        tokio::spawn(async move { h.call::<u8, u8>(&n).await })
-    };
     // A runs there, B waits here.
-    let a_call = call(1);
-    while r.endpoint().in_flight() == 0 {
-        tokio::task::yield_now().await;
-    }
-    let b_call = call(2);
-    while route.queued() == 0 {
-        tokio::task::yield_now().await;
-    }
+    let a_call = spawn_call(&h, 1);
+    until(|| r.endpoint().in_flight() > 0).await;
+    let b_call = spawn_call(&h, 2);
+    until(|| route.queued() > 0).await;
     // The replica refuses A: B takes the slot, and C fills the queue while A
     // waits to be routed again.
     first_answer.send(true).unwrap();
-    while remote.calls.load(Ordering::SeqCst) < 2 {
-        tokio::task::yield_now().await;
-    }
-    let c_call = call(3);
-    while route.queued() == 0 {
-        tokio::task::yield_now().await;
-    }
+    until(|| remote.calls.load(Ordering::SeqCst) >= 2).await;
+    let c_call = spawn_call(&h, 3);
+    until(|| route.queued() > 0).await;
     // A's backoff ends while the queue is full: it joins, behind C.
     tokio::time::sleep(Duration::from_millis(10)).await;
     assert_eq!(route.queued(), 2);
@@ -340,13 +337,8 @@ async fn a_request_that_times_out_in_the_queue_is_counted() {
     let remote = RemoteEndpoint::new(ReplicaId(1), "node-1", Arc::new(Hangs), 1, &route);
     route.publish(vec![remote.endpoint().clone()]);
     let h = dir.handle(&a, &d);
-    let first = tokio::spawn({
-        let h = h.clone();
-        async move { h.call::<u8, u8>(&1).await }
-    });
-    while remote.endpoint().in_flight() == 0 {
-        tokio::task::yield_now().await;
-    }
+    let first = spawn_call(&h, 1);
+    until(|| remote.endpoint().in_flight() > 0).await;
     let late = h
         .with_timeout(Duration::from_secs(1))
         .call::<u8, u8>(&2)

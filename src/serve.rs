@@ -14,8 +14,8 @@ use flotilla_cluster::{
     nodes::{Head, HeadOptions, NodeCounters, NodeInfo},
 };
 use flotilla_controller::{
-    Checkpoint, CheckpointCloser, ControllerArgs, ControllerMsg, ControllerSnapshot, Fatal,
-    LogSettings, Preloaded, RouteTable, ServeError, StatusBoard, StoreCounters, Supervisor,
+    Checkpoint, CheckpointCloser, ControllerArgs, ControllerMsg, ControllerSnapshot, Deleting,
+    Fatal, LogSettings, Preloaded, RouteTable, ServeError, StatusBoard, StoreCounters, Supervisor,
     SupervisorArgs, SupervisorMsg, WallClock,
 };
 use flotilla_core::{
@@ -721,32 +721,24 @@ impl Serve {
             .into_iter()
             .map(|n| AppName::new(n.as_ref()))
             .collect::<Result<Vec<_>, _>>()?;
-        let watchers: Vec<_> = names
-            .iter()
-            .map(|n| self.inner.board.subscribe(n.as_str()))
-            .collect();
-        let generations = self
+        let deletions = self
             .ask(|reply| ControllerMsg::Delete {
                 names: names.clone(),
                 reply,
             })
             .await??;
-        Ok(Deletion {
-            names,
-            watchers,
-            generations,
-        })
+        Ok(Deletion { names, deletions })
     }
 
     /// Wait until every application of `deletion` is gone.
     async fn deleted(&self, deletion: Deletion) -> Result<(), ServeError> {
-        let Deletion {
-            names,
-            watchers,
-            generations,
-        } = deletion;
-        for ((rx, generation), name) in watchers.into_iter().zip(generations).zip(&names) {
-            let (Some(mut rx), Some(generation)) = (rx, generation) else {
+        let Deletion { names, deletions } = deletion;
+        for (deleting, name) in deletions.into_iter().zip(&names) {
+            let Some(Deleting {
+                generation,
+                status: mut rx,
+            }) = deleting
+            else {
                 continue;
             };
             // Gone when the board drops the channel; a redeploy that cancels the
@@ -1189,8 +1181,7 @@ fn lost_reply(fatal: &watch::Receiver<Option<Fatal>>, stopped: bool) -> ServeErr
 /// generation its deletion was given.
 struct Deletion {
     names: Vec<AppName>,
-    watchers: Vec<Option<watch::Receiver<ApplicationStatusInfo>>>,
-    generations: Vec<Option<u64>>,
+    deletions: Vec<Option<Deleting>>,
 }
 
 #[cfg(test)]

@@ -8,8 +8,8 @@ mod support;
 use std::{sync::atomic::Ordering, time::Duration};
 
 use flotilla::{
-    ApplicationSpec, ApplicationStatus as A, DeploymentSpec, DeploymentStatus, RunManyOptions,
-    ServeError,
+    ApplicationSpec, ApplicationStatus as A, DeploymentSpec, DeploymentStatus, FaultPoint,
+    RunManyOptions, ServeError,
 };
 use support::{ProbeArgs, app, no_wait, numbered_apps, start_fresh, tag, wait_status};
 
@@ -376,6 +376,29 @@ async fn a_delete_waiter_returns_when_a_redeploy_cancels_the_deletion() {
         .unwrap();
     assert_eq!(serve.app_status("a").status, A::Running);
     let _ = busy.await;
+}
+
+/// A deletion that reaches the Controller right behind the application's own
+/// deploy waits for that application: the caller could not have watched it
+/// before sending, since it did not exist yet.
+#[tokio::test(start_paused = true)]
+async fn a_delete_waiter_waits_for_an_application_deployed_just_before_it() {
+    let (_dir, _, serve) = start_fresh().await;
+    // The deploy is sent first; the deletion is sent before the Controller
+    // has handled it, so the application is not yet on the board.
+    let delete = async {
+        serve.delete_apps(&["a"], true).await.unwrap();
+        // Read as the waiter returns, not once the deploy's wait ends too.
+        serve.app_status("a").status
+    };
+    // The new ApplicationActor crashes in its first step, so the deletion
+    // ends only after its restart.
+    serve.faults().arm(FaultPoint::ApplicationReconcile, 1);
+    let (deployed, seen) = tokio::join!(serve.run(app("a", 1, tag("v1"))), delete);
+    assert_eq!(seen, A::NotStarted, "gone when the waiter returned");
+    // The deploy's wait lost its application to the deletion.
+    let err = deployed.unwrap_err();
+    assert!(matches!(err, ServeError::NotFound { .. }), "{err}");
 }
 
 #[tokio::test(start_paused = true)]

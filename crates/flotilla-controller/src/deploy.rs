@@ -13,7 +13,8 @@ use ractor::{ActorProcessingErr, ActorRef, RpcReplyPort};
 use tracing::{info, warn};
 
 use crate::{
-    Controller, ControllerMsg, ServeError, state::ControllerState, validate::validate_batch,
+    Controller, ControllerMsg, Deleting, ServeError, state::ControllerState,
+    validate::validate_batch,
 };
 
 impl Controller {
@@ -59,7 +60,7 @@ impl Controller {
         myself: &ActorRef<ControllerMsg>,
         state: &mut ControllerState,
         names: Vec<AppName>,
-        reply: RpcReplyPort<Result<Vec<Option<u64>>, ServeError>>,
+        reply: RpcReplyPort<Result<Vec<Option<Deleting>>, ServeError>>,
     ) -> Result<(), ActorProcessingErr> {
         let stage = |s: &ControllerState, batch: &mut Batch| {
             let generations: Vec<Option<u64>> = names
@@ -84,8 +85,20 @@ impl Controller {
                 s.release_config(config);
             }
             s.swap_deletions(&changed);
+            // Subscribed in this turn: an application created since the
+            // caller sent the deletion is the one it waits for.
+            let deletions = names
+                .iter()
+                .zip(generations)
+                .map(|(name, generation)| {
+                    Some(Deleting {
+                        generation: generation?,
+                        status: s.board.subscribe(name.as_str())?,
+                    })
+                })
+                .collect();
             (
-                generations,
+                deletions,
                 changed.into_iter().map(|r| r.spec.name).collect(),
             )
         };

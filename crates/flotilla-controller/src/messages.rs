@@ -1,8 +1,11 @@
 //! The Controller's messages: one variant per request.
 
 use flotilla_application::AppEvent;
-use flotilla_core::{ApiType, AppName, ApplicationSpec, DeploymentName, ServeConfig};
+use flotilla_core::{
+    ApiType, AppName, ApplicationSpec, ApplicationStatusInfo, DeploymentName, ServeConfig,
+};
 use ractor::RpcReplyPort;
+use tokio::sync::watch;
 
 use flotilla_store::StoreCounters;
 
@@ -24,6 +27,19 @@ pub struct ControllerSnapshot {
     pub store: StoreCounters,
 }
 
+/// An application's committed deletion, as the Controller's reply to
+/// [`ControllerMsg::Delete`] gives it.
+#[derive(Debug)]
+pub struct Deleting {
+    /// The deletion's generation: a later deploy of the name publishes a
+    /// greater `observed_generation`, which cancels the deletion.
+    pub generation: u64,
+    /// The application's status, subscribed in the deletion's own turn, so
+    /// that a caller watches the application it deleted, whenever that was
+    /// created: the channel closes once the application is gone.
+    pub status: watch::Receiver<ApplicationStatusInfo>,
+}
+
 /// Messages to the Controller: the public API's requests, and its own internal
 /// ones.
 #[derive(Debug)]
@@ -38,13 +54,13 @@ pub enum ControllerMsg {
         /// The reply.
         reply: RpcReplyPort<Result<Vec<u64>, ServeError>>,
     },
-    /// Delete applications (unknown names are ignored): one commit. Replies with the
-    /// generation of each deletion, `None` for an unknown name.
+    /// Delete applications (unknown names are ignored): one commit. Replies,
+    /// per name, with its deletion, `None` for an unknown name.
     Delete {
         /// The applications.
         names: Vec<AppName>,
         /// The reply.
-        reply: RpcReplyPort<Result<Vec<Option<u64>>, ServeError>>,
+        reply: RpcReplyPort<Result<Vec<Option<Deleting>>, ServeError>>,
     },
     /// Apply a declarative config: one validation, one commit (the config and the
     /// deletion of declarative applications it no longer names), then a build

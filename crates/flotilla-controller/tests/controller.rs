@@ -158,16 +158,20 @@ async fn a_deletion_releases_its_prefix_at_once_and_its_record_when_done() {
     let rig = Rig::start("ctl-test-delete").await;
     rig.deploy(vec![app("a", "/a")]).await.unwrap();
     rig.wait("a", A::Running).await;
-    let generations = rig
+    let mut deletions = rig
         .ask(|reply| ControllerMsg::Delete {
             names: vec![AppName::new("a").unwrap(), AppName::new("ghost").unwrap()],
             reply,
         })
         .await
         .unwrap();
+    let generations: Vec<_> = deletions
+        .iter()
+        .map(|d| d.as_ref().map(|d| d.generation))
+        .collect();
     assert_eq!(generations, [Some(2), None]);
     assert!(rig.routes.is_empty(), "released in the deletion's commit");
-    let mut rx = rig.board.subscribe("a").unwrap();
+    let mut rx = deletions.swap_remove(0).unwrap().status;
     tokio::time::timeout(Duration::from_secs(600), async {
         while rx.changed().await.is_ok() {}
     })

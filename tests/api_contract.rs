@@ -253,9 +253,7 @@ async fn calls_waiting_on_a_status_end_when_the_instance_shuts_down() {
         let s = serve.clone();
         tokio::spawn(async move { s.run(app_of("slow", probe(1, &slow))).await.map(|_| ()) })
     };
-    while serve.status().len() < 2 {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    support::eventually("both applications", || serve.status().len() == 2).await;
     assert!(!deleting.is_finished() && !running.is_finished());
     // Its own drain is cut at the graceful timeout; the waits end with it.
     serve.shutdown().await.unwrap();
@@ -421,12 +419,14 @@ async fn a_target_beyond_the_local_capacity_is_pending_with_the_reason() {
     let serve = Serve::start(options(&dir, registry(&sw)).cluster(cluster.clone()))
         .await
         .unwrap();
+    // Another application holds one of the two places.
+    serve.run(app("f", 1, tag("f"))).await.unwrap();
     serve
-        .run_many(vec![app("a", 3, tag("x"))], no_wait())
+        .run_many(vec![app("a", 2, tag("x"))], no_wait())
         .await
         .unwrap();
     let s = wait_snapshot(&serve, "a", "probe", |s| {
-        s.count(flotilla::ReplicaState::Running) == 2 && s.pending == 1
+        s.count(flotilla::ReplicaState::Running) == 1 && s.pending == 1
     })
     .await;
     let reason = s.pending_reason.unwrap();
@@ -445,6 +445,14 @@ async fn a_target_beyond_the_local_capacity_is_pending_with_the_reason() {
         "{status:?}"
     );
     // Room frees: the pending replica is placed.
+    serve.delete_apps(["f"], true).await.unwrap();
+    wait_status(&serve, "a", A::Running).await;
+    let s = observe(&serve, "a", "probe").await;
+    assert_eq!(
+        (s.count(flotilla::ReplicaState::Running), s.pending),
+        (2, 0)
+    );
+    assert_eq!(cluster.placed(), 2);
     serve.delete_apps(["a"], true).await.unwrap();
     assert_eq!(cluster.placed(), 0);
 }

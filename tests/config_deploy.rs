@@ -119,6 +119,11 @@ async fn a_new_application_is_deploying_when_apply_config_returns() {
     // The restarted Controller builds it from the durable config.
     let s = wait_status(&serve, "fresh", A::Running).await;
     assert_eq!(s.observed_generation, 1);
+    assert_eq!(
+        serve.metrics().await.unwrap().controller_restarts,
+        1,
+        "the build came from a restarted Controller"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -809,6 +814,11 @@ async fn a_build_whose_landing_commit_fails_lands_at_the_next_try() {
     assert_eq!(s.observed_generation, 1);
     wait_until_tag(&serve, "x", "x1").await;
     assert_eq!(serve.metrics().await.unwrap().controller.apps, 1);
+    assert_eq!(
+        serve.faults().remaining(flotilla::FaultPoint::CommitFails),
+        0,
+        "a commit failed on the way"
+    );
 }
 
 /// A newcomer whose build lands with the holder's own new build, both on

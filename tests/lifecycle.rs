@@ -496,19 +496,21 @@ async fn a_handle_asked_for_while_its_application_is_deleted_does_not_outlive_it
     let busy = tokio::spawn(async move { slow.call::<_, String>("sleep:20000").await });
     tokio::time::sleep(Duration::from_millis(10)).await;
     serve.delete_apps(["x"], false).await.unwrap();
-    loop {
-        match h.call::<_, String>("x").await {
-            Err(flotilla::CallError::NotFound { .. }) => break,
-            _ => tokio::time::sleep(Duration::from_millis(10)).await,
+    tokio::time::timeout(Duration::from_secs(600), async {
+        loop {
+            match h.call::<_, String>("x").await {
+                Err(flotilla::CallError::NotFound { .. }) => break,
+                _ => tokio::time::sleep(Duration::from_millis(10)).await,
+            }
         }
-    }
+    })
+    .await
+    .expect("the ingress's calls end as NotFound");
     assert_eq!(serve.app_status("x").status, A::Deleting);
     // Asked for again while the deletion goes on.
     let again = serve.app_handle("x");
     let front = serve.deployment_handle("x", "front");
-    while serve.watch_status("x").is_some() {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    support::eventually("the deletion to end", || serve.watch_status("x").is_none()).await;
     for handle in [Ok(h), again, front].into_iter().flatten() {
         let outcome = tokio::time::timeout(Duration::from_secs(60), handle.call::<_, String>("x"))
             .await

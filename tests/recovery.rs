@@ -312,11 +312,15 @@ async fn a_deployment_actor_crash_mid_roll_keeps_new_replicas_and_leaks_none() {
     assert!(serve.crash_deployment("a", "probe"));
     tokio::time::sleep(Duration::from_secs(6)).await;
     serve.faults().arm(FaultPoint::DeploymentReconcile, 1);
-    let s = support::wait_until(&serve, "a", |s| {
+    support::wait_until(&serve, "a", |s| {
         s.observed_generation == 2 && s.status == A::Running
     })
     .await;
-    assert_eq!(s.observed_generation, 2);
+    assert_eq!(
+        serve.faults().remaining(FaultPoint::DeploymentReconcile),
+        0,
+        "the reconcile crash fired"
+    );
     tokio::time::sleep(Duration::from_secs(60)).await;
     let h = serve.app_handle("a").unwrap();
     assert_eq!(h.replicas().len(), 5);
@@ -432,9 +436,10 @@ async fn a_shutdown_drains_the_replicas_of_actors_waiting_to_restart() {
         let serve = start_restarting(&dir, &sw, restart).await;
         let h = serve.run(app("a", 1, tag("v"))).await.unwrap();
         let call = tokio::spawn(async move { h.call::<_, String>("sleep:5000").await });
-        while sw.handled.load(Ordering::SeqCst) == 0 {
-            tokio::task::yield_now().await;
-        }
+        support::eventually("the request to begin", || {
+            sw.handled.load(Ordering::SeqCst) > 0
+        })
+        .await;
         let crashed = match level {
             "deployment" => serve.crash_deployment("a", "probe"),
             _ => serve.crash_application("a"),

@@ -293,6 +293,18 @@ pub async fn start_fresh() -> (tempfile::TempDir, Arc<Switches>, Serve) {
     start_fresh_with(registry).await
 }
 
+/// Poll `ready` every virtual millisecond until it holds; panics naming
+/// `what` after ten virtual minutes, so a wait that never ends fails.
+pub async fn eventually(what: &str, mut ready: impl FnMut() -> bool) {
+    let waited = tokio::time::timeout(Duration::from_secs(600), async {
+        while !ready() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await;
+    assert!(waited.is_ok(), "still waiting for {what}");
+}
+
 /// Poll `ready` once a virtual second, at most `tries` times; whether it held.
 pub async fn poll_secs(tries: u32, mut ready: impl AsyncFnMut() -> bool) -> bool {
     for _ in 0..tries {

@@ -313,6 +313,8 @@ fn to_keep(ex: &Export) -> Option<Vec<(AppName, DeploymentName)>> {
 pub(crate) mod tests {
     #![allow(clippy::unwrap_used)]
 
+    use std::time::Duration;
+
     use flotilla_replica::Directory;
 
     use super::*;
@@ -321,19 +323,14 @@ pub(crate) mod tests {
     /// A head of namespace `name` on loopback, with no node, and its
     /// directory. (Its proxies' names are in the namespace: tests running at
     /// once must not share one.)
+    /// Its re-attach grace and its silences last an hour: the fake nodes of
+    /// these tests send no heartbeats, and a slow machine must not lose them.
     pub(crate) async fn head(name: &str) -> (Head, Directory) {
-        head_with(name, |o| o).await
-    }
-
-    /// [`head`], its options changed by `options`.
-    pub(crate) async fn head_with(
-        name: &str,
-        options: impl FnOnce(HeadOptions) -> HeadOptions,
-    ) -> (Head, Directory) {
-        let options = options(
-            HeadOptions::new(Cookie::new("export-test-cookie").unwrap())
-                .listen("127.0.0.1:0".parse().unwrap()),
-        );
+        let hour = Duration::from_secs(3_600);
+        let options = HeadOptions::new(Cookie::new("export-test-cookie").unwrap())
+            .listen("127.0.0.1:0".parse().unwrap())
+            .reattach_grace(hour)
+            .heartbeat(hour / 2, hour);
         let reporter = Arc::new(
             |_: &str, _: &_, _: &_| -> flotilla_replica::ReplicaReporter { Arc::new(|_, _| {}) },
         );

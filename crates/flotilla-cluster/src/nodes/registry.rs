@@ -1049,13 +1049,8 @@ mod tests {
     #[tokio::test]
     async fn a_wave_of_joins_is_told_in_one_nodes_broadcast() {
         // Nothing else changes the node list meanwhile, however slow the
-        // machine: no end of the re-attach wait, no silent node lost.
-        let hour = Duration::from_secs(3_600);
-        let head = crate::nodes::export::tests::head_with("registry-wave", |o| {
-            o.reattach_grace(hour).heartbeat(hour / 2, hour)
-        })
-        .await
-        .0;
+        // machine: the test head's grace and silences last an hour.
+        let head = head("registry-wave").await;
         let broadcasts = || head.shared.nodes_broadcasts.load(Ordering::Relaxed);
         for i in 0..20 {
             let env = Envelope {

@@ -48,8 +48,13 @@ impl NamespaceClaim {
     /// The next `flotilla<N>` nobody holds (a program may have chosen one of
     /// these names itself), held.
     pub(crate) fn generated() -> NamespaceClaim {
+        Self::generated_from(&INSTANCE)
+    }
+
+    /// [`generated`](Self::generated), numbered by `counter`.
+    fn generated_from(counter: &AtomicU64) -> NamespaceClaim {
         loop {
-            let ns = format!("flotilla{}", INSTANCE.fetch_add(1, Ordering::Relaxed));
+            let ns = format!("flotilla{}", counter.fetch_add(1, Ordering::Relaxed));
             if let Some(claim) = NamespaceClaim::take(&ns) {
                 return claim;
             }
@@ -74,5 +79,26 @@ impl NamespaceClaim {
 impl Drop for NamespaceClaim {
     fn drop(&mut self) {
         self.release();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Numbered far beyond what any other test's instances reach, so the
+    /// names the test holds are the next ones generated, whatever runs beside.
+    #[test]
+    fn a_generated_namespace_skips_the_names_programs_chose() {
+        let base = 1u64 << 62;
+        let counter = AtomicU64::new(base);
+        let chosen = [base, base + 1].map(|n| NamespaceClaim::take(&format!("flotilla{n}")));
+        assert!(chosen.iter().all(Option::is_some), "free names");
+        let generated = NamespaceClaim::generated_from(&counter);
+        assert_eq!(generated.name(), format!("flotilla{}", base + 2));
+        // Released with its claim: the name is free again.
+        drop(chosen);
+        let again = NamespaceClaim::generated_from(&AtomicU64::new(base));
+        assert_eq!(again.name(), format!("flotilla{base}"));
     }
 }

@@ -332,50 +332,6 @@ async fn namespaces_are_validated_and_instances_keep_to_their_own() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_generated_namespace_skips_the_names_programs_chose() {
-    let sw = Arc::new(Switches::default());
-    let dirs: Vec<_> = (0..4).map(|_| tempfile::tempdir().unwrap()).collect();
-    let first = Serve::start(options(&dirs[0], registry(&sw)))
-        .await
-        .unwrap();
-    let n: u64 = first
-        .namespace()
-        .strip_prefix("flotilla")
-        .unwrap()
-        .parse()
-        .unwrap();
-    // Programs chose the next two names that would be generated (skipping
-    // any a test running beside this one was given meanwhile).
-    let mut chosen = Vec::new();
-    let mut next = n + 1;
-    for dir in &dirs[1..3] {
-        loop {
-            let ns = format!("flotilla{next}");
-            next += 1;
-            match Serve::start(options(dir, registry(&sw)).namespace(ns)).await {
-                Ok(s) => break chosen.push(s),
-                Err(ServeError::NamespaceInUse { .. }) => continue,
-                Err(e) => panic!("{e}"),
-            }
-        }
-    }
-    let generated = Serve::start(options(&dirs[3], registry(&sw)))
-        .await
-        .unwrap();
-    assert!(
-        chosen
-            .iter()
-            .all(|c| c.namespace() != generated.namespace()),
-        "{}",
-        generated.namespace()
-    );
-    generated.run(app("a", 1, tag("g"))).await.unwrap();
-    for s in chosen.into_iter().chain([first, generated]) {
-        s.shutdown().await.unwrap();
-    }
-}
-
-#[tokio::test(start_paused = true)]
 async fn one_replica_can_be_crashed_by_id_and_is_replaced() {
     let (_dir, _, serve) = start_fresh().await;
     serve.run(app("a", 2, tag("x"))).await.unwrap();

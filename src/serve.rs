@@ -15,8 +15,8 @@ use flotilla_cluster::{
 };
 use flotilla_controller::{
     Checkpoint, CheckpointCloser, ControllerArgs, ControllerMsg, ControllerSnapshot, Deleting,
-    Fatal, LogSettings, Preloaded, RouteTable, ServeError, StatusBoard, StoreCounters, Supervisor,
-    SupervisorArgs, SupervisorMsg, WallClock,
+    Deployed, Fatal, LogSettings, Preloaded, RouteTable, ServeError, StatusBoard, StoreCounters,
+    Supervisor, SupervisorArgs, SupervisorMsg, WallClock,
 };
 use flotilla_core::{
     ApiType, AppName, ApplicationSpec, ApplicationStatus, ApplicationStatusInfo, Faults,
@@ -490,7 +490,7 @@ impl Serve {
             .iter()
             .map(|a| (a.name.clone(), a.ingress.clone()))
             .collect();
-        let generations = self
+        let deployed = self
             .ask(|reply| ControllerMsg::Deploy {
                 apps,
                 api_type,
@@ -498,45 +498,43 @@ impl Serve {
             })
             .await??;
         let mut handles = Vec::with_capacity(targets.len());
-        for ((name, ingress), generation) in targets.into_iter().zip(generations) {
+        for ((name, ingress), deployed) in targets.into_iter().zip(deployed) {
+            let Deployed {
+                generation,
+                status: mut rx,
+            } = deployed;
             if options.wait_for_applications_running {
-                self.wait_running(&name, generation).await?;
+                self.wait_running(&name, &mut rx, generation).await?;
             } else if options.wait_for_ingress_deployment_creation {
-                self.wait_for(&name, |s| {
+                self.wait_for(&name, &mut rx, |s| {
                     s.observed_generation > generation
                         || (s.observed_generation == generation
                             && s.deployments.contains_key(&ingress))
                 })
                 .await?;
             }
-            // A delete that came meanwhile (or already finished: the status
-            // is gone), or a later deploy whose target has no such ingress
+            // A delete that came meanwhile (or already finished: the channel
+            // is closed), or a later deploy whose target has no such ingress
             // (the wait ends at a later generation too): its route goes as
             // its deployment ends, and a route made now would have nothing
             // behind it.
-            let gone = self.inner.board.subscribe(name.as_str()).is_none_or(|s| {
-                let s = s.borrow();
+            let gone = rx.has_changed().is_err() || {
+                let s = rx.borrow();
                 s.status == ApplicationStatus::Deleting || !s.deployments.contains_key(&ingress)
-            });
+            };
             handles.push(self.handle_on(&name, &ingress, gone)?);
         }
         Ok(handles)
     }
 
-    /// Wait until `name`'s status satisfies `done`; `Err(NotFound)` if it is deleted.
+    /// Wait until `name`'s status, watched by `rx`, satisfies `done`;
+    /// `Err(NotFound)` if the application is deleted.
     async fn wait_for(
         &self,
         name: &AppName,
+        rx: &mut watch::Receiver<ApplicationStatusInfo>,
         done: impl Fn(&ApplicationStatusInfo) -> bool,
     ) -> Result<ApplicationStatusInfo, ServeError> {
-        let mut rx =
-            self.inner
-                .board
-                .subscribe(name.as_str())
-                .ok_or_else(|| ServeError::NotFound {
-                    app: name.to_string(),
-                    deployment: None,
-                })?;
         loop {
             {
                 let s = rx.borrow_and_update();
@@ -578,9 +576,14 @@ impl Serve {
         ))
     }
 
-    async fn wait_running(&self, name: &AppName, generation: u64) -> Result<(), ServeError> {
+    async fn wait_running(
+        &self,
+        name: &AppName,
+        rx: &mut watch::Receiver<ApplicationStatusInfo>,
+        generation: u64,
+    ) -> Result<(), ServeError> {
         let s = self
-            .wait_for(name, |s| {
+            .wait_for(name, rx, |s| {
                 s.observed_generation >= generation
                     && matches!(
                         s.status,

@@ -532,11 +532,17 @@ async fn delete_and_run_take_an_application_out_of_the_configs_hands() {
     // An acknowledged delete is not undone by the config after a Controller crash.
     serve.delete_apps(&["gone"], true).await.unwrap();
     // An imperative run while the config's build is in flight wins over the build.
+    let watcher = serve
+        .watch_status("mine")
+        .expect("on the board while it builds");
     let imperative = support::app_of(
         "mine",
         DeploymentSpec::builder("probe", "test::Probe").init_args(&support::tag("run")),
     );
     serve.run(imperative).await.unwrap();
+    // The application changed hands; it was never gone.
+    assert!(watcher.has_changed().is_ok(), "the watch stays open");
+    assert_eq!(watcher.borrow().status, A::Running);
     serve.crash_controller();
     tokio::time::sleep(Duration::from_secs(120)).await;
     assert_eq!(

@@ -401,6 +401,50 @@ async fn a_delete_waiter_waits_for_an_application_deployed_just_before_it() {
     assert!(matches!(err, ServeError::NotFound { .. }), "{err}");
 }
 
+/// A `run_many` waits for the applications it deployed, not for later ones
+/// of the same names: one deleted and deployed anew (its generations counted
+/// from 1 again) while the call waits on another is `NotFound`, where reading
+/// the new one's status would wait for a generation it never reaches.
+#[tokio::test(start_paused = true)]
+async fn a_run_many_waiter_does_not_wait_on_a_later_application_of_the_same_name() {
+    let (_dir, _, serve) = start_fresh().await;
+    for v in ["v1", "v2"] {
+        serve.run(app("b", 1, tag(v))).await.unwrap();
+    }
+    let slow = ProbeArgs {
+        start_delay_ms: 60_000,
+        ..tag("slow")
+    };
+    let call = tokio::spawn({
+        let serve = serve.clone();
+        async move {
+            serve
+                .run_many(
+                    vec![app("a", 1, slow), app("b", 1, tag("v3"))],
+                    Default::default(),
+                )
+                .await
+        }
+    });
+    support::eventually("b at its third generation", || {
+        serve.app_status("b").observed_generation == 3
+    })
+    .await;
+    // While the call waits for "a": "b" goes, and a new "b" runs (generation 1).
+    serve.delete_apps(&["b"], true).await.unwrap();
+    serve.run(app("b", 1, tag("again"))).await.unwrap();
+    assert_eq!(serve.app_status("b").observed_generation, 1);
+    let answered = tokio::time::timeout(Duration::from_secs(600), call)
+        .await
+        .expect("the call ends once \"a\" runs")
+        .unwrap();
+    let err = answered.unwrap_err();
+    assert!(
+        matches!(&err, ServeError::NotFound { app, .. } if app == "b"),
+        "{err}"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn deleting_hundreds_of_applications_in_one_call_completes() {
     let (_dir, _, serve) = start_fresh().await;

@@ -61,6 +61,13 @@ impl StatusBoard {
         m.get(app).map(|e| e.tx.subscribe())
     }
 
+    /// Watch `app`'s status; a closed channel showing NOT_STARTED if it does
+    /// not exist (so that a watcher reads "gone" either way).
+    pub fn watch(&self, app: &str) -> watch::Receiver<ApplicationStatusInfo> {
+        self.subscribe(app)
+            .unwrap_or_else(|| watch::channel(ApplicationStatusInfo::not_started(app)).1)
+    }
+
     /// `app`'s status (NOT_STARTED if it does not exist).
     pub fn status(&self, app: &str) -> ApplicationStatusInfo {
         let m = self.entries.read().unwrap_or_else(|p| p.into_inner());

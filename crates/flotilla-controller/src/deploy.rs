@@ -13,7 +13,7 @@ use ractor::{ActorProcessingErr, ActorRef, RpcReplyPort};
 use tracing::{info, warn};
 
 use crate::{
-    Controller, ControllerMsg, Deleting, ServeError, state::ControllerState,
+    Controller, ControllerMsg, Deleting, Deployed, ServeError, state::ControllerState,
     validate::validate_batch,
 };
 
@@ -24,7 +24,7 @@ impl Controller {
         state: &mut ControllerState,
         apps: Vec<ApplicationSpec>,
         api_type: ApiType,
-        reply: RpcReplyPort<Result<Vec<u64>, ServeError>>,
+        reply: RpcReplyPort<Result<Vec<Deployed>, ServeError>>,
     ) -> Result<(), ActorProcessingErr> {
         let stage = |s: &ControllerState, batch: &mut Batch| {
             validate_batch(&apps, &s.registry, &s.routes)?;
@@ -42,11 +42,24 @@ impl Controller {
         };
         let swap = |s: &mut ControllerState,
                     (records, released, dropped): (Vec<AppRecord>, _, _)| {
-            let generations = records.iter().map(|r| r.generation).collect();
+            let generations: Vec<u64> = records.iter().map(|r| r.generation).collect();
+            let names = s.swap_targets(records, dropped);
+            // After the swap: an application the config was still building
+            // keeps its board entry (and its watchers) as it changes hands.
             if let Some(config) = released {
                 s.release_config(config);
             }
-            (generations, s.swap_targets(records, dropped))
+            // Subscribed in this turn: the caller watches the application it
+            // deployed, never a later one of the same name.
+            let deployed = names
+                .iter()
+                .zip(generations)
+                .map(|(name, generation)| Deployed {
+                    generation,
+                    status: s.board.watch(name.as_str()),
+                })
+                .collect();
+            (deployed, names)
         };
         if Self::transact(myself, state, reply, stage, swap).await? {
             // A config build parked behind a prefix this deploy took now fails.
@@ -93,7 +106,7 @@ impl Controller {
                 .map(|(name, generation)| {
                     Some(Deleting {
                         generation: generation?,
-                        status: s.board.subscribe(name.as_str())?,
+                        status: s.board.watch(name.as_str()),
                     })
                 })
                 .collect();

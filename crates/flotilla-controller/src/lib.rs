@@ -35,7 +35,7 @@ pub use controller::Controller;
 pub use error::{Fatal, MAX_CONFIG_FILE_BYTES, ServeError};
 pub use flotilla_store::{FileKind, StoreCounters, StoreError};
 pub use logging::LogSettings;
-pub use messages::{ControllerMsg, ControllerSnapshot, Deleting, Internal};
+pub use messages::{ControllerMsg, ControllerSnapshot, Deleting, Deployed, Internal};
 pub use route_table::{Route, RouteTable};
 pub use state::{ControllerArgs, Preloaded, WallClock};
 pub use supervisor::{Supervisor, SupervisorArgs, SupervisorMsg};

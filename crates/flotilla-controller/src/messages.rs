@@ -27,6 +27,19 @@ pub struct ControllerSnapshot {
     pub store: StoreCounters,
 }
 
+/// An application's committed target, as the Controller's reply to
+/// [`ControllerMsg::Deploy`] gives it.
+#[derive(Debug)]
+pub struct Deployed {
+    /// The target's generation: the application's status shows it as
+    /// `observed_generation` once its actor works on it.
+    pub generation: u64,
+    /// The application's status, subscribed in the deploy's own turn: the
+    /// channel closes once this application is deleted, whatever a later
+    /// one of the same name does.
+    pub status: watch::Receiver<ApplicationStatusInfo>,
+}
+
 /// An application's committed deletion, as the Controller's reply to
 /// [`ControllerMsg::Delete`] gives it.
 #[derive(Debug)]
@@ -45,14 +58,14 @@ pub struct Deleting {
 #[derive(Debug)]
 pub enum ControllerMsg {
     /// Deploy (or redeploy) a batch of applications: one validation, one commit.
-    /// Replies with each application's new generation, in order.
+    /// Replies with each application's new target, in order.
     Deploy {
         /// The applications.
         apps: Vec<ApplicationSpec>,
         /// How they are deployed.
         api_type: ApiType,
         /// The reply.
-        reply: RpcReplyPort<Result<Vec<u64>, ServeError>>,
+        reply: RpcReplyPort<Result<Vec<Deployed>, ServeError>>,
     },
     /// Delete applications (unknown names are ignored): one commit. Replies,
     /// per name, with its deletion, `None` for an unknown name.

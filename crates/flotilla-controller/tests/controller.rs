@@ -92,12 +92,14 @@ impl Rig {
     }
 
     async fn deploy(&self, apps: Vec<ApplicationSpec>) -> Result<Vec<u64>, ServeError> {
-        self.ask(|reply| ControllerMsg::Deploy {
-            apps,
-            api_type: ApiType::Imperative,
-            reply,
-        })
-        .await
+        let deployed = self
+            .ask(|reply| ControllerMsg::Deploy {
+                apps,
+                api_type: ApiType::Imperative,
+                reply,
+            })
+            .await?;
+        Ok(deployed.into_iter().map(|d| d.generation).collect())
     }
 
     async fn observe(&self) -> ControllerSnapshot {

@@ -203,7 +203,7 @@ async fn the_least_recently_used_model_is_unloaded_first_and_loaded_ids_show_in_
 }
 
 #[tokio::test(start_paused = true)]
-async fn unlimited_models_with_minus_one_and_a_lower_limit_in_place() {
+async fn unlimited_models_and_a_lower_limit_set_in_place() {
     let (_dir, log, serve) = start().await;
     let h = serve.run(app(1, 8, None)).await.unwrap();
     for m in ["a", "b", "c", "d", "e"] {
@@ -211,10 +211,20 @@ async fn unlimited_models_with_minus_one_and_a_lower_limit_in_place() {
     }
     assert_eq!(h.replicas()[0].model_ids().len(), 5);
     assert!(!log.plain().iter().any(|e| e.starts_with("unload")));
-    // A config-only change: the next load makes room down to the new limit.
+    // A config-only change: the replica evicts down to the new limit at
+    // once, least recently used first, and the next load makes room in it.
     serve.run(app(1, 8, Some(2))).await.unwrap();
+    let replica = h.replicas()[0].clone();
+    support::eventually("the lower limit", || replica.model_ids() == ["d", "e"]).await;
     call(&h, "f", "x").await.unwrap();
     assert_eq!(h.replicas()[0].model_ids(), ["e", "f"]);
+    let mut unloaded: Vec<_> = log
+        .plain()
+        .into_iter()
+        .filter(|e| e.starts_with("unload"))
+        .collect();
+    unloaded.sort();
+    assert_eq!(unloaded, ["unload a", "unload b", "unload c", "unload d"]);
 }
 
 #[tokio::test(start_paused = true)]

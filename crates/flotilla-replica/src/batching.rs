@@ -45,7 +45,7 @@ use tracing::Instrument;
 use crate::{
     CallError, ReplicaId,
     settings::Settings,
-    user::{BatchError, ErasedDeployment},
+    user::{BatchError, BatchFailure, ErasedDeployment},
 };
 
 /// What one waiting caller gets back.
@@ -355,7 +355,7 @@ async fn run_part(shared: &Shared, model_id: Option<Arc<str>>, part: Vec<Entry>)
     let all_left = futures::future::join_all(replies.iter_mut().map(|r| r.closed()));
     let result = tokio::select! {
         r = shared.user.handle_batch(model_id, requests).instrument(span) => r,
-        _ = closed.wait_for(|c| *c) => Err(BatchError::Failed(shared.killed())),
+        _ = closed.wait_for(|c| *c) => Err(BatchError::Failed(shared.killed()).into()),
         _ = all_left => return,
     };
     match result {
@@ -364,8 +364,8 @@ async fn run_part(shared: &Shared, model_id: Option<Arc<str>>, part: Vec<Entry>)
                 let _ = reply.send(response);
             }
         }
-        Err(e) => {
-            let error = match e {
+        Err(BatchFailure { error, own }) => {
+            let error = match error {
                 BatchError::Failed(e) => e,
                 BatchError::Length { expected, got } => CallError::BatchSize {
                     app: shared.app.to_string(),
@@ -374,8 +374,11 @@ async fn run_part(shared: &Shared, model_id: Option<Arc<str>>, part: Vec<Entry>)
                     responses: got,
                 },
             };
+            // A request that failed on its own keeps its error.
+            let mut own = own.into_iter();
             for reply in replies {
-                let _ = reply.send(Err(error.clone()));
+                let e = own.next().flatten().unwrap_or_else(|| error.clone());
+                let _ = reply.send(Err(e));
             }
         }
     }
@@ -578,6 +581,27 @@ mod tests {
             "{}",
             b.shared.exec().waiting.len()
         );
+    }
+
+    /// A request that does not decode fails on its own, beside a batch
+    /// that fails or answers the wrong number of responses.
+    #[tokio::test(start_paused = true)]
+    async fn an_undecodable_request_keeps_its_own_error_when_its_batch_fails() {
+        let (_, _, b) = batcher(BatchConfig::new(2, Duration::from_millis(1)));
+        for x in [999, 998] {
+            let garbled = tokio::spawn({
+                let b = b.clone();
+                async move { b.submit(rmp_serde::to_vec("x").unwrap(), None).await }
+            });
+            let call = submit(&b, x);
+            let e = garbled.await.unwrap().unwrap_err();
+            assert!(matches!(e, CallError::BadRequest(_)), "{x}: {e}");
+            let e = call.await.unwrap().unwrap_err();
+            assert!(
+                matches!(e, CallError::User(_) | CallError::BatchSize { .. }),
+                "{x}: {e}"
+            );
+        }
     }
 
     #[tokio::test(start_paused = true)]

@@ -190,7 +190,28 @@ pub(crate) struct Call {
 
 /// What a batch handler gave back: one encoded response (or that request's
 /// own error, e.g. one that did not decode) per request, in order.
-pub(crate) type BatchResult = Result<Vec<Result<Vec<u8>, CallError>>, BatchError>;
+pub(crate) type BatchResult = Result<Vec<Result<Vec<u8>, CallError>>, BatchFailure>;
+
+/// A whole batch's failure: every request gets it, except one that had
+/// already failed on its own (it keeps that error).
+#[derive(Debug)]
+pub(crate) struct BatchFailure {
+    /// Why the batch failed.
+    pub(crate) error: BatchError,
+    /// Per request, in order, the error it had on its own before the batch
+    /// ran (it did not decode); empty when the batch failed before any
+    /// request was looked at.
+    pub(crate) own: Vec<Option<CallError>>,
+}
+
+impl From<BatchError> for BatchFailure {
+    fn from(error: BatchError) -> Self {
+        BatchFailure {
+            error,
+            own: Vec::new(),
+        }
+    }
+}
 
 /// Why a whole batch failed.
 #[derive(Debug)]
@@ -319,8 +340,8 @@ where
 }
 
 /// Run a batch handler: decode every request (one that does not decode gets
-/// its own error and stays out of the batch), call it once with the rest,
-/// check the length, encode every response.
+/// its own error and stays out of the batch, whatever becomes of the batch),
+/// call it once with the rest, check the length, encode every response.
 pub(crate) async fn serve_batch<Req, Resp, Fut>(
     requests: Vec<Vec<u8>>,
     handler: impl FnOnce(Vec<Req>) -> Fut,
@@ -345,14 +366,19 @@ where
         return Ok(out);
     }
     let expected = decoded.len();
-    let responses = guarded(|| handler(decoded))
-        .await
-        .map_err(|g| BatchError::Failed(g.into()))?;
+    let failed = |error, out: Vec<Result<Vec<u8>, CallError>>| {
+        Err(BatchFailure {
+            error,
+            own: out.into_iter().map(Result::err).collect(),
+        })
+    };
+    let responses = match guarded(|| handler(decoded)).await {
+        Ok(responses) => responses,
+        Err(g) => return failed(BatchError::Failed(g.into()), out),
+    };
     if responses.len() != expected {
-        return Err(BatchError::Length {
-            expected,
-            got: responses.len(),
-        });
+        let got = responses.len();
+        return failed(BatchError::Length { expected, got }, out);
     }
     let mut responses = responses.iter();
     for slot in out.iter_mut().filter(|s| s.is_ok()) {

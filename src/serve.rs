@@ -1118,7 +1118,16 @@ impl Serve {
     /// waiting out a restart backoff, or everything if the Supervisor had given up)
     /// is stopped too, so no actor of this instance outlives `shutdown`.
     pub async fn shutdown(&self) -> Result<(), ServeError> {
-        let drained = self.ask(ControllerMsg::Shutdown).await;
+        // A Controller that crashed with the request queued, or while it began
+        // the drain, lost it: its successor drains (a repeated drain is a
+        // no-op). A Supervisor that gives up answers `Unavailable`, which ends
+        // the loop.
+        let drained = loop {
+            match self.ask(ControllerMsg::Shutdown).await {
+                Err(ServeError::ControllerCrashed) => continue,
+                drained => break drained,
+            }
+        };
         let _ = self.inner.supervisor.stop_and_wait(None, None).await;
         self.stop_everything().await;
         match drained {

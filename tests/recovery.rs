@@ -418,6 +418,28 @@ async fn a_crash_right_after_a_deletion_is_removed_leaves_no_stale_status() {
     assert_eq!(serve.metrics().await.unwrap().controller_restarts, 1);
 }
 
+/// A shutdown whose request the Controller lost (it crashed with the request
+/// in its mailbox) is asked of its successor: the replicas drain, and a
+/// request in flight finishes, where before the call failed with
+/// `ControllerCrashed` and everything was stopped at once.
+#[tokio::test(start_paused = true)]
+async fn a_shutdown_the_controller_lost_in_a_crash_still_drains() {
+    let (_dir, sw, serve) = start_fresh().await;
+    let h = serve.run(app("a", 1, tag("v"))).await.unwrap();
+    let call = tokio::spawn(async move { h.call::<_, String>("sleep:5000").await });
+    support::eventually("the request to begin", || {
+        sw.handled.load(Ordering::SeqCst) > 0
+    })
+    .await;
+    let mut shutdown = Box::pin(serve.shutdown());
+    // Sent; the Controller is killed before it reads it.
+    assert!(futures::poll!(&mut shutdown).is_pending());
+    serve.crash_controller();
+    shutdown.await.unwrap();
+    let answer = call.await.unwrap();
+    assert_eq!(answer.ok().as_deref(), Some("v:sleep:5000"));
+}
+
 /// A shutdown drains the replicas of a deployment, and of an application,
 /// whose actor is waiting out a restart backoff: the waiting actor starts at
 /// once and stops its replicas gracefully, so a request in flight finishes

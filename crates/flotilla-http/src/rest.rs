@@ -198,9 +198,11 @@ impl Rest {
         deployment: &str,
     ) -> Response<Body> {
         // Ray's `ScaleDeploymentRequest`: a pydantic model, so other keys
-        // are ignored.
+        // are ignored, and its `NonNegativeInt` takes what pydantic's lax
+        // mode takes for one (3, 3.0, "3").
         #[derive(serde::Deserialize)]
         struct ScaleBody {
+            #[serde(deserialize_with = "lax_count")]
             target_num_replicas: u32,
         }
         let error = |status, e: String| json(status, &serde_json::json!({ "error": e }));
@@ -377,6 +379,26 @@ impl Rest {
         };
         match checked {
             Ok(Ok(())) => {}
+            // Said for whoever deploys the file (`serve build` writes host
+            // 0.0.0.0), not for the program that started the server.
+            Ok(Err((
+                field,
+                crate::HttpError::TokenRequired {
+                    listener: "proxy",
+                    addr,
+                },
+            ))) => {
+                return text(
+                    400,
+                    format!(
+                        "Invalid config: {field}: the proxy would listen on {addr}, off \
+                         loopback, and this server's REST API has no bearer token, so anyone \
+                         who reaches the network could change what it serves; set \
+                         http_options.host to 127.0.0.1 (`serve build` writes 0.0.0.0), or \
+                         start the server with a token"
+                    ),
+                );
+            }
             Ok(Err((field, e))) => return text(400, format!("Invalid config: {field}: {e}")),
             Err(e) => return text(500, format!("The config could not be checked: {e}")),
         }
@@ -460,6 +482,26 @@ impl Rest {
             Ok(body) => respond(200, METRICS_CONTENT_TYPE, body),
             Err(e) => text(500, format!("encoding the metrics failed: {e}")),
         }
+    }
+}
+
+/// A replica count as pydantic's lax `NonNegativeInt` reads one: an integer,
+/// a float with no fraction (3.0), or a string of digits ("3"); a fraction
+/// (which pydantic 1 would truncate), a negative number, or anything else is
+/// refused.
+fn lax_count<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+    use serde::de::Error;
+    let v = <serde_json::Value as serde::Deserialize>::deserialize(d)?;
+    let n = match &v {
+        serde_json::Value::Number(n) => n.as_f64(),
+        serde_json::Value::String(s) => s.trim().parse::<u32>().ok().map(f64::from),
+        _ => None,
+    };
+    match n {
+        Some(n) if n.fract() == 0.0 && (0.0..=f64::from(u32::MAX)).contains(&n) => Ok(n as u32),
+        _ => Err(D::Error::custom(format!(
+            "target_num_replicas must be a non-negative integer, got {v}"
+        ))),
     }
 }
 

@@ -250,6 +250,22 @@ async fn rays_scale_route_sets_an_external_scalers_count() {
     )
     .await;
     assert_eq!(extra.status, 200, "{}", extra.body);
+    // And takes what pydantic takes for an integer; a fraction or a
+    // negative count is refused, naming the field.
+    for (body, status) in [
+        (r#"{"target_num_replicas": "2"}"#, 200),
+        (r#"{"target_num_replicas": 2.0}"#, 200),
+        (r#"{"target_num_replicas": 2.5}"#, 400),
+        (r#"{"target_num_replicas": -1}"#, 400),
+        (r#"{"target_num_replicas": "two"}"#, 400),
+        (r#"{"target_num_replicas": null}"#, 400),
+    ] {
+        let r = post("/api/v1/applications/ext/deployments/ingress/scale", body).await;
+        assert_eq!(r.status, status, "{body}: {}", r.body);
+        if status == 400 {
+            assert!(r.body.contains("target_num_replicas"), "{body}: {}", r.body);
+        }
+    }
     // A failure of the server's own (its checkpoint commit failed) is not
     // the client's: Ray's 503, which a scaler retries.
     serve.fail_next_commit();

@@ -704,6 +704,12 @@ async fn a_put_is_checked_against_the_programs_options_not_the_running_ones() {
     .await;
     assert_eq!(r.status, 400, "{}", r.body);
     assert!(r.body.contains("http_options.host"), "{}", r.body);
+    // What to do, in the config's own terms.
+    assert!(
+        r.body.contains("set http_options.host to 127.0.0.1"),
+        "{}",
+        r.body
+    );
     http.shutdown().await;
     serve.shutdown().await.unwrap();
 }

@@ -26,6 +26,36 @@ async fn flotilla(args: Vec<String>) -> (bool, String, String) {
     .unwrap()
 }
 
+/// [`flotilla`], with `input` on its standard input.
+async fn flotilla_answering(args: Vec<String>, input: &'static str) -> (bool, String, String) {
+    tokio::task::spawn_blocking(move || {
+        use std::io::Write;
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_flotilla"))
+            .args(&args)
+            .env_remove("FLOTILLA_ADDRESS")
+            .env_remove("FLOTILLA_TOKEN_FILE")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input.as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    })
+    .await
+    .unwrap()
+}
+
 fn args(address: &str, rest: &[&str]) -> Vec<String> {
     let mut v = vec!["--address".to_owned(), address.to_owned()];
     v.extend(rest.iter().map(|s| (*s).to_owned()));
@@ -284,4 +314,27 @@ async fn a_delete_without_an_answer_is_aborted() {
         "{out:?}"
     );
     assert_eq!(err, "Error: aborted\n");
+}
+
+/// The confirmation reads answers as click's does: any case, an empty line
+/// is the default (no), and anything else is asked again. Port 9 has no
+/// server: a delete that goes on fails to connect; one that does not is
+/// aborted without contacting anything.
+#[tokio::test]
+async fn a_delete_confirmation_takes_any_case_and_asks_again_after_a_bad_answer() {
+    let delete = || args("http://127.0.0.1:9", &["delete"]);
+    let (ok, out, err) = flotilla_answering(delete(), "maybe\nYES\n").await;
+    assert!(!ok);
+    assert_eq!(
+        out.matches("Do you want to continue? [y/N]: ").count(),
+        2,
+        "{out:?}"
+    );
+    assert!(out.contains("Error: invalid input\n"), "{out:?}");
+    assert_ne!(err, "Error: aborted\n", "went on, and could not connect");
+    for no in ["\n", "No\n", "huh\nn\n"] {
+        let (ok, _, err) = flotilla_answering(delete(), no).await;
+        assert!(!ok, "{no:?}");
+        assert_eq!(err, "Error: aborted\n", "{no:?}");
+    }
 }

@@ -175,20 +175,31 @@ fn tell(text: &str) {
     let _ = std::io::stderr().lock().write_all(text.as_bytes());
 }
 
+/// Ask before deleting everything, as click's `confirm` asks: `y` or `yes`
+/// (any case) goes on; `n`, `no` or an empty line does not; anything else is
+/// asked again; input that ends is a no.
 fn confirm(address: &str) -> Result<bool, ClientError> {
-    say(&format!(
+    let prompt = format!(
         "This will delete every application of the Flotilla instance at \"{address}\". Do you want to continue? [y/N]: "
-    ))?;
-    let mut line = String::new();
-    let read = std::io::stdin()
-        .read_line(&mut line)
-        .map_err(ClientError::Terminal)?;
-    if read == 0 || !line.ends_with('\n') {
-        // The input ended (Ctrl-D, none, or a last line without one): no
-        // answer's newline ends the prompt's line.
-        say("\n")?;
+    );
+    let mut stdin = std::io::stdin().lock();
+    loop {
+        say(&prompt)?;
+        let mut line = String::new();
+        let read =
+            std::io::BufRead::read_line(&mut stdin, &mut line).map_err(ClientError::Terminal)?;
+        if read == 0 || !line.ends_with('\n') {
+            // The input ended (Ctrl-D, none, or a last line without one): no
+            // answer's newline ends the prompt's line.
+            say("\n")?;
+            return Ok(false);
+        }
+        match line.trim().to_lowercase().as_str() {
+            "y" | "yes" => return Ok(true),
+            "" | "n" | "no" => return Ok(false),
+            _ => say("Error: invalid input\n")?,
+        }
     }
-    Ok(matches!(line.trim(), "y" | "Y" | "yes"))
 }
 
 /// The config file's bytes, at most what the server takes

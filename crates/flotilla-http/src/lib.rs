@@ -72,7 +72,10 @@
 //!   ([`HttpError::TokenRequired`] otherwise); with a token configured, `PUT`
 //!   and `DELETE` always need `Authorization: Bearer <token>` (or, as Ray's,
 //!   `X-Ray-Authorization`): 401 without a token, 403 with a wrong one.
-//!   Reads and `/metrics` need none, as Ray's dashboard. With the REST listener
+//!   Reads and `/metrics` need none, as Ray's dashboard; a REST listener on
+//!   loopback answers only requests for `localhost` or an IP address (403
+//!   otherwise, where Ray answers any `Host`): a page whose own name a DNS
+//!   rebinding points here could read the applied config. With the REST listener
 //!   off, the proxy may bind anywhere without a token; a disabled proxy binds
 //!   nothing, so its host is neither resolved nor checked.
 //! - A config's `http_options` and `proxy_location` are laid over the

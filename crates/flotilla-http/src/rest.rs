@@ -17,7 +17,9 @@
 //!
 //! A `PUT`, `DELETE` or `POST` that looks like a browser's (Ray's heuristic:
 //! [`crate::auth`]) is 405 `'PUT' method not allowed for browser traffic.`,
-//! with or without a token; reads are served to browsers.
+//! with or without a token; reads are served to browsers. A listener on
+//! loopback answers only requests whose `Host` is `localhost` or an IP
+//! address: 403 for any other name (a DNS-rebinding page's).
 
 use std::{convert::Infallible, sync::Arc};
 
@@ -53,6 +55,9 @@ pub(crate) struct Rest {
     /// The proxy's, for its counters in `/metrics`.
     pub(crate) proxy: Option<(Arc<ProxyMetrics>, Arc<RouteFollower>)>,
     pub(crate) draining: Arc<std::sync::atomic::AtomicBool>,
+    /// The listener is bound to loopback: a request naming another host is
+    /// refused ([`host_allowed`]).
+    pub(crate) loopback_only: bool,
 }
 
 type Body = Full<Bytes>;
@@ -140,6 +145,25 @@ impl Rest {
     ) -> Result<Response<Body>, Infallible> {
         let path = req.uri().path().trim_end_matches('/').to_owned();
         let method = req.method().clone();
+        // HTTP/1's `Host`, or HTTP/2's `:authority`.
+        let host = match req.headers().get(header::HOST) {
+            Some(h) => Some(String::from_utf8_lossy(h.as_bytes()).into_owned()),
+            None => req.uri().authority().map(|a| a.as_str().to_owned()),
+        };
+        if self.loopback_only
+            && let Some(host) = host.filter(|h| !host_allowed(h))
+        {
+            tracing::warn!(target: crate::ACCESS_LOG_TARGET, method = %method, path = %path,
+                %host, "rest request refused: it names a host other than this machine's loopback");
+            return Ok(text(
+                403,
+                format!(
+                    "Host '{host}' is not allowed: this REST API listens on loopback, and \
+                     answers requests for localhost or an IP address only (a page served \
+                     from another name that resolves here could otherwise read it)."
+                ),
+            ));
+        }
         let response = match (path.as_str(), &method) {
             ("/api/ray/version", &Method::GET) => json(
                 200,
@@ -485,6 +509,27 @@ impl Rest {
     }
 }
 
+/// Whether a loopback listener answers a request whose `Host` is `host`: an
+/// IP address, or `localhost` (or a name under it, which resolves to
+/// loopback only), with any port. A DNS-rebinding page names its own domain,
+/// which resolves here: the browser then treats this API as that page's
+/// origin, and could read it.
+fn host_allowed(host: &str) -> bool {
+    let name = match host.strip_prefix('[') {
+        // An IPv6 literal, `[::1]` or `[::1]:port`.
+        Some(v6) => {
+            return v6
+                .split_once(']')
+                .is_some_and(|(ip, _)| ip.parse::<std::net::Ipv6Addr>().is_ok());
+        }
+        None => host.rsplit_once(':').map_or(host, |(name, _)| name),
+    };
+    let name = name.trim_end_matches('.').to_ascii_lowercase();
+    name.parse::<std::net::Ipv4Addr>().is_ok()
+        || name == "localhost"
+        || name.ends_with(".localhost")
+}
+
 /// A replica count as pydantic's lax `NonNegativeInt` reads one: an integer,
 /// a float with no fraction (3.0), or a string of digits ("3"); a fraction
 /// (which pydantic 1 would truncate), a negative number, or anything else is
@@ -508,6 +553,34 @@ fn lax_count<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_loopback_listener_answers_ip_addresses_and_localhost_only() {
+        let allowed = host_allowed;
+        for ok in [
+            "127.0.0.1:52365",
+            "127.0.0.1",
+            "localhost:52365",
+            "LOCALHOST",
+            "localhost.",
+            "app.localhost:8",
+            "[::1]:52365",
+            "[::1]",
+            "10.0.0.7:52365",
+        ] {
+            assert!(allowed(ok), "{ok}");
+        }
+        for refused in [
+            "evil.example:52365",
+            "evil.example",
+            "localhost.evil.example",
+            "127.0.0.1.nip.io:52365",
+            "[evil]:1",
+            "",
+        ] {
+            assert!(!allowed(refused), "{refused}");
+        }
+    }
 
     #[test]
     fn api_type_is_read_as_rays_query_reads_it() {

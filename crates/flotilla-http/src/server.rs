@@ -331,6 +331,7 @@ impl HttpServer {
                 proxy_addr,
                 proxy: Some((metrics, routes)),
                 draining: draining.clone(),
+                loopback_only: rest_addr.is_some_and(|a| a.ip().is_loopback()),
             });
             tasks.push(accept_loop(
                 limit,

@@ -426,6 +426,16 @@ async fn a_mutation_a_browser_sends_is_refused_as_ray_refuses_it_token_or_not() 
         let r = send(&c, "GET", &url, &[header], "").await;
         assert_eq!((r.status, header), (200, header), "{}", r.body);
     }
+    // But not to a page of another name that resolves here (DNS
+    // rebinding): a loopback listener answers localhost and IP addresses.
+    let rebound = [("host", "evil.example:52365")];
+    for path in ["/api/serve/applications/", "/metrics", "/api/ray/version"] {
+        let r = send(&c, "GET", &f.rest_url(path), &rebound, "").await;
+        assert_eq!(r.status, 403, "{path}: {}", r.body);
+        assert!(r.body.contains("'evil.example:52365'"), "{}", r.body);
+    }
+    let r = send(&c, "GET", &url, &[("host", "localhost:52365")], "").await;
+    assert_eq!(r.status, 200, "{}", r.body);
     assert!(
         f.serve.applied_config().await.unwrap().is_none(),
         "nothing applied"

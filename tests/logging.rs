@@ -191,6 +191,12 @@ applications:
     assert!(transition("DEPLOYING", "RUNNING"), "RUNNING again");
     serve.delete_apps(["muted"], true).await.unwrap();
     assert!(transition("RUNNING", "DELETING"), "the deletion's DELETING");
+    // The first (as the config is applied) and the last (the removal).
+    assert!(
+        transition("NOT_STARTED", "DEPLOYING"),
+        "the first DEPLOYING"
+    );
+    assert!(transition("DELETING", "NOT_STARTED"), "the removal");
 
     // A config without a top-level logging_config: the program's ERROR holds
     // again for an application without its own, not the default INFO.

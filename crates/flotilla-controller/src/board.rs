@@ -102,10 +102,15 @@ impl StatusBoard {
             .unwrap_or_else(|p| p.into_inner())
             .remove(app);
         if let Some(e) = removed {
-            let gen_ = e.tx.borrow().observed_generation;
+            let (generation, from) = {
+                let s = e.tx.borrow();
+                (s.observed_generation, s.status)
+            };
             let mut gone = ApplicationStatusInfo::not_started(app.as_str());
-            gone.observed_generation = gen_;
+            gone.observed_generation = generation;
+            let to = gone.status;
             e.tx.send_replace(gone);
+            tracing::info!(app = %app, generation, %from, %to, "application status: removed");
         }
     }
 

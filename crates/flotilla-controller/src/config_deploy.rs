@@ -247,11 +247,8 @@ impl ControllerState {
     /// its logging, and put the applications it adds on the board, DEPLOYING,
     /// before the reply (Ray creates their state in the call).
     fn take_config(&mut self, config: ServeConfig, deleted: usize) {
-        for unbuilt in self.config.drop_unnamed(&config) {
-            if !self.apps.contains_key(&unbuilt) {
-                self.board.remove(&unbuilt);
-            }
-        }
+        let dropped = self.config.drop_unnamed(&config);
+        self.forget_unbuilt(dropped);
         // A failed build of an entry this config no longer names stands over
         // nothing now: the application it failed over (an imperative one the
         // entry took over, which the config leaves alone) shows what runs.
@@ -280,7 +277,7 @@ impl ControllerState {
         info!(apps = config.applications.len(), deleted, "config applied");
         for app in &config.applications {
             if !self.apps.contains_key(&app.name) {
-                self.show_unbuilt(&app.name);
+                self.show_unbuilt(app);
             }
         }
         self.config.applied = Some(Applied::new(config));
@@ -289,17 +286,30 @@ impl ControllerState {
     /// Take the applied config without some applications (after the commit that
     /// wrote it); an application it dropped that never got a record leaves the board.
     pub(crate) fn release_config(&mut self, config: ServeConfig) {
-        for unbuilt in self.config.release(config) {
+        let dropped = self.config.release(config);
+        self.forget_unbuilt(dropped);
+    }
+
+    /// Applications a config dropped before their build landed: one that
+    /// never got a record leaves the board (logged by its own logging), and
+    /// its logging goes.
+    fn forget_unbuilt(&mut self, dropped: Vec<AppName>) {
+        for unbuilt in dropped {
             if !self.apps.contains_key(&unbuilt) {
                 self.board.remove(&unbuilt);
+                self.logging.set_app(&unbuilt, None);
             }
         }
     }
 
-    /// `app` has no target yet: it shows DEPLOYING until its build lands.
-    fn show_unbuilt(&mut self, app: &AppName) {
-        self.config.unbuilt.insert(app.clone());
-        self.publish_unbuilt(app, None);
+    /// `app` has no target yet: it shows DEPLOYING until its build lands,
+    /// and its events (that status first) log by its entry's logging.
+    fn show_unbuilt(&mut self, app: &flotilla_core::AppConfig) {
+        if app.logging_config.is_some() {
+            self.logging.set_app(&app.name, app.logging_config.clone());
+        }
+        self.config.unbuilt.insert(app.name.clone());
+        self.publish_unbuilt(&app.name, None);
     }
 
     /// A build of `app` failed. An application that has a target keeps running it,
@@ -352,7 +362,9 @@ impl ControllerState {
             .status(app.as_str())
             .last_deployed
             .or_else(|| Some((self.clock)()));
-        let tx = self.board.sender(app, None, || info.clone());
+        let tx = self.board.sender(app, None, || {
+            ApplicationStatusInfo::not_started(app.as_str())
+        });
         publish_status(&tx, app, info);
     }
 
@@ -577,7 +589,7 @@ impl Controller {
             .or(state.config.parked.get(&app.name).map(|p| p.version));
         if building == Some(version) {
             if unbuilt {
-                state.show_unbuilt(&app.name);
+                state.show_unbuilt(&app);
             }
             return;
         }
@@ -623,7 +635,7 @@ impl Controller {
             }
         };
         if unbuilt {
-            state.show_unbuilt(&app.name);
+            state.show_unbuilt(&app);
         }
         state
             .config

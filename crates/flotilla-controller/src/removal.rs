@@ -77,9 +77,10 @@ impl Controller {
             state.actors.remove(name);
             state.autoscaled.remove(name);
             state.config.forget_failure(name);
-            state.logging.set_app(name, None);
+            // Logged by the application's own logging, then forgotten.
             state.board.remove(name);
             info!(app = %name, "application removed");
+            state.logging.set_app(name, None);
         }
         Self::resume_removed(myself, state, &done);
         Ok(())

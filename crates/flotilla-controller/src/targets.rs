@@ -210,9 +210,9 @@ impl ControllerState {
             }
             self.logging.set_target(&r.spec);
             let accepted = accepted_status(&r);
-            let tx = self
-                .board
-                .sender(&name, Some(&r.spec.ingress), || accepted.clone());
+            let tx = self.board.sender(&name, Some(&r.spec.ingress), || {
+                ApplicationStatusInfo::not_started(name.as_str())
+            });
             publish_status(&tx, &name, accepted);
             info!(app = %name, generation = r.generation, "application target accepted");
             match self.apps.get_mut(&name) {

@@ -53,6 +53,22 @@ pub enum BuildError {
     TimedOut(Duration),
 }
 
+/// Why a finished build did not land: it shows as the application's
+/// DEPLOY_FAILED message.
+#[derive(Debug, thiserror::Error)]
+enum LandingError {
+    /// The builder produced no application.
+    #[error(transparent)]
+    Build(#[from] BuildError),
+    /// The config entry's overrides do not apply to what it built.
+    #[error(transparent)]
+    Overrides(#[from] flotilla_core::Error),
+    /// What it built, overrides applied, is refused: not a valid
+    /// application, or its route prefix is another's.
+    #[error(transparent)]
+    Refused(#[from] ServeError),
+}
+
 /// A build under way: its id, the entry version it builds, and its task
 /// (`None` for a lightweight update, whose result is already in the mailbox).
 struct Build {
@@ -315,7 +331,7 @@ impl ControllerState {
     /// A build of `app` failed. An application that has a target keeps running it,
     /// and its actor shows DEPLOY_FAILED over it until a new target or a config
     /// whose entry is what runs; one without a target shows it on the board.
-    fn build_failed(&mut self, app: &AppName, why: &str) {
+    fn build_failed(&mut self, app: &AppName, why: &LandingError) {
         warn!(app = %app, %why, "build failed");
         let message = format!("Deploying app '{app}' failed: {why}");
         match self.apps.get(app).filter(|e| !e.record.deleting) {
@@ -666,10 +682,10 @@ impl Controller {
         else {
             return Ok(());
         };
-        let landed = result.map_err(|e| e.to_string()).and_then(|mut built| {
+        let landed = result.map_err(LandingError::from).and_then(|mut built| {
             built.name = app.clone();
-            let spec = apply_overrides(built.clone(), &entry).map_err(|e| e.to_string())?;
-            validate_app(&spec, &state.registry).map_err(|e| e.to_string())?;
+            let spec = apply_overrides(built.clone(), &entry)?;
+            validate_app(&spec, &state.registry)?;
             let source = ConfigSource {
                 code: entry.code_version(),
                 entry: version,
@@ -756,15 +772,12 @@ impl Controller {
                     .route_prefix
                     .map(|p| p.to_string())
                     .unwrap_or_default();
-                state.build_failed(
-                    &name,
-                    &ServeError::RouteTaken {
-                        app: name.to_string(),
-                        prefix,
-                        holder: holder.to_string(),
-                    }
-                    .to_string(),
-                );
+                let taken = ServeError::RouteTaken {
+                    app: name.to_string(),
+                    prefix,
+                    holder: holder.to_string(),
+                };
+                state.build_failed(&name, &taken.into());
             }
         }
         if landing.is_empty() {

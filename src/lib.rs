@@ -70,8 +70,8 @@ pub use flotilla_cluster::{
 };
 pub use flotilla_controller::LogSettings;
 pub use flotilla_controller::{
-    BUILD_TIMEOUT, BuildError, ControllerSnapshot, Fatal, FileKind, MAX_CONFIG_FILE_BYTES, Route,
-    RouteTable, ServeError, StatusBoard, StoreCounters, StoreError, WallClock,
+    BUILD_TIMEOUT, BuildError, ControllerSnapshot, Fatal, FileKind, MAX_CONFIG_FILE_BYTES,
+    NotRunning, Route, RouteTable, ServeError, StatusBoard, StoreCounters, StoreError, WallClock,
 };
 pub use flotilla_core::{
     AggregationFunction, ApiType, AppConfig, AppName, ApplicationSpec, ApplicationSpecBuilder,

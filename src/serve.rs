@@ -15,8 +15,8 @@ use flotilla_cluster::{
 };
 use flotilla_controller::{
     Checkpoint, CheckpointCloser, ControllerArgs, ControllerMsg, ControllerSnapshot, Deleting,
-    Deployed, Fatal, LogSettings, Preloaded, RouteTable, ServeError, StatusBoard, StoreCounters,
-    Supervisor, SupervisorArgs, SupervisorMsg, WallClock,
+    Deployed, Fatal, LogSettings, NotRunning, Preloaded, RouteTable, ServeError, StatusBoard,
+    StoreCounters, Supervisor, SupervisorArgs, SupervisorMsg, WallClock,
 };
 use flotilla_core::{
     ApiType, AppName, ApplicationSpec, ApplicationStatus, ApplicationStatusInfo, Faults,
@@ -359,9 +359,9 @@ impl Serve {
                     if let ractor::SpawnErr::ActorAlreadyRegistered(_) = e {
                         return Err(ServeError::NamespaceInUse { namespace: ns });
                     }
-                    return Err(ServeError::Unavailable(format!(
-                        "supervisor failed to start: {e}"
-                    )));
+                    return Err(ServeError::Unavailable(
+                        NotRunning::SupervisorFailedToStart(e),
+                    ));
                 }
             };
         Ok(Serve {
@@ -384,9 +384,7 @@ impl Serve {
     /// `Unavailable` once the instance was shut down or crashed.
     fn check_running(&self) -> Result<(), ServeError> {
         if self.inner.stopped.load(Ordering::Acquire) {
-            return Err(ServeError::Unavailable(
-                "flotilla was shut down (or crashed)".into(),
-            ));
+            return Err(ServeError::Unavailable(NotRunning::ShutDown));
         }
         Ok(())
     }
@@ -400,7 +398,8 @@ impl Serve {
         self.inner
             .supervisor
             .cast(SupervisorMsg::Forward(build(tx.into())))
-            .map_err(|_| ServeError::Unavailable("the supervisor has stopped".into()))?;
+            // Stopped: shut down, or gone after giving up (then it says so).
+            .map_err(|_| lost_reply(&self.inner.fatal, true))?;
         rx.await.map_err(|_| {
             lost_reply(
                 &self.inner.fatal,
@@ -424,10 +423,13 @@ impl Serve {
     /// # Ok(()) }
     /// ```
     pub async fn run(&self, app: ApplicationSpec) -> Result<DeploymentHandle, ServeError> {
-        let mut handles = self.run_many(vec![app], RunManyOptions::default()).await?;
-        handles
-            .pop()
-            .ok_or_else(|| ServeError::Unavailable("empty reply".into()))
+        let handles = self.run_many(vec![app], RunManyOptions::default()).await?;
+        // The Controller answers a deploy with one target per application
+        // it was given, and `run_many` with one handle per target.
+        Ok(handles
+            .into_iter()
+            .next()
+            .expect("run_many answers one handle per application"))
     }
 
     /// Deploy many applications in one controller message and one checkpoint commit.
@@ -570,10 +572,9 @@ impl Serve {
     /// The answer of a call that waited on `app`'s status when the instance
     /// stopped: what was acknowledged stays durable; nothing moves any more.
     fn stopped_waiting(app: &AppName) -> ServeError {
-        ServeError::Unavailable(format!(
-            "flotilla stopped (shut down, or its supervisor gave up) while this call waited for \
-             application '{app}'; what the call changed was committed"
-        ))
+        ServeError::Unavailable(NotRunning::StoppedWhileWaiting {
+            app: app.to_string(),
+        })
     }
 
     async fn wait_running(
@@ -1180,10 +1181,10 @@ fn read_config_file(path: &std::path::Path) -> Result<String, ServeError> {
 /// this one does.
 fn lost_reply(fatal: &watch::Receiver<Option<Fatal>>, stopped: bool) -> ServeError {
     if let Some(why) = fatal.borrow().as_ref() {
-        return ServeError::Unavailable(format!("flotilla's supervisor gave up: {why}"));
+        return ServeError::Unavailable(NotRunning::GaveUp(why.clone()));
     }
     if stopped || fatal.has_changed().is_err() {
-        return ServeError::Unavailable("flotilla was shut down".into());
+        return ServeError::Unavailable(NotRunning::ShutDown);
     }
     ServeError::ControllerCrashed
 }

@@ -15,8 +15,8 @@ use std::{
 use flotilla::{
     ApiType, ApplicationSpec, ApplicationSpecBuilder, ApplicationStatus as A, CallError,
     DeploymentSpec, DeploymentSpecBuilder, DeploymentStatus, DeploymentTarget, DeploymentVersion,
-    LocalCluster, MAX_REPLICAS, ReplicaInfo, RolloutConfig, Serve, ServeConfig, ServeError,
-    ServeOptions, SpecError,
+    LocalCluster, MAX_REPLICAS, NotRunning, ReplicaInfo, RolloutConfig, Serve, ServeConfig,
+    ServeError, ServeOptions, SpecError,
 };
 use support::{
     ProbeArgs, Switches, app, app_of, no_wait, observe, options, probe, registry, start_fresh, tag,
@@ -263,7 +263,13 @@ async fn calls_waiting_on_a_status_end_when_the_instance_shuts_down() {
             .unwrap_or_else(|_| panic!("{what} still waits after the shutdown"))
             .unwrap();
         let err = result.unwrap_err();
-        assert!(matches!(err, ServeError::Unavailable(_)), "{what}: {err}");
+        assert!(
+            matches!(
+                err,
+                ServeError::Unavailable(NotRunning::StoppedWhileWaiting { .. })
+            ),
+            "{what}: {err}"
+        );
     }
 }
 

@@ -9,7 +9,7 @@ use std::{sync::atomic::Ordering, time::Duration};
 
 use flotilla::{
     ApplicationSpec, ApplicationStatus as A, DeploymentSpec, DeploymentStatus, FaultPoint,
-    RunManyOptions, ServeError,
+    NotRunning, RunManyOptions, ServeError,
 };
 use support::{ProbeArgs, app, no_wait, numbered_apps, start_fresh, tag, wait_status};
 
@@ -506,11 +506,14 @@ async fn while_shutting_down_metrics_tell_the_truth_and_calls_are_refused() {
     let m = m.unwrap();
     assert_eq!((m.controller.apps, m.controller.deleting), (3, 0));
     assert_eq!(m.deployments, 3);
-    assert!(matches!(late, Err(ServeError::Unavailable(_))), "{late:?}");
+    assert!(
+        matches!(late, Err(ServeError::Unavailable(NotRunning::ShuttingDown))),
+        "{late:?}"
+    );
     // Once stopped, every call says so.
     assert!(matches!(
         serve.metrics().await,
-        Err(ServeError::Unavailable(_))
+        Err(ServeError::Unavailable(NotRunning::ShutDown))
     ));
 }
 

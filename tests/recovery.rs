@@ -6,7 +6,9 @@ mod support;
 
 use std::{sync::Arc, sync::atomic::Ordering, time::Duration};
 
-use flotilla::{ApplicationStatus as A, FaultPoint, RestartPolicy, Serve, ServeError, StoreError};
+use flotilla::{
+    ApplicationStatus as A, FaultPoint, NotRunning, RestartPolicy, Serve, ServeError, StoreError,
+};
 use support::{
     ProbeArgs, Switches, app, no_wait, numbered_apps, poll_secs, start, start_fresh,
     start_restarting, tag, wait_status,
@@ -251,7 +253,10 @@ async fn too_many_controller_crashes_become_a_fatal_error_the_program_can_await(
         "{why}"
     );
     let err = serve.run(app("a", 1, tag("v"))).await.unwrap_err();
-    assert!(matches!(err, ServeError::Unavailable(_)), "{err}");
+    assert!(
+        matches!(err, ServeError::Unavailable(NotRunning::GaveUp(_))),
+        "{err}"
+    );
 }
 
 #[tokio::test(start_paused = true)]

@@ -7,7 +7,7 @@ use flotilla_application::{AppEvent, AppMsg};
 use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
 
 use crate::{
-    ControllerArgs, ControllerMsg, ServeError,
+    ControllerArgs, ControllerMsg, NotRunning, ServeError,
     messages::{Internal, InternalMsg},
     state::ControllerState,
 };
@@ -18,7 +18,7 @@ pub struct Controller;
 /// After `Shutdown`, mutating calls are refused and internal messages dropped, so
 /// nothing new starts while the tree drains; `Observe` still tells the truth.
 fn refuse_after_shutdown(state: &ControllerState, msg: ControllerMsg) {
-    let gone = || ServeError::Unavailable("flotilla is shutting down".into());
+    let gone = || ServeError::Unavailable(NotRunning::ShuttingDown);
     match msg {
         ControllerMsg::Deploy { reply, .. } => {
             let _ = reply.send(Err(gone()));

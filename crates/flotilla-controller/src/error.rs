@@ -158,13 +158,42 @@ pub enum ServeError {
     /// applied (as in Ray Serve); calls are idempotent, so retry.
     #[error("the controller crashed while handling the call; retry it")]
     ControllerCrashed,
-    /// Flotilla is shut down, or its supervisor gave up.
+    /// Flotilla is shut down, shutting down, or its supervisor gave up.
     #[error("flotilla is not running: {0}")]
-    Unavailable(String),
+    Unavailable(#[source] NotRunning),
     /// The head could not start (`ServeOptions::nodes`): its options are
     /// invalid, or it could not listen for nodes.
     #[error("the head could not start: {0}")]
     Nodes(#[from] flotilla_cluster::nodes::NodeError),
+}
+
+/// Why flotilla is not running, as [`ServeError::Unavailable`] says.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum NotRunning {
+    /// `shutdown` has begun: nothing new starts while replicas drain.
+    #[error("flotilla is shutting down")]
+    ShuttingDown,
+    /// `shutdown` finished (or the instance stopped some other way).
+    #[error("flotilla was shut down")]
+    ShutDown,
+    /// The Supervisor gave up on the Controller.
+    #[error("flotilla's supervisor gave up: {0}")]
+    GaveUp(#[source] Fatal),
+    /// The Supervisor could not be started.
+    #[error("its supervisor failed to start: {0}")]
+    SupervisorFailedToStart(#[source] ractor::SpawnErr),
+    /// The instance stopped (shut down, or its supervisor gave up) while a
+    /// call waited for an application's status; what the call changed was
+    /// committed.
+    #[error(
+        "flotilla stopped (shut down, or its supervisor gave up) while this call waited for \
+         application '{app}'; what the call changed was committed"
+    )]
+    StoppedWhileWaiting {
+        /// The application the call waited for.
+        app: String,
+    },
 }
 
 /// Why an instance stopped serving for good: what `Serve::fatal` resolves to.

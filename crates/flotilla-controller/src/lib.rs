@@ -32,7 +32,7 @@ pub use board::StatusBoard;
 pub use checkpoint::{Checkpoint, CheckpointCloser};
 pub use config_deploy::{BUILD_TIMEOUT, BuildError};
 pub use controller::Controller;
-pub use error::{Fatal, MAX_CONFIG_FILE_BYTES, ServeError};
+pub use error::{Fatal, MAX_CONFIG_FILE_BYTES, NotRunning, ServeError};
 pub use flotilla_store::{FileKind, StoreCounters, StoreError};
 pub use logging::LogSettings;
 pub use messages::{ControllerMsg, ControllerSnapshot, Deleting, Deployed, Internal};

@@ -605,7 +605,7 @@ impl Controller {
             .or(state.config.parked.get(&app.name).map(|p| p.version));
         if building == Some(version) {
             if unbuilt {
-                state.show_unbuilt(&app);
+                state.show_unbuilt(app);
             }
             return;
         }
@@ -651,7 +651,7 @@ impl Controller {
             }
         };
         if unbuilt {
-            state.show_unbuilt(&app);
+            state.show_unbuilt(app);
         }
         state
             .config

@@ -355,6 +355,11 @@ async fn a_node_lost_under_an_updating_replica_does_not_fail_the_update() {
         .unwrap()
         .node
         .clone();
+    // Every status from the loss until the update runs: never DEPLOY_FAILED.
+    let statuses = tokio::spawn({
+        let serve = serve.clone();
+        async move { support::record_statuses(&serve, "a", A::Running).await }
+    });
     assert!(cluster.kill_node(&node));
     let s = wait_snapshot(&serve, "a", "probe", |s| {
         !s.replicas.iter().any(|r| r.node == node)
@@ -362,7 +367,7 @@ async fn a_node_lost_under_an_updating_replica_does_not_fail_the_update() {
     .await;
     assert_not_deploy_failed(&s);
     sw.reconfigure_delay_ms.store(0, Ordering::SeqCst);
-    wait_status(&serve, "a", A::Running).await;
+    assert_eq!(statuses.await.unwrap(), [A::Deploying, A::Running]);
 }
 
 /// A replica still constructing (STARTING) that is lost with its node is a

@@ -425,14 +425,14 @@ async fn losing_an_outdated_replica_mid_config_update_does_not_fail_the_update()
         .find(|r| r.state == R::Running && r.version != s.version)
         .map(|r| r.id)
         .unwrap();
+    let statuses = record_until_running(&serve);
     assert!(serve.crash_replica("a", "probe", outdated));
     wait_snapshot(&serve, "a", "probe", |s| {
         !s.replicas.iter().any(|r| r.id == outdated)
     })
     .await;
-    assert_eq!(serve.app_status("a").status, A::Deploying);
     sw.reconfigure_delay_ms.store(0, Ordering::SeqCst);
-    wait_status(&serve, "a", A::Running).await;
+    assert_eq!(statuses.await.unwrap(), [A::Deploying, A::Running]);
 }
 
 /// A replica taking its config in place for over 30 s is reported as a slow
@@ -461,6 +461,8 @@ async fn a_slow_or_crashed_reconfigure_is_a_matter_of_starting() {
         .find(|r| r.state == R::Updating)
         .unwrap()
         .id;
+    // Every status from the crash until the update runs: never DEPLOY_FAILED.
+    let statuses = record_until_running(&serve);
     assert!(serve.crash_replica("a", "probe", updating));
     let s = wait_snapshot(&serve, "a", "probe", |s| {
         !s.replicas.iter().any(|r| r.id == updating)
@@ -468,7 +470,13 @@ async fn a_slow_or_crashed_reconfigure_is_a_matter_of_starting() {
     .await;
     assert_not_deploy_failed(&s);
     sw.reconfigure_delay_ms.store(0, Ordering::SeqCst);
-    wait_status(&serve, "a", A::Running).await;
+    assert_eq!(statuses.await.unwrap(), [A::Deploying, A::Running]);
+}
+
+/// Every status "a" shows from now until it is RUNNING.
+fn record_until_running(serve: &flotilla::Serve) -> tokio::task::JoinHandle<Vec<A>> {
+    let serve = serve.clone();
+    tokio::spawn(async move { support::record_statuses(&serve, "a", A::Running).await })
 }
 
 /// A replica that turns unhealthy while it takes its config in place (a
@@ -488,6 +496,7 @@ async fn a_replica_condemned_while_updating_drains_and_is_replaced() {
         tokio::spawn(async move { h.call::<_, String>("sleep:5000").await })
     };
     tokio::time::sleep(Duration::from_millis(10)).await;
+    let statuses = record_until_running(&serve);
     assert!(h.call::<_, String>("panic").await.is_err());
     sw.reconfigure_delay_ms.store(0, Ordering::SeqCst);
     let s = wait_snapshot(&serve, "a", "probe", |s| {
@@ -499,7 +508,7 @@ async fn a_replica_condemned_while_updating_drains_and_is_replaced() {
     assert_not_deploy_failed(&s);
     // Graceful: the request it was running when condemned finishes.
     assert!(running.await.unwrap().is_ok());
-    wait_status(&serve, "a", A::Running).await;
+    assert_eq!(statuses.await.unwrap(), [A::Deploying, A::Running]);
     let s = observe(&serve, "a", "probe").await;
     assert!(!ids(&s).contains(&updating.0), "replaced");
     assert_eq!(s.count_at(R::Running, &s.version), 1);

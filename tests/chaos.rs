@@ -253,25 +253,49 @@ fn run_seed(seed: u64) {
     }
 }
 
-#[test]
-fn random_schedules_keep_every_invariant() {
+/// Run this quarter of the seeds (`FLOTILLA_SEEDS`, 200 by default), or only
+/// `FLOTILLA_SEED` (in the first quarter, with logs). Four tests, so the
+/// harness runs the schedules on every core.
+fn run_quarter(quarter: u64) {
     if let Some(seed) = std::env::var("FLOTILLA_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
     {
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(std::io::stderr)
-            .with_max_level(tracing::Level::INFO)
-            .finish();
-        let _guard = tracing::subscriber::set_default(subscriber);
-        run_seed(seed);
+        if quarter == 0 {
+            let subscriber = tracing_subscriber::fmt()
+                .with_writer(std::io::stderr)
+                .with_max_level(tracing::Level::INFO)
+                .finish();
+            let _guard = tracing::subscriber::set_default(subscriber);
+            run_seed(seed);
+        }
         return;
     }
     let seeds: u64 = std::env::var("FLOTILLA_SEEDS")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(200);
-    for seed in 0..seeds {
+    for seed in (0..seeds).filter(|s| s % 4 == quarter) {
         run_seed(seed);
     }
+}
+
+#[test]
+fn random_schedules_keep_every_invariant_0() {
+    run_quarter(0);
+}
+
+#[test]
+fn random_schedules_keep_every_invariant_1() {
+    run_quarter(1);
+}
+
+#[test]
+fn random_schedules_keep_every_invariant_2() {
+    run_quarter(2);
+}
+
+#[test]
+fn random_schedules_keep_every_invariant_3() {
+    run_quarter(3);
 }

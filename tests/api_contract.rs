@@ -575,7 +575,10 @@ async fn waiting_for_the_ingress_ends_when_a_later_deploy_dropped_it() {
     );
     let s3 = serve.clone();
     let first = tokio::spawn(async move { s3.run(v3).await });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    support::eventually("v3's target on the board", || {
+        serve.watch_status("b").is_some()
+    })
+    .await;
     serve.run_many(vec![v4], no_wait()).await.unwrap();
     let first = first.await.unwrap();
     assert!(

@@ -445,6 +445,27 @@ async fn a_shutdown_the_controller_lost_in_a_crash_still_drains() {
     assert_eq!(answer.ok().as_deref(), Some("v:sleep:5000"));
 }
 
+/// An ApplicationActor that crashes while the shutdown drains it is not
+/// started again, and needs not be: its deployments drain on their own, and
+/// the request in flight on its replica finishes.
+#[tokio::test(start_paused = true)]
+async fn an_application_actor_that_crashes_during_the_drain_leaves_its_replicas_draining() {
+    let (_dir, sw, serve) = start_fresh().await;
+    let h = serve.run(app("a", 1, tag("v"))).await.unwrap();
+    let call = tokio::spawn(async move { h.call::<_, String>("sleep:5000").await });
+    support::eventually("the request to begin", || {
+        sw.handled.load(Ordering::SeqCst) > 0
+    })
+    .await;
+    let mut shutdown = Box::pin(serve.shutdown());
+    let draining = tokio::time::timeout(Duration::from_millis(100), &mut shutdown).await;
+    assert!(draining.is_err(), "the replica drains its request");
+    assert!(serve.crash_application("a"));
+    shutdown.await.unwrap();
+    let answer = call.await.unwrap();
+    assert_eq!(answer.ok().as_deref(), Some("v:sleep:5000"));
+}
+
 /// A shutdown drains the replicas of a deployment, and of an application,
 /// whose actor is waiting out a restart backoff: the waiting actor starts at
 /// once and stops its replicas gracefully, so a request in flight finishes

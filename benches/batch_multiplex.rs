@@ -38,7 +38,7 @@
 //! is the better of its two rounds. Prints one JSON figure per line.
 //!
 //! ```sh
-//! cargo bench -p flotilla-replica --bench batch_multiplex   # FLOTILLA_BENCH_SECS=2 per round
+//! cargo bench -p flotilla-benches --bench batch_multiplex   # FLOTILLA_BENCH_SECS=2 per round
 //! ```
 
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]

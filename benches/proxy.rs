@@ -14,10 +14,10 @@
 //! stated in (`proxy_over_bare_req_per_s`, `p99_at_512_over_p99_at_1`).
 //!
 //! ```sh
-//! cargo bench -p flotilla-http --bench proxy            # FLOTILLA_BENCH_SECS=2 per round
+//! cargo bench -p flotilla-benches --bench proxy            # FLOTILLA_BENCH_SECS=2 per round
 //! # the proxy alone, for a profiler: one closed-loop round over 1 connection
 //! # (FLOTILLA_BENCH_BARE=1: the bare server instead)
-//! FLOTILLA_BENCH_PROFILE=/echo FLOTILLA_BENCH_CONNS=1 cargo bench -p flotilla-http --bench proxy
+//! FLOTILLA_BENCH_PROFILE=/echo FLOTILLA_BENCH_CONNS=1 cargo bench -p flotilla-benches --bench proxy
 //! ```
 
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]

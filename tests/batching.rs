@@ -430,3 +430,30 @@ async fn autoscaling_counts_requests_waiting_for_a_batch_as_load() {
         c.abort();
     }
 }
+
+/// A replica that stops with a batch forming (its application deleted) sends
+/// that batch at once: its callers are answered, and the stop does not wait
+/// out the batch's timeout (longer here than the graceful shutdown's, which
+/// would kill the replica with the batch unsent).
+#[tokio::test(start_paused = true)]
+async fn a_stopping_replica_sends_its_forming_batch_without_waiting_out_its_timeout() {
+    let (_dir, log, serve) = start().await;
+    let h = serve
+        .run(app(
+            1,
+            16,
+            Some(BatchConfig::new(8, Duration::from_secs(600))),
+        ))
+        .await
+        .unwrap();
+    let calls: Vec<_> = (1..=2).map(|x| call(&h, x)).collect();
+    settle().await;
+    assert!(log.batches().is_empty(), "still forming");
+    let t0 = Instant::now();
+    serve.delete_apps(["b"], true).await.unwrap();
+    assert!(t0.elapsed() < Duration::from_secs(60), "{:?}", t0.elapsed());
+    for c in calls {
+        c.await.unwrap().unwrap();
+    }
+    assert_eq!(log.batches(), [vec![1, 2]]);
+}

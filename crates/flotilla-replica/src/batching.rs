@@ -15,12 +15,16 @@
 //! - a multiplexed deployment's batch is split by model id, in order of each
 //!   id's first appearance, and the parts run together in the batch's place;
 //! - results go back by position; an error goes to every request of the
-//!   (part of the) batch.
+//!   (part of the) batch, except one that failed on its own before it (it
+//!   did not decode), which keeps its error.
 //!
 //! Departing from Ray, a caller that gave up is dropped when the batch forms
 //! as well as when it starts, so it takes no place in a batch, and from the
 //! batches still waiting whenever another is formed, so they do not grow with
-//! callers who left behind a slow handler.
+//! callers who left behind a slow handler. And a replica that drains (it
+//! stopped taking requests) sends what forms at once, where Ray's batch waits
+//! out its timeout for requests that cannot come, and a timeout longer than
+//! the graceful shutdown's kills the replica with the batch unsent.
 //!
 //! The batcher is one small task per replica, started by the replica's first
 //! batched request and ended with the replica (its endpoint dropped or
@@ -32,6 +36,7 @@ use std::{
     collections::VecDeque,
     panic::AssertUnwindSafe,
     sync::{Arc, Mutex, MutexGuard},
+    time::Duration,
 };
 
 use flotilla_core::{AppName, DeploymentName};
@@ -81,6 +86,9 @@ struct Shared {
     replica: ReplicaId,
     exec: Mutex<Exec>,
     closed: watch::Sender<bool>,
+    /// The replica stopped taking requests (it drains): a batch goes as soon
+    /// as it holds what has come, without waiting out its timeout.
+    draining: watch::Sender<bool>,
     /// The replica's batcher span (no parent: not the first caller's): the
     /// forming task and the batches run in it, each batch in a `batch` span.
     span: tracing::Span,
@@ -129,6 +137,7 @@ impl Batcher {
             replica,
             exec: Mutex::new(Exec::default()),
             closed: watch::Sender::new(false),
+            draining: watch::Sender::new(false),
             span: span.clone(),
         });
         home.spawn(form(shared.clone(), rx).instrument(span));
@@ -156,6 +165,13 @@ impl Batcher {
         answer.await.unwrap_or_else(|_| Err(self.shared.killed()))
     }
 
+    /// The replica drains: what forms goes at once, with what has come,
+    /// rather than waiting for more requests that will not come (a stopping
+    /// replica takes none) until the batch's timeout.
+    pub(crate) fn drain(&self) {
+        self.shared.draining.send_replace(true);
+    }
+
     /// The replica is gone: fail what waits, cut what runs, end the task.
     pub(crate) fn close(&self) {
         self.shared.closed.send_replace(true);
@@ -165,6 +181,7 @@ impl Batcher {
 /// The forming task: one batch after another, until the replica ends.
 async fn form(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Entry>) {
     let mut closed = shared.closed.subscribe();
+    let mut draining = shared.draining.subscribe();
     let mut settings = shared.settings.watch_batching();
     loop {
         let first = tokio::select! {
@@ -191,7 +208,12 @@ async fn form(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Entry>) {
             continue;
         };
         let max = config.max_batch_size as usize;
-        let deadline = Instant::now() + config.batch_wait_timeout;
+        let wait = if *draining.borrow() {
+            Duration::ZERO
+        } else {
+            config.batch_wait_timeout
+        };
+        let deadline = Instant::now() + wait;
         let mut batch = Vec::with_capacity(max.min(1024));
         batch.push(first);
         let sleep = tokio::time::sleep_until(deadline);
@@ -221,6 +243,7 @@ async fn form(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Entry>) {
             tokio::select! {
                 biased;
                 _ = closed.wait_for(|c| *c) => break,
+                _ = draining.wait_for(|d| *d) => break,
                 e = rx.recv() => match e {
                     Some(e) if !e.gone() => batch.push(e),
                     Some(_) => {}
@@ -388,7 +411,7 @@ async fn run_part(shared: &Shared, model_id: Option<Arc<str>>, part: Vec<Entry>)
 mod tests {
     #![allow(clippy::unwrap_used)]
 
-    use std::{sync::atomic::Ordering, time::Duration};
+    use std::sync::atomic::Ordering;
 
     use flotilla_core::BatchConfig;
 
@@ -474,6 +497,26 @@ mod tests {
         assert_eq!(*rec.batches.lock().unwrap(), [vec![1, 2, 3], vec![4, 5]]);
         // The second batch waited for its deadline.
         assert!(t0.elapsed() >= Duration::from_secs(10));
+    }
+
+    /// A draining replica's forming batch goes with what it holds, and so
+    /// does each later one: no request is coming to fill them, and waiting
+    /// out their timeout would hold the replica's stop as long.
+    #[tokio::test(start_paused = true)]
+    async fn a_draining_replica_sends_its_forming_batch_at_once() {
+        let (rec, _, b) = batcher(BatchConfig::new(8, Duration::from_secs(60)));
+        let t0 = Instant::now();
+        let calls = [submit(&b, 1), submit(&b, 2)];
+        settle().await;
+        assert!(rec.batches.lock().unwrap().is_empty(), "still forming");
+        b.drain();
+        for c in calls {
+            c.await.unwrap().unwrap();
+        }
+        // A request admitted before the stop, arriving after it.
+        submit(&b, 3).await.unwrap().unwrap();
+        assert_eq!(*rec.batches.lock().unwrap(), [vec![1, 2], vec![3]]);
+        assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
     }
 
     /// A caller that leaves while its batch forms frees its place in it: the

@@ -339,8 +339,13 @@ impl ReplicaEndpoint {
         let _ = self.killed.subscribe().wait_for(|k| *k).await;
     }
 
+    /// It drains: it takes no new request, and a batch forming on it goes
+    /// with what it holds.
     pub(crate) fn stop_accepting(&self) {
         self.accepting.store(false, Ordering::Release);
+        if let Some(b) = self.batcher.get() {
+            b.drain();
+        }
     }
 
     /// Cut every request (its replica stopped or was killed): also ends its

@@ -3,10 +3,12 @@
 //! This crate owns the [`Cluster`] trait a DeploymentActor places its replicas
 //! through, the events a cluster announces ([`ClusterEvent`]: capacity freed, a
 //! node died), and the clusters Flotilla ships: [`LocalCluster`] (this process,
-//! a finite number of replicas), and [`StaticCluster`] (a fixed set of nodes with
+//! a finite number of replicas), [`StaticCluster`] (a fixed set of nodes with
 //! resources, spread placement and node deaths on demand, for tests and the
 //! simulator), both on the [`NodePool`] bookkeeping any cluster with nodes can
-//! share. Nodes joined over the network will live here too.
+//! share, and [`nodes`]: node processes joined over the network, with the
+//! head's registry and [`NodeCluster`](nodes::NodeCluster), the node agent that
+//! runs replicas there, and the head's stand-in for each of them.
 //!
 //! A [`PlacementRequest`] carries what a deployment's config says about where
 //! its replicas go, and every cluster here applies it:
@@ -32,9 +34,12 @@
 //! (or, on a cluster that announces none, [`PLACEMENT_RETRY`]) lets it try
 //! again.
 //!
-//! It must not start or stop replicas (the DeploymentActor does, where a
-//! cluster said they fit) and must not block: placement is called from actor
-//! handlers.
+//! It must not decide how many replicas a deployment runs, or start or stop
+//! one for it: the DeploymentActor does, where a cluster said they fit. The
+//! node machinery carries those starts and stops out on nodes, and on its own
+//! stops only replicas no deployment owns any more (a re-attached one none
+//! adopted, every one on a node the head declared lost). It must not block
+//! either: placement is called from actor handlers.
 
 mod cluster;
 mod node_pool;

@@ -16,7 +16,7 @@
 //!   [`Cluster::host`](crate::Cluster::host) says the node is remote, and then
 //!   treats as any replica.
 //! - Requests cross as the handle's MessagePack bytes, in one remotable
-//!   message type ([`wire::PortMsg`]); replies come back the same way.
+//!   message type (`wire::PortMsg`); replies come back the same way.
 //!
 //! It must not decide how many replicas run (the DeploymentActor does) and
 //! must not block an actor: every network wait runs in a task.
@@ -33,7 +33,7 @@ mod options;
 mod proxy;
 mod registry;
 mod transport;
-pub mod wire;
+mod wire;
 
 use std::{net::SocketAddr, sync::Arc};
 

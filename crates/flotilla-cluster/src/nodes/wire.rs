@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize, de::DeserializeOwned};
 /// The one message Flotilla sends across processes, to a process's port.
 /// Every field is bytes, so the derive needs no hand-written conversion.
 #[derive(RactorClusterMessage)]
-pub enum PortMsg {
+pub(crate) enum PortMsg {
     /// A control frame: an encoded [`Envelope`].
     Control(Vec<u8>),
     /// A data frame: an encoded [`DataHeader`], and the request or response

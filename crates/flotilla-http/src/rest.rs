@@ -153,8 +153,9 @@ impl Rest {
         if self.loopback_only
             && let Some(host) = host.filter(|h| !host_allowed(h))
         {
-            tracing::warn!(target: crate::ACCESS_LOG_TARGET, method = %method, path = %path,
-                %host, "rest request refused: it names a host other than this machine's loopback");
+            // Not an access-log line: logged with access logs off too.
+            tracing::warn!(method = %method, path = %path, %host,
+                "rest request refused: it names a host other than this machine's loopback");
             return Ok(text(
                 403,
                 format!(
@@ -545,7 +546,8 @@ fn lax_count<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
     match n {
         Some(n) if n.fract() == 0.0 && (0.0..=f64::from(u32::MAX)).contains(&n) => Ok(n as u32),
         _ => Err(D::Error::custom(format!(
-            "target_num_replicas must be a non-negative integer, got {v}"
+            "target_num_replicas must be an integer from 0 to {}, got {v}",
+            u32::MAX
         ))),
     }
 }

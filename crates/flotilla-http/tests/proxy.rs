@@ -551,7 +551,7 @@ async fn a_body_that_stops_arriving_is_cut_after_the_keep_alive_timeout() {
     // The REST API's bodies alike.
     let answer = stalled_body(
         f.rest.unwrap(),
-        "PUT /api/serve/applications/ HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nappl",
+        "PUT /api/serve/applications/ HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 10\r\n\r\nappl",
         until,
     )
     .await;

@@ -28,6 +28,7 @@ use tracing::{error, info, warn};
 use super::{
     AbortOnDrop, NodeOptions,
     fenced::Fenced,
+    head::HEAD_NAME_PREFIX,
     link::{Inbound, Link, SessionEnd, SessionEvent, dials},
     on_model_changes,
     options::CHECK_PERIOD,
@@ -232,7 +233,7 @@ impl AgentState {
 const REFUSALS_TO_END: u32 = 3;
 
 fn is_head(peer: &str) -> bool {
-    peer.starts_with("flotilla-head-")
+    peer.starts_with(HEAD_NAME_PREFIX)
 }
 
 impl Actor for Agent {

@@ -33,6 +33,10 @@ use crate::{
 /// Events a slow subscriber may fall behind by before it resynchronises.
 const EVENT_BUFFER: usize = 1024;
 
+/// How a head's ractor name begins (then its namespace and epoch): a node
+/// tells its head's session from its peers' by it.
+pub(crate) const HEAD_NAME_PREFIX: &str = "flotilla-head-";
+
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -324,7 +328,7 @@ impl Head {
             source,
         })?;
         let epoch = random_u64();
-        let name = format!("flotilla-head-{ns}-{:08x}", epoch as u32);
+        let name = format!("{HEAD_NAME_PREFIX}{ns}-{:08x}", epoch as u32);
         let host = address.ip().to_string();
         let (link, inbound) = Link::start(
             &name,

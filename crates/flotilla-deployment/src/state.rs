@@ -180,36 +180,39 @@ impl DeploymentState {
     fn log_transition(
         &self,
         id: ReplicaId,
+        node: &str,
         from: Option<ReplicaState>,
         to: Option<ReplicaState>,
         why: &str,
     ) {
         info!(app = %self.args.app, deployment = %self.args.target.spec.name,
-            replica = %id, from = %name(from), to = %name(to), why, "replica state");
+            replica = %id, node, from = %name(from), to = %name(to), why, "replica state");
     }
 
     /// Take ownership of a new replica (STARTING or RECOVERING).
     pub(crate) fn add(&mut self, id: ReplicaId, replica: Replica, why: &str) {
         debug_assert!(allowed(None, Some(replica.state)));
-        self.log_transition(id, None, Some(replica.state), why);
+        self.log_transition(id, &replica.node, None, Some(replica.state), why);
         self.replicas.insert(id, Box::new(replica));
     }
 
     /// The one place a replica's state changes. Returns whether it changed; a
     /// change the state machine does not allow is logged and ignored.
     pub(crate) fn set_state(&mut self, id: ReplicaId, to: ReplicaState, why: &str) -> bool {
-        let Some(from) = self.replicas.get(&id).map(|r| r.state) else {
+        let Some(r) = self.replicas.get(&id) else {
             return false;
         };
+        let from = r.state;
         if from == to {
             return false;
         }
         if !allowed(Some(from), Some(to)) {
             warn!(app = %self.args.app, deployment = %self.args.target.spec.name,
-                replica = %id, from = %from, to = %to, why, "replica state change refused");
+                replica = %id, node = %r.node, from = %from, to = %to, why,
+                "replica state change refused");
             return false;
         }
-        self.log_transition(id, Some(from), Some(to), why);
+        self.log_transition(id, &r.node, Some(from), Some(to), why);
         if let Some(r) = self.replicas.get_mut(&id) {
             r.state = to;
             r.since = Instant::now();
@@ -234,7 +237,7 @@ impl DeploymentState {
     /// Drop a replica that is gone, and give its resources back.
     pub(crate) fn forget(&mut self, id: ReplicaId, why: &str) {
         if let Some(r) = self.replicas.remove(&id) {
-            self.log_transition(id, Some(r.state), None, why);
+            self.log_transition(id, &r.node, Some(r.state), None, why);
             self.children.remove(&id);
             self.args.cluster.release(id);
         }

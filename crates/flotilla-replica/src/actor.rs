@@ -276,7 +276,8 @@ impl ReplicaActorState {
     fn set_phase(&mut self, to: ReplicaPhase) {
         if self.phase != to {
             info!(app = %self.args.app, deployment = %self.args.deployment,
-                replica = %self.args.id, from = ?self.phase, to = ?to, "replica phase");
+                replica = %self.args.id, node = %self.args.node, from = ?self.phase, to = ?to,
+                "replica phase");
             self.phase = to;
         }
     }
@@ -285,7 +286,7 @@ impl ReplicaActorState {
         if self.condemned.is_none() && self.phase != ReplicaPhase::Stopping {
             self.condemned = Some(reason.clone());
             warn!(app = %self.args.app, deployment = %self.args.deployment,
-                replica = %self.args.id, %reason, "replica unhealthy");
+                replica = %self.args.id, node = %self.args.node, %reason, "replica unhealthy");
             self.report(ReplicaEvent::Unhealthy { reason });
         }
     }
@@ -493,7 +494,7 @@ impl Actor for ReplicaActor {
                 let bound = state.args.spec.config.graceful_shutdown_timeout;
                 if tokio::time::timeout(bound, unloading).await.is_err() {
                     warn!(app = %state.args.app, deployment = %state.args.deployment,
-                        replica = %state.args.id, timeout = ?bound,
+                        replica = %state.args.id, node = %state.args.node, timeout = ?bound,
                         "models still loading or unloading after the graceful shutdown \
                          timeout: loads cancelled, unloads left to finish");
                     ep.abort_model_loads();
@@ -501,7 +502,7 @@ impl Actor for ReplicaActor {
             }
         }
         info!(app = %state.args.app, deployment = %state.args.deployment,
-            replica = %state.args.id, "replica stopped");
+            replica = %state.args.id, node = %state.args.node, "replica stopped");
         Ok(())
     }
 }
@@ -564,7 +565,7 @@ fn started(
 fn start_failed(state: &mut ReplicaActorState, failure: StartFailure) {
     let error = failure.to_string();
     warn!(app = %state.args.app, deployment = %state.args.deployment,
-        replica = %state.args.id, %error, "replica failed to start");
+        replica = %state.args.id, node = %state.args.node, %error, "replica failed to start");
     state.set_phase(ReplicaPhase::StartFailed);
     state.condemned = Some(error.clone());
     state.report(ReplicaEvent::StartFailed { error });
@@ -581,7 +582,7 @@ fn reconfigure(
     if let Err(e) = spec.validate() {
         let error = format!("the new spec does not validate: {e}");
         warn!(app = %state.args.app, deployment = %state.args.deployment,
-            replica = %state.args.id, %error, "reconfigure refused");
+            replica = %state.args.id, node = %state.args.node, %error, "reconfigure refused");
         state.report(ReplicaEvent::ReconfigureFailed { error });
         return;
     }
@@ -630,7 +631,7 @@ fn internal(myself: &ActorRef<ReplicaMsg>, state: &mut ReplicaActorState, msg: I
                         let error = format!("replica {} failed to reconfigure: {e}", state.args.id);
                         state.condemned = Some(error.clone());
                         warn!(app = %state.args.app, deployment = %state.args.deployment,
-                            replica = %state.args.id, %error, "reconfigure failed");
+                            replica = %state.args.id, node = %state.args.node, %error, "reconfigure failed");
                         state.report(ReplicaEvent::ReconfigureFailed { error });
                     }
                 }
@@ -720,7 +721,7 @@ fn begin_stop(myself: &ActorRef<ReplicaMsg>, state: &mut ReplicaActorState, grac
         return;
     }
     info!(app = %state.args.app, deployment = %state.args.deployment,
-        replica = %state.args.id, graceful, "replica stopping");
+        replica = %state.args.id, node = %state.args.node, graceful, "replica stopping");
     state.set_phase(ReplicaPhase::Stopping);
     if let Some(t) = state.health_timer.take() {
         t.abort();

@@ -929,7 +929,7 @@ async fn start_replica(myself: &ActorRef<AgentMsg>, state: &mut AgentState, s: S
         // should not happen; if it does, the head hears that the replica
         // ended at once, as a failed start (counted and backed off), instead
         // of waiting for it.
-        warn!(node = %state.args.id, replica = %id,
+        warn!(node = %state.args.id, app = %s.app, deployment = %s.spec.name, replica = %id,
             "start before the head's welcome: not started");
         state.to_head(Control::Exited {
             replica: s.replica,
@@ -944,7 +944,8 @@ async fn start_replica(myself: &ActorRef<AgentMsg>, state: &mut AgentState, s: S
     if state.shutting_down {
         // Placed before the head heard `Leaving`: it ends at once, stopped
         // (not a failed start), and the head places it again elsewhere.
-        info!(node = %state.args.id, replica = %id, "start refused: the node is shutting down");
+        info!(node = %state.args.id, app = %s.app, deployment = %s.spec.name, replica = %id,
+            "start refused: the node is shutting down");
         state.to_head(Control::Exited {
             replica: s.replica,
             crashed: false,
@@ -1005,7 +1006,8 @@ async fn start_replica(myself: &ActorRef<AgentMsg>, state: &mut AgentState, s: S
             state.live_changed();
         }
         Err(e) => {
-            warn!(node = %state.args.id, replica = %id, error = %e, "replica not started");
+            warn!(node = %state.args.id, app = %s.app, deployment = %dep, replica = %id,
+                error = %e, "replica not started");
             state.to_head(Control::Event {
                 replica: id.0,
                 event: WireEvent::StartFailed {
@@ -1072,8 +1074,9 @@ fn replica_event(
     if !state.to_head(Control::Event {
         replica: id.0,
         event: wire,
-    }) {
-        warn!(node = %state.args.id, replica = %id,
+    }) && let Some(r) = state.replicas.get(&id)
+    {
+        warn!(node = %state.args.id, app = %r.app, deployment = %r.spec.name, replica = %id,
             "replica event not sent: no head (it re-attaches with the replica's state)");
     }
 }

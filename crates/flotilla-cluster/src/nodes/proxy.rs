@@ -318,8 +318,8 @@ impl Actor for RemoteReplica {
                     spec: Box::new((*spec).clone()),
                 });
                 if !sent {
-                    warn!(replica = %state.id, node = %state.host.node,
-                        "reconfigure not sent: the node is not reachable");
+                    warn!(app = %state.app, deployment = %state.deployment, replica = %state.id,
+                        node = %state.host.node, "reconfigure not sent: the node is not reachable");
                 }
             }
             ReplicaMsg::Stop { graceful } => {

@@ -643,10 +643,10 @@ async fn adopt(state: &RegistryState, from: &str, node: &str, r: ReplicaReport) 
             Ok(at) if at == node => {}
             Ok(at) => {
                 pool.release(id);
-                warn!(replica = %id, node, elsewhere = %at,
+                warn!(app = %r.app, deployment = %dep, replica = %id, node, elsewhere = %at,
                     "re-attached replica's resources do not fit its node again: not reserved");
             }
-            Err(refusal) => warn!(replica = %id, node, %refusal,
+            Err(refusal) => warn!(app = %r.app, deployment = %dep, replica = %id, node, %refusal,
                 "re-attached replica's resources do not fit: not reserved"),
         }
     }

@@ -5,6 +5,7 @@ use std::{
     sync::{Arc, RwLock},
 };
 
+use flotilla_application::publish_status;
 use flotilla_core::{AppName, ApplicationStatusInfo, DeploymentName};
 use tokio::sync::watch;
 
@@ -36,8 +37,34 @@ impl StatusBoard {
         Self::default()
     }
 
-    /// The sender of `app`, created with `initial` if absent; a known ingress is
-    /// recorded (`None` keeps what was there).
+    /// Publish `info` as `app`'s status (through
+    /// [`publish_status`]: never back a generation, every transition logged),
+    /// putting `app` on the board if it is not yet there: its first status is
+    /// a transition from NOT_STARTED, logged as any other. Under the board's
+    /// lock, so no reader sees the new entry before its status. A known
+    /// ingress is recorded (`None` keeps what was there). Returns whether the
+    /// status changed.
+    pub fn publish(
+        &self,
+        app: &AppName,
+        ingress: Option<&DeploymentName>,
+        info: ApplicationStatusInfo,
+    ) -> bool {
+        let mut m = self.entries.write().unwrap_or_else(|p| p.into_inner());
+        let e = m.entry(app.clone()).or_insert_with(|| Entry {
+            tx: watch::Sender::new(ApplicationStatusInfo::not_started(app.as_str())),
+            ingress: None,
+        });
+        if let Some(i) = ingress {
+            e.ingress = Some(i.clone());
+        }
+        publish_status(&e.tx, app, info)
+    }
+
+    /// The sender of `app`, created with `initial` if absent (a status
+    /// restored from the checkpoint as the Controller starts: no transition,
+    /// so not logged); a known ingress is recorded (`None` keeps what was
+    /// there).
     pub fn sender(
         &self,
         app: &AppName,
@@ -102,15 +129,10 @@ impl StatusBoard {
             .unwrap_or_else(|p| p.into_inner())
             .remove(app);
         if let Some(e) = removed {
-            let (generation, from) = {
-                let s = e.tx.borrow();
-                (s.observed_generation, s.status)
-            };
             let mut gone = ApplicationStatusInfo::not_started(app.as_str());
-            gone.observed_generation = generation;
-            let to = gone.status;
-            e.tx.send_replace(gone);
-            tracing::info!(app = %app, generation, %from, %to, "application status: removed");
+            gone.observed_generation = e.tx.borrow().observed_generation;
+            // Its watchers read it as the channel closes.
+            publish_status(&e.tx, app, gone);
         }
     }
 

@@ -20,7 +20,6 @@ use std::{
     time::Duration,
 };
 
-use flotilla_application::publish_status;
 use flotilla_core::{
     ApiType, AppConfig, AppName, AppRecord, AppStatusInputs, ApplicationSpec,
     ApplicationStatusInfo, Args, ConfigSource, ServeConfig, apply_overrides, stable_hash,
@@ -321,9 +320,9 @@ impl ControllerState {
     /// `app` has no target yet: it shows DEPLOYING until its build lands,
     /// and its events (that status first) log by its entry's logging.
     fn show_unbuilt(&mut self, app: &flotilla_core::AppConfig) {
-        if app.logging_config.is_some() {
-            self.logging.set_app(&app.name, app.logging_config.clone());
-        }
+        // No record: nothing else sets its logging (and a config that
+        // dropped the entry's logging_config clears it).
+        self.logging.set_app(&app.name, app.logging_config.clone());
         self.config.unbuilt.insert(app.name.clone());
         self.publish_unbuilt(&app.name, None);
     }
@@ -378,10 +377,7 @@ impl ControllerState {
             .status(app.as_str())
             .last_deployed
             .or_else(|| Some((self.clock)()));
-        let tx = self.board.sender(app, None, || {
-            ApplicationStatusInfo::not_started(app.as_str())
-        });
-        publish_status(&tx, app, info);
+        self.board.publish(app, None, info);
     }
 
     /// The record `parked` lands as: the running target with its new source when

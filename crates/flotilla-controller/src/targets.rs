@@ -203,17 +203,16 @@ impl ControllerState {
             {
                 self.release_route(&old, &name);
             }
+            self.logging.set_target(&r.spec);
+            // On the board before its route: the proxy reads a route whose
+            // application is not on the board as one being deleted.
+            self.board
+                .publish(&name, Some(&r.spec.ingress), accepted_status(&r));
             if let Some(p) = &r.spec.route_prefix {
                 self.routes.insert(p.clone(), name.clone());
                 self.route_table
                     .insert(p.clone(), name.clone(), r.spec.ingress.clone());
             }
-            self.logging.set_target(&r.spec);
-            let accepted = accepted_status(&r);
-            let tx = self.board.sender(&name, Some(&r.spec.ingress), || {
-                ApplicationStatusInfo::not_started(name.as_str())
-            });
-            publish_status(&tx, &name, accepted);
             info!(app = %name, generation = r.generation, "application target accepted");
             match self.apps.get_mut(&name) {
                 Some(e) => e.record = r,

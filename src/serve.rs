@@ -384,7 +384,7 @@ impl Serve {
     /// `Unavailable` once the instance was shut down or crashed.
     fn check_running(&self) -> Result<(), ServeError> {
         if self.inner.stopped.load(Ordering::Acquire) {
-            return Err(ServeError::Unavailable(NotRunning::ShutDown));
+            return Err(ServeError::Unavailable(NotRunning::Stopped));
         }
         Ok(())
     }
@@ -1184,7 +1184,7 @@ fn lost_reply(fatal: &watch::Receiver<Option<Fatal>>, stopped: bool) -> ServeErr
         return ServeError::Unavailable(NotRunning::GaveUp(why.clone()));
     }
     if stopped || fatal.has_changed().is_err() {
-        return ServeError::Unavailable(NotRunning::ShutDown);
+        return ServeError::Unavailable(NotRunning::Stopped);
     }
     ServeError::ControllerCrashed
 }
@@ -1210,15 +1210,25 @@ mod tests {
             lost_reply(&rx, false),
             ServeError::ControllerCrashed
         ));
-        assert!(matches!(lost_reply(&rx, true), ServeError::Unavailable(_)));
+        assert!(matches!(
+            lost_reply(&rx, true),
+            ServeError::Unavailable(NotRunning::Stopped)
+        ));
         tx.send_replace(Some(Fatal::ControllerCrashLoop {
             escalation: Escalation::of("the controller", &RestartPolicy::default()),
             last: "boom".into(),
         }));
-        let gave_up = lost_reply(&rx, false).to_string();
-        assert!(gave_up.contains("gave up"), "{gave_up}");
+        let gave_up = lost_reply(&rx, false);
+        assert!(gave_up.to_string().contains("gave up"), "{gave_up}");
+        assert!(matches!(
+            gave_up,
+            ServeError::Unavailable(NotRunning::GaveUp(_))
+        ));
         let (tx, rx) = watch::channel(None::<Fatal>);
         drop(tx);
-        assert!(matches!(lost_reply(&rx, false), ServeError::Unavailable(_)));
+        assert!(matches!(
+            lost_reply(&rx, false),
+            ServeError::Unavailable(NotRunning::Stopped)
+        ));
     }
 }

@@ -513,7 +513,7 @@ async fn while_shutting_down_metrics_tell_the_truth_and_calls_are_refused() {
     // Once stopped, every call says so.
     assert!(matches!(
         serve.metrics().await,
-        Err(ServeError::Unavailable(NotRunning::ShutDown))
+        Err(ServeError::Unavailable(NotRunning::Stopped))
     ));
 }
 

@@ -174,9 +174,10 @@ pub enum NotRunning {
     /// `shutdown` has begun: nothing new starts while replicas drain.
     #[error("flotilla is shutting down")]
     ShuttingDown,
-    /// `shutdown` finished (or the instance stopped some other way).
-    #[error("flotilla was shut down")]
-    ShutDown,
+    /// The instance stopped: `shutdown` finished, or it stopped at once
+    /// (its last `Serve` dropped, its Supervisor gone without giving up).
+    #[error("flotilla was stopped (shut down, or its last handle dropped)")]
+    Stopped,
     /// The Supervisor gave up on the Controller.
     #[error("flotilla's supervisor gave up: {0}")]
     GaveUp(#[source] Fatal),

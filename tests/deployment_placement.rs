@@ -356,10 +356,7 @@ async fn a_node_lost_under_an_updating_replica_does_not_fail_the_update() {
         .node
         .clone();
     // Every status from the loss until the update runs: never DEPLOY_FAILED.
-    let statuses = tokio::spawn({
-        let serve = serve.clone();
-        async move { support::record_statuses(&serve, "a", A::Running).await }
-    });
+    let statuses = support::spawn_record_statuses(&serve, "a", A::Running);
     assert!(cluster.kill_node(&node));
     let s = wait_snapshot(&serve, "a", "probe", |s| {
         !s.replicas.iter().any(|r| r.node == node)

@@ -475,8 +475,7 @@ async fn a_slow_or_crashed_reconfigure_is_a_matter_of_starting() {
 
 /// Every status "a" shows from now until it is RUNNING.
 fn record_until_running(serve: &flotilla::Serve) -> tokio::task::JoinHandle<Vec<A>> {
-    let serve = serve.clone();
-    tokio::spawn(async move { support::record_statuses(&serve, "a", A::Running).await })
+    support::spawn_record_statuses(serve, "a", A::Running)
 }
 
 /// A replica that turns unhealthy while it takes its config in place (a

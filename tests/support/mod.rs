@@ -425,7 +425,29 @@ pub async fn record_statuses(
     app: &str,
     last: ApplicationStatus,
 ) -> Vec<ApplicationStatus> {
-    let mut rx = serve.watch_status(app).expect("app exists");
+    let rx = serve.watch_status(app).expect("app exists");
+    record_from(rx, serve, app, last).await
+}
+
+/// [`record_statuses`] in a task of its own, subscribed before this returns:
+/// it sees every status published after the call (each one a watcher is woken
+/// for: one overwritten before the task runs is not seen).
+pub fn spawn_record_statuses(
+    serve: &Serve,
+    app: &str,
+    last: ApplicationStatus,
+) -> tokio::task::JoinHandle<Vec<ApplicationStatus>> {
+    let rx = serve.watch_status(app).expect("app exists");
+    let (serve, app) = (serve.clone(), app.to_owned());
+    tokio::spawn(async move { record_from(rx, &serve, &app, last).await })
+}
+
+async fn record_from(
+    mut rx: tokio::sync::watch::Receiver<flotilla::ApplicationStatusInfo>,
+    serve: &Serve,
+    app: &str,
+    last: ApplicationStatus,
+) -> Vec<ApplicationStatus> {
     let mut seen = Vec::new();
     let fut = async {
         loop {

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """A discrete-event model of the multiplexing figure of
-`cargo bench -p flotilla-replica --bench batch_multiplex`, for asking what
+`cargo bench -p flotilla-benches --bench batch_multiplex`, for asking what
 another routing or eviction rule would give without building it.
 
 It models what the bench measures: 8 replicas with 3 model slots each, 32

@@ -7,7 +7,11 @@
 //!   the scenario program, one JSON figure per line (bulk-deploy, serial-deploy,
 //!   checkpoint-scaling, recovery, idle, memory, handle, all);
 //! - `benches/micro.rs` (`cargo bench --bench micro`): criterion micro-benchmarks of
-//!   the hot paths (a handle call, a checkpoint commit, `plan()`, status derivation).
+//!   the hot paths (a handle call, a checkpoint commit, `plan()`, status derivation);
+//! - `benches/proxy.rs`, `benches/batch_multiplex.rs` and `benches/nodes.rs`
+//!   (`cargo bench --bench proxy`, ...): the HTTP proxy, batching and
+//!   multiplexing, and nodes on loopback, each against its baseline in one run,
+//!   one JSON figure per line.
 //!
 //! This library holds what both use: the trivial deployments and a temporary store
 //! ([`workload`]), the JSON figures ([`report`]), process figures from /proc ([`sys`]),

@@ -137,7 +137,7 @@ pub(crate) enum StartFailure {
     Injected,
     /// The user's constructor failed or panicked.
     #[error("constructor failed: {0}")]
-    Constructor(Guarded),
+    Constructor(#[source] Guarded),
     /// The user's `reconfigure` with the user config failed.
     #[error("reconfigure failed: {0}")]
     Reconfigure(#[source] UserError),

@@ -277,19 +277,14 @@ where
 }
 
 /// How user code went wrong.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub(crate) enum Guarded {
-    Failed(UserError),
+    /// It returned an error.
+    #[error("{0}")]
+    Failed(#[source] UserError),
+    /// It panicked, with this message.
+    #[error("panicked: {0}")]
     Panicked(String),
-}
-
-impl fmt::Display for Guarded {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Guarded::Failed(e) => write!(f, "{e}"),
-            Guarded::Panicked(m) => write!(f, "panicked: {m}"),
-        }
-    }
 }
 
 impl From<Guarded> for UserError {

@@ -9,8 +9,7 @@ use std::{
 };
 
 use flotilla_core::{
-    AppName, DeploymentName, DeploymentSpec, DeploymentVersion, Faults, RequestRouterConfig,
-    actor_names,
+    AppName, DeploymentName, DeploymentSpec, Faults, RequestRouterConfig, actor_names,
 };
 use flotilla_replica::{
     Directory, OnExit, Registry, ReplicaActor, ReplicaArgs, ReplicaEndpoint, ReplicaEvent,
@@ -27,6 +26,7 @@ use tracing::{error, info, warn};
 
 use super::{
     AbortOnDrop, NodeOptions,
+    account::Account,
     fenced::Fenced,
     head::HEAD_NAME_PREFIX,
     link::{Inbound, Link, SessionEnd, SessionEvent, dials},
@@ -89,9 +89,7 @@ pub(crate) struct AgentArgs {
 struct Local {
     app: AppName,
     spec: Arc<DeploymentSpec>,
-    version: DeploymentVersion,
-    phase: ReplicaPhase,
-    condemned: Option<String>,
+    account: Account,
     endpoint: Option<Arc<ReplicaEndpoint>>,
     /// Forwards a multiplexed replica's model changes while it serves.
     models: Option<AbortOnDrop>,
@@ -685,9 +683,9 @@ fn hello(state: &AgentState) -> (Hello, Vec<Vec<ReplicaReport>>) {
             id: id.0,
             app: r.app.clone(),
             spec: Box::new((*r.spec).clone()),
-            version: r.version.clone(),
-            phase: WirePhase::from(r.phase),
-            condemned: r.condemned.clone(),
+            version: r.account.version.clone(),
+            phase: WirePhase::from(r.account.phase),
+            condemned: r.account.condemned.clone(),
             models: r
                 .endpoint
                 .as_ref()
@@ -772,7 +770,7 @@ async fn control(myself: &ActorRef<AgentMsg>, state: &mut AgentState, env: Envel
             match state.children.actor(&id) {
                 Some(actor) => {
                     if let Some(r) = state.replicas.get_mut(&id) {
-                        r.phase = ReplicaPhase::Stopping;
+                        r.account.phase = ReplicaPhase::Stopping;
                     }
                     let _ = actor.cast(ReplicaMsg::Stop { graceful });
                 }
@@ -996,9 +994,7 @@ async fn start_replica(myself: &ActorRef<AgentMsg>, state: &mut AgentState, s: S
                 Local {
                     app: s.app,
                     spec,
-                    version: s.version,
-                    phase: ReplicaPhase::Starting,
-                    condemned: None,
+                    account: Account::starting(s.version),
                     endpoint: None,
                     models: None,
                 },
@@ -1028,47 +1024,28 @@ fn replica_event(
     let Some(r) = state.replicas.get_mut(&id) else {
         return;
     };
-    match event {
-        ReplicaEvent::Ready { endpoint, version } => {
-            r.phase = ReplicaPhase::Running;
-            r.version = version;
-            state.args.link.shared.serve(endpoint.clone());
-            // The head's routers prefer the replica holding a request's model:
-            // tell it what this one holds, now and after every change.
-            if r.models.is_none() && endpoint.is_multiplexed() {
-                let _ = myself.cast(AgentMsg::Models(id));
-                let agent = myself.clone();
-                let span = tracing::debug_span!("report_models", replica = %id);
-                r.models = on_model_changes(&endpoint, span, move || {
-                    agent.cast(AgentMsg::Models(id)).is_ok()
-                });
-            }
-            r.endpoint = Some(endpoint);
-            let keys: Vec<_> = state
-                .routes
-                .iter()
-                .filter(|(_, e)| e.replicas.iter().any(|x| x.id == id.0))
-                .map(|(k, _)| k.clone())
-                .collect();
-            for k in keys {
-                publish(state, &k);
-            }
+    r.account.apply(&wire);
+    if let ReplicaEvent::Ready { endpoint, .. } = event {
+        state.args.link.shared.serve(endpoint.clone());
+        // The head's routers prefer the replica holding a request's model:
+        // tell it what this one holds, now and after every change.
+        if r.models.is_none() && endpoint.is_multiplexed() {
+            let _ = myself.cast(AgentMsg::Models(id));
+            let agent = myself.clone();
+            let span = tracing::debug_span!("report_models", replica = %id);
+            r.models = on_model_changes(&endpoint, span, move || {
+                agent.cast(AgentMsg::Models(id)).is_ok()
+            });
         }
-        ReplicaEvent::Reconfigured { version } => {
-            if r.phase != ReplicaPhase::Stopping {
-                r.phase = ReplicaPhase::Running;
-            }
-            r.version = version;
-        }
-        ReplicaEvent::StartFailed { error } => {
-            r.phase = ReplicaPhase::StartFailed;
-            r.condemned = Some(error);
-        }
-        ReplicaEvent::Unhealthy { reason } => {
-            r.condemned.get_or_insert(reason);
-        }
-        ReplicaEvent::ReconfigureFailed { error } => {
-            r.condemned.get_or_insert(error);
+        r.endpoint = Some(endpoint);
+        let keys: Vec<_> = state
+            .routes
+            .iter()
+            .filter(|(_, e)| e.replicas.iter().any(|x| x.id == id.0))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in keys {
+            publish(state, &k);
         }
     }
     if !state.to_head(Control::Event {

@@ -21,6 +21,7 @@
 //! It must not decide how many replicas run (the DeploymentActor does) and
 //! must not block an actor: every network wait runs in a task.
 
+mod account;
 mod agent;
 mod cookie;
 mod export;

@@ -20,6 +20,7 @@ use tracing::{info, warn};
 
 use super::{
     RemoteHost,
+    account::Account,
     head::lock,
     transport::PeerCall,
     wire::{Control, Start, WireEvent, WireModels},
@@ -119,9 +120,7 @@ impl RemoteReplicaArgs {
 pub struct RemoteReplica;
 
 struct Mirror {
-    phase: ReplicaPhase,
-    version: DeploymentVersion,
-    condemned: Option<String>,
+    account: Account,
     spec: Arc<DeploymentSpec>,
 }
 
@@ -213,9 +212,11 @@ impl Actor for RemoteReplica {
             deployment: a.deployment,
             host: a.host,
             mirror: Arc::new(Mutex::new(Mirror {
-                phase,
-                version: a.version,
-                condemned,
+                account: Account {
+                    phase,
+                    version: a.version,
+                    condemned,
+                },
                 spec: a.spec,
             })),
             endpoint,
@@ -253,11 +254,11 @@ impl Actor for RemoteReplica {
             myself.stop(Some("its node is not reachable".to_owned()));
             return Ok(());
         }
-        let running = lock(&state.mirror).phase == ReplicaPhase::Running;
+        let running = lock(&state.mirror).account.phase == ReplicaPhase::Running;
         if running {
             // Re-attached while serving: say so, so a DeploymentActor that did
             // not find it in its group adopts it by name.
-            let version = lock(&state.mirror).version.clone();
+            let version = lock(&state.mirror).account.version.clone();
             (state.reporter)(
                 state.id,
                 ReplicaEvent::Ready {
@@ -300,14 +301,15 @@ impl Actor for RemoteReplica {
                     timer.abort();
                 }
                 let m = lock(&state.mirror);
-                let serving = matches!(m.phase, ReplicaPhase::Running | ReplicaPhase::Updating);
+                let a = &m.account;
+                let serving = matches!(a.phase, ReplicaPhase::Running | ReplicaPhase::Updating);
                 let _ = reply.send(ReplicaSnapshot {
                     id: state.id,
-                    version: m.version.clone(),
-                    phase: m.phase,
+                    version: a.version.clone(),
+                    phase: a.phase,
                     endpoint: serving.then(|| state.endpoint.endpoint().clone()),
                     node: state.host.node.clone(),
-                    condemned: m.condemned.clone(),
+                    condemned: a.condemned.clone(),
                     model_ids: state.endpoint.endpoint().model_ids(),
                 });
             }
@@ -323,7 +325,7 @@ impl Actor for RemoteReplica {
                 }
             }
             ReplicaMsg::Stop { graceful } => {
-                lock(&state.mirror).phase = ReplicaPhase::Stopping;
+                lock(&state.mirror).account.phase = ReplicaPhase::Stopping;
                 state.endpoint.stop_accepting();
                 let sent = state.send(Control::Stop {
                     replica: state.id.0,
@@ -419,36 +421,19 @@ async fn reports(
             }
         };
         let mut m = lock(&mirror);
+        m.account.apply(&event);
         let out = match event {
-            WireEvent::Ready { version } => {
-                m.phase = ReplicaPhase::Running;
-                m.version = version.clone();
-                ReplicaEvent::Ready {
-                    endpoint: endpoint.endpoint().clone(),
-                    version,
-                }
-            }
+            WireEvent::Ready { version } => ReplicaEvent::Ready {
+                endpoint: endpoint.endpoint().clone(),
+                version,
+            },
             WireEvent::Reconfigured { version } => {
-                if m.phase != ReplicaPhase::Stopping {
-                    m.phase = ReplicaPhase::Running;
-                }
-                m.version = version.clone();
                 endpoint.set_max_ongoing(m.spec.config.max_ongoing_requests);
                 ReplicaEvent::Reconfigured { version }
             }
-            WireEvent::StartFailed { error } => {
-                m.phase = ReplicaPhase::StartFailed;
-                m.condemned = Some(error.clone());
-                ReplicaEvent::StartFailed { error }
-            }
-            WireEvent::Unhealthy { reason } => {
-                m.condemned.get_or_insert_with(|| reason.clone());
-                ReplicaEvent::Unhealthy { reason }
-            }
-            WireEvent::ReconfigureFailed { error } => {
-                m.condemned.get_or_insert_with(|| error.clone());
-                ReplicaEvent::ReconfigureFailed { error }
-            }
+            WireEvent::StartFailed { error } => ReplicaEvent::StartFailed { error },
+            WireEvent::Unhealthy { reason } => ReplicaEvent::Unhealthy { reason },
+            WireEvent::ReconfigureFailed { error } => ReplicaEvent::ReconfigureFailed { error },
         };
         drop(m);
         reporter(id, out);

@@ -423,19 +423,30 @@ async fn a_crash_right_after_a_deletion_is_removed_leaves_no_stale_status() {
     assert_eq!(serve.metrics().await.unwrap().controller_restarts, 1);
 }
 
-/// A shutdown whose request the Controller lost (it crashed with the request
-/// in its mailbox) is asked of its successor: the replicas drain, and a
-/// request in flight finishes, where before the call failed with
-/// `ControllerCrashed` and everything was stopped at once.
-#[tokio::test(start_paused = true)]
-async fn a_shutdown_the_controller_lost_in_a_crash_still_drains() {
-    let (_dir, sw, serve) = start_fresh().await;
+/// A fresh instance running "a", its one replica busy with a 5 s request
+/// (the call, to await).
+async fn busy_with_a_long_request() -> (
+    tempfile::TempDir,
+    Serve,
+    tokio::task::JoinHandle<Result<String, flotilla::CallError>>,
+) {
+    let (dir, sw, serve) = start_fresh().await;
     let h = serve.run(app("a", 1, tag("v"))).await.unwrap();
     let call = tokio::spawn(async move { h.call::<_, String>("sleep:5000").await });
     support::eventually("the request to begin", || {
         sw.handled.load(Ordering::SeqCst) > 0
     })
     .await;
+    (dir, serve, call)
+}
+
+/// A shutdown whose request the Controller lost (it crashed with the request
+/// in its mailbox) is asked of its successor: the replicas drain, and a
+/// request in flight finishes, where before the call failed with
+/// `ControllerCrashed` and everything was stopped at once.
+#[tokio::test(start_paused = true)]
+async fn a_shutdown_the_controller_lost_in_a_crash_still_drains() {
+    let (_dir, serve, call) = busy_with_a_long_request().await;
     let mut shutdown = Box::pin(serve.shutdown());
     // Sent; the Controller is killed before it reads it.
     assert!(futures::poll!(&mut shutdown).is_pending());
@@ -450,13 +461,7 @@ async fn a_shutdown_the_controller_lost_in_a_crash_still_drains() {
 /// the request in flight on its replica finishes.
 #[tokio::test(start_paused = true)]
 async fn an_application_actor_that_crashes_during_the_drain_leaves_its_replicas_draining() {
-    let (_dir, sw, serve) = start_fresh().await;
-    let h = serve.run(app("a", 1, tag("v"))).await.unwrap();
-    let call = tokio::spawn(async move { h.call::<_, String>("sleep:5000").await });
-    support::eventually("the request to begin", || {
-        sw.handled.load(Ordering::SeqCst) > 0
-    })
-    .await;
+    let (_dir, serve, call) = busy_with_a_long_request().await;
     let mut shutdown = Box::pin(serve.shutdown());
     let draining = tokio::time::timeout(Duration::from_millis(100), &mut shutdown).await;
     assert!(draining.is_err(), "the replica drains its request");

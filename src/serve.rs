@@ -1189,9 +1189,10 @@ fn lost_reply(fatal: &watch::Receiver<Option<Fatal>>, stopped: bool) -> ServeErr
     ServeError::ControllerCrashed
 }
 
-/// A deletion the Controller committed, and how to see it done: each
-/// application's status channel (taken before the deletion) and the
-/// generation its deletion was given.
+/// A deletion the Controller committed, and how to see it done: per name,
+/// the application it found (`None` for an unknown one), its status channel
+/// subscribed in the Controller's turn and the generation its deletion was
+/// given.
 struct Deletion {
     names: Vec<AppName>,
     deletions: Vec<Option<Deleting>>,

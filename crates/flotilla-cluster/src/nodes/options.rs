@@ -109,6 +109,17 @@ pub enum OptionsError {
         /// The longest allowed.
         max: Duration,
     },
+    /// The resources a head or node offers are not amounts a replica could
+    /// be placed against (a NaN, an infinity, a negative amount, an unnamed
+    /// custom resource).
+    #[error("the {role}'s resources: {source}")]
+    Resources {
+        /// `head` or `node`.
+        role: &'static str,
+        /// What is wrong.
+        #[source]
+        source: flotilla_core::Error,
+    },
     /// A node or head id (or a node's name) that is empty, too long, or holds
     /// characters ractor names cannot.
     #[error("{what} {id:?} must be 1 to {max} letters, digits, '-', '_' or '.'")]
@@ -126,6 +137,17 @@ pub enum OptionsError {
 pub(crate) const MAX_NODE_ID: usize = 64;
 /// What a node adds to its name to make its id (`-` and six hex digits).
 pub(crate) const NODE_ID_SUFFIX: usize = 7;
+
+/// `resources` are amounts a replica can be placed against (see
+/// [`Resources::validate`]); the head checks a joining node's with it too.
+pub(crate) fn check_resources(
+    role: &'static str,
+    resources: &Resources,
+) -> Result<(), OptionsError> {
+    resources
+        .validate()
+        .map_err(|source| OptionsError::Resources { role, source })
+}
 
 pub(crate) fn check_id(id: &str) -> Result<(), OptionsError> {
     check_chars("node id", id, MAX_NODE_ID)
@@ -248,6 +270,7 @@ impl HeadOptions {
     pub fn validate(&self) -> Result<(), OptionsError> {
         check_cookie("head", self.listen, &self.cookie)?;
         check_id(&self.node_id)?;
+        check_resources("head", &self.resources)?;
         check_heartbeat(self.heartbeat, self.heartbeat_timeout)?;
         check_waits(&[
             ("handshake_timeout", self.handshake_timeout),
@@ -401,6 +424,7 @@ impl NodeOptions {
         check_cookie("node", SocketAddr::new(self.listen, 0), &self.cookie)?;
         // Its id is the name and a suffix, and must pass `check_id` at the head.
         check_chars("node name", &self.name, MAX_NODE_ID - NODE_ID_SUFFIX)?;
+        check_resources("node", &self.resources)?;
         check_heartbeat(self.heartbeat, self.heartbeat_timeout)?;
         check_waits(&[
             ("connect_timeout", self.connect_timeout),
@@ -452,6 +476,34 @@ mod tests {
         assert_eq!(
             field(head().adopt_timeout(Duration::ZERO).validate()),
             "adopt_timeout"
+        );
+    }
+
+    #[test]
+    fn resources_no_replica_could_be_placed_against_are_refused_for_head_and_node() {
+        let cookie = || Cookie::new("secret").unwrap_or_else(|e| panic!("{e}"));
+        let head_addr: SocketAddr = "127.0.0.1:1".parse().unwrap_or_else(|e| panic!("{e}"));
+        let role = |r: Result<(), OptionsError>| match r {
+            Err(OptionsError::Resources { role, .. }) => role,
+            other => panic!("{other:?}"),
+        };
+        for bad in [
+            Resources::none().with_cpus(f64::NAN),
+            Resources::none().with_gpus(f64::INFINITY),
+            Resources::none().with_cpus(-1.0),
+            Resources::none().with_custom("", 1.0),
+        ] {
+            let head = HeadOptions::new(cookie()).resources(bad.clone());
+            assert_eq!(role(head.validate()), "head", "{bad:?}");
+            let node = NodeOptions::new(head_addr, cookie()).resources(bad.clone());
+            assert_eq!(role(node.validate()), "node", "{bad:?}");
+        }
+        let fine = Resources::none().with_cpus(4.0).with_custom("tpu", 1.0);
+        assert!(
+            HeadOptions::new(cookie())
+                .resources(fine)
+                .validate()
+                .is_ok()
         );
     }
 

@@ -6,7 +6,7 @@ use std::{
     sync::{Arc, atomic::Ordering},
 };
 
-use flotilla_core::{AppName, DeploymentName, actor_names};
+use flotilla_core::{AppName, DeploymentName, Resources, actor_names};
 use flotilla_replica::{OnExit, ReplicaId};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::{task::JoinHandle, time::Instant};
@@ -16,7 +16,7 @@ use super::{
     RemoteHost,
     head::{HeadShared, NodeEntry, lock},
     link::{Inbound, SessionEnd, SessionEvent},
-    options::{CHECK_PERIOD, OptionsError, check_id},
+    options::{CHECK_PERIOD, OptionsError, check_id, check_resources},
     proxy::{Adopted, ProxyReport, RemoteReplica, RemoteReplicaArgs},
     wire::{Control, Envelope, Hello, ReplicaReport, Welcome, WireLoad},
 };
@@ -412,12 +412,21 @@ fn send(state: &RegistryState, peer: &str, control: Control) {
     }
 }
 
-/// Whether a node saying hello as `node` may join: its id must be one a
-/// node could have (`check_id`), not the head's own (the head's replicas run
-/// under it, and the session's close would declare it lost), not one that
-/// is `joined` (alive), and not one this head declared `lost`.
-fn admission(node: &str, head: &str, lost: bool, joined: bool) -> Result<(), Refusal> {
+/// Whether a node saying hello as `node` with `resources` may join: its id
+/// must be one a node could have (`check_id`), not the head's own (the
+/// head's replicas run under it, and the session's close would declare it
+/// lost), not one that is `joined` (alive), and not one this head declared
+/// `lost`; its resources must be amounts replicas can be placed against
+/// (`check_resources`: a node of another build could send a NaN).
+fn admission(
+    node: &str,
+    resources: &Resources,
+    head: &str,
+    lost: bool,
+    joined: bool,
+) -> Result<(), Refusal> {
     check_id(node).map_err(Refusal::BadId)?;
+    check_resources("node", resources).map_err(Refusal::BadResources)?;
     if node == head {
         return Err(Refusal::HeadsOwn {
             node: node.to_owned(),
@@ -443,6 +452,9 @@ enum Refusal {
     /// The node id is not one a node could have.
     #[error(transparent)]
     BadId(OptionsError),
+    /// The node offers resources no replica could be placed against.
+    #[error(transparent)]
+    BadResources(OptionsError),
     /// The node id is the head's own.
     #[error("node id {node} is the head's own")]
     HeadsOwn {
@@ -483,7 +495,7 @@ async fn hello(state: &mut RegistryState, from: String, h: Hello) {
     let lost = lock(&shared.lost).contains(&h.node);
     let joined = lock(&shared.nodes).get(&h.node).is_some_and(|n| n.alive)
         || shared.pool().is_alive(&h.node);
-    if let Err(reason) = admission(&h.node, &shared.options.node_id, lost, joined) {
+    if let Err(reason) = admission(&h.node, &h.resources, &shared.options.node_id, lost, joined) {
         // Its parts, if any follow, belong to no join.
         state.joining.remove(&from);
         refuse(state, &from, &h.node, reason);
@@ -841,7 +853,7 @@ mod tests {
 
     use std::time::Duration;
 
-    use flotilla_core::{DeploymentSpec, Resources};
+    use flotilla_core::DeploymentSpec;
     use flotilla_replica::{Directory, ReplicaMsg};
     use tokio::sync::mpsc;
 
@@ -853,8 +865,13 @@ mod tests {
 
     #[test]
     fn a_hello_with_the_heads_id_a_bad_id_a_joined_or_a_lost_id_is_refused() {
-        assert_eq!(admission("node-a1b2c3", "head", false, false), Ok(()));
-        let refused = |node: &str, lost, joined| match admission(node, "head", lost, joined) {
+        let cpus = Resources::none().with_cpus(2.0);
+        assert_eq!(
+            admission("node-a1b2c3", &cpus, "head", false, false),
+            Ok(())
+        );
+        let refused = |node: &str, lost, joined| match admission(node, &cpus, "head", lost, joined)
+        {
             Err(reason) => reason,
             Ok(()) => panic!("{node} was admitted"),
         };
@@ -872,6 +889,11 @@ mod tests {
         let joined = refused("node-1", false, true);
         assert!(matches!(joined, Refusal::Joined { .. }), "{joined:?}");
         assert!(joined.to_string().contains("already joined"));
+        for bad in [f64::NAN, f64::INFINITY, -1.0] {
+            let r = Resources::none().with_cpus(bad);
+            let refused = admission("node-1", &r, "head", false, false);
+            assert!(matches!(refused, Err(Refusal::BadResources(_))), "{bad}");
+        }
     }
 
     const PEER: &str = "node-test@127.0.0.1";

@@ -85,8 +85,10 @@ impl RequestRouterConfig {
         is_builtin_router(self.request_router_class.as_str())
     }
 
-    /// Every duration longer than zero and the multiplier finite and > 0 (Ray's
-    /// `PositiveFloat`s). Errors name the config file's field.
+    /// Every duration longer than zero and at most
+    /// [`MAX_DURATION`](crate::MAX_DURATION), as every other duration, and the
+    /// multiplier finite and > 0 (Ray's `PositiveFloat`s). Errors name the
+    /// config file's field.
     pub fn validate(&self) -> Result<(), Error> {
         for (field, d) in [
             (
@@ -106,6 +108,7 @@ impl RequestRouterConfig {
             if d.is_zero() {
                 return Err(Error::field(field, "must be longer than zero"));
             }
+            crate::config::check_max_duration(field, d)?;
         }
         let m = self.backoff_multiplier;
         if !(m.is_finite() && m > 0.0) {
@@ -229,6 +232,14 @@ mod tests {
         assert_eq!(
             zero.validate().unwrap_err().field_name(),
             Some("request_router_config.max_backoff_s")
+        );
+        let endless = RequestRouterConfig {
+            request_routing_stats_timeout: Duration::MAX,
+            ..RequestRouterConfig::default()
+        };
+        assert_eq!(
+            endless.validate().unwrap_err().field_name(),
+            Some("request_router_config.request_routing_stats_timeout_s")
         );
         let nan = RequestRouterConfig {
             backoff_multiplier: f64::NAN,

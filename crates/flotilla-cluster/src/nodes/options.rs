@@ -116,9 +116,9 @@ pub enum OptionsError {
     Resources {
         /// `head` or `node`.
         role: &'static str,
-        /// What is wrong.
+        /// What is wrong (boxed: the error is large, and rare).
         #[source]
-        source: flotilla_core::Error,
+        source: Box<flotilla_core::Error>,
     },
     /// A node or head id (or a node's name) that is empty, too long, or holds
     /// characters ractor names cannot.
@@ -146,7 +146,10 @@ pub(crate) fn check_resources(
 ) -> Result<(), OptionsError> {
     resources
         .validate()
-        .map_err(|source| OptionsError::Resources { role, source })
+        .map_err(|source| OptionsError::Resources {
+            role,
+            source: Box::new(source),
+        })
 }
 
 pub(crate) fn check_id(id: &str) -> Result<(), OptionsError> {

@@ -116,6 +116,9 @@ impl DeploymentHandle {
     }
 
     /// The same handle with a per-call timeout (time spent queued included).
+    /// Zero is a deadline already reached, not "no timeout" (leave it unset
+    /// for that): a call that does not complete at once fails with
+    /// [`CallError::Timeout`].
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = Some(timeout);
         self

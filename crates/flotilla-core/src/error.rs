@@ -102,6 +102,7 @@ pub enum Error {
         /// 1-based column (in characters) of the offending value.
         column: u64,
         /// What is wrong with it.
+        #[source]
         error: Box<Error>,
     },
 }

@@ -608,6 +608,12 @@ impl Serve {
     /// `take_over: true`. Returns once the config is durable; watch the statuses
     /// for the builds.
     ///
+    /// The config's `http_options` and `proxy_location` are stored with it:
+    /// the HTTP server (`flotilla_http::HttpServer::start`) lays them over its
+    /// program's options when it starts. A server already running keeps its
+    /// listeners until it is started again, as Ray's proxies do (its REST API
+    /// says so to whoever PUTs such a config).
+    ///
     /// ```no_run
     /// # async fn demo(serve: flotilla::Serve) -> Result<(), Box<dyn std::error::Error>> {
     /// let config = flotilla::ServeConfig::from_yaml(

@@ -319,7 +319,7 @@ impl ControllerState {
 
     /// `app` has no target yet: it shows DEPLOYING until its build lands,
     /// and its events (that status first) log by its entry's logging.
-    fn show_unbuilt(&mut self, app: &flotilla_core::AppConfig) {
+    fn show_unbuilt(&mut self, app: &AppConfig) {
         // No record: nothing else sets its logging (and a config that
         // dropped the entry's logging_config clears it).
         self.logging.set_app(&app.name, app.logging_config.clone());

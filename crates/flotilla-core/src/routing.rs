@@ -225,30 +225,32 @@ mod tests {
 
     #[test]
     fn validate_names_the_field() {
-        let zero = RequestRouterConfig {
-            max_backoff: Duration::ZERO,
-            ..RequestRouterConfig::default()
-        };
-        assert_eq!(
-            zero.validate().unwrap_err().field_name(),
-            Some("request_router_config.max_backoff_s")
-        );
-        let endless = RequestRouterConfig {
-            request_routing_stats_timeout: Duration::MAX,
-            ..RequestRouterConfig::default()
-        };
-        assert_eq!(
-            endless.validate().unwrap_err().field_name(),
-            Some("request_router_config.request_routing_stats_timeout_s")
-        );
-        let nan = RequestRouterConfig {
-            backoff_multiplier: f64::NAN,
-            ..RequestRouterConfig::default()
-        };
-        assert_eq!(
-            nan.validate().unwrap_err().field_name(),
-            Some("request_router_config.backoff_multiplier")
-        );
+        let d = RequestRouterConfig::default;
+        for (bad, field) in [
+            (
+                RequestRouterConfig {
+                    max_backoff: Duration::ZERO,
+                    ..d()
+                },
+                "request_router_config.max_backoff_s",
+            ),
+            (
+                RequestRouterConfig {
+                    request_routing_stats_timeout: Duration::MAX,
+                    ..d()
+                },
+                "request_router_config.request_routing_stats_timeout_s",
+            ),
+            (
+                RequestRouterConfig {
+                    backoff_multiplier: f64::NAN,
+                    ..d()
+                },
+                "request_router_config.backoff_multiplier",
+            ),
+        ] {
+            assert_eq!(bad.validate().unwrap_err().field_name(), Some(field));
+        }
     }
 
     #[test]

@@ -1105,3 +1105,37 @@ async fn a_build_in_flight_when_the_controller_crashes_does_not_run_beside_its_r
     assert_eq!(peak.load(Ordering::SeqCst), 1, "two builds ran at once");
     assert_eq!(running.load(Ordering::SeqCst), 0);
 }
+
+/// An application whose build has not landed logs by its config entry's
+/// logging_config; a config that drops that setting from the entry (before
+/// the build lands) drops it from the logging too.
+#[tokio::test(start_paused = true)]
+async fn an_unbuilt_applications_logging_follows_its_entry() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = support::options(&dir, registry(&Arc::new(Switches::default())));
+    let logging = options.logging.clone();
+    let serve = Serve::start(options).await.unwrap();
+    let entry = |extra: &str| {
+        format!(
+            "applications:\n  - {{name: held, import_path: test::app, args: {{sleep_s: 3600}}{extra}}}\n"
+        )
+    };
+    let debug = flotilla::LoggingConfig {
+        log_level: flotilla::LogLevel::Debug,
+        ..Default::default()
+    };
+    apply(&serve, &entry(", logging_config: {log_level: DEBUG}")).await;
+    assert_eq!(serve.app_status("held").status, A::Deploying);
+    assert_eq!(logging.for_app(Some("held")), debug, "the entry's own");
+    apply(&serve, &entry(", route_prefix: /again")).await;
+    assert_eq!(
+        serve.app_status("held").status,
+        A::Deploying,
+        "still unbuilt"
+    );
+    assert_eq!(
+        logging.for_app(Some("held")),
+        flotilla::LoggingConfig::default(),
+        "the entry no longer sets one: the global config applies"
+    );
+}

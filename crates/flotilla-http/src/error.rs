@@ -2,6 +2,33 @@
 
 use std::{net::SocketAddr, path::PathBuf};
 
+/// What is wrong with an HTTP option ([`HttpError::InvalidOption`]).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum OptionProblem {
+    /// It breaks one of core's rules for a config's `http_options` (host,
+    /// root path, timeouts), which a config file is held to as well.
+    #[error(transparent)]
+    Rule(#[from] flotilla::HttpOptionError),
+    /// A count or size of zero.
+    #[error("must be at least 1")]
+    Zero,
+    /// A count above what the server can hold.
+    #[error("must be at most {max}")]
+    Above {
+        /// The most it takes.
+        max: usize,
+    },
+    /// A duration longer than [`flotilla::MAX_DURATION`].
+    #[error("must be at most the longest duration Flotilla takes (MAX_DURATION)")]
+    TooLong,
+    /// A TLS setting: the proxy serves plain HTTP.
+    #[error(
+        "the proxy serves plain HTTP: terminate TLS in front of it (the ssl_* fields do not \
+         apply)"
+    )]
+    Tls,
+}
+
 /// Why [`HttpServer::start`](crate::HttpServer::start) (or building
 /// [`HttpOptions`](crate::HttpOptions)) failed. Nothing is left listening after
 /// an error.
@@ -17,7 +44,7 @@ pub enum HttpError {
         /// The option, as [`HttpOptionsBuilder`](crate::HttpOptionsBuilder) names it.
         field: &'static str,
         /// What is wrong with it.
-        reason: String,
+        reason: OptionProblem,
     },
     /// A listener was asked to bind a non-loopback address with no bearer token
     /// configured: the REST API's mutating endpoints would be open to the network.

@@ -149,7 +149,7 @@ mod table;
 mod types;
 
 pub use auth::TokenSource;
-pub use error::HttpError;
+pub use error::{HttpError, OptionProblem};
 pub use metrics::METRICS_CONTENT_TYPE;
 pub use options::{
     DEFAULT_KEEP_ALIVE_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_REQUEST_BODY_BYTES,

@@ -2,7 +2,7 @@
 
 use std::{path::PathBuf, time::Duration};
 
-use crate::{HttpError, TokenSource};
+use crate::{HttpError, OptionProblem, TokenSource};
 
 /// The default request body limit: 10 MiB. Ray sets none (bodies stream to the
 /// replica); Flotilla buffers a request body before the ingress sees it, so it
@@ -137,12 +137,7 @@ impl HttpOptions {
         let rule = |field, result: Result<(), flotilla::HttpOptionError>| {
             result.map_err(|e| invalid(field, &e))
         };
-        let bad = |field, reason: &str| {
-            Err(HttpError::InvalidOption {
-                field,
-                reason: reason.to_owned(),
-            })
-        };
+        let bad = |field, reason| Err(HttpError::InvalidOption { field, reason });
         rule("root_path", Rules::check_root_path(&self.root_path))?;
         if let Some(timeout) = self.request_timeout {
             rule("request_timeout", Rules::check_request_timeout(timeout))?;
@@ -152,29 +147,24 @@ impl HttpOptions {
             Rules::check_keep_alive_timeout(self.keep_alive_timeout),
         )?;
         if self.max_request_body_bytes == 0 {
-            return bad("max_request_body_bytes", "must be at least 1");
+            return bad("max_request_body_bytes", OptionProblem::Zero);
         }
         if self.max_connections == 0 {
-            return bad("max_connections", "must be at least 1");
+            return bad("max_connections", OptionProblem::Zero);
         }
         if self.max_connections > tokio::sync::Semaphore::MAX_PERMITS {
             return bad(
                 "max_connections",
-                &format!("must be at most {}", tokio::sync::Semaphore::MAX_PERMITS),
+                OptionProblem::Above {
+                    max: tokio::sync::Semaphore::MAX_PERMITS,
+                },
             );
         }
         if self.shutdown_grace > flotilla::MAX_DURATION {
-            return bad(
-                "shutdown_grace",
-                "must be at most the longest duration Flotilla takes (MAX_DURATION)",
-            );
+            return bad("shutdown_grace", OptionProblem::TooLong);
         }
         if let Some(field) = self.tls_asked {
-            return bad(
-                field,
-                "the proxy serves plain HTTP: terminate TLS in front of it (the ssl_* \
-                 fields do not apply)",
-            );
+            return bad(field, OptionProblem::Tls);
         }
         rule("host", Rules::check_host(&self.host))?;
         rule("rest_host", Rules::check_host(&self.rest_host))?;
@@ -186,7 +176,7 @@ impl HttpOptions {
 fn invalid(field: &'static str, e: &flotilla::HttpOptionError) -> HttpError {
     HttpError::InvalidOption {
         field,
-        reason: e.to_string(),
+        reason: OptionProblem::Rule(e.clone()),
     }
 }
 
@@ -412,11 +402,11 @@ mod tests {
         // validation.
         let mut config = flotilla::ServeConfig::new(vec![]);
         config.http_options.root_path = Some("serve".into());
-        let core = flotilla::HttpOptions::check_root_path("serve").map_err(|e| e.to_string());
+        let core = flotilla::HttpOptions::check_root_path("serve");
         let server = HttpOptions::builder().serve_config(&config).build();
         match (core, server) {
             (Err(reason), Err(HttpError::InvalidOption { field, reason: r })) => {
-                assert_eq!((field, r), ("root_path", reason));
+                assert_eq!((field, r), ("root_path", OptionProblem::Rule(reason)));
             }
             other => panic!("not refused alike: {other:?}"),
         }

@@ -56,7 +56,7 @@ mod serve;
 /// # Ok(()) }
 /// ```
 pub mod node {
-    pub use flotilla_cluster::nodes::{Node, NodeError, NodeOptions, run, start};
+    pub use flotilla_cluster::nodes::{ConnectFailure, Node, NodeError, NodeOptions, run, start};
 }
 
 pub use details::{DeploymentDetail, READ_ATTEMPTS};

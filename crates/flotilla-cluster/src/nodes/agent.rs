@@ -25,7 +25,7 @@ use tokio::{
 use tracing::{error, info, warn};
 
 use super::{
-    AbortOnDrop, NodeOptions,
+    AbortOnDrop, NodeError, NodeOptions,
     account::Account,
     fenced::Fenced,
     head::HEAD_NAME_PREFIX,
@@ -59,13 +59,13 @@ pub(crate) enum AgentMsg {
     /// A local multiplexed replica's models changed: tell the head.
     Models(ReplicaId),
     /// A dial of the head ended (an error: the reason).
-    Dialed(Option<String>),
+    Dialed(Option<NodeError>),
     /// Dial the head again.
     Redial,
     /// A dial of the peer node `peer` ended (an error: the reason).
     PeerDialed {
         peer: String,
-        error: Option<String>,
+        error: Option<NodeError>,
     },
     Tick,
     /// Stop every replica, then end.
@@ -459,11 +459,7 @@ fn dial(myself: &ActorRef<AgentMsg>, state: &mut AgentState) {
     );
     let me = myself.clone();
     tokio::spawn(async move {
-        let r = link
-            .dial(&addr.to_string(), timeout)
-            .await
-            .err()
-            .map(|e| e.to_string());
+        let r = link.dial(&addr.to_string(), timeout).await.err();
         let _ = me.cast(AgentMsg::Dialed(r));
     });
 }
@@ -490,11 +486,7 @@ fn meet_peers(myself: &ActorRef<AgentMsg>, state: &mut AgentState) {
         let (link, me, peer, listen) = (link.clone(), myself.clone(), peer.clone(), at);
         let timeout = state.args.options.connect_timeout;
         tokio::spawn(async move {
-            let error = link
-                .dial(&listen, timeout)
-                .await
-                .err()
-                .map(|e| e.to_string());
+            let error = link.dial(&listen, timeout).await.err();
             let _ = me.cast(AgentMsg::PeerDialed { peer, error });
         });
     }

@@ -25,7 +25,7 @@ use tokio::{
 use tracing::{debug, info, warn};
 
 use super::{
-    NodeError,
+    ConnectFailure, NodeError,
     handshake::Handshakes,
     wire::{self, DataHeader, Envelope, PortMsg},
 };
@@ -1125,11 +1125,11 @@ impl Link {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(NodeError::Connect {
                 addr: addr.to_owned(),
-                reason: e.to_string(),
+                reason: e.into(),
             }),
             Err(_) => Err(NodeError::Connect {
                 addr: addr.to_owned(),
-                reason: format!("no connection within {timeout:?}"),
+                reason: ConnectFailure::TimedOut(timeout),
             }),
         }
     }
@@ -1239,6 +1239,37 @@ pub(crate) mod tests {
                 return endpoint;
             }
         }
+    }
+
+    /// A dial that cannot connect says why, as a value: here a port that is
+    /// held (bound, never listening) so that connecting to it is refused.
+    #[tokio::test]
+    async fn a_refused_dial_is_a_typed_connect_failure() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let (link, _inbound) = Link::start(
+            "dial-test",
+            "127.0.0.1",
+            "cookie",
+            Listen::Own(listener),
+            Duration::from_secs(5),
+            Role::Node,
+        )
+        .await
+        .unwrap();
+        let held = tokio::net::TcpSocket::new_v4().unwrap();
+        held.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let closed = held.local_addr().unwrap().to_string();
+        match link.dial(&closed, Duration::from_secs(5)).await {
+            Err(NodeError::Connect {
+                addr,
+                reason: ConnectFailure::Socket(e),
+            }) => {
+                assert_eq!(addr, closed);
+                assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused);
+            }
+            other => panic!("not a refused connection: {other:?}"),
+        }
+        link.stop().await;
     }
 
     /// An actor that stands for a session (it is never sent anything).

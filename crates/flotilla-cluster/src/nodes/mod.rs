@@ -88,8 +88,8 @@ pub enum NodeError {
     Connect {
         /// Where (`host:port`).
         addr: String,
-        /// ractor_cluster's error, as it words it.
-        reason: String,
+        /// What failed.
+        reason: ConnectFailure,
     },
     /// The head refused this node: the cookie handshake failed.
     #[error("the head at {addr} refused this node: {reason}")]
@@ -105,6 +105,37 @@ pub enum NodeError {
         /// Which.
         what: &'static str,
     },
+}
+
+/// Why a dial failed ([`NodeError::Connect`]): ractor_cluster's
+/// `ClientConnectErr`, whose messaging case cannot cross threads, as a value
+/// that can, or the dial's own timeout.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectFailure {
+    /// The connection could not be opened (refused, unreachable, a name that
+    /// does not resolve).
+    #[error("{0}")]
+    Socket(std::io::Error),
+    /// The encrypted session could not be set up.
+    #[error("encryption failed: {0}")]
+    Encryption(std::io::Error),
+    /// This process's node server has stopped (it is shutting down).
+    #[error("this process's node server has stopped")]
+    ServerStopped,
+    /// No connection within the dial's timeout.
+    #[error("no connection within {0:?}")]
+    TimedOut(std::time::Duration),
+}
+
+impl From<ractor_cluster::ClientConnectErr> for ConnectFailure {
+    fn from(e: ractor_cluster::ClientConnectErr) -> Self {
+        use ractor_cluster::ClientConnectErr as E;
+        match e {
+            E::Socket(io) => ConnectFailure::Socket(io),
+            E::Encryption(io) => ConnectFailure::Encryption(io),
+            E::Messaging(_) => ConnectFailure::ServerStopped,
+        }
+    }
 }
 
 /// A node a replica was placed on, as the head reaches it: what

@@ -279,11 +279,15 @@ async fn strict_spread_waits_for_a_node_per_bundle_and_releases_every_bundle() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn pack_reserves_the_bundles_sum_on_one_node() {
+async fn pack_reserves_the_bundles_sum_on_one_node_or_as_few_as_it_can() {
     let dir = tempfile::tempdir().unwrap();
     let sw = Arc::new(Switches::default());
     // Only "big" holds both bundles together.
-    let cluster = Arc::new(StaticCluster::new([cpus("small", 2.0), cpus("big", 4.0)]));
+    let cluster = Arc::new(StaticCluster::new([
+        cpus("small", 2.0),
+        cpus("mid", 2.0),
+        cpus("big", 4.0),
+    ]));
     let serve = start_on(&dir, &sw, cluster.clone()).await;
     let group = PlacementGroup::new(bundles(&[1.0, 2.0]), PlacementStrategy::Pack);
     let packed = probe(1, &tag("p")).with_config(|c| c.with_placement_group(group));
@@ -293,18 +297,32 @@ async fn pack_reserves_the_bundles_sum_on_one_node() {
     assert_eq!(free_cpus(&cluster, "big"), 1.0);
     assert_eq!(free_cpus(&cluster, "small"), 2.0);
 
-    // A second replica's sum fits no node: pending, naming the strategy.
+    // A second replica's sum fits no node now: its bundles go apart (Ray's
+    // best effort), the replica running in its first bundle.
     let group = PlacementGroup::new(bundles(&[1.0, 2.0]), PlacementStrategy::Pack);
-    let two = probe(2, &tag("p")).with_config(|c| c.with_placement_group(group));
+    let two = probe(2, &tag("p")).with_config(|c| c.with_placement_group(group.clone()));
+    serve.run(app_of("a", two)).await.unwrap();
+    let s = observe(&serve, "a", "probe").await;
+    assert_eq!(nodes(&s), ["big", "small"]);
+    let free = |n| free_cpus(&cluster, n);
+    assert_eq!((free("small"), free("mid"), free("big")), (1.0, 0.0, 1.0));
+
+    // A third's second bundle fits no node beside its first: pending, naming
+    // the strategy, and holding nothing.
+    let three = probe(3, &tag("p")).with_config(|c| c.with_placement_group(group));
     serve
-        .run_many(vec![app_of("a", two)], no_wait())
+        .run_many(vec![app_of("a", three)], no_wait())
         .await
         .unwrap();
     let s = wait_snapshot(&serve, "a", "probe", |s| s.pending == 1).await;
     assert_eq!(
         s.pending_reason.as_deref(),
-        Some("no node has room: PACK puts its 2 bundles on one node: cpus: need 3, most free 2")
+        Some(
+            "no node has room: PACK: its 2 bundles fit no node together, and bundle #2 fits \
+             none beside the ones before it: cpus: need 2, most free 1"
+        )
     );
+    assert_eq!((free("small"), free("mid"), free("big")), (1.0, 0.0, 1.0));
 }
 
 #[tokio::test(start_paused = true)]

@@ -35,7 +35,8 @@ pub struct Refusal {
 /// Without a placement group the replica reserves `resources` on one node.
 /// With one, it reserves the group's bundles instead (the replica runs in the
 /// first bundle, so its `resources` are inside it, as in Ray): `PACK` and
-/// `STRICT_PACK` reserve the bundles' sum on one node, `STRICT_SPREAD` each
+/// `STRICT_PACK` reserve the bundles' sum on one node (`PACK`, where none has
+/// room for it, the bundles on as few nodes as it can), `STRICT_SPREAD` each
 /// bundle on a different node, `SPREAD` each bundle on a different node where
 /// it can and on a shared one where it cannot. `max_replicas_per_node` keeps
 /// the replica off a node that already runs that many replicas of its

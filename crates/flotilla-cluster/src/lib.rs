@@ -20,7 +20,8 @@
 //!   deployment's replicas.
 //! - A placement group's bundles are reserved instead of the replica's own
 //!   resources (the replica runs in the first bundle). `PACK` and
-//!   `STRICT_PACK` reserve the bundles' sum on one node; `STRICT_SPREAD` puts
+//!   `STRICT_PACK` reserve the bundles' sum on one node (`PACK`, where none
+//!   has room for it, the bundles on as few nodes as it can); `STRICT_SPREAD` puts
 //!   each bundle on a different live node and is refused, naming the strategy
 //!   and how many nodes it needs and has, when too few fit; `SPREAD` uses
 //!   distinct nodes where it can and lets bundles share a node where it cannot

@@ -227,7 +227,9 @@ struct Reservation {
 ///
 /// [`place`](Self::place) applies a [`PlacementRequest`] the same way for every
 /// cluster built on a pool: without a placement group the replica's resources
-/// go on one node; `PACK` and `STRICT_PACK` put the bundles' sum on one node;
+/// go on one node; `PACK` and `STRICT_PACK` put the bundles' sum on one node,
+/// and where no node has room for it `PACK` puts each bundle on a node an
+/// earlier one took if it can, else on another (best effort, as in Ray);
 /// `STRICT_SPREAD` puts each bundle on a different live node or refuses;
 /// `SPREAD` puts each bundle on a node no other bundle of the replica took
 /// where it can, and on a shared one where it cannot. A node that already runs
@@ -399,6 +401,9 @@ impl NodePool {
                         add(&mut self.nodes[node].used, &sum, 1.0);
                         Ok(self.record(request.replica, node, sum, key, Vec::new()))
                     }
+                    None if group.strategy == PlacementStrategy::Pack => {
+                        self.pack_apart(request.replica, group, key, limit, rank)
+                    }
                     None => Err(Refusal {
                         missing: format!(
                             "{} puts its {} on one node: {}",
@@ -464,22 +469,99 @@ impl NodePool {
         mut rank: impl FnMut(usize, &PoolNode, &DeploymentKey) -> K,
     ) -> Result<NodeId, Refusal> {
         let n = group.bundles.len();
-        let mut taken: Vec<usize> = Vec::with_capacity(n);
-        // What each node touched held before, restored exactly on failure (no
-        // drift from adding and subtracting fractions on every retry).
-        let mut before: Vec<(usize, Resources)> = Vec::with_capacity(n);
-        let mut failed = None;
-        for (b, bundle) in group.bundles.iter().enumerate() {
-            // The replica runs in its first bundle: the limit is that node's.
-            let lim = if b == 0 { limit } else { None };
-            let mut pick = self.best(bundle, &key, lim, &taken, &mut rank);
+        let greedy = self.hold_bundles(group, limit, |pool, bundle, lim, taken| {
+            let pick = pool.best(bundle, &key, lim, taken, &mut rank);
             if pick.is_none() && !strict {
-                pick = self.best(bundle, &key, lim, &[], &mut rank);
+                return pool.best(bundle, &key, lim, &[], &mut rank);
             }
-            let Some(node) = pick else {
+            pick
+        });
+        let taken = match greedy {
+            Ok(taken) => taken,
+            Err((b, why)) => {
+                // The greedy pass can miss an assignment to distinct nodes (an
+                // early bundle taking the only node a later one fits).
+                let distinct = self.distinct_nodes(&group.bundles, &key, limit);
+                if distinct.len() < n {
+                    return Err(if strict {
+                        self.strict_spread_refusal(group, &key, limit, distinct.len())
+                    } else {
+                        Refusal {
+                            missing: format!(
+                                "SPREAD: no room for bundle #{} of {n} beside the ones before \
+                                 it: {}",
+                                b + 1,
+                                why.missing
+                            ),
+                        }
+                    });
+                }
+                for (node, bundle) in distinct.iter().zip(&group.bundles) {
+                    add(&mut self.nodes[*node].used, bundle, 1.0);
+                }
+                distinct
+            }
+        };
+        Ok(self.record_bundles(replica, &taken, group, key))
+    }
+
+    /// `PACK` when no node has room for the bundles' sum (Ray's best effort):
+    /// each bundle, in order, on a node an earlier bundle of the replica took
+    /// if one has room, else on the node `rank` puts lowest; pending only
+    /// when some bundle fits nowhere.
+    fn pack_apart<K: PartialOrd>(
+        &mut self,
+        replica: ReplicaId,
+        group: &PlacementGroup,
+        key: DeploymentKey,
+        limit: Option<u32>,
+        mut rank: impl FnMut(usize, &PoolNode, &DeploymentKey) -> K,
+    ) -> Result<NodeId, Refusal> {
+        let held = self.hold_bundles(group, limit, |pool, bundle, lim, taken| {
+            taken
+                .iter()
+                .copied()
+                .find(|&i| pool.takes(i, bundle, &key, lim))
+                .or_else(|| pool.best(bundle, &key, lim, &[], &mut rank))
+        });
+        match held {
+            Ok(taken) => Ok(self.record_bundles(replica, &taken, group, key)),
+            Err((b, why)) => Err(Refusal {
+                missing: format!(
+                    "PACK: its {} fit no node together, and bundle #{} fits none beside the \
+                     ones before it: {}",
+                    bundles(group.bundles.len()),
+                    b + 1,
+                    why.missing
+                ),
+            }),
+        }
+    }
+
+    /// Hold each of `group`'s bundles, in order, on the node `choose` picks
+    /// for it (given the nodes the bundles before it took); the replica runs
+    /// in its first bundle, so `limit` is that node's. The nodes taken, one
+    /// per bundle; or the first bundle `choose` found no node for and why,
+    /// with every node as it was before (restored exactly, no drift from
+    /// adding and subtracting fractions).
+    fn hold_bundles(
+        &mut self,
+        group: &PlacementGroup,
+        limit: Option<u32>,
+        mut choose: impl FnMut(&Self, &Resources, Option<u32>, &[usize]) -> Option<usize>,
+    ) -> Result<Vec<usize>, (usize, Refusal)> {
+        let n = group.bundles.len();
+        let mut taken: Vec<usize> = Vec::with_capacity(n);
+        let mut before: Vec<(usize, Resources)> = Vec::with_capacity(n);
+        for (b, bundle) in group.bundles.iter().enumerate() {
+            let lim = if b == 0 { limit } else { None };
+            let Some(node) = choose(self, bundle, lim, &taken) else {
                 // Why, while the bundles before it are still held.
-                failed = Some((b, self.no_room(bundle, lim)));
-                break;
+                let why = self.no_room(bundle, lim);
+                for (node, used) in before {
+                    self.nodes[node].used = used;
+                }
+                return Err((b, why));
             };
             if !taken.contains(&node) {
                 before.push((node, self.nodes[node].used.clone()));
@@ -487,37 +569,24 @@ impl NodePool {
             add(&mut self.nodes[node].used, bundle, 1.0);
             taken.push(node);
         }
-        if let Some((b, why)) = failed {
-            for (node, used) in before {
-                self.nodes[node].used = used;
-            }
-            // The greedy pass can miss an assignment to distinct nodes (an early
-            // bundle taking the only node a later one fits).
-            let distinct = self.distinct_nodes(&group.bundles, &key, limit);
-            if distinct.len() < n {
-                return Err(if strict {
-                    self.strict_spread_refusal(group, &key, limit, distinct.len())
-                } else {
-                    Refusal {
-                        missing: format!(
-                            "SPREAD: no room for bundle #{} of {n} beside the ones before it: {}",
-                            b + 1,
-                            why.missing
-                        ),
-                    }
-                });
-            }
-            for (node, bundle) in distinct.iter().zip(&group.bundles) {
-                add(&mut self.nodes[*node].used, bundle, 1.0);
-            }
-            taken = distinct;
-        }
+        Ok(taken)
+    }
+
+    /// Record `replica` as running in its first bundle on `taken[0]`, with
+    /// bundle `b` held on `taken[b]` (each already added to its node's use).
+    fn record_bundles(
+        &mut self,
+        replica: ReplicaId,
+        taken: &[usize],
+        group: &PlacementGroup,
+        key: DeploymentKey,
+    ) -> NodeId {
         let mut bundles = group.bundles.iter().cloned();
         let first = bundles.next().unwrap_or_else(Resources::none);
         let more = taken.iter().skip(1).copied().zip(bundles).collect();
         // Every bundle has a node here, and there is at least one bundle.
         let node = taken.first().copied().unwrap_or(0);
-        Ok(self.record(replica, node, first, key, more))
+        self.record(replica, node, first, key, more)
     }
 
     /// Why `STRICT_SPREAD` cannot place `group` when at most `placed` of its
@@ -1000,6 +1069,43 @@ mod tests {
             refusal.missing,
             "STRICT_PACK puts its 2 bundles on one node: cpus: need 5, most free 4"
         );
+        assert_eq!(p.reserved(), 0);
+    }
+
+    #[test]
+    fn pack_spills_bundles_no_node_holds_together_onto_as_few_nodes_as_it_can() {
+        let mut p = pool(&[("n1", cpus(2.0)), ("n2", cpus(3.0)), ("n3", cpus(3.0))]);
+        let (a, d, _) = names();
+        let one = cpus(1.0);
+        // 5 CPUs fit no node: bundle 1 (2) where rank puts it (n1), bundle 2
+        // (1) no longer fits n1, so n2, and bundle 3 (2) joins bundle 2 on n2
+        // rather than open n3.
+        let group = PlacementGroup::new(vec![cpus(2.0), cpus(1.0), cpus(2.0)], S::Pack);
+        let req = PlacementRequest::new(ReplicaId(1), &a, &d, &one).with_placement_group(&group);
+        assert_eq!(
+            first(&mut p, &req).unwrap(),
+            "n1",
+            "runs in its first bundle"
+        );
+        assert_eq!(
+            held(&p, 1),
+            [
+                ("n1".to_owned(), 2.0),
+                ("n2".to_owned(), 1.0),
+                ("n2".to_owned(), 2.0)
+            ]
+        );
+        assert_eq!((free(&p, "n2"), free(&p, "n3")), (0.0, 3.0));
+        // A bundle that fits no node leaves the replica pending, and nothing held.
+        let group = PlacementGroup::new(vec![cpus(1.0), cpus(4.0)], S::Pack);
+        let req = PlacementRequest::new(ReplicaId(2), &a, &d, &one).with_placement_group(&group);
+        assert_eq!(
+            first(&mut p, &req).unwrap_err().missing,
+            "PACK: its 2 bundles fit no node together, and bundle #2 fits none beside the \
+             ones before it: cpus: need 4, most free 2"
+        );
+        assert_eq!(free(&p, "n3"), 3.0, "bundle #1's hold was given back");
+        assert!(p.release(ReplicaId(1)));
         assert_eq!(p.reserved(), 0);
     }
 

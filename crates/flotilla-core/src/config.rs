@@ -140,7 +140,8 @@ pub struct DeploymentConfig {
     /// A placement group reserved for each replica, instead of `resources`
     /// (the replica runs in the first bundle, so its resources must fit in
     /// it); `None` reserves `resources` alone. `PACK` and `STRICT_PACK` reserve
-    /// the bundles' sum on one node; `STRICT_SPREAD` puts each bundle on a
+    /// the bundles' sum on one node (`PACK`, where no node has room for it,
+    /// puts the bundles on as few nodes as it can); `STRICT_SPREAD` puts each bundle on a
     /// different node, and the replica is pending (its status naming the
     /// strategy and how many nodes it needs and has) while too few nodes fit;
     /// `SPREAD` uses distinct nodes where it can and shares one where it

@@ -26,9 +26,10 @@ pub const MAX_REPLICAS_PER_NODE: u32 = 100;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum PlacementStrategy {
-    /// Bundles on as few nodes as possible (best effort): Flotilla reserves the
-    /// bundles' sum on one node, as for `STRICT_PACK` (pending while no node
-    /// has room for the sum). The default.
+    /// Bundles on as few nodes as possible (best effort): the bundles' sum on
+    /// one node where one has room for it; otherwise each bundle, in order, on
+    /// a node an earlier bundle took if it has room, else on another (pending
+    /// only while some bundle fits no node). The default.
     #[default]
     Pack,
     /// Bundles on distinct nodes where the cluster has several with room;

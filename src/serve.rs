@@ -310,8 +310,14 @@ impl Serve {
             Some(head_options) => {
                 let reporter: flotilla_cluster::nodes::ReporterFactory =
                     Arc::new(flotilla_deployment::replica_reporter);
-                let head = match Head::start(head_options, ns.clone(), directory.clone(), reporter)
-                    .await
+                let head = match Head::start(
+                    head_options,
+                    ns.clone(),
+                    directory.clone(),
+                    reporter,
+                    options.logging.clone(),
+                )
+                .await
                 {
                     Ok(h) => h,
                     Err(e) => {

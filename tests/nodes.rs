@@ -2013,3 +2013,52 @@ async fn a_node_with_default_heartbeats_keeps_its_session_to_a_slow_beating_head
     assert_eq!(watch.live, 1);
     serve.shutdown().await.unwrap();
 }
+
+/// `app`: one `Where` replica needing the node's `gpu`, logging by `config`.
+fn logged_app(app: &str, config: flotilla::LoggingConfig) -> ApplicationSpec {
+    ApplicationSpec::builder(app)
+        .deployment(where_dep("where", 1, custom("gpu"), &WhereArgs::default()))
+        .logging(config)
+        .build()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_on_a_node_logs_by_its_applications_logging_config() {
+    let (_turn, dir, serve, addr) = setup(cpus(0.0)).await;
+    let a = NodeProc::start(addr, &gpu_node("a"), dir.path());
+    a.id().await;
+    let json = flotilla::LoggingConfig {
+        encoding: flotilla::LogEncoding::Json,
+        ..Default::default()
+    };
+    let handle = serve.run(logged_app("logged", json)).await.unwrap();
+    a.wait_logging(|s| s.contains("\"logged\"") && s.contains("Json"))
+        .await;
+    handle.call::<_, Here>("log:first").await.unwrap();
+    // Written in the handler, before its answer.
+    let text = a.applog_text();
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with('{') && l.contains("first") && l.contains("\"app\":\"logged\"")),
+        "the node's replica logs as JSON: {text}"
+    );
+
+    // Raised to WARNING: its INFO events are dropped on the node.
+    let warning = flotilla::LoggingConfig {
+        log_level: flotilla::LogLevel::Warning,
+        encoding: flotilla::LogEncoding::Json,
+        ..Default::default()
+    };
+    let handle = serve.run(logged_app("logged", warning)).await.unwrap();
+    a.wait_logging(|s| s.contains("\"logged\"") && s.contains("Warning"))
+        .await;
+    handle.call::<_, Here>("log:second").await.unwrap();
+    let text = a.applog_text();
+    assert!(
+        !text.contains("second"),
+        "an INFO event passed the application's WARNING: {text}"
+    );
+    serve.shutdown().await.unwrap();
+    drop(a);
+}

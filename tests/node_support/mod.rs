@@ -85,6 +85,9 @@ pub fn gpu_node(name: &str) -> NodeSpec {
 pub const COOKIE: &str = "flotilla-test-cookie";
 /// Set (to a config line) to make `node_child` act as a node process.
 pub const CHILD_ENV: &str = "FLOTILLA_NODE_CHILD";
+/// Where a node process's `AppLogLayer` writes (by the logging settings its
+/// head sends it).
+pub const APPLOG_ENV: &str = "FLOTILLA_NODE_APPLOG";
 
 /// What a `Where` replica answers: where it ran, and what it was asked.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -137,6 +140,10 @@ impl Deployment for Where {
             in_flight: &self.in_flight,
             cancelled: None,
         };
+        if let Some(marker) = echo.strip_prefix("log:") {
+            // User code logging with no fields of its own.
+            tracing::info!(marker, "user code logs");
+        }
         if self.args.delay_ms > 0 {
             // What a test waits for (in the node's log) to know it runs, and
             // (if it is dropped in its sleep) that it was cancelled.
@@ -638,10 +645,21 @@ pub fn run_child(line: &str) {
             resources = resources.with_custom(k, v.parse().unwrap());
         }
     }
-    let _ = tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_max_level(tracing::Level::INFO)
-        .try_init();
+    // Its own log on stderr, and its replicas' by the head's logging
+    // settings (`AppLogLayer`) in the file the test named.
+    let logging = flotilla::LogSettings::new();
+    let applog = std::env::var(APPLOG_ENV).unwrap();
+    let applog = Arc::new(std::fs::File::create(applog).unwrap());
+    {
+        use tracing_subscriber::{Layer, layer::SubscriberExt};
+        let own = tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .with_filter(tracing_subscriber::filter::LevelFilter::INFO);
+        let by_settings = flotilla::AppLogLayer::new(logging.clone(), applog);
+        let _ = tracing::subscriber::set_global_default(
+            tracing_subscriber::registry().with(own).with(by_settings),
+        );
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -672,6 +690,7 @@ pub fn run_child(line: &str) {
             .name(parts[2])
             .resources(resources)
             .label("test", "yes");
+        options.logging = logging.clone();
         if let Some((listen, via)) = parts[6].split_once('=') {
             options = options.dial_peer_via(listen.parse().unwrap(), via.parse().unwrap());
         }
@@ -704,6 +723,14 @@ pub fn run_child(line: &str) {
                 }
             }
         });
+        // Each time the head's logging settings arrive: what they are now.
+        let mut settings = logging.subscribe();
+        let logging_printer = tokio::spawn(async move {
+            while settings.changed().await.is_ok() {
+                println!("NODE_LOGGING {:?}", logging.snapshot());
+                let _ = std::io::stdout().flush();
+            }
+        });
         let node = Arc::new(node);
         let dropping = node.clone();
         // Returns (with its clone of the node) when a shutdown is asked.
@@ -731,6 +758,7 @@ pub fn run_child(line: &str) {
         };
         printer.abort();
         counter.abort();
+        logging_printer.abort();
         match r {
             Ok(()) => 0,
             Err(e) => {
@@ -748,13 +776,18 @@ pub struct NodeProc {
     ids: Arc<Mutex<Vec<String>>>,
     replicas: Arc<std::sync::atomic::AtomicUsize>,
     id_changed: Arc<tokio::sync::Notify>,
+    /// Its `NODE_LOGGING` lines (the logging settings it was sent).
+    logging: Arc<Mutex<Vec<String>>>,
     pub log: PathBuf,
+    /// What its `AppLogLayer` wrote.
+    pub applog: PathBuf,
 }
 
 impl NodeProc {
     /// Start one as `node_child` of this binary, joining `head`.
     pub fn start(head: SocketAddr, spec: &NodeSpec, log_dir: &Path) -> NodeProc {
         let log = log_dir.join(format!("{}.log", spec.name));
+        let applog = log_dir.join(format!("{}.applog", spec.name));
         let err = std::fs::File::create(&log).unwrap();
         let mut child = Command::new(std::env::current_exe().unwrap())
             .args([
@@ -765,6 +798,7 @@ impl NodeProc {
                 "--test-threads=1",
             ])
             .env(CHILD_ENV, spec.line(head))
+            .env(APPLOG_ENV, &applog)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(err)
@@ -774,10 +808,16 @@ impl NodeProc {
         let id_changed = Arc::new(tokio::sync::Notify::new());
         let out = child.stdout.take().unwrap();
         let replicas = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let logging = Arc::new(Mutex::new(Vec::new()));
         let (ids2, changed2, replicas2) = (ids.clone(), id_changed.clone(), replicas.clone());
+        let logging2 = logging.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(out).lines() {
                 let Ok(line) = line else { return };
+                if let Some(at) = line.find("NODE_LOGGING ") {
+                    logging2.lock().unwrap().push(line[at + 13..].to_owned());
+                    changed2.notify_waiters();
+                }
                 if let Some(at) = line.find("NODE_ID ") {
                     ids2.lock().unwrap().push(line[at + 8..].trim().to_owned());
                     changed2.notify_waiters();
@@ -794,7 +834,9 @@ impl NodeProc {
             ids,
             replicas,
             id_changed,
+            logging,
             log,
+            applog,
         }
     }
 
@@ -839,6 +881,27 @@ impl NodeProc {
         })
         .await
         .unwrap_or_else(|_| panic!("node id #{n} not printed; log:\n{}", self.log_text()))
+    }
+
+    /// Wait (at most 30 s) for logging settings from its head for which
+    /// `check` holds (given their `Debug` text), and return them.
+    pub async fn wait_logging(&self, check: impl Fn(&str) -> bool) -> String {
+        tokio::time::timeout(Duration::from_secs(30), async {
+            loop {
+                let notified = self.id_changed.notified();
+                if let Some(l) = self.logging.lock().unwrap().iter().rev().find(|l| check(l)) {
+                    return l.clone();
+                }
+                notified.await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("no such logging settings; log:\n{}", self.log_text()))
+    }
+
+    /// What its `AppLogLayer` wrote so far.
+    pub fn applog_text(&self) -> String {
+        std::fs::read_to_string(&self.applog).unwrap_or_default()
     }
 
     /// Its log so far.

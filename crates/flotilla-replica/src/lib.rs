@@ -14,6 +14,8 @@
 //! - request batching (a per-replica batcher feeding [`Deployment::handle_batch`])
 //!   and model multiplexing ([`MultiplexedDeployment`]: a per-replica LRU model
 //!   cache whose loaded ids are published to routers by subscription);
+//! - the [`LogSettings`] replicas log by (kept current by the Controller and,
+//!   in a node process, by its head), which the facade's log layer reads;
 //!
 //! Handles live here (and not in the controller) because a deployment's constructor
 //! receives them through its [`InitContext`] to call other deployments.
@@ -27,6 +29,7 @@ mod endpoint;
 mod error;
 mod handle;
 mod home;
+mod log_settings;
 mod model_cache;
 mod multiplex;
 mod on_exit;
@@ -50,6 +53,7 @@ pub use endpoint::{
 };
 pub use error::CallError;
 pub use handle::{ACCESS_TARGET, Assigned, CallStream, DeploymentHandle, is_access_log};
+pub use log_settings::{AppLogSnapshot, LogSettings, LogSnapshot};
 pub use model_cache::ModelIds;
 pub use multiplex::{MAX_MODEL_ID_LEN, ModelIdError, MultiplexedDeployment, validate_model_id};
 pub use on_exit::OnExit;

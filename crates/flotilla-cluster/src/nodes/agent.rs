@@ -840,6 +840,10 @@ async fn control(myself: &ActorRef<AgentMsg>, state: &mut AgentState, env: Envel
             }
             state.listed = alive.into_iter().collect();
         }
+        Control::Logging(settings) => {
+            info!(node = %state.args.id, "logging settings from the head");
+            state.args.options.logging.replace(*settings);
+        }
         other => {
             warn!(node = %state.args.id, frame = ?other, "node: unexpected control frame");
         }

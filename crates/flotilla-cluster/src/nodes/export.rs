@@ -335,9 +335,15 @@ pub(crate) mod tests {
             |_: &str, _: &_, _: &_| -> flotilla_replica::ReplicaReporter { Arc::new(|_, _| {}) },
         );
         let directory = Directory::new();
-        let head = Head::start(options, name.into(), directory.clone(), reporter)
-            .await
-            .unwrap();
+        let head = Head::start(
+            options,
+            name.into(),
+            directory.clone(),
+            reporter,
+            flotilla_replica::LogSettings::new(),
+        )
+        .await
+        .unwrap();
         (head, directory)
     }
 

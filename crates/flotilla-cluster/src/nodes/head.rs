@@ -12,7 +12,7 @@ use std::{
 };
 
 use flotilla_core::{AppName, DeploymentName, Resources};
-use flotilla_replica::{DeploymentRoute, Directory, ReplicaId, ReplicaReporter};
+use flotilla_replica::{DeploymentRoute, Directory, LogSettings, ReplicaId, ReplicaReporter};
 use ractor::{Actor, ActorRef};
 use tokio::{
     sync::{Notify, broadcast, mpsc, watch},
@@ -130,6 +130,8 @@ pub(crate) struct HeadShared {
     pub(crate) link: Arc<Link>,
     pub(crate) directory: Directory,
     pub(crate) reporter: ReporterFactory,
+    /// The Serve instance's logging settings, which the nodes are sent.
+    pub(crate) logging: LogSettings,
     pool: Mutex<NodePool>,
     events: broadcast::Sender<ClusterEvent>,
     /// Joined nodes by node id, and the ids declared lost this epoch.
@@ -265,7 +267,8 @@ impl Cluster for NodeCluster {
 /// let reporter = Arc::new(|_: &str, _: &_, _: &_| -> flotilla_replica::ReplicaReporter {
 ///     Arc::new(|_, _| {})
 /// });
-/// let head = Head::start(options, "ns".into(), Default::default(), reporter).await?;
+/// let logging = flotilla_replica::LogSettings::new();
+/// let head = Head::start(options, "ns".into(), Default::default(), reporter, logging).await?;
 /// println!("nodes join at {}", head.address());
 /// head.stop().await;
 /// # Ok(()) }
@@ -304,13 +307,16 @@ pub(crate) fn random_suffix() -> String {
 
 impl Head {
     /// Listen for nodes as `options` say, for the Serve instance of namespace
-    /// `ns` whose routes are `directory`. Seeds [`ReplicaId::fresh`] from the
-    /// clock, so ids stay unique across restarts of the head.
+    /// `ns` whose routes are `directory` and whose logging settings are
+    /// `logging` (sent to every node, whose replicas log by them). Seeds
+    /// [`ReplicaId::fresh`] from the clock, so ids stay unique across
+    /// restarts of the head.
     pub async fn start(
         options: HeadOptions,
         ns: String,
         directory: Directory,
         reporter: ReporterFactory,
+        logging: LogSettings,
     ) -> Result<Head, NodeError> {
         options.validate()?;
         let millis = SystemTime::now()
@@ -351,6 +357,7 @@ impl Head {
             link: link.clone(),
             directory,
             reporter,
+            logging,
             pool: Mutex::new(pool),
             events: broadcast::Sender::new(EVENT_BUFFER),
             nodes: Mutex::default(),
@@ -379,13 +386,14 @@ impl Head {
         };
         let forward = super::forward(inbound, registry.clone(), RegistryMsg::Inbound);
         let exporter = tokio::spawn(super::export::run(shared.clone()));
+        let log_exporter = tokio::spawn(super::log_export::run(shared.clone()));
         info!(node = %shared.options.node_id, %address, peer = %link.shared.me,
             "head listening for nodes");
         Ok(Head {
             shared,
             address,
             registry,
-            tasks: vec![forward, exporter],
+            tasks: vec![forward, exporter, log_exporter],
         })
     }
 

@@ -29,6 +29,7 @@ mod fenced;
 mod handshake;
 mod head;
 mod link;
+mod log_export;
 mod node;
 mod options;
 mod proxy;

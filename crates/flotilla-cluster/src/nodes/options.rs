@@ -6,6 +6,7 @@ use std::{
 };
 
 use flotilla_core::Resources;
+use flotilla_replica::LogSettings;
 
 use super::Cookie;
 
@@ -338,6 +339,12 @@ pub struct NodeOptions {
     /// listen on (a port forward, a NAT, a TCP proxy): `(listen, via)` pairs
     /// (see [`dial_peer_via`](Self::dial_peer_via)). Empty by default.
     pub peer_routes: Vec<(SocketAddr, SocketAddr)>,
+    /// The logging settings this node's replicas log by: the head's, which
+    /// it sends whole on joining and after every change (the applied config
+    /// file's, each application's and deployment's `logging_config`). Give
+    /// them to the process's log layer (`flotilla::AppLogLayer`) for them
+    /// to apply; a clone shares them.
+    pub logging: LogSettings,
 }
 
 impl NodeOptions {
@@ -356,6 +363,7 @@ impl NodeOptions {
             redial: Duration::from_millis(250),
             handshake_timeout: HANDSHAKE_TIMEOUT,
             peer_routes: Vec::new(),
+            logging: LogSettings::new(),
         }
     }
 

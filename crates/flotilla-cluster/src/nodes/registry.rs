@@ -605,6 +605,7 @@ fn join_done(
         .reattach
         .send_replace((state.reattached, state.expected.len()));
     super::export::full_copy(&shared, from);
+    super::log_export::full_copy(&shared, from);
     nodes_changed(state);
     shared.announce(ClusterEvent::CapacityFreed);
 }

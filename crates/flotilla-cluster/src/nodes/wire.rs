@@ -9,7 +9,7 @@ use flotilla_core::{
     AppName, BatchConfig, DeploymentName, DeploymentSpec, DeploymentVersion, RequestRouterConfig,
     Resources,
 };
-use flotilla_replica::{CallError, ModelIds, ReplicaEvent};
+use flotilla_replica::{CallError, LogSnapshot, ModelIds, ReplicaEvent};
 use ractor_cluster::RactorClusterMessage;
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
@@ -213,6 +213,9 @@ pub(crate) enum Control {
     /// Node -> head, with a heartbeat, when it changed since the last one:
     /// the load the head's autoscalers cannot see from there.
     Load(WireLoad),
+    /// Head -> node: the logging settings, whole (after every change, and to
+    /// a node that joins), which the node's replicas log by.
+    Logging(Box<LogSnapshot>),
 }
 
 /// The load a node sees: the requests running on its replicas (from every

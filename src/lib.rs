@@ -82,7 +82,7 @@ pub use flotilla_core::{
     Error as SpecError, FaultPoint, Faults, GrpcOptions, HttpOptionError, HttpOptions, Location,
     LogAttr, LogEncoding, LogLevel, LoggingConfig, MAX_DURATION, MAX_REPLICAS, PlacementGroup,
     PlacementStrategy, ProxyLocation, ReplicaCount, ReplicaState, RequestRouterConfig, Resources,
-    RolloutConfig, RoutePrefix, ServeConfig, StatusTrigger,
+    RolloutConfig, RouteOverride, RoutePrefix, ServeConfig, StatusTrigger,
 };
 pub use flotilla_deployment::{DeploymentSnapshot, DeploymentTarget, ReplicaInfo, StateCount};
 pub use flotilla_replica::{

@@ -1139,3 +1139,36 @@ async fn an_unbuilt_applications_logging_follows_its_entry() {
         "the entry no longer sets one: the global config applies"
     );
 }
+
+/// `route_prefix: null` removes the builder's prefix (Ray: no HTTP route,
+/// handles only); left out again, the builder's prefix is back.
+#[tokio::test(start_paused = true)]
+async fn a_null_route_prefix_removes_the_builders_route() {
+    let (_dir, _, serve) = start_fresh_with(registry).await;
+    let entry = |route: &str| {
+        format!("applications:\n  - {{name: a, import_path: test::app, args: {{tag: t}}{route}}}\n")
+    };
+    apply(&serve, &entry(", route_prefix: null")).await;
+    wait_status(&serve, "a", A::Running).await;
+    assert_eq!(holders(&serve), [], "no HTTP route");
+    let h = serve.app_handle("a").unwrap();
+    assert_eq!(
+        h.call::<_, String>("x").await.unwrap(),
+        "t:x",
+        "a handle reaches it"
+    );
+    let applied = serve.applied_config().await.unwrap().unwrap();
+    assert_eq!(
+        applied.applications[0].route_prefix,
+        flotilla::RouteOverride::Off,
+        "kept as given"
+    );
+
+    let before = serve.app_status("a").observed_generation;
+    apply(&serve, &entry("")).await;
+    support::wait_until(&serve, "a", |s| {
+        s.observed_generation > before && s.status == A::Running
+    })
+    .await;
+    assert_eq!(holders(&serve), [("/from-code".to_owned(), "a".to_owned())]);
+}

@@ -515,7 +515,7 @@ impl Controller {
                     app: app.name.to_string(),
                 });
             }
-            if let Some(p) = &app.route_prefix
+            if let Some(p) = app.route_prefix.prefix()
                 && let Some(holder) = state.routes.get(p)
                 && holder != &app.name
                 && !named.contains_key(holder.as_str())

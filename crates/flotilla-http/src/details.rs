@@ -329,9 +329,12 @@ pub(crate) async fn instance_details(
         .iter()
         .flat_map(|c| c.applications.iter())
         .filter_map(|a| {
-            serde_json::to_value(a)
-                .ok()
-                .map(|v| (a.name.to_string(), strip_app_defaults(strip_nulls(v))))
+            let mut v = strip_app_defaults(strip_nulls(serde_json::to_value(a).ok()?));
+            // Set, to null (no HTTP route): kept, as Ray keeps a set field.
+            if let (flotilla::RouteOverride::Off, Value::Object(m)) = (&a.route_prefix, &mut v) {
+                m.insert("route_prefix".to_owned(), Value::Null);
+            }
+            Some((a.name.to_string(), v))
         })
         .collect();
     let prefixes: BTreeMap<String, String> = serve

@@ -925,3 +925,31 @@ async fn a_deployment_and_a_starting_replica_carry_every_field_ray_requires() {
     );
     f.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_null_route_prefix_is_shown_as_set_to_null() {
+    let f = start().await;
+    let c = support::client();
+    let yaml = "applications:\n  - {name: plain, route_prefix: null, import_path: t.echo:app, args: {tag: p}}\n";
+    let put = send(
+        &c,
+        "PUT",
+        &f.rest_url("/api/serve/applications/"),
+        &[("content-type", "application/yaml")],
+        yaml,
+    )
+    .await;
+    assert_eq!(put.status, 200, "{}", put.body);
+    wait_status(&f.serve, "plain", ApplicationStatus::Running).await;
+    let d = get(&c, &f.rest_url("/api/serve/applications/"))
+        .await
+        .json();
+    let plain = &d["applications"]["plain"];
+    assert!(plain["route_prefix"].is_null(), "no HTTP route: {plain}");
+    let config = plain["deployed_app_config"].as_object().unwrap();
+    assert_eq!(
+        config.get("route_prefix"),
+        Some(&serde_json::Value::Null),
+        "set, to null, as Ray shows a set field: {config:?}"
+    );
+}

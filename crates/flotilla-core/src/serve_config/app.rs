@@ -18,10 +18,12 @@ pub struct AppConfig {
     /// Unique within the config; `"default"` when left out, as in Ray.
     #[serde(default = "default_name")]
     pub name: AppName,
-    /// Replaces the route prefix the builder chose; unique within the config.
-    /// Validated as Ray validates it (see [`RoutePrefix`]), never rewritten.
-    #[serde(default, deserialize_with = "route_prefix_option")]
-    pub route_prefix: Option<RoutePrefix>,
+    /// What becomes of the route prefix the builder chose: left out, it
+    /// stands; a prefix replaces it (unique within the config; validated as
+    /// Ray validates it, see [`RoutePrefix`], never rewritten); `null` removes
+    /// it, as in Ray: no HTTP route, handles only.
+    #[serde(default, skip_serializing_if = "RouteOverride::is_keep")]
+    pub route_prefix: RouteOverride,
     /// The application builder's name in the `Registry`.
     pub import_path: ImportPath,
     /// Ray's Python environment for the application (a mapping: `working_dir`,
@@ -88,7 +90,7 @@ impl AppConfig {
     pub fn new(name: AppName, import_path: ImportPath) -> Self {
         AppConfig {
             name,
-            route_prefix: None,
+            route_prefix: RouteOverride::Keep,
             import_path,
             runtime_env: Args::empty_map(),
             args: Args::empty_map(),
@@ -236,9 +238,128 @@ impl AppConfig {
     }
 }
 
-fn route_prefix_option<'de, D: Deserializer<'de>>(d: D) -> Result<Option<RoutePrefix>, D::Error> {
-    Option::<String>::deserialize(d)?
-        .map(RoutePrefix::new)
-        .transpose()
-        .map_err(serde::de::Error::custom)
+/// What a config entry's `route_prefix` does to the prefix its builder chose
+/// ([`AppConfig::route_prefix`]).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub enum RouteOverride {
+    /// Left out: the builder's prefix stands.
+    #[default]
+    Keep,
+    /// `null`: no HTTP route (Ray's `route_prefix: None`); the application is
+    /// reached through handles only.
+    Off,
+    /// This prefix replaces the builder's.
+    Prefix(RoutePrefix),
+}
+
+impl RouteOverride {
+    /// Whether the entry leaves the builder's prefix as it is.
+    pub fn is_keep(&self) -> bool {
+        matches!(self, RouteOverride::Keep)
+    }
+
+    /// The prefix the entry gives, if it gives one.
+    pub fn prefix(&self) -> Option<&RoutePrefix> {
+        match self {
+            RouteOverride::Prefix(p) => Some(p),
+            RouteOverride::Keep | RouteOverride::Off => None,
+        }
+    }
+
+    /// The prefix of an application whose builder chose `built`.
+    pub fn apply(&self, built: Option<RoutePrefix>) -> Option<RoutePrefix> {
+        match self {
+            RouteOverride::Keep => built,
+            RouteOverride::Off => None,
+            RouteOverride::Prefix(p) => Some(p.clone()),
+        }
+    }
+}
+
+/// In a config's text (YAML, JSON) `null` is [`RouteOverride::Off`] (a left
+/// out field is `Keep`, by its default). In the checkpoint's binary encoding
+/// `nil` stays `Keep`, as every record written before `Off` existed reads,
+/// and `Off` is `false`.
+impl Serialize for RouteOverride {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            RouteOverride::Prefix(p) => s.serialize_str(p.as_str()),
+            RouteOverride::Off if !s.is_human_readable() => s.serialize_bool(false),
+            RouteOverride::Off | RouteOverride::Keep => s.serialize_none(),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for RouteOverride {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Stored {
+            Prefix(String),
+            Off(bool),
+            Keep(()),
+        }
+        let prefix = |p: String| {
+            RoutePrefix::new(p)
+                .map(RouteOverride::Prefix)
+                .map_err(serde::de::Error::custom)
+        };
+        if d.is_human_readable() {
+            return match Option::<String>::deserialize(d)? {
+                Some(p) => prefix(p),
+                None => Ok(RouteOverride::Off),
+            };
+        }
+        match Stored::deserialize(d)? {
+            Stored::Prefix(p) => prefix(p),
+            Stored::Off(false) => Ok(RouteOverride::Off),
+            Stored::Off(true) => Err(serde::de::Error::custom(
+                "a route prefix is a string, null or left out, not true",
+            )),
+            Stored::Keep(()) => Ok(RouteOverride::Keep),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn entry(route: RouteOverride) -> AppConfig {
+        let mut app = AppConfig::new(AppName::known("a"), ImportPath::known("x:y"));
+        app.route_prefix = route;
+        app
+    }
+
+    #[test]
+    fn each_route_override_survives_the_checkpoints_encoding_and_json() {
+        let prefix = RouteOverride::Prefix(RoutePrefix::new("/a").unwrap());
+        for route in [RouteOverride::Keep, RouteOverride::Off, prefix] {
+            let app = entry(route.clone());
+            let stored = rmp_serde::to_vec_named(&app).unwrap();
+            let back: AppConfig = rmp_serde::from_slice(&stored).unwrap();
+            assert_eq!(back.route_prefix, route, "checkpoint");
+            let json = serde_json::to_string(&app).unwrap();
+            let back: AppConfig = serde_json::from_str(&json).unwrap();
+            assert_eq!(back.route_prefix, route, "json: {json}");
+        }
+        // A record written before `Off` existed holds `nil` for a left-out
+        // prefix: it still reads as the builder's.
+        #[derive(Serialize)]
+        struct Before {
+            name: &'static str,
+            route_prefix: Option<String>,
+            import_path: &'static str,
+        }
+        let before = rmp_serde::to_vec_named(&Before {
+            name: "a",
+            route_prefix: None,
+            import_path: "x:y",
+        })
+        .unwrap();
+        let back: AppConfig = rmp_serde::from_slice(&before).unwrap();
+        assert_eq!(back.route_prefix, RouteOverride::Keep);
+    }
 }

@@ -41,7 +41,7 @@ use crate::{
     error::{Error, Location},
 };
 
-pub use app::AppConfig;
+pub use app::{AppConfig, RouteOverride};
 pub use autoscaling::AutoscalingOverride;
 pub use deployment::{
     BackpressureOverride, DeploymentOverride, NumReplicas, RayActorOptions, RequestRouterOverride,
@@ -138,8 +138,9 @@ pub use warnings::ConfigWarning;
 ///   in key order or spelling (`0x10` and `16`). A missing `args` is the empty map
 ///   (Ray's `{}`). `runtime_env` and the `*_kwargs` fields must be mappings.
 /// - `null` for a field is the same as leaving it out (Ray refuses `null` for
-///   most non-optional fields). An application's `route_prefix: null` keeps the
-///   builder's prefix (in Ray it removes the HTTP route).
+///   most non-optional fields), except an application's `route_prefix: null`,
+///   which removes its HTTP route, as in Ray (left out, the builder's prefix
+///   stands).
 /// - An application's `name` defaults to `"default"`, as in Ray; two
 ///   applications without a `route_prefix` do not collide (in Ray both count as
 ///   `/`). Duplicate deployment overrides are an error (Ray applies them in
@@ -295,7 +296,7 @@ impl ServeConfig {
                     site("name"),
                 )));
             }
-            if let Some(prefix) = &app.route_prefix
+            if let Some(prefix) = app.route_prefix.prefix()
                 && let Some(other) = prefixes.insert(prefix.as_str(), name)
             {
                 return Err(Box::new((

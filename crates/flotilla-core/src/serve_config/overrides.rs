@@ -36,9 +36,7 @@ pub fn apply_overrides(built: ApplicationSpec, app: &AppConfig) -> Result<Applic
     let app_name = app.name.as_str();
     let mut spec = built;
     spec.name = app.name.clone();
-    if let Some(prefix) = &app.route_prefix {
-        spec.route_prefix = Some(prefix.clone());
-    }
+    spec.route_prefix = app.route_prefix.apply(spec.route_prefix);
     if let Some(logging) = &app.logging_config {
         spec.logging = Some(logging.clone());
     }
@@ -452,8 +450,8 @@ mod tests {
 
     use super::*;
     use crate::{
-        Args, DeploymentSpec, LogLevel, LoggingConfig, RayActorOptions, Resources, RoutePrefix,
-        ServeConfig,
+        Args, DeploymentSpec, LogLevel, LoggingConfig, RayActorOptions, Resources, RouteOverride,
+        RoutePrefix, ServeConfig,
     };
 
     /// The builder's arguments.
@@ -757,15 +755,19 @@ mod tests {
         assert_eq!(kept.route_prefix, built.route_prefix);
         assert_eq!(kept.logging, built.logging);
         assert_eq!(kept.ingress, built.ingress);
-        app.route_prefix = Some(RoutePrefix::new("/shop").unwrap());
+        app.route_prefix = RouteOverride::Prefix(RoutePrefix::new("/shop").unwrap());
         let debug = LoggingConfig {
             log_level: LogLevel::Debug,
             ..LoggingConfig::default()
         };
         app.logging_config = Some(debug.clone());
-        let spec = apply_overrides(built, &app).unwrap();
+        let spec = apply_overrides(built.clone(), &app).unwrap();
         assert_eq!(spec.route_prefix.unwrap().as_str(), "/shop");
         assert_eq!(spec.logging, Some(debug));
+        // `route_prefix: null`: no HTTP route, whatever the builder chose.
+        assert!(built.route_prefix.is_some());
+        app.route_prefix = RouteOverride::Off;
+        assert_eq!(apply_overrides(built, &app).unwrap().route_prefix, None);
     }
 
     #[test]
@@ -827,7 +829,7 @@ mod tests {
         // The config's other fields are not code.
         let mut tuned = a.clone();
         tuned.deployments[0].num_replicas = Some(NumReplicas::Fixed(9));
-        tuned.route_prefix = Some(RoutePrefix::new("/x").unwrap());
+        tuned.route_prefix = RouteOverride::Prefix(RoutePrefix::new("/x").unwrap());
         assert_eq!(tuned.code_version(), a.code_version());
         // Args and import path are.
         let mut args = a.clone();

@@ -209,7 +209,7 @@ fn predict(
             name: name.to_owned(),
         });
     }
-    if let Some(prefix) = &app.route_prefix
+    if let Some(prefix) = app.route_prefix.prefix()
         && prefix
             .as_str()
             .strip_prefix('/')

@@ -40,6 +40,8 @@ mod memory;
 mod recovery;
 #[path = "scenarios/serial.rs"]
 mod serial;
+#[path = "scenarios/wide.rs"]
+mod wide;
 
 use std::ffi::OsString;
 
@@ -70,6 +72,8 @@ enum Scenario {
     BulkDeploy(bulk::Args),
     /// `run` one application at a time, each awaited.
     SerialDeploy(serial::Args),
+    /// One deployment with many replicas: up, snapshots while it starts, down.
+    WideDeployment(wide::Args),
     /// Cost of one deploy into a controller holding 0, 10k, 100k applications.
     CheckpointScaling(checkpoint::Args),
     /// Controller crash, then shutdown and restart on the same store.
@@ -129,6 +133,7 @@ async fn run(cli: Cli) {
     let result = match &cli.scenario {
         Scenario::BulkDeploy(a) => bulk::run(a).await,
         Scenario::SerialDeploy(a) => serial::run(a).await,
+        Scenario::WideDeployment(a) => wide::run(a).await,
         Scenario::CheckpointScaling(a) => checkpoint::run(a).await,
         Scenario::Recovery(a) => recovery::run(a).await,
         Scenario::Idle(a) => idle::run(a).await,

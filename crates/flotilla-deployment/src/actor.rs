@@ -115,7 +115,19 @@ impl DeploymentActor {
     /// Boxed: ractor keeps one loop future per actor, sized for its largest
     /// handler, and this step's frame would stay in it for the actor's whole life;
     /// a small allocation per message costs less than that resident memory.
+    /// Reconcile after the messages queued now: a replica's event or exit
+    /// changes one replica, and a burst of them (thousands of replicas
+    /// starting or stopping at once) shares one pass over every replica
+    /// instead of one pass each.
+    fn reconcile_soon(myself: &ActorRef<DeploymentMsg>, state: &mut DeploymentState) {
+        state.unreconciled = true;
+        if !state.reconcile_queued {
+            state.reconcile_queued = myself.cast(InternalMsg::Reconcile.into()).is_ok();
+        }
+    }
+
     async fn reconcile(myself: &ActorRef<DeploymentMsg>, state: &mut DeploymentState) {
+        state.unreconciled = false;
         Box::pin(Self::reconcile_step(myself, state)).await;
     }
 
@@ -508,6 +520,10 @@ impl Actor for DeploymentActor {
                 crate::autoscale::arm(&myself, state);
             }
             DeploymentMsg::Observe(reply) => {
+                // What it shows is reconciled, as after any other message.
+                if state.unreconciled {
+                    Self::reconcile(&myself, state).await;
+                }
                 let _ = reply.send(state.snapshot());
                 return Ok(());
             }
@@ -515,6 +531,15 @@ impl Actor for DeploymentActor {
             DeploymentMsg::Internal(Internal(m)) => match m {
                 InternalMsg::Replica(id, event) => {
                     Self::on_replica_event(&myself, state, id, event);
+                    Self::reconcile_soon(&myself, state);
+                    return Ok(());
+                }
+                InternalMsg::Reconcile => {
+                    state.reconcile_queued = false;
+                    if !state.unreconciled {
+                        // Another message's pass came first.
+                        return Ok(());
+                    }
                 }
                 InternalMsg::Retry(until) => {
                     if state.backoff.as_ref().is_some_and(|(at, _)| *at == until) {
@@ -597,7 +622,7 @@ impl Actor for DeploymentActor {
                 }
             }
         }
-        Self::reconcile(&myself, state).await;
+        Self::reconcile_soon(&myself, state);
         Ok(())
     }
 

@@ -172,6 +172,9 @@ pub(crate) enum InternalMsg {
     SlowStartCheck,
     /// Time to sample load and ask the autoscaler (autoscaled only).
     AutoscaleTick,
+    /// Reconcile once for the replica events and exits taken since the last
+    /// pass (queued by the first of them).
+    Reconcile,
 }
 
 impl From<InternalMsg> for DeploymentMsg {

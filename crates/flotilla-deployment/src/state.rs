@@ -88,6 +88,12 @@ pub struct DeploymentState {
     /// Whether the cluster announces capacity and node deaths.
     pub(crate) evented_cluster: bool,
     pub(crate) cluster_task: Option<JoinHandle<()>>,
+    /// A replica's event or exit was taken since the last pass over every
+    /// replica.
+    pub(crate) unreconciled: bool,
+    /// An `InternalMsg::Reconcile` is queued: the replica events and exits
+    /// queued before it share the one pass it makes.
+    pub(crate) reconcile_queued: bool,
     pub(crate) shutdown: Vec<RpcReplyPort<()>>,
     /// The autoscaler and its sampling timer, for autoscaled deployments only.
     pub(crate) autoscaler: Option<(crate::autoscale::Autoscaler, JoinHandle<()>)>,
@@ -161,6 +167,8 @@ impl DeploymentState {
             wants_capacity: Arc::new(AtomicBool::new(false)),
             evented_cluster: false,
             cluster_task: None,
+            unreconciled: false,
+            reconcile_queued: false,
             shutdown: Vec::new(),
             autoscaler: None,
             replica_reporter,

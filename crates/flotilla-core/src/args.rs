@@ -24,12 +24,33 @@ impl Args {
     pub fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Self, Error> {
         rmp_serde::to_vec_named(value)
             .map(Args)
-            .map_err(|e| codec("encode", e.to_string()))
+            .map_err(|e| codec("encode", "a value".to_owned(), e.to_string()))
     }
 
-    /// Decode into the receiver's type.
+    /// Decode into the receiver's type. An error names that type and says
+    /// what did not fit in serde's words (`invalid type: string "loud",
+    /// expected a boolean`), not in MessagePack's.
+    ///
+    /// ```
+    /// let a = flotilla_core::Args::encode(&"loud").unwrap();
+    /// let e = a.decode::<bool>().unwrap_err().to_string();
+    /// assert_eq!(e, r#"cannot decode the value into `bool`: invalid type: string "loud", expected a boolean"#);
+    /// ```
     pub fn decode<T: DeserializeOwned>(&self) -> Result<T, Error> {
-        rmp_serde::from_slice(&self.0).map_err(|e| codec("decode", e.to_string()))
+        rmp_serde::from_slice(&self.0).map_err(|e| {
+            let into = format!("the value into `{}`", std::any::type_name::<T>());
+            codec("decode", into, self.why_not::<T>().unwrap_or(e.to_string()))
+        })
+    }
+
+    /// Why the value does not decode into `T`, in serde's words: the same
+    /// decode from its readable form (`None` if that succeeds or cannot be
+    /// made).
+    fn why_not<T: DeserializeOwned>(&self) -> Option<String> {
+        let value = serde_json::to_value(self.readable().ok()?).ok()?;
+        serde_json::from_value::<T>(value)
+            .err()
+            .map(|e| e.to_string())
     }
 
     /// The empty value (MessagePack `nil`), which decodes as `()` or `None`.
@@ -80,11 +101,11 @@ impl fmt::Debug for Args {
     }
 }
 
-fn codec(action: &'static str, reason: String) -> Error {
+fn codec(action: &'static str, what: String, reason: String) -> Error {
     Error::Codec {
         at: Location::default(),
         action,
-        field: "args",
+        what,
         reason,
     }
 }

@@ -70,16 +70,17 @@ pub enum Error {
         /// Why it was rejected, with the offending value.
         reason: String,
     },
-    /// A value could not be encoded or decoded as MessagePack.
-    #[error("{at}cannot {action} `{field}` as MessagePack: {reason}")]
+    /// A value (init args, a user config, a request) could not be encoded,
+    /// or decoded into the type its receiver asked for.
+    #[error("{at}cannot {action} {what}: {reason}")]
     Codec {
         /// Where it was found.
         at: Location,
         /// "encode" or "decode".
         action: &'static str,
-        /// The field being converted.
-        field: &'static str,
-        /// The codec's message.
+        /// What was converted (for a decode, the type it was decoded into).
+        what: String,
+        /// Why, in serde's words.
         reason: String,
     },
     /// A config file is not YAML of the expected shape: a syntax error, an unknown
@@ -165,8 +166,8 @@ impl Error {
     /// The field the error names, if any, as written in the config file.
     pub fn field_name(&self) -> Option<&'static str> {
         match self {
-            Error::InvalidField { field, .. } | Error::Codec { field, .. } => Some(field),
-            Error::InvalidName { .. } | Error::Parse { .. } => None,
+            Error::InvalidField { field, .. } => Some(field),
+            Error::InvalidName { .. } | Error::Codec { .. } | Error::Parse { .. } => None,
             Error::InConfig { error, .. } => error.field_name(),
         }
     }

@@ -68,6 +68,22 @@ fn text(v: &Value) -> String {
     }
 }
 
+/// `v` as one table cell: a message of several lines (a user's error with
+/// its cause, a traceback) on one, its lines joined by ` | `, and tabs and
+/// other control characters as spaces, so the columns stay aligned (the
+/// YAML and JSON formats keep it as it is).
+fn cell(v: &Value) -> String {
+    text(v)
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" | ")
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect()
+}
+
 /// A table: one row per deployment, under its application's row.
 fn table(status: &Value, details: &Value) -> String {
     let mut rows = vec![
@@ -92,7 +108,7 @@ fn table(status: &Value, details: &Value) -> String {
             String::new(),
             String::new(),
             String::new(),
-            text(&a["message"]),
+            cell(&a["message"]),
         ]);
         for (d, dd) in a["deployments"].as_object().into_iter().flatten() {
             let replicas = dd["replica_states"]
@@ -109,7 +125,7 @@ fn table(status: &Value, details: &Value) -> String {
                 d.clone(),
                 text(&dd["status"]),
                 replicas,
-                text(&dd["message"]),
+                cell(&dd["message"]),
             ]);
         }
     }
@@ -187,6 +203,24 @@ pub fn config(details: &Value, name: Option<&str>) -> Result<String, ClientError
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_message_of_several_lines_keeps_the_table_aligned() {
+        let details = json!({"applications": {"a": {
+            "status": "DEPLOY_FAILED", "message": "Deploying app 'a' failed:\n  missing field\t`x`\r\n",
+            "last_deployed_time_s": 1.0, "route_prefix": "/a",
+            "deployments": {"d": {"status": "DEPLOY_FAILED", "status_trigger": "REPLICA_STARTUP_FAILED",
+                "message": "one\ntwo", "replicas": []}},
+        }}});
+        let t = table(&serve_status(&details), &details);
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines.len(), 3, "a header and one row each: {t}");
+        assert!(
+            lines[1].ends_with("Deploying app 'a' failed: | missing field `x`"),
+            "{t}"
+        );
+        assert!(lines[2].ends_with("one | two"), "{t}");
+    }
 
     #[test]
     fn a_deployment_the_details_leave_out_is_listed_as_unavailable() {

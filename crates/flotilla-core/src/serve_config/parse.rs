@@ -88,6 +88,14 @@ fn options() -> Options {
 /// type) is prefixed with the path of the field that holds it, since the
 /// reader's own message does not name it.
 fn parse_error(e: serde_saphyr::Error, text: &str) -> Error {
+    if let Some(breach) = budget_breach(&e) {
+        let (line, column) = e.location().map_or((0, 0), |l| (l.line(), l.column()));
+        return Error::Parse {
+            line,
+            column,
+            message: too_much(breach),
+        };
+    }
     let plain = e.without_snippet().to_string();
     let (line, column) = e.location().map_or((0, 0), |l| (l.line(), l.column()));
     let suffix = format!(" at line {line}, column {column}");
@@ -101,6 +109,47 @@ fn parse_error(e: serde_saphyr::Error, text: &str) -> Error {
         line,
         column,
         message: quoted_bounded(&message),
+    }
+}
+
+/// The budget `e` breached, if it is (or wraps) a breach.
+fn budget_breach(e: &serde_saphyr::Error) -> Option<&serde_saphyr::budget::BudgetBreach> {
+    match e {
+        serde_saphyr::Error::Budget { breach, .. } => Some(breach),
+        serde_saphyr::Error::AliasError { error, .. }
+        | serde_saphyr::Error::WithSnippet { error, .. } => budget_breach(error),
+        _ => None,
+    }
+}
+
+/// What a breach of the YAML reader's budgets means, in a config's terms
+/// (the reader words it as its own `Debug` text). Aliases count each time
+/// they are used, so a small text can break them: an "alias bomb".
+fn too_much(breach: &serde_saphyr::budget::BudgetBreach) -> String {
+    use serde_saphyr::budget::BudgetBreach as B;
+    let expanded = "counting every use of an alias (*name) in full";
+    match breach {
+        B::Events { events } => {
+            format!("the config is too large to read: over {events} YAML events, {expanded}")
+        }
+        B::Nodes { nodes } => {
+            format!("the config is too large to read: over {nodes} YAML values, {expanded}")
+        }
+        B::Aliases { aliases } => format!("too many aliases (*name): over {aliases}"),
+        B::Anchors { anchors } => format!("too many anchors (&name): over {anchors}"),
+        B::Depth { depth } => format!("YAML nested too deep (over {depth} levels)"),
+        B::Documents { documents } => {
+            format!("{documents} YAML documents: a config is one document")
+        }
+        B::ScalarBytes { total_scalar_bytes } => {
+            format!("the config's values are too large to read: over {total_scalar_bytes} bytes")
+        }
+        B::MergeKeys { merge_keys } => format!("too many merge keys (<<): over {merge_keys}"),
+        B::AliasAnchorRatio { aliases, anchors } => format!(
+            "too many uses of aliases ({aliases}) for the anchors they name ({anchors}): an \
+             alias bomb?"
+        ),
+        _ => "the config is too large or too deeply nested to read".to_owned(),
     }
 }
 
@@ -991,6 +1040,25 @@ applications:
         assert!(matches!(err(&deep), Error::Parse { .. }));
         let laughs = "a: &a [x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a]\nc: &c [*b, *b, *b, *b, *b, *b, *b, *b]\nd: &d [*c, *c, *c, *c, *c, *c, *c, *c]\ne: &e [*d, *d, *d, *d, *d, *d, *d, *d]\nf: &f [*e, *e, *e, *e, *e, *e, *e, *e]\napplications:\n  - name: z\n    import_path: x\n    args: [*f, *f, *f, *f, *f, *f, *f, *f]\n";
         assert!(ServeConfig::from_yaml(laughs).is_err());
+        let mut bomb = "applications:\n  - name: z\n    import_path: x\n    args:\n      a: &a [x, x, x, x, x, x, x, x, x, x]\n".to_owned();
+        for (name, prev) in [
+            ("b", "a"),
+            ("c", "b"),
+            ("d", "c"),
+            ("e", "d"),
+            ("f", "e"),
+            ("g", "f"),
+        ] {
+            let uses = vec![format!("*{prev}"); 10].join(", ");
+            bomb.push_str(&format!("      {name}: &{name} [{uses}]\n"));
+        }
+        let e = ServeConfig::from_yaml(&bomb).unwrap_err().to_string();
+        assert!(
+            e.contains("too large to read") && e.contains("alias") && !e.contains("{"),
+            "said in a config's terms, not the reader's Debug text: {e}"
+        );
+        let e = err(&deep).to_string();
+        assert!(e.contains("nested too deep"), "{e}");
         for text in [
             "\u{0}",
             "applications: [",

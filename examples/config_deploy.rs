@@ -1,5 +1,6 @@
-//! Config deploy: register application builders, apply `examples/serve_config.yaml`,
-//! call every application, print the status table, and shut down.
+//! Config deploy: register application builders, apply `examples/serve_config.yaml`
+//! (or the config given), wait for every application it names, call those of
+//! this example, print the status table, and shut down.
 //!
 //! Run: `cargo run --example config_deploy [-- path/to/config.yaml]`
 
@@ -166,21 +167,53 @@ impl From<&(String, Vec<String>, f64)> for ShopInit {
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let config = std::env::args()
+async fn main() -> std::process::ExitCode {
+    match run().await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            // The error and its causes, in words (not `Debug`).
+            let mut text = format!("error: {e}");
+            let mut cause = e.source();
+            while let Some(c) = cause {
+                text.push_str(&format!("\n  caused by: {c}"));
+                cause = c.source();
+            }
+            eprintln!("{text}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// What this example asks each of its own applications (any other
+/// application a config names is waited for and shown, not called).
+fn request_for(app: &str) -> Option<&'static str> {
+    match app {
+        "greeter" => Some("flotilla"),
+        "shop" => Some("pears"),
+        "admin" => Some("status"),
+        _ => None,
+    }
+}
+
+async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    let path = std::env::args()
         .nth(1)
         .unwrap_or_else(|| "examples/serve_config.yaml".to_owned());
-    let dir = std::env::temp_dir().join(format!("flotilla-config-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
-    let serve = Serve::start(ServeOptions::new(registry()?).store_path(dir.join("f.redb"))).await?;
-    serve.apply_config_file(&config).await?;
-    println!("applied {config}");
-    for (app, request) in [
-        ("greeter", "flotilla"),
-        ("shop", "pears"),
-        ("admin", "status"),
-    ] {
-        let mut rx = serve.watch_status(app).ok_or("application missing")?;
+    // Removed when dropped, on an error too.
+    let dir = tempfile::tempdir()?;
+    let serve =
+        Serve::start(ServeOptions::new(registry()?).store_path(dir.path().join("f.redb"))).await?;
+    if let Err(e) = serve.apply_config_file(&path).await {
+        serve.shutdown().await?;
+        return Err(e.into());
+    }
+    println!("applied {path}");
+    let applied = serve.applied_config().await?;
+    let apps = applied.iter().flat_map(|c| c.applications.iter());
+    for app in apps.map(|a| a.name.as_str()) {
+        let mut rx = serve
+            .watch_status(app)
+            .ok_or_else(|| format!("application {app} is not on the status board"))?;
         let status = rx
             .wait_for(|s| {
                 matches!(
@@ -190,12 +223,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             })
             .await?
             .clone();
-        if status.status != ApplicationStatus::Running {
-            println!("{app}: {} {}", status.status, status.message);
-            continue;
+        match (status.status, request_for(app)) {
+            (ApplicationStatus::Running, Some(request)) => {
+                let out: String = serve.app_handle(app)?.call(request).await?;
+                println!("{app} <- {request:?} -> {out:?}");
+            }
+            (s, _) => println!("{app}: {s} {}", status.message),
         }
-        let out: String = serve.app_handle(app)?.call(request).await?;
-        println!("{app} <- {request:?} -> {out:?}");
     }
     println!();
     for (name, s) in serve.status() {
@@ -213,6 +247,5 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
     }
     serve.shutdown().await?;
-    std::fs::remove_dir_all(&dir)?;
     Ok(())
 }

@@ -18,8 +18,8 @@ use std::{
 };
 
 use flotilla::{
-    ApplicationSpec, Args, Deployment, DeploymentHandle, DeploymentSpec, Registry, Serve,
-    ServeOptions, UserError,
+    AppLogLayer, ApplicationSpec, Args, Deployment, DeploymentHandle, DeploymentSpec, Registry,
+    Serve, ServeConfig, ServeOptions, UserError,
 };
 use flotilla_http::{HttpOptions, HttpRequest, HttpResponse, HttpServer};
 use futures::{Stream, StreamExt, stream};
@@ -245,14 +245,32 @@ fn registry() -> Result<Registry, Box<dyn std::error::Error>> {
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::INFO)
-        .init();
+async fn main() -> std::process::ExitCode {
+    match run().await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            // The error and its causes, in words (not `Debug`).
+            let mut text = format!("error: {e}");
+            let mut cause = e.source();
+            while let Some(c) = cause {
+                text.push_str(&format!("\n  caused by: {c}"));
+                cause = c.source();
+            }
+            eprintln!("{text}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let mut argv = std::env::args().skip(1);
-    let config = argv.next().unwrap_or_else(|| {
+    let config_path = argv.next().unwrap_or_else(|| {
         concat!(env!("CARGO_MANIFEST_DIR"), "/examples/http_config.yaml").to_owned()
     });
+    // Read and checked before anything starts: a bad file changes nothing.
+    let text = std::fs::read_to_string(&config_path)
+        .map_err(|e| format!("cannot read {config_path}: {e}"))?;
+    let config = ServeConfig::from_yaml(&text)?;
     let (store, _scratch) = match argv.next() {
         Some(s) => (std::path::PathBuf::from(s), None),
         None => {
@@ -260,10 +278,27 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             (dir.path().join("flotilla.redb"), Some(dir))
         }
     };
-    let serve = Serve::start(ServeOptions::new(registry()?).store_path(&store)).await?;
-    serve.apply_config_file(&config).await?;
-    let http = HttpServer::start(&serve, HttpOptions::default()).await?;
-    println!("applied {config}");
+    let options = ServeOptions::new(registry()?).store_path(&store);
+    // Every event is filtered, formatted and filed by the logging_config of
+    // its application (and deployment), or the config's global one.
+    {
+        use tracing_subscriber::layer::SubscriberExt;
+        let layer = AppLogLayer::new(options.logging.clone(), std::io::stderr);
+        tracing::subscriber::set_global_default(tracing_subscriber::registry().with(layer))?;
+    }
+    let serve = Serve::start(options).await?;
+    // Listening first, with the config's http_options: a port in use stops
+    // the example before the config is applied.
+    let http_options = HttpOptions::builder().serve_config(&config).build()?;
+    let http = match HttpServer::start(&serve, http_options).await {
+        Ok(http) => http,
+        Err(e) => {
+            serve.shutdown().await?;
+            return Err(e.into());
+        }
+    };
+    serve.apply_config(config).await?;
+    println!("applied {config_path}");
     match http.proxy_addr() {
         Some(proxy) => {
             println!("proxy:    http://{proxy}");

@@ -38,14 +38,22 @@ impl Args {
     /// ```
     pub fn decode<T: DeserializeOwned>(&self) -> Result<T, Error> {
         rmp_serde::from_slice(&self.0).map_err(|e| {
-            let into = format!("the value into `{}`", std::any::type_name::<T>());
-            codec("decode", into, self.why_not::<T>().unwrap_or(e.to_string()))
+            let reason = self.why_not::<T>().unwrap_or(e.to_string());
+            codec("decode", decoded_into::<T>(), reason)
         })
     }
 
+    /// Decode into `T`, an error worded by the MessagePack reader: what the
+    /// readable form is made with, so that explaining a failed decode
+    /// ([`why_not`](Self::why_not)) never decodes the same way again.
+    pub(crate) fn decode_plain<T: DeserializeOwned>(&self) -> Result<T, Error> {
+        rmp_serde::from_slice(&self.0)
+            .map_err(|e| codec("decode", decoded_into::<T>(), e.to_string()))
+    }
+
     /// Why the value does not decode into `T`, in serde's words: the same
-    /// decode from its readable form (`None` if that succeeds or cannot be
-    /// made).
+    /// decode from its readable form (`None` if that succeeds, or if the
+    /// bytes are not MessagePack at all).
     fn why_not<T: DeserializeOwned>(&self) -> Option<String> {
         let value = serde_json::to_value(self.readable().ok()?).ok()?;
         serde_json::from_value::<T>(value)
@@ -101,6 +109,11 @@ impl fmt::Debug for Args {
     }
 }
 
+/// What a decode into `T` is called in its error.
+fn decoded_into<T>() -> String {
+    format!("the value into `{}`", std::any::type_name::<T>())
+}
+
 fn codec(action: &'static str, what: String, reason: String) -> Error {
     Error::Codec {
         at: Location::default(),
@@ -149,6 +162,17 @@ mod serde_bytes_compat {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bytes_that_are_not_messagepack_fail_to_decode_with_the_readers_words() {
+        // 0xc1 is never used; 0xd4 opens an ext type, which no value has.
+        for bytes in [vec![0xc1], vec![0xd4, 0x01, 0x00]] {
+            let a = Args::from_msgpack(bytes);
+            let e = a.decode::<u8>().unwrap_err().to_string();
+            assert!(e.starts_with("cannot decode the value into `u8`: "), "{e}");
+            assert!(a.readable().is_err());
+        }
+    }
 
     #[test]
     fn round_trip_and_stable_bytes() {

@@ -154,7 +154,7 @@ pub(crate) fn to_args(mut value: Value) -> Result<Args, Error> {
 /// [`Args`] built by hand (say from a `HashMap`) hash the same as parsed ones. Bytes
 /// that do not decode are returned as they are.
 pub(crate) fn canonical_bytes(args: &Args) -> Vec<u8> {
-    args.decode::<Value>()
+    args.decode_plain::<Value>()
         .and_then(to_args)
         .map_or_else(|_| args.as_bytes().to_vec(), |a| a.as_bytes().to_vec())
 }
@@ -226,7 +226,7 @@ impl Value {
 /// text written as text, as Ray's REST API writes a dict's; an error if the
 /// bytes are not MessagePack.
 pub(crate) fn readable(args: &Args) -> Result<impl Serialize + use<>, Error> {
-    args.decode::<Value>()
+    args.decode_plain::<Value>()
 }
 
 impl<'de> Deserialize<'de> for Value {
@@ -332,7 +332,7 @@ pub(crate) mod args_field {
     /// Serialise one `Args`.
     pub(crate) fn serialize<S: Serializer>(args: &Args, s: S) -> Result<S::Ok, S::Error> {
         if s.is_human_readable() {
-            args.decode::<Value>()
+            args.decode_plain::<Value>()
                 .map_err(serde::ser::Error::custom)?
                 .serialize(s)
         } else {
@@ -411,7 +411,7 @@ pub(crate) mod app_args {
 /// The keys of `args` if it holds a map, as text (non-text keys shown as
 /// MessagePack debug), in canonical order; empty for anything else.
 pub(crate) fn map_keys(args: &Args) -> Vec<String> {
-    match args.decode::<Value>() {
+    match args.decode_plain::<Value>() {
         Ok(Value::Map(entries)) => {
             let mut keys: Vec<String> = entries
                 .into_iter()
@@ -429,7 +429,7 @@ pub(crate) fn map_keys(args: &Args) -> Vec<String> {
 
 /// Whether `args` is empty: nil, the empty map or the empty sequence.
 pub(crate) fn is_empty(args: &Args) -> bool {
-    match args.decode::<Value>() {
+    match args.decode_plain::<Value>() {
         Ok(Value::Null) => true,
         Ok(Value::Map(m)) => m.is_empty(),
         Ok(Value::Seq(s)) => s.is_empty(),

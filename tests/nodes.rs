@@ -1506,7 +1506,18 @@ async fn a_head_crash_and_restart_readopts_the_replicas_of_nodes_that_stayed_up(
         serve.metrics().await.unwrap().nodes.live == 2
     })
     .await;
-    serve.run(where_app("app", 4, cpus(1.0))).await.unwrap();
+    // It logs as JSON: its nodes hold that setting across the head's restart.
+    let json = flotilla::LoggingConfig {
+        encoding: flotilla::LogEncoding::Json,
+        ..Default::default()
+    };
+    let app = ApplicationSpec::builder("app")
+        .deployment(where_dep("where", 4, cpus(1.0), &WhereArgs::default()))
+        .logging(json)
+        .build()
+        .unwrap();
+    serve.run(app).await.unwrap();
+    a.wait_logging(|s| s.contains("\"app\"")).await;
     // A multiplexed replica on a, holding a model when the head crashes.
     let answer: String = serve
         .run(models_app("mx", 1))
@@ -1525,12 +1536,27 @@ async fn a_head_crash_and_restart_readopts_the_replicas_of_nodes_that_stayed_up(
         .collect();
     assert_eq!(before.len(), 4);
 
+    let sent_before = a.logging_sent().len();
     serve.crash_process().await;
     drop(serve);
     let serve = head_at(dir.path(), cpus(0.0), addr).await;
     let handle = serve.app_handle("app").unwrap();
     let here: Here = handle.call("back").await.unwrap();
     assert!(here.node == a_id || here.node == b_id);
+    // The restarted head sends its settings once its Controller recovered
+    // them from the checkpoint, never the empty ones it starts with.
+    a.wait_logging(|s| s.contains("\"app\"")).await;
+    eventually(20, "the recovered settings reached a", || async {
+        a.logging_sent().len() > sent_before
+    })
+    .await;
+    let since = a.logging_sent().split_off(sent_before);
+    assert!(
+        since
+            .iter()
+            .all(|s| s.contains("\"app\"") && s.contains("Json")),
+        "a node was sent settings without the application's: {since:#?}"
+    );
     eventually(
         20,
         "the recovered deployment runs its 4 replicas",
@@ -2026,15 +2052,32 @@ fn logged_app(app: &str, config: flotilla::LoggingConfig) -> ApplicationSpec {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_on_a_node_logs_by_its_applications_logging_config() {
     let (_turn, dir, serve, addr) = setup(cpus(0.0)).await;
-    let a = NodeProc::start(addr, &gpu_node("a"), dir.path());
-    a.id().await;
     let json = flotilla::LoggingConfig {
         encoding: flotilla::LogEncoding::Json,
         ..Default::default()
     };
-    let handle = serve.run(logged_app("logged", json)).await.unwrap();
-    a.wait_logging(|s| s.contains("\"logged\"") && s.contains("Json"))
-        .await;
+    // Deployed before the node joins (its replica waits for the node's gpu):
+    // the node is sent the settings as it is welcomed, before the replica
+    // can be placed there.
+    let no_wait = RunManyOptions {
+        wait_for_ingress_deployment_creation: false,
+        wait_for_applications_running: false,
+    };
+    serve
+        .run_many(vec![logged_app("logged", json)], no_wait)
+        .await
+        .unwrap();
+    let a = NodeProc::start(addr, &gpu_node("a"), dir.path());
+    a.id().await;
+    let mut status = serve.watch_status("logged").unwrap();
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        status.wait_for(|s| s.status == flotilla::ApplicationStatus::Running),
+    )
+    .await
+    .expect("RUNNING on the node")
+    .unwrap();
+    let handle = serve.app_handle("logged").unwrap();
     handle.call::<_, Here>("log:first").await.unwrap();
     // Written in the handler, before its answer.
     let text = a.applog_text();

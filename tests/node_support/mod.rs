@@ -899,6 +899,11 @@ impl NodeProc {
         .unwrap_or_else(|_| panic!("no such logging settings; log:\n{}", self.log_text()))
     }
 
+    /// Every logging settings it was sent so far, in order (their `Debug` text).
+    pub fn logging_sent(&self) -> Vec<String> {
+        self.logging.lock().unwrap().clone()
+    }
+
     /// What its `AppLogLayer` wrote so far.
     pub fn applog_text(&self) -> String {
         std::fs::read_to_string(&self.applog).unwrap_or_default()

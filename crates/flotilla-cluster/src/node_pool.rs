@@ -213,11 +213,12 @@ struct Reservation {
     /// Where the replica runs (its first bundle's node).
     node: usize,
     /// What it holds there: its resources, its first bundle, or (`PACK`,
-    /// `STRICT_PACK`) every bundle's sum.
+    /// `STRICT_PACK` on one node) every bundle's sum.
     resources: Resources,
     key: DeploymentKey,
-    /// Its other bundles and their nodes (`SPREAD`, `STRICT_SPREAD`); empty,
-    /// and so not allocated, without a spread placement group.
+    /// Its other bundles and their nodes (`SPREAD`, `STRICT_SPREAD`, and a
+    /// `PACK` whose bundles no node holds together); empty, and so not
+    /// allocated, otherwise.
     more: Vec<(usize, Resources)>,
 }
 
@@ -508,7 +509,8 @@ impl NodePool {
     /// `PACK` when no node has room for the bundles' sum (Ray's best effort):
     /// each bundle, in order, on a node an earlier bundle of the replica took
     /// if one has room, else on the node `rank` puts lowest; pending only
-    /// when some bundle fits nowhere.
+    /// when some bundle fits nowhere. Greedy, in bundle order: it does not
+    /// look for the fewest nodes (bin packing), as Ray's does not.
     fn pack_apart<K: PartialOrd>(
         &mut self,
         replica: ReplicaId,
@@ -528,10 +530,14 @@ impl NodePool {
             Ok(taken) => Ok(self.record_bundles(replica, &taken, group, key)),
             Err((b, why)) => Err(Refusal {
                 missing: format!(
-                    "PACK: its {} fit no node together, and bundle #{} fits none beside the \
-                     ones before it: {}",
+                    "PACK: its {} fit no node together, and bundle #{} fits none{}: {}",
                     bundles(group.bundles.len()),
                     b + 1,
+                    if b == 0 {
+                        ""
+                    } else {
+                        " beside the ones before it"
+                    },
                     why.missing
                 ),
             }),

@@ -52,7 +52,9 @@ impl PlacementStrategy {
         }
     }
 
-    /// Whether the strategy puts every bundle on one node.
+    /// Whether the strategy puts its bundles together: on one node
+    /// (`STRICT_PACK`; `PACK` where a node has room for them all, else on as
+    /// few as it can).
     pub fn packs(self) -> bool {
         matches!(
             self,

@@ -110,11 +110,6 @@ impl DeploymentActor {
         state.slow.timer = Some((due, timer));
     }
 
-    /// One reconcile step (level-triggered: safe to run after any event).
-    ///
-    /// Boxed: ractor keeps one loop future per actor, sized for its largest
-    /// handler, and this step's frame would stay in it for the actor's whole life;
-    /// a small allocation per message costs less than that resident memory.
     /// Reconcile after the messages queued now: a replica's event or exit
     /// changes one replica, and a burst of them (thousands of replicas
     /// starting or stopping at once) shares one pass over every replica
@@ -126,6 +121,11 @@ impl DeploymentActor {
         }
     }
 
+    /// One reconcile step (level-triggered: safe to run after any event).
+    ///
+    /// Boxed: ractor keeps one loop future per actor, sized for its largest
+    /// handler, and this step's frame would stay in it for the actor's whole life;
+    /// a small allocation per message costs less than that resident memory.
     async fn reconcile(myself: &ActorRef<DeploymentMsg>, state: &mut DeploymentState) {
         state.unreconciled = false;
         Box::pin(Self::reconcile_step(myself, state)).await;

@@ -297,6 +297,8 @@ pub(crate) fn recovered(shared: &HeadShared, live: HashSet<(AppName, DeploymentN
             prune(shared, &peer, &keep);
         }
     }
+    // The Controller filled the logging settings from the checkpoint.
+    super::log_export::send_all(shared);
 }
 
 /// Every live route, once the Controller has recovered: the ones it

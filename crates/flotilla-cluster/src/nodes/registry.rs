@@ -532,6 +532,8 @@ async fn hello(state: &mut RegistryState, from: String, h: Hello) {
         },
     );
     state.by_peer.insert(from.clone(), h.node.clone());
+    // Its replicas log by the head's settings from their start.
+    super::log_export::welcome(&shared, &from);
     shared
         .pool()
         .add(NodeSpec::new(h.node.clone(), h.resources.clone()));
@@ -605,7 +607,6 @@ fn join_done(
         .reattach
         .send_replace((state.reattached, state.expected.len()));
     super::export::full_copy(&shared, from);
-    super::log_export::full_copy(&shared, from);
     nodes_changed(state);
     shared.announce(ClusterEvent::CapacityFreed);
 }

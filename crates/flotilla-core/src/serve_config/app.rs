@@ -277,7 +277,9 @@ impl RouteOverride {
 }
 
 /// In a config's text (YAML, JSON) `null` is [`RouteOverride::Off`] (a left
-/// out field is `Keep`, by its default). In the checkpoint's binary encoding
+/// out field is `Keep`, by its default: [`AppConfig`] leaves `Keep` out of
+/// what it writes; a `Keep` written on its own is `null`, which reads back
+/// as `Off`). In the checkpoint's binary encoding
 /// `nil` stays `Keep`, as every record written before `Off` existed reads,
 /// and `Off` is `false`.
 impl Serialize for RouteOverride {

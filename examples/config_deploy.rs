@@ -168,20 +168,11 @@ impl From<&(String, Vec<String>, f64)> for ShopInit {
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    match run().await {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            // The error and its causes, in words (not `Debug`).
-            let mut text = format!("error: {e}");
-            let mut cause = e.source();
-            while let Some(c) = cause {
-                text.push_str(&format!("\n  caused by: {c}"));
-                cause = c.source();
-            }
-            eprintln!("{text}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    let Err(e) = run().await else {
+        return std::process::ExitCode::SUCCESS;
+    };
+    eprintln!("error: {}", flotilla::with_causes(e.as_ref()));
+    std::process::ExitCode::FAILURE
 }
 
 /// What this example asks each of its own applications (any other

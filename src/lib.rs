@@ -39,9 +39,12 @@
 //! ```
 
 mod details;
+mod error_text;
 mod logging;
 mod namespace;
 mod serve;
+
+pub use error_text::with_causes;
 
 /// Node processes: the user's own binary, run in node mode, joins a head
 /// (a process whose `Serve` was started with [`ServeOptions::nodes`]) and runs

@@ -246,20 +246,11 @@ fn registry() -> Result<Registry, Box<dyn std::error::Error>> {
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    match run().await {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            // The error and its causes, in words (not `Debug`).
-            let mut text = format!("error: {e}");
-            let mut cause = e.source();
-            while let Some(c) = cause {
-                text.push_str(&format!("\n  caused by: {c}"));
-                cause = c.source();
-            }
-            eprintln!("{text}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    let Err(e) = run().await else {
+        return std::process::ExitCode::SUCCESS;
+    };
+    eprintln!("error: {}", flotilla::with_causes(e.as_ref()));
+    std::process::ExitCode::FAILURE
 }
 
 async fn run() -> Result<(), Box<dyn std::error::Error>> {

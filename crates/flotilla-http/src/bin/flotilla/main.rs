@@ -243,29 +243,10 @@ fn main() -> ExitCode {
     match runtime.block_on(run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            tell(&format!("Error: {}\n", with_causes(&e)));
+            tell(&format!("Error: {}\n", flotilla::with_causes(&e)));
             ExitCode::FAILURE
         }
     }
-}
-
-/// `error` and its causes, each after the one it caused, on one line: `cannot
-/// read x.yaml: No such file or directory (os error 2)`. A message's closing
-/// period gives way to the cause; a cause whose text is already there is not
-/// repeated.
-fn with_causes(error: &dyn std::error::Error) -> String {
-    let mut out = error.to_string();
-    let mut cause = error.source();
-    while let Some(c) = cause {
-        let text = c.to_string();
-        if !out.contains(&text) {
-            out.truncate(out.trim_end_matches('.').len());
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-        cause = c.source();
-    }
-    out
 }
 
 #[cfg(test)]
@@ -292,20 +273,26 @@ mod tests {
             path: "x.yaml".into(),
             source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file"),
         };
-        assert_eq!(with_causes(&e), "cannot read x.yaml: no such file");
-        assert_eq!(with_causes(&ClientError::Aborted), "aborted");
+        assert_eq!(
+            flotilla::with_causes(&e),
+            "cannot read x.yaml: no such file"
+        );
+        assert_eq!(flotilla::with_causes(&ClientError::Aborted), "aborted");
         /// A message that ends in a period.
         #[derive(Debug, thiserror::Error)]
         #[error("outer.")]
         struct Period(#[source] ClientError);
         let e = Period(ClientError::Terminal(std::io::Error::other("inner")));
-        assert_eq!(with_causes(&e), "outer: terminal I/O failed: inner");
+        assert_eq!(
+            flotilla::with_causes(&e),
+            "outer: terminal I/O failed: inner"
+        );
         /// A message that already holds its cause's text.
         #[derive(Debug, thiserror::Error)]
         #[error("outer: {0}")]
         struct Embeds(#[source] std::io::Error);
         let e = Embeds(std::io::Error::other("inner"));
-        assert_eq!(with_causes(&e), "outer: inner");
+        assert_eq!(flotilla::with_causes(&e), "outer: inner");
     }
 
     #[test]

@@ -41,7 +41,7 @@ fn serve_status(details: &Value) -> Value {
             for d in a["deployment_topology"]["nodes"].as_object().into_iter().flatten().map(|(d, _)| d) {
                 deployments.entry(d.clone()).or_insert_with(|| {
                     json!({"status": "UNKNOWN", "status_trigger": "UNKNOWN", "replica_states": {},
-                        "message": "details unavailable: its DeploymentActor did not answer (restarting?); try again"})
+                        "message": "details unavailable: its DeploymentActor did not answer in time (busy, or restarting); try again"})
                 });
             }
             (

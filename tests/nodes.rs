@@ -1545,12 +1545,12 @@ async fn a_head_crash_and_restart_readopts_the_replicas_of_nodes_that_stayed_up(
     assert!(here.node == a_id || here.node == b_id);
     // The restarted head sends its settings once its Controller recovered
     // them from the checkpoint, never the empty ones it starts with.
-    a.wait_logging(|s| s.contains("\"app\"")).await;
-    eventually(20, "the recovered settings reached a", || async {
-        a.logging_sent().len() > sent_before
-    })
-    .await;
-    let since = a.logging_sent().split_off(sent_before);
+    let since = a
+        .wait_printed("the restarted head's logging settings", || {
+            let sent = a.logging_sent();
+            (sent.len() > sent_before).then(|| sent[sent_before..].to_vec())
+        })
+        .await;
     assert!(
         since
             .iter()

@@ -775,7 +775,8 @@ pub struct NodeProc {
     pub child: Child,
     ids: Arc<Mutex<Vec<String>>>,
     replicas: Arc<std::sync::atomic::AtomicUsize>,
-    id_changed: Arc<tokio::sync::Notify>,
+    /// Told after each node id or logging settings it prints.
+    printed: Arc<tokio::sync::Notify>,
     /// Its `NODE_LOGGING` lines (the logging settings it was sent).
     logging: Arc<Mutex<Vec<String>>>,
     pub log: PathBuf,
@@ -805,11 +806,11 @@ impl NodeProc {
             .spawn()
             .unwrap();
         let ids = Arc::new(Mutex::new(Vec::new()));
-        let id_changed = Arc::new(tokio::sync::Notify::new());
+        let printed = Arc::new(tokio::sync::Notify::new());
         let out = child.stdout.take().unwrap();
         let replicas = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let logging = Arc::new(Mutex::new(Vec::new()));
-        let (ids2, changed2, replicas2) = (ids.clone(), id_changed.clone(), replicas.clone());
+        let (ids2, changed2, replicas2) = (ids.clone(), printed.clone(), replicas.clone());
         let logging2 = logging.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(out).lines() {
@@ -833,7 +834,7 @@ impl NodeProc {
             child,
             ids,
             replicas,
-            id_changed,
+            printed,
             logging,
             log,
             applog,
@@ -870,33 +871,34 @@ impl NodeProc {
 
     /// Its `n`th node id (0 = the first), waiting for it.
     pub async fn nth_id(&self, n: usize) -> String {
-        tokio::time::timeout(Duration::from_secs(30), async {
-            loop {
-                let notified = self.id_changed.notified();
-                if let Some(id) = self.ids().get(n) {
-                    return id.clone();
-                }
-                notified.await;
-            }
-        })
-        .await
-        .unwrap_or_else(|_| panic!("node id #{n} not printed; log:\n{}", self.log_text()))
+        self.wait_printed(&format!("node id #{n}"), || self.ids().get(n).cloned())
+            .await
     }
 
     /// Wait (at most 30 s) for logging settings from its head for which
     /// `check` holds (given their `Debug` text), and return them.
     pub async fn wait_logging(&self, check: impl Fn(&str) -> bool) -> String {
+        self.wait_printed("such logging settings", || {
+            self.logging_sent().into_iter().rev().find(|l| check(l))
+        })
+        .await
+    }
+
+    /// Wait (at most 30 s) until what it printed gives `found` a value,
+    /// looking again after each node id or logging settings it prints;
+    /// `what` names it in the panic if it never does.
+    pub async fn wait_printed<T>(&self, what: &str, found: impl Fn() -> Option<T>) -> T {
         tokio::time::timeout(Duration::from_secs(30), async {
             loop {
-                let notified = self.id_changed.notified();
-                if let Some(l) = self.logging.lock().unwrap().iter().rev().find(|l| check(l)) {
-                    return l.clone();
+                let notified = self.printed.notified();
+                if let Some(v) = found() {
+                    return v;
                 }
                 notified.await;
             }
         })
         .await
-        .unwrap_or_else(|_| panic!("no such logging settings; log:\n{}", self.log_text()))
+        .unwrap_or_else(|_| panic!("{what} not printed; log:\n{}", self.log_text()))
     }
 
     /// Every logging settings it was sent so far, in order (their `Debug` text).

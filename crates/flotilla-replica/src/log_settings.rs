@@ -192,7 +192,11 @@ impl LogSettings {
                 config: spec.logging.clone(),
                 deployments,
             };
-            inner.apps.insert(spec.name.clone(), new.clone()).as_ref() != Some(&new)
+            if inner.apps.get(&spec.name) == Some(&new) {
+                return false;
+            }
+            inner.apps.insert(spec.name.clone(), new);
+            true
         });
     }
 

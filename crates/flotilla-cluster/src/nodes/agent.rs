@@ -22,7 +22,7 @@ use tokio::{
     task::JoinHandle,
     time::Instant,
 };
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use super::{
     AbortOnDrop, NodeError, NodeOptions,
@@ -841,7 +841,7 @@ async fn control(myself: &ActorRef<AgentMsg>, state: &mut AgentState, env: Envel
             state.listed = alive.into_iter().collect();
         }
         Control::Logging(settings) => {
-            info!(node = %state.args.id, "logging settings from the head");
+            debug!(node = %state.args.id, "logging settings from the head");
             state.args.options.logging.replace(*settings);
         }
         other => {

@@ -17,6 +17,9 @@
 //! picks benchmarks, e.g. `cargo bench --bench micro -- plan`). Criterion keeps
 //! each result in `target/criterion/` and reports the change from the last run.
 
+// A benchmark stops on the first failure: an `expect` says which step failed.
+#![allow(clippy::expect_used)]
+
 use std::{collections::BTreeMap, hint::black_box, time::Duration};
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};

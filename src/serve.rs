@@ -406,12 +406,15 @@ impl Serve {
             .cast(SupervisorMsg::Forward(build(tx.into())))
             // Stopped: shut down, or gone after giving up (then it says so).
             .map_err(|_| lost_reply(&self.inner.fatal, true))?;
-        rx.await.map_err(|_| {
-            lost_reply(
-                &self.inner.fatal,
-                self.inner.stopped.load(Ordering::Acquire),
-            )
-        })
+        rx.await.map_err(|_| self.lost())
+    }
+
+    /// Why a reply the Controller owed did not come (or came incomplete).
+    fn lost(&self) -> ServeError {
+        lost_reply(
+            &self.inner.fatal,
+            self.inner.stopped.load(Ordering::Acquire),
+        )
     }
 
     /// Deploy one application and wait until it is RUNNING at the new generation;
@@ -430,12 +433,8 @@ impl Serve {
     /// ```
     pub async fn run(&self, app: ApplicationSpec) -> Result<DeploymentHandle, ServeError> {
         let handles = self.run_many(vec![app], RunManyOptions::default()).await?;
-        // The Controller answers a deploy with one target per application
-        // it was given, and `run_many` with one handle per target.
-        Ok(handles
-            .into_iter()
-            .next()
-            .expect("run_many answers one handle per application"))
+        // `deploy` answers one handle per application, or an error.
+        handles.into_iter().next().ok_or_else(|| self.lost())
     }
 
     /// Deploy many applications in one controller message and one checkpoint commit.
@@ -505,6 +504,11 @@ impl Serve {
                 reply,
             })
             .await??;
+        // The Controller answers one target per application it was given;
+        // an answer short of that is one it did not finish giving.
+        if deployed.len() != targets.len() {
+            return Err(self.lost());
+        }
         let mut handles = Vec::with_capacity(targets.len());
         for ((name, ingress), deployed) in targets.into_iter().zip(deployed) {
             let Deployed {
@@ -675,8 +679,21 @@ impl Serve {
         &self,
         path: impl AsRef<std::path::Path>,
     ) -> Result<(), ServeError> {
-        let text = read_config_file(path.as_ref())?;
-        self.apply_config(ServeConfig::from_yaml(&text)?).await
+        // Reading and parsing take a few milliseconds per MiB: off the
+        // runtime's workers, which the actors and the proxy share.
+        let path = path.as_ref().to_owned();
+        let parsed = tokio::task::spawn_blocking(move || -> Result<ServeConfig, ServeError> {
+            let text = read_config_file(&path)?;
+            Ok(ServeConfig::from_yaml(&text)?)
+        })
+        .await;
+        let config = match parsed {
+            Ok(config) => config?,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            // Cancelled: the runtime is shutting down.
+            Err(_) => return Err(ServeError::Unavailable(NotRunning::Stopped)),
+        };
+        self.apply_config(config).await
     }
 
     /// Delete applications (unknown names are ignored), given as any iterator of

@@ -3,7 +3,7 @@
 //! handle does once its instance is gone, how instances keep to their own
 //! namespace, and what dropping a `Serve` leaves behind.
 
-#![allow(clippy::unwrap_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
 

@@ -1,7 +1,7 @@
 //! Autoscaling: Ray Serve's default policy on the replicas' own load counters,
 //! decisions made durable by the Controller before replicas change.
 
-#![allow(clippy::unwrap_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
 

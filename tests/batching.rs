@@ -5,7 +5,7 @@
 //! gives up leaves its batch, and `max_ongoing_requests` and autoscaling see
 //! the requests waiting for a batch.
 
-#![allow(clippy::unwrap_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
 

@@ -8,7 +8,7 @@
 //!
 //! `FLOTILLA_SEEDS=N` runs N seeds (default 200); `FLOTILLA_SEED=S` replays one.
 
-#![allow(clippy::unwrap_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
 

@@ -1,7 +1,7 @@
 //! Declarative deploys: `apply_config`, build tasks, overrides, imperative
 //! coexistence and recovery, on paused tokio time.
 
-#![allow(clippy::unwrap_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
 

@@ -1,7 +1,7 @@
 //! The data plane through handles: limits, back-pressure, queueing, timeouts,
 //! cancellation, routing, errors and composition, on paused tokio time.
 
-#![allow(clippy::unwrap_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
 

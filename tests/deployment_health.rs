@@ -1,7 +1,7 @@
 //! Replica health, startup retries, panics and graceful stops, through the public
 //! API on paused tokio time.
 
-#![allow(clippy::unwrap_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
 

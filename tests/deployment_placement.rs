@@ -1,7 +1,7 @@
 //! Placement on a `StaticCluster`, slow starts, and node deaths, through the public
 //! API on paused tokio time.
 
-#![allow(clippy::unwrap_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
 

@@ -2,7 +2,7 @@
 //! states and counts, scaling, rolling code updates, config-only updates in place,
 //! and idempotent redeploys.
 
-#![allow(clippy::unwrap_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
 

@@ -1,7 +1,7 @@
 //! The facade's read-only details for the HTTP layer: the applied config (held
 //! by the Controller, surviving its crash) and every deployment's snapshot.
 
-#![allow(clippy::unwrap_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
 

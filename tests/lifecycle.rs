@@ -1,7 +1,7 @@
 //! The application lifecycle through the public API, on paused tokio time: Ray
 //! Serve's status flows, the checkpoint protocol and bad input.
 
-#![allow(clippy::unwrap_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
 

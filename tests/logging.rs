@@ -2,7 +2,7 @@
 //! `tracing` caches callsite interest process-wide, so a thread-local subscriber
 //! must not share its process with other tests.
 
-#![allow(clippy::unwrap_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
 

@@ -4,7 +4,7 @@
 //! subscription), a failed load, loaded ids in the status details, and
 //! batches split by model id.
 
-#![allow(clippy::unwrap_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
 

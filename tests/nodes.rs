@@ -1,7 +1,7 @@
 //! Nodes on loopback, with real processes: this test binary is the head, and
 //! starts node processes of itself (`node_child`). See `docs/nodes.md`.
 
-#![allow(clippy::unwrap_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod node_support;
 

@@ -3,7 +3,7 @@
 //! a seeded moment, reopens the store and checks every acknowledged application is
 //! there and comes back to RUNNING.
 
-#![allow(clippy::unwrap_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
 

@@ -1,6 +1,6 @@
 //! Control-plane crashes and process restarts, on paused tokio time.
 
-#![allow(clippy::unwrap_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
 

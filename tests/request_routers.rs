@@ -4,7 +4,7 @@
 //! factory, a change applies in place, and an unregistered class or refused
 //! kwargs are refused at the call naming where.
 
-#![allow(clippy::unwrap_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
 

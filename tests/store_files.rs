@@ -2,7 +2,7 @@
 //! without writing a byte of it (and without panicking), refuses a path that is not a
 //! regular file at once, and creates a new checkpoint private to its owner.
 
-#![allow(clippy::unwrap_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
 

@@ -4,7 +4,7 @@
 //! streaming deployment can forward another's stream, and a stream answered
 //! at once never wakes its own task. Paused tokio time.
 
-#![allow(clippy::unwrap_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
 

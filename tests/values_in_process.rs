@@ -5,7 +5,7 @@
 //! before (so types may still differ on the two sides). A field that serde
 //! skips tells a moved value from a decoded copy. Paused tokio time.
 
-#![allow(clippy::unwrap_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
 

@@ -2,7 +2,7 @@
 //! below it, no Controller above): its own decisions, heard through its status
 //! channel and its reporter, on paused time.
 
-#![allow(clippy::unwrap_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 

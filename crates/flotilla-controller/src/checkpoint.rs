@@ -200,7 +200,7 @@ fn check_config(path: &Path, snapshot: &Snapshot) -> Result<(), StoreError> {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use flotilla_core::{AppName, Faults};
     use flotilla_store::Batch;

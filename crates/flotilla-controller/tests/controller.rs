@@ -3,7 +3,7 @@
 //! status board, restarting ApplicationActors, and refusing work after
 //! shutdown; on paused time.
 
-#![allow(clippy::unwrap_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::{sync::Arc, time::Duration};
 

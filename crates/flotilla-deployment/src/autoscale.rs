@@ -359,7 +359,7 @@ pub(crate) fn tick(state: &mut DeploymentState) {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use super::*;
 

@@ -2,7 +2,7 @@
 //! replicas (RECOVERING), and placement retries on a cluster that announces
 //! nothing. Paused tokio time throughout.
 
-#![allow(clippy::unwrap_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::{
     sync::{

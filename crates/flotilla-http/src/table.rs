@@ -212,7 +212,7 @@ impl RouteFollower {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use flotilla::{
         ApplicationSpec, Deployment, DeploymentSpec, Registry, ServeOptions, UserError,

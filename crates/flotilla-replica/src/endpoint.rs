@@ -666,7 +666,7 @@ impl ReplicaStats {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use super::*;
     use crate::{CallError, payload::Payload, user::Call};

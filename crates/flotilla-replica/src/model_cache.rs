@@ -563,7 +563,7 @@ fn load_error(id: &str, message: &str) -> CallError {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use std::{
         sync::atomic::{AtomicU32, Ordering},

@@ -434,7 +434,7 @@ impl Registry {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use flotilla_core::{AutoscalingConfig, BUILTIN_AUTOSCALING_POLICIES};
 

@@ -722,7 +722,7 @@ impl Directory {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use flotilla_core::{AppName, AutoscalingConfig, DeploymentConfig, DeploymentName};
 

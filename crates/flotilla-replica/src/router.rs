@@ -316,7 +316,7 @@ pub enum RouterError {
 
 #[cfg(test)]
 pub(crate) mod tests {
-    #![allow(clippy::unwrap_used)]
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use super::*;
     use crate::endpoint::{test_endpoint, test_multiplexed_endpoint};

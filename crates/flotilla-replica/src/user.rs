@@ -448,7 +448,7 @@ impl<D: Deployment> ErasedDeployment for Erased<D> {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use super::*;
 

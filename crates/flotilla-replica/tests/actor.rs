@@ -2,7 +2,7 @@
 //! reporter, on paused time: what it reports when it starts, fails to start,
 //! fails its health checks, reconfigures and drains.
 
-#![allow(clippy::unwrap_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
 

@@ -1,7 +1,7 @@
 //! Routes: which one a handle's calls use as deployments are deleted and
 //! come back, what they get when there is none, and what a route counts.
 
-#![allow(clippy::unwrap_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::{
     sync::{Arc, atomic::Ordering},

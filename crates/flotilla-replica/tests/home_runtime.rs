@@ -2,7 +2,7 @@
 //! was made on, not on the runtime of the call that first needed it: a call
 //! from a short-lived runtime does not take the batcher down with it.
 
-#![allow(clippy::unwrap_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
 

@@ -5,7 +5,7 @@
 //! panic is a bad request (the handler never ran: the replica serves on); a
 //! response's is the deployment's own code panicking (`Panicked`).
 
-#![allow(clippy::unwrap_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
 

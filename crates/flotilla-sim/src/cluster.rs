@@ -388,7 +388,7 @@ impl Cluster for SimCluster {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
     use flotilla::{AppName, DeploymentName};
     use std::collections::BTreeMap;

@@ -2,7 +2,7 @@
 //! kind of event, give the same summary (wall-clock figures aside) and the same
 //! timeline, and every invariant holds. The report files are written too.
 
-#![allow(clippy::unwrap_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 

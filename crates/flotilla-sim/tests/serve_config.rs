@@ -3,7 +3,7 @@
 //! fail end DEPLOY_FAILED as the model expects; a bad config is a typed error
 //! before anything runs; and a seed replays the same summary.
 
-#![allow(clippy::unwrap_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 

@@ -170,7 +170,7 @@ impl Batch {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use flotilla_core::{ApiType, ApplicationSpec, DeploymentSpec};
 

@@ -180,7 +180,7 @@ impl StorageBackend for LockedBackend {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use std::fs::OpenOptions;
 

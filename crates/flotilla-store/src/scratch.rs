@@ -200,7 +200,7 @@ impl StorageBackend for Scratch {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use std::io::Write;
 

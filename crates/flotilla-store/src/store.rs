@@ -935,7 +935,7 @@ fn check_schema(path: &Path, found: u32) -> Result<(), StoreError> {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use flotilla_core::{ApiType, ApplicationSpec, DeploymentSpec};
 

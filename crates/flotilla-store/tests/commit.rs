@@ -1,5 +1,5 @@
 //! What one commit writes: exactly its batch, in one transaction, or nothing at all.
-#![allow(clippy::unwrap_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 

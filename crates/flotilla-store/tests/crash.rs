@@ -1,7 +1,7 @@
 //! Acknowledged means durable: a real child process commits, acknowledges each commit on
 //! stdout, and is killed with SIGKILL (`Child::kill`); every acknowledged batch is in the
 //! file when it is reopened.
-#![allow(clippy::unwrap_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 

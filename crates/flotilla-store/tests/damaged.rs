@@ -1,7 +1,7 @@
 //! Damaged checkpoints: every record is decoded and validated, read-only, before the file
 //! is opened for writing, so a damaged file is refused and left byte-for-byte as it was;
 //! and a damaged page is an error wherever redb meets it, never a panic.
-#![allow(clippy::unwrap_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 

@@ -1,5 +1,5 @@
 //! What the checkpoint path may name: a regular file only, created private to its owner.
-#![allow(clippy::unwrap_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 

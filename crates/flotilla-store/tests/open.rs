@@ -1,5 +1,5 @@
 //! Opening: creation, the lock, and files that must be refused and left untouched.
-#![allow(clippy::unwrap_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 

@@ -1,6 +1,6 @@
 //! Every record type goes in with a commit and comes back out with a load, both from the
 //! open store and after closing and reopening the file.
-#![allow(clippy::unwrap_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 

@@ -2,7 +2,7 @@
 //! with backoff and intensity, stale exits, adopting a name holder, and a child
 //! that is gone before it is watched.
 
-#![allow(clippy::unwrap_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::Duration;
 

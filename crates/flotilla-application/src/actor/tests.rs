@@ -1,7 +1,7 @@
 //! The ApplicationActor on its own, for what only its internal messages can
 //! set up.
 
-#![allow(clippy::unwrap_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 

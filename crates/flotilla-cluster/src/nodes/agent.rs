@@ -1143,7 +1143,7 @@ fn publish(state: &mut AgentState, key: &(AppName, DeploymentName)) {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use super::*;
     use crate::nodes::wire::RouteReplica;

@@ -313,7 +313,7 @@ fn to_keep(ex: &Export) -> Option<Vec<(AppName, DeploymentName)>> {
 
 #[cfg(test)]
 pub(crate) mod tests {
-    #![allow(clippy::unwrap_used)]
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use std::time::Duration;
 

@@ -851,7 +851,7 @@ fn humantime(d: std::time::Duration) -> String {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use std::time::Duration;
 

@@ -325,7 +325,7 @@ impl<'de> Deserialize<'de> for RouteOverride {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use super::*;
 

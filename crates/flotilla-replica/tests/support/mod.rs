@@ -8,7 +8,7 @@ use tokio::sync::mpsc;
 
 /// Arguments of replica 1 of deployment `d` of application `a`, built from
 /// `registry`, reporting its events to `tx`, its actors named under `ns`.
-#[allow(clippy::unwrap_used)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 pub fn args(
     ns: &str,
     spec: Arc<DeploymentSpec>,

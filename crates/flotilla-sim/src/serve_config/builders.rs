@@ -161,7 +161,7 @@ pub fn register_builders(registry: Registry, workload: &WorkloadSpec) -> Result<
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
 
     #[test]

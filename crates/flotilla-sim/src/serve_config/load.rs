@@ -321,7 +321,7 @@ impl Configs {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
 
     fn predicted(yaml: &str) -> Vec<std::result::Result<DeclaredApp, ConfigAppError>> {

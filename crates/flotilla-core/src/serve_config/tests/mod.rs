@@ -3,7 +3,7 @@
 //! for these tests; `realistic` holds multi-application configs that use many
 //! fields together, and the round trip of one that uses every field.
 
-#![allow(clippy::unwrap_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod application;
 mod autoscaling;

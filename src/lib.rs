@@ -85,7 +85,8 @@ pub use flotilla_core::{
     Error as SpecError, FaultPoint, Faults, GrpcOptions, HttpOptionError, HttpOptions, Location,
     LogAttr, LogEncoding, LogLevel, LoggingConfig, MAX_DURATION, MAX_REPLICAS, PlacementGroup,
     PlacementStrategy, ProxyLocation, ReplicaCount, ReplicaState, RequestRouterConfig, Resources,
-    RolloutConfig, RouteOverride, RoutePrefix, ServeConfig, StatusTrigger,
+    RolloutConfig, RouteOverride, RoutePrefix, SecretError, ServeConfig, StatusTrigger,
+    secret_from_text,
 };
 pub use flotilla_deployment::{DeploymentSnapshot, DeploymentTarget, ReplicaInfo, StateCount};
 pub use flotilla_replica::{

@@ -24,7 +24,8 @@ use crate::HttpError;
 /// Where the bearer token comes from.
 #[derive(Clone, PartialEq, Eq)]
 pub enum TokenSource {
-    /// A file holding the token (surrounding whitespace is trimmed).
+    /// A file holding the token on one line (surrounding whitespace is
+    /// trimmed; a second line is refused).
     File(PathBuf),
     /// An environment variable holding the token.
     Env(String),
@@ -53,9 +54,10 @@ impl fmt::Debug for Token {
 }
 
 impl Token {
-    /// Read the token from `source`.
+    /// Read the token from `source`, by the rule every Flotilla secret obeys
+    /// ([`secret_from_text`](flotilla::secret_from_text): one line, trimmed).
     pub(crate) fn load(source: &TokenSource) -> Result<Token, HttpError> {
-        let (text, name) = match source {
+        let (text, source_name) = match source {
             TokenSource::File(path) => (
                 std::fs::read_to_string(path).map_err(|source| HttpError::TokenFile {
                     path: path.clone(),
@@ -64,15 +66,18 @@ impl Token {
                 format!("file {}", path.display()),
             ),
             TokenSource::Env(var) => (
-                std::env::var(var).unwrap_or_default(),
+                std::env::var(var).map_err(|source| HttpError::TokenEnv {
+                    var: var.clone(),
+                    source,
+                })?,
                 format!("environment variable {var}"),
             ),
             TokenSource::Literal(t) => (t.clone(), "the literal token".to_owned()),
         };
-        let token = text.trim();
-        if token.is_empty() {
-            return Err(HttpError::EmptyToken { source_name: name });
-        }
+        let token = flotilla::secret_from_text(&text).map_err(|source| HttpError::BadToken {
+            source_name,
+            source,
+        })?;
         Ok(Token(token.as_bytes().to_vec()))
     }
 
@@ -116,7 +121,7 @@ pub(crate) fn is_browser_request(headers: &HeaderMap) -> bool {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
 
     #[test]
@@ -140,9 +145,48 @@ mod tests {
             e.to_string().contains("FLOTILLA_TEST_UNSET_TOKEN_VAR"),
             "{e}"
         );
+        assert!(matches!(e, HttpError::TokenEnv { .. }), "{e}");
         let dir = tempfile::tempdir().unwrap();
         let missing = dir.path().join("none");
         let e = Token::load(&TokenSource::File(missing)).unwrap_err();
         assert!(matches!(e, HttpError::TokenFile { .. }), "{e}");
+        let file = dir.path().join("token");
+        std::fs::write(&file, " \n").unwrap();
+        let e = Token::load(&TokenSource::File(file.clone())).unwrap_err();
+        assert!(
+            matches!(
+                &e,
+                HttpError::BadToken {
+                    source: flotilla::SecretError::Empty,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_token_file_of_two_lines_is_refused_not_cut_to_one() {
+        // Its whole text as one token (the rule before) matched no header:
+        // every PUT and DELETE was refused with nothing saying why.
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("token");
+        std::fs::write(&file, "t0k3n\n# rotated 2026-12\n").unwrap();
+        let e = Token::load(&TokenSource::File(file.clone())).unwrap_err();
+        assert!(
+            matches!(
+                &e,
+                HttpError::BadToken {
+                    source: flotilla::SecretError::NotOneLine,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(e.to_string().contains(&file.display().to_string()), "{e}");
+        assert!(!e.to_string().contains("t0k3n"), "{e}");
+        std::fs::write(&file, "t0k3n\n").unwrap();
+        let t = Token::load(&TokenSource::File(file)).unwrap();
+        assert!(t.accepts(Some(b"Bearer t0k3n")));
     }
 }

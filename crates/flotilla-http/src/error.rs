@@ -99,11 +99,23 @@ pub enum HttpError {
         #[source]
         source: std::io::Error,
     },
-    /// The token's source holds no token (an empty file, an unset or empty
-    /// environment variable).
-    #[error("no bearer token in {source_name}: it is empty or unset")]
-    EmptyToken {
-        /// Where the token was looked for (never the token itself).
+    /// The token's environment variable is not set (or not Unicode).
+    #[error("the bearer token variable {var} is not set")]
+    TokenEnv {
+        /// The variable.
+        var: String,
+        /// Why.
+        #[source]
+        source: std::env::VarError,
+    },
+    /// The token's source holds no usable token: empty, more than one line,
+    /// too long ([`flotilla::secret_from_text`]).
+    #[error("the bearer token in {source_name}: {source}")]
+    BadToken {
+        /// Where the token was read from (never the token itself).
         source_name: String,
+        /// What is wrong with it.
+        #[source]
+        source: flotilla::SecretError,
     },
 }

@@ -32,9 +32,17 @@ pub struct Cookie {
 /// Why a cookie could not be had.
 #[derive(Debug, thiserror::Error)]
 pub enum CookieError {
-    /// It is empty (or only whitespace).
-    #[error("the node cookie is empty")]
-    Empty,
+    /// The text holds no usable secret (empty, more than one line, too
+    /// long): the rule every Flotilla secret obeys.
+    #[error("the node cookie {place}: {source}")]
+    Invalid {
+        /// Where it was read from: `given in code`, `in file <path>`, `in
+        /// environment variable <var>` (never the secret).
+        place: String,
+        /// What is wrong with it.
+        #[source]
+        source: flotilla_core::SecretError,
+    },
     /// The file could not be read.
     #[error("could not read the node cookie file {path}")]
     File {
@@ -58,18 +66,22 @@ pub enum CookieError {
 impl Cookie {
     /// A cookie given in code (loopback heads only).
     pub fn new(secret: impl Into<String>) -> Result<Self, CookieError> {
-        Self::with_source(secret.into(), CookieSource::Inline)
+        Self::with_source(&secret.into(), CookieSource::Inline, || {
+            "given in code".to_owned()
+        })
     }
 
-    /// The first line of `path`, trimmed.
+    /// The secret in file `path`: its one line, surrounding whitespace
+    /// trimmed ([`secret_from_text`](flotilla_core::secret_from_text)).
     pub fn from_file(path: impl Into<PathBuf>) -> Result<Self, CookieError> {
         let path = path.into();
         let text = std::fs::read_to_string(&path).map_err(|source| CookieError::File {
             path: path.clone(),
             source,
         })?;
-        let line = text.lines().next().unwrap_or_default().to_owned();
-        Self::with_source(line, CookieSource::File)
+        Self::with_source(&text, CookieSource::File, || {
+            format!("in file {}", path.display())
+        })
     }
 
     /// The value of the environment variable `var`, trimmed.
@@ -78,14 +90,22 @@ impl Cookie {
             var: var.to_owned(),
             source,
         })?;
-        Self::with_source(value, CookieSource::Env)
+        Self::with_source(&value, CookieSource::Env, || {
+            format!("in environment variable {var}")
+        })
     }
 
-    fn with_source(secret: String, source: CookieSource) -> Result<Self, CookieError> {
-        let secret = secret.trim().to_owned();
-        if secret.is_empty() {
-            return Err(CookieError::Empty);
-        }
+    fn with_source(
+        text: &str,
+        source: CookieSource,
+        place: impl FnOnce() -> String,
+    ) -> Result<Self, CookieError> {
+        let secret = flotilla_core::secret_from_text(text)
+            .map_err(|source| CookieError::Invalid {
+                place: place(),
+                source,
+            })?
+            .to_owned();
         Ok(Cookie { secret, source })
     }
 

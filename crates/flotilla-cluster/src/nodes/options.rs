@@ -546,6 +546,27 @@ mod tests {
                 .validate()
                 .is_ok()
         );
+        // A file's final newline goes; a second line is refused, naming the
+        // file (never the secret), not cut off silently.
+        std::fs::write(&path, "secret\n").unwrap_or_else(|e| panic!("{e}"));
+        assert!(Cookie::from_file(&path).is_ok_and(|c| c.secret() == "secret"));
+        std::fs::write(&path, "secret\n# rotated\n").unwrap_or_else(|e| panic!("{e}"));
+        match Cookie::from_file(&path) {
+            Err(
+                e @ super::super::CookieError::Invalid {
+                    source: flotilla_core::SecretError::NotOneLine,
+                    ..
+                },
+            ) => {
+                let text = e.to_string();
+                assert!(text.contains(&path.display().to_string()), "{text}");
+                assert!(
+                    !text.contains("secret\n") && !text.contains("rotated"),
+                    "{text}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

@@ -74,17 +74,21 @@ pub enum ClientError {
         /// The limit ([`flotilla::MAX_CONFIG_FILE_BYTES`]).
         limit: u64,
     },
-    /// The token file holds no token (it is empty, or only whitespace).
-    #[error("no bearer token in file {}: it is empty", path.display())]
-    EmptyToken {
+    /// The token file holds no usable token: empty, more than one line, too
+    /// long (the rule the server reads its own by, [`flotilla::secret_from_text`]).
+    #[error("the bearer token in file {}: {source}", path.display())]
+    Token {
         /// The token file.
         path: PathBuf,
+        /// What is wrong with it (never the token itself).
+        #[source]
+        source: flotilla::SecretError,
     },
-    /// The token file's content cannot be sent in an `Authorization` header (a
-    /// control character or a line break inside it).
+    /// The token cannot be sent in an `Authorization` header (which
+    /// [`flotilla::secret_from_text`]'s rule, no control characters, rules out:
+    /// the `http` crate's own check, kept as an error rather than a panic).
     #[error(
-        "the bearer token in file {} cannot be sent in an HTTP header: it holds a control \
-         character (a line break inside it?)",
+        "the bearer token in file {} cannot be sent in an HTTP header",
         path.display()
     )]
     BadToken {
@@ -271,18 +275,16 @@ impl Client {
 }
 
 /// The `Authorization` value for the token in `path`: `Bearer ` and the file's
-/// content, surrounding whitespace trimmed (as the server reads its own).
+/// one line, surrounding whitespace trimmed (as the server reads its own).
 fn bearer(path: &Path) -> Result<http::HeaderValue, ClientError> {
     let text = std::fs::read_to_string(path).map_err(|source| ClientError::ReadFile {
         path: path.to_owned(),
         source,
     })?;
-    let token = text.trim();
-    if token.is_empty() {
-        return Err(ClientError::EmptyToken {
-            path: path.to_owned(),
-        });
-    }
+    let token = flotilla::secret_from_text(&text).map_err(|source| ClientError::Token {
+        path: path.to_owned(),
+        source,
+    })?;
     let mut value = http::HeaderValue::from_str(&format!("Bearer {token}")).map_err(|source| {
         ClientError::BadToken {
             path: path.to_owned(),
@@ -372,23 +374,20 @@ mod tests {
     fn an_empty_or_unsendable_token_file_is_refused_naming_it() {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let path = dir.path().join("token");
-        for empty in ["", " \n\t\n"] {
-            std::fs::write(&path, empty).unwrap_or_else(|e| panic!("{e}"));
-            let e = client("http://127.0.0.1:8265", None)
-                .with_token_file(&path)
-                .err();
-            assert!(
-                matches!(&e, Some(ClientError::EmptyToken { path: p }) if *p == path),
-                "{empty:?}: {e:?}"
-            );
-        }
-        for bad in ["t0k\nen", "t0k\u{7}en\n"] {
+        use flotilla::SecretError::{Empty, NotOneLine};
+        for (bad, why) in [
+            ("", Empty),
+            (" \n\t\n", Empty),
+            ("t0k\nen", NotOneLine),
+            ("t0k\u{7}en\n", NotOneLine),
+            ("t0ken\n# rotated\n", NotOneLine),
+        ] {
             std::fs::write(&path, bad).unwrap_or_else(|e| panic!("{e}"));
             let e = client("http://127.0.0.1:8265", None)
                 .with_token_file(&path)
                 .err();
             assert!(
-                matches!(&e, Some(ClientError::BadToken { path: p, .. }) if *p == path),
+                matches!(&e, Some(ClientError::Token { path: p, source }) if *p == path && *source == why),
                 "{bad:?}: {e:?}"
             );
             let text = e.map(|e| e.to_string()).unwrap_or_default();
@@ -397,6 +396,21 @@ mod tests {
                 "{text}"
             );
         }
+        // Any other character goes, as the server takes it (bytes).
+        std::fs::write(&path, "t0kén\n").unwrap_or_else(|e| panic!("{e}"));
+        let c = client("http://127.0.0.1:8265", None)
+            .with_token_file(&path)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let request = c
+            .request(http::Method::PUT, APPLICATIONS, Vec::new(), None)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            request
+                .headers()
+                .get(http::header::AUTHORIZATION)
+                .map(|v| v.as_bytes()),
+            Some("Bearer t0kén".as_bytes())
+        );
     }
 
     #[test]

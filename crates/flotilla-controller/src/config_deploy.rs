@@ -26,6 +26,7 @@ use flotilla_core::{
 };
 use flotilla_replica::UserError;
 use flotilla_store::Batch;
+use flotilla_supervision::Backoff;
 use ractor::{ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
@@ -119,13 +120,13 @@ pub(crate) struct ConfigState {
     /// restart rebuilds and fails again).
     failed: HashMap<AppName, (u64, String)>,
     next_build: u64,
-    /// The wait before the next try of a landing whose commit failed, while
-    /// one is due.
-    landing_retry: Option<Duration>,
+    /// How many tries in a row of a landing failed to commit, while another
+    /// is due (the wait grows with them, [`LANDING_BACKOFF`]).
+    landing_retry: Option<u32>,
 }
 
-/// The longest wait between tries of a landing whose commit keeps failing.
-const MAX_LANDING_RETRY: Duration = Duration::from_secs(5);
+/// The waits between tries of a landing whose commit keeps failing.
+const LANDING_BACKOFF: Backoff = Backoff::new(RETRY, Duration::from_secs(5));
 
 /// The Controller's state is dropped on every exit, a crash or a kill too
 /// (ractor runs no `post_stop` then): its builds end with it, since its
@@ -792,8 +793,9 @@ impl Controller {
             // The store failed, not the builds: they stay parked and land at
             // the next try, ever less often while it keeps failing (a full
             // disk), as removals are tried again.
-            let after = state.config.landing_retry.unwrap_or(RETRY);
-            state.config.landing_retry = Some((after * 2).min(MAX_LANDING_RETRY));
+            let failures = state.config.landing_retry.unwrap_or(0).saturating_add(1);
+            let after = LANDING_BACKOFF.after(failures);
+            state.config.landing_retry = Some(failures);
             warn!(apps = landing.len(), error = %e, retry_in = ?after,
                 "could not commit finished builds; retrying");
             myself.send_after(after, || InternalMsg::SettleParked.into());

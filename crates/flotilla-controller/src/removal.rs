@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use flotilla_core::AppName;
 use flotilla_store::Batch;
+use flotilla_supervision::Backoff;
 use ractor::{ActorProcessingErr, ActorRef};
 use tracing::{info, warn};
 
@@ -12,8 +13,8 @@ use crate::{
     Controller, ControllerMsg, apps::RETRY, messages::InternalMsg, state::ControllerState,
 };
 
-/// The longest wait between tries of a removal whose commit keeps failing.
-const MAX_REMOVAL_RETRY: Duration = Duration::from_secs(5);
+/// The waits between tries of a removal whose commit keeps failing.
+const REMOVAL_BACKOFF: Backoff = Backoff::new(RETRY, Duration::from_secs(5));
 
 impl Controller {
     /// The ApplicationActor finished deleting: its record is removed with the
@@ -59,8 +60,9 @@ impl Controller {
         if let Err(err) = state.checkpoint.commit(&state.faults, batch).await? {
             // A store that keeps failing (a full disk) is tried again ever less
             // often, not every 10 ms for ever.
-            let after = retry.unwrap_or(RETRY);
-            state.removal_retry = Some((after * 2).min(MAX_REMOVAL_RETRY));
+            let failures = retry.unwrap_or(0).saturating_add(1);
+            let after = REMOVAL_BACKOFF.after(failures);
+            state.removal_retry = Some(failures);
             warn!(apps = done.len(), error = %err, retry_in = ?after,
                 "could not remove deleted applications; retrying");
             for name in done {

@@ -98,9 +98,9 @@ pub struct ControllerState {
     pub(crate) autoscaled: HashMap<AppName, BTreeMap<DeploymentName, u32>>,
     /// Finished deletions (name, generation) whose records await removal.
     pub(crate) removals: BTreeMap<AppName, u64>,
-    /// Set while a retry of a failed removal commit is scheduled: how long the
-    /// one after it waits if it fails too (doubling while they fail).
-    pub(crate) removal_retry: Option<std::time::Duration>,
+    /// Set while a retry of a failed removal commit is scheduled: how many
+    /// tries in a row failed (the wait grows with them, `REMOVAL_BACKOFF`).
+    pub(crate) removal_retry: Option<u32>,
     pub(crate) shutting_down: bool,
     /// The last applied config (durable) and the builds it started (volatile).
     pub(crate) config: ConfigState,

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use flotilla_core::{DeploymentStatus, DeploymentTrigger, ReplicaState};
 use flotilla_replica::ReplicaId;
+use flotilla_supervision::Backoff;
 use tokio::time::Instant;
 
 use crate::state::DeploymentState;
@@ -25,8 +26,7 @@ pub const SLOW_START: Duration = Duration::from_secs(30);
 /// The constructor retry delay after `failures` consecutive failures below the
 /// limit: 100 ms, doubling, at most 5 s.
 pub fn backoff(failures: u32) -> Duration {
-    let exp = failures.saturating_sub(1).min(16);
-    FIRST_BACKOFF.saturating_mul(1 << exp).min(MAX_BACKOFF)
+    Backoff::new(FIRST_BACKOFF, MAX_BACKOFF).after(failures)
 }
 
 impl DeploymentState {

@@ -11,18 +11,22 @@
 //! - [`ChildExit`]: how a child ended, typed (no reason is read from a string);
 //! - [`Parent`]: how children report to their parent by name, so a restarted
 //!   parent hears from the children of its predecessor;
-//! - [`groups`]: the process groups a restarted parent finds its children in.
+//! - [`groups`]: the process groups a restarted parent finds its children in;
+//! - [`Backoff`]: how long to wait before trying a failed thing again, the
+//!   one rule for every retry in Flotilla (restarts, constructors, commits).
 //!
 //! It must not know what the actors do: no Flotilla message, spec or status
 //! type appears here, and it never decides *whether* a child should exist —
 //! only how one is started, watched and restarted.
 
+mod backoff;
 mod children;
 mod exit;
 pub mod groups;
 mod parent;
 mod policy;
 
+pub use backoff::Backoff;
 pub use children::{Children, StartError, Started};
 pub use exit::ChildExit;
 pub use parent::Parent;

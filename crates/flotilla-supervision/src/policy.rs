@@ -5,6 +5,8 @@ use std::{collections::VecDeque, time::Duration};
 
 use tokio::time::Instant;
 
+use crate::Backoff;
+
 /// How a supervisor restarts a crashed child.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RestartPolicy {
@@ -50,14 +52,9 @@ impl RestartLog {
         if self.recent.len() >= policy.max_restarts {
             return None;
         }
-        let exp = self.recent.len().min(16) as u32;
         self.recent.push_back(now);
-        Some(
-            policy
-                .first_backoff
-                .saturating_mul(1 << exp)
-                .min(policy.max_backoff),
-        )
+        let crashes = u32::try_from(self.recent.len()).unwrap_or(u32::MAX);
+        Some(Backoff::new(policy.first_backoff, policy.max_backoff).after(crashes))
     }
 }
 

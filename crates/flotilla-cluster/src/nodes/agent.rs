@@ -108,6 +108,8 @@ pub(crate) struct AgentState {
     session: Option<String>,
     head: Option<Head>,
     last_heard: Instant,
+    /// When silence was last checked (`AgentMsg::Tick`).
+    last_check: Instant,
     /// When this node last sent the head a heartbeat, and its number.
     last_beat: Instant,
     seq: u64,
@@ -251,6 +253,7 @@ impl Actor for Agent {
             session: None,
             head: None,
             last_heard: Instant::now(),
+            last_check: Instant::now(),
             last_beat: Instant::now(),
             last_load: WireLoad::default(),
             seq: 0,
@@ -337,6 +340,17 @@ impl Actor for Agent {
                 }
             },
             AgentMsg::Tick => {
+                // Time this node did not run is neither its head's silence
+                // nor its peers'.
+                let lost = state.args.link.shared.excuse_stall(&mut state.last_check);
+                if !lost.is_zero() {
+                    state.last_heard = (state.last_heard + lost).min(Instant::now());
+                    if lost * 2 >= state.args.options.heartbeat_timeout {
+                        warn!(node = %state.args.id, lost_ms = lost.as_millis(),
+                            "this node did not run for a while (stopped, paused or starved): \
+                             its head's and peers' silence over that time is not held against them");
+                    }
+                }
                 meet_peers(&myself, state);
                 peer_beats(state);
                 // The node's own heartbeat, every `NodeOptions::heartbeat`

@@ -329,10 +329,18 @@ pub(crate) mod tests {
     /// these tests send no heartbeats, and a slow machine must not lose them.
     pub(crate) async fn head(name: &str) -> (Head, Directory) {
         let hour = Duration::from_secs(3_600);
-        let options = HeadOptions::new(Cookie::new("export-test-cookie").unwrap())
-            .listen("127.0.0.1:0".parse().unwrap())
-            .reattach_grace(hour)
-            .heartbeat(hour / 2, hour);
+        head_with(name, |o| o.reattach_grace(hour).heartbeat(hour / 2, hour)).await
+    }
+
+    /// A head on loopback with `options` laid over the defaults.
+    pub(crate) async fn head_with(
+        name: &str,
+        options: impl FnOnce(HeadOptions) -> HeadOptions,
+    ) -> (Head, Directory) {
+        let options = options(
+            HeadOptions::new(Cookie::new("export-test-cookie").unwrap())
+                .listen("127.0.0.1:0".parse().unwrap()),
+        );
         let reporter = Arc::new(
             |_: &str, _: &_, _: &_| -> flotilla_replica::ReplicaReporter { Arc::new(|_, _| {}) },
         );

@@ -67,6 +67,8 @@ pub(crate) struct RegistryState {
     reach: HashMap<String, Reach>,
     seq: u64,
     last_beat: Instant,
+    /// When silence was last checked ([`tick`]).
+    last_check: Instant,
     /// Node ids a re-attached node knew alive and that are not back yet.
     expected: HashSet<String>,
     /// Nodes whose join waits for more replica reports (`Replicas`), by peer.
@@ -115,6 +117,7 @@ impl Actor for Registry {
             reach: HashMap::new(),
             seq: 0,
             last_beat: Instant::now(),
+            last_check: Instant::now(),
             expected: HashSet::new(),
             joining: HashMap::new(),
             reattached: false,
@@ -820,6 +823,21 @@ fn tick(state: &mut RegistryState) {
         nodes_changed(state);
     }
     let timeout = shared.options.heartbeat_timeout;
+    // Time the head did not run is nobody's silence.
+    let lost = shared.link.shared.excuse_stall(&mut state.last_check);
+    if !lost.is_zero() {
+        let now = Instant::now();
+        for n in lock(&shared.nodes).values_mut() {
+            n.last_heard = (n.last_heard + lost).min(now);
+        }
+        if lost * 2 >= timeout {
+            warn!(
+                lost_ms = lost.as_millis(),
+                "the head did not run for a while (stopped, paused or starved): \
+                 its nodes' silence over that time is not held against them"
+            );
+        }
+    }
     // Any frame counts as heard, a data frame too: a node busy answering
     // calls with large responses has its heartbeats queued behind them.
     let silent: Vec<(String, String)> = lock(&shared.nodes)
@@ -1036,6 +1054,38 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(10), settles(0))
             .await
             .unwrap();
+        head.stop().await;
+    }
+
+    /// Time the head did not run (its process stopped, as a paused VM is)
+    /// is not held against its nodes: a node it joined is still alive after
+    /// a stall longer than the heartbeat timeout, and is declared lost one
+    /// timeout of the head's own running time after it resumed.
+    #[tokio::test(start_paused = true)]
+    async fn a_head_that_did_not_run_holds_its_nodes_silence_meanwhile_against_none() {
+        let timeout = Duration::from_secs(2);
+        let (head, _) = crate::nodes::export::tests::head_with("registry-stall", |o| {
+            o.reattach_grace(Duration::from_secs(3_600))
+                .heartbeat(Duration::from_millis(500), timeout)
+        })
+        .await;
+        deliver(&head, "node-s@127.0.0.1", joining("s")).await;
+        let alive = || head.nodes().iter().any(|n| n.id == "s" && n.alive);
+        assert!(alive());
+        // The head's process stops for 3 s: its clock moves on while none of
+        // its ticks runs (`advance` jumps at once; the ticks then come late).
+        tokio::time::advance(timeout + Duration::from_secs(1)).await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert!(alive(), "a head that did not run declared its node lost");
+        // Running again, and the node still silent: lost within one timeout
+        // and one check period.
+        tokio::time::sleep(timeout - Duration::from_millis(300)).await;
+        assert!(
+            alive(),
+            "lost before a timeout of the head's own running time"
+        );
+        tokio::time::sleep(Duration::from_millis(300) + CHECK_PERIOD * 2).await;
+        assert!(!alive(), "a silent node was never declared lost");
         head.stop().await;
     }
 

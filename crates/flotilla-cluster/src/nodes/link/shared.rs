@@ -338,6 +338,29 @@ impl Shared {
         }
     }
 
+    /// Called at each silence check, which comes every
+    /// [`CHECK_PERIOD`](crate::nodes::CHECK_PERIOD) after `last_check`:
+    /// returns how much later than that it came, and counts every peer as
+    /// heard that much later. A check that came late means this process did
+    /// not run (a stopped process, a paused VM, swapping) or its checker was
+    /// held up, and nothing it did not hear meanwhile is the peers' silence:
+    /// without this, a head stopped for longer than the timeout declared
+    /// every node lost (and had them stop their replicas) when it resumed.
+    /// A peer that died meanwhile is found one timeout after the resumption.
+    pub(crate) fn excuse_stall(&self, last_check: &mut Instant) -> std::time::Duration {
+        let now = Instant::now();
+        let lost = now
+            .duration_since(*last_check)
+            .saturating_sub(crate::nodes::CHECK_PERIOD);
+        *last_check = now;
+        if !lost.is_zero() {
+            for at in lock(&self.heard).values_mut() {
+                *at = (*at + lost).min(now);
+            }
+        }
+        lost
+    }
+
     /// Whether some frame came from `peer` within `timeout` (on a session
     /// that is still up).
     pub(crate) fn heard_within(&self, peer: &str, timeout: std::time::Duration) -> bool {

@@ -12,7 +12,9 @@ use ractor::ActorProcessingErr;
 use ractor_cluster::NodeSessionMessage;
 
 use super::{port::data, *};
+use crate::nodes::CHECK_PERIOD;
 use crate::nodes::wire::{self, DataHeader, Envelope};
+use tokio::time::Instant;
 
 /// Streams 100 numbers; a unary call of 0 never ends.
 struct Counter;
@@ -359,6 +361,33 @@ async fn a_silent_peers_session_is_dropped_and_its_calls_fail_at_once() {
     let mut dropped = shared.drop_silent(timeout, judged, "test");
     dropped.sort();
     assert_eq!(dropped, [busy, quiet]);
+}
+
+/// A check that comes late (the process did not run) counts every peer as
+/// heard that much later; one on time excuses nothing.
+#[tokio::test(start_paused = true)]
+async fn time_a_process_did_not_run_is_no_peers_silence() {
+    let shared = unconnected();
+    let peer = "node-p@127.0.0.1";
+    connect(&shared, peer).await;
+    let timeout = Duration::from_secs(2);
+    let mut last_check = Instant::now();
+    tokio::time::advance(CHECK_PERIOD).await;
+    assert_eq!(shared.excuse_stall(&mut last_check), Duration::ZERO);
+    // Stopped for 3 s, 250 ms after the peer was last heard: 500 ms of
+    // silence (the 250 ms before, and the check period), not 3.25 s.
+    tokio::time::advance(Duration::from_secs(3)).await;
+    let lost = shared.excuse_stall(&mut last_check);
+    assert_eq!(lost, Duration::from_secs(3) - CHECK_PERIOD);
+    assert!(shared.heard_within(peer, CHECK_PERIOD * 2));
+    assert!(!shared.heard_within(peer, CHECK_PERIOD));
+    assert!(shared.drop_silent(timeout, |_| true, "test").is_empty());
+    // Silent for a timeout of running time since, checked on time: dropped.
+    for _ in 0..8 {
+        tokio::time::advance(CHECK_PERIOD).await;
+        assert_eq!(shared.excuse_stall(&mut last_check), Duration::ZERO);
+    }
+    assert_eq!(shared.drop_silent(timeout, |_| true, "test"), [peer]);
 }
 
 #[tokio::test(start_paused = true)]

@@ -91,8 +91,8 @@ enum Kind {
         /// Chunks already taken from the stream, sent first.
         pending: Vec<Bytes>,
         /// The stream and the request's record, shared with the server's
-        /// reaper (which cuts it when its client takes nothing, or at the
-        /// deadline while the body is not polled).
+        /// reaper (which cuts it at the deadline while the body is not
+        /// polled).
         watched: Arc<Watched>,
         /// The request's deadline: passing it cuts the stream (Ray's timeout
         /// once the response started).

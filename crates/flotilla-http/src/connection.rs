@@ -13,6 +13,18 @@
 //! runs under). A request whose body stops arriving (or trickles in) is in
 //! flight, so this check leaves it be: the body read cuts it after the same
 //! bound (`request_body`, with its minimum rate), with a 408.
+//!
+//! The same check ends a connection whose client stopped taking a response:
+//! hyper polls a response body only as its client takes what it was handed
+//! (an HTTP/1 socket's buffer, an HTTP/2 window), so a body handed a frame,
+//! or its head, and not polled again for `keep_alive_timeout` waits on a
+//! client that reads nothing. Such a connection is dropped at once (a client
+//! that reads nothing would not take a goodbye either), with everything in
+//! flight on it: streams end (their handlers cancelled, their replica slots
+//! freed) and each request is recorded as its client gone (499). Streamed or
+//! whole, HTTP/1 or HTTP/2, alike: without this, a client that stopped
+//! reading held its connection, and its place under `max_connections`, for
+//! as long as it kept the socket open.
 
 use std::{
     convert::Infallible,
@@ -20,7 +32,7 @@ use std::{
     net::SocketAddr,
     pin::Pin,
     sync::{
-        Arc,
+        Arc, Mutex, PoisonError, Weak,
         atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
     },
     task::{Context, Poll},
@@ -39,23 +51,64 @@ struct Load {
     started: AtomicBool,
     /// When the last request ended, in nanoseconds since `epoch`.
     last_end: AtomicU64,
+    /// Each response body's progress: when it was last handed to hyper (in
+    /// nanoseconds since `epoch`), or [`WAITING`]. Read only by the check.
+    bodies: Mutex<Vec<Weak<AtomicU64>>>,
     /// When the connection was accepted.
     epoch: Instant,
 }
 
+/// A body's progress while it is not waiting on its client: it waits on its
+/// own source (a handler's next item), or it is over.
+const WAITING: u64 = u64::MAX;
+
+/// What the check finds.
+#[derive(Debug, PartialEq, Eq)]
+enum Check {
+    /// Nothing in flight for the idle limit: close.
+    Idle,
+    /// A response handed to hyper that its client has not taken for this
+    /// long: drop the connection.
+    Stalled(Duration),
+    /// Look again then.
+    Later(Instant),
+}
+
 impl Load {
     fn since_epoch(&self) -> u64 {
-        u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+        u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(WAITING - 1)
     }
 
-    /// When the connection has been idle for `idle` if nothing starts, or
-    /// `None` if it already has (`now` is the check's own instant).
-    fn idle_deadline(&self, now: Instant, idle: Duration) -> Option<Instant> {
+    /// The connection's state at `now` (the check's own instant), by the
+    /// idle limit `idle`, which is also how long a client may take nothing
+    /// of a response handed to hyper.
+    fn check(&self, now: Instant, idle: Duration) -> Check {
         if self.in_flight.load(Ordering::Acquire) > 0 {
-            return Some(now + idle);
+            let oldest = {
+                let mut bodies = self.bodies.lock().unwrap_or_else(PoisonError::into_inner);
+                bodies.retain(|b| b.strong_count() > 0);
+                (bodies.iter())
+                    .filter_map(Weak::upgrade)
+                    .map(|b| b.load(Ordering::Acquire))
+                    .filter(|&at| at != WAITING)
+                    .min()
+            };
+            let Some(handed) = oldest else {
+                return Check::Later(now + idle);
+            };
+            let handed = self.epoch + Duration::from_nanos(handed);
+            let waited = now.saturating_duration_since(handed);
+            if waited >= idle {
+                return Check::Stalled(waited);
+            }
+            return Check::Later(handed + idle);
         }
         let at = self.epoch + Duration::from_nanos(self.last_end.load(Ordering::Acquire)) + idle;
-        (at > now).then_some(at)
+        if at > now {
+            Check::Later(at)
+        } else {
+            Check::Idle
+        }
     }
 }
 
@@ -69,6 +122,7 @@ impl InFlight {
             in_flight: AtomicUsize::new(0),
             started: AtomicBool::new(false),
             last_end: AtomicU64::new(0),
+            bodies: Mutex::new(Vec::new()),
             epoch: Instant::now(),
         }))
     }
@@ -87,9 +141,18 @@ impl InFlight {
         let counted = Counted(self.0.clone());
         async move {
             let response = call.await?;
+            // Its head is handed to hyper now: the client is to take it.
+            let progress = Arc::new(AtomicU64::new(counted.0.since_epoch()));
+            (counted
+                .0
+                .bodies
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner))
+            .push(Arc::downgrade(&progress));
             Ok(response.map(|body| Tracked {
                 body,
-                _counted: counted,
+                progress,
+                counted,
             }))
         }
     }
@@ -109,10 +172,12 @@ impl Drop for Counted {
     }
 }
 
-/// A response body that keeps its request in flight until it is dropped.
+/// A response body that keeps its request in flight until it is dropped,
+/// and tells the connection's check when it last handed hyper a frame.
 pub(crate) struct Tracked<B> {
     body: B,
-    _counted: Counted,
+    progress: Arc<AtomicU64>,
+    counted: Counted,
 }
 
 impl<B: Body + Unpin> Body for Tracked<B> {
@@ -123,7 +188,14 @@ impl<B: Body + Unpin> Body for Tracked<B> {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        Pin::new(&mut self.body).poll_frame(cx)
+        let polled = Pin::new(&mut self.body).poll_frame(cx);
+        // A frame handed waits on the client; a pending body on its source.
+        let at = match &polled {
+            Poll::Ready(Some(Ok(_))) => self.counted.0.since_epoch(),
+            _ => WAITING,
+        };
+        self.progress.store(at, Ordering::Release);
+        polled
     }
 
     fn is_end_stream(&self) -> bool {
@@ -135,15 +207,16 @@ impl<B: Body + Unpin> Body for Tracked<B> {
     }
 }
 
-/// Resolves once `load` has had nothing in flight for `idle`: the timer
-/// wakes at most once per `idle` while requests come, and re-arms.
-async fn idle_for(load: &Load, idle: Duration) {
+/// Resolves once `load` has had nothing in flight for `idle`, or one of its
+/// responses waited on its client for `idle`: the timer wakes at most once
+/// per `idle` while requests come, and re-arms.
+async fn idle_or_stalled(load: &Load, idle: Duration) -> Check {
     let mut deadline = load.epoch + idle;
     loop {
         tokio::time::sleep_until(deadline).await;
-        match load.idle_deadline(Instant::now(), idle) {
-            Some(later) => deadline = later,
-            None => return,
+        match load.check(Instant::now(), idle) {
+            Check::Later(later) => deadline = later,
+            over => return over,
         }
     }
 }
@@ -203,7 +276,12 @@ async fn serve_inner<C>(
     let ended = tokio::select! {
         ended = conn.as_mut() => Some(ended),
         () = crate::stopped(&mut stop) => None,
-        () = idle_for(&load.0, idle) => {
+        check = idle_or_stalled(&load.0, idle) => {
+            if let Check::Stalled(waited) = check {
+                tracing::warn!(listener, %peer, ?waited,
+                    "the client took nothing of a response for keep_alive_timeout: connection dropped");
+                return;
+            }
             if !load.0.started.load(Ordering::Acquire) {
                 tracing::debug!(listener, %peer, "no request within keep_alive_timeout: closed");
                 return;

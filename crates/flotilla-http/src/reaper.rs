@@ -1,21 +1,21 @@
-//! Streamed responses whose clients stopped taking them.
+//! Streamed responses past their request's deadline while their clients
+//! take nothing.
 //!
 //! hyper polls a response body only as its client takes the frames (an
 //! HTTP/2 window at 0, a full socket: no poll), and a streamed response's
-//! handler runs only as its body polls its stream: a client that reads
-//! nothing held the handler, and its replica's `max_ongoing_requests` slot,
-//! for as long as it kept the stream open, its request's deadline included
-//! (checked in the body's poll). The reaper, one task per server, cuts such a
-//! stream: one past its request's deadline, or whose client has taken
-//! nothing for the stall bound (`keep_alive_timeout`, as for a request body
-//! that stalls). Cutting drops the stream, which cancels the handler and
-//! frees its slot. A body that is polled keeps polling its stream itself
-//! (no task per response, no hand-off per chunk).
+//! deadline is checked in its body's poll: a stream whose client reads
+//! nothing would outlive its deadline, its handler holding its replica's
+//! `max_ongoing_requests` slot, until the connection's own check drops the
+//! connection (`keep_alive_timeout` without the client taking anything, see
+//! [`crate::connection`]). The reaper, one task per server, cuts such a
+//! stream at its deadline, recorded as a timeout: cutting drops the stream,
+//! which cancels the handler and frees its slot. A body that is polled keeps
+//! polling its stream itself (no task per response, no hand-off per chunk).
 
 use std::{
     sync::{
         Arc, Mutex, MutexGuard, PoisonError, Weak,
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicBool, Ordering},
     },
     time::Duration,
 };
@@ -34,9 +34,6 @@ pub(crate) enum StreamCut {
     /// The request's deadline passed.
     #[error("request timed out while its response streamed")]
     TimedOut,
-    /// The client took nothing for this long.
-    #[error("the client took nothing of the streamed response for {0:?}")]
-    Stalled(Duration),
 }
 
 impl StreamCut {
@@ -45,14 +42,9 @@ impl StreamCut {
         match self {
             StreamCut::Failed(_) => 500,
             StreamCut::TimedOut => crate::proxy::TIMEOUT_STATUS,
-            StreamCut::Stalled(_) => crate::body::CLIENT_CLOSED,
         }
     }
 }
-
-/// `ready_at` while the body waits for its handler's next item (the client
-/// is not what holds it up).
-const WAITING: u64 = u64::MAX;
 
 /// A watched stream's state: one lock, so a cut and its reason are seen
 /// together (a body never takes a cut stream for one that ended).
@@ -69,11 +61,10 @@ pub(crate) enum Slot {
 /// One streamed response, shared by its body and the reaper.
 pub(crate) struct Watched {
     slot: Mutex<Slot>,
-    /// When (ms from the reaper's epoch) the body last handed a chunk to
-    /// hyper, or [`WAITING`].
-    ready_at: AtomicU64,
+    /// The body waits for its handler's next item (the client is not what
+    /// holds it up), rather than for hyper to take the chunk it handed.
+    waiting: AtomicBool,
     deadline: Option<Instant>,
-    epoch: Instant,
 }
 
 impl Watched {
@@ -84,43 +75,32 @@ impl Watched {
 
     /// The body handed hyper a chunk now: the client has to take it.
     pub(crate) fn handed(&self) {
-        self.ready_at.store(ms_since(self.epoch), Ordering::Release);
+        self.waiting.store(false, Ordering::Release);
     }
 
     /// The body waits for the handler's next item (set before it polls the
     /// stream: a handler's long step is not the client's stall).
     pub(crate) fn waiting(&self) {
-        self.ready_at.store(WAITING, Ordering::Release);
+        self.waiting.store(true, Ordering::Release);
     }
 
-    /// Why to cut it at `now_ms`, if it is to be cut: a client that took
-    /// nothing for `stall`, or a deadline passed while the body waits on the
-    /// client (while it waits on the handler, its own timer cuts it).
-    fn overdue(&self, now: Instant, now_ms: u64, stall: Duration) -> Option<StreamCut> {
-        let ready_at = self.ready_at.load(Ordering::Acquire);
-        if ready_at == WAITING {
-            return None;
-        }
-        if self.deadline.is_some_and(|d| d <= now) {
-            return Some(StreamCut::TimedOut);
-        }
-        let stall_ms = u64::try_from(stall.as_millis()).unwrap_or(u64::MAX);
-        (now_ms.saturating_sub(ready_at) >= stall_ms).then_some(StreamCut::Stalled(stall))
+    /// Whether to cut it at `now`: its deadline passed while the body waits
+    /// on the client (while it waits on the handler, its own timer cuts it).
+    fn overdue(&self, now: Instant) -> bool {
+        !self.waiting.load(Ordering::Acquire) && self.deadline.is_some_and(|d| d <= now)
     }
 
     /// Cut it if it is overdue now: the stream is dropped (its handler
-    /// cancelled, its slot freed) and the request recorded with the reason's
-    /// status. A body that holds the stream now is polling it: left alone.
-    fn cut_if_overdue(&self, now: Instant, now_ms: u64, stall: Duration) {
+    /// cancelled, its slot freed) and the request recorded as timed out. A
+    /// body that holds the stream now is polling it: left alone.
+    fn cut_if_overdue(&self, now: Instant) {
         let Ok(slot) = self.slot.try_lock() else {
             return;
         };
-        if !matches!(*slot, Slot::Live(..)) {
+        if !matches!(*slot, Slot::Live(..)) || !self.overdue(now) {
             return;
         }
-        let Some(why) = self.overdue(now, now_ms, stall) else {
-            return;
-        };
+        let why = StreamCut::TimedOut;
         let status = why.status();
         tracing::warn!(why = %why, "streamed response cut");
         // Recorded now: hyper may never poll the body again.
@@ -140,25 +120,20 @@ pub(crate) fn end_live(mut slot: MutexGuard<'_, Slot>, next: Slot, status: u16) 
     }
 }
 
-fn ms_since(epoch: Instant) -> u64 {
-    u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX - 1)
-}
+/// How often the reaper looks at the streams (how late past its deadline a
+/// stream whose client reads nothing is cut, at most).
+const SWEEP: Duration = Duration::from_millis(100);
 
-/// The streamed responses of one server, and the bound on a client that
-/// takes nothing.
+/// The streamed responses of one server.
 pub(crate) struct Reaper {
     streams: Mutex<Vec<Weak<Watched>>>,
-    stall: Duration,
-    epoch: Instant,
 }
 
 impl Reaper {
-    /// A reaper for clients that take nothing for `stall`.
-    pub(crate) fn new(stall: Duration) -> Arc<Self> {
+    /// A reaper with no stream yet.
+    pub(crate) fn new() -> Arc<Self> {
         Arc::new(Reaper {
             streams: Mutex::new(Vec::new()),
-            stall,
-            epoch: Instant::now(),
         })
     }
 
@@ -172,9 +147,8 @@ impl Reaper {
     ) -> Arc<Watched> {
         let watched = Arc::new(Watched {
             slot: Mutex::new(Slot::Live(stream, done)),
-            ready_at: AtomicU64::new(ms_since(self.epoch)),
+            waiting: AtomicBool::new(false),
             deadline,
-            epoch: self.epoch,
         });
         self.streams
             .lock()
@@ -183,21 +157,19 @@ impl Reaper {
         watched
     }
 
-    /// Look at every stream every quarter of the stall bound (at most every
-    /// second) until the server stops.
+    /// Look at every stream every [`SWEEP`] until the server stops.
     pub(crate) async fn run(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
-        let tick = (self.stall / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
         loop {
             tokio::select! {
                 _ = stop.changed() => return,
-                () = tokio::time::sleep(tick) => self.sweep(),
+                () = tokio::time::sleep(SWEEP) => self.sweep(),
             }
         }
     }
 
     /// Cut the streams overdue now; forget those whose bodies are gone.
     fn sweep(&self) {
-        let (now, now_ms) = (Instant::now(), ms_since(self.epoch));
+        let now = Instant::now();
         let live: Vec<Arc<Watched>> = {
             let mut streams = self.streams.lock().unwrap_or_else(PoisonError::into_inner);
             streams.retain(|w| w.strong_count() > 0);
@@ -206,7 +178,7 @@ impl Reaper {
         // Outside the list's lock: cutting (or the last reference, dropped
         // here) runs the handler's drop code.
         for s in live {
-            s.cut_if_overdue(now, now_ms, self.stall);
+            s.cut_if_overdue(now);
         }
     }
 }

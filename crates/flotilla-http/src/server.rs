@@ -297,7 +297,7 @@ impl HttpServer {
             proxy_limit.iter().chain(&rest_limit).cloned().collect(),
         ));
         let draining = Arc::new(AtomicBool::new(false));
-        let reaper = crate::reaper::Reaper::new(options.keep_alive_timeout);
+        let reaper = crate::reaper::Reaper::new();
         let proxy = Arc::new(Proxy {
             serve: serve.clone(),
             routes: routes.clone(),

@@ -602,11 +602,9 @@ async fn a_client_that_disconnects_cancels_its_request() {
 }
 
 /// A GET of `path` over an HTTP/2 connection of its own whose client takes
-/// nothing (its window is 0): the response's head (200), held unread.
-/// A streamed response over HTTP/2 whose client takes nothing of it (a
-/// window of 0), and the client's connection task, which ends when the
-/// connection does.
-async fn unread_stream(
+/// nothing (its window is 0): the response's head (200), held unread, and
+/// the client's connection task, which ends when the connection does.
+async fn unread_h2(
     f: &support::Fixture,
     path: &str,
 ) -> (
@@ -632,8 +630,9 @@ async fn unread_stream(
 /// A client that takes nothing of a streamed response does not hold its
 /// handler, and the replica's slot, for as long as it keeps the stream open:
 /// hyper stops polling a body its client does not read (here an HTTP/2
-/// window of 0), and the stream is cut once nothing was taken for the
-/// keep-alive timeout, as a request body that stalls is.
+/// window of 0), and the connection is dropped, its stream with it, once
+/// nothing was taken for the keep-alive timeout, as a request body that
+/// stalls is cut.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_streamed_response_nobody_reads_frees_its_replica() {
     let f = start_with(
@@ -645,16 +644,66 @@ async fn a_streamed_response_nobody_reads_frees_its_replica() {
     .await;
     f.serve.run(echo_app("s", "/s", "s")).await.unwrap();
     let before = f.probe.dropped.load(Ordering::SeqCst);
-    let (resp, conn) = unread_stream(&f, "/s/stream-free/100000").await;
+    let (resp, conn) = unread_h2(&f, "/s/stream-free/100000").await;
     // Read nothing, hold the response.
     within("the unread stream is cut", f.probe.wait_dropped(before + 1)).await;
     let h = f.serve.deployment_handle("s", "ingress").unwrap();
     support::until(|| h.replicas()[0].in_flight() == 0).await;
-    // Nothing else runs on the connection: it goes idle and the server
-    // closes it. The cut stream does not hold it open, although its client
-    // still reads nothing.
-    let _ = within("the server closes the idle connection", conn).await;
+    let _ = within("the server drops the connection", conn).await;
     drop(resp);
+    f.stop().await;
+}
+
+/// A client that reads nothing of a response holds neither its connection
+/// nor its place under `max_connections` beyond the keep-alive timeout,
+/// whatever hyper is stuck on: a streamed response over HTTP/1 once the
+/// sockets' buffers are full, a whole one over HTTP/2 with a window of 0
+/// (hyper never polls its body). Each held its connection for as long as
+/// the client kept it open, so a few such clients locked everyone else out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_reads_nothing_loses_its_connection_and_its_place() {
+    let f = start_with(
+        test_options()
+            .keep_alive_timeout(Duration::from_millis(500))
+            .max_connections(1)
+            .build()
+            .unwrap(),
+    )
+    .await;
+    f.serve.run(echo_app("s", "/s", "s")).await.unwrap();
+    let before = f.probe.dropped.load(Ordering::SeqCst);
+    // HTTP/1: a small receive buffer, and a stream far larger than any
+    // socket buffer (256 MiB, made only as it is taken), read not at all.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut unread = socket.connect(f.proxy).await.unwrap();
+    unread
+        .write_all(b"GET /s/stream-big/4096 HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    within(
+        "the connection is dropped, its stream with it",
+        f.probe.wait_dropped(before + 1),
+    )
+    .await;
+    // The only place is free: the next client is served.
+    let r = within(
+        "a new connection is served",
+        get(&support::client(), &f.url("/s/x")),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    // HTTP/2: a whole response (1 MiB) whose body hyper never polls.
+    let (resp, conn) = unread_h2(&f, "/s/big").await;
+    let _ = within("the server drops the connection", conn).await;
+    drop(resp);
+    let r = within(
+        "a new connection is served",
+        get(&support::client(), &f.url("/s/x")),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    drop(unread);
     f.stop().await;
 }
 
@@ -674,7 +723,7 @@ async fn an_unread_stream_past_its_deadline_is_cut_and_counted_408() {
     .await;
     f.serve.run(echo_app("s", "/s", "s")).await.unwrap();
     let before = f.probe.dropped.load(Ordering::SeqCst);
-    let (resp, _conn) = unread_stream(&f, "/s/stream-free/100000").await;
+    let (resp, _conn) = unread_h2(&f, "/s/stream-free/100000").await;
     within("the deadline cuts it", f.probe.wait_dropped(before + 1)).await;
     let c = support::client();
     let url = f.rest_url("/metrics");

@@ -105,7 +105,8 @@ impl Drop for DropGuard {
 /// Echoes the request as JSON; `/fail` fails, `/hang` never answers (until
 /// cancelled), `/big` answers 1 MiB, `/bad-header` answers a header whose name
 /// is not one; `/stream/N` streams N chunks, each after a
-/// gate permit (`/stream-free/N`: without the gate).
+/// gate permit (`/stream-free/N`: without the gate; `/stream-big/N`: without
+/// the gate, each chunk 64 KiB).
 pub struct Echo {
     tag: String,
     probe: Arc<Probe>,
@@ -157,12 +158,14 @@ impl Deployment for Echo {
         req: HttpRequest,
     ) -> impl Stream<Item = Result<HttpResponse, UserError>> + Send + '_ {
         let route = req.route_path().to_owned();
-        let (gated, n) = match (
+        let (gated, big, n) = match (
             route.strip_prefix("/stream/"),
             route.strip_prefix("/stream-free/"),
+            route.strip_prefix("/stream-big/"),
         ) {
-            (Some(n), _) => (true, n.parse::<u32>().unwrap_or(0)),
-            (_, Some(n)) => (false, n.parse::<u32>().unwrap_or(0)),
+            (Some(n), _, _) => (true, false, n.parse::<u32>().unwrap_or(0)),
+            (_, Some(n), _) => (false, false, n.parse::<u32>().unwrap_or(0)),
+            (_, _, Some(n)) => (false, true, n.parse::<u32>().unwrap_or(0)),
             _ => {
                 return futures::future::Either::Left(stream::once(self.handle(req)));
             }
@@ -186,10 +189,12 @@ impl Deployment for Echo {
                     let permit = self.probe.gate.acquire().await.ok()?;
                     permit.forget();
                 }
-                Some((
-                    Ok(HttpResponse::chunk(format!("token{i} "))),
-                    (i + 1, guard, None),
-                ))
+                let chunk = if big {
+                    HttpResponse::chunk(vec![b'x'; 64 << 10])
+                } else {
+                    HttpResponse::chunk(format!("token{i} "))
+                };
+                Some((Ok(chunk), (i + 1, guard, None)))
             },
         ))
     }

@@ -47,9 +47,11 @@ pub struct HttpOptions {
     /// How long a connection (HTTP/1.1 or 2) with no request in flight stays
     /// open: a new one until its first request, a kept-alive one between
     /// requests (default 90 s). A request body is held to it too: 408 when
-    /// nothing of it arrives for that long, or when it is not whole within
-    /// that plus a second per 500 bytes received (Apache's `MinRate`), so
-    /// that a body trickled a byte at a time cannot hold its connection.
+    /// nothing of it arrives for that long, or when it falls that far behind
+    /// 500 bytes a second (Apache's `MinRate`; a fast start banks no more
+    /// than this timeout), so that a body trickled a byte at a time cannot
+    /// hold its connection. So is a response: a client that takes nothing
+    /// of one for that long loses its connection.
     pub keep_alive_timeout: Duration,
     /// The largest request body accepted (default
     /// [`DEFAULT_MAX_REQUEST_BODY_BYTES`]); larger is 413.

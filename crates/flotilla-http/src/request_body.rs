@@ -10,10 +10,14 @@
 //!
 //! Progress alone is not enough: a byte a minute is progress, and a body
 //! trickled so would hold its connection (and its place under
-//! `max_connections`) for ever. So a body must also be whole within `stall`
-//! plus one second per [`MIN_BODY_RATE`] bytes received, Apache's
-//! `mod_reqtimeout` rule (`body=20,MinRate=500`): an upload at any useful
-//! speed is never cut by it, a trickle is within about `stall`.
+//! `max_connections`) for ever. So a body has a time budget: `stall` at the
+//! start, one second more per [`MIN_BODY_RATE`] bytes received (Apache's
+//! `mod_reqtimeout` rule, `body=20,MinRate=500`), but never more than
+//! `stall` ahead: it is cut when the budget runs out. An upload at any
+//! useful speed is never cut by it, a trickle is within about `stall`, and,
+//! unlike Apache's rule (whose credit has no bound), so is a trickle after a
+//! fast start: 10 MiB sent at once earned 5.8 hours there, in which a byte
+//! every few seconds held the connection and the 10 MiB buffered.
 
 use std::time::Duration;
 
@@ -40,8 +44,8 @@ pub(crate) enum BodyReadError {
     },
     /// The body came slower than [`MIN_BODY_RATE`] allows.
     #[error(
-        "only {received} bytes arrived in {}s: after the first {}s a body must come at \
-         {MIN_BODY_RATE} bytes a second or more",
+        "only {received} bytes arrived in {}s: a body must come at {MIN_BODY_RATE} bytes a \
+         second or more (at most {}s behind that)",
         .elapsed.as_secs_f64(),
         .stall.as_secs_f64()
     )]
@@ -78,20 +82,18 @@ fn client_gone(e: &(dyn std::error::Error + 'static)) -> bool {
     })
 }
 
-/// The slowest a request body may come once its first `stall` has passed,
-/// in bytes a second (Apache's `MinRate` default): a body of `n` bytes has
-/// `stall + n / MIN_BODY_RATE` seconds, whatever its size.
+/// The slowest a request body may come, in bytes a second (Apache's
+/// `MinRate` default): each such many bytes earn it one second more.
 pub(crate) const MIN_BODY_RATE: u64 = 500;
 
-/// How long a body that has sent `received` bytes may take in all.
-fn allowance(stall: Duration, received: usize) -> Duration {
-    let earned = (received as u64).saturating_mul(1000) / MIN_BODY_RATE;
-    stall.saturating_add(Duration::from_millis(earned))
+/// The time `bytes` received earn.
+fn earned(bytes: usize) -> Duration {
+    Duration::from_millis((bytes as u64).saturating_mul(1000) / MIN_BODY_RATE)
 }
 
-/// Read `body` whole: at most `limit` bytes, each frame within `stall` of the
-/// one before (or of the start), and all of it within `stall` plus a second
-/// per [`MIN_BODY_RATE`] bytes received.
+/// Read `body` whole: at most `limit` bytes, within its time budget (see the
+/// module doc): `stall` at the start, a second more per [`MIN_BODY_RATE`]
+/// bytes received, never more than `stall` ahead.
 pub(crate) async fn read_whole<B>(
     body: B,
     limit: usize,
@@ -104,30 +106,25 @@ where
     let mut body = Limited::new(body, limit);
     let mut out = BytesMut::new();
     let start = Instant::now();
+    let mut last = start;
+    // `None`: beyond the clock's range, no bound.
+    let mut budget = start.checked_add(stall);
     loop {
-        let now = Instant::now();
-        let stalled_at = now.checked_add(stall);
-        let slow_at = start.checked_add(allowance(stall, out.len()));
-        let (at, slow) = match (stalled_at, slow_at) {
-            (Some(st), Some(sl)) if sl <= st => (Some(sl), true),
-            (Some(st), _) => (Some(st), false),
-            (None, sl) => (sl, true),
-        };
         let next = async {
-            match at {
+            match budget {
                 Some(at) => tokio::time::timeout_at(at, body.frame()).await,
                 None => Ok(body.frame().await),
             }
         };
         let frame = match next.await {
-            Err(_) if slow => {
+            Err(_) if last.elapsed() >= stall => return Err(BodyReadError::Stalled { stall }),
+            Err(_) => {
                 return Err(BodyReadError::TooSlow {
                     received: out.len(),
                     elapsed: start.elapsed(),
                     stall,
                 });
             }
-            Err(_) => return Err(BodyReadError::Stalled { stall }),
             Ok(None) => return Ok(out.freeze()),
             Ok(Some(Err(e))) if e.is::<LengthLimitError>() => {
                 return Err(BodyReadError::TooLarge { limit });
@@ -136,8 +133,18 @@ where
             Ok(Some(Err(e))) => return Err(BodyReadError::Failed(e)),
             Ok(Some(Ok(frame))) => frame,
         };
+        last = Instant::now();
         if let Ok(data) = frame.into_data() {
             out.extend_from_slice(&data);
+            let ahead = last.checked_add(stall);
+            budget = match (
+                budget.and_then(|b| b.checked_add(earned(data.len()))),
+                ahead,
+            ) {
+                (Some(b), Some(a)) => Some(b.min(a)),
+                (b, None) => b,
+                (None, a) => a,
+            };
         }
     }
 }
@@ -237,5 +244,38 @@ mod tests {
                 if elapsed == Duration::from_millis(46_800)),
             "{slow:?}"
         );
+    }
+
+    /// A fast start banks no more than `stall`: 1 MB sent at once, then a
+    /// byte every 8 s (never a stall), is cut about `stall` later, not after
+    /// the 2,000 s the megabyte earned.
+    #[tokio::test(start_paused = true)]
+    async fn a_trickle_after_a_fast_start_is_cut_as_any_trickle() {
+        let stall = Duration::from_secs(10);
+        let parts = futures::stream::unfold(0usize, |i| async move {
+            if i > 0 {
+                tokio::time::sleep(Duration::from_secs(8)).await;
+            }
+            let size = if i == 0 { 1_000_000 } else { 1 };
+            Some((
+                Ok::<_, std::io::Error>(Frame::data(Bytes::from(vec![b'x'; size]))),
+                i + 1,
+            ))
+        });
+        let start = Instant::now();
+        let body = http_body_util::StreamBody::new(Box::pin(parts));
+        let trickled = read_whole(body, 10 << 20, stall).await;
+        assert!(
+            matches!(
+                trickled,
+                Err(BodyReadError::TooSlow {
+                    received: 1_000_001,
+                    ..
+                })
+            ),
+            "{trickled:?}"
+        );
+        // The budget: 10 s ahead at the megabyte, 2 ms more for the byte at 8 s.
+        assert_eq!(start.elapsed(), Duration::from_millis(10_002));
     }
 }

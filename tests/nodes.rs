@@ -438,6 +438,38 @@ async fn two_nodes_meet_on_one_session_dialed_by_the_name_that_sorts_last() {
     drop((z, m, a));
 }
 
+/// A node that binds every interface tells its peers the address its
+/// machine reaches the head from, not `0.0.0.0` (which no other machine can
+/// dial), and listens on the port it was given (a firewall can be opened
+/// for it); a peer meets it there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_bound_to_every_interface_advertises_its_route_to_the_head_on_its_port() {
+    let (_turn, dir, serve, addr) = setup(cpus(0.0)).await;
+    let port = restartable_addr().port();
+    let every = std::net::SocketAddr::from(([0, 0, 0, 0], port));
+    let a = NodeProc::start(addr, &NodeSpec::new("a", 1.0).listen(every), dir.path());
+    let id = a.id().await;
+    let listen = || {
+        (serve.nodes().into_iter())
+            .find(|n| n.id == id)
+            .map(|n| n.listen)
+            .unwrap_or_default()
+    };
+    eventually(30, "a's listen address is known", || async {
+        !listen().is_empty()
+    })
+    .await;
+    assert_eq!(listen(), format!("127.0.0.1:{port}"));
+    let b = NodeProc::start(addr, &NodeSpec::new("b", 1.0), dir.path());
+    b.id().await;
+    eventually(30, "b connected to a", || async {
+        log_lines(&b, "connected to a peer node").len() == 1
+    })
+    .await;
+    serve.shutdown().await.unwrap();
+    drop((a, b));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_session_between_two_nodes_is_dialed_again_by_the_name_that_sorts_last() {
     let (_turn, dir, serve, addr) = setup(cpus(0.0)).await;

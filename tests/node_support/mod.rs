@@ -83,6 +83,8 @@ pub fn gpu_node(name: &str) -> NodeSpec {
 
 /// The cookie every test process shares.
 pub const COOKIE: &str = "flotilla-test-cookie";
+/// The variable a node child listening off loopback reads its cookie from.
+const CHILD_COOKIE_ENV: &str = "FLOTILLA_TEST_NODE_COOKIE";
 /// Set (to a config line) to make `node_child` act as a node process.
 pub const CHILD_ENV: &str = "FLOTILLA_NODE_CHILD";
 /// Where a node process's `AppLogLayer` writes (by the logging settings its
@@ -572,6 +574,10 @@ pub struct NodeSpec {
     /// A peer it dials at another address: (where the peer listens, where
     /// to dial it), `NodeOptions::dial_peer_via`.
     pub dial_via: Option<(SocketAddr, SocketAddr)>,
+    /// Where it binds its listener (`NodeOptions::listen`, `listen_port`);
+    /// its cookie then comes from the environment (a node listening off
+    /// loopback takes none given in code).
+    pub listen: Option<SocketAddr>,
 }
 
 impl NodeSpec {
@@ -583,7 +589,13 @@ impl NodeSpec {
             custom: Vec::new(),
             cookie: COOKIE.to_owned(),
             dial_via: None,
+            listen: None,
         }
+    }
+
+    pub fn listen(mut self, at: SocketAddr) -> Self {
+        self.listen = Some(at);
+        self
     }
 
     pub fn dial_via(mut self, listen: SocketAddr, via: SocketAddr) -> Self {
@@ -613,7 +625,7 @@ impl NodeSpec {
             .map(|(k, v)| format!("{k}={v}"))
             .collect();
         format!(
-            "{head} {} {} {} {} {} {}",
+            "{head} {} {} {} {} {} {} {}",
             self.cookie,
             self.name,
             self.cpus,
@@ -626,7 +638,8 @@ impl NodeSpec {
             match self.dial_via {
                 Some((listen, via)) => format!("{listen}={via}"),
                 None => "-".to_owned(),
-            }
+            },
+            self.listen.map_or("-".to_owned(), |at| at.to_string()),
         )
     }
 }
@@ -686,10 +699,18 @@ pub fn run_child(line: &str) {
         std::process::exit(0);
     });
     let code = rt.block_on(async move {
-        let mut options = flotilla::node::NodeOptions::new(head, Cookie::new(parts[1]).unwrap())
+        let listen: Option<SocketAddr> = (parts[7] != "-").then(|| parts[7].parse().unwrap());
+        let cookie = match listen {
+            Some(_) => Cookie::from_env(CHILD_COOKIE_ENV).unwrap(),
+            None => Cookie::new(parts[1]).unwrap(),
+        };
+        let mut options = flotilla::node::NodeOptions::new(head, cookie)
             .name(parts[2])
             .resources(resources)
             .label("test", "yes");
+        if let Some(at) = listen {
+            options = options.listen(at.ip()).listen_port(at.port());
+        }
         options.logging = logging.clone();
         if let Some((listen, via)) = parts[6].split_once('=') {
             options = options.dial_peer_via(listen.parse().unwrap(), via.parse().unwrap());
@@ -799,6 +820,7 @@ impl NodeProc {
                 "--test-threads=1",
             ])
             .env(CHILD_ENV, spec.line(head))
+            .env(CHILD_COOKIE_ENV, &spec.cookie)
             .env(APPLOG_ENV, &applog)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())

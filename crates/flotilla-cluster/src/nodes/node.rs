@@ -1,7 +1,7 @@
 //! A node process: [`run`] or [`start`]. Each incarnation has its own node id,
 //! NodeServer and agent; a fenced incarnation is followed by a new one.
 
-use std::{sync::Arc, time::Duration};
+use std::{net::SocketAddr, sync::Arc, time::Duration};
 
 use flotilla_replica::Registry;
 use ractor::Actor;
@@ -164,12 +164,20 @@ impl Incarnation {
     ) -> Result<Incarnation, NodeError> {
         let id = format!("{}-{}", options.name, random_suffix());
         let name = peer_name(&id);
-        let host = options.listen.to_string();
+        // What other nodes dial: its ractor name's host, which ractor_cluster
+        // sends each peer with its port.
+        let host = options
+            .advertised()
+            .map_err(|source| NodeError::Io {
+                what: "finding the address this node reaches its head from",
+                source,
+            })?
+            .to_string();
         let (link, inbound) = Link::start(
             &name,
             &host,
             options.cookie.secret(),
-            Listen::Server(options.listen),
+            Listen::Server(SocketAddr::new(options.listen, options.listen_port)),
             options.handshake_timeout,
             Role::Node,
         )

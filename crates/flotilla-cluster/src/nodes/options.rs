@@ -89,6 +89,12 @@ pub enum OptionsError {
         /// The address (a node's port is chosen when it starts: 0 here).
         listen: SocketAddr,
     },
+    /// A node was told to advertise an address that names no interface.
+    #[error("a node cannot be dialed on {ip}: advertise an address of one of its interfaces")]
+    AdvertiseUnspecified {
+        /// The address (`0.0.0.0` or `::`).
+        ip: IpAddr,
+    },
     /// A period is zero, or the timeout is not above the period.
     #[error("heartbeat_timeout ({timeout:?}) must be above a non-zero heartbeat ({period:?})")]
     Heartbeat {
@@ -316,9 +322,17 @@ pub struct NodeOptions {
     pub resources: Resources,
     /// Labels, shown in the head's node list.
     pub labels: Vec<(String, String)>,
-    /// The address other nodes dial this one on (port chosen by the system;
-    /// default `127.0.0.1`).
+    /// The address this node's listener binds, for other nodes to dial
+    /// (default `127.0.0.1`; `0.0.0.0` or `::` binds every interface).
     pub listen: IpAddr,
+    /// The port it binds (default 0: one the system picks; give one to open
+    /// a firewall for it).
+    pub listen_port: u16,
+    /// The address other nodes are told to dial this one on (default: the
+    /// one it binds; for an address that binds every interface, the one
+    /// this machine reaches its head from, which a peer on the head's
+    /// network reaches it at too). Give it where that is not so (a NAT).
+    pub advertise: Option<IpAddr>,
     /// How often the node sends the head, and each peer node it has a
     /// session with, a heartbeat, which the other side answers (default
     /// 500 ms).
@@ -357,6 +371,8 @@ impl NodeOptions {
             resources: Resources::none().with_cpus(machine_cpus()),
             labels: Vec::new(),
             listen: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            listen_port: 0,
+            advertise: None,
             heartbeat: HEARTBEAT,
             heartbeat_timeout: HEARTBEAT_TIMEOUT,
             connect_timeout: Duration::from_secs(2),
@@ -416,10 +432,46 @@ impl NodeOptions {
         self
     }
 
-    /// Other nodes dial it on `ip`.
+    /// Bind its listener to `ip` (`0.0.0.0`: every interface).
     pub fn listen(mut self, ip: IpAddr) -> Self {
         self.listen = ip;
         self
+    }
+
+    /// Bind its listener to `port` (0: one the system picks).
+    pub fn listen_port(mut self, port: u16) -> Self {
+        self.listen_port = port;
+        self
+    }
+
+    /// Tell other nodes to dial it on `ip` (see [`NodeOptions::advertise`]).
+    pub fn advertise(mut self, ip: IpAddr) -> Self {
+        self.advertise = Some(ip);
+        self
+    }
+
+    /// The address other nodes are told to dial this one on: `advertise`,
+    /// else `listen`, else (`listen` binds every interface) the local
+    /// address of this machine's route to the head, which the system picks
+    /// without sending anything.
+    ///
+    /// ```
+    /// # use flotilla_cluster::nodes::{Cookie, NodeOptions};
+    /// let head = "127.0.0.1:4697".parse().unwrap();
+    /// let node = NodeOptions::new(head, Cookie::new("s3cret").unwrap())
+    ///     .listen("0.0.0.0".parse().unwrap());
+    /// assert_eq!(node.advertised().unwrap().to_string(), "127.0.0.1");
+    /// ```
+    pub fn advertised(&self) -> std::io::Result<IpAddr> {
+        if let Some(ip) = self.advertise {
+            return Ok(ip);
+        }
+        if !self.listen.is_unspecified() {
+            return Ok(self.listen);
+        }
+        let socket = std::net::UdpSocket::bind(SocketAddr::new(self.listen, 0))?;
+        socket.connect(self.head)?;
+        Ok(socket.local_addr()?.ip())
     }
 
     /// Heartbeat every `period`; a head or peer node silent for `timeout`
@@ -432,7 +484,14 @@ impl NodeOptions {
 
     /// Check the options as a whole (`run` does).
     pub fn validate(&self) -> Result<(), OptionsError> {
-        check_cookie("node", SocketAddr::new(self.listen, 0), &self.cookie)?;
+        check_cookie(
+            "node",
+            SocketAddr::new(self.listen, self.listen_port),
+            &self.cookie,
+        )?;
+        if let Some(ip) = self.advertise.filter(IpAddr::is_unspecified) {
+            return Err(OptionsError::AdvertiseUnspecified { ip });
+        }
         // Its id is the name and a suffix, and must pass `check_id` at the head.
         check_chars("node name", &self.name, MAX_NODE_ID - NODE_ID_SUFFIX)?;
         check_resources("node", &self.resources)?;
@@ -565,6 +624,27 @@ mod tests {
                     "{text}"
                 );
             }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_node_advertises_what_it_was_told_else_what_it_binds_else_its_route_to_the_head() {
+        let ip = |s: &str| -> IpAddr { s.parse().unwrap_or_else(|e| panic!("{e}")) };
+        let head: SocketAddr = "127.0.0.1:1".parse().unwrap_or_else(|e| panic!("{e}"));
+        let node = NodeOptions::new(head, Cookie::new("s").unwrap_or_else(|e| panic!("{e}")));
+        let advertised = |o: &NodeOptions| o.advertised().unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(advertised(&node), ip("127.0.0.1"));
+        assert_eq!(
+            advertised(&node.clone().listen(ip("127.0.0.2"))),
+            ip("127.0.0.2")
+        );
+        let every = node.clone().listen(ip("0.0.0.0"));
+        assert_eq!(advertised(&every), ip("127.0.0.1"), "the route to the head");
+        let told = every.clone().advertise(ip("10.1.2.3"));
+        assert_eq!(advertised(&told), ip("10.1.2.3"));
+        match node.clone().advertise(ip("0.0.0.0")).validate() {
+            Err(OptionsError::AdvertiseUnspecified { .. }) => {}
             other => panic!("{other:?}"),
         }
     }

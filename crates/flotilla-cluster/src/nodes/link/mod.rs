@@ -4,7 +4,7 @@
 //! replicas it serves to other processes.
 
 use std::{
-    net::IpAddr,
+    net::SocketAddr,
     sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, atomic::AtomicU64},
 };
 
@@ -132,9 +132,9 @@ impl std::fmt::Debug for Link {
 pub(crate) enum Listen {
     /// Accept on this bound listener (the head: port 0 readable).
     Own(tokio::net::TcpListener),
-    /// Only ractor_cluster's own listener, on this address and a system port
-    /// (nodes: what the peers that [`dials`] picks dial).
-    Server(IpAddr),
+    /// Only ractor_cluster's own listener, on this address (port 0: one the
+    /// system picks; nodes: what the peers that [`dials`] picks dial).
+    Server(SocketAddr),
 }
 
 impl Link {
@@ -177,18 +177,19 @@ impl Link {
                 what: "node port",
                 source,
             })?;
-        let ip = match &listen {
-            Listen::Own(l) => l
-                .local_addr()
-                .map(|a| a.ip())
-                .map_err(|source| NodeError::Io {
-                    what: "reading the listener's address",
-                    source,
-                })?,
-            Listen::Server(ip) => *ip,
+        let (ip, listen_port) = match &listen {
+            Listen::Own(l) => {
+                l.local_addr()
+                    .map(|a| (a.ip(), 0))
+                    .map_err(|source| NodeError::Io {
+                        what: "reading the listener's address",
+                        source,
+                    })?
+            }
+            Listen::Server(at) => (at.ip(), at.port()),
         };
         let server = NodeServer::new(
-            0,
+            listen_port,
             cookie.to_owned(),
             name.to_owned(),
             host.to_owned(),

@@ -1520,6 +1520,39 @@ async fn a_dial_whose_handshake_stalls_is_closed_at_the_deadline_and_dialed_agai
     node.shutdown().await.unwrap();
 }
 
+/// A node whose head is not there dials it again ever less often (up to
+/// once a second), logging its failures at the 1st, 2nd, 4th, 8th... (it
+/// logged four a second for as long as the head was away), and joins the
+/// head once one listens there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_waiting_for_its_head_backs_off_logs_sparingly_and_joins_it() {
+    let _turn = turn().await;
+    let dir = tempfile::tempdir().unwrap();
+    let addr = restartable_addr();
+    let node = NodeProc::start(addr, &NodeSpec::new("early", 1.0), dir.path());
+    let unreachable = |node: &NodeProc| log_lines(node, "head not reachable");
+    eventually(60, "the node's 8th failed dial logged", || async {
+        unreachable(&node)
+            .iter()
+            .any(|l| l.contains("failed_dials=8"))
+    })
+    .await;
+    let counts: Vec<String> = unreachable(&node)
+        .iter()
+        .filter_map(|l| l.split("failed_dials=").nth(1))
+        .filter_map(|rest| rest.split_whitespace().next())
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(counts[..4], ["1", "2", "4", "8"], "{counts:?}");
+    let serve = head_at(dir.path(), cpus(0.0), addr).await;
+    eventually(30, "the node joined", || async {
+        serve.metrics().await.unwrap().nodes.live == 1
+    })
+    .await;
+    serve.shutdown().await.unwrap();
+    drop(node);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_head_crash_and_restart_readopts_the_replicas_of_nodes_that_stayed_up() {
     // The restarted head listens where the first one did.

@@ -6,6 +6,7 @@
 use std::{
     collections::{HashMap, HashSet},
     sync::Arc,
+    time::Duration,
 };
 
 use flotilla_core::{
@@ -15,7 +16,7 @@ use flotilla_replica::{
     Directory, OnExit, Registry, ReplicaActor, ReplicaArgs, ReplicaEndpoint, ReplicaEvent,
     ReplicaId, ReplicaMsg, ReplicaPhase, ReplicaReporter, remote::RemoteEndpoint,
 };
-use flotilla_supervision::Children;
+use flotilla_supervision::{Backoff, Children};
 use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
 use tokio::{
     sync::{oneshot, watch},
@@ -119,6 +120,11 @@ pub(crate) struct AgentState {
     /// Handshakes with the head that ended as refusals since its last
     /// session (see [`REFUSALS_TO_END`]).
     refusals: u32,
+    /// Dials of the head that failed since its last session: the wait
+    /// before the next grows with them ([`REDIAL_MAX`]), and they are
+    /// logged at the 1st, 2nd, 4th, 8th... (a head gone for an hour is not
+    /// 14,000 warnings).
+    failed_dials: u32,
     replicas: HashMap<ReplicaId, Local>,
     children: Children<ReplicaId, ReplicaMsg>,
     routes: HashMap<(AppName, DeploymentName), RouteEntry>,
@@ -219,13 +225,25 @@ impl AgentState {
         addr == self.args.options.head.to_string()
     }
 
-    /// Dial the head again after `redial`, unless the node is shutting down.
-    fn redial_later(&self, myself: &ActorRef<AgentMsg>) {
+    /// A dial of the head failed: dial again after `redial`, doubling per
+    /// failure since the last session up to [`REDIAL_MAX`], unless the node
+    /// is shutting down. Returns whether to log this failure (the 1st, 2nd,
+    /// 4th, 8th...).
+    fn redial_later(&mut self, myself: &ActorRef<AgentMsg>) -> bool {
+        self.failed_dials = self.failed_dials.saturating_add(1);
         if !self.shutting_down {
-            myself.send_after(self.args.options.redial, || AgentMsg::Redial);
+            let first = self.args.options.redial;
+            let wait = Backoff::new(first, REDIAL_MAX.max(first)).after(self.failed_dials);
+            myself.send_after(wait, || AgentMsg::Redial);
         }
+        self.failed_dials.is_power_of_two()
     }
 }
+
+/// The longest wait between dials of a head that stays unreachable (or
+/// the node's `redial`, if longer): short enough that a restarted head's
+/// nodes are back within its re-attach grace.
+pub(crate) const REDIAL_MAX: Duration = Duration::from_secs(1);
 
 /// Handshakes with the head ending as refusals, since the last session to
 /// it, before the node gives up ([`Ending::Refused`]): a wrong cookie is
@@ -259,6 +277,7 @@ impl Actor for Agent {
             seq: 0,
             dialing: false,
             refusals: 0,
+            failed_dials: 0,
             replicas: HashMap::new(),
             children: Children::new(),
             routes: HashMap::new(),
@@ -316,10 +335,10 @@ impl Actor for Agent {
             AgentMsg::Dialed(None) => {}
             AgentMsg::Dialed(Some(reason)) => {
                 state.dialing = false;
-                if state.session.is_none() && !state.shutting_down {
+                if state.session.is_none() && !state.shutting_down && state.redial_later(&myself) {
                     warn!(node = %state.args.id, head = %state.args.options.head, %reason,
-                        "head not reachable; dialing again");
-                    myself.send_after(state.args.options.redial, || AgentMsg::Redial);
+                        failed_dials = state.failed_dials,
+                        "head not reachable; dialing again (logged at the 1st, 2nd, 4th, 8th... failure)");
                 }
             }
             AgentMsg::Redial => {
@@ -565,6 +584,7 @@ fn session(myself: &ActorRef<AgentMsg>, state: &mut AgentState, ev: SessionEvent
             state.dialing = false;
             state.session = Some(peer.clone());
             state.refusals = 0;
+            state.failed_dials = 0;
             state.last_heard = Instant::now();
             let (hello, rest) = hello(state);
             info!(node = %state.args.id, head = %peer,
@@ -629,12 +649,12 @@ fn session(myself: &ActorRef<AgentMsg>, state: &mut AgentState, ev: SessionEvent
                 state.session = None;
                 state.head = None;
                 forget_replicas_of(state, &peer);
-                state.redial_later(myself);
+                let _ = state.redial_later(myself);
             } else if outbound && state.dials_head(&addr) && state.session.is_none() {
                 // The head dial's session ended before it became the head's
                 // (it closed before it was ready, or it was not a head).
                 state.dialing = false;
-                state.redial_later(myself);
+                let _ = state.redial_later(myself);
             }
         }
         // Only the session this node dialed to the head tells about the
@@ -661,15 +681,20 @@ fn session(myself: &ActorRef<AgentMsg>, state: &mut AgentState, ev: SessionEvent
                     warn!(node = %state.args.id, head = %addr, refusals = state.refusals,
                         "the handshake with the head failed (a wrong cookie, or the connection \
                          dropped mid-handshake); dialing again");
-                    state.redial_later(myself);
+                    let _ = state.redial_later(myself);
                 }
             } else {
                 // Not a refusal: the head closed it before its challenge (a
                 // head holding as many handshakes as it may, as when many
-                // nodes dial a restarted head at once), or it stalled.
-                warn!(node = %state.args.id, head = %addr, ?end,
-                    "the connection to the head ended before the handshake did; dialing again");
-                state.redial_later(myself);
+                // nodes dial a restarted head at once), or it stalled; or
+                // what listens there is no Flotilla head (an HTTP server).
+                if state.redial_later(myself) {
+                    warn!(node = %state.args.id, head = %addr, ?end,
+                        failed_dials = state.failed_dials,
+                        "the connection to the head ended before the handshake did (is a \
+                         Flotilla head listening there?); dialing again (logged at the 1st, \
+                         2nd, 4th, 8th... failure)");
+                }
             }
         }
         SessionEvent::Closed { addr, end, .. } => {

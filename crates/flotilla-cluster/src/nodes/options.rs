@@ -344,7 +344,9 @@ pub struct NodeOptions {
     pub heartbeat_timeout: Duration,
     /// How long one dial of the head may take (default 2 s).
     pub connect_timeout: Duration,
-    /// Wait between dials of an unreachable head (default 250 ms).
+    /// Wait after the first failed dial of the head (default 250 ms); it
+    /// doubles per failure since the last session, up to 1 s (or this, if
+    /// longer).
     pub redial: Duration,
     /// How long a connection from another node may take to authenticate
     /// before it is closed (default [`HANDSHAKE_TIMEOUT`]).

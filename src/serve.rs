@@ -959,6 +959,16 @@ impl Serve {
         })
     }
 
+    /// The id of the node this process is, as its replicas' and its
+    /// proxy's details name it: the head's ([`HeadOptions::node_id`], `head`
+    /// by default) with [`ServeOptions::nodes`], else [`LOCAL_NODE`](crate::LOCAL_NODE).
+    pub fn node_id(&self) -> &str {
+        self.inner
+            .head
+            .as_ref()
+            .map_or(flotilla_cluster::LOCAL_NODE, Head::node_id)
+    }
+
     /// Where node processes connect, with [`ServeOptions::nodes`] (the bound
     /// address: a port 0 in the options is the system's choice here).
     pub fn node_address(&self) -> Option<std::net::SocketAddr> {

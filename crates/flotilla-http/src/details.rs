@@ -323,7 +323,7 @@ pub(crate) async fn instance_details(
     draining: bool,
     filter: ApiFilter,
 ) -> Result<ServeInstanceDetails, flotilla::ServeError> {
-    let node = flotilla::LOCAL_NODE.to_owned();
+    let node = serve.node_id().to_owned();
     let config = serve.applied_config().await?;
     let configs: BTreeMap<String, Value> = config
         .iter()

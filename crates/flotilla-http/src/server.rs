@@ -292,7 +292,7 @@ impl HttpServer {
             limit(&rest_listener, "rest"),
         );
         let metrics = Arc::new(ProxyMetrics::new(
-            flotilla::LOCAL_NODE.to_owned(),
+            serve.node_id().to_owned(),
             proxy_addr.map(|a| a.ip().to_string()).unwrap_or_default(),
             proxy_limit.iter().chain(&rest_limit).cloned().collect(),
         ));

@@ -182,6 +182,53 @@ async fn put_get_delete_round_trip_in_rays_shapes() {
     f.stop().await;
 }
 
+/// With nodes, the proxy, the controller and the head's own replicas are
+/// on one node, named alike everywhere: the head's id (it was `local` for
+/// the proxy and the controller, the head's for its replicas, so a join of
+/// replicas to proxies by node found nothing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_nodes_the_proxy_controller_and_replicas_name_the_heads_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let probe = std::sync::Arc::new(support::Probe::default());
+    let head = flotilla::HeadOptions::new(flotilla::Cookie::new("c").unwrap())
+        .listen("127.0.0.1:0".parse().unwrap())
+        .node_id("the-head");
+    let serve = flotilla::Serve::start(
+        flotilla::ServeOptions::new(support::registry(&probe))
+            .store_path(dir.path().join("f.redb"))
+            .nodes(head),
+    )
+    .await
+    .unwrap();
+    assert_eq!(serve.node_id(), "the-head");
+    let http = HttpServer::start(&serve, test_options().build().unwrap())
+        .await
+        .unwrap();
+    serve.run(support::echo_app("e", "/e", "e")).await.unwrap();
+    let c = support::client();
+    let rest = http.rest_addr().unwrap();
+    let d: serde_json::Value = serde_json::from_str(
+        &get(&c, &format!("http://{rest}/api/serve/applications/"))
+            .await
+            .body,
+    )
+    .unwrap();
+    assert_eq!(d["controller_info"]["node_id"], "the-head", "{d}");
+    assert_eq!(d["proxies"]["the-head"]["status"], "HEALTHY", "{d}");
+    let replicas = d["applications"]["e"]["deployments"]["ingress"]["replicas"]
+        .as_array()
+        .unwrap();
+    assert!(!replicas.is_empty());
+    assert!(replicas.iter().all(|r| r["node_id"] == "the-head"), "{d}");
+    let metrics = get(&c, &format!("http://{rest}/metrics")).await.body;
+    assert!(
+        metrics.contains(r#"ray_serve_num_ongoing_http_requests{node_id="the-head""#),
+        "{metrics}"
+    );
+    http.shutdown().await;
+    serve.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_invalid_config_is_400_naming_where_and_changes_nothing() {
     let f = start().await;

@@ -397,6 +397,12 @@ impl Head {
         })
     }
 
+    /// The head's own node id ([`HeadOptions::node_id`](super::HeadOptions::node_id)):
+    /// the node its own replicas run on.
+    pub fn node_id(&self) -> &str {
+        &self.shared.options.node_id
+    }
+
     /// Where nodes connect.
     pub fn address(&self) -> SocketAddr {
         self.address

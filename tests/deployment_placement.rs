@@ -43,6 +43,35 @@ fn nodes(s: &DeploymentSnapshot) -> Vec<String> {
     v
 }
 
+/// A replica that fails to start on one of several nodes is named with its
+/// node in the deployment's status: a node whose build lacks the code fails
+/// every replica placed there, and is found from the status.
+#[tokio::test(start_paused = true)]
+async fn a_startup_failure_on_a_node_names_the_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Arc::new(Switches::default());
+    let cluster = Arc::new(StaticCluster::new([cpus("n1", 1.0)]));
+    let serve = start_on(&dir, &sw, cluster.clone()).await;
+    let failing = ProbeArgs {
+        fail_constructor: u32::MAX,
+        ..tag("f")
+    };
+    serve
+        .run_many(vec![app_of("a", probe(1, &failing))], no_wait())
+        .await
+        .unwrap();
+    let s = wait_snapshot(&serve, "a", "probe", |s| {
+        s.status.message.contains("failed to start")
+    })
+    .await;
+    assert!(
+        s.status.message.contains("(on node n1)"),
+        "{}",
+        s.status.message
+    );
+    serve.shutdown().await.unwrap();
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_constructor_slower_than_30s_is_reported_on_the_status_by_a_timer() {
     let (_dir, _, serve) = start_fresh().await;

@@ -331,6 +331,7 @@ impl DeploymentActor {
         id: ReplicaId,
         error: String,
     ) {
+        let error = state.naming_node(id, error);
         let at_target = state.at_target_code(id);
         // One already stopping was counted, if it had to be, when it was
         // stopped (its node died) or needs no count (a scale-down): a
@@ -373,9 +374,10 @@ impl DeploymentActor {
         id: ReplicaId,
         error: &str,
     ) {
+        let error = state.naming_node(id, error.to_owned());
         let at_target = state.at_target_code(id);
-        state.stop(id, true, error);
-        Self::count_startup_failure(myself, state, id, at_target, error);
+        state.stop(id, true, &error);
+        Self::count_startup_failure(myself, state, id, at_target, &error);
     }
 
     fn on_replica_event(

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use flotilla_cluster::LOCAL_NODE;
 use flotilla_core::{DeploymentStatus, DeploymentTrigger, ReplicaState};
 use flotilla_replica::ReplicaId;
 use flotilla_supervision::Backoff;
@@ -111,6 +112,19 @@ impl DeploymentState {
             && !self.args.target.deleting
         {
             self.transition(DeploymentTrigger::ReplicaStartupFailed, message, None);
+        }
+    }
+
+    /// `error` of replica `id`, naming the node it ran on when that is one
+    /// of several (not the one process of a [`LOCAL_NODE`] cluster): a node
+    /// that fails every replica placed there (one built without the
+    /// deployment's code) is found from the status, not only from its logs.
+    pub(crate) fn naming_node(&self, id: ReplicaId, error: String) -> String {
+        match self.replicas.get(&id).map(|r| r.node.as_str()) {
+            Some(node) if !node.is_empty() && node != LOCAL_NODE => {
+                format!("{error} (on node {node})")
+            }
+            _ => error,
         }
     }
 

@@ -82,10 +82,18 @@ fn cookie() -> Result<Cookie, flotilla::CookieError> {
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> std::process::ExitCode {
     let _ = tracing_subscriber::fmt()
         .with_max_level(tracing::Level::WARN)
         .try_init();
+    let Err(e) = run().await else {
+        return std::process::ExitCode::SUCCESS;
+    };
+    eprintln!("error: {}", flotilla::with_causes(e.as_ref()));
+    std::process::ExitCode::FAILURE
+}
+
+async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args
         .iter()

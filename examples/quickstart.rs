@@ -71,7 +71,16 @@ fn print_status(serve: &Serve) {
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> std::process::ExitCode {
+    let Err(e) = run().await else {
+        return std::process::ExitCode::SUCCESS;
+    };
+    // The error and its causes, on one line (`{:?}` is its structure).
+    eprintln!("error: {}", flotilla::with_causes(e.as_ref()));
+    std::process::ExitCode::FAILURE
+}
+
+async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let registry = Registry::new()
         .register("quickstart::Greeter", |ctx| async move {
             Ok(Greeter {

@@ -131,7 +131,10 @@
 //! `flotilla_metrics_scrapes_total`, and per listener (`listener`: `proxy`,
 //! `rest`) `flotilla_http_connections`, `flotilla_http_max_connections` and
 //! `flotilla_http_connection_limit_reached_total` (see
-//! [`HttpOptions::max_connections`]). The `route` label of replica metrics is
+//! [`HttpOptions::max_connections`]); with nodes, `flotilla_nodes_live`,
+//! `flotilla_node_changes_total{change}` (`joined`, `lost`, `left`,
+//! `refused`), `flotilla_node_replicas_lost_total` and
+//! `flotilla_node_replicas{node_id}` per live node. The `route` label of replica metrics is
 //! the application's route prefix (Ray's is the request's route). Router
 //! metrics are per deployment (Ray's are per handle).
 

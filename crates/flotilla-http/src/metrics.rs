@@ -237,6 +237,9 @@ struct Scrape {
     scrapes: u64,
     /// Each listener's `(name, open connections, limit, times it reached it)`.
     listeners: Vec<(&'static str, usize, usize, u64)>,
+    /// With nodes: each live node process's `(id, replicas on it)` (`None`
+    /// without nodes: no node series then).
+    nodes: Option<Vec<(String, usize)>>,
 }
 
 impl std::fmt::Debug for Scrape {
@@ -316,7 +319,14 @@ pub(crate) async fn scrape(
         });
     }
     let flotilla = serve.metrics().await.ok();
+    let nodes = serve.node_address().map(|_| {
+        (serve.nodes().into_iter())
+            .filter(|n| n.alive)
+            .map(|n| (n.id, n.replicas))
+            .collect()
+    });
     let scrape = Scrape {
+        nodes,
         http,
         ongoing_http: proxy.map_or(0, |p| p.ongoing.load(Ordering::Relaxed)),
         node_id: proxy.map(|p| p.node_id.clone()).unwrap_or_default(),
@@ -669,6 +679,53 @@ impl Collector for Scrape {
             )?;
             f.counter(&vec![("level", "controller")], m.controller_restarts)?;
             f.counter(&vec![("level", "application")], m.controller.app_restarts)?;
+            if self.nodes.is_some() {
+                let n = &m.nodes;
+                let mut f = family(
+                    &mut e,
+                    "flotilla_nodes_live",
+                    "Node processes joined to this head and alive now (the head not counted)",
+                    Gauge,
+                )?;
+                f.gauge(&vec![], i64::try_from(n.live).unwrap_or(i64::MAX))?;
+                let mut f = family(
+                    &mut e,
+                    "flotilla_node_changes",
+                    "Nodes joined (a re-attach counts), lost (gone without shutting down), \
+                     left (shut down) and refused (a failed handshake, a fenced node)",
+                    Counter,
+                )?;
+                for (change, count) in [
+                    ("joined", n.joined),
+                    ("lost", n.lost),
+                    ("left", n.left),
+                    ("refused", n.refused),
+                ] {
+                    f.counter(&vec![("change", change)], count)?;
+                }
+                let mut f = family(
+                    &mut e,
+                    "flotilla_node_replicas_lost",
+                    "Replicas that were on nodes when those were declared lost (each replaced)",
+                    Counter,
+                )?;
+                f.counter(&vec![], n.replicas_lost)?;
+            }
+        }
+        if let Some(nodes) = &self.nodes {
+            let mut f = family(
+                &mut e,
+                "flotilla_node_replicas",
+                "Replicas placed on each live node (node processes; the head's own are \
+                 flotilla_replicas')",
+                Gauge,
+            )?;
+            for (node, replicas) in nodes {
+                f.gauge(
+                    &vec![("node_id", node.as_str())],
+                    i64::try_from(*replicas).unwrap_or(i64::MAX),
+                )?;
+            }
         }
         let mut f = family(
             &mut e,
@@ -780,6 +837,41 @@ fn replica_labels<'a>(d: &'a DeploymentFigures, r: &'a ReplicaFigures, route: bo
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_live_node_has_its_replica_count_and_without_nodes_no_node_series() {
+        let encode = |nodes: Option<Vec<(String, usize)>>| {
+            let scrape = Scrape {
+                http: Vec::new(),
+                ongoing_http: 0,
+                node_id: "head".into(),
+                node_ip: String::new(),
+                deployments: Vec::new(),
+                apps: Vec::new(),
+                flotilla: None,
+                scrapes: 1,
+                listeners: Vec::new(),
+                nodes,
+            };
+            let mut registry = Registry::default();
+            registry.register_collector(Box::new(scrape));
+            let mut out = String::new();
+            prometheus_client::encoding::prometheus_text::encode(&mut out, &registry)
+                .unwrap_or_else(|e| panic!("{e}"));
+            out
+        };
+        let with = encode(Some(vec![("a-1".into(), 2), ("b-2".into(), 0)]));
+        assert!(
+            with.contains("flotilla_node_replicas{node_id=\"a-1\"} 2\n"),
+            "{with}"
+        );
+        assert!(
+            with.contains("flotilla_node_replicas{node_id=\"b-2\"} 0\n"),
+            "{with}"
+        );
+        let without = encode(None);
+        assert!(!without.contains("flotilla_node"), "{without}");
+    }
 
     #[test]
     fn stats_keep_each_method_and_status_apart_beyond_the_slots_too() {

@@ -225,6 +225,16 @@ async fn with_nodes_the_proxy_controller_and_replicas_name_the_heads_node() {
         metrics.contains(r#"ray_serve_num_ongoing_http_requests{node_id="the-head""#),
         "{metrics}"
     );
+    // The node series, with no node process joined yet.
+    for line in [
+        "flotilla_nodes_live 0",
+        r#"flotilla_node_changes_total{change="joined"} 0"#,
+        r#"flotilla_node_changes_total{change="lost"} 0"#,
+        "flotilla_node_replicas_lost_total 0",
+        "# TYPE flotilla_node_replicas gauge",
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line}\n{metrics}");
+    }
     http.shutdown().await;
     serve.shutdown().await.unwrap();
 }

@@ -54,6 +54,10 @@ struct Load {
     /// Each response body's progress: when it was last handed to hyper (in
     /// nanoseconds since `epoch`), or [`WAITING`]. Read only by the check.
     bodies: Mutex<Vec<Weak<AtomicU64>>>,
+    /// Closes the connection at once, if it is idle then: its listener,
+    /// at its limit with a newcomer waiting, makes room (see
+    /// [`crate::connection_limit`]).
+    evict: tokio::sync::Notify,
     /// When the connection was accepted.
     epoch: Instant,
 }
@@ -123,8 +127,30 @@ impl InFlight {
             started: AtomicBool::new(false),
             last_end: AtomicU64::new(0),
             bodies: Mutex::new(Vec::new()),
+            evict: tokio::sync::Notify::new(),
             epoch: Instant::now(),
         }))
+    }
+
+    /// A reference to it that does not keep it (its listener's list).
+    pub(crate) fn downgrade(&self) -> WeakInFlight {
+        WeakInFlight(Arc::downgrade(&self.0))
+    }
+
+    /// Since when the connection has had no request in flight (since it was
+    /// accepted, if it never had one), or `None` while one is in flight.
+    pub(crate) fn idle_since(&self) -> Option<Instant> {
+        if self.0.in_flight.load(Ordering::Acquire) > 0 {
+            return None;
+        }
+        let last_end = self.0.last_end.load(Ordering::Acquire);
+        Some(self.0.epoch + Duration::from_nanos(last_end))
+    }
+
+    /// Close the connection at once if it is idle when its task sees this
+    /// (one that has started a request meanwhile is left be).
+    pub(crate) fn evict(&self) {
+        self.0.evict.notify_one();
     }
 
     /// Wrap a service call: its request is in flight until the response's
@@ -155,6 +181,30 @@ impl InFlight {
                 counted,
             }))
         }
+    }
+}
+
+/// A connection's [`InFlight`], as its listener's limit keeps it: gone with
+/// the connection.
+pub(crate) struct WeakInFlight(Weak<Load>);
+
+impl std::fmt::Debug for WeakInFlight {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WeakInFlight")
+            .field("open", &!self.is_gone())
+            .finish()
+    }
+}
+
+impl WeakInFlight {
+    /// The connection, while it is open.
+    pub(crate) fn upgrade(&self) -> Option<InFlight> {
+        self.0.upgrade().map(InFlight)
+    }
+
+    /// Whether the connection is gone.
+    pub(crate) fn is_gone(&self) -> bool {
+        self.0.strong_count() == 0
     }
 }
 
@@ -273,9 +323,22 @@ async fn serve_inner<C>(
         grace,
     } = bounds;
     tokio::pin!(conn);
+    let evicted = async {
+        loop {
+            load.0.evict.notified().await;
+            if load.idle_since().is_some() {
+                return;
+            }
+        }
+    };
     let ended = tokio::select! {
         ended = conn.as_mut() => Some(ended),
         () = crate::stopped(&mut stop) => None,
+        () = evicted => {
+            tracing::debug!(listener, %peer,
+                "idle, at max_connections with a newcomer waiting: closed to make room");
+            return;
+        }
         check = idle_or_stalled(&load.0, idle) => {
             if let Check::Stalled(waited) = check {
                 tracing::warn!(listener, %peer, ?waited,

@@ -1,12 +1,20 @@
 //! How many connections one listener holds open at once
 //! ([`HttpOptions::max_connections`](crate::HttpOptions::max_connections)).
 //!
-//! At its limit a listener accepts nothing until one of its connections
-//! closes: newcomers wait in the kernel's accept backlog (as HAProxy's
-//! `maxconn` and Envoy's listener limit hold them), not in the process. So a
-//! flood of connections takes at most that many file descriptors (set below
-//! the process's open-file limit, the checkpoint, node links and the other
-//! listener keep theirs), and the memory those connections' requests hold.
+//! At its limit a listener makes room for a newcomer by closing the
+//! connection that has been idle longest (no request in flight: a kept-alive
+//! one between requests, or one that never sent a whole request head, as a
+//! flood of half-open connections does), and, when every connection has a
+//! request in flight, accepts nothing more until one closes: newcomers wait
+//! in the kernel's accept backlog (as HAProxy's `maxconn` and Envoy's
+//! listener limit hold them), not in the process, but for the one it holds
+//! while it waits. So a flood of connections takes at most that many file
+//! descriptors (set below the process's open-file limit, the checkpoint,
+//! node links and the other listener keep theirs), and the memory those
+//! connections' requests hold, and cannot hold the listener's places for
+//! its idle connections' timeout (`keep_alive_timeout`) against everyone
+//! else: a client that keeps opening connections and sending nothing only
+//! has its own closed.
 
 use std::{
     sync::{
@@ -20,6 +28,8 @@ use tokio::{
     sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError},
     time::Instant,
 };
+
+use crate::connection::{InFlight, WeakInFlight};
 
 /// How often, at most, a listener held at its limit says so (WARN).
 const WARN_EVERY: Duration = Duration::from_secs(60);
@@ -39,6 +49,8 @@ pub(crate) struct ConnectionLimit {
     open: AtomicUsize,
     /// When it last said so.
     warned: Mutex<Option<Instant>>,
+    /// Its open connections, to close the idlest of at the limit.
+    conns: Mutex<Vec<WeakInFlight>>,
 }
 
 impl ConnectionLimit {
@@ -54,7 +66,29 @@ impl ConnectionLimit {
             reached: AtomicU64::new(0),
             open: AtomicUsize::new(0),
             warned: Mutex::new(None),
+            conns: Mutex::new(Vec::new()),
         })
+    }
+
+    /// A place for one more connection now, if one is free.
+    pub(crate) fn try_admit(&self) -> Option<OwnedSemaphorePermit> {
+        self.places.clone().try_acquire_owned().ok()
+    }
+
+    /// A newcomer waits at the limit: close the open connection that has
+    /// been idle longest, if any is idle (its place comes to
+    /// [`admit`](Self::admit) as it closes). Returns whether one was.
+    pub(crate) fn evict_idlest(&self) -> bool {
+        let idlest = {
+            let mut conns = self.conns.lock().unwrap_or_else(|p| p.into_inner());
+            conns.retain(|c| !c.is_gone());
+            (conns.iter())
+                .filter_map(WeakInFlight::upgrade)
+                .filter_map(|c| c.idle_since().map(|since| (since, c)))
+                .min_by_key(|(since, _)| *since)
+                .map(|(_, c)| c)
+        };
+        idlest.map(|c| c.evict()).is_some()
     }
 
     /// A place for one more connection, held until the connection ends: at
@@ -69,6 +103,12 @@ impl ConnectionLimit {
         }
         self.reached.fetch_add(1, Ordering::Relaxed);
         self.warn();
+        self.places.clone().acquire_owned().await.ok()
+    }
+
+    /// The next place to come free, for a newcomer already counted at the
+    /// limit by [`admit`](Self::admit) (`None`: as there).
+    pub(crate) async fn next_place(&self) -> Option<OwnedSemaphorePermit> {
         self.places.clone().acquire_owned().await.ok()
     }
 
@@ -88,10 +128,17 @@ impl ConnectionLimit {
         );
     }
 
-    /// `place` now holds an accepted connection, until the [`Open`] is
-    /// dropped (with the connection's task).
-    pub(crate) fn opened(self: &Arc<Self>, place: OwnedSemaphorePermit) -> Open {
+    /// `place` now holds an accepted connection, whose requests `load`
+    /// counts, until the [`Open`] is dropped (with the connection's task).
+    pub(crate) fn opened(self: &Arc<Self>, place: OwnedSemaphorePermit, load: &InFlight) -> Open {
         self.open.fetch_add(1, Ordering::Relaxed);
+        let mut conns = self.conns.lock().unwrap_or_else(|p| p.into_inner());
+        // At most `max` are open: the closed ones go before the list doubles.
+        if conns.len() >= self.max.saturating_mul(2).max(64) {
+            conns.retain(|c| !c.is_gone());
+        }
+        conns.push(load.downgrade());
+        drop(conns);
         Open {
             limit: self.clone(),
             _place: place,
@@ -139,8 +186,9 @@ mod tests {
         let first = limit.admit().await.unwrap();
         // A place the accept loop holds while it waits is no connection.
         assert_eq!(limit.open(), 0);
-        let first = limit.opened(first);
-        let _second = limit.opened(limit.admit().await.unwrap());
+        let (one, two) = (InFlight::new(), InFlight::new());
+        let first = limit.opened(first, &one);
+        let _second = limit.opened(limit.admit().await.unwrap(), &two);
         assert_eq!((limit.open(), limit.reached()), (2, 0));
         let third = tokio::spawn({
             let limit = limit.clone();
@@ -151,7 +199,7 @@ mod tests {
         assert_eq!(limit.reached(), 1);
         drop(first);
         assert_eq!(limit.open(), 1);
-        let _third = limit.opened(third.await.unwrap().unwrap());
+        let _third = limit.opened(third.await.unwrap().unwrap(), &InFlight::new());
         assert_eq!((limit.open(), limit.max()), (2, 2));
     }
 }

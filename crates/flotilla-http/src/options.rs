@@ -58,8 +58,12 @@ pub struct HttpOptions {
     pub max_request_body_bytes: usize,
     /// The most connections each listener holds open at once (default
     /// [`DEFAULT_MAX_CONNECTIONS`]; at least 1). At its limit a listener
-    /// accepts no more until one closes: newcomers wait in the kernel's accept
-    /// backlog, as HAProxy's `maxconn` holds them, so that a flood of
+    /// makes room for a newcomer by closing its connection idle longest (no
+    /// request in flight: kept alive between requests, or never done sending
+    /// a request's head), so that a flood of half-open connections cannot
+    /// hold every place for `keep_alive_timeout`; with every connection busy
+    /// it accepts no more until one closes: newcomers wait in the kernel's
+    /// accept backlog, as HAProxy's `maxconn` holds them, so that a flood of
     /// connections takes at most that many file descriptors. Set it below
     /// the process's open-file limit (`ulimit -n`, often 1,024), less what
     /// the rest of the process needs, for that to keep the checkpoint, node

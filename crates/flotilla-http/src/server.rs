@@ -185,14 +185,42 @@ where
         // Each connection holds a receiver until it ends.
         let (open, opened) = watch::channel(());
         loop {
-            // A place first: at the limit, newcomers stay in the backlog.
-            let place = tokio::select! {
-                place = limit.admit() => place,
-                () = crate::stopped(&mut stop) => break,
+            // A place first: at the limit, a newcomer makes room by closing
+            // the connection idle longest, or waits for a place (held here,
+            // the one the loop accepted; the others stay in the backlog).
+            let (place, newcomer) = match limit.try_admit() {
+                Some(place) => (place, None),
+                None => {
+                    let newcomer = tokio::select! {
+                        place = limit.admit() => match place {
+                            Some(place) => Ok(place),
+                            None => break,
+                        },
+                        accepted = listener.accept() => Err(accepted),
+                        () = crate::stopped(&mut stop) => break,
+                    };
+                    match newcomer {
+                        Ok(place) => (place, None),
+                        Err(accepted) => {
+                            limit.evict_idlest();
+                            let place = tokio::select! {
+                                place = limit.next_place() => place,
+                                () = crate::stopped(&mut stop) => break,
+                            };
+                            let Some(place) = place else { break };
+                            (place, Some(accepted))
+                        }
+                    }
+                }
             };
-            let Some(place) = place else { break };
+            let accept = async {
+                match newcomer {
+                    Some(accepted) => accepted,
+                    None => listener.accept().await,
+                }
+            };
             tokio::select! {
-                accepted = listener.accept() => {
+                accepted = accept => {
                     let (stream, peer) = match accepted {
                         Ok(a) => a,
                         Err(e) => {
@@ -213,7 +241,7 @@ where
                         .into_owned();
                     let bounds = Bounds { listener: name, peer, idle, grace };
                     let (stop, open) = (stop.clone(), opened.clone());
-                    let place = limit.opened(place);
+                    let place = limit.opened(place, &load);
                     tokio::spawn(async move {
                         connection::serve(conn, load, bounds, stop, open).await;
                         drop(place);

@@ -707,6 +707,47 @@ async fn a_client_that_reads_nothing_loses_its_connection_and_its_place() {
     f.stop().await;
 }
 
+/// At `max_connections`, a newcomer makes room by closing the connection
+/// idle longest (here one that never finished its request head, as a flood
+/// of half-open connections holds them), never one with a request in
+/// flight, even an older one; it waited for the idle one's timeout before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_the_limit_a_newcomer_closes_the_idlest_connection_not_a_busy_one() {
+    let f = start_with(
+        test_options()
+            .keep_alive_timeout(Duration::from_secs(60))
+            .max_connections(2)
+            .build()
+            .unwrap(),
+    )
+    .await;
+    f.serve.run(echo_app("e", "/e", "e")).await.unwrap();
+    let h = f.serve.deployment_handle("e", "ingress").unwrap();
+    // The older connection is busy: a request its handler holds.
+    let mut busy = tokio::net::TcpStream::connect(f.proxy).await.unwrap();
+    busy.write_all(b"GET /e/hang HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    support::until(|| h.replicas()[0].in_flight() == 1).await;
+    // The newer one never finishes its request's head.
+    let mut idle = tokio::net::TcpStream::connect(f.proxy).await.unwrap();
+    idle.write_all(b"GET /e HTTP/1.1\r\nhost: x\r\n")
+        .await
+        .unwrap();
+    let r = within(
+        "the newcomer is served",
+        get(&support::client(), &f.url("/e/x")),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    let mut buf = [0u8; 64];
+    let n = within("the idle connection is closed", idle.read(&mut buf)).await;
+    assert!(matches!(n, Err(_) | Ok(0)), "{n:?}");
+    assert_eq!(h.replicas()[0].in_flight(), 1, "the busy request was cut");
+    drop(busy);
+    f.stop().await;
+}
+
 /// A streamed response past its request's deadline whose client reads
 /// nothing is cut at the deadline (not at the stall bound, nor when the
 /// client goes), and recorded as a timeout then, though hyper never polls

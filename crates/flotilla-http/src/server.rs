@@ -396,9 +396,13 @@ impl HttpServer {
         self.rest_addr
     }
 
-    /// Stop accepting connections, report draining on `/-/healthz`, let open
-    /// connections finish (up to the shutdown grace period), then return. The
-    /// `Serve` is left running.
+    /// Stop accepting connections (a new one is refused, which a load
+    /// balancer takes as down at once), let open connections finish (up to
+    /// the shutdown grace period), then return. A `/-/healthz` on a
+    /// connection still open answers 503 (draining) meanwhile, and the REST
+    /// details show the proxy `DRAINING`. Unlike Ray's proxy, which drains
+    /// while it keeps accepting (a node being removed), this one goes with
+    /// its process: nothing new is taken on. The `Serve` is left running.
     pub async fn shutdown(mut self) {
         self.draining
             .store(true, std::sync::atomic::Ordering::Release);

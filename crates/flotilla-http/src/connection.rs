@@ -21,10 +21,12 @@
 //! client that reads nothing. Such a connection is dropped at once (a client
 //! that reads nothing would not take a goodbye either), with everything in
 //! flight on it: streams end (their handlers cancelled, their replica slots
-//! freed) and each request is recorded as its client gone (499). Streamed or
-//! whole, HTTP/1 or HTTP/2, alike: without this, a client that stopped
-//! reading held its connection, and its place under `max_connections`, for
-//! as long as it kept the socket open.
+//! freed) and each request is recorded as its client gone (499). Without
+//! this, a client that stopped reading held its connection, and its place
+//! under `max_connections`, for as long as it kept the socket open. (A whole
+//! response hyper takes in one frame ends its request at once, its bytes
+//! still to write: such a connection counts as idle, and is closed with a
+//! goodbye that is itself bounded by `keep_alive_timeout`.)
 
 use std::{
     convert::Infallible,
@@ -54,13 +56,19 @@ struct Load {
     /// Each response body's progress: when it was last handed to hyper (in
     /// nanoseconds since `epoch`), or [`WAITING`]. Read only by the check.
     bodies: Mutex<Vec<Weak<AtomicU64>>>,
-    /// Closes the connection at once, if it is idle then: its listener,
-    /// at its limit with a newcomer waiting, makes room (see
+    /// Closes the connection, if it is idle then: its listener, at its
+    /// limit with a newcomer waiting, makes room (see
     /// [`crate::connection_limit`]).
     evict: tokio::sync::Notify,
+    /// It is closing (told to, or saying goodbye): no longer a connection
+    /// to close to make room.
+    closing: AtomicBool,
     /// When the connection was accepted.
     epoch: Instant,
 }
+
+/// The fewest entries a connection's list of response bodies is pruned at.
+const BODIES_PRUNED_AT: usize = 64;
 
 /// A body's progress while it is not waiting on its client: it waits on its
 /// own source (a handler's next item), or it is over.
@@ -128,6 +136,7 @@ impl InFlight {
             last_end: AtomicU64::new(0),
             bodies: Mutex::new(Vec::new()),
             evict: tokio::sync::Notify::new(),
+            closing: AtomicBool::new(false),
             epoch: Instant::now(),
         }))
     }
@@ -138,18 +147,22 @@ impl InFlight {
     }
 
     /// Since when the connection has had no request in flight (since it was
-    /// accepted, if it never had one), or `None` while one is in flight.
+    /// accepted, if it never had one), or `None` while one is in flight or
+    /// it is closing.
     pub(crate) fn idle_since(&self) -> Option<Instant> {
-        if self.0.in_flight.load(Ordering::Acquire) > 0 {
+        if self.0.in_flight.load(Ordering::Acquire) > 0 || self.0.closing.load(Ordering::Acquire) {
             return None;
         }
         let last_end = self.0.last_end.load(Ordering::Acquire);
         Some(self.0.epoch + Duration::from_nanos(last_end))
     }
 
-    /// Close the connection at once if it is idle when its task sees this
-    /// (one that has started a request meanwhile is left be).
+    /// Close the connection if it is idle when its task sees this (one that
+    /// has started a request meanwhile is left be): at once if it never had
+    /// a request, with a goodbye otherwise (what hyper still has to write of
+    /// a response whose body it took whole is written first).
     pub(crate) fn evict(&self) {
+        self.0.closing.store(true, Ordering::Release);
         self.0.evict.notify_one();
     }
 
@@ -169,12 +182,18 @@ impl InFlight {
             let response = call.await?;
             // Its head is handed to hyper now: the client is to take it.
             let progress = Arc::new(AtomicU64::new(counted.0.since_epoch()));
-            (counted
+            let mut bodies = counted
                 .0
                 .bodies
                 .lock()
-                .unwrap_or_else(PoisonError::into_inner))
-            .push(Arc::downgrade(&progress));
+                .unwrap_or_else(PoisonError::into_inner);
+            // The ended ones go before the list doubles (a kept-alive
+            // connection serves many responses, few at once).
+            if bodies.len() >= BODIES_PRUNED_AT.max(bodies.capacity()) {
+                bodies.retain(|b| b.strong_count() > 0);
+            }
+            bodies.push(Arc::downgrade(&progress));
+            drop(bodies);
             Ok(response.map(|body| Tracked {
                 body,
                 progress,
@@ -326,18 +345,25 @@ async fn serve_inner<C>(
     let evicted = async {
         loop {
             load.0.evict.notified().await;
-            if load.idle_since().is_some() {
+            if load.0.in_flight.load(Ordering::Acquire) == 0 {
                 return;
             }
+            // A request started meanwhile: not closed after all.
+            load.0.closing.store(false, Ordering::Release);
         }
     };
     let ended = tokio::select! {
         ended = conn.as_mut() => Some(ended),
         () = crate::stopped(&mut stop) => None,
         () = evicted => {
+            if !load.0.started.load(Ordering::Acquire) {
+                tracing::debug!(listener, %peer,
+                    "no request yet, at max_connections with a newcomer waiting: closed");
+                return;
+            }
             tracing::debug!(listener, %peer,
-                "idle, at max_connections with a newcomer waiting: closed to make room");
-            return;
+                "idle, at max_connections with a newcomer waiting: closing");
+            None
         }
         check = idle_or_stalled(&load.0, idle) => {
             if let Check::Stalled(waited) = check {
@@ -356,6 +382,7 @@ async fn serve_inner<C>(
     let ended = match ended {
         Some(ended) => ended,
         None => {
+            load.0.closing.store(true, Ordering::Release);
             let mut stopping = *stop.borrow();
             let limit = if stopping { grace } else { idle };
             conn.as_mut().graceful_shutdown();

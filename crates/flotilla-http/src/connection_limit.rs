@@ -13,8 +13,9 @@
 //! node links and the other listener keep theirs), and the memory those
 //! connections' requests hold, and cannot hold the listener's places for
 //! its idle connections' timeout (`keep_alive_timeout`) against everyone
-//! else: a client that keeps opening connections and sending nothing only
-//! has its own closed.
+//! else. (Every idle connection is a candidate, the oldest first: a client
+//! that keeps opening connections and sending nothing also has others'
+//! kept-alive ones closed, which their clients open again.)
 
 use std::{
     sync::{
@@ -124,7 +125,7 @@ impl ConnectionLimit {
         tracing::warn!(
             listener = self.listener,
             max_connections = self.max,
-            "at max_connections: new connections wait in the accept backlog until one closes"
+            "at max_connections: a newcomer closes the connection idle longest, or waits until one closes"
         );
     }
 
@@ -179,6 +180,38 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use super::*;
+
+    /// Room is made by closing the connection idle longest: never a busy
+    /// one (however old), nor one already told to close.
+    #[tokio::test(start_paused = true)]
+    async fn the_idlest_connection_is_closed_to_make_room_never_a_busy_one() {
+        let limit = ConnectionLimit::new("proxy", 3);
+        let open = |load: &InFlight| {
+            let place = limit.try_admit().unwrap();
+            limit.opened(place, load)
+        };
+        let busy = InFlight::new();
+        let _busy = open(&busy);
+        // In flight until this (never polled) call is dropped.
+        let request = busy.track(futures::future::pending::<
+            Result<http::Response<http_body_util::Empty<bytes::Bytes>>, std::convert::Infallible>,
+        >());
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let older = InFlight::new();
+        let _older = open(&older);
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let newer = InFlight::new();
+        let _newer = open(&newer);
+        assert!(busy.idle_since().is_none());
+        assert!(older.idle_since() < newer.idle_since());
+        assert!(limit.evict_idlest());
+        assert!(older.idle_since().is_none(), "the idlest is told to close");
+        assert!(newer.idle_since().is_some());
+        assert!(limit.evict_idlest());
+        assert!(newer.idle_since().is_none());
+        assert!(!limit.evict_idlest(), "only the busy one is left");
+        drop(request);
+    }
 
     #[tokio::test(start_paused = true)]
     async fn a_connection_past_the_limit_waits_for_one_to_close() {

@@ -100,7 +100,7 @@ pub enum HttpError {
         source: std::io::Error,
     },
     /// The token's environment variable is not set (or not Unicode).
-    #[error("the bearer token variable {var} is not set")]
+    #[error("the bearer token variable {var} is not set (or not Unicode)")]
     TokenEnv {
         /// The variable.
         var: String,

@@ -63,12 +63,14 @@
 //!   stream with one item is sent whole with `content-length`. An error or the
 //!   timeout after the head cuts the stream (as Ray), the timeout even while
 //!   its client reads nothing (the server's reaper cuts it then).
-//! - A client that takes nothing of a response, streamed or whole, over
-//!   HTTP/1 or HTTP/2, for `keep_alive_timeout` (as a request body that
-//!   stalls) has its connection dropped, with whatever was in flight on it:
-//!   streams end, their handlers and replica slots freed, and each request
-//!   is recorded as its client gone (499). It holds neither its connection
-//!   nor its place under `max_connections` for longer.
+//! - A client that takes nothing of a response for `keep_alive_timeout` (as
+//!   a request body that stalls) has its connection dropped, with whatever
+//!   was in flight on it: streams end, their handlers and replica slots
+//!   freed, and each request is recorded as its client gone (499). It holds
+//!   neither its connection nor its place under `max_connections` for
+//!   longer (twice that for a whole response hyper took in one frame, which
+//!   ends its request at once: the connection closes idle, with a bounded
+//!   goodbye).
 //! - `request_timeout` starts when the request arrives and covers reading its
 //!   body, queueing and the handler (Ray's is end to end too).
 //! - Both listeners bind loopback by default. When the REST listener is on,

@@ -840,6 +840,8 @@ mod tests {
 
     #[test]
     fn each_live_node_has_its_replica_count_and_without_nodes_no_node_series() {
+        // Flotilla's own counters given: the node families among them are
+        // left out without nodes too.
         let encode = |nodes: Option<Vec<(String, usize)>>| {
             let scrape = Scrape {
                 http: Vec::new(),
@@ -848,7 +850,7 @@ mod tests {
                 node_ip: String::new(),
                 deployments: Vec::new(),
                 apps: Vec::new(),
-                flotilla: None,
+                flotilla: Some(flotilla::Metrics::default()),
                 scrapes: 1,
                 listeners: Vec::new(),
                 nodes,
@@ -869,7 +871,9 @@ mod tests {
             with.contains("flotilla_node_replicas{node_id=\"b-2\"} 0\n"),
             "{with}"
         );
+        assert!(with.contains("flotilla_nodes_live 0\n"), "{with}");
         let without = encode(None);
+        assert!(without.contains("flotilla_restarts"), "{without}");
         assert!(!without.contains("flotilla_node"), "{without}");
     }
 

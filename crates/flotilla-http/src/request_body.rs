@@ -54,7 +54,7 @@ pub(crate) enum BodyReadError {
         received: usize,
         /// How long it had been read for.
         elapsed: Duration,
-        /// The stall bound, the time it had before the rate counted.
+        /// The stall bound: the most time a body may bank ahead of the rate.
         stall: Duration,
     },
     /// The client went away before its body was whole (its connection

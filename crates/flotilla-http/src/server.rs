@@ -147,6 +147,10 @@ async fn bind(addr: SocketAddr) -> Result<TcpListener, HttpError> {
         .map_err(|source| HttpError::Bind { addr, source })
 }
 
+/// How often a newcomer waiting at `max_connections` looks again for an idle
+/// connection to close.
+const EVICT_AGAIN: Duration = Duration::from_millis(100);
+
 /// Serve connections from `listener` with `service`, at most `limit`'s open
 /// at once, until `stop`; then let open connections finish for up to `grace`.
 fn accept_loop<S, B>(
@@ -201,11 +205,23 @@ where
                     };
                     match newcomer {
                         Ok(place) => (place, None),
-                        Err(accepted) => {
-                            limit.evict_idlest();
-                            let place = tokio::select! {
-                                place = limit.next_place() => place,
-                                () = crate::stopped(&mut stop) => break,
+                        // A failed accept (out of descriptors) closes nobody.
+                        Err(Err(e)) => {
+                            tracing::warn!(listener = name, error = %e, "accept failed");
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                            continue;
+                        }
+                        Err(Ok(accepted)) => {
+                            // Room made by closing the connection idle
+                            // longest; looked for again while none is (all
+                            // busy, or the one told to close took a request).
+                            let place = loop {
+                                limit.evict_idlest();
+                                tokio::select! {
+                                    place = limit.next_place() => break place,
+                                    () = tokio::time::sleep(EVICT_AGAIN) => {}
+                                    () = crate::stopped(&mut stop) => break None,
+                                }
                             };
                             let Some(place) = place else { break };
                             (place, Some(accepted))
@@ -215,7 +231,7 @@ where
             };
             let accept = async {
                 match newcomer {
-                    Some(accepted) => accepted,
+                    Some(accepted) => Ok(accepted),
                     None => listener.accept().await,
                 }
             };

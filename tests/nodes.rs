@@ -1439,7 +1439,7 @@ async fn connections_that_never_authenticate_are_closed_at_the_deadline_and_capp
     // A node that dials while they hold every place is closed at accept too:
     // that is not a refusal, so it dials again (it ended, as refused, before).
     let node = NodeProc::start(addr, &NodeSpec::new("late", 1.0), dir.path());
-    let closed = "the connection to the head ended before the handshake did; dialing again";
+    let closed = "the connection to the head ended before the handshake did";
     eventually(30, "the node's dial was closed at accept", || async {
         !log_lines(&node, closed).is_empty()
     })

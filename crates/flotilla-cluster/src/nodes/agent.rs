@@ -361,14 +361,13 @@ impl Actor for Agent {
             AgentMsg::Tick => {
                 // Time this node did not run is neither its head's silence
                 // nor its peers'.
-                let lost = state.args.link.shared.excuse_stall(&mut state.last_check);
+                let lost = (state.args.link.shared)
+                    .excuse_stall(&mut state.last_check, state.args.options.heartbeat_timeout);
                 if !lost.is_zero() {
                     state.last_heard = (state.last_heard + lost).min(Instant::now());
-                    if lost * 2 >= state.args.options.heartbeat_timeout {
-                        warn!(node = %state.args.id, lost_ms = lost.as_millis(),
-                            "this node did not run for a while (stopped, paused or starved): \
-                             its head's and peers' silence over that time is not held against them");
-                    }
+                    warn!(node = %state.args.id, lost_ms = lost.as_millis(),
+                        "this node did not run for a while (stopped, paused or starved): \
+                         its head's and peers' silence over that time is not held against them");
                 }
                 meet_peers(&myself, state);
                 peer_beats(state);
@@ -571,9 +570,12 @@ fn session(myself: &ActorRef<AgentMsg>, state: &mut AgentState, ev: SessionEvent
             if !is_head(&peer) {
                 // Something else listens where the head should: a node's
                 // listener, or another program holding the cookie. Its
-                // close (below) dials again.
-                error!(node = %state.args.id, head = %addr, %peer,
-                    "the process at the head's address is not a Flotilla head; dialing again");
+                // close (below) dials again (and counts the failure: logged
+                // at the 1st, 2nd, 4th, 8th... as the others are).
+                if state.failed_dials.saturating_add(1).is_power_of_two() {
+                    error!(node = %state.args.id, head = %addr, %peer,
+                        "the process at the head's address is not a Flotilla head; dialing again");
+                }
                 state
                     .args
                     .link

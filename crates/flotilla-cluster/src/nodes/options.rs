@@ -86,7 +86,8 @@ pub enum OptionsError {
     InlineCookieOffLoopback {
         /// `head` or `node`.
         role: &'static str,
-        /// The address (a node's port is chosen when it starts: 0 here).
+        /// The address (a node's port as `listen_port` gives it: 0 for one
+        /// the system picks when it starts).
         listen: SocketAddr,
     },
     /// A node was told to advertise an address that names no interface.
@@ -471,9 +472,15 @@ impl NodeOptions {
         if !self.listen.is_unspecified() {
             return Ok(self.listen);
         }
-        let socket = std::net::UdpSocket::bind(SocketAddr::new(self.listen, 0))?;
+        // From the head's family: an IPv6 head from `0.0.0.0`, or an IPv4
+        // one from `::` (a mapped address), would fail or mislead.
+        let any: IpAddr = match self.head {
+            SocketAddr::V4(_) => Ipv4Addr::UNSPECIFIED.into(),
+            SocketAddr::V6(_) => std::net::Ipv6Addr::UNSPECIFIED.into(),
+        };
+        let socket = std::net::UdpSocket::bind(SocketAddr::new(any, 0))?;
         socket.connect(self.head)?;
-        Ok(socket.local_addr()?.ip())
+        Ok(socket.local_addr()?.ip().to_canonical())
     }
 
     /// Heartbeat every `period`; a head or peer node silent for `timeout`
@@ -643,6 +650,10 @@ mod tests {
         );
         let every = node.clone().listen(ip("0.0.0.0"));
         assert_eq!(advertised(&every), ip("127.0.0.1"), "the route to the head");
+        // Binding IPv6's every interface, to an IPv4 head: its own address,
+        // not a v4-mapped one (which `dial_peer_via` routes could not match).
+        let every6 = node.clone().listen(ip("::"));
+        assert_eq!(advertised(&every6), ip("127.0.0.1"));
         let told = every.clone().advertise(ip("10.1.2.3"));
         assert_eq!(advertised(&told), ip("10.1.2.3"));
         match node.clone().advertise(ip("0.0.0.0")).validate() {

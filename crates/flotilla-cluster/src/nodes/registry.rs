@@ -824,19 +824,20 @@ fn tick(state: &mut RegistryState) {
     }
     let timeout = shared.options.heartbeat_timeout;
     // Time the head did not run is nobody's silence.
-    let lost = shared.link.shared.excuse_stall(&mut state.last_check);
+    let lost = shared
+        .link
+        .shared
+        .excuse_stall(&mut state.last_check, timeout);
     if !lost.is_zero() {
         let now = Instant::now();
         for n in lock(&shared.nodes).values_mut() {
             n.last_heard = (n.last_heard + lost).min(now);
         }
-        if lost * 2 >= timeout {
-            warn!(
-                lost_ms = lost.as_millis(),
-                "the head did not run for a while (stopped, paused or starved): \
-                 its nodes' silence over that time is not held against them"
-            );
-        }
+        warn!(
+            lost_ms = lost.as_millis(),
+            "the head did not run for a while (stopped, paused or starved): \
+             its nodes' silence over that time is not held against them"
+        );
     }
     // Any frame counts as heard, a data frame too: a node busy answering
     // calls with large responses has its heartbeats queued behind them.

@@ -339,20 +339,30 @@ impl Shared {
     }
 
     /// Called at each silence check, which comes every
-    /// [`CHECK_PERIOD`](crate::nodes::CHECK_PERIOD) after `last_check`:
-    /// returns how much later than that it came, and counts every peer as
-    /// heard that much later. A check that came late means this process did
-    /// not run (a stopped process, a paused VM, swapping) or its checker was
-    /// held up, and nothing it did not hear meanwhile is the peers' silence:
-    /// without this, a head stopped for longer than the timeout declared
-    /// every node lost (and had them stop their replicas) when it resumed.
-    /// A peer that died meanwhile is found one timeout after the resumption.
-    pub(crate) fn excuse_stall(&self, last_check: &mut Instant) -> std::time::Duration {
+    /// [`CHECK_PERIOD`](crate::nodes::CHECK_PERIOD) after `last_check`: when
+    /// it came half the silence `timeout` late or more, returns how much
+    /// later than its period it came, and counts every peer as heard that
+    /// much later. So late a check means this process did not run (a
+    /// stopped process, a paused VM, swapping) or its checker was held up,
+    /// and nothing it did not hear meanwhile is the peers' silence: without
+    /// this, a head stopped for longer than the timeout declared every node
+    /// lost (and had them stop their replicas) when it resumed. A peer that
+    /// died meanwhile is found one timeout after the resumption. A check
+    /// less late excuses nothing: a checker slowed by load does not slow
+    /// the finding of a dead peer down with it.
+    pub(crate) fn excuse_stall(
+        &self,
+        last_check: &mut Instant,
+        timeout: std::time::Duration,
+    ) -> std::time::Duration {
         let now = Instant::now();
-        let lost = now
-            .duration_since(*last_check)
-            .saturating_sub(crate::nodes::CHECK_PERIOD);
+        let gap = now.duration_since(*last_check);
         *last_check = now;
+        let lost = if gap >= timeout / 2 {
+            gap.saturating_sub(crate::nodes::CHECK_PERIOD)
+        } else {
+            std::time::Duration::ZERO
+        };
         if !lost.is_zero() {
             for at in lock(&self.heard).values_mut() {
                 *at = (*at + lost).min(now);

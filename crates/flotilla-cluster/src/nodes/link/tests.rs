@@ -373,11 +373,28 @@ async fn time_a_process_did_not_run_is_no_peers_silence() {
     let timeout = Duration::from_secs(2);
     let mut last_check = Instant::now();
     tokio::time::advance(CHECK_PERIOD).await;
-    assert_eq!(shared.excuse_stall(&mut last_check), Duration::ZERO);
+    assert_eq!(
+        shared.excuse_stall(&mut last_check, timeout),
+        Duration::ZERO
+    );
+    // Late, but by less than half the timeout (a checker slowed by load):
+    // nothing excused.
+    tokio::time::advance(timeout / 2 - Duration::from_millis(1)).await;
+    assert_eq!(
+        shared.excuse_stall(&mut last_check, timeout),
+        Duration::ZERO
+    );
+    // A frame, then a check on time, and then:
+    shared.heard_from(peer);
+    tokio::time::advance(CHECK_PERIOD).await;
+    assert_eq!(
+        shared.excuse_stall(&mut last_check, timeout),
+        Duration::ZERO
+    );
     // Stopped for 3 s, 250 ms after the peer was last heard: 500 ms of
     // silence (the 250 ms before, and the check period), not 3.25 s.
     tokio::time::advance(Duration::from_secs(3)).await;
-    let lost = shared.excuse_stall(&mut last_check);
+    let lost = shared.excuse_stall(&mut last_check, timeout);
     assert_eq!(lost, Duration::from_secs(3) - CHECK_PERIOD);
     assert!(shared.heard_within(peer, CHECK_PERIOD * 2));
     assert!(!shared.heard_within(peer, CHECK_PERIOD));
@@ -385,7 +402,10 @@ async fn time_a_process_did_not_run_is_no_peers_silence() {
     // Silent for a timeout of running time since, checked on time: dropped.
     for _ in 0..8 {
         tokio::time::advance(CHECK_PERIOD).await;
-        assert_eq!(shared.excuse_stall(&mut last_check), Duration::ZERO);
+        assert_eq!(
+            shared.excuse_stall(&mut last_check, timeout),
+            Duration::ZERO
+        );
     }
     assert_eq!(shared.drop_silent(timeout, |_| true, "test"), [peer]);
 }

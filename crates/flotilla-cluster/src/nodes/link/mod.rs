@@ -5,7 +5,7 @@
 
 use std::{
     net::SocketAddr,
-    sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, atomic::AtomicU64},
+    sync::{Arc, Mutex, MutexGuard, PoisonError},
 };
 
 use ractor::{Actor, ActorRef};
@@ -153,24 +153,9 @@ impl Link {
     ) -> Result<(Link, mpsc::UnboundedReceiver<Inbound>), NodeError> {
         let (inbound, rx) = mpsc::unbounded_channel();
         let me = format!("{name}@{host}");
-        let shared = Arc::new(Shared {
-            me: me.clone(),
-            calls: Calls::default(),
-            serving: Mutex::default(),
-            running: Mutex::default(),
-            peers: Mutex::default(),
-            sessions: Mutex::default(),
-            stopped: Mutex::default(),
-            heard: Mutex::default(),
-            inbound,
-            handshakes: Handshakes::new(me.clone(), handshake, matches!(listen, Listen::Own(_))),
-            undecodable: AtomicU64::new(0),
-            port: OnceLock::new(),
-            secret: super::head::random_u64(),
-            held: Mutex::default(),
-            next_held: AtomicU64::new(0),
-            answers_heartbeats: role == Role::Head,
-        });
+        let handshakes = Handshakes::new(me.clone(), handshake, matches!(listen, Listen::Own(_)));
+        let secret = super::head::random_u64();
+        let shared = Shared::new(me.clone(), inbound, handshakes, secret, role);
         let (port, _) = Actor::spawn(Some(port_name(&me)), Port, shared.clone())
             .await
             .map_err(|source| NodeError::Spawn {

@@ -18,7 +18,7 @@ use ractor_cluster::{
 use tokio::{sync::mpsc, time::Instant};
 use tracing::{info, warn};
 
-use super::{Calls, Inbound, PORTS, SessionEnd, SessionEvent, lock, port_name};
+use super::{Calls, Inbound, PORTS, Role, SessionEnd, SessionEvent, lock, port_name};
 
 use crate::nodes::{
     handshake::Handshakes,
@@ -69,6 +69,36 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    /// The state of the process called `me` (`name@host`), before any
+    /// session: what it passes on goes to `inbound`; `secret` proves a
+    /// `Closed` mark is its own; a head's (`role`) port answers heartbeats.
+    pub(super) fn new(
+        me: String,
+        inbound: mpsc::UnboundedSender<Inbound>,
+        handshakes: Arc<Handshakes>,
+        secret: u64,
+        role: Role,
+    ) -> Arc<Shared> {
+        Arc::new(Shared {
+            me,
+            calls: Calls::default(),
+            serving: Mutex::default(),
+            running: Mutex::default(),
+            peers: Mutex::default(),
+            sessions: Mutex::default(),
+            stopped: Mutex::default(),
+            heard: Mutex::default(),
+            inbound,
+            handshakes,
+            undecodable: AtomicU64::new(0),
+            port: OnceLock::new(),
+            secret,
+            held: Mutex::default(),
+            next_held: AtomicU64::new(0),
+            answers_heartbeats: role == Role::Head,
+        })
+    }
+
     /// Serve `ep` to other processes.
     pub(crate) fn serve(&self, ep: Arc<ReplicaEndpoint>) {
         lock(&self.serving).insert(ep.id(), ep);

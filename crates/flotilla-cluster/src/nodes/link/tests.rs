@@ -211,24 +211,8 @@ fn unconnected_with_inbound() -> (Arc<Shared>, mpsc::UnboundedReceiver<Inbound>)
 /// [`unconnected_with_inbound`], as `role`'s process.
 fn unconnected_as(role: Role) -> (Arc<Shared>, mpsc::UnboundedReceiver<Inbound>) {
     let (inbound, rx) = mpsc::unbounded_channel();
-    let shared = Arc::new(Shared {
-        me: "me@127.0.0.1".into(),
-        calls: Calls::default(),
-        serving: Mutex::default(),
-        running: Mutex::default(),
-        peers: Mutex::default(),
-        sessions: Mutex::default(),
-        stopped: Mutex::default(),
-        heard: Mutex::default(),
-        inbound,
-        handshakes: Handshakes::new("me".into(), Duration::from_secs(5), false),
-        undecodable: AtomicU64::new(0),
-        port: OnceLock::new(),
-        secret: 7,
-        held: Mutex::default(),
-        next_held: AtomicU64::new(0),
-        answers_heartbeats: role == Role::Head,
-    });
+    let handshakes = Handshakes::new("me".into(), Duration::from_secs(5), false);
+    let shared = Shared::new("me@127.0.0.1".into(), inbound, handshakes, 7, role);
     (shared, rx)
 }
 

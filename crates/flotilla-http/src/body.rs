@@ -196,7 +196,6 @@ impl Body for ProxyBody {
             } => {
                 let status = *status;
                 if !pending.is_empty() {
-                    watched.handed();
                     return Poll::Ready(Some(Ok(Frame::data(frame_of(pending, None)))));
                 }
                 let mut slot = watched.slot();
@@ -218,13 +217,11 @@ impl Body for ProxyBody {
                         tracing::warn!(status, "request timed out while streaming: cut");
                         break Some(StreamCut::TimedOut);
                     }
-                    watched.waiting();
                     match Pin::new(&mut *stream).poll_next(cx) {
                         Poll::Ready(Some(Ok(item))) => {
                             if item.body.is_empty() {
                                 continue;
                             }
-                            watched.handed();
                             return Poll::Ready(Some(Ok(Frame::data(frame_of(
                                 pending,
                                 Some(item.body),

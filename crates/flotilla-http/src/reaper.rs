@@ -13,10 +13,7 @@
 //! polling its stream itself (no task per response, no hand-off per chunk).
 
 use std::{
-    sync::{
-        Arc, Mutex, MutexGuard, PoisonError, Weak,
-        atomic::{AtomicBool, Ordering},
-    },
+    sync::{Arc, Mutex, MutexGuard, PoisonError, Weak},
     time::Duration,
 };
 
@@ -61,9 +58,6 @@ pub(crate) enum Slot {
 /// One streamed response, shared by its body and the reaper.
 pub(crate) struct Watched {
     slot: Mutex<Slot>,
-    /// The body waits for its handler's next item (the client is not what
-    /// holds it up), rather than for hyper to take the chunk it handed.
-    waiting: AtomicBool,
     deadline: Option<Instant>,
 }
 
@@ -73,31 +67,16 @@ impl Watched {
         self.slot.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The body handed hyper a chunk now: the client has to take it.
-    pub(crate) fn handed(&self) {
-        self.waiting.store(false, Ordering::Release);
-    }
-
-    /// The body waits for the handler's next item (set before it polls the
-    /// stream: a handler's long step is not the client's stall).
-    pub(crate) fn waiting(&self) {
-        self.waiting.store(true, Ordering::Release);
-    }
-
-    /// Whether to cut it at `now`: its deadline passed while the body waits
-    /// on the client (while it waits on the handler, its own timer cuts it).
-    fn overdue(&self, now: Instant) -> bool {
-        !self.waiting.load(Ordering::Acquire) && self.deadline.is_some_and(|d| d <= now)
-    }
-
-    /// Cut it if it is overdue now: the stream is dropped (its handler
-    /// cancelled, its slot freed) and the request recorded as timed out. A
-    /// body that holds the stream now is polling it: left alone.
+    /// Cut it if its deadline passed by `now`: the stream is dropped (its
+    /// handler cancelled, its slot freed) and the request recorded as timed
+    /// out. A body that holds the stream now is polling it: left alone (its
+    /// own timer cuts it). One waiting on its handler may be cut by either,
+    /// alike.
     fn cut_if_overdue(&self, now: Instant) {
         let Ok(slot) = self.slot.try_lock() else {
             return;
         };
-        if !matches!(*slot, Slot::Live(..)) || !self.overdue(now) {
+        if !matches!(*slot, Slot::Live(..)) || self.deadline.is_none_or(|d| d > now) {
             return;
         }
         let why = StreamCut::TimedOut;
@@ -147,7 +126,6 @@ impl Reaper {
     ) -> Arc<Watched> {
         let watched = Arc::new(Watched {
             slot: Mutex::new(Slot::Live(stream, done)),
-            waiting: AtomicBool::new(false),
             deadline,
         });
         self.streams

@@ -25,12 +25,31 @@ use std::{
     time::Duration,
 };
 
+use std::net::SocketAddr;
+
 use tokio::{
-    sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError},
+    net::{TcpListener, TcpStream},
+    sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError, watch},
     time::Instant,
 };
 
 use crate::connection::{InFlight, WeakInFlight};
+
+/// How often a newcomer waiting at the limit looks again for an idle
+/// connection to close.
+const EVICT_AGAIN: Duration = Duration::from_millis(100);
+
+/// What a listener's accept loop does next ([`ConnectionLimit::next`]).
+pub(crate) enum Next {
+    /// A place is free: accept the next connection into it.
+    Place(OwnedSemaphorePermit),
+    /// A newcomer came at the limit, and this place was made for it.
+    Newcomer(OwnedSemaphorePermit, (TcpStream, SocketAddr)),
+    /// An accept failed at the limit (out of descriptors): nobody was closed.
+    Failed(std::io::Error),
+    /// The server stops.
+    Stop,
+}
 
 /// How often, at most, a listener held at its limit says so (WARN).
 const WARN_EVERY: Duration = Duration::from_secs(60);
@@ -69,6 +88,43 @@ impl ConnectionLimit {
             warned: Mutex::new(None),
             conns: Mutex::new(Vec::new()),
         })
+    }
+
+    /// What `listener`'s accept loop does next, until `stop`: below the limit,
+    /// take a free place; at it, whichever comes first of a place coming
+    /// free and a newcomer, for whom room is made by closing the connection
+    /// idle longest (looked for again every [`EVICT_AGAIN`] while none is:
+    /// all busy, or the one told to close took a request). Newcomers beyond
+    /// that one wait in the backlog.
+    pub(crate) async fn next(
+        &self,
+        listener: &TcpListener,
+        stop: &mut watch::Receiver<bool>,
+    ) -> Next {
+        if let Some(place) = self.try_admit() {
+            return Next::Place(place);
+        }
+        let newcomer = tokio::select! {
+            place = self.admit() => return place.map_or(Next::Stop, Next::Place),
+            accepted = listener.accept() => match accepted {
+                Ok(newcomer) => newcomer,
+                Err(e) => return Next::Failed(e),
+            },
+            () = crate::stopped(stop) => return Next::Stop,
+        };
+        loop {
+            self.evict_idlest();
+            tokio::select! {
+                place = self.next_place() => {
+                    return match place {
+                        Some(place) => Next::Newcomer(place, newcomer),
+                        None => Next::Stop,
+                    };
+                }
+                () = tokio::time::sleep(EVICT_AGAIN) => {}
+                () = crate::stopped(stop) => return Next::Stop,
+            }
+        }
     }
 
     /// A place for one more connection now, if one is free.

@@ -18,7 +18,7 @@ use crate::{
     HttpError, HttpOptions,
     auth::Token,
     connection::{self, Bounds, InFlight},
-    connection_limit::ConnectionLimit,
+    connection_limit::{ConnectionLimit, Next},
     metrics::ProxyMetrics,
     proxy::{Proxy, RequestIds},
     rest::Rest,
@@ -147,10 +147,6 @@ async fn bind(addr: SocketAddr) -> Result<TcpListener, HttpError> {
         .map_err(|source| HttpError::Bind { addr, source })
 }
 
-/// How often a newcomer waiting at `max_connections` looks again for an idle
-/// connection to close.
-const EVICT_AGAIN: Duration = Duration::from_millis(100);
-
 /// Serve connections from `listener` with `service`, at most `limit`'s open
 /// at once, until `stop`; then let open connections finish for up to `grace`.
 fn accept_loop<S, B>(
@@ -189,87 +185,59 @@ where
         // Each connection holds a receiver until it ends.
         let (open, opened) = watch::channel(());
         loop {
-            // A place first: at the limit, a newcomer makes room by closing
-            // the connection idle longest, or waits for a place (held here,
-            // the one the loop accepted; the others stay in the backlog).
-            let (place, newcomer) = match limit.try_admit() {
-                Some(place) => (place, None),
-                None => {
-                    let newcomer = tokio::select! {
-                        place = limit.admit() => match place {
-                            Some(place) => Ok(place),
-                            None => break,
-                        },
-                        accepted = listener.accept() => Err(accepted),
-                        () = crate::stopped(&mut stop) => break,
-                    };
-                    match newcomer {
-                        Ok(place) => (place, None),
-                        // A failed accept (out of descriptors) closes nobody.
-                        Err(Err(e)) => {
-                            tracing::warn!(listener = name, error = %e, "accept failed");
-                            tokio::time::sleep(Duration::from_millis(10)).await;
-                            continue;
-                        }
-                        Err(Ok(accepted)) => {
-                            // Room made by closing the connection idle
-                            // longest; looked for again while none is (all
-                            // busy, or the one told to close took a request).
-                            let place = loop {
-                                limit.evict_idlest();
-                                tokio::select! {
-                                    place = limit.next_place() => break place,
-                                    () = tokio::time::sleep(EVICT_AGAIN) => {}
-                                    () = crate::stopped(&mut stop) => break None,
-                                }
-                            };
-                            let Some(place) = place else { break };
-                            (place, Some(accepted))
-                        }
-                    }
+            // A place first (see `ConnectionLimit::next`).
+            let (place, accepted) = match limit.next(&listener, &mut stop).await {
+                Next::Stop => break,
+                Next::Place(place) => tokio::select! {
+                    accepted = listener.accept() => (place, accepted),
+                    () = crate::stopped(&mut stop) => break,
+                },
+                Next::Newcomer(place, newcomer) => (place, Ok(newcomer)),
+                Next::Failed(e) => {
+                    accept_failed(name, &e).await;
+                    continue;
                 }
             };
-            let accept = async {
-                match newcomer {
-                    Some(accepted) => Ok(accepted),
-                    None => listener.accept().await,
+            let (stream, peer) = match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    accept_failed(name, &e).await;
+                    continue;
                 }
             };
-            tokio::select! {
-                accepted = accept => {
-                    let (stream, peer) = match accepted {
-                        Ok(a) => a,
-                        Err(e) => {
-                            // Out of descriptors and the like: keep serving the others.
-                            tracing::warn!(listener = name, error = %e, "accept failed");
-                            tokio::time::sleep(Duration::from_millis(10)).await;
-                            continue;
-                        }
-                    };
-                    let _ = stream.set_nodelay(true);
-                    let load = InFlight::new();
-                    let (svc, counted) = (service.clone(), load.clone());
-                    let conn = builder
-                        .serve_connection_with_upgrades(
-                            TokioIo::new(stream),
-                            service_fn(move |req| counted.track(svc(req))),
-                        )
-                        .into_owned();
-                    let bounds = Bounds { listener: name, peer, idle, grace };
-                    let (stop, open) = (stop.clone(), opened.clone());
-                    let place = limit.opened(place, &load);
-                    tokio::spawn(async move {
-                        connection::serve(conn, load, bounds, stop, open).await;
-                        drop(place);
-                    });
-                }
-                () = crate::stopped(&mut stop) => break,
-            }
+            let _ = stream.set_nodelay(true);
+            let load = InFlight::new();
+            let (svc, counted) = (service.clone(), load.clone());
+            let conn = builder
+                .serve_connection_with_upgrades(
+                    TokioIo::new(stream),
+                    service_fn(move |req| counted.track(svc(req))),
+                )
+                .into_owned();
+            let bounds = Bounds {
+                listener: name,
+                peer,
+                idle,
+                grace,
+            };
+            let (stop, open) = (stop.clone(), opened.clone());
+            let place = limit.opened(place, &load);
+            tokio::spawn(async move {
+                connection::serve(conn, load, bounds, stop, open).await;
+                drop(place);
+            });
         }
         drop((listener, opened));
         // Every connection bounds its own close by `grace`.
         open.closed().await;
     })
+}
+
+/// An accept failed (out of descriptors and the like): say so, and keep
+/// serving the others.
+async fn accept_failed(listener: &'static str, error: &std::io::Error) {
+    tracing::warn!(listener, %error, "accept failed");
+    tokio::time::sleep(Duration::from_millis(10)).await;
 }
 
 impl HttpServer {

@@ -912,10 +912,13 @@ async fn a_client_gone_mid_body_is_counted_499_not_400() {
             r#"ray_serve_num_http_requests_total{{route="/e",method="POST",application="e",status_code="{code}"}} 1"#
         )
     };
+    // Waited for by the proxy's own series (the replicas' carry the route
+    // too, from the start: a wait on the route alone could end before the
+    // request was counted).
     let counted = tokio::time::timeout(Duration::from_secs(10), async {
         loop {
             let body = get(&c, &url).await.body;
-            if body.contains("route=\"/e\"") {
+            if body.contains("ray_serve_num_http_requests_total{route=\"/e\"") {
                 break body;
             }
             tokio::task::yield_now().await;

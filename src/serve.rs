@@ -343,6 +343,7 @@ impl Serve {
                 clock: options.clock,
                 route_table: route_table.clone(),
                 app_restarts: Default::default(),
+                shutdown: Default::default(),
             },
             fatal: fatal_tx,
         };
@@ -696,7 +697,9 @@ impl Serve {
     /// Every name is checked first: one that no application could have (empty,
     /// too long, or with a character application names refuse) is
     /// [`ServeError::Invalid`] (`flotilla_core::Error::InvalidName`) naming it,
-    /// and nothing is deleted.
+    /// and nothing is deleted. No names delete nothing and answer `Ok`, as
+    /// unknown ones do (unlike an empty [`run_many`](Self::run_many)): a
+    /// "delete everything" of an instance with no application succeeds.
     ///
     /// ```no_run
     /// # async fn demo(serve: flotilla::Serve) -> Result<(), flotilla::ServeError> {

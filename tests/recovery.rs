@@ -471,6 +471,44 @@ async fn an_application_actor_that_crashes_during_the_drain_leaves_its_replicas_
     assert_eq!(answer.ok().as_deref(), Some("v:sleep:5000"));
 }
 
+/// A Controller that crashes while the shutdown drains: the drain goes on
+/// without it, and its successor starts nothing (it restarted every
+/// application the drain stopped, running user code again) and refuses
+/// every call (it took them, committed, and started their work).
+#[tokio::test(start_paused = true)]
+async fn a_controller_restarted_during_the_drain_starts_nothing_and_refuses_calls() {
+    let (_dir, sw, serve) = start_fresh().await;
+    let h = serve.run(app("a", 1, tag("v"))).await.unwrap();
+    let call = tokio::spawn(async move { h.call::<_, String>("sleep:5000").await });
+    support::eventually("the request to begin", || {
+        sw.handled.load(Ordering::SeqCst) > 0
+    })
+    .await;
+    let built = sw.constructed.load(Ordering::SeqCst);
+    let s2 = serve.clone();
+    let shutdown = tokio::spawn(async move { s2.shutdown().await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!shutdown.is_finished(), "the replica drains its request");
+    serve.crash_controller();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let refused = serve.run_many(vec![app("c", 1, tag("w"))], no_wait()).await;
+    assert!(
+        matches!(refused, Err(ServeError::Unavailable(_))),
+        "{:?}",
+        refused.map(|_| ())
+    );
+    shutdown.await.unwrap().unwrap();
+    let answer = call.await.unwrap();
+    assert_eq!(answer.ok().as_deref(), Some("v:sleep:5000"));
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        sw.constructed.load(Ordering::SeqCst),
+        built,
+        "no replica started during the shutdown"
+    );
+    assert!(serve.living_replicas().is_empty());
+}
+
 /// A shutdown drains the replicas of a deployment, and of an application,
 /// whose actor is waiting out a restart backoff: the waiting actor starts at
 /// once and stops its replicas gracefully, so a request in flight finishes
@@ -503,4 +541,37 @@ async fn a_shutdown_drains_the_replicas_of_actors_waiting_to_restart() {
         let answer = call.await.unwrap();
         assert_eq!(answer.ok().as_deref(), Some("v:sleep:5000"), "{level}");
     }
+}
+
+/// A recovered checkpoint whose code is no longer registered loads: that
+/// application is DEPLOY_FAILED naming the missing import path, the others
+/// run, and a target naming registered code clears it.
+#[tokio::test(start_paused = true)]
+async fn a_recovered_app_whose_code_is_no_longer_registered_is_deploy_failed_naming_it() {
+    let (dir, sw, serve) = start_fresh().await;
+    serve.run(app("kept", 1, tag("k"))).await.unwrap();
+    let gone = support::app_of(
+        "gone",
+        flotilla::DeploymentSpec::builder("probe", "test::Probe2").init_args(&tag("g")),
+    );
+    serve.run(gone).await.unwrap();
+    serve.shutdown().await.unwrap();
+    // The same program, restarted without `test::Probe2`.
+    let s = sw.clone();
+    let without = flotilla::Registry::new()
+        .register("test::Probe", move |ctx| support::construct(ctx, s.clone()))
+        .unwrap();
+    let serve = support::start_with(&dir, without).await;
+    let status = wait_status(&serve, "gone", A::DeployFailed).await;
+    assert!(
+        status.message.contains("test::Probe2"),
+        "{}",
+        status.message
+    );
+    wait_status(&serve, "kept", A::Running).await;
+    let out: String = serve.app_handle("kept").unwrap().call("x").await.unwrap();
+    assert_eq!(out, "k:x");
+    serve.run(app("gone", 1, tag("back"))).await.unwrap();
+    assert_eq!(serve.app_status("gone").status, A::Running);
+    serve.shutdown().await.unwrap();
 }

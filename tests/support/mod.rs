@@ -157,7 +157,8 @@ impl Deployment for Probe {
     }
 }
 
-async fn construct(ctx: InitContext, switches: Arc<Switches>) -> Result<Probe, UserError> {
+/// The constructor of `test::Probe` (and `test::Probe2`), bound to `switches`.
+pub async fn construct(ctx: InitContext, switches: Arc<Switches>) -> Result<Probe, UserError> {
     let args: ProbeArgs = ctx.args()?;
     switches
         .constructor_times

@@ -117,7 +117,7 @@ impl Controller {
         name: AppName,
         how: ChildExit,
     ) -> Result<(), ActorProcessingErr> {
-        if state.shutting_down {
+        if state.is_shutting_down() {
             return Ok(());
         }
         let Some(entry) = state.apps.get(&name) else {

@@ -54,7 +54,9 @@ impl Controller {
         for name in state.actors.end_waits() {
             Self::command(myself, state, &name).await;
         }
-        state.shutting_down = true;
+        state
+            .shutdown
+            .store(true, std::sync::atomic::Ordering::Release);
         state.config.cancel_all();
         let actors: Vec<_> = state.actors.actors().map(|(_, a)| a.clone()).collect();
         tokio::spawn(async move {
@@ -113,6 +115,11 @@ impl Actor for Controller {
         myself: ActorRef<ControllerMsg>,
         state: &mut ControllerState,
     ) -> Result<(), ActorProcessingErr> {
+        if state.is_shutting_down() {
+            // Its predecessor crashed during the shutdown's drain, which goes
+            // on without it and stops every ApplicationActor: nothing starts.
+            return Ok(());
+        }
         Self::adopt_apps(&myself, state).await;
         // A crash during a build: rebuild what the last applied config still owes.
         Self::resume_builds(&myself, state);
@@ -125,7 +132,7 @@ impl Actor for Controller {
         msg: ControllerMsg,
         state: &mut ControllerState,
     ) -> Result<(), ActorProcessingErr> {
-        if state.shutting_down {
+        if state.is_shutting_down() {
             refuse_after_shutdown(state, msg);
             return Ok(());
         }
@@ -183,7 +190,7 @@ impl Actor for Controller {
     ) -> Result<(), ActorProcessingErr> {
         // After a shutdown the checkpoint is done with; a crash leaves it open
         // for the successor.
-        if state.shutting_down {
+        if state.is_shutting_down() {
             state.checkpoint.close();
         }
         Ok(())

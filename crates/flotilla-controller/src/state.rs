@@ -5,7 +5,7 @@ use std::{
     collections::{BTreeMap, HashMap},
     sync::{
         Arc,
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
     },
 };
 
@@ -61,6 +61,10 @@ pub struct ControllerArgs {
     /// Controller's life (a metric's counter: it must not drop when the
     /// Controller restarts).
     pub app_restarts: Arc<AtomicU64>,
+    /// Set by the Controller that takes the shutdown, for every Controller
+    /// after it: one restarted during the drain (which goes on without its
+    /// predecessor) refuses every call and starts nothing, as it would have.
+    pub shutdown: Arc<AtomicBool>,
 }
 
 /// A checkpoint already read (the open reads it, to fail before spawning
@@ -101,7 +105,6 @@ pub struct ControllerState {
     /// Set while a retry of a failed removal commit is scheduled: how many
     /// tries in a row failed (the wait grows with them, `REMOVAL_BACKOFF`).
     pub(crate) removal_retry: Option<u32>,
-    pub(crate) shutting_down: bool,
     /// The last applied config (durable) and the builds it started (volatile).
     pub(crate) config: ConfigState,
     /// How every ApplicationActor reports here (one, shared by all of them).
@@ -204,9 +207,13 @@ impl ControllerState {
             autoscaled,
             removals: BTreeMap::new(),
             removal_retry: None,
-            shutting_down: false,
             config: ConfigState::recovered(config),
         })
+    }
+
+    /// Whether a Controller (this one or one before it) took the shutdown.
+    pub(crate) fn is_shutting_down(&self) -> bool {
+        self.shutdown.load(Ordering::Acquire)
     }
 
     /// What `Serve::metrics` reports of the Controller.

@@ -63,6 +63,7 @@ impl Rig {
                 clock: Arc::new(std::time::SystemTime::now),
                 route_table: routes.clone(),
                 app_restarts: Default::default(),
+                shutdown: Default::default(),
             },
             fatal: watch::channel(None).0,
         };
@@ -233,7 +234,16 @@ async fn a_removal_retry_that_finds_nothing_left_does_not_hold_up_later_removals
     // A later deletion is still removed.
     delete("y").await.unwrap();
     tokio::time::sleep(Duration::from_secs(60)).await;
-    assert_eq!(rig.observe().await.apps, 1, "y's record is gone, x's stays");
+    // One record, not being deleted: x's (had the retry removed x's new
+    // record instead, y's would stay, being deleted).
+    let snap = rig.observe().await;
+    assert_eq!(
+        (snap.apps, snap.deleting),
+        (1, 0),
+        "y's record is gone, x's stays"
+    );
+    assert_eq!(rig.board.status("x").status, A::Running);
+    assert_eq!(rig.board.status("y").status, A::NotStarted);
 }
 
 #[tokio::test(start_paused = true)]

@@ -349,6 +349,11 @@ async fn a_failed_take_over_does_not_outlive_a_controller_restart_and_a_config_w
     tokio::time::sleep(Duration::from_secs(1)).await;
     apply(&serve, "applications: []\n").await;
     wait_status(&serve, "imp", A::Running).await;
+    // Past the successor's rebuild, which fails: it must not stand again.
+    tokio::time::sleep(Duration::from_secs(120)).await;
+    let status = serve.app_status("imp");
+    assert_eq!(status.status, A::Running, "{status:?}");
+    assert!(status.message.is_empty(), "{status:?}");
 }
 
 async fn wait_until_tag(serve: &Serve, app: &str, tag: &str) {

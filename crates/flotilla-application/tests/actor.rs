@@ -81,11 +81,15 @@ impl Rig {
     }
 
     async fn spawn(&self) -> ActorRef<AppMsg> {
+        self.spawn_watched().await.0
+    }
+
+    /// The actor, and a handle that ends when it has stopped.
+    async fn spawn_watched(&self) -> (ActorRef<AppMsg>, tokio::task::JoinHandle<()>) {
         let name = actor_names::application(&self.ns, &AppName::new("app").unwrap());
         Actor::spawn(Some(name), ApplicationActor, self.args.clone())
             .await
             .unwrap()
-            .0
     }
 
     async fn wait(
@@ -141,7 +145,7 @@ async fn a_deployment_dropped_from_the_target_is_deleted_and_a_deletion_is_repor
         record(1, &["a", "b"], false),
         RestartPolicy::default(),
     );
-    let app = rig.spawn().await;
+    let (app, stopped) = rig.spawn_watched().await;
     rig.wait(running(1)).await;
     app.cast(AppMsg::SetTarget {
         record: Box::new(record(2, &["a"], false)),
@@ -170,11 +174,10 @@ async fn a_deployment_dropped_from_the_target_is_deleted_and_a_deletion_is_repor
         matches!(event, AppEvent::Deleted { generation: 3, .. }),
         "{event:?}"
     );
-    app.drain_and_wait(None).await.ok();
-    assert!(
-        app.get_status() >= ActorStatus::Stopping,
-        "it stops once deleted"
-    );
+    tokio::time::timeout(Duration::from_secs(60), stopped)
+        .await
+        .expect("it stops once deleted")
+        .unwrap();
 }
 
 #[tokio::test(start_paused = true)]
@@ -202,22 +205,28 @@ async fn a_crashed_deployment_actor_is_restarted_and_unhealthy_until_it_reports(
 async fn deployments_that_crash_too_often_escalate() {
     let policy = RestartPolicy {
         max_restarts: 1,
+        window: Duration::from_secs(600),
         ..RestartPolicy::default()
     };
     let mut rig = Rig::new("app-test-escalate", record(1, &["a"], false), policy);
-    let app = rig.spawn().await;
+    let (app, mut stopped) = rig.spawn_watched().await;
     rig.wait(running(1)).await;
     rig.deployment("a").unwrap().kill();
     rig.wait(running(1)).await;
+    // One crash is within the policy: the deployment was restarted, and the
+    // application actor lives on.
+    assert!(
+        tokio::time::timeout(Duration::from_secs(10), &mut stopped)
+            .await
+            .is_err(),
+        "one crash does not escalate"
+    );
+    assert_eq!(app.get_status(), ActorStatus::Running);
     rig.deployment("a").unwrap().kill();
-    app.drain_and_wait(None).await.ok();
-    tokio::time::timeout(Duration::from_secs(60), async {
-        while app.get_status() < ActorStatus::Stopped {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await
-    .expect("the application actor fails (escalates) on the second crash");
+    tokio::time::timeout(Duration::from_secs(60), stopped)
+        .await
+        .expect("the application actor fails (escalates) on the second crash")
+        .unwrap();
 }
 
 #[tokio::test(start_paused = true)]

@@ -235,11 +235,14 @@ async fn no_replica_is_503_at_once_when_none_can_come_and_back_pressure_is_503()
         .deployment_handle("tight", "ingress")
         .unwrap()
         .route();
-    let mut rx = f.serve.routes().subscribe();
-    while route.queued() == 0 {
-        // The queued request reaches the handle's queue on the server's side.
-        tokio::select! { _ = rx.changed() => {}, _ = tokio::task::yield_now() => {} }
-    }
+    // The queued request reaches the handle's queue on the server's side
+    // (the route has no queue notification: look again after each yield).
+    within("the second request queues", async {
+        while route.queued() == 0 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
     let r = get(&c, &f.url("/tight/x")).await;
     assert_eq!(r.status, 503);
     assert_eq!(
@@ -284,10 +287,13 @@ async fn a_request_queued_as_its_application_goes_is_a_404_for_its_path() {
         async move { get(&c, &u).await }
     });
     let route = f.serve.deployment_handle("q", "ingress").unwrap().route();
-    let mut rx = f.serve.routes().subscribe();
-    while route.queued() == 0 {
-        tokio::select! { _ = rx.changed() => {}, _ = tokio::task::yield_now() => {} }
-    }
+    // The route has no queue notification: look again after each yield.
+    within("the second request queues", async {
+        while route.queued() == 0 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
     f.serve.delete_apps(["q"], false).await.unwrap();
     let q = queued.await.unwrap();
     assert_eq!(
@@ -341,10 +347,12 @@ async fn only_the_ingress_failing_gives_up_a_waiting_request_and_a_running_one_i
         .deployment_handle("pair", "ingress")
         .unwrap()
         .route();
-    let mut rx = f.serve.routes().subscribe();
-    while route.queued() < 2 && !waiting.is_finished() && !hanging.is_finished() {
-        tokio::select! { _ = rx.changed() => {}, _ = tokio::task::yield_now() => {} }
-    }
+    within("both requests queue", async {
+        while route.queued() < 2 && !waiting.is_finished() && !hanging.is_finished() {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
     let started = f.probe.started.notified();
     f.probe.constructor_gate.add_permits(1);
     let r = waiting.await.unwrap();

@@ -471,6 +471,23 @@ async fn an_application_actor_that_crashes_during_the_drain_leaves_its_replicas_
     assert_eq!(answer.ok().as_deref(), Some("v:sleep:5000"));
 }
 
+/// A DeploymentActor that crashes while the shutdown drains it: its
+/// successor starts and drains in its place, so the request in flight on its
+/// replica finishes (the lost answer ended the drain at once, and every
+/// replica was stopped under its requests).
+#[tokio::test(start_paused = true)]
+async fn a_deployment_actor_that_crashes_during_the_drain_is_drained_by_its_successor() {
+    let (_dir, serve, call) = busy_with_a_long_request().await;
+    let mut shutdown = Box::pin(serve.shutdown());
+    let draining = tokio::time::timeout(Duration::from_millis(100), &mut shutdown).await;
+    assert!(draining.is_err(), "the replica drains its request");
+    assert!(serve.crash_deployment("a", "probe"));
+    shutdown.await.unwrap();
+    let answer = call.await.unwrap();
+    assert_eq!(answer.ok().as_deref(), Some("v:sleep:5000"));
+    assert!(serve.living_replicas().is_empty());
+}
+
 /// A Controller that crashes while the shutdown drains: the drain goes on
 /// without it, and its successor starts nothing (it restarted every
 /// application the drain stopped, running user code again) and refuses

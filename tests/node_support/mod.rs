@@ -868,17 +868,15 @@ impl NodeProc {
         self.replicas.load(std::sync::atomic::Ordering::Acquire)
     }
 
-    /// Wait for its exit code (at most 30 s), polling: `Child::wait` would
-    /// close its stdin first, and a node process exits when its stdin closes
-    /// (its parent, the test, is gone). Blocking: call it off the runtime.
+    /// Wait for its exit code. Its stdin stays open meanwhile (`Child::wait`
+    /// would close it, and a node process exits when its stdin closes: its
+    /// parent, the test, is gone). Blocking: call it off the runtime; a node
+    /// that never exits is the test's hang, ended by its watchdog.
     pub fn wait_exit(&mut self) -> Option<i32> {
-        for _ in 0..3000 {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                return status.code();
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        None
+        let stdin = self.child.stdin.take();
+        let status = self.child.wait();
+        self.child.stdin = stdin;
+        status.ok().and_then(|s| s.code())
     }
 
     /// Every node id it had, in order.

@@ -26,6 +26,8 @@ use crate::{
 };
 
 const OBSERVE_TIMEOUT: Duration = Duration::from_secs(5);
+/// The DeploymentActor draining each deployment during the shutdown.
+type Draining = BTreeMap<DeploymentName, ActorRef<DeploymentMsg>>;
 /// Delay before retrying a spawn whose name is still held by a stopping actor.
 const NAME_BUSY_RETRY: Duration = Duration::from_millis(10);
 /// The code path of a stand-in spec for a deployment found without an actor
@@ -83,7 +85,9 @@ pub struct AppState {
     actors: Children<DeploymentName, DeploymentMsg>,
     /// A failed config build and the generation it stands over.
     build_failure: Option<(u64, String)>,
-    shutting_down: bool,
+    /// Set by the shutdown: the DeploymentActor draining each deployment,
+    /// replaced when one crashes mid-drain and its successor takes over.
+    drain: Option<watch::Sender<Draining>>,
     /// How its DeploymentActors report here (one, shared by all of them).
     deployment_reporter: DeploymentReporter,
 }
@@ -254,7 +258,7 @@ impl ApplicationActor {
         myself: &ActorRef<AppMsg>,
         state: &mut AppState,
     ) -> Result<(), ActorProcessingErr> {
-        if state.shutting_down {
+        if state.drain.is_some() {
             return Ok(());
         }
         if state.args.faults.hit(FaultPoint::ApplicationReconcile) {
@@ -336,6 +340,32 @@ impl ApplicationActor {
         }
     }
 
+    /// A deployment whose actor crashed mid-drain: its successor starts (it
+    /// recovers the draining replicas, as on any restart) and is drained in
+    /// its place.
+    async fn drain_successor(
+        myself: &ActorRef<AppMsg>,
+        state: &mut AppState,
+        name: DeploymentName,
+    ) {
+        let Some(target) = state.target_of(&name) else {
+            // Out of every target: nothing starts it, nothing waits for it.
+            if let Some(drain) = &state.drain {
+                drain.send_modify(|d| {
+                    d.remove(&name);
+                });
+            }
+            return;
+        };
+        Self::spawn_child(myself, state, name.clone(), target).await;
+        if let (Some(drain), Some(actor)) = (&state.drain, state.actors.actor(&name)) {
+            let actor = actor.clone();
+            drain.send_modify(|d| {
+                d.insert(name, actor);
+            });
+        }
+    }
+
     fn restart_later(
         myself: &ActorRef<AppMsg>,
         state: &mut AppState,
@@ -404,7 +434,7 @@ impl Actor for ApplicationActor {
             children: BTreeMap::new(),
             actors: Children::new(),
             build_failure,
-            shutting_down: false,
+            drain: None,
             deployment_reporter: Arc::new(move |event| {
                 me.cast(InternalMsg::Deployment(event).into())
             }),
@@ -459,6 +489,10 @@ impl Actor for ApplicationActor {
                 if !state.actors.retry_due(&name) {
                     return Ok(());
                 }
+                if state.drain.is_some() {
+                    Self::drain_successor(&myself, state, name).await;
+                    return Ok(());
+                }
             }
             AppMsg::Shutdown(reply) => {
                 // A deployment waiting out a restart backoff starts now: its
@@ -469,13 +503,18 @@ impl Actor for ApplicationActor {
                         Self::spawn_child(&myself, state, name, target).await;
                     }
                 }
-                state.shutting_down = true;
-                let children: Vec<_> = state.actors.actors().map(|(_, a)| a.clone()).collect();
+                let draining: Draining = (state.actors.actors())
+                    .map(|(name, a)| (name.clone(), a.clone()))
+                    .collect();
+                let (drain, watching) = watch::channel(draining.clone());
+                state.drain = Some(drain);
+                // Off the mailbox, and on without this actor if it crashes:
+                // its deployments drain on their own.
                 tokio::spawn(async move {
                     futures::future::join_all(
-                        children
-                            .iter()
-                            .map(|c| c.call(DeploymentMsg::Shutdown, None)),
+                        draining
+                            .into_iter()
+                            .map(|(name, actor)| drain_one(name, actor, watching.clone())),
                     )
                     .await;
                     let _ = reply.send(());
@@ -537,6 +576,31 @@ impl Actor for ApplicationActor {
         }
         Self::reconcile(&myself, state).await?;
         Ok(())
+    }
+}
+
+/// Drain one deployment: ask its actor to shut down and wait for its
+/// answer (every replica gone); if the actor crashes first, ask its successor
+/// once the ApplicationActor started it. Ends without one if the
+/// ApplicationActor dropped the deployment (no target holds it) or is gone
+/// too (its restart starts nothing during a shutdown).
+async fn drain_one(
+    name: DeploymentName,
+    mut actor: ActorRef<DeploymentMsg>,
+    mut draining: watch::Receiver<Draining>,
+) {
+    loop {
+        if let Ok(CallResult::Success(())) = actor.call(DeploymentMsg::Shutdown, None).await {
+            return;
+        }
+        let crashed = actor.get_id();
+        let next = draining
+            .wait_for(|d| d.get(&name).is_none_or(|a| a.get_id() != crashed))
+            .await;
+        match next.ok().and_then(|d| d.get(&name).cloned()) {
+            Some(successor) => actor = successor,
+            None => return,
+        }
     }
 }
 

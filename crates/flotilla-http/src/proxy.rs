@@ -430,20 +430,17 @@ impl Proxy {
         // without encoding.
         let mut stream: CallStream<HttpResponse> = handle.call_stream_owned(request);
         let assigned = stream.assigned();
-        let gave_up = async {
-            if no_replica {
-                self.became_unavailable(&entry, &handle, &assigned).await
-            } else {
-                std::future::pending().await
-            }
-        };
+        let gave_up = self.became_unavailable(&entry, &handle, &assigned);
         let expired = async {
             match deadline {
                 Some(d) => tokio::time::sleep_until(d).await,
                 None => std::future::pending().await,
             }
         };
+        // The stream first: a request that gets a replica at once holds it
+        // before its give-up looks (and then never looks up the status).
         let first = tokio::select! {
+            biased;
             first = stream.next() => first,
             why = gave_up => return text(503, why, &request_id, Some(done)),
             () = expired => {
@@ -547,38 +544,48 @@ impl Proxy {
     }
 
     /// Resolves once the ingress can no longer get a replica soon while the
-    /// request (`assigned`) holds none; never once it holds one.
+    /// request (`assigned`) holds none; never once it holds one. The status
+    /// is watched from the first moment the request waits (most hold a
+    /// replica at once, and never look it up).
     async fn became_unavailable(
         &self,
         entry: &RouteEntry,
         handle: &DeploymentHandle,
         assigned: &Assigned,
     ) -> String {
-        let Some(mut rx) = self.serve.watch_status(&entry.app) else {
-            return unavailable(entry, "its application is being deleted");
-        };
         // Both watched: the status may turn hopeless while the request holds
         // a replica, and the request lose it again (a refusal elsewhere).
         let mut held = assigned.subscribe();
+        let mut status: Option<tokio::sync::watch::Receiver<ApplicationStatusInfo>> = None;
         let mut status_gone = false;
         loop {
             let holds = *held.borrow_and_update();
-            let why = if status_gone {
-                Some(unavailable(entry, "its application is being deleted"))
-            } else {
+            if !holds && status.is_none() && !status_gone {
+                status = self.serve.watch_status(&entry.app);
+                status_gone = status.is_none();
+            }
+            let why = match &mut status {
+                _ if status_gone => Some(unavailable(entry, "its application is being deleted")),
                 // The route's flag is read as the status changes; a flag
                 // set while the request waits fails its call itself.
-                hopeless(
+                Some(rx) => hopeless(
                     entry,
                     &rx.borrow_and_update(),
                     handle.route().is_deploy_failed(),
-                )
+                ),
+                None => None,
             };
             if let Some(why) = why.filter(|_| !holds) {
                 return why;
             }
+            let status_changed = async {
+                match &mut status {
+                    Some(rx) => rx.changed().await.is_err(),
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
-                changed = rx.changed(), if !status_gone => status_gone = changed.is_err(),
+                gone = status_changed, if !status_gone => status_gone = gone,
                 // The call's own sender lives as long as its stream.
                 _ = held.changed() => {}
             }

@@ -256,10 +256,10 @@ async fn no_replica_is_503_at_once_when_none_can_come_and_back_pressure_is_503()
     f.stop().await;
 }
 
-/// A request queued for a replica when its application is deleted is a 404
-/// for its own path, as one that came after the deletion.
+/// A request waiting for a replica when its application is deleted gets the
+/// 503 at once (the module's table), not the end of the replicas' drain.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_request_queued_as_its_application_goes_is_a_404_for_its_path() {
+async fn a_request_waiting_for_a_replica_as_its_application_goes_is_a_503_at_once() {
     let f = start().await;
     let app = ApplicationSpec::builder("q")
         .route_prefix("/q")
@@ -267,8 +267,8 @@ async fn a_request_queued_as_its_application_goes_is_a_404_for_its_path() {
             DeploymentSpec::builder("ingress", "t::Echo")
                 .init_args(&"q")
                 .with_config(|mut c| {
-                    // The hanging request is cut soon after the deletion.
-                    c.graceful_shutdown_timeout = Duration::from_millis(100);
+                    // The hanging request holds its replica for the hour.
+                    c.graceful_shutdown_timeout = Duration::from_secs(3600);
                     c.with_max_ongoing_requests(1)
                 }),
         ))
@@ -283,11 +283,10 @@ async fn a_request_queued_as_its_application_goes_is_a_404_for_its_path() {
     });
     started.await;
     let queued = tokio::spawn({
-        let (c, u) = (c.clone(), f.url("/q/deep/er%20path"));
+        let (c, u) = (c.clone(), f.url("/q/waits"));
         async move { get(&c, &u).await }
     });
     let route = f.serve.deployment_handle("q", "ingress").unwrap().route();
-    // The route has no queue notification: look again after each yield.
     within("the second request queues", async {
         while route.queued() == 0 {
             tokio::task::yield_now().await;
@@ -295,12 +294,12 @@ async fn a_request_queued_as_its_application_goes_is_a_404_for_its_path() {
     })
     .await;
     f.serve.delete_apps(["q"], false).await.unwrap();
-    let q = queued.await.unwrap();
+    let q = within("the waiting request's answer", queued).await.unwrap();
     assert_eq!(
         (q.status, q.body.as_str()),
         (
-            404,
-            "Path '/q/deep/er path' not found. Ping http://.../-/routes for available routes."
+            503,
+            "Deployment(name='ingress', app='q') is unavailable because its application is being deleted."
         )
     );
     hang.abort();

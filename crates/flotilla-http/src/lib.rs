@@ -138,7 +138,11 @@
 //! `refused`), `flotilla_node_replicas_lost_total` and
 //! `flotilla_node_replicas{node_id}` per live node. The `route` label of replica metrics is
 //! the application's route prefix (Ray's is the request's route). Router
-//! metrics are per deployment (Ray's are per handle).
+//! metrics are per deployment (Ray's are per handle). A route's HTTP series
+//! outlive it, as Ray's proxy keeps its series for its life (a deletion does
+//! not erase its history, and requests that finish after their route went
+//! are counted), for the last 1,000 routes that went; one back under the same
+//! prefix, application and ingress goes on from them.
 
 mod auth;
 mod body;

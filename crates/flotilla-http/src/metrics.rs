@@ -134,7 +134,7 @@ impl HttpStats {
     }
 
     /// `(method, status, latency)` of every pair seen.
-    fn read(&self) -> Vec<(&'static str, String, HistogramSnapshot)> {
+    pub(crate) fn read(&self) -> Vec<(&'static str, String, HistogramSnapshot)> {
         let pair = |k: u32, h: &LatencyHistogram| {
             (
                 method_name(((k >> 16) - 1) as u8),

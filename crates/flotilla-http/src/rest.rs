@@ -502,6 +502,7 @@ impl Rest {
         };
         if let Some((_, routes)) = &self.proxy {
             http.extend(routes.current().stats());
+            http.extend(routes.retired_stats());
         }
         match scrape(&self.serve, proxy, http).await {
             Ok(body) => respond(200, METRICS_CONTENT_TYPE, body),

@@ -9,8 +9,8 @@
 //! task runs.
 
 use std::{
-    collections::{BTreeMap, HashMap},
-    sync::{Arc, OnceLock, PoisonError, RwLock},
+    collections::{BTreeMap, HashMap, VecDeque},
+    sync::{Arc, Mutex, OnceLock, PoisonError, RwLock},
 };
 
 use bytes::Bytes;
@@ -34,7 +34,7 @@ pub(crate) struct RouteEntry {
 }
 
 impl RouteEntry {
-    fn new(prefix: &str, app: &str, ingress: &str, root_path: &str) -> Self {
+    fn new(prefix: &str, app: &str, ingress: &str, root_path: &str, stats: Arc<HttpStats>) -> Self {
         let root_path = if prefix == "/" {
             root_path.to_owned()
         } else {
@@ -46,7 +46,7 @@ impl RouteEntry {
             ingress: ingress.to_owned(),
             root_path,
             handle: OnceLock::new(),
-            stats: Arc::new(HttpStats::new(prefix, app, ingress)),
+            stats,
         }
     }
 
@@ -82,6 +82,61 @@ impl RouteSnapshot {
     }
 }
 
+/// How many routes that went keep their counters in the scrape.
+pub(crate) const RETIRED_ROUTES: usize = 1_000;
+
+/// A route's series labels: prefix and application.
+type RouteKey = (String, String);
+
+/// The counters of the last [`RETIRED_ROUTES`] routes that went (deleted, or
+/// their prefix moved to another application or ingress): scraped still, as
+/// Ray's proxy keeps a series for its life, so a deletion does not erase its
+/// history, and a request that finishes after its route went counts there.
+/// One per prefix and application (the labels of Ray's series): a route back
+/// under them goes on from its counters (one series, still monotonic), or,
+/// with another ingress, drops them (two series under one label set would
+/// be one too many).
+#[derive(Debug, Default)]
+struct Retired {
+    /// Each key's counters, with the number its retirement was given.
+    by_key: HashMap<RouteKey, (u64, Arc<HttpStats>)>,
+    /// Retirements, oldest first (one whose route came back since is stale).
+    order: VecDeque<(RouteKey, u64)>,
+    next: u64,
+}
+
+impl Retired {
+    fn retire(&mut self, stats: Arc<HttpStats>) {
+        let key = (stats.route.clone(), stats.app.clone());
+        let n = self.next;
+        self.next += 1;
+        self.by_key.insert(key.clone(), (n, stats));
+        self.order.push_back((key, n));
+        while self.by_key.len() > RETIRED_ROUTES {
+            let Some((old, at)) = self.order.pop_front() else {
+                break;
+            };
+            if self.by_key.get(&old).is_some_and(|(m, _)| *m == at) {
+                self.by_key.remove(&old);
+            }
+        }
+        // Stale entries (routes back since) go as the live ones do.
+        if self.order.len() > 2 * RETIRED_ROUTES {
+            let live = &self.by_key;
+            self.order
+                .retain(|(k, at)| live.get(k).is_some_and(|(m, _)| m == at));
+        }
+    }
+
+    /// The counters of a route back under its labels, taken out: `None` if
+    /// there are none, or they were another ingress's (dropped).
+    fn revive(&mut self, prefix: &str, app: &str, ingress: &str) -> Option<Arc<HttpStats>> {
+        let key = (prefix.to_owned(), app.to_owned());
+        let (_, stats) = self.by_key.remove(&key)?;
+        (stats.deployment == ingress).then_some(stats)
+    }
+}
+
 /// The followed table, swapped whole on every change.
 #[derive(Debug)]
 pub(crate) struct RouteFollower {
@@ -94,6 +149,7 @@ pub(crate) struct RouteFollower {
     rebuilding: tokio::sync::Mutex<()>,
     /// Ray's `_route_table_populated`: true once a non-empty table was seen.
     populated: std::sync::atomic::AtomicBool,
+    retired: Mutex<Retired>,
 }
 
 impl RouteFollower {
@@ -124,6 +180,12 @@ impl RouteFollower {
         self.current()
     }
 
+    /// The counters of the routes that went (the last [`RETIRED_ROUTES`]).
+    pub(crate) fn retired_stats(&self) -> Vec<Arc<HttpStats>> {
+        let retired = self.retired.lock().unwrap_or_else(PoisonError::into_inner);
+        retired.by_key.values().map(|(_, s)| s.clone()).collect()
+    }
+
     /// Whether a non-empty table was ever seen.
     pub(crate) fn populated(&self) -> bool {
         self.populated.load(std::sync::atomic::Ordering::Acquire)
@@ -144,18 +206,34 @@ impl RouteFollower {
             .collect();
         let routes = self.index.routes();
         let mut json = BTreeMap::new();
+        let mut retired = self.retired.lock().unwrap_or_else(PoisonError::into_inner);
+        // The routes that went retire first: one whose prefix and application
+        // come back with another ingress then drops their counters.
+        let kept: std::collections::HashSet<(&str, &str, &str)> = routes
+            .iter()
+            .map(|r| (r.prefix.as_str(), r.app.as_str(), r.ingress.as_str()))
+            .collect();
+        reuse.retain(|key, gone| {
+            if kept.contains(key) {
+                return true;
+            }
+            retired.retire(gone.stats.clone());
+            false
+        });
         let entries: Vec<(String, Arc<RouteEntry>)> = routes
             .iter()
             .map(|r| {
                 let (p, a, i) = (r.prefix.as_str(), r.app.as_str(), r.ingress.as_str());
                 json.insert(p, a);
-                let entry = reuse
-                    .remove(&(p, a, i))
-                    .cloned()
-                    .unwrap_or_else(|| Arc::new(RouteEntry::new(p, a, i, root_path)));
+                let entry = reuse.remove(&(p, a, i)).cloned().unwrap_or_else(|| {
+                    let stats = (retired.revive(p, a, i))
+                        .unwrap_or_else(|| Arc::new(HttpStats::new(p, a, i)));
+                    Arc::new(RouteEntry::new(p, a, i, root_path, stats))
+                });
                 (p.to_owned(), entry)
             })
             .collect();
+        drop(retired);
         let routes_json = serde_json::to_vec(&json)
             .map(Bytes::from)
             .unwrap_or_default();
@@ -189,6 +267,7 @@ impl RouteFollower {
             current: RwLock::default(),
             rebuilding: tokio::sync::Mutex::new(()),
             populated: std::sync::atomic::AtomicBool::new(false),
+            retired: Mutex::default(),
         });
         follower.rebuild();
         let f = follower.clone();
@@ -273,6 +352,82 @@ mod tests {
         let table = follower.fresh().await;
         assert!(table.router.route("/a/x").is_none(), "deleted");
         assert_eq!(table.router.route("/b").unwrap().1.app, "b");
+        serve.shutdown().await.unwrap();
+    }
+
+    /// A route that goes keeps its counters in the scrape, and requests that
+    /// finish after it went count there; back under the same prefix,
+    /// application and ingress it goes on from them; with another ingress
+    /// they go (one series per label set). Only the last `RETIRED_ROUTES` are
+    /// kept.
+    #[tokio::test(start_paused = true)]
+    async fn a_route_that_goes_keeps_its_counters_and_one_back_goes_on_from_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let registry = Registry::new()
+            .register("t::Nop", |_ctx| async { Ok(Nop) })
+            .and_then(|r| r.register("t::Other", |_ctx| async { Ok(Nop) }))
+            .unwrap();
+        let serve = Serve::start(ServeOptions::new(registry).store_path(dir.path().join("t.redb")))
+            .await
+            .unwrap();
+        let (_stop, stopped) = watch::channel(false);
+        let (follower, _task) =
+            RouteFollower::follow(serve.routes().clone(), String::new(), stopped);
+        serve.run(app("a", "/a")).await.unwrap();
+        let stats = follower
+            .fresh()
+            .await
+            .router
+            .route("/a")
+            .unwrap()
+            .1
+            .stats
+            .clone();
+        stats.record(0, 200, std::time::Duration::from_millis(1));
+        serve.delete_apps(["a"], true).await.unwrap();
+        assert!(follower.fresh().await.stats().is_empty());
+        // In flight as it went: counted, and scraped.
+        stats.record(0, 404, std::time::Duration::from_millis(1));
+        let retired = follower.retired_stats();
+        assert_eq!(retired.len(), 1);
+        assert!(Arc::ptr_eq(&retired[0], &stats));
+        assert_eq!(stats.read().len(), 2);
+        // Back: the same counters, live again, retired no more.
+        serve.run(app("a", "/a")).await.unwrap();
+        let back = follower
+            .fresh()
+            .await
+            .router
+            .route("/a")
+            .unwrap()
+            .1
+            .stats
+            .clone();
+        assert!(Arc::ptr_eq(&back, &stats));
+        assert!(follower.retired_stats().is_empty());
+        // Another ingress under the same labels: fresh counters, the old gone.
+        let other = ApplicationSpec::builder("a")
+            .route_prefix("/a")
+            .deployment(DeploymentSpec::builder("other", "t::Other"))
+            .build()
+            .unwrap();
+        serve.run(other).await.unwrap();
+        let table = follower.fresh().await;
+        let fresh = &table.router.route("/a").unwrap().1.stats;
+        assert!(!Arc::ptr_eq(fresh, &stats));
+        assert!(fresh.read().is_empty());
+        assert!(follower.retired_stats().is_empty());
+        // Bounded: the oldest go first.
+        let mut many = Retired::default();
+        for i in 0..=RETIRED_ROUTES {
+            many.retire(Arc::new(HttpStats::new(&format!("/r{i}"), "x", "ingress")));
+        }
+        assert_eq!(many.by_key.len(), RETIRED_ROUTES);
+        assert!(
+            !many
+                .by_key
+                .contains_key(&("/r0".to_owned(), "x".to_owned()))
+        );
         serve.shutdown().await.unwrap();
     }
 }

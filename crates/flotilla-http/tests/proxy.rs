@@ -294,7 +294,9 @@ async fn a_request_waiting_for_a_replica_as_its_application_goes_is_a_503_at_onc
     })
     .await;
     f.serve.delete_apps(["q"], false).await.unwrap();
-    let q = within("the waiting request's answer", queued).await.unwrap();
+    let q = within("the waiting request's answer", queued)
+        .await
+        .unwrap();
     assert_eq!(
         (q.status, q.body.as_str()),
         (

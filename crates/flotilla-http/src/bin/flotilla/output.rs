@@ -35,13 +35,13 @@ fn serve_status(details: &Value) -> Value {
                     )
                 })
                 .collect();
-            // A deployment the details leave out (its DeploymentActor was
-            // restarting or did not answer in time) is still one of the
-            // application's: listed, saying its details are unavailable.
+            // A deployment the details leave out (its DeploymentActor not
+            // started yet, restarting, or not answering in time) is still one
+            // of the application's: listed, saying its details are unavailable.
             for d in a["deployment_topology"]["nodes"].as_object().into_iter().flatten().map(|(d, _)| d) {
                 deployments.entry(d.clone()).or_insert_with(|| {
                     json!({"status": "UNKNOWN", "status_trigger": "UNKNOWN", "replica_states": {},
-                        "message": "details unavailable: its DeploymentActor did not answer in time (busy, or restarting); try again"})
+                        "message": "details unavailable: its DeploymentActor is starting, restarting or busy; try again"})
                 });
             }
             (

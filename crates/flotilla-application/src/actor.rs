@@ -26,8 +26,9 @@ use crate::{
 };
 
 const OBSERVE_TIMEOUT: Duration = Duration::from_secs(5);
-/// The DeploymentActor draining each deployment during the shutdown.
-type Draining = BTreeMap<DeploymentName, ActorRef<DeploymentMsg>>;
+/// The DeploymentActor draining each deployment during the shutdown (`None`
+/// while one is being started: its start failed, and is retried).
+type Draining = BTreeMap<DeploymentName, Option<ActorRef<DeploymentMsg>>>;
 /// Delay before retrying a spawn whose name is still held by a stopping actor.
 const NAME_BUSY_RETRY: Duration = Duration::from_millis(10);
 /// The code path of a stand-in spec for a deployment found without an actor
@@ -348,21 +349,26 @@ impl ApplicationActor {
         state: &mut AppState,
         name: DeploymentName,
     ) {
-        let Some(target) = state.target_of(&name) else {
-            // Out of every target: nothing starts it, nothing waits for it.
-            if let Some(drain) = &state.drain {
-                drain.send_modify(|d| {
-                    d.remove(&name);
-                });
-            }
+        if let Some(target) = state.target_of(&name) {
+            Self::spawn_child(myself, state, name.clone(), target).await;
+        }
+        let Some(drain) = &state.drain else {
             return;
         };
-        Self::spawn_child(myself, state, name.clone(), target).await;
-        if let (Some(drain), Some(actor)) = (&state.drain, state.actors.actor(&name)) {
-            let actor = actor.clone();
-            drain.send_modify(|d| {
-                d.insert(name, actor);
-            });
+        match state.actors.actor(&name) {
+            Some(actor) => {
+                let actor = actor.clone();
+                drain.send_modify(|d| {
+                    d.insert(name, Some(actor));
+                });
+            }
+            // Its start is retried (the name is still held): given then.
+            None if state.actors.is_waiting(&name) => {}
+            // Out of every target, or its deletion finished as it started:
+            // nothing to drain.
+            None => drain.send_modify(|d| {
+                d.remove(&name);
+            }),
         }
     }
 
@@ -498,14 +504,23 @@ impl Actor for ApplicationActor {
                 // A deployment waiting out a restart backoff starts now: its
                 // replicas drain only through it (it recovers them as on any
                 // restart), and nothing starts it once this is shutting down.
+                let mut waited = Vec::new();
                 for name in state.actors.end_waits() {
                     if let Some(target) = state.target_of(&name) {
-                        Self::spawn_child(&myself, state, name, target).await;
+                        Self::spawn_child(&myself, state, name.clone(), target).await;
+                        waited.push(name);
                     }
                 }
-                let draining: Draining = (state.actors.actors())
-                    .map(|(name, a)| (name.clone(), a.clone()))
+                // Every deployment with an actor, and those whose start just
+                // failed (retried: `drain_successor` gives their actor).
+                let mut draining: Draining = (state.actors.actors())
+                    .map(|(name, a)| (name.clone(), Some(a.clone())))
                     .collect();
+                for name in waited {
+                    if state.actors.is_waiting(&name) {
+                        draining.entry(name).or_insert(None);
+                    }
+                }
                 let (drain, watching) = watch::channel(draining.clone());
                 state.drain = Some(drain);
                 // Off the mailbox, and on without this actor if it crashes:
@@ -535,6 +550,16 @@ impl Actor for ApplicationActor {
         let Some((name, how)) = state.actors.exited(&evt) else {
             return Ok(());
         };
+        // During the drain, an actor that stopped on its own (a deletion that
+        // finished) has nothing left to drain, and nothing restarts it: its
+        // drain ends (a crashed one's successor takes over, below).
+        if let Some(drain) = &state.drain
+            && !how.is_crash()
+        {
+            drain.send_modify(|d| {
+                d.remove(&name);
+            });
+        }
         let wanted = state.target_of(&name).is_some_and(|t| !t.deleting);
         let generation = state.args.record.generation;
         let Some(child) = state.children.get_mut(&name) else {
@@ -580,25 +605,31 @@ impl Actor for ApplicationActor {
 }
 
 /// Drain one deployment: ask its actor to shut down and wait for its
-/// answer (every replica gone); if the actor crashes first, ask its successor
-/// once the ApplicationActor started it. Ends without one if the
-/// ApplicationActor dropped the deployment (no target holds it) or is gone
-/// too (its restart starts nothing during a shutdown).
+/// answer (every replica gone); if there is none yet (its start is retried),
+/// or it crashes first, ask the one the ApplicationActor starts next. Ends
+/// without one once the deployment leaves the drain (its actor stopped on its
+/// own, or no target holds it) or the ApplicationActor is gone too (its
+/// restart starts nothing during a shutdown).
 async fn drain_one(
     name: DeploymentName,
-    mut actor: ActorRef<DeploymentMsg>,
+    mut actor: Option<ActorRef<DeploymentMsg>>,
     mut draining: watch::Receiver<Draining>,
 ) {
     loop {
-        if let Ok(CallResult::Success(())) = actor.call(DeploymentMsg::Shutdown, None).await {
+        if let Some(a) = &actor
+            && let Ok(CallResult::Success(())) = a.call(DeploymentMsg::Shutdown, None).await
+        {
             return;
         }
-        let crashed = actor.get_id();
+        let last = actor.as_ref().map(|a| a.get_id());
         let next = draining
-            .wait_for(|d| d.get(&name).is_none_or(|a| a.get_id() != crashed))
+            .wait_for(|d| match d.get(&name) {
+                None => true,
+                Some(a) => a.as_ref().map(|a| a.get_id()) != last && a.is_some(),
+            })
             .await;
-        match next.ok().and_then(|d| d.get(&name).cloned()) {
-            Some(successor) => actor = successor,
+        match next.ok().and_then(|d| d.get(&name).cloned().flatten()) {
+            Some(successor) => actor = Some(successor),
             None => return,
         }
     }

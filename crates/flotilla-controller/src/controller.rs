@@ -54,9 +54,6 @@ impl Controller {
         for name in state.actors.end_waits() {
             Self::command(myself, state, &name).await;
         }
-        state
-            .shutdown
-            .store(true, std::sync::atomic::Ordering::Release);
         state.config.cancel_all();
         let actors: Vec<_> = state.actors.actors().map(|(_, a)| a.clone()).collect();
         tokio::spawn(async move {
@@ -66,6 +63,10 @@ impl Controller {
             }
             let _ = reply.send(());
         });
+        // Once the drain runs: a successor then leaves it to go on.
+        state
+            .shutdown
+            .store(true, std::sync::atomic::Ordering::Release);
     }
 
     async fn internal(

@@ -501,8 +501,7 @@ impl Rest {
             None => (None, Vec::new()),
         };
         if let Some((_, routes)) = &self.proxy {
-            http.extend(routes.current().stats());
-            http.extend(routes.retired_stats());
+            http.extend(routes.all_stats());
         }
         match scrape(&self.serve, proxy, http).await {
             Ok(body) => respond(200, METRICS_CONTENT_TYPE, body),

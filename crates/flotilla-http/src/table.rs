@@ -180,10 +180,15 @@ impl RouteFollower {
         self.current()
     }
 
-    /// The counters of the routes that went (the last [`RETIRED_ROUTES`]).
-    pub(crate) fn retired_stats(&self) -> Vec<Arc<HttpStats>> {
+    /// Every route's counters, live and gone (the last [`RETIRED_ROUTES`]),
+    /// read together: a rebuild retires routes and swaps the table under the
+    /// same lock, so a route is in one list or the other, never both (one
+    /// series exported twice) or neither.
+    pub(crate) fn all_stats(&self) -> Vec<Arc<HttpStats>> {
         let retired = self.retired.lock().unwrap_or_else(PoisonError::into_inner);
-        retired.by_key.values().map(|(_, s)| s.clone()).collect()
+        let mut all = self.current().stats();
+        all.extend(retired.by_key.values().map(|(_, s)| s.clone()));
+        all
     }
 
     /// Whether a non-empty table was ever seen.
@@ -233,7 +238,6 @@ impl RouteFollower {
                 (p.to_owned(), entry)
             })
             .collect();
-        drop(retired);
         let routes_json = serde_json::to_vec(&json)
             .map(Bytes::from)
             .unwrap_or_default();
@@ -248,6 +252,8 @@ impl RouteFollower {
         }
         tracing::debug!(routes = fresh.router.len(), "proxy route table updated");
         *self.current.write().unwrap_or_else(PoisonError::into_inner) = fresh;
+        // Held to here: see `all_stats`.
+        drop(retired);
     }
 
     /// Follow `index` (an instance's [`Serve::routes`]) until `stop` turns true: the table is
@@ -388,9 +394,9 @@ mod tests {
         assert!(follower.fresh().await.stats().is_empty());
         // In flight as it went: counted, and scraped.
         stats.record(0, 404, std::time::Duration::from_millis(1));
-        let retired = follower.retired_stats();
-        assert_eq!(retired.len(), 1);
-        assert!(Arc::ptr_eq(&retired[0], &stats));
+        let all = follower.all_stats();
+        assert_eq!(all.len(), 1);
+        assert!(Arc::ptr_eq(&all[0], &stats));
         assert_eq!(stats.read().len(), 2);
         // Back: the same counters, live again, retired no more.
         serve.run(app("a", "/a")).await.unwrap();
@@ -404,7 +410,7 @@ mod tests {
             .stats
             .clone();
         assert!(Arc::ptr_eq(&back, &stats));
-        assert!(follower.retired_stats().is_empty());
+        assert_eq!(follower.all_stats().len(), 1, "live, not retired too");
         // Another ingress under the same labels: fresh counters, the old gone.
         let other = ApplicationSpec::builder("a")
             .route_prefix("/a")
@@ -416,7 +422,7 @@ mod tests {
         let fresh = &table.router.route("/a").unwrap().1.stats;
         assert!(!Arc::ptr_eq(fresh, &stats));
         assert!(fresh.read().is_empty());
-        assert!(follower.retired_stats().is_empty());
+        assert_eq!(follower.all_stats().len(), 1, "the old counters went");
         // Bounded: the oldest go first.
         let mut many = Retired::default();
         for i in 0..=RETIRED_ROUTES {

@@ -308,6 +308,60 @@ async fn a_request_waiting_for_a_replica_as_its_application_goes_is_a_503_at_onc
     f.stop().await;
 }
 
+/// A request that waits for a busy replica of an ingress whose update
+/// failed for good is not given up: the old replica serves on (the handle
+/// fails a call only once its ingress has none), so it runs once the slot
+/// frees.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_waiting_behind_the_old_replica_of_a_failed_update_is_served() {
+    let f = start().await;
+    let spec = |code: &str| {
+        ApplicationSpec::builder("roll")
+            .route_prefix("/roll")
+            .deployment(
+                DeploymentSpec::builder("ingress", code)
+                    .init_args(&"old")
+                    .with_config(|c| c.with_max_ongoing_requests(1)),
+            )
+            .build()
+            .unwrap()
+    };
+    f.serve.run(spec("t::Echo")).await.unwrap();
+    let c = support::client();
+    let started = f.probe.started.notified();
+    let hang = tokio::spawn({
+        let (c, u) = (c.clone(), f.url("/roll/hang"));
+        async move { get(&c, &u).await }
+    });
+    started.await;
+    f.serve
+        .run_many(vec![spec("t::Broken")], support::no_wait())
+        .await
+        .unwrap();
+    wait_status(&f.serve, "roll", ApplicationStatus::DeployFailed).await;
+    let route = f
+        .serve
+        .deployment_handle("roll", "ingress")
+        .unwrap()
+        .route();
+    assert!(route.is_deploy_failed(), "failed for good");
+    let queued = tokio::spawn({
+        let (c, u) = (c.clone(), f.url("/roll/x"));
+        async move { get(&c, &u).await }
+    });
+    within("the request queues behind the old replica", async {
+        while route.queued() == 0 && !queued.is_finished() {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    hang.abort();
+    f.probe.wait_dropped(1).await;
+    let r = within("the queued request's answer", queued).await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    f.stop().await;
+}
+
 /// As Ray's router, the proxy gives up on a request waiting for a replica
 /// only when the ingress deployment itself failed to deploy, and never once a
 /// replica holds the request.

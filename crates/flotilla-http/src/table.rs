@@ -315,6 +315,30 @@ mod tests {
         }
     }
 
+    /// A Serve running `t::Nop` (and `t::Other`, the same code) in `dir`.
+    async fn serve_in(dir: &tempfile::TempDir) -> Serve {
+        let registry = Registry::new()
+            .register("t::Nop", |_ctx| async { Ok(Nop) })
+            .and_then(|r| r.register("t::Other", |_ctx| async { Ok(Nop) }))
+            .unwrap();
+        Serve::start(ServeOptions::new(registry).store_path(dir.path().join("t.redb")))
+            .await
+            .unwrap()
+    }
+
+    /// The counters of the route serving `path` now.
+    async fn stats_of(follower: &RouteFollower, path: &str) -> Arc<HttpStats> {
+        follower
+            .fresh()
+            .await
+            .router
+            .route(path)
+            .unwrap()
+            .1
+            .stats
+            .clone()
+    }
+
     fn app(name: &str, prefix: &str) -> ApplicationSpec {
         ApplicationSpec::builder(name)
             .route_prefix(prefix)
@@ -329,12 +353,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_lookup_sees_every_change_made_before_it_without_the_follower_task() {
         let dir = tempfile::tempdir().unwrap();
-        let registry = Registry::new()
-            .register("t::Nop", |_ctx| async { Ok(Nop) })
-            .unwrap();
-        let serve = Serve::start(ServeOptions::new(registry).store_path(dir.path().join("t.redb")))
-            .await
-            .unwrap();
+        let serve = serve_in(&dir).await;
         let (_stop, stopped) = watch::channel(true);
         let (follower, task) =
             RouteFollower::follow(serve.routes().clone(), "/root".into(), stopped);
@@ -369,26 +388,12 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_route_that_goes_keeps_its_counters_and_one_back_goes_on_from_them() {
         let dir = tempfile::tempdir().unwrap();
-        let registry = Registry::new()
-            .register("t::Nop", |_ctx| async { Ok(Nop) })
-            .and_then(|r| r.register("t::Other", |_ctx| async { Ok(Nop) }))
-            .unwrap();
-        let serve = Serve::start(ServeOptions::new(registry).store_path(dir.path().join("t.redb")))
-            .await
-            .unwrap();
+        let serve = serve_in(&dir).await;
         let (_stop, stopped) = watch::channel(false);
         let (follower, _task) =
             RouteFollower::follow(serve.routes().clone(), String::new(), stopped);
         serve.run(app("a", "/a")).await.unwrap();
-        let stats = follower
-            .fresh()
-            .await
-            .router
-            .route("/a")
-            .unwrap()
-            .1
-            .stats
-            .clone();
+        let stats = stats_of(&follower, "/a").await;
         stats.record(0, 200, std::time::Duration::from_millis(1));
         serve.delete_apps(["a"], true).await.unwrap();
         assert!(follower.fresh().await.stats().is_empty());
@@ -400,15 +405,7 @@ mod tests {
         assert_eq!(stats.read().len(), 2);
         // Back: the same counters, live again, retired no more.
         serve.run(app("a", "/a")).await.unwrap();
-        let back = follower
-            .fresh()
-            .await
-            .router
-            .route("/a")
-            .unwrap()
-            .1
-            .stats
-            .clone();
+        let back = stats_of(&follower, "/a").await;
         assert!(Arc::ptr_eq(&back, &stats));
         assert_eq!(follower.all_stats().len(), 1, "live, not retired too");
         // Another ingress under the same labels: fresh counters, the old gone.

@@ -424,11 +424,12 @@ async fn a_crash_right_after_a_deletion_is_removed_leaves_no_stale_status() {
 }
 
 /// A fresh instance running "a", its one replica busy with a 5 s request
-/// (the call, to await).
+/// (the call, to await), and its probes' switches.
 async fn busy_with_a_long_request() -> (
     tempfile::TempDir,
     Serve,
     tokio::task::JoinHandle<Result<String, flotilla::CallError>>,
+    Arc<Switches>,
 ) {
     let (dir, sw, serve) = start_fresh().await;
     let h = serve.run(app("a", 1, tag("v"))).await.unwrap();
@@ -437,7 +438,7 @@ async fn busy_with_a_long_request() -> (
         sw.handled.load(Ordering::SeqCst) > 0
     })
     .await;
-    (dir, serve, call)
+    (dir, serve, call, sw)
 }
 
 /// A shutdown whose request the Controller lost (it crashed with the request
@@ -446,7 +447,7 @@ async fn busy_with_a_long_request() -> (
 /// `ControllerCrashed` and everything was stopped at once.
 #[tokio::test(start_paused = true)]
 async fn a_shutdown_the_controller_lost_in_a_crash_still_drains() {
-    let (_dir, serve, call) = busy_with_a_long_request().await;
+    let (_dir, serve, call, _) = busy_with_a_long_request().await;
     let mut shutdown = Box::pin(serve.shutdown());
     // Sent; the Controller is killed before it reads it.
     assert!(futures::poll!(&mut shutdown).is_pending());
@@ -461,7 +462,7 @@ async fn a_shutdown_the_controller_lost_in_a_crash_still_drains() {
 /// the request in flight on its replica finishes.
 #[tokio::test(start_paused = true)]
 async fn an_application_actor_that_crashes_during_the_drain_leaves_its_replicas_draining() {
-    let (_dir, serve, call) = busy_with_a_long_request().await;
+    let (_dir, serve, call, _) = busy_with_a_long_request().await;
     let mut shutdown = Box::pin(serve.shutdown());
     let draining = tokio::time::timeout(Duration::from_millis(100), &mut shutdown).await;
     assert!(draining.is_err(), "the replica drains its request");
@@ -477,7 +478,7 @@ async fn an_application_actor_that_crashes_during_the_drain_leaves_its_replicas_
 /// replica was stopped under its requests).
 #[tokio::test(start_paused = true)]
 async fn a_deployment_actor_that_crashes_during_the_drain_is_drained_by_its_successor() {
-    let (_dir, serve, call) = busy_with_a_long_request().await;
+    let (_dir, serve, call, _) = busy_with_a_long_request().await;
     let mut shutdown = Box::pin(serve.shutdown());
     let draining = tokio::time::timeout(Duration::from_millis(100), &mut shutdown).await;
     assert!(draining.is_err(), "the replica drains its request");
@@ -494,13 +495,7 @@ async fn a_deployment_actor_that_crashes_during_the_drain_is_drained_by_its_succ
 /// every call (it took them, committed, and started their work).
 #[tokio::test(start_paused = true)]
 async fn a_controller_restarted_during_the_drain_starts_nothing_and_refuses_calls() {
-    let (_dir, sw, serve) = start_fresh().await;
-    let h = serve.run(app("a", 1, tag("v"))).await.unwrap();
-    let call = tokio::spawn(async move { h.call::<_, String>("sleep:5000").await });
-    support::eventually("the request to begin", || {
-        sw.handled.load(Ordering::SeqCst) > 0
-    })
-    .await;
+    let (_dir, serve, call, sw) = busy_with_a_long_request().await;
     let built = sw.constructed.load(Ordering::SeqCst);
     let s2 = serve.clone();
     let shutdown = tokio::spawn(async move { s2.shutdown().await });

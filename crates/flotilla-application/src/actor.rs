@@ -151,6 +151,21 @@ impl AppState {
         }
     }
 
+    /// During the shutdown, who drains `name` now: its new actor, or
+    /// (`None`) nobody, it is out of the drain.
+    fn drain_by(&self, name: DeploymentName, actor: Option<ActorRef<DeploymentMsg>>) {
+        if let Some(drain) = &self.drain {
+            drain.send_modify(|d| match actor {
+                Some(a) => {
+                    d.insert(name, Some(a));
+                }
+                None => {
+                    d.remove(&name);
+                }
+            });
+        }
+    }
+
     fn derive_status(&self) {
         let r = &self.args.record;
         let reported = self
@@ -352,23 +367,16 @@ impl ApplicationActor {
         if let Some(target) = state.target_of(&name) {
             Self::spawn_child(myself, state, name.clone(), target).await;
         }
-        let Some(drain) = &state.drain else {
-            return;
-        };
         match state.actors.actor(&name) {
             Some(actor) => {
                 let actor = actor.clone();
-                drain.send_modify(|d| {
-                    d.insert(name, Some(actor));
-                });
+                state.drain_by(name, Some(actor));
             }
             // Its start is retried (the name is still held): given then.
             None if state.actors.is_waiting(&name) => {}
             // Out of every target, or its deletion finished as it started:
             // nothing to drain.
-            None => drain.send_modify(|d| {
-                d.remove(&name);
-            }),
+            None => state.drain_by(name, None),
         }
     }
 
@@ -504,23 +512,20 @@ impl Actor for ApplicationActor {
                 // A deployment waiting out a restart backoff starts now: its
                 // replicas drain only through it (it recovers them as on any
                 // restart), and nothing starts it once this is shutting down.
-                let mut waited = Vec::new();
                 for name in state.actors.end_waits() {
                     if let Some(target) = state.target_of(&name) {
-                        Self::spawn_child(&myself, state, name.clone(), target).await;
-                        waited.push(name);
+                        Self::spawn_child(&myself, state, name, target).await;
                     }
                 }
                 // Every deployment with an actor, and those whose start just
                 // failed (retried: `drain_successor` gives their actor).
-                let mut draining: Draining = (state.actors.actors())
+                let retried = (state.children.keys())
+                    .filter(|name| state.actors.is_waiting(name))
+                    .map(|name| (name.clone(), None));
+                let draining: Draining = (state.actors.actors())
                     .map(|(name, a)| (name.clone(), Some(a.clone())))
+                    .chain(retried)
                     .collect();
-                for name in waited {
-                    if state.actors.is_waiting(&name) {
-                        draining.entry(name).or_insert(None);
-                    }
-                }
                 let (drain, watching) = watch::channel(draining.clone());
                 state.drain = Some(drain);
                 // Off the mailbox, and on without this actor if it crashes:
@@ -553,12 +558,8 @@ impl Actor for ApplicationActor {
         // During the drain, an actor that stopped on its own (a deletion that
         // finished) has nothing left to drain, and nothing restarts it: its
         // drain ends (a crashed one's successor takes over, below).
-        if let Some(drain) = &state.drain
-            && !how.is_crash()
-        {
-            drain.send_modify(|d| {
-                d.remove(&name);
-            });
+        if !how.is_crash() {
+            state.drain_by(name.clone(), None);
         }
         let wanted = state.target_of(&name).is_some_and(|t| !t.deleting);
         let generation = state.args.record.generation;

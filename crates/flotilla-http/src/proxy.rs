@@ -544,7 +544,7 @@ impl Proxy {
     /// DeploymentActor nothing.
     fn unavailable_now(&self, entry: &RouteEntry, handle: &DeploymentHandle) -> Option<String> {
         let status = self.serve.app_status(&entry.app);
-        if let Some(why) = hopeless(entry, &status, handle.route().is_deploy_failed()) {
+        if let Some(why) = hopeless(entry, &status, handle) {
             return Some(why);
         }
         handle
@@ -575,21 +575,10 @@ impl Proxy {
             }
             let why = match &mut status {
                 _ if status_gone => Some(unavailable(entry, "its application is being deleted")),
-                Some(rx) => {
-                    let s = rx.borrow_and_update();
-                    match s.status {
-                        ApplicationStatus::Deleting | ApplicationStatus::NotStarted => {
-                            Some(unavailable(entry, "its application is being deleted"))
-                        }
-                        // A failed ingress with replicas still serves: the
-                        // handle fails the call itself once it has none.
-                        _ if !handle.replicas().is_empty() => None,
-                        // The route's flag is read as the status changes; a
-                        // flag set while the request waits fails its call
-                        // itself.
-                        _ => hopeless(entry, &s, handle.route().is_deploy_failed()),
-                    }
-                }
+                // The route's flag and replicas are read as the status
+                // changes; a flag set while the request waits fails its
+                // call itself.
+                Some(rx) => hopeless(entry, &rx.borrow_and_update(), handle),
                 None => None,
             };
             if let Some(why) = why.filter(|_| !holds) {
@@ -709,18 +698,19 @@ fn unavailable(entry: &RouteEntry, reason: &str) -> String {
     )
 }
 
-/// Why the ingress of an application in `status` cannot get a replica soon,
-/// if it cannot: the application is going, or the ingress deployment itself
-/// failed to deploy for good (`deploy_failed`, its route's flag: Ray's
-/// `is_available`, which only a terminally failed deployment loses; a
-/// DEPLOY_FAILED ingress whose new replica ran still gets replicas, and so
-/// does one whose application failed through another deployment, or that is
-/// unhealthy). An ingress the status does not list goes by the
-/// application's status.
+/// Why the ingress (`handle`) of an application in `status` cannot get a
+/// replica soon, if it cannot: the application is going, or the ingress
+/// deployment itself failed to deploy for good and has no replica left (its
+/// route's flag: Ray's `is_available`, which only a terminally failed
+/// deployment loses; a DEPLOY_FAILED ingress whose new replica ran still gets
+/// replicas, and so does one whose application failed through another
+/// deployment, or that is unhealthy; one whose update failed serves on with
+/// its old replicas, and the handle fails a call itself once it has none).
+/// An ingress the status does not list goes by the application's status.
 fn hopeless(
     entry: &RouteEntry,
     status: &ApplicationStatusInfo,
-    deploy_failed: bool,
+    handle: &DeploymentHandle,
 ) -> Option<String> {
     let failed = || Some(unavailable(entry, "it failed to deploy"));
     match status.status {
@@ -730,8 +720,11 @@ fn hopeless(
         ApplicationStatus::Deploying | ApplicationStatus::Running => return None,
         ApplicationStatus::DeployFailed | ApplicationStatus::Unhealthy => {}
     }
+    if !handle.replicas().is_empty() {
+        return None;
+    }
     match status.deployments.get(entry.ingress.as_str()) {
-        Some(_) if deploy_failed => failed(),
+        Some(_) if handle.route().is_deploy_failed() => failed(),
         Some(_) => None,
         None => failed(),
     }

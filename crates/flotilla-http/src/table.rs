@@ -98,33 +98,22 @@ type RouteKey = (String, String);
 /// be one too many).
 #[derive(Debug, Default)]
 struct Retired {
-    /// Each key's counters, with the number its retirement was given.
-    by_key: HashMap<RouteKey, (u64, Arc<HttpStats>)>,
-    /// Retirements, oldest first (one whose route came back since is stale).
-    order: VecDeque<(RouteKey, u64)>,
-    next: u64,
+    by_key: HashMap<RouteKey, Arc<HttpStats>>,
+    /// The keys of `by_key`, oldest retirement first.
+    order: VecDeque<RouteKey>,
 }
 
 impl Retired {
     fn retire(&mut self, stats: Arc<HttpStats>) {
         let key = (stats.route.clone(), stats.app.clone());
-        let n = self.next;
-        self.next += 1;
-        self.by_key.insert(key.clone(), (n, stats));
-        self.order.push_back((key, n));
+        if self.by_key.insert(key.clone(), stats).is_none() {
+            self.order.push_back(key);
+        }
         while self.by_key.len() > RETIRED_ROUTES {
-            let Some((old, at)) = self.order.pop_front() else {
+            let Some(oldest) = self.order.pop_front() else {
                 break;
             };
-            if self.by_key.get(&old).is_some_and(|(m, _)| *m == at) {
-                self.by_key.remove(&old);
-            }
-        }
-        // Stale entries (routes back since) go as the live ones do.
-        if self.order.len() > 2 * RETIRED_ROUTES {
-            let live = &self.by_key;
-            self.order
-                .retain(|(k, at)| live.get(k).is_some_and(|(m, _)| m == at));
+            self.by_key.remove(&oldest);
         }
     }
 
@@ -132,7 +121,8 @@ impl Retired {
     /// there are none, or they were another ingress's (dropped).
     fn revive(&mut self, prefix: &str, app: &str, ingress: &str) -> Option<Arc<HttpStats>> {
         let key = (prefix.to_owned(), app.to_owned());
-        let (_, stats) = self.by_key.remove(&key)?;
+        let stats = self.by_key.remove(&key)?;
+        self.order.retain(|k| *k != key);
         (stats.deployment == ingress).then_some(stats)
     }
 }
@@ -187,7 +177,7 @@ impl RouteFollower {
     pub(crate) fn all_stats(&self) -> Vec<Arc<HttpStats>> {
         let retired = self.retired.lock().unwrap_or_else(PoisonError::into_inner);
         let mut all = self.current().stats();
-        all.extend(retired.by_key.values().map(|(_, s)| s.clone()));
+        all.extend(retired.by_key.values().cloned());
         all
     }
 

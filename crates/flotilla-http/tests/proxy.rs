@@ -236,13 +236,7 @@ async fn no_replica_is_503_at_once_when_none_can_come_and_back_pressure_is_503()
         .unwrap()
         .route();
     // The queued request reaches the handle's queue on the server's side
-    // (the route has no queue notification: look again after each yield).
-    within("the second request queues", async {
-        while route.queued() == 0 {
-            tokio::task::yield_now().await;
-        }
-    })
-    .await;
+    queues(&route, 1, || false).await;
     let r = get(&c, &f.url("/tight/x")).await;
     assert_eq!(r.status, 503);
     assert_eq!(
@@ -287,12 +281,7 @@ async fn a_request_waiting_for_a_replica_as_its_application_goes_is_a_503_at_onc
         async move { get(&c, &u).await }
     });
     let route = f.serve.deployment_handle("q", "ingress").unwrap().route();
-    within("the second request queues", async {
-        while route.queued() == 0 {
-            tokio::task::yield_now().await;
-        }
-    })
-    .await;
+    queues(&route, 1, || false).await;
     f.serve.delete_apps(["q"], false).await.unwrap();
     let q = within("the waiting request's answer", queued)
         .await
@@ -349,12 +338,7 @@ async fn a_request_waiting_behind_the_old_replica_of_a_failed_update_is_served()
         let (c, u) = (c.clone(), f.url("/roll/x"));
         async move { get(&c, &u).await }
     });
-    within("the request queues behind the old replica", async {
-        while route.queued() == 0 && !queued.is_finished() {
-            tokio::task::yield_now().await;
-        }
-    })
-    .await;
+    queues(&route, 1, || queued.is_finished()).await;
     hang.abort();
     f.probe.wait_dropped(1).await;
     let r = within("the queued request's answer", queued).await.unwrap();
@@ -402,12 +386,7 @@ async fn only_the_ingress_failing_gives_up_a_waiting_request_and_a_running_one_i
         .deployment_handle("pair", "ingress")
         .unwrap()
         .route();
-    within("both requests queue", async {
-        while route.queued() < 2 && !waiting.is_finished() && !hanging.is_finished() {
-            tokio::task::yield_now().await;
-        }
-    })
-    .await;
+    queues(&route, 2, || waiting.is_finished() || hanging.is_finished()).await;
     let started = f.probe.started.notified();
     f.probe.constructor_gate.add_permits(1);
     let r = waiting.await.unwrap();
@@ -478,9 +457,7 @@ async fn a_request_waits_for_an_ingress_that_failed_mid_roll_after_its_replica_r
         .deployment_handle("roll", "ingress")
         .unwrap()
         .route();
-    while route.queued() < 1 && !waiting.is_finished() {
-        tokio::task::yield_now().await;
-    }
+    queues(&route, 1, || waiting.is_finished()).await;
     assert!(!waiting.is_finished(), "answered at once");
     // The replacement's constructor may finish: it serves the request.
     f.probe.constructor_gate.add_permits(1);
@@ -627,6 +604,18 @@ async fn a_body_that_stops_arriving_is_cut_after_the_keep_alive_timeout() {
 /// a watchdog over a step that waits on an event, so that a lost event fails
 /// the test and says where instead of holding the run (one such hang was seen
 /// in ~90 runs, and not again).
+/// Wait (at most 30 s) until `route` holds `n` callers in its queue, or
+/// `answered` holds (a request answered without waiting). The route has no
+/// queue notification: it looks again after each yield.
+async fn queues(route: &flotilla::DeploymentRoute, n: usize, answered: impl Fn() -> bool) {
+    within("requests to queue", async {
+        while route.queued() < n && !answered() {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+}
+
 async fn within<T>(what: &str, step: impl std::future::Future<Output = T>) -> T {
     match tokio::time::timeout(Duration::from_secs(30), step).await {
         Ok(out) => out,

@@ -102,21 +102,21 @@ impl HeadLink {
     /// A failed dial, counted, while apart; the failures since the last
     /// session (0 in session: nothing counted).
     pub(super) fn dial_failed(&mut self) -> u32 {
-        match self {
-            HeadLink::Apart(a) | HeadLink::Dialing(a) => {
-                a.failed_dials = a.failed_dials.saturating_add(1);
-                a.failed_dials
-            }
-            HeadLink::Joined(_) => 0,
-        }
+        self.count(|a| &mut a.failed_dials)
     }
 
     /// A refused handshake, counted; the refusals since the last session.
     pub(super) fn refused(&mut self) -> u32 {
+        self.count(|a| &mut a.refusals)
+    }
+
+    /// One more of the tries `which` picks, while apart; how many now.
+    fn count(&mut self, which: fn(&mut Attempts) -> &mut u32) -> u32 {
         match self {
             HeadLink::Apart(a) | HeadLink::Dialing(a) => {
-                a.refusals = a.refusals.saturating_add(1);
-                a.refusals
+                let n = which(a);
+                *n = n.saturating_add(1);
+                *n
             }
             HeadLink::Joined(_) => 0,
         }

@@ -673,14 +673,23 @@ impl Serve {
         &self,
         path: impl AsRef<std::path::Path>,
     ) -> Result<(), ServeError> {
-        // Reading and parsing take a few milliseconds per MiB: off the
-        // runtime's workers, which the actors and the proxy share.
+        use tokio::runtime::{Handle, RuntimeFlavor};
         let path = path.as_ref().to_owned();
-        let parsed = tokio::task::spawn_blocking(move || -> Result<ServeConfig, ServeError> {
+        let parse = move || -> Result<ServeConfig, ServeError> {
             let text = read_config_file(&path)?;
             Ok(ServeConfig::from_yaml(&text)?)
-        })
-        .await;
+        };
+        // Reading and parsing take a few milliseconds per MiB: off the
+        // runtime's workers, which the actors and the proxy share. A
+        // current-thread runtime has no other worker to free, and parsing
+        // inline keeps a paused-time run (the simulator) a pure function of
+        // its seed, as the Controller's checkpoint commits do: a blocking
+        // thread finishes at a wall-clock moment, and the paused clock may
+        // advance between its end and this task's wake.
+        if Handle::current().runtime_flavor() == RuntimeFlavor::CurrentThread {
+            return self.apply_config(parse()?).await;
+        }
+        let parsed = tokio::task::spawn_blocking(parse).await;
         let config = match parsed {
             Ok(config) => config?,
             Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),

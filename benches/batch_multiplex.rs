@@ -137,6 +137,7 @@ impl Device {
 impl Deployment for Device {
     type Request = u64;
     type Response = u64;
+    const BATCHED: bool = true;
     async fn handle(&self, x: u64) -> Result<u64, UserError> {
         self.work().await;
         Ok(x)

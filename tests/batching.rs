@@ -54,6 +54,7 @@ struct Batched(Arc<Log>);
 impl Deployment for Batched {
     type Request = u32;
     type Response = u32;
+    const BATCHED: bool = true;
 
     async fn handle(&self, x: u32) -> Result<u32, UserError> {
         self.0.singles.lock().unwrap().push(x);
@@ -456,4 +457,185 @@ async fn a_stopping_replica_sends_its_forming_batch_without_waiting_out_its_time
         c.await.unwrap().unwrap();
     }
     assert_eq!(log.batches(), [vec![1, 2]]);
+}
+
+/// Code without `BATCHED`: it serves one request at a time, and fails those
+/// naming a caller's secret.
+struct Plain(Arc<Log>);
+
+impl Deployment for Plain {
+    type Request = u32;
+    type Response = u32;
+
+    async fn handle(&self, x: u32) -> Result<u32, UserError> {
+        self.0.singles.lock().unwrap().push(x);
+        if x == FAIL {
+            return Err(UserError::new("the secret of caller 999"));
+        }
+        Ok(x + 1000)
+    }
+}
+
+/// Builds an application of one `Plain` deployment, "plain".
+async fn build_plain(_args: flotilla::Args) -> Result<ApplicationSpec, UserError> {
+    ApplicationSpec::builder("ignored")
+        .deployment(DeploymentSpec::builder("plain", "batch::Plain"))
+        .build()
+        .map_err(|e| UserError::new(e.to_string()))
+}
+
+async fn start_plain() -> (tempfile::TempDir, Arc<Log>, Serve) {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Arc::new(Log::default());
+    let l = log.clone();
+    let registry = Registry::new()
+        .register("batch::Plain", move |_ctx| {
+            let l = l.clone();
+            async move { Ok(Plain(l)) }
+        })
+        .unwrap()
+        .register_app("batch::plain_app", build_plain)
+        .unwrap();
+    let serve = support::start_with(&dir, registry).await;
+    (dir, log, serve)
+}
+
+fn plain_app(batching: Option<BatchConfig>) -> ApplicationSpec {
+    ApplicationSpec::builder("p")
+        .deployment(
+            DeploymentSpec::builder("plain", "batch::Plain")
+                .with_config(|c| c.with_batching(batching)),
+        )
+        .build()
+        .unwrap()
+}
+
+/// As Ray refused `max_batch_size` on a method not marked
+/// `@serve.accept_batch`: batching code that does not accept batches would
+/// hand each batch to the default `handle_batch`, where one caller's error
+/// fails every request of its batch and its text reaches their callers.
+#[tokio::test(start_paused = true)]
+async fn batching_code_that_does_not_accept_batches_is_refused_and_changes_nothing() {
+    let (_dir, log, serve) = start_plain().await;
+    let batching = Some(BatchConfig::new(4, Duration::from_millis(50)));
+    let e = serve.run(plain_app(batching)).await.unwrap_err();
+    assert!(
+        matches!(&e, flotilla::ServeError::NotBatched { app, deployment, import_path }
+            if app == "p" && deployment == "plain" && import_path == "batch::Plain"),
+        "{e}"
+    );
+    assert!(e.to_string().contains("BATCHED"), "{e}");
+    assert!(
+        serve.status().is_empty(),
+        "a refused deploy leaves no trace"
+    );
+
+    // Running unbatched, a change that turns batching on is refused too: the
+    // application stays at its generation, serving one request at a time.
+    let h = serve.run(plain_app(None)).await.unwrap();
+    let generation = serve.app_status("p").observed_generation;
+    let e = serve.run(plain_app(batching)).await.unwrap_err();
+    assert!(matches!(e, flotilla::ServeError::NotBatched { .. }), "{e}");
+    assert_eq!(serve.app_status("p").observed_generation, generation);
+    let calls: Vec<_> = [1, FAIL, 2].into_iter().map(|x| call(&h, x)).collect();
+    let mut out = Vec::new();
+    for c in calls {
+        out.push(c.await.unwrap());
+    }
+    assert_eq!(out[0], Ok(1001));
+    assert!(matches!(&out[1], Err(CallError::User(m)) if m.contains("999")));
+    assert_eq!(out[2], Ok(1002), "a caller never sees another's error");
+    assert_eq!(log.singles.lock().unwrap().len(), 3);
+}
+
+/// A config that adds batching settings to a deployment whose code does not
+/// accept batches: its application ends DEPLOY_FAILED saying why, and what
+/// ran keeps running unbatched.
+#[tokio::test(start_paused = true)]
+async fn a_config_that_batches_code_that_does_not_accept_batches_fails_that_application() {
+    let (_dir, _log, serve) = start_plain().await;
+    let yaml = |extra: &str| {
+        flotilla::ServeConfig::from_yaml(&format!(
+            "applications:\n- name: p\n  import_path: batch::plain_app\n  route_prefix: null\n  \
+             deployments:\n  - name: plain\n{extra}"
+        ))
+        .unwrap()
+    };
+    serve
+        .apply_config(yaml("    num_replicas: 1\n"))
+        .await
+        .unwrap();
+    support::wait_status(&serve, "p", flotilla::ApplicationStatus::Running).await;
+    let h = serve.app_handle("p").unwrap();
+    serve
+        .apply_config(yaml("    num_replicas: 1\n    max_batch_size: 4\n"))
+        .await
+        .unwrap();
+    support::wait_status(&serve, "p", flotilla::ApplicationStatus::DeployFailed).await;
+    let s = serve.app_status("p");
+    // The build's refusal (the deployment keeps its old target), not the
+    // deployment's own check of what it runs (below).
+    assert!(
+        s.message.contains("does not accept batches")
+            && s.message.contains("remove the batching settings"),
+        "{}",
+        s.message
+    );
+    assert_eq!(h.call::<u32, u32>(&5).await, Ok(1005));
+}
+
+/// A checkpoint recovered by a program whose code under the same path no
+/// longer accepts batches (DESIGN.md, "Bad input": recovered records naming
+/// code that is not there end DEPLOY_FAILED naming it): the deployment says
+/// so, and its replicas serve their requests one by one, never through the
+/// default `handle_batch`.
+#[tokio::test(start_paused = true)]
+async fn a_recovered_batching_deployment_whose_code_no_longer_batches_serves_one_by_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Arc::new(Log::default());
+    let code = |batched: bool| {
+        let l = log.clone();
+        let registry = Registry::new();
+        if batched {
+            registry.register("batch::Code", move |_ctx| {
+                let l = l.clone();
+                async move { Ok(Batched(l)) }
+            })
+        } else {
+            registry.register("batch::Code", move |_ctx| {
+                let l = l.clone();
+                async move { Ok(Plain(l)) }
+            })
+        }
+        .unwrap()
+    };
+    let spec = ApplicationSpec::builder("r")
+        .deployment(
+            DeploymentSpec::builder("code", "batch::Code")
+                .with_config(|c| c.with_batching(BatchConfig::new(4, Duration::from_millis(50)))),
+        )
+        .build()
+        .unwrap();
+    let serve = support::start_with(&dir, code(true)).await;
+    serve.run(spec).await.unwrap();
+    serve.shutdown().await.unwrap();
+    drop(serve);
+
+    let serve = support::start_with(&dir, code(false)).await;
+    let s = support::wait_status(&serve, "r", flotilla::ApplicationStatus::DeployFailed).await;
+    assert!(
+        s.message.contains("does not accept batches") && s.message.contains("one by one"),
+        "{}",
+        s.message
+    );
+    let h = serve.app_handle("r").unwrap();
+    let calls: Vec<_> = [1, FAIL, 2].into_iter().map(|x| call(&h, x)).collect();
+    let mut out = Vec::new();
+    for c in calls {
+        out.push(c.await.unwrap());
+    }
+    assert_eq!(out[0], Ok(1001));
+    assert!(matches!(&out[1], Err(CallError::User(m)) if m.contains("999")));
+    assert_eq!(out[2], Ok(1002), "a caller never sees another's error");
+    assert!(log.batches().is_empty());
 }

@@ -62,6 +62,7 @@ impl MultiplexedDeployment for Models {
     /// (replica, "model <id>: <request>")
     type Response = (u64, String);
     type Model = String;
+    const BATCHED: bool = true;
 
     async fn load_model(&self, model_id: &str) -> Result<String, UserError> {
         self.log

@@ -39,6 +39,8 @@ struct Echo;
 impl Deployment for Echo {
     type Request = Marked;
     type Response = Marked;
+    // Batched through the default handle_batch by a test.
+    const BATCHED: bool = true;
 
     async fn handle(&self, request: Marked) -> Result<Marked, UserError> {
         Ok(Marked {

@@ -324,6 +324,7 @@ impl Deployment for Batched {
     type Request = String;
     /// "<request> alone", or "<request> in a batch of <n>".
     type Response = String;
+    const BATCHED: bool = true;
 
     async fn handle(&self, request: String) -> Result<String, UserError> {
         Ok(format!("{request} alone"))

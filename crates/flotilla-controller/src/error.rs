@@ -37,6 +37,24 @@ pub enum ServeError {
         /// The import path nothing is registered under.
         import_path: String,
     },
+    /// A deployment's config batches its requests (`batching`:
+    /// `max_batch_size`...), but the code it names does not accept batches
+    /// (`Deployment::BATCHED` is false): its default `handle_batch` would let
+    /// one request's error fail, and reach, every caller of its batch.
+    #[error(
+        "application '{app}', deployment '{deployment}': its config batches requests \
+         (max_batch_size, batch_wait_timeout_s), but the code under import path \
+         '{import_path}' does not accept batches: set `const BATCHED: bool = true` beside \
+         its handle_batch (Ray's @serve.batch), or remove the batching settings"
+    )]
+    NotBatched {
+        /// The application.
+        app: String,
+        /// The deployment.
+        deployment: String,
+        /// The import path of its code.
+        import_path: String,
+    },
     /// A config or spec names, in `field`, an autoscaling policy or a request
     /// router that the `Registry` does not have.
     #[error(

@@ -61,8 +61,9 @@ pub(crate) const ROUTER_NOT_REGISTERED: &str = "register the router with \
     (ray.serve._private.request_router:PowerOfTwoChoicesRequestRouter) for the built-in one";
 
 /// One application on its own: a valid spec whose every deployment names
-/// registered code, and whose autoscaling policies and request routers are
-/// registered (or Ray's defaults, the built-in ones).
+/// registered code (code that accepts batches where its config batches), and
+/// whose autoscaling policies and request routers are registered (or Ray's
+/// defaults, the built-in ones).
 pub(crate) fn validate_app(app: &ApplicationSpec, registry: &Registry) -> Result<(), ServeError> {
     app.validate()?;
     for d in &app.deployments {
@@ -77,6 +78,13 @@ pub(crate) fn validate_app(app: &ApplicationSpec, registry: &Registry) -> Result
             return Err(ServeError::NotRegistered {
                 app: app.name.to_string(),
                 deployment: Some(d.name.to_string()),
+                import_path: d.import_path.to_string(),
+            });
+        }
+        if d.config.batching.is_some() && !registry.accepts_batches(d.import_path.as_str()) {
+            return Err(ServeError::NotBatched {
+                app: app.name.to_string(),
+                deployment: d.name.to_string(),
                 import_path: d.import_path.to_string(),
             });
         }

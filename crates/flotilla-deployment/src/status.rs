@@ -79,11 +79,13 @@ impl DeploymentState {
     }
 
     /// Look up the code the target names beside its replicas' (its request
-    /// router class and autoscaling policy). Missing (a checkpoint recovered
-    /// by a program that no longer registers it): DEPLOY_FAILED naming it, as
-    /// an unregistered import path ends (DESIGN.md, "Bad input"), kept until
-    /// a target whose code is registered. The deployment goes on serving
-    /// meanwhile, with the built-in router and its replica target held.
+    /// router class and autoscaling policy), and whether its replicas' code
+    /// accepts the batches its config asks for. Missing (a checkpoint
+    /// recovered by a program that no longer registers it, or no longer
+    /// batches): DEPLOY_FAILED naming it, as an unregistered import path ends
+    /// (DESIGN.md, "Bad input"), kept until a target whose code is
+    /// registered. The deployment goes on serving meanwhile, with the
+    /// built-in router, its replica target held, or its requests one by one.
     pub(crate) fn check_code(&mut self) {
         let registry = &self.args.registry;
         let config = &self.args.target.spec.config;
@@ -93,7 +95,17 @@ impl DeploymentState {
             flotilla_core::ReplicaCount::Fixed(_) => None,
         };
         let name = self.name();
-        self.missing_code = if !registry.contains_request_router(class) {
+        let code = self.args.target.spec.import_path.as_str();
+        self.missing_code = if config.batching.is_some()
+            && registry.contains(code)
+            && !registry.accepts_batches(code)
+        {
+            Some(format!(
+                "The deployment '{name}' batches requests (max_batch_size), but its code \
+                 under '{code}' does not accept batches (Deployment::BATCHED); serving its \
+                 requests one by one"
+            ))
+        } else if !registry.contains_request_router(class) {
             Some(format!(
                 "The deployment '{name}' names request_router_config.request_router_class \
                  '{class}', which is not registered; routing with the built-in router"

@@ -33,6 +33,8 @@ struct Echo;
 impl Deployment for Echo {
     type Request = String;
     type Response = String;
+    // Batched through the default handle_batch by a test.
+    const BATCHED: bool = true;
     async fn handle(&self, r: String) -> Result<String, UserError> {
         Ok(r)
     }

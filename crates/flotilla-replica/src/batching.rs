@@ -430,6 +430,7 @@ mod tests {
     impl Deployment for Arc<Recorder> {
         type Request = u32;
         type Response = u32;
+        const BATCHED: bool = true;
         async fn handle(&self, x: u32) -> Result<u32, UserError> {
             Ok(x)
         }
@@ -685,6 +686,7 @@ mod tests {
     impl Deployment for Hasty {
         type Request = u32;
         type Response = u32;
+        const BATCHED: bool = true;
         async fn handle(&self, x: u32) -> Result<u32, UserError> {
             Ok(x)
         }

@@ -660,7 +660,7 @@ pub(crate) async fn run(
     call: Call,
 ) -> Result<Payload, CallError> {
     on_replica(slot, |ep| async move {
-        if let Some(route) = route.filter(|r| r.settings().batching_enabled()) {
+        if let Some(route) = route.filter(|r| batches(r, &ep)) {
             // Waits for its batch holding its slot: it counts as load.
             let bytes = encoded_request(call.payload)?;
             ep.batcher(route)
@@ -672,6 +672,14 @@ pub(crate) async fn run(
         }
     })
     .await
+}
+
+/// Whether `ep` serves its requests of `route` through its batcher: the
+/// route batches and the code accepts batches. Code that does not (a
+/// recovered record over a program that changed: deploys refuse it) serves
+/// them one by one; its deployment says so.
+fn batches(route: &DeploymentRoute, ep: &ReplicaEndpoint) -> bool {
+    route.settings().batching_enabled() && ep.user.batched()
 }
 
 /// The span a request's user code runs in, under its caller's: its
@@ -694,7 +702,7 @@ pub(crate) async fn run_stream(
     items: ItemSender,
 ) -> Result<(), CallError> {
     on_replica(slot, |ep| async move {
-        if let Some(route) = route.filter(|r| r.settings().batching_enabled()) {
+        if let Some(route) = route.filter(|r| batches(r, &ep)) {
             // Batched deployments answer a stream with their one batch response.
             let bytes = encoded_request(call.payload)?;
             let item = ep.batcher(route).submit(bytes, call.model_id).await?;

@@ -125,6 +125,11 @@ pub trait MultiplexedDeployment: Send + Sync + 'static {
     /// One loaded model, shared by the requests that use it.
     type Model: Send + Sync + 'static;
 
+    /// Whether [`handle_batch`](Self::handle_batch) is written for batches:
+    /// only such code may be deployed with `batching` in its config (see
+    /// [`Deployment::BATCHED`](crate::Deployment::BATCHED)).
+    const BATCHED: bool = false;
+
     /// Load the model `model_id` (Ray's decorated loader). Runs in a task of
     /// its own, one load at a time per replica; its result serves every
     /// request that waited for it. An error or a panic (before or after it
@@ -164,9 +169,10 @@ pub trait MultiplexedDeployment: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Self::Response, UserError>> + Send;
 
     /// Serve a batch of requests for one model (when the config has
-    /// `batching`): one response per request, in order. Default: every request
-    /// through [`handle`](Self::handle), concurrently; the first error fails
-    /// the batch.
+    /// `batching`, which needs [`BATCHED`](Self::BATCHED)): one response per
+    /// request, in order. Default (reached only by code that sets `BATCHED`
+    /// without writing this): every request through [`handle`](Self::handle),
+    /// concurrently; the first error fails the batch.
     fn handle_batch(
         &self,
         model: &Self::Model,
@@ -236,6 +242,10 @@ impl<M: MultiplexedDeployment> ErasedMultiplexed<M> {
 }
 
 impl<M: MultiplexedDeployment> ErasedDeployment for ErasedMultiplexed<M> {
+    fn batched(&self) -> bool {
+        M::BATCHED
+    }
+
     fn handle(&self, call: Call) -> BoxFuture<'_, Result<Payload, CallError>> {
         Box::pin(async move {
             let model = self.model(call.model_id.as_ref()).await?;

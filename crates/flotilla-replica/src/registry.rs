@@ -69,6 +69,14 @@ type Constructor = Arc<
 pub type RequestRouterFactory =
     Arc<dyn Fn(&Args) -> Result<Arc<dyn RequestRouter>, UserError> + Send + Sync>;
 
+/// A deployment's registered code: its constructor, and whether it accepts
+/// batches ([`Deployment::BATCHED`]).
+#[derive(Clone)]
+struct Code {
+    construct: Constructor,
+    batched: bool,
+}
+
 type AppBuilder =
     Arc<dyn Fn(Args) -> BoxFuture<'static, Result<ApplicationSpec, UserError>> + Send + Sync>;
 
@@ -89,7 +97,7 @@ type AppBuilder =
 /// ```
 #[derive(Clone, Default)]
 pub struct Registry {
-    constructors: Arc<HashMap<ImportPath, Constructor>>,
+    constructors: Arc<HashMap<ImportPath, Code>>,
     builders: Arc<HashMap<ImportPath, AppBuilder>>,
     policies: Arc<HashMap<ImportPath, AutoscalingPolicyFn>>,
     routers: Arc<HashMap<ImportPath, RequestRouterFactory>>,
@@ -133,7 +141,11 @@ impl Registry {
                 Ok(Arc::new(Erased(d)) as Arc<dyn ErasedDeployment>)
             })
         });
-        Arc::make_mut(&mut self.constructors).insert(path, ctor);
+        let code = Code {
+            construct: ctor,
+            batched: D::BATCHED,
+        };
+        Arc::make_mut(&mut self.constructors).insert(path, code);
         Ok(self)
     }
 
@@ -170,13 +182,25 @@ impl Registry {
                     as Arc<dyn ErasedDeployment>)
             })
         });
-        Arc::make_mut(&mut self.constructors).insert(path, ctor);
+        let code = Code {
+            construct: ctor,
+            batched: M::BATCHED,
+        };
+        Arc::make_mut(&mut self.constructors).insert(path, code);
         Ok(self)
     }
 
     /// Whether `path` is registered.
     pub fn contains(&self, path: &str) -> bool {
         self.constructors.contains_key(path)
+    }
+
+    /// Whether the code registered under `path` accepts batches
+    /// ([`Deployment::BATCHED`], [`MultiplexedDeployment::BATCHED`]): what a
+    /// deployment with `batching` in its config must run. `false` for a path
+    /// nothing is registered under.
+    pub fn accepts_batches(&self, path: &str) -> bool {
+        self.constructors.get(path).is_some_and(|c| c.batched)
     }
 
     /// Register a request router under `path`, the import path a deployment's
@@ -403,7 +427,7 @@ impl Registry {
             // The closure itself may panic before returning its future: call it
             // inside the (guarded) future so that panic is caught too.
             Some(c) => {
-                let c = c.clone();
+                let c = c.construct.clone();
                 Box::pin(async move { c(ctx).await })
             }
             None => {

@@ -323,6 +323,11 @@ impl ErasedDeployment for Elsewhere {
         ))))
     }
 
+    fn batched(&self) -> bool {
+        // Its process decides, by its own code.
+        false
+    }
+
     fn handle_batch(
         &self,
         _model_id: Option<Arc<str>>,

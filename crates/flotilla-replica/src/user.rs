@@ -60,11 +60,14 @@ impl From<&str> for UserError {
 ///
 /// # Batching
 ///
-/// A deployment whose config has [`batching`](flotilla_core::DeploymentConfig::batching)
-/// (Ray's `@serve.batch`) serves its calls through
-/// [`handle_batch`](Self::handle_batch): each replica gathers the requests that
-/// reach it into batches (see [`BatchConfig`](flotilla_core::BatchConfig)) and
-/// hands each batch over in one call.
+/// Code that sets [`BATCHED`](Self::BATCHED) and writes
+/// [`handle_batch`](Self::handle_batch) (Ray's `@serve.batch`) can be deployed
+/// with [`batching`](flotilla_core::DeploymentConfig::batching) in its config:
+/// each replica then gathers the requests that reach it into batches (see
+/// [`BatchConfig`](flotilla_core::BatchConfig)) and hands each batch over in
+/// one call. A deployment whose config batches code that does not set
+/// `BATCHED` is refused (`ServeError::NotBatched`), as Ray refused
+/// `max_batch_size` on a method not marked `@serve.accept_batch`.
 ///
 /// ```
 /// use std::time::Duration;
@@ -74,6 +77,7 @@ impl From<&str> for UserError {
 /// impl Deployment for Doubler {
 ///     type Request = u32;
 ///     type Response = u32;
+///     const BATCHED: bool = true;
 ///     async fn handle(&self, x: u32) -> Result<u32, UserError> {
 ///         Ok(2 * x)
 ///     }
@@ -96,6 +100,17 @@ pub trait Deployment: Send + Sync + 'static {
     /// What callers get back.
     type Response: Serialize + Send + 'static;
 
+    /// Whether [`handle_batch`](Self::handle_batch) is written for batches
+    /// (Ray's `@serve.batch` on the method): only such code may be deployed
+    /// with `batching` in its config. Batching other code would hand each
+    /// batch to the default `handle_batch`, where one request's error fails
+    /// every request of its batch (and its text reaches their callers), and
+    /// streams are answered with one item; so a deploy, config or in-place
+    /// change that asks for it is refused (`ServeError::NotBatched`), and a
+    /// recovered record that does (the program changed) serves its requests
+    /// one by one, its deployment DEPLOY_FAILED saying so.
+    const BATCHED: bool = false;
+
     /// Serve one request.
     fn handle(
         &self,
@@ -104,7 +119,8 @@ pub trait Deployment: Send + Sync + 'static {
 
     /// Serve a batch of requests at once: one response per request, in the
     /// requests' order (the callers' arrival order). Called instead of
-    /// [`handle`](Self::handle) when the deployment's config has `batching`.
+    /// [`handle`](Self::handle) when the deployment's config has `batching`
+    /// (which needs [`BATCHED`](Self::BATCHED)).
     ///
     /// An error (or a panic) fails every request of the batch with it; a
     /// response list of another length fails them all with
@@ -118,7 +134,8 @@ pub trait Deployment: Send + Sync + 'static {
     /// the future (an abort guard it holds), or it goes on outside those
     /// limits. Ray's batch runs on to its end.
     ///
-    /// Default: every request through [`handle`](Self::handle), concurrently;
+    /// Default (reached only by code that sets `BATCHED` without writing
+    /// this): every request through [`handle`](Self::handle), concurrently;
     /// the first error fails the batch.
     fn handle_batch(
         &self,
@@ -227,6 +244,10 @@ pub(crate) enum BatchError {
 /// Panics in user code are caught and turned into errors here.
 pub(crate) trait ErasedDeployment: Send + Sync + 'static {
     fn handle(&self, call: Call) -> BoxFuture<'_, Result<Payload, CallError>>;
+    /// Whether the code accepts batches ([`Deployment::BATCHED`]): without
+    /// it a replica serves every request through `handle`, whatever its
+    /// route's batching says.
+    fn batched(&self) -> bool;
     /// Serve a batch of requests, all with the same model id.
     fn handle_batch(
         &self,
@@ -413,6 +434,10 @@ pub(crate) struct Erased<D>(pub D);
 impl<D: Deployment> ErasedDeployment for Erased<D> {
     fn handle(&self, call: Call) -> BoxFuture<'_, Result<Payload, CallError>> {
         Box::pin(async move { serve_one(call.payload, |req| self.0.handle(req)).await })
+    }
+
+    fn batched(&self) -> bool {
+        D::BATCHED
     }
 
     fn handle_batch(

@@ -20,6 +20,8 @@ struct Double;
 impl Deployment for Double {
     type Request = u32;
     type Response = u32;
+    // Batched through the default handle_batch by a test.
+    const BATCHED: bool = true;
 
     async fn handle(&self, x: u32) -> Result<u32, UserError> {
         Ok(2 * x)

@@ -401,7 +401,10 @@ impl Proxy {
                 );
             }
         };
-        let handle = match model_id_header(&parts.headers).map(|v| v.to_str()) {
+        // UTF-8, as Ray's proxy decodes it (`value.decode()`): the ids a
+        // handle takes, not only visible ASCII.
+        let model_id = model_id_header(&parts.headers).map(|v| std::str::from_utf8(v.as_bytes()));
+        let handle = match model_id {
             None => handle,
             Some(Ok("")) => handle,
             Some(Ok(id)) => match handle.with_model_id(id) {
@@ -412,9 +415,8 @@ impl Proxy {
                 }
             },
             Some(Err(_)) => {
-                let body = format!(
-                    "Invalid {MULTIPLEXED_MODEL_ID_HEADER} header: it is not visible ASCII text."
-                );
+                let body =
+                    format!("Invalid {MULTIPLEXED_MODEL_ID_HEADER} header: it is not UTF-8 text.");
                 return text(400, body, &request_id, Some(done));
             }
         };

@@ -1364,6 +1364,25 @@ async fn the_serve_multiplexed_model_id_header_is_the_calls_model_id() {
         replicas[0]["multiplexed_model_ids"],
         serde_json::json!(["m1", "m2"])
     );
+    // UTF-8 text, as Ray's proxy decodes it and as a handle takes it.
+    let r = send(
+        &c,
+        "GET",
+        &f.url("/mx/x"),
+        &[("serve_multiplexed_model_id", "modèle-ü")],
+        "",
+    )
+    .await;
+    assert_eq!((r.status, r.body.as_str()), (200, "model modèle-ü: /x"));
+    // Bytes that are not UTF-8: 400.
+    let r = raw(
+        f.proxy,
+        b"GET /mx/x HTTP/1.1\r\nHost: x\r\nconnection: close\r\n\
+          serve_multiplexed_model_id: m\xff\r\n\r\n",
+    )
+    .await;
+    assert!(r.starts_with("HTTP/1.1 400"), "{r}");
+    assert!(r.contains("it is not UTF-8 text"), "{r}");
     f.stop().await;
 }
 

@@ -90,13 +90,13 @@ pub use flotilla_core::{
 };
 pub use flotilla_deployment::{DeploymentSnapshot, DeploymentTarget, ReplicaInfo, StateCount};
 pub use flotilla_replica::{
-    Assigned, AutoscalingPolicyFn, CallError, CallStream, Deployment, DeploymentHandle,
-    DeploymentRoute, ErrorKind, HistogramSnapshot, InitContext, LATENCY_BUCKETS_MS,
-    LatencyHistogram, MAX_MODEL_ID_LEN, ModelIdError, ModelIds, MultiplexedDeployment,
-    MultiplexedRouter, PolicyContext, PowerOfTwoChoicesRouter, Registry, ReplicaEndpoint,
-    ReplicaId, ReplicaSet, ReplicaStats, RequestRouter, RequestRouterFactory, RouteStats,
-    RouterError, RoutingRequest, UserError, default_router, power_of_two_choices,
-    validate_model_id,
+    Assigned, AutoscalingPolicyFn, BATCH_SIZE_BUCKETS, BATCH_UTILIZATION_BUCKETS_PERCENT,
+    BatchStats, CallError, CallStream, Deployment, DeploymentHandle, DeploymentRoute, ErrorKind,
+    Histogram, HistogramSnapshot, InitContext, LATENCY_BUCKETS_MS, LatencyHistogram,
+    MAX_MODEL_ID_LEN, ModelIdError, ModelIds, ModelStats, MultiplexedDeployment, MultiplexedRouter,
+    PolicyContext, PowerOfTwoChoicesRouter, Registry, ReplicaEndpoint, ReplicaId, ReplicaSet,
+    ReplicaStats, RequestRouter, RequestRouterFactory, RouteStats, RouterError, RoutingRequest,
+    UserError, default_router, power_of_two_choices, validate_model_id,
 };
 pub use flotilla_supervision::{Escalation, RestartPolicy};
 pub use logging::{ACCESS_TARGET, AppLogLayer, is_access_log};

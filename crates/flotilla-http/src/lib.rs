@@ -125,7 +125,21 @@
 //! label), `ray_serve_deployment_replica_healthy`, `ray_serve_num_router_requests_total`,
 //! `ray_serve_deployment_queued_queries`, `ray_serve_num_ongoing_requests_at_replicas`,
 //! `ray_serve_deployment_status`, `ray_serve_application_status`,
-//! `ray_serve_autoscaling_target_replicas`; and Flotilla's own:
+//! `ray_serve_autoscaling_target_replicas`; batching, per replica with
+//! `function_name="handle_batch"`: `ray_serve_batch_wait_time_ms`,
+//! `ray_serve_batch_execution_time_ms`, `ray_serve_batch_utilization_percent`,
+//! `ray_serve_actual_batch_size` (histograms), `ray_serve_batch_queue_length`,
+//! `ray_serve_batches_processed_total`; multiplexing, per replica:
+//! `ray_serve_num_multiplexed_models`,
+//! `ray_serve_registered_multiplexed_model_id{model_id}` (1 per loaded
+//! model), `ray_serve_multiplexed_models_load_counter_total`,
+//! `ray_serve_multiplexed_models_unload_counter_total`,
+//! `ray_serve_multiplexed_get_model_requests_counter_total` (one per batch
+//! part with batching: the model is fetched once for it),
+//! `ray_serve_multiplexed_model_load_latency_ms` and `..._unload_latency_ms`.
+//! A replica in another process batches and loads there: only its loaded
+//! model ids are exported (from its reports), not its batch or load figures;
+//! and Flotilla's own:
 //! `flotilla_checkpoint_commits_total`, `flotilla_checkpoint_keys_written_total`,
 //! `flotilla_checkpoint_bytes_written_total`, `flotilla_restarts_total{level}`
 //! (`controller`, `application`), `flotilla_replicas{state}`,

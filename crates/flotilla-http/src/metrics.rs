@@ -33,6 +33,10 @@ use prometheus_client::{
 
 use crate::connection_limit::ConnectionLimit;
 
+mod batches_and_models;
+
+use batches_and_models::{BatchFigures, ModelFigures};
+
 /// The content type of a scrape: Prometheus text 0.0.4, as Ray's exporter.
 pub const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
@@ -204,6 +208,10 @@ struct ReplicaFigures {
     cancelled: u64,
     ongoing: u32,
     latency: HistogramSnapshot,
+    /// Its batcher's figures (a batched replica of this process).
+    batch: Option<BatchFigures>,
+    /// Its models (a multiplexed replica).
+    models: Option<ModelFigures>,
 }
 
 /// One deployment's figures.
@@ -289,6 +297,8 @@ pub(crate) async fn scrape(
                     cancelled: s.cancelled(),
                     ongoing: r.in_flight(),
                     latency: s.latency().snapshot(),
+                    batch: BatchFigures::of(r),
+                    models: ModelFigures::of(r),
                 }
             })
             .collect();
@@ -386,7 +396,7 @@ impl Family<'_, '_> {
     fn histogram(&mut self, labels: &Labels, h: &HistogramSnapshot) -> Result<(), std::fmt::Error> {
         self.encoder
             .encode_family(labels)?
-            .encode_histogram::<NoLabelSet>(h.sum_ms, h.count, &h.pairs(), None)
+            .encode_histogram::<NoLabelSet>(h.sum, h.count, &h.pairs(), None)
     }
 }
 
@@ -583,6 +593,8 @@ impl Collector for Scrape {
                 f.gauge(&l, healthy)?;
             }
         }
+
+        batches_and_models::encode(&mut e, &self.deployments)?;
 
         // Routers (P/router.py), per deployment (shared by all its handles).
         let mut f = family(

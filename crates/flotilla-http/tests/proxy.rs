@@ -1386,6 +1386,119 @@ async fn the_serve_multiplexed_model_id_header_is_the_calls_model_id() {
     f.stop().await;
 }
 
+/// The value of the first sample of `name` whose labels include every one
+/// of `labels` (`key="value"` fragments).
+fn sample(body: &str, name: &str, labels: &[&str]) -> Option<f64> {
+    body.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")))
+        .find(|l| labels.iter().all(|want| l.contains(want)))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+/// Ray's batching and multiplexing series, per replica: batch sizes, waits,
+/// runs and queue, and the models loaded, with their loads and unloads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batching_and_multiplexing_have_rays_series() {
+    let f = start().await;
+    let batching = flotilla::BatchConfig::new(4, Duration::from_millis(50));
+    let app = ApplicationSpec::builder("mx")
+        .route_prefix("/mx")
+        .deployment(
+            support::quick(DeploymentSpec::builder("models", "t::Models")).with_config(|c| {
+                c.with_batching(batching)
+                    .with_max_num_models_per_replica(Some(1))
+            }),
+        )
+        .build()
+        .unwrap();
+    f.serve.run(app).await.unwrap();
+    let c = support::client();
+    let calls: Vec<_> = (0..4)
+        .map(|_| {
+            let (c, url) = (c.clone(), f.url("/mx/x"));
+            tokio::spawn(async move {
+                send(&c, "GET", &url, &[("serve_multiplexed_model_id", "m1")], "").await
+            })
+        })
+        .collect();
+    for call in calls {
+        assert_eq!(call.await.unwrap().status, 200);
+    }
+    // A second model takes the one place: m1 is unloaded.
+    let r = send(
+        &c,
+        "GET",
+        &f.url("/mx/x"),
+        &[("serve_multiplexed_model_id", "m2")],
+        "",
+    )
+    .await;
+    assert_eq!((r.status, r.body.as_str()), (200, "model m2: /x"));
+
+    let m = get(&c, &f.rest_url("/metrics")).await.body;
+    let of = |name: &str, labels: &[&str]| {
+        let mut all = vec![r#"application="mx""#, r#"deployment="models""#];
+        all.extend_from_slice(labels);
+        sample(&m, name, &all).unwrap_or_else(|| panic!("no {name} {all:?} in:\n{m}"))
+    };
+    let batch = [r#"function_name="handle_batch""#];
+    // Five requests, in at least two batches (one per model).
+    assert_eq!(of("ray_serve_actual_batch_size_sum", &batch), 5.0);
+    let batches = of("ray_serve_batches_processed_total", &batch);
+    assert!(batches >= 2.0, "{batches}");
+    assert_eq!(of("ray_serve_actual_batch_size_count", &batch), batches);
+    assert_eq!(
+        of("ray_serve_batch_execution_time_ms_count", &batch),
+        batches
+    );
+    assert_eq!(
+        of("ray_serve_batch_utilization_percent_count", &batch),
+        batches
+    );
+    assert!(of("ray_serve_batch_wait_time_ms_count", &batch) >= batches);
+    assert_eq!(of("ray_serve_batch_queue_length", &batch), 0.0);
+    // The models: m2 loaded, m1 loaded then unloaded for it.
+    assert_eq!(of("ray_serve_num_multiplexed_models", &[]), 1.0);
+    assert_eq!(
+        of(
+            "ray_serve_registered_multiplexed_model_id",
+            &[r#"model_id="m2""#]
+        ),
+        1.0
+    );
+    assert!(
+        sample(
+            &m,
+            "ray_serve_registered_multiplexed_model_id",
+            &[r#"model_id="m1""#]
+        )
+        .is_none()
+    );
+    assert_eq!(
+        of("ray_serve_multiplexed_models_load_counter_total", &[]),
+        2.0
+    );
+    assert_eq!(
+        of("ray_serve_multiplexed_models_unload_counter_total", &[]),
+        1.0
+    );
+    assert_eq!(
+        of("ray_serve_multiplexed_model_load_latency_ms_count", &[]),
+        2.0
+    );
+    assert_eq!(
+        of("ray_serve_multiplexed_model_unload_latency_ms_count", &[]),
+        1.0
+    );
+    assert!(
+        of(
+            "ray_serve_multiplexed_get_model_requests_counter_total",
+            &[]
+        ) >= batches
+    );
+    f.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_listener_at_max_connections_accepts_no_more_until_one_closes() {
     let f = start_with(

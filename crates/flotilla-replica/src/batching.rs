@@ -48,7 +48,7 @@ use tokio::{
 use tracing::Instrument;
 
 use crate::{
-    CallError, ReplicaId,
+    BatchStats, CallError, ReplicaId,
     settings::Settings,
     user::{BatchError, BatchFailure, ErasedDeployment},
 };
@@ -61,6 +61,25 @@ struct Entry {
     bytes: Vec<u8>,
     model_id: Option<Arc<str>>,
     reply: Reply,
+    /// Counts it in the batcher's queue length until it is handed over or
+    /// dropped.
+    _queued: Queued,
+}
+
+/// One request counted in [`BatchStats::queued`] while it lives.
+struct Queued(Arc<BatchStats>);
+
+impl Queued {
+    fn new(stats: &Arc<BatchStats>) -> Queued {
+        stats.queue();
+        Queued(stats.clone())
+    }
+}
+
+impl Drop for Queued {
+    fn drop(&mut self) {
+        self.0.dequeue();
+    }
 }
 
 impl Entry {
@@ -84,6 +103,7 @@ struct Shared {
     app: AppName,
     deployment: DeploymentName,
     replica: ReplicaId,
+    stats: Arc<BatchStats>,
     exec: Mutex<Exec>,
     closed: watch::Sender<bool>,
     /// The replica stopped taking requests (it drains): a batch goes as soon
@@ -135,6 +155,7 @@ impl Batcher {
             app,
             deployment,
             replica,
+            stats: Arc::new(BatchStats::default()),
             exec: Mutex::new(Exec::default()),
             closed: watch::Sender::new(false),
             draining: watch::Sender::new(false),
@@ -158,11 +179,17 @@ impl Batcher {
             bytes,
             model_id,
             reply,
+            _queued: Queued::new(&self.shared.stats),
         };
         if self.queue.send(entry).is_err() {
             return Err(self.shared.killed());
         }
         answer.await.unwrap_or_else(|_| Err(self.shared.killed()))
+    }
+
+    /// Its figures (`ray_serve_batch_*`).
+    pub(crate) fn stats(&self) -> &BatchStats {
+        &self.shared.stats
     }
 
     /// The replica drains: what forms goes at once, with what has come,
@@ -213,7 +240,8 @@ async fn form(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Entry>) {
         } else {
             config.batch_wait_timeout
         };
-        let deadline = Instant::now() + wait;
+        let started = Instant::now();
+        let deadline = started + wait;
         let mut batch = Vec::with_capacity(max.min(1024));
         batch.push(first);
         let sleep = tokio::time::sleep_until(deadline);
@@ -256,6 +284,7 @@ async fn form(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Entry>) {
             fail(&shared, batch);
             break;
         }
+        shared.stats.formed(started.elapsed());
         dispatch(&shared, batch);
     }
     // Ended: nothing waiting is served any more.
@@ -364,8 +393,15 @@ async fn run_batch(shared: &Shared, mut batch: Vec<Entry>) {
 /// Hand one batch (or one model's part of it) to the batch handler and give
 /// every caller its answer.
 async fn run_part(shared: &Shared, model_id: Option<Arc<str>>, part: Vec<Entry>) {
+    // Handed over: each leaves the queue (its `Queued` drops here).
     let (requests, mut replies): (Vec<_>, Vec<_>) =
         part.into_iter().map(|e| (e.bytes, e.reply)).unzip();
+    let size = requests.len();
+    let max = shared
+        .settings
+        .batching()
+        .map_or(size as u32, |c| c.max_batch_size);
+    let began = Instant::now();
     let mut closed = shared.closed.subscribe();
     let span = tracing::info_span!(
         "batch",
@@ -381,6 +417,7 @@ async fn run_part(shared: &Shared, model_id: Option<Arc<str>>, part: Vec<Entry>)
         _ = closed.wait_for(|c| *c) => Err(BatchError::Failed(shared.killed()).into()),
         _ = all_left => return,
     };
+    shared.stats.ran(size, max, began.elapsed());
     match result {
         Ok(responses) => {
             for (reply, response) in replies.into_iter().zip(responses) {

@@ -6,7 +6,7 @@ use std::{
         Arc, OnceLock, Weak,
         atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering},
     },
-    time::{Duration, SystemTime},
+    time::SystemTime,
 };
 
 use flotilla_core::Faults;
@@ -16,7 +16,7 @@ use tokio::sync::watch;
 
 use crate::{
     DeploymentRoute, ModelIds, ReplicaMsg, batching::Batcher, model_cache::ModelHub,
-    queue::WaitQueue, user::ErasedDeployment,
+    queue::WaitQueue, stats::ReplicaStats, user::ErasedDeployment,
 };
 
 /// A replica's identity, unique in the process for its whole life.
@@ -290,6 +290,18 @@ impl ReplicaEndpoint {
         self.models.as_ref().map(|m| m.subscribe())
     }
 
+    /// Its batcher's figures; `None` until its first batched request (and
+    /// for a replica in another process, which batches there).
+    pub fn batch_stats(&self) -> Option<&crate::BatchStats> {
+        self.batcher.get().map(Batcher::stats)
+    }
+
+    /// Its model cache's figures; `None` unless it runs a multiplexed
+    /// deployment in this process.
+    pub fn model_stats(&self) -> Option<&crate::ModelStats> {
+        self.models.as_ref().and_then(|m| m.stats())
+    }
+
     /// The models it has loaded and is loading now; `None` unless multiplexed.
     pub fn models(&self) -> Option<ModelIds> {
         self.models
@@ -474,193 +486,6 @@ impl Drop for Slot {
     fn drop(&mut self) {
         self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
         self.0.queue.slot_freed();
-    }
-}
-
-/// Ray Serve's request latency buckets in milliseconds
-/// (`REQUEST_LATENCY_BUCKETS_MS`, `serve/_private/constants.py`); every latency
-/// histogram of the data plane uses them, plus `+Inf`.
-pub const LATENCY_BUCKETS_MS: [f64; 19] = [
-    1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 300.0, 400.0, 500.0, 1_000.0, 2_000.0, 5_000.0,
-    10_000.0, 60_000.0, 120_000.0, 300_000.0, 600_000.0,
-];
-
-/// A latency histogram over [`LATENCY_BUCKETS_MS`] made of atomics: recording is
-/// a handful of relaxed atomic adds, never a lock, so it sits on the request path.
-/// Exporters read it at scrape time with [`snapshot`](Self::snapshot).
-///
-/// ```
-/// use std::time::Duration;
-/// use flotilla_replica::LatencyHistogram;
-/// let h = LatencyHistogram::default();
-/// h.record(Duration::from_micros(1_500));
-/// let s = h.snapshot();
-/// assert_eq!((s.count, s.buckets[1]), (1, 1)); // in the (1 ms, 2 ms] bucket
-/// ```
-#[derive(Debug, Default)]
-pub struct LatencyHistogram {
-    /// Per-bucket (not cumulative) counts; the last is `+Inf`.
-    buckets: [AtomicU64; LATENCY_BUCKETS_MS.len() + 1],
-    /// The sum of every recorded latency, in nanoseconds.
-    sum_ns: AtomicU64,
-}
-
-/// What a [`LatencyHistogram`] holds at one moment.
-#[derive(Debug, Clone, PartialEq)]
-pub struct HistogramSnapshot {
-    /// Per-bucket counts (not cumulative), one per [`LATENCY_BUCKETS_MS`] entry
-    /// and a last one for `+Inf`.
-    pub buckets: [u64; LATENCY_BUCKETS_MS.len() + 1],
-    /// The number of observations.
-    pub count: u64,
-    /// The sum of the observations, in milliseconds.
-    pub sum_ms: f64,
-}
-
-impl HistogramSnapshot {
-    /// `(upper bound in ms, per-bucket count)` pairs, `+Inf` last: the shape
-    /// Prometheus exporters take.
-    pub fn pairs(&self) -> Vec<(f64, u64)> {
-        LATENCY_BUCKETS_MS
-            .iter()
-            .copied()
-            .chain(std::iter::once(f64::INFINITY))
-            .zip(self.buckets.iter().copied())
-            .collect()
-    }
-}
-
-impl LatencyHistogram {
-    /// Record one latency.
-    pub fn record(&self, latency: Duration) {
-        let ms = latency.as_secs_f64() * 1_000.0;
-        let i = LATENCY_BUCKETS_MS.partition_point(|b| *b < ms);
-        self.buckets[i].fetch_add(1, Ordering::Relaxed);
-        let ns = u64::try_from(latency.as_nanos()).unwrap_or(u64::MAX);
-        self.sum_ns.fetch_add(ns, Ordering::Relaxed);
-    }
-
-    /// Read every bucket (each read is atomic; the set is not a transaction, which
-    /// a scrape tolerates: the next scrape is consistent again).
-    pub fn snapshot(&self) -> HistogramSnapshot {
-        let mut buckets = [0; LATENCY_BUCKETS_MS.len() + 1];
-        for (out, b) in buckets.iter_mut().zip(&self.buckets) {
-            *out = b.load(Ordering::Relaxed);
-        }
-        HistogramSnapshot {
-            count: buckets.iter().sum(),
-            buckets,
-            sum_ms: self.sum_ns.load(Ordering::Relaxed) as f64 / 1e6,
-        }
-    }
-}
-
-/// How a request on a replica failed, for the error counter's `exception_type`
-/// label (Ray labels it with the Python exception's class name).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ErrorKind {
-    /// The user's handler returned an error (`UserError`).
-    User,
-    /// The user's handler panicked (`Panicked`).
-    Panicked,
-    /// The replica was killed while the request ran (`Killed`).
-    Killed,
-    /// The request could not be decoded (`BadRequest`).
-    BadRequest,
-    /// The response could not be encoded (`BadResponse`).
-    BadResponse,
-}
-
-impl ErrorKind {
-    /// Every kind, in label order.
-    pub const ALL: [ErrorKind; 5] = [
-        ErrorKind::User,
-        ErrorKind::Panicked,
-        ErrorKind::Killed,
-        ErrorKind::BadRequest,
-        ErrorKind::BadResponse,
-    ];
-
-    /// The `exception_type` label value.
-    pub fn label(self) -> &'static str {
-        match self {
-            ErrorKind::User => "UserError",
-            ErrorKind::Panicked => "Panicked",
-            ErrorKind::Killed => "Killed",
-            ErrorKind::BadRequest => "BadRequest",
-            ErrorKind::BadResponse => "BadResponse",
-        }
-    }
-
-    /// The kind of a failed call that ran on a replica; `None` for failures
-    /// that never reached one (queueing, routing, timeouts).
-    pub fn of(error: &crate::CallError) -> Option<ErrorKind> {
-        use crate::CallError as E;
-        match error {
-            E::User(_) => Some(ErrorKind::User),
-            E::Panicked(_) => Some(ErrorKind::Panicked),
-            E::Killed { .. } | E::NodeLost { .. } => Some(ErrorKind::Killed),
-            E::BadRequest(_) => Some(ErrorKind::BadRequest),
-            E::BadResponse(_) => Some(ErrorKind::BadResponse),
-            // User code's doing: a batch handler's wrong length, a failed loader.
-            E::BatchSize { .. } | E::ModelLoad { .. } => Some(ErrorKind::User),
-            E::BackPressure { .. }
-            | E::NotFound { .. }
-            | E::Unavailable { .. }
-            | E::DeployFailed { .. }
-            | E::Timeout { .. } => None,
-        }
-    }
-}
-
-/// One replica's request counters (Ray's `serve_deployment_request_counter`,
-/// `serve_deployment_error_counter` and `serve_deployment_processing_latency_ms`),
-/// kept on its [`ReplicaEndpoint`] and recorded by the caller's task with atomic
-/// adds: no message and no lock per request.
-#[derive(Debug, Default)]
-pub struct ReplicaStats {
-    ok: AtomicU64,
-    errors: [AtomicU64; ErrorKind::ALL.len()],
-    /// Requests cancelled by their caller (a dropped future or stream).
-    cancelled: AtomicU64,
-    latency: LatencyHistogram,
-}
-
-impl ReplicaStats {
-    /// Record one finished request that ran for `elapsed`.
-    pub(crate) fn record(&self, result: Result<(), ErrorKind>, elapsed: Duration) {
-        match result {
-            Ok(()) => self.ok.fetch_add(1, Ordering::Relaxed),
-            Err(kind) => self.errors[kind as usize].fetch_add(1, Ordering::Relaxed),
-        };
-        self.latency.record(elapsed);
-    }
-
-    /// Record a request its caller dropped after `elapsed`.
-    pub(crate) fn record_cancelled(&self, elapsed: Duration) {
-        self.cancelled.fetch_add(1, Ordering::Relaxed);
-        self.latency.record(elapsed);
-    }
-
-    /// Requests that succeeded.
-    pub fn succeeded(&self) -> u64 {
-        self.ok.load(Ordering::Relaxed)
-    }
-
-    /// Requests that failed with `kind`.
-    pub fn failed(&self, kind: ErrorKind) -> u64 {
-        self.errors[kind as usize].load(Ordering::Relaxed)
-    }
-
-    /// Requests whose caller went away before they finished (their handler was
-    /// cancelled).
-    pub fn cancelled(&self) -> u64 {
-        self.cancelled.load(Ordering::Relaxed)
-    }
-
-    /// The processing latency of every finished or cancelled request.
-    pub fn latency(&self) -> &LatencyHistogram {
-        &self.latency
     }
 }
 

@@ -14,11 +14,12 @@ use serde::{Serialize, de::DeserializeOwned};
 
 use crate::{
     CallError, Directory, ModelIdError, ReplicaEndpoint, RoutingRequest,
-    endpoint::{ErrorKind, Slot},
+    endpoint::Slot,
     multiplex::validate_model_id,
     payload::{ItemSender, Payload, PayloadError},
     remote::{Attempt, Refusals},
     route::{DeploymentRoute, ReplicaSet},
+    stats::ErrorKind,
     user::Call,
 };
 

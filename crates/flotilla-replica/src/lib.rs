@@ -41,16 +41,14 @@ pub mod remote;
 mod route;
 mod router;
 mod settings;
+mod stats;
 mod user;
 
 pub use actor::{
     HealthError, Internal, MIN_DRAIN_CHECK_PERIOD, ReplicaActor, ReplicaActorState, ReplicaArgs,
     ReplicaEvent, ReplicaMsg, ReplicaPhase, ReplicaReporter, ReplicaSnapshot,
 };
-pub use endpoint::{
-    ErrorKind, HistogramSnapshot, LATENCY_BUCKETS_MS, LatencyHistogram, ReplicaEndpoint, ReplicaId,
-    ReplicaStats,
-};
+pub use endpoint::{ReplicaEndpoint, ReplicaId};
 pub use error::CallError;
 pub use handle::{ACCESS_TARGET, Assigned, CallStream, DeploymentHandle, is_access_log};
 pub use log_settings::{AppLogSnapshot, LogSettings, LogSnapshot};
@@ -64,5 +62,9 @@ pub use route::{DeploymentRoute, Directory, ReplicaSet, RouteStats};
 pub use router::{
     MultiplexedRouter, PowerOfTwoChoicesRouter, RequestRouter, RouterError, RoutingRequest,
     default_router, power_of_two_choices,
+};
+pub use stats::{
+    BATCH_SIZE_BUCKETS, BATCH_UTILIZATION_BUCKETS_PERCENT, BatchStats, ErrorKind, Histogram,
+    HistogramSnapshot, LATENCY_BUCKETS_MS, LatencyHistogram, ModelStats, ReplicaStats,
 };
 pub use user::{Deployment, UserError};

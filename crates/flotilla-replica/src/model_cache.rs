@@ -35,7 +35,9 @@ use std::{
 use tokio::sync::watch;
 use tracing::Instrument;
 
-use crate::{CallError, MultiplexedDeployment, UserError, settings::Settings, user::guarded};
+use crate::{
+    CallError, ModelStats, MultiplexedDeployment, UserError, settings::Settings, user::guarded,
+};
 
 /// The models one replica of a multiplexed deployment holds, as published to
 /// routers (see [`ReplicaEndpoint::watch_models`](crate::ReplicaEndpoint::watch_models)).
@@ -73,6 +75,9 @@ pub(crate) struct ModelHub {
     /// The [`Heat`] of its least recently used loaded model, as `f64` bits
     /// (`-inf`: none loaded; [`UNKNOWN`]: not known, a mirror).
     coldest: AtomicU64,
+    /// The cache's loads and unloads; `None` for a mirror (its process
+    /// counts them).
+    stats: Option<ModelStats>,
 }
 
 /// [`ModelHub::coldest`] of a mirror: its process keeps that to itself.
@@ -125,6 +130,7 @@ impl ModelHub {
             ids: watch::Sender::new(ModelIds::default()),
             known: AtomicBool::new(true),
             coldest: AtomicU64::new(f64::NEG_INFINITY.to_bits()),
+            stats: Some(ModelStats::default()),
         }
     }
 
@@ -135,6 +141,7 @@ impl ModelHub {
             ids: watch::Sender::new(ModelIds::default()),
             known: AtomicBool::new(false),
             coldest: AtomicU64::new(UNKNOWN),
+            stats: None,
         }
     }
 
@@ -194,6 +201,18 @@ impl ModelHub {
     /// A subscription to every change.
     pub(crate) fn subscribe(&self) -> watch::Receiver<ModelIds> {
         self.ids.subscribe()
+    }
+
+    /// Its cache's figures; `None` for a mirror.
+    pub(crate) fn stats(&self) -> Option<&ModelStats> {
+        self.stats.as_ref()
+    }
+
+    /// Record on its cache's figures (a local hub's; a mirror has none).
+    fn record(&self, f: impl FnOnce(&ModelStats)) {
+        if let Some(s) = &self.stats {
+            f(s);
+        }
     }
 
     /// A hub that shows `ids` loaded (unit tests of routers).
@@ -341,6 +360,7 @@ impl<M: MultiplexedDeployment> ModelCache<M> {
 
     /// The model `id`: cached, or loaded (once, however many ask at once).
     pub(crate) async fn get(self: &Arc<Self>, id: &Arc<str>) -> Result<Arc<M::Model>, CallError> {
+        self.hub.record(ModelStats::asked);
         let mut outcome = {
             let mut s = self.lock();
             if s.closed || s.aborted {
@@ -401,6 +421,7 @@ impl<M: MultiplexedDeployment> ModelCache<M> {
         if self.skipped(&id, &done) {
             return;
         }
+        let began = tokio::time::Instant::now();
         let result = tokio::select! {
             result = guarded(|| self.source.load_model(&id)) => result,
             _ = abort.wait_for(|a| *a) => {
@@ -414,6 +435,7 @@ impl<M: MultiplexedDeployment> ModelCache<M> {
             s.loading.retain(|l| l.id != id);
             let out = match result {
                 Ok(model) => {
+                    self.hub.record(|m| m.loaded(began.elapsed()));
                     let model = Arc::new(model);
                     if s.closed {
                         (Ok(model.clone()), Some(model))
@@ -502,10 +524,12 @@ impl<M: MultiplexedDeployment> ModelCache<M> {
             Ok::<_, UserError>(())
         };
         let span = tracing::info_span!(parent: &self.span, "unload_model", model_id = %id);
+        let began = tokio::time::Instant::now();
         if let Err(g) = guarded(unloading).instrument(span).await {
             tracing::warn!(model_id = %id, error = %UserError::from(g),
                 "unloading a model failed");
         }
+        self.hub.record(|m| m.unloaded(began.elapsed()));
     }
 
     /// The replica will not wait for its loads any more (its graceful

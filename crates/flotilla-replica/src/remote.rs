@@ -16,8 +16,9 @@ use futures::future::BoxFuture;
 
 use crate::{
     CallError, DeploymentRoute, ReplicaEndpoint, ReplicaId,
-    endpoint::{ErrorKind, Slot},
+    endpoint::Slot,
     payload::{ItemSender, Payload, PayloadError},
+    stats::ErrorKind,
     user::ErasedDeployment,
 };
 

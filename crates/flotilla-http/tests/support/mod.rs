@@ -218,6 +218,8 @@ impl MultiplexedDeployment for Models {
     type Request = HttpRequest;
     type Response = HttpResponse;
     type Model = String;
+    // Batched through the default handle_batch by a test.
+    const BATCHED: bool = true;
     async fn load_model(&self, model_id: &str) -> Result<String, UserError> {
         Ok(model_id.to_owned())
     }

@@ -79,16 +79,24 @@ impl Deployment for Batched {
 }
 
 async fn start() -> (tempfile::TempDir, Arc<Log>, Serve) {
+    start_registering(|log| {
+        Registry::new()
+            .register("batch::Batched", move |_ctx| {
+                let l = log.clone();
+                async move { Ok(Batched(l)) }
+            })
+            .unwrap()
+    })
+    .await
+}
+
+/// A Serve with the registry `code` makes, its code sharing one log.
+async fn start_registering(
+    code: impl FnOnce(Arc<Log>) -> Registry,
+) -> (tempfile::TempDir, Arc<Log>, Serve) {
     let dir = tempfile::tempdir().unwrap();
     let log = Arc::new(Log::default());
-    let l = log.clone();
-    let registry = Registry::new()
-        .register("batch::Batched", move |_ctx| {
-            let l = l.clone();
-            async move { Ok(Batched(l)) }
-        })
-        .unwrap();
-    let serve = support::start_with(&dir, registry).await;
+    let serve = support::start_with(&dir, code(log.clone())).await;
     (dir, log, serve)
 }
 
@@ -485,19 +493,17 @@ async fn build_plain(_args: flotilla::Args) -> Result<ApplicationSpec, UserError
 }
 
 async fn start_plain() -> (tempfile::TempDir, Arc<Log>, Serve) {
-    let dir = tempfile::tempdir().unwrap();
-    let log = Arc::new(Log::default());
-    let l = log.clone();
-    let registry = Registry::new()
-        .register("batch::Plain", move |_ctx| {
-            let l = l.clone();
-            async move { Ok(Plain(l)) }
-        })
-        .unwrap()
-        .register_app("batch::plain_app", build_plain)
-        .unwrap();
-    let serve = support::start_with(&dir, registry).await;
-    (dir, log, serve)
+    start_registering(|log| {
+        Registry::new()
+            .register("batch::Plain", move |_ctx| {
+                let l = log.clone();
+                async move { Ok(Plain(l)) }
+            })
+            .unwrap()
+            .register_app("batch::plain_app", build_plain)
+            .unwrap()
+    })
+    .await
 }
 
 fn plain_app(batching: Option<BatchConfig>) -> ApplicationSpec {

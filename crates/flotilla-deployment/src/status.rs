@@ -96,30 +96,27 @@ impl DeploymentState {
         };
         let name = self.name();
         let code = self.args.target.spec.import_path.as_str();
-        self.missing_code = if config.batching.is_some()
-            && registry.contains(code)
-            && !registry.accepts_batches(code)
-        {
-            Some(format!(
+        let mut missing = Vec::new();
+        if config.batching.is_some() && registry.contains(code) && !registry.accepts_batches(code) {
+            missing.push(format!(
                 "The deployment '{name}' batches requests (max_batch_size), but its code \
-                 under '{code}' does not accept batches (Deployment::BATCHED); serving its \
-                 requests one by one"
-            ))
-        } else if !registry.contains_request_router(class) {
-            Some(format!(
+                 under '{code}' does not accept batches (BATCHED); serving its requests one by \
+                 one"
+            ));
+        }
+        if !registry.contains_request_router(class) {
+            missing.push(format!(
                 "The deployment '{name}' names request_router_config.request_router_class \
                  '{class}', which is not registered; routing with the built-in router"
-            ))
-        } else {
-            policy
-                .filter(|p| !registry.contains_autoscaling_policy(p))
-                .map(|p| {
-                    format!(
-                        "The deployment '{name}' names autoscaling_config.policy.policy_function \
-                         '{p}', which is not registered; its replica target holds"
-                    )
-                })
-        };
+            ));
+        }
+        if let Some(p) = policy.filter(|p| !registry.contains_autoscaling_policy(p)) {
+            missing.push(format!(
+                "The deployment '{name}' names autoscaling_config.policy.policy_function \
+                 '{p}', which is not registered; its replica target holds"
+            ));
+        }
+        self.missing_code = (!missing.is_empty()).then(|| missing.join(". "));
         if let Some(message) = self.missing_code.clone()
             && !self.args.target.deleting
         {

@@ -137,9 +137,10 @@
 //! `ray_serve_multiplexed_get_model_requests_counter_total` (one per batch
 //! part with batching: the model is fetched once for it),
 //! `ray_serve_multiplexed_model_load_latency_ms` and `..._unload_latency_ms`.
-//! A replica in another process batches and loads there: only its loaded
-//! model ids are exported (from its reports), not its batch or load figures;
-//! and Flotilla's own:
+//! (`ray_serve_batch_queue_length` counts, as Ray's queue size, the requests
+//! not yet taken into a batch.) A replica in another process batches and
+//! loads there: only its loaded model ids are exported (from its reports),
+//! not its batch or load figures. And Flotilla's own:
 //! `flotilla_checkpoint_commits_total`, `flotilla_checkpoint_keys_written_total`,
 //! `flotilla_checkpoint_bytes_written_total`, `flotilla_restarts_total{level}`
 //! (`controller`, `application`), `flotilla_replicas{state}`,

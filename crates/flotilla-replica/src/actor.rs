@@ -347,6 +347,14 @@ async fn initialise(args: InitArgs) -> Result<Arc<dyn ErasedDeployment>, StartFa
     let user = guarded(|| registry.construct(&spec.import_path, ctx))
         .await
         .map_err(StartFailure::Constructor)?;
+    if spec.config.batching.is_some() && !user.batched() {
+        // Deploys check the code of the process that places replicas; this
+        // one (a node built from another program) registers code under the
+        // same path that does not accept batches: it serves one by one.
+        tracing::error!(import_path = %spec.import_path,
+            "the deployment batches requests, but the code registered here under its import \
+             path does not accept batches (Deployment::BATCHED): serving its requests one by one");
+    }
     if let Some(uc) = spec.config.user_config.clone() {
         user.reconfigure(uc)
             .await

@@ -61,9 +61,10 @@ struct Entry {
     bytes: Vec<u8>,
     model_id: Option<Arc<str>>,
     reply: Reply,
-    /// Counts it in the batcher's queue length until it is handed over or
-    /// dropped.
-    _queued: Queued,
+    /// Counts it in the batcher's queue length until the forming task takes
+    /// it (Ray's `qsize`: the batch forming and the batches waiting for a
+    /// place are not in it), or it is dropped first.
+    queued: Option<Queued>,
 }
 
 /// One request counted in [`BatchStats::queued`] while it lives.
@@ -86,6 +87,12 @@ impl Entry {
     /// Its caller gave up (dropped the call, or timed out).
     fn gone(&self) -> bool {
         self.reply.is_closed()
+    }
+
+    /// The forming task took it off the queue.
+    fn taken(mut self) -> Entry {
+        self.queued = None;
+        self
     }
 }
 
@@ -179,7 +186,7 @@ impl Batcher {
             bytes,
             model_id,
             reply,
-            _queued: Queued::new(&self.shared.stats),
+            queued: Some(Queued::new(&self.shared.stats)),
         };
         if self.queue.send(entry).is_err() {
             return Err(self.shared.killed());
@@ -215,7 +222,7 @@ async fn form(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Entry>) {
             biased;
             _ = closed.wait_for(|c| *c) => break,
             e = rx.recv() => match e {
-                Some(e) => e,
+                Some(e) => e.taken(),
                 None => break,
             },
             // The limit may have been raised while batches wait and every
@@ -258,7 +265,7 @@ async fn form(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Entry>) {
             match rx.try_recv() {
                 Ok(e) => {
                     if !e.gone() {
-                        batch.push(e);
+                        batch.push(e.taken());
                     }
                     continue;
                 }
@@ -273,7 +280,7 @@ async fn form(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Entry>) {
                 _ = closed.wait_for(|c| *c) => break,
                 _ = draining.wait_for(|d| *d) => break,
                 e = rx.recv() => match e {
-                    Some(e) if !e.gone() => batch.push(e),
+                    Some(e) if !e.gone() => batch.push(e.taken()),
                     Some(_) => {}
                     None => break,
                 },
@@ -393,14 +400,15 @@ async fn run_batch(shared: &Shared, mut batch: Vec<Entry>) {
 /// Hand one batch (or one model's part of it) to the batch handler and give
 /// every caller its answer.
 async fn run_part(shared: &Shared, model_id: Option<Arc<str>>, part: Vec<Entry>) {
-    // Handed over: each leaves the queue (its `Queued` drops here).
     let (requests, mut replies): (Vec<_>, Vec<_>) =
         part.into_iter().map(|e| (e.bytes, e.reply)).unzip();
+    // As Ray: counted as it starts, its run timed however it ends.
     let size = requests.len();
     let max = shared
         .settings
         .batching()
         .map_or(size as u32, |c| c.max_batch_size);
+    shared.stats.started(size, max);
     let began = Instant::now();
     let mut closed = shared.closed.subscribe();
     let span = tracing::info_span!(
@@ -413,11 +421,12 @@ async fn run_part(shared: &Shared, model_id: Option<Arc<str>>, part: Vec<Entry>)
     // of its model a multiplexed one may wait for; the place it held frees.
     let all_left = futures::future::join_all(replies.iter_mut().map(|r| r.closed()));
     let result = tokio::select! {
-        r = shared.user.handle_batch(model_id, requests).instrument(span) => r,
-        _ = closed.wait_for(|c| *c) => Err(BatchError::Failed(shared.killed()).into()),
-        _ = all_left => return,
+        r = shared.user.handle_batch(model_id, requests).instrument(span) => Some(r),
+        _ = closed.wait_for(|c| *c) => Some(Err(BatchError::Failed(shared.killed()).into())),
+        _ = all_left => None,
     };
-    shared.stats.ran(size, max, began.elapsed());
+    shared.stats.ran(began.elapsed());
+    let Some(result) = result else { return };
     match result {
         Ok(responses) => {
             for (reply, response) in replies.into_iter().zip(responses) {
@@ -535,6 +544,37 @@ mod tests {
         assert_eq!(*rec.batches.lock().unwrap(), [vec![1, 2, 3], vec![4, 5]]);
         // The second batch waited for its deadline.
         assert!(t0.elapsed() >= Duration::from_secs(10));
+    }
+
+    /// Ray's batch figures: each batch counted as it starts (size, share of
+    /// `max_batch_size`), its run timed however it ends (its callers all
+    /// gone included), its wait from its first request; the queue empty once
+    /// the forming task took every request.
+    #[tokio::test(start_paused = true)]
+    async fn batch_figures_count_every_batch_that_starts() {
+        let (_, _, b) = batcher(BatchConfig::new(4, Duration::from_millis(100)));
+        let calls: Vec<_> = (1..=4).map(|x| submit(&b, x)).collect();
+        for c in calls {
+            c.await.unwrap().unwrap();
+        }
+        // A stuck batch whose one caller gives up.
+        let stuck = submit(&b, 996);
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        stuck.abort();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let s = b.stats();
+        assert_eq!(s.processed(), 2);
+        let size = s.size().snapshot();
+        assert_eq!((size.count, size.sum), (2, 5.0));
+        let utilization = s.utilization().snapshot();
+        assert_eq!((utilization.count, utilization.sum), (2, 125.0));
+        let wait = s.wait().snapshot();
+        // The full one went at once, the lone one at its deadline.
+        assert_eq!((wait.count, wait.sum), (2, 100.0));
+        let ran = s.execution().snapshot();
+        // 10 ms, then the stuck one until its caller left (50 ms).
+        assert_eq!((ran.count, ran.sum), (2, 60.0));
+        assert_eq!(s.queued(), 0);
     }
 
     /// A draining replica's forming batch goes with what it holds, and so

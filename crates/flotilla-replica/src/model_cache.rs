@@ -421,6 +421,7 @@ impl<M: MultiplexedDeployment> ModelCache<M> {
         if self.skipped(&id, &done) {
             return;
         }
+        self.hub.record(ModelStats::loading);
         let began = tokio::time::Instant::now();
         let result = tokio::select! {
             result = guarded(|| self.source.load_model(&id)) => result,
@@ -524,12 +525,13 @@ impl<M: MultiplexedDeployment> ModelCache<M> {
             Ok::<_, UserError>(())
         };
         let span = tracing::info_span!(parent: &self.span, "unload_model", model_id = %id);
+        self.hub.record(ModelStats::unloading);
         let began = tokio::time::Instant::now();
-        if let Err(g) = guarded(unloading).instrument(span).await {
-            tracing::warn!(model_id = %id, error = %UserError::from(g),
-                "unloading a model failed");
+        match guarded(unloading).instrument(span).await {
+            Ok(()) => self.hub.record(|m| m.unloaded(began.elapsed())),
+            Err(g) => tracing::warn!(model_id = %id, error = %UserError::from(g),
+                "unloading a model failed"),
         }
-        self.hub.record(|m| m.unloaded(began.elapsed()));
     }
 
     /// The replica will not wait for its loads any more (its graceful
@@ -802,6 +804,11 @@ mod tests {
         // Nothing was cached: the next request loads again.
         assert!(c.get(&id("bad")).await.is_err());
         assert_eq!(zoo.loads.load(Ordering::SeqCst), 2);
+        // Ray's figures: three asked, two loads started (failed ones count),
+        // no load latency (only a success's is timed).
+        let stats = c.hub().stats().unwrap();
+        assert_eq!((stats.requests(), stats.loads()), (3, 2));
+        assert_eq!(stats.load_latency().snapshot().count, 0);
     }
 
     #[tokio::test(start_paused = true)]

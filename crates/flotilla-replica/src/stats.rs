@@ -83,14 +83,18 @@ impl Histogram {
         }
     }
 
-    /// Record one observation (a negative or NaN one counts as 0).
+    /// Record one observation (a negative or NaN one counts as 0; an
+    /// infinite one goes to the `+Inf` bucket and adds nothing to the sum).
     pub fn observe(&self, value: f64) {
         let value = if value.is_nan() { 0.0 } else { value.max(0.0) };
         let i = self.bounds.partition_point(|b| *b < value);
         self.buckets[i].fetch_add(1, Ordering::Relaxed);
-        // Saturating: a float past u64's range is u64::MAX.
-        self.sum_micros
-            .fetch_add((value * 1e6) as u64, Ordering::Relaxed);
+        if value.is_finite() {
+            // The cast saturates; the sum wraps only past 2^64 millionths
+            // (584 years of latencies in milliseconds).
+            self.sum_micros
+                .fetch_add((value * 1e6) as u64, Ordering::Relaxed);
+        }
     }
 
     /// Read every bucket (each read is atomic; the set is not a transaction,
@@ -201,8 +205,8 @@ impl ErrorKind {
 
 /// One replica's request counters (Ray's `serve_deployment_request_counter`,
 /// `serve_deployment_error_counter` and `serve_deployment_processing_latency_ms`),
-/// kept on its [`ReplicaEndpoint`] and recorded by the caller's task with atomic
-/// adds: no message and no lock per request.
+/// kept on its [`ReplicaEndpoint`](crate::ReplicaEndpoint) and recorded by
+/// the caller's task with atomic adds: no message and no lock per request.
 #[derive(Debug, Default)]
 pub struct ReplicaStats {
     ok: AtomicU64,
@@ -264,7 +268,7 @@ pub struct BatchStats {
     utilization: Histogram,
     /// Batches handed to the handler.
     processed: AtomicU64,
-    /// Requests waiting in the batcher (not yet handed over).
+    /// Requests waiting in the batcher's queue, not yet taken into a batch.
     queued: AtomicU64,
 }
 
@@ -287,12 +291,16 @@ impl BatchStats {
         self.wait.record(waited);
     }
 
-    /// A batch of `size` requests (of at most `max`) ran for `ran`.
-    pub(crate) fn ran(&self, size: usize, max: u32, ran: Duration) {
+    /// A batch of `size` requests (of at most `max`) starts.
+    pub(crate) fn started(&self, size: usize, max: u32) {
         self.size.observe(size as f64);
         self.utilization
             .observe(size as f64 * 100.0 / f64::from(max.max(1)));
         self.processed.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A batch's handler ran for `ran` (to its end, or until it was cut).
+    pub(crate) fn ran(&self, ran: Duration) {
         self.execution.record(ran);
     }
 
@@ -301,7 +309,7 @@ impl BatchStats {
         self.queued.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// A request left the batcher (handed over, failed, or its caller left).
+    /// A request left the queue (taken into a batch, or dropped).
     pub(crate) fn dequeue(&self) {
         self.queued.fetch_sub(1, Ordering::Relaxed);
     }
@@ -332,7 +340,8 @@ impl BatchStats {
         self.processed.load(Ordering::Relaxed)
     }
 
-    /// Requests waiting in the batcher now (`ray_serve_batch_queue_length`).
+    /// Requests waiting in the batcher's queue now, not yet taken into a
+    /// batch (`ray_serve_batch_queue_length`, Ray's `qsize`).
     pub fn queued(&self) -> u64 {
         self.queued.load(Ordering::Relaxed)
     }
@@ -360,15 +369,23 @@ impl ModelStats {
         self.requests.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// A load starts (counted whatever its outcome, as Ray's).
+    pub(crate) fn loading(&self) {
+        self.loads.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// A model loaded in `took`.
     pub(crate) fn loaded(&self, took: Duration) {
-        self.loads.fetch_add(1, Ordering::Relaxed);
         self.load_latency.record(took);
+    }
+
+    /// An unload starts (counted whatever its outcome, as Ray's).
+    pub(crate) fn unloading(&self) {
+        self.unloads.fetch_add(1, Ordering::Relaxed);
     }
 
     /// A model unloaded in `took`.
     pub(crate) fn unloaded(&self, took: Duration) {
-        self.unloads.fetch_add(1, Ordering::Relaxed);
         self.unload_latency.record(took);
     }
 
@@ -378,22 +395,24 @@ impl ModelStats {
         self.requests.load(Ordering::Relaxed)
     }
 
-    /// Models loaded (`ray_serve_multiplexed_models_load_counter`).
+    /// Loads started, failed ones too (`ray_serve_multiplexed_models_load_counter`).
     pub fn loads(&self) -> u64 {
         self.loads.load(Ordering::Relaxed)
     }
 
-    /// Models unloaded (`ray_serve_multiplexed_models_unload_counter`).
+    /// Unloads started (`ray_serve_multiplexed_models_unload_counter`).
     pub fn unloads(&self) -> u64 {
         self.unloads.load(Ordering::Relaxed)
     }
 
-    /// How long loads took (`ray_serve_multiplexed_model_load_latency_ms`).
+    /// How long successful loads took
+    /// (`ray_serve_multiplexed_model_load_latency_ms`).
     pub fn load_latency(&self) -> &LatencyHistogram {
         &self.load_latency
     }
 
-    /// How long unloads took (`ray_serve_multiplexed_model_unload_latency_ms`).
+    /// How long successful unloads took
+    /// (`ray_serve_multiplexed_model_unload_latency_ms`).
     pub fn unload_latency(&self) -> &LatencyHistogram {
         &self.unload_latency
     }

@@ -64,7 +64,11 @@ pub struct ReplicaEndpoint {
     accepting: AtomicBool,
     /// Set by a forced stop: wakes the requests it cuts, and tells one that
     /// begins listening later.
-    killed: watch::Sender<bool>,
+    killed: std::sync::atomic::AtomicBool,
+    /// Wakes the requests waiting in [`killed`](Self::killed), oldest first
+    /// (a watch channel wakes its waiters in an order drawn from tokio's
+    /// thread RNG, which a paused-time run cannot seed).
+    killed_notify: tokio::sync::Notify,
     /// Wakes callers queued on the deployment when a slot frees.
     queue: Arc<WaitQueue>,
     /// Its replica actor; `None` for a replica in another process (and in
@@ -119,7 +123,8 @@ impl ReplicaEndpoint {
             reported: AtomicU32::new(0),
             max_ongoing: AtomicU32::new(max_ongoing),
             accepting: AtomicBool::new(true),
-            killed: watch::Sender::new(false),
+            killed: std::sync::atomic::AtomicBool::new(false),
+            killed_notify: tokio::sync::Notify::new(),
             queue,
             actor: None,
             remote: None,
@@ -347,8 +352,16 @@ impl ReplicaEndpoint {
     /// if it already was: however late a request holding a slot begins
     /// listening, it does not miss its replica's kill.
     pub(crate) async fn killed(&self) {
-        // The sender lives as long as this endpoint: `wait_for` cannot fail.
-        let _ = self.killed.subscribe().wait_for(|k| *k).await;
+        loop {
+            let woken = self.killed_notify.notified();
+            tokio::pin!(woken);
+            // Registered before the flag is read: a kill in between wakes it.
+            woken.as_mut().enable();
+            if self.killed.load(Ordering::Acquire) {
+                return;
+            }
+            woken.await;
+        }
     }
 
     /// It drains: it takes no new request, and a batch forming on it goes
@@ -364,7 +377,8 @@ impl ReplicaEndpoint {
     /// batcher. Its models go with [`unload_models`](Self::unload_models).
     pub(crate) fn kill(&self) {
         self.accepting.store(false, Ordering::Release);
-        self.killed.send_replace(true);
+        self.killed.store(true, Ordering::Release);
+        self.killed_notify.notify_waiters();
         if let Some(b) = self.batcher.get() {
             b.close();
         }

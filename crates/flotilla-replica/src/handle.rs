@@ -287,12 +287,18 @@ impl DeploymentHandle {
         // times out or is cancelled while it waits.
         admitted(&route, count);
         let woken = place.woken();
+        // Its own reference: `route` leaves with the slot it finds.
+        let watched = route.clone();
         loop {
             // Register before taking the turn, so a turn given between the two
             // is not missed.
             let turn = woken.notified();
             tokio::pin!(turn);
             turn.as_mut().enable();
+            // Likewise a change of the set: registered before it is read.
+            let changed = watched.changes().notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
             if place.take_turn() {
                 let set = rx.borrow_and_update().clone();
                 if let Some(slot) = self.pick(&route, &refusals.candidates(&set)) {
@@ -314,8 +320,9 @@ impl DeploymentHandle {
                 return Err(e);
             }
             tokio::select! {
-                changed = rx.changed() => if changed.is_err() { return Err(route.not_found()) },
-                _ = turn => {}
+                biased;
+                () = changed => {}
+                () = turn => {}
             }
         }
     }

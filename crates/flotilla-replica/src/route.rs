@@ -30,6 +30,10 @@ pub struct DeploymentRoute {
     app: AppName,
     deployment: DeploymentName,
     tx: watch::Sender<ReplicaSet>,
+    /// Wakes the callers queued here at each send on `tx`, oldest first (a
+    /// watch channel wakes its waiters in an order drawn from tokio's thread
+    /// RNG, which a paused-time run cannot seed).
+    changes: tokio::sync::Notify,
     closed: AtomicBool,
     /// Closed because its Serve instance stopped (not because it was deleted).
     shut: AtomicBool,
@@ -91,6 +95,7 @@ impl DeploymentRoute {
             app,
             deployment,
             tx: watch::Sender::new(empty),
+            changes: tokio::sync::Notify::new(),
             closed: AtomicBool::new(false),
             shut: AtomicBool::new(false),
             claimed: AtomicBool::new(false),
@@ -323,6 +328,7 @@ impl DeploymentRoute {
         // A new replica is free slots: the oldest queued caller looks (the
         // others watch the set only to see the route close).
         if changed {
+            self.changes.notify_waiters();
             self.queue.slot_freed();
         }
     }
@@ -394,6 +400,7 @@ impl DeploymentRoute {
         }
         // Every waiter watches the set: a no-op change wakes them to look.
         self.tx.send_modify(|_| {});
+        self.changes.notify_waiters();
         true
     }
 
@@ -439,11 +446,18 @@ impl DeploymentRoute {
         self.tx.subscribe()
     }
 
+    /// Notified at each change of the set (or of what a waiter checks
+    /// beside it: closed, failed to deploy), waiters woken oldest first.
+    pub(crate) fn changes(&self) -> &tokio::sync::Notify {
+        &self.changes
+    }
+
     fn close(&self) {
         self.closed.store(true, Ordering::Release);
         // Every waiter watches the set: emptying it wakes them all to see the
         // route closed.
         self.tx.send_modify(|set| *set = Arc::from(Vec::new()));
+        self.changes.notify_waiters();
     }
 
     /// Close because the instance stopped: callers get `Unavailable`.

@@ -136,6 +136,13 @@ impl Sim {
         let mut options = ServeOptions::new(self.registry.clone())
             .store_path(&self.store)
             .cluster(self.shared.cluster.clone());
+        // Targets are stamped on virtual time, not the wall clock: the stamp is
+        // in every record written, and its MessagePack length (a sub-second
+        // part under 65536 ns encodes shorter) is in the checkpoint's bytes.
+        let start = self.shared.start;
+        options = options.clock(Arc::new(move || {
+            std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000) + start.elapsed()
+        }));
         // Scheduled faults come faster than real ones: escalate only on a storm.
         options.restart = RestartPolicy {
             max_restarts: 100,

@@ -516,6 +516,19 @@ fn plain_app(batching: Option<BatchConfig>) -> ApplicationSpec {
         .unwrap()
 }
 
+/// Three concurrent calls to `Plain` code, the middle one failing: the
+/// others are served, never seeing its error.
+async fn each_caller_gets_its_own_answer(h: &DeploymentHandle) {
+    let calls: Vec<_> = [1, FAIL, 2].into_iter().map(|x| call(h, x)).collect();
+    let mut out = Vec::new();
+    for c in calls {
+        out.push(c.await.unwrap());
+    }
+    assert_eq!(out[0], Ok(1001));
+    assert!(matches!(&out[1], Err(CallError::User(m)) if m.contains("999")));
+    assert_eq!(out[2], Ok(1002), "a caller never sees another's error");
+}
+
 /// As Ray refused `max_batch_size` on a method not marked
 /// `@serve.accept_batch`: batching code that does not accept batches would
 /// hand each batch to the default `handle_batch`, where one caller's error
@@ -543,14 +556,7 @@ async fn batching_code_that_does_not_accept_batches_is_refused_and_changes_nothi
     let e = serve.run(plain_app(batching)).await.unwrap_err();
     assert!(matches!(e, flotilla::ServeError::NotBatched { .. }), "{e}");
     assert_eq!(serve.app_status("p").observed_generation, generation);
-    let calls: Vec<_> = [1, FAIL, 2].into_iter().map(|x| call(&h, x)).collect();
-    let mut out = Vec::new();
-    for c in calls {
-        out.push(c.await.unwrap());
-    }
-    assert_eq!(out[0], Ok(1001));
-    assert!(matches!(&out[1], Err(CallError::User(m)) if m.contains("999")));
-    assert_eq!(out[2], Ok(1002), "a caller never sees another's error");
+    each_caller_gets_its_own_answer(&h).await;
     assert_eq!(log.singles.lock().unwrap().len(), 3);
 }
 
@@ -635,13 +641,6 @@ async fn a_recovered_batching_deployment_whose_code_no_longer_batches_serves_one
         s.message
     );
     let h = serve.app_handle("r").unwrap();
-    let calls: Vec<_> = [1, FAIL, 2].into_iter().map(|x| call(&h, x)).collect();
-    let mut out = Vec::new();
-    for c in calls {
-        out.push(c.await.unwrap());
-    }
-    assert_eq!(out[0], Ok(1001));
-    assert!(matches!(&out[1], Err(CallError::User(m)) if m.contains("999")));
-    assert_eq!(out[2], Ok(1002), "a caller never sees another's error");
+    each_caller_gets_its_own_answer(&h).await;
     assert!(log.batches().is_empty());
 }

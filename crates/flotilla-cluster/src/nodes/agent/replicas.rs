@@ -28,6 +28,17 @@ impl AgentState {
     }
 }
 
+/// Tell the head that replica `replica`, which it placed here, ended at once
+/// without starting: `crashed` counts it as a failed start (backed off),
+/// else the head simply places it again.
+fn refuse(state: &AgentState, replica: u64, crashed: bool, why: &str) {
+    state.to_head(Control::Exited {
+        replica,
+        crashed,
+        why: why.to_owned(),
+    });
+}
+
 pub(super) async fn start_replica(myself: &ActorRef<AgentMsg>, state: &mut AgentState, s: Start) {
     let id = ReplicaId(s.replica);
     let Some(ns) = state.head.welcomed().map(str::to_owned) else {
@@ -37,11 +48,7 @@ pub(super) async fn start_replica(myself: &ActorRef<AgentMsg>, state: &mut Agent
         // of waiting for it.
         warn!(node = %state.args.id, app = %s.app, deployment = %s.spec.name, replica = %id,
             "start before the head's welcome: not started");
-        state.to_head(Control::Exited {
-            replica: s.replica,
-            crashed: true,
-            why: "start before the head's welcome".to_owned(),
-        });
+        refuse(state, s.replica, true, "start before the head's welcome");
         return;
     };
     if state.replicas.contains_key(&id) {
@@ -52,11 +59,12 @@ pub(super) async fn start_replica(myself: &ActorRef<AgentMsg>, state: &mut Agent
         // (not a failed start), and the head places it again elsewhere.
         info!(node = %state.args.id, app = %s.app, deployment = %s.spec.name, replica = %id,
             "start refused: the node is shutting down");
-        state.to_head(Control::Exited {
-            replica: s.replica,
-            crashed: false,
-            why: "not started: its node is shutting down".to_owned(),
-        });
+        refuse(
+            state,
+            s.replica,
+            false,
+            "not started: its node is shutting down",
+        );
         return;
     }
     let spec = Arc::new(s.spec);

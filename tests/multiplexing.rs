@@ -375,3 +375,81 @@ async fn a_batch_of_a_multiplexed_deployment_is_split_by_model_id() {
         ]
     );
 }
+
+/// Code that is not multiplexed.
+struct Plain;
+
+impl flotilla::Deployment for Plain {
+    type Request = u32;
+    type Response = u32;
+
+    async fn handle(&self, x: u32) -> Result<u32, UserError> {
+        Ok(x + 1)
+    }
+}
+
+async fn build_plain(_args: flotilla::Args) -> Result<ApplicationSpec, UserError> {
+    ApplicationSpec::builder("ignored")
+        .deployment(DeploymentSpec::builder("plain", "mx::Plain"))
+        .build()
+        .map_err(|e| UserError::new(e.to_string()))
+}
+
+/// In Ray the model limit is `@serve.multiplexed`'s argument, so it exists
+/// only on multiplexed code. A limit set on other code would bound nothing:
+/// a deploy that sets it is refused and leaves no trace, and a config that
+/// sets it ends its application DEPLOY_FAILED saying why, what ran running on.
+#[tokio::test(start_paused = true)]
+async fn a_model_limit_on_code_that_is_not_multiplexed_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = Registry::new()
+        .register("mx::Plain", |_ctx| async { Ok(Plain) })
+        .unwrap()
+        .register_app("mx::plain_app", build_plain)
+        .unwrap();
+    let serve = support::start_with(&dir, registry).await;
+    let plain = |max_models: Option<u32>| {
+        ApplicationSpec::builder("p")
+            .deployment(
+                DeploymentSpec::builder("plain", "mx::Plain")
+                    .with_config(|c| c.with_max_num_models_per_replica(max_models)),
+            )
+            .build()
+            .unwrap()
+    };
+    for limit in [Some(5), None] {
+        let e = serve.run(plain(limit)).await.unwrap_err();
+        assert!(
+            matches!(&e, flotilla::ServeError::NotMultiplexed { app, deployment, import_path }
+                if app == "p" && deployment == "plain" && import_path == "mx::Plain"),
+            "{e}"
+        );
+        assert!(e.to_string().contains("register_multiplexed"), "{e}");
+        assert!(
+            serve.status().is_empty(),
+            "a refused deploy leaves no trace"
+        );
+    }
+
+    let yaml = |extra: &str| {
+        flotilla::ServeConfig::from_yaml(&format!(
+            "applications:\n- name: p\n  import_path: mx::plain_app\n  route_prefix: null\n  \
+             deployments:\n  - name: plain\n    num_replicas: 1\n{extra}"
+        ))
+        .unwrap()
+    };
+    serve.apply_config(yaml("")).await.unwrap();
+    support::wait_status(&serve, "p", flotilla::ApplicationStatus::Running).await;
+    let h = serve.app_handle("p").unwrap();
+    serve
+        .apply_config(yaml("    max_num_models_per_replica: 2\n"))
+        .await
+        .unwrap();
+    support::wait_status(&serve, "p", flotilla::ApplicationStatus::DeployFailed).await;
+    let message = serve.app_status("p").message;
+    assert!(
+        message.contains("max_num_models_per_replica") && message.contains("not multiplexed"),
+        "{message}"
+    );
+    assert_eq!(h.call::<u32, u32>(&5).await, Ok(6));
+}

@@ -55,6 +55,25 @@ pub enum ServeError {
         /// The import path of its code.
         import_path: String,
     },
+    /// A deployment's config limits the models each replica keeps loaded
+    /// (`max_num_models_per_replica` other than its default), but the code it
+    /// names is not multiplexed (registered with `register`, not
+    /// `register_multiplexed`): the limit would bound nothing. In Ray the limit
+    /// is `@serve.multiplexed`'s argument, so it cannot be set on other code.
+    #[error(
+        "application '{app}', deployment '{deployment}': its config sets \
+         max_num_models_per_replica, but the code under import path '{import_path}' is not \
+         multiplexed: register it with Registry::register_multiplexed (Ray's \
+         @serve.multiplexed), or remove the setting"
+    )]
+    NotMultiplexed {
+        /// The application.
+        app: String,
+        /// The deployment.
+        deployment: String,
+        /// The import path of its code.
+        import_path: String,
+    },
     /// A config or spec names, in `field`, an autoscaling policy or a request
     /// router that the `Registry` does not have.
     #[error(

@@ -2,7 +2,9 @@
 
 use std::collections::{HashMap, HashSet};
 
-use flotilla_core::{AppName, ApplicationSpec, ReplicaCount, RoutePrefix};
+use flotilla_core::{
+    AppName, ApplicationSpec, DEFAULT_MAX_NUM_MODELS_PER_REPLICA, ReplicaCount, RoutePrefix,
+};
 use flotilla_replica::Registry;
 
 use crate::ServeError;
@@ -61,7 +63,8 @@ pub(crate) const ROUTER_NOT_REGISTERED: &str = "register the router with \
     (ray.serve._private.request_router:PowerOfTwoChoicesRequestRouter) for the built-in one";
 
 /// One application on its own: a valid spec whose every deployment names
-/// registered code (code that accepts batches where its config batches), and
+/// registered code (code that accepts batches where its config batches, and
+/// multiplexed code where it limits the models a replica keeps), and
 /// whose autoscaling policies and request routers are registered (or Ray's
 /// defaults, the built-in ones).
 pub(crate) fn validate_app(app: &ApplicationSpec, registry: &Registry) -> Result<(), ServeError> {
@@ -83,6 +86,15 @@ pub(crate) fn validate_app(app: &ApplicationSpec, registry: &Registry) -> Result
         }
         if d.config.batching.is_some() && !registry.accepts_batches(d.import_path.as_str()) {
             return Err(ServeError::NotBatched {
+                app: app.name.to_string(),
+                deployment: d.name.to_string(),
+                import_path: d.import_path.to_string(),
+            });
+        }
+        if d.config.max_num_models_per_replica != Some(DEFAULT_MAX_NUM_MODELS_PER_REPLICA)
+            && !registry.multiplexes(d.import_path.as_str())
+        {
+            return Err(ServeError::NotMultiplexed {
                 app: app.name.to_string(),
                 deployment: d.name.to_string(),
                 import_path: d.import_path.to_string(),

@@ -75,6 +75,7 @@ pub type RequestRouterFactory =
 struct Code {
     construct: Constructor,
     batched: bool,
+    multiplexed: bool,
 }
 
 type AppBuilder =
@@ -144,6 +145,7 @@ impl Registry {
         let code = Code {
             construct: ctor,
             batched: D::BATCHED,
+            multiplexed: false,
         };
         Arc::make_mut(&mut self.constructors).insert(path, code);
         Ok(self)
@@ -185,6 +187,7 @@ impl Registry {
         let code = Code {
             construct: ctor,
             batched: M::BATCHED,
+            multiplexed: true,
         };
         Arc::make_mut(&mut self.constructors).insert(path, code);
         Ok(self)
@@ -201,6 +204,14 @@ impl Registry {
     /// nothing is registered under.
     pub fn accepts_batches(&self, path: &str) -> bool {
         self.constructors.get(path).is_some_and(|c| c.batched)
+    }
+
+    /// Whether the code registered under `path` is multiplexed (registered with
+    /// [`register_multiplexed`](Self::register_multiplexed)): what a deployment
+    /// that sets `max_num_models_per_replica` must run. `false` for a path
+    /// nothing is registered under.
+    pub fn multiplexes(&self, path: &str) -> bool {
+        self.constructors.get(path).is_some_and(|c| c.multiplexed)
     }
 
     /// Register a request router under `path`, the import path a deployment's

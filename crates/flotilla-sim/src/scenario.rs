@@ -153,7 +153,9 @@ impl Default for ClusterSpec {
 impl ClusterSpec {
     /// Nodes over all groups.
     pub fn nodes(&self) -> usize {
-        self.groups.iter().map(|g| g.count).sum()
+        self.groups
+            .iter()
+            .fold(0usize, |n, g| n.saturating_add(g.count))
     }
 
     /// CPUs over all nodes.
@@ -305,6 +307,13 @@ impl Default for TrafficSpec {
         }
     }
 }
+
+/// Most nodes a scenario may simulate.
+pub const MAX_NODES: usize = 100_000;
+
+/// Most requests per second a scenario may send (the traffic generator
+/// starts each tick's requests in one go).
+pub const MAX_RATE: f64 = 1_000_000.0;
 
 /// The default event schedule (times from the start of the run).
 pub const DEFAULT_FAULTS: &str = "controller@15s,node@60s,deployment@80s:40,app@100s:40,\
@@ -500,9 +509,19 @@ impl Scenario {
         if self.cluster.nodes() == 0 {
             return bad("the cluster needs at least one node".into());
         }
-        if let Some(g) = self.cluster.groups.iter().find(|g| {
-            !(g.cpus.is_finite() && g.cpus >= 0.0 && g.memory_gib >= 0.0 && g.gpus >= 0.0)
-        }) {
+        if self.cluster.nodes() > MAX_NODES {
+            return bad(format!(
+                "the cluster has {} nodes; the simulator runs at most {MAX_NODES}",
+                self.cluster.nodes()
+            ));
+        }
+        let size = |x: f64| x.is_finite() && x >= 0.0;
+        if let Some(g) = self
+            .cluster
+            .groups
+            .iter()
+            .find(|g| !(size(g.cpus) && size(g.memory_gib) && size(g.gpus)))
+        {
             return bad(format!(
                 "node group '{}' has a negative or invalid size",
                 g.name
@@ -535,8 +554,11 @@ impl Scenario {
             return bad("start_latency.sigma must be >= 0".into());
         }
         let t = &self.traffic;
-        if !(t.rate.is_finite() && t.rate >= 0.0) {
-            return bad("traffic.rate must be >= 0".into());
+        if !(t.rate.is_finite() && (0.0..=MAX_RATE).contains(&t.rate)) {
+            return bad(format!(
+                "traffic.rate must be within 0..={MAX_RATE} requests per second, got {}",
+                t.rate
+            ));
         }
         if t.attempts == 0 {
             return bad("traffic.attempts must be at least 1".into());
@@ -660,6 +682,40 @@ mod tests {
         let e = Scenario::from_yaml("workload: { appz: 3 }").unwrap_err();
         assert!(matches!(e, SimError::ScenarioYaml(_)), "{e:?}");
         assert!(e.to_string().contains("appz"), "{e}");
+    }
+
+    /// Sizes the simulator cannot run are refused, not run until memory runs
+    /// out (a rate's requests start in one go each tick) or wrapped (a sum of
+    /// node counts), and infinite node sizes are refused as negative ones are.
+    #[test]
+    fn unrunnable_sizes_are_refused_naming_them() {
+        for (yaml, says) in [
+            ("traffic: { rate: 1e20 }", "traffic.rate must be within"),
+            ("traffic: { rate: -1 }", "traffic.rate must be within"),
+            (
+                "cluster:\n  groups:\n    - { name: a, count: 18446744073709551615, cpus: 1, memory_gib: 1 }\n    - { name: b, count: 1, cpus: 1, memory_gib: 1 }\n",
+                "the simulator runs at most 100000",
+            ),
+            (
+                "cluster:\n  groups:\n    - { name: a, count: 100001, cpus: 1, memory_gib: 1 }\n",
+                "the simulator runs at most 100000",
+            ),
+            (
+                "cluster:\n  groups:\n    - { name: a, count: 1, cpus: 1, memory_gib: .inf }\n",
+                "node group 'a' has a negative or invalid size",
+            ),
+            (
+                "cluster:\n  groups:\n    - { name: g, count: 1, cpus: 1, memory_gib: 1, gpus: .inf }\n",
+                "node group 'g' has a negative or invalid size",
+            ),
+        ] {
+            let e = Scenario::from_yaml(yaml).unwrap_err();
+            assert!(
+                matches!(e, SimError::Scenario(_)) && e.to_string().contains(says),
+                "{yaml}: {e}"
+            );
+        }
+        Scenario::from_yaml("traffic: { rate: 1000000 }").unwrap();
     }
 
     #[test]

@@ -256,7 +256,9 @@ impl HttpOptions {
 
 /// `grpc_options` (Ray's `gRPCOptionsSchema`). Flotilla has no gRPC proxy: an
 /// empty `grpc_servicer_functions` (Ray's "no gRPC server", the default) is the
-/// only one accepted, and the other fields are kept as given.
+/// only one accepted, and the other fields are kept as given, unwarned: with no
+/// servicer functions Ray starts no gRPC server either, so they change nothing
+/// there too (and `serve build` writes `port` into every config).
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GrpcOptions {

@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use crate::{AppName, AutoscalingPolicy, DeploymentName, is_builtin_policy};
+use crate::{AppName, AutoscalingPolicy, DeploymentName, is_builtin_policy, is_builtin_router};
 
 use super::{AppConfig, DeploymentOverride, ServeConfig, value};
 
@@ -85,6 +85,18 @@ pub enum ConfigWarning {
         /// The kwargs' keys, sorted.
         keys: Vec<String>,
     },
+    /// `request_router_config.request_router_kwargs` were given with the
+    /// built-in router (the class left out, or a path in
+    /// [`BUILTIN_REQUEST_ROUTERS`](crate::BUILTIN_REQUEST_ROUTERS)), which takes
+    /// no kwargs: they change nothing (Ray's default router ignores them too).
+    RouterKwargsWithoutEffect {
+        /// The application.
+        app: AppName,
+        /// The deployment.
+        deployment: DeploymentName,
+        /// The kwargs' keys, sorted.
+        keys: Vec<String>,
+    },
     /// `controller_options` were given: Flotilla's controller runs in this
     /// process, so its environment variables are the process's own; none is set.
     ControllerOptionsNotApplied {
@@ -106,6 +118,7 @@ impl ConfigWarning {
             | ConfigWarning::ApplicationPolicyWins { app, .. }
             | ConfigWarning::ObjectStoreMemoryIgnored { app, .. }
             | ConfigWarning::RouterSettingsWithoutEffect { app, .. }
+            | ConfigWarning::RouterKwargsWithoutEffect { app, .. }
             | ConfigWarning::PolicyKwargsWithoutEffect { app, .. } => Some(app),
             ConfigWarning::ControllerOptionsNotApplied { .. }
             | ConfigWarning::TracingNotExported => None,
@@ -119,7 +132,8 @@ impl ConfigWarning {
             | ConfigWarning::MetricsIntervalIgnored { deployment, .. }
             | ConfigWarning::ApplicationPolicyWins { deployment, .. }
             | ConfigWarning::ObjectStoreMemoryIgnored { deployment, .. }
-            | ConfigWarning::RouterSettingsWithoutEffect { deployment, .. } => Some(deployment),
+            | ConfigWarning::RouterSettingsWithoutEffect { deployment, .. }
+            | ConfigWarning::RouterKwargsWithoutEffect { deployment, .. } => Some(deployment),
             ConfigWarning::PolicyKwargsWithoutEffect { deployment, .. } => deployment.as_ref(),
             _ => None,
         }
@@ -176,6 +190,18 @@ impl fmt::Display for ConfigWarning {
                  routers read replicas' live counters (no routing stats are recorded) and a \
                  request waits for a free replica by notification (no retry backoff)",
                 fields.join(", ")
+            ),
+            ConfigWarning::RouterKwargsWithoutEffect {
+                app,
+                deployment,
+                keys,
+            } => write!(
+                f,
+                "application '{app}', deployment '{deployment}': \
+                 request_router_config.request_router_kwargs ({}) given to the built-in request \
+                 router, which takes no kwargs: they change nothing (name a router registered \
+                 in the Registry to use them)",
+                keys.join(", ")
             ),
             ConfigWarning::PolicyKwargsWithoutEffect {
                 app,
@@ -353,6 +379,22 @@ fn deployment_warnings(app: &AppConfig, d: &DeploymentOverride, out: &mut Vec<Co
                 app: app.name.clone(),
                 deployment: d.name.clone(),
                 fields,
+            });
+        }
+        let builtin = r
+            .request_router_class
+            .as_ref()
+            .is_none_or(|c| is_builtin_router(c.as_str()));
+        if let Some(kwargs) = r
+            .request_router_kwargs
+            .as_ref()
+            .filter(|k| !value::is_empty(k))
+            && builtin
+        {
+            out.push(ConfigWarning::RouterKwargsWithoutEffect {
+                app: app.name.clone(),
+                deployment: d.name.clone(),
+                keys: value::map_keys(kwargs),
             });
         }
     }

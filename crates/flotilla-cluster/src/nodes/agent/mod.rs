@@ -65,7 +65,10 @@ pub(crate) enum Ending {
 /// The agent's messages (local only).
 #[derive(Debug)]
 pub(crate) enum AgentMsg {
+    /// A control frame from the head or a peer node, or an event of a
+    /// session to one.
     Inbound(Inbound),
+    /// A local replica's lifecycle event (ready, failed, stopped...).
     Replica(ReplicaId, ReplicaEvent),
     /// A local multiplexed replica's models changed: tell the head.
     Models(ReplicaId),
@@ -78,6 +81,8 @@ pub(crate) enum AgentMsg {
         peer: String,
         error: Option<NodeError>,
     },
+    /// Every `CHECK_PERIOD`: excuse this node's own stalls, meet peers, and
+    /// send the heartbeats that are due.
     Tick,
     /// Stop every replica, then end.
     Shutdown,

@@ -337,6 +337,46 @@ fn request_router_config_takes_the_default_router_and_its_settings() {
     assert_parse_at(&err(&kwargs), &kwargs, "[1]", "expected a mapping");
 }
 
+/// Ray's default router takes no kwargs (its `initialize_state` ignores them):
+/// given to the built-in router, by its path or with the class left out,
+/// they are warned about; given to another router, or empty, they are not.
+#[test]
+fn router_kwargs_given_to_the_built_in_router_are_warned_about() {
+    for class in [
+        "",
+        "          request_router_class: ray.serve._private.request_router:PowerOfTwoChoicesRequestRouter\n",
+    ] {
+        let c = parse(&front(&format!(
+            "        request_router_config:\n{class}          request_router_kwargs: {{spread: 2, bias: 1}}\n"
+        )));
+        let warnings = c.warnings();
+        assert_eq!(
+            warnings,
+            vec![ConfigWarning::RouterKwargsWithoutEffect {
+                app: crate::AppName::new("shop").unwrap(),
+                deployment: crate::DeploymentName::new("front").unwrap(),
+                keys: vec!["bias".into(), "spread".into()],
+            }],
+            "{class}"
+        );
+        let shown = warnings[0].to_string();
+        assert!(
+            shown.contains("deployment 'front'")
+                && shown.contains("request_router_kwargs (bias, spread)")
+                && shown.contains("change nothing"),
+            "{shown}"
+        );
+    }
+    for quiet in [
+        "          request_router_class: shop.routers.Uniform\n          request_router_kwargs: {spread: 2}\n",
+        "          request_router_kwargs: {}\n",
+        "          request_router_kwargs: null\n",
+    ] {
+        let c = parse(&front(&format!("        request_router_config:\n{quiet}")));
+        assert_eq!(c.warnings(), vec![], "{quiet}");
+    }
+}
+
 #[test]
 fn gang_scheduling_deployment_actors_and_label_selectors_are_refused_with_why() {
     for (fields, needle, field, why) in [

@@ -757,7 +757,10 @@ impl NodePool {
 
     /// Drop every reservation (every replica died at once); returns how many.
     pub fn release_all(&mut self) -> usize {
-        let ids: Vec<ReplicaId> = self.reservations.keys().copied().collect();
+        let mut ids: Vec<ReplicaId> = self.reservations.keys().copied().collect();
+        // In id order, not the map's: the nodes' f64 sums, and so the ties
+        // placement breaks, are a function of what happened, not of hashing.
+        ids.sort_unstable();
         for id in &ids {
             self.release(*id);
         }
@@ -774,12 +777,14 @@ impl NodePool {
             .nodes
             .iter()
             .position(|n| n.alive && n.spec.name == name)?;
-        let lost: Vec<(ReplicaId, DeploymentKey)> = self
+        let mut lost: Vec<(ReplicaId, DeploymentKey)> = self
             .reservations
             .iter()
             .filter(|(_, r)| r.node == idx)
             .map(|(id, r)| (*id, r.key.clone()))
             .collect();
+        // In id order (see `release_all`).
+        lost.sort_unstable_by_key(|(id, _)| *id);
         for (id, _) in &lost {
             self.release(*id);
         }

@@ -207,7 +207,7 @@ impl ConfigState {
     /// record yet (still building, or failed to build).
     fn drop_unnamed(&mut self, config: &ServeConfig) -> Vec<AppName> {
         let named = config.by_name();
-        let dropped: Vec<AppName> = self
+        let mut dropped: Vec<AppName> = self
             .builds
             .keys()
             .chain(self.parked.keys())
@@ -215,6 +215,9 @@ impl ConfigState {
             .filter(|n| !named.contains_key(n.as_str()))
             .cloned()
             .collect();
+        // In name order, not the maps': a run is a function of its seed.
+        dropped.sort_unstable();
+        dropped.dedup();
         let mut unbuilt = Vec::new();
         for n in dropped {
             self.cancel(&n);
@@ -269,13 +272,15 @@ impl ControllerState {
         // nothing now: the application it failed over (an imperative one the
         // entry took over, which the config leaves alone) shows what runs.
         let named = config.by_name();
-        let unnamed: Vec<AppName> = self
+        let mut unnamed: Vec<AppName> = self
             .config
             .failed
             .keys()
             .filter(|app| !named.contains_key(app.as_str()))
             .cloned()
             .collect();
+        // In name order, not the map's: a run is a function of its seed.
+        unnamed.sort_unstable();
         for app in unnamed {
             self.build_current(&app);
         }

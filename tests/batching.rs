@@ -255,6 +255,35 @@ async fn batch_settings_change_in_place_from_the_next_batch() {
     );
 }
 
+/// Batching turned off in place while a batch forms: no request can join
+/// that batch any more (they are served one by one), so it goes at once
+/// instead of waiting out its old timeout.
+#[tokio::test(start_paused = true)]
+async fn a_forming_batch_goes_at_once_when_batching_is_turned_off_in_place() {
+    let (_dir, log, serve) = start().await;
+    let h = serve
+        .run(app(
+            1,
+            16,
+            Some(BatchConfig::new(4, Duration::from_secs(600))),
+        ))
+        .await
+        .unwrap();
+    let forming = call(&h, 1);
+    settle().await;
+    serve.run(app(1, 16, None)).await.unwrap();
+    let t0 = Instant::now();
+    assert_eq!(call(&h, 2).await.unwrap(), Ok(1002));
+    assert_eq!(forming.await.unwrap(), Ok(1001));
+    assert!(
+        t0.elapsed() < Duration::from_secs(1),
+        "the batch was held {:?} after batching was turned off",
+        t0.elapsed()
+    );
+    assert_eq!(log.batches(), [vec![1]], "it went as the batch it was");
+    assert_eq!(*log.singles.lock().unwrap(), [2]);
+}
+
 #[tokio::test(start_paused = true)]
 async fn max_concurrent_batches_from_the_config_bounds_the_batches_running_at_once() {
     let (_dir, log, serve) = start().await;

@@ -7,7 +7,9 @@
 //!   as `max_batch_size` requests are in it, or `batch_wait_timeout` after that
 //!   first one was taken, whichever is first (one deadline, never extended);
 //! - the settings are read when a batch starts forming, so a change applies
-//!   from the next batch;
+//!   from the next batch (batching turned off in place, a Flotilla knob Ray's
+//!   code-only `@serve.batch` lacks, sends the batch forming at once: no
+//!   request can join it any more);
 //! - forming goes on while earlier batches wait for one of the
 //!   `max_concurrent_batches` places; waiting batches start in order (a
 //!   limit raised in place starts as many as it allows when a batch is
@@ -237,7 +239,8 @@ async fn form(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Entry>) {
         }
         // The settings of this batch, read as it starts (Ray's per-batch cache).
         let Some(config) = shared.settings.batching() else {
-            // Batching was turned off while this request queued: serve it alone.
+            // Batching was turned off while this request queued: it came in
+            // batched, so it goes as a batch, of its own, at once.
             dispatch(&shared, vec![first]);
             continue;
         };
@@ -285,6 +288,17 @@ async fn form(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Entry>) {
                     None => break,
                 },
                 _ = &mut sleep => break,
+                // This batch keeps the settings it started with, but a
+                // limit raised in place has room for the waiting batches
+                // now; and with batching turned off no request comes to
+                // this one any more (they are served one by one), so it
+                // goes at once, as a draining replica's does.
+                Ok(()) = settings.changed() => {
+                    start_waiting(&shared, &mut shared.exec());
+                    if shared.settings.batching().is_none() {
+                        break;
+                    }
+                }
             }
         }
         if shared.is_closed() {

@@ -69,12 +69,16 @@ pub(super) async fn start_replica(myself: &ActorRef<AgentMsg>, state: &mut Agent
     }
     let spec = Arc::new(s.spec);
     let dep = spec.name.clone();
-    // Its first requests may come before the route's next copy: take the
+    // Its first requests may come before the route's first copy: take the
     // batching and model limit its spec was deployed with (later changes
-    // come with the route).
+    // come with the route). Not over a copy the node has: the head may have
+    // sent a change after placing this replica and before this `Start`, and
+    // the settings are the deployment's, not this replica's.
     let route = state.directory.route(&s.app, &dep);
-    route.set_batching(spec.config.batching);
-    route.set_max_models_per_replica(spec.config.max_num_models_per_replica);
+    if !state.routes.contains_key(&(s.app.clone(), dep.clone())) {
+        route.set_batching(spec.config.batching);
+        route.set_max_models_per_replica(spec.config.max_num_models_per_replica);
+    }
     let agent = myself.clone();
     let reporter: ReplicaReporter = Arc::new(move |id, event| {
         let _ = agent.cast(AgentMsg::Replica(id, event));

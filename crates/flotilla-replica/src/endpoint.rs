@@ -89,6 +89,12 @@ pub struct ReplicaEndpoint {
     pub(crate) faults: Faults,
     /// Request counters, read at scrape time.
     stats: ReplicaStats,
+    /// For a replica in another process: its batcher's figures, as its
+    /// process last reported them (none before its first report).
+    reported_batches: OnceLock<crate::BatchStats>,
+    /// For a replica in another process: its model cache's figures, as its
+    /// process last reported them.
+    reported_models: OnceLock<crate::ModelStats>,
     /// When it began serving (its endpoint was made).
     started_at: SystemTime,
 }
@@ -134,6 +140,8 @@ impl ReplicaEndpoint {
             route: Weak::new(),
             faults: Faults::new(),
             stats: ReplicaStats::default(),
+            reported_batches: OnceLock::new(),
+            reported_models: OnceLock::new(),
             started_at: SystemTime::now(),
         }
     }
@@ -295,16 +303,38 @@ impl ReplicaEndpoint {
         self.models.as_ref().map(|m| m.subscribe())
     }
 
-    /// Its batcher's figures; `None` until its first batched request (and
-    /// for a replica in another process, which batches there).
+    /// Its batcher's figures; `None` until its first batched request (for a
+    /// replica in another process, which batches there: until its process
+    /// first reports them).
     pub fn batch_stats(&self) -> Option<&crate::BatchStats> {
-        self.batcher.get().map(Batcher::stats)
+        (self.batcher.get().map(Batcher::stats)).or_else(|| self.reported_batches.get())
     }
 
     /// Its model cache's figures; `None` unless it runs a multiplexed
-    /// deployment in this process.
+    /// deployment (in another process: until its process first reports
+    /// them).
     pub fn model_stats(&self) -> Option<&crate::ModelStats> {
-        self.models.as_ref().and_then(|m| m.stats())
+        (self.models.as_ref().and_then(|m| m.stats())).or_else(|| self.reported_models.get())
+    }
+
+    /// For a replica in another process: take its batch and model figures as
+    /// its process reports them, each in place of the last (`None`: not in
+    /// this report).
+    pub(crate) fn mirror_figures(
+        &self,
+        batches: Option<&crate::BatchCounts>,
+        models: Option<&crate::ModelCounts>,
+    ) {
+        if let Some(b) = batches {
+            self.reported_batches
+                .get_or_init(crate::BatchStats::default)
+                .set_counts(b);
+        }
+        if let Some(m) = models {
+            self.reported_models
+                .get_or_init(crate::ModelStats::default)
+                .set_counts(m);
+        }
     }
 
     /// The models it has loaded and is loading now; `None` unless multiplexed.

@@ -64,7 +64,8 @@ pub use router::{
     default_router, power_of_two_choices,
 };
 pub use stats::{
-    BATCH_SIZE_BUCKETS, BATCH_UTILIZATION_BUCKETS_PERCENT, BatchStats, ErrorKind, Histogram,
-    HistogramSnapshot, LATENCY_BUCKETS_MS, LatencyHistogram, ModelStats, ReplicaStats,
+    BATCH_SIZE_BUCKETS, BATCH_UTILIZATION_BUCKETS_PERCENT, BatchCounts, BatchStats, ErrorKind,
+    Histogram, HistogramCounts, HistogramSnapshot, LATENCY_BUCKETS_MS, LatencyHistogram,
+    ModelCounts, ModelStats, ReplicaStats,
 };
 pub use user::{Deployment, UserError};

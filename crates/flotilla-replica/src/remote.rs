@@ -112,6 +112,17 @@ impl RemoteEndpoint {
         self.0.mirror_models(ids);
     }
 
+    /// Its process reports its batch and model figures (`None`: not in this
+    /// report), each whole: `/metrics` here exports them
+    /// ([`ReplicaEndpoint::batch_stats`], [`ReplicaEndpoint::model_stats`]).
+    pub fn set_reported_figures(
+        &self,
+        batches: Option<&crate::BatchCounts>,
+        models: Option<&crate::ModelCounts>,
+    ) {
+        self.0.mirror_figures(batches, models);
+    }
+
     /// Route nothing more to it (it is stopping, or its node is lost).
     pub fn stop_accepting(&self) {
         self.0.stop_accepting();

@@ -1,12 +1,17 @@
 //! What a replica's data plane counts, for `/metrics` (Ray's replica,
 //! batching and multiplexing series): request counters, batch figures and
 //! model loads, each recorded with relaxed atomic adds on the path it
-//! measures (no message, no lock) and read at scrape time.
+//! measures (no message, no lock) and read at scrape time. A replica in
+//! another process has its batch and model figures reported by its process
+//! as counts ([`BatchCounts`], [`ModelCounts`]), which its endpoint here
+//! mirrors.
 
 use std::{
     sync::atomic::{AtomicU64, Ordering},
     time::Duration,
 };
+
+use serde::{Deserialize, Serialize};
 
 /// Ray Serve's request latency buckets in milliseconds
 /// (`REQUEST_LATENCY_BUCKETS_MS`, `serve/_private/constants.py`); every latency
@@ -114,6 +119,41 @@ impl Histogram {
     }
 }
 
+/// A [`Histogram`]'s counts as they cross between processes (its bounds are
+/// the histogram's own, which both sides know).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HistogramCounts {
+    /// Per-bucket counts (not cumulative), `+Inf` last.
+    pub buckets: Vec<u64>,
+    /// The sum of the observations, in millionths.
+    pub sum_micros: u64,
+}
+
+impl Histogram {
+    /// Its counts, to report to another process.
+    pub fn counts(&self) -> HistogramCounts {
+        HistogramCounts {
+            buckets: (self.buckets.iter())
+                .map(|b| b.load(Ordering::Relaxed))
+                .collect(),
+            sum_micros: self.sum_micros.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Hold `counts` in place of its own: the mirror of a histogram in
+    /// another process. Counts of another shape (more or fewer buckets) are
+    /// not this histogram's: they are ignored.
+    pub fn set_counts(&self, counts: &HistogramCounts) {
+        if counts.buckets.len() != self.buckets.len() {
+            return;
+        }
+        for (b, n) in self.buckets.iter().zip(&counts.buckets) {
+            b.store(*n, Ordering::Relaxed);
+        }
+        self.sum_micros.store(counts.sum_micros, Ordering::Relaxed);
+    }
+}
+
 /// A latency [`Histogram`] over [`LATENCY_BUCKETS_MS`], in milliseconds.
 ///
 /// ```
@@ -142,6 +182,14 @@ impl LatencyHistogram {
     /// Read every bucket (the sum in milliseconds).
     pub fn snapshot(&self) -> HistogramSnapshot {
         self.0.snapshot()
+    }
+
+    fn counts(&self) -> HistogramCounts {
+        self.0.counts()
+    }
+
+    fn set_counts(&self, counts: &HistogramCounts) {
+        self.0.set_counts(counts);
     }
 }
 
@@ -344,6 +392,88 @@ impl BatchStats {
     /// batch (`ray_serve_batch_queue_length`, Ray's `qsize`).
     pub fn queued(&self) -> u64 {
         self.queued.load(Ordering::Relaxed)
+    }
+}
+
+/// A [`BatchStats`]'s figures as they cross between processes: a node
+/// reports its replicas' to the head, whose `/metrics` exports them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchCounts {
+    /// [`BatchStats::wait`].
+    pub wait: HistogramCounts,
+    /// [`BatchStats::execution`].
+    pub execution: HistogramCounts,
+    /// [`BatchStats::size`].
+    pub size: HistogramCounts,
+    /// [`BatchStats::utilization`].
+    pub utilization: HistogramCounts,
+    /// [`BatchStats::processed`].
+    pub processed: u64,
+    /// [`BatchStats::queued`].
+    pub queued: u64,
+}
+
+impl BatchStats {
+    /// Its figures, to report to another process.
+    pub fn counts(&self) -> BatchCounts {
+        BatchCounts {
+            wait: self.wait.counts(),
+            execution: self.execution.counts(),
+            size: self.size.counts(),
+            utilization: self.utilization.counts(),
+            processed: self.processed(),
+            queued: self.queued(),
+        }
+    }
+
+    /// Hold `counts` in place of its own: the mirror of a batcher in another
+    /// process.
+    pub fn set_counts(&self, counts: &BatchCounts) {
+        self.wait.set_counts(&counts.wait);
+        self.execution.set_counts(&counts.execution);
+        self.size.set_counts(&counts.size);
+        self.utilization.set_counts(&counts.utilization);
+        self.processed.store(counts.processed, Ordering::Relaxed);
+        self.queued.store(counts.queued, Ordering::Relaxed);
+    }
+}
+
+/// A [`ModelStats`]'s figures as they cross between processes (see
+/// [`BatchCounts`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelCounts {
+    /// [`ModelStats::requests`].
+    pub requests: u64,
+    /// [`ModelStats::loads`].
+    pub loads: u64,
+    /// [`ModelStats::unloads`].
+    pub unloads: u64,
+    /// [`ModelStats::load_latency`].
+    pub load_latency: HistogramCounts,
+    /// [`ModelStats::unload_latency`].
+    pub unload_latency: HistogramCounts,
+}
+
+impl ModelStats {
+    /// Its figures, to report to another process.
+    pub fn counts(&self) -> ModelCounts {
+        ModelCounts {
+            requests: self.requests(),
+            loads: self.loads(),
+            unloads: self.unloads(),
+            load_latency: self.load_latency.counts(),
+            unload_latency: self.unload_latency.counts(),
+        }
+    }
+
+    /// Hold `counts` in place of its own: the mirror of a model cache in
+    /// another process.
+    pub fn set_counts(&self, counts: &ModelCounts) {
+        self.requests.store(counts.requests, Ordering::Relaxed);
+        self.loads.store(counts.loads, Ordering::Relaxed);
+        self.unloads.store(counts.unloads, Ordering::Relaxed);
+        self.load_latency.set_counts(&counts.load_latency);
+        self.unload_latency.set_counts(&counts.unload_latency);
     }
 }
 

@@ -23,7 +23,7 @@ use super::{
     account::Account,
     head::lock,
     transport::PeerCall,
-    wire::{Control, Start, WireEvent, WireModels},
+    wire::{Control, Start, WireEvent, WireFigures, WireModels},
 };
 
 /// What the registry tells a proxy about its replica.
@@ -36,6 +36,8 @@ pub(crate) enum ProxyReport {
     /// The requests running on it now, from every caller (its node's load
     /// report).
     Load(u32),
+    /// Its batch and model figures (its node's report), for `/metrics`.
+    Figures(Box<WireFigures>),
     /// The replica ended.
     Exited { crashed: bool, why: String },
     /// Its node was lost.
@@ -407,6 +409,11 @@ async fn reports(
             // For the deployment's autoscaler, which reads it on the endpoint.
             ProxyReport::Load(n) => {
                 endpoint.set_reported_load(n);
+                continue;
+            }
+            // For the exporter, which reads them on the endpoint.
+            ProxyReport::Figures(f) => {
+                endpoint.set_reported_figures(f.batches.as_ref(), f.models.as_ref());
                 continue;
             }
             ProxyReport::Exited { crashed, why } => {

@@ -285,6 +285,12 @@ async fn control(state: &mut RegistryState, env: Envelope) {
                     "node leaving: nothing more is placed there while its replicas drain");
             }
         }
+        Control::Figures(figures) => {
+            touch(state, &from);
+            for f in figures {
+                let _ = report(state, &from, f.replica, ProxyReport::Figures(Box::new(f)));
+            }
+        }
         Control::Load(load) => {
             touch(state, &from);
             let Some(node) = state.by_peer.get(&from).cloned() else {

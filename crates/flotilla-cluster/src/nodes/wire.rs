@@ -9,7 +9,7 @@ use flotilla_core::{
     AppName, BatchConfig, DeploymentName, DeploymentSpec, DeploymentVersion, RequestRouterConfig,
     Resources,
 };
-use flotilla_replica::{CallError, LogSnapshot, ModelIds, ReplicaEvent};
+use flotilla_replica::{BatchCounts, CallError, LogSnapshot, ModelCounts, ModelIds, ReplicaEvent};
 use ractor_cluster::RactorClusterMessage;
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
@@ -216,6 +216,26 @@ pub(crate) enum Control {
     /// Head -> node: the logging settings, whole (after every change, and to
     /// a node that joins), which the node's replicas log by.
     Logging(Box<LogSnapshot>),
+    /// Node -> head, with a heartbeat: the batch and model figures of its
+    /// replicas whose figures changed since the last (every replica's to a
+    /// new head session), at most [`FIGURES_PART`] per frame; the head's
+    /// `/metrics` exports them.
+    Figures(Vec<WireFigures>),
+}
+
+/// Replicas per [`Control::Figures`] frame: about 1 KiB each, so a frame
+/// stays near half a MiB (see [`REPORTS_PART`]).
+pub(crate) const FIGURES_PART: usize = 512;
+
+/// One replica's batch and model figures, whole (see [`Control::Figures`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct WireFigures {
+    /// The replica.
+    pub replica: u64,
+    /// Its batcher's, once it batched.
+    pub batches: Option<BatchCounts>,
+    /// Its model cache's, if it is multiplexed.
+    pub models: Option<ModelCounts>,
 }
 
 /// The load a node sees: the requests running on its replicas (from every

@@ -1,8 +1,9 @@
 //! The batching and multiplexing series of one scrape (Ray's `_BatchQueue`
 //! and `_ModelMultiplexWrapper` metrics), per replica: read from each
-//! replica's batcher and model cache in this process. A replica in another
-//! process batches and loads there: its loaded model ids (mirrored here by
-//! subscription) are exported, its batch and load figures are not.
+//! replica's batcher and model cache in this process. A replica on a node
+//! batches and loads there: its loaded model ids are mirrored here by
+//! subscription, and its batch and load figures as its node last reported
+//! them (with its heartbeats, when they change).
 
 use flotilla::{HistogramSnapshot, ReplicaEndpoint};
 use prometheus_client::{encoding::DescriptorEncoder, metrics::MetricType};
@@ -41,7 +42,8 @@ impl BatchFigures {
 pub(super) struct ModelFigures {
     /// Its loaded model ids, sorted.
     loaded: Vec<String>,
-    /// Its cache's counters; `None` for a replica in another process.
+    /// Its cache's counters; `None` for a replica on a node that has not
+    /// reported them yet.
     counts: Option<ModelCounts>,
 }
 

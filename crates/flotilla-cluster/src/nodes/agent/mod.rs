@@ -28,6 +28,7 @@ use tokio::{
 };
 use tracing::{debug, info, warn};
 
+mod figures;
 mod lifecycle;
 mod peers;
 mod replicas;
@@ -127,6 +128,9 @@ pub(crate) struct AgentState {
     seq: u64,
     /// The load last reported to the head (sent again only when it changes).
     last_load: WireLoad,
+    /// The replicas' batch and model figures last reported to the head (each
+    /// sent again only when it changes).
+    figures: figures::Reported,
     replicas: HashMap<ReplicaId, Local>,
     children: Children<ReplicaId, ReplicaMsg>,
     routes: HashMap<(AppName, DeploymentName), RouteEntry>,
@@ -269,6 +273,7 @@ impl Actor for Agent {
             last_check: Instant::now(),
             last_beat: Instant::now(),
             last_load: WireLoad::default(),
+            figures: figures::Reported::default(),
             seq: 0,
             replicas: HashMap::new(),
             children: Children::new(),
@@ -388,6 +393,9 @@ impl Actor for Agent {
                     {
                         state.last_load = load;
                     }
+                    if state.head.welcomed().is_some() {
+                        figures::report(state);
+                    }
                 }
                 let timeout = state.args.options.heartbeat_timeout;
                 if let Some((_, since)) = state.course.farewell()
@@ -504,8 +512,9 @@ async fn control(myself: &ActorRef<AgentMsg>, state: &mut AgentState, env: Envel
             state.inherited = (state.args.link.shared.connected().into_iter())
                 .filter(|p| !is_head(p))
                 .collect();
-            // A new head session knows none of this node's load.
+            // A new head session knows none of this node's load or figures.
             state.last_load = WireLoad::default();
+            state.figures.clear();
         }
         Control::Refused { reason } => {
             warn!(node = %state.args.id, %reason,

@@ -1,0 +1,56 @@
+//! The batch and model figures of this node's replicas, reported to the head
+//! with its heartbeats when they change (`Control::Figures`): the head's
+//! `/metrics` exports them as it does its own replicas'.
+
+use std::collections::HashMap;
+
+use flotilla_replica::ReplicaId;
+
+use super::AgentState;
+use crate::nodes::wire::{Control, FIGURES_PART, WireFigures};
+
+/// What the current head session was last told, per replica.
+#[derive(Default)]
+pub(super) struct Reported(HashMap<u64, WireFigures>);
+
+impl Reported {
+    /// A new head session was told nothing yet.
+    pub(super) fn clear(&mut self) {
+        self.0.clear();
+    }
+}
+
+/// Tell the head the figures that changed since it was last told, in replica
+/// order, in parts of at most [`FIGURES_PART`] replicas.
+pub(super) fn report(state: &mut AgentState) {
+    let mut now: Vec<WireFigures> = (state.replicas.iter())
+        .filter_map(|(id, local)| {
+            let ep = local.endpoint.as_ref()?;
+            let batches = ep.batch_stats().map(|s| s.counts());
+            let models = ep.model_stats().map(|s| s.counts());
+            (batches.is_some() || models.is_some()).then_some(WireFigures {
+                replica: id.0,
+                batches,
+                models,
+            })
+        })
+        .collect();
+    now.sort_unstable_by_key(|f| f.replica);
+    let replicas = &state.replicas;
+    state
+        .figures
+        .0
+        .retain(|id, _| replicas.contains_key(&ReplicaId(*id)));
+    let changed: Vec<WireFigures> = now
+        .into_iter()
+        .filter(|f| state.figures.0.get(&f.replica) != Some(f))
+        .collect();
+    for part in changed.chunks(FIGURES_PART) {
+        if !state.to_head(Control::Figures(part.to_vec())) {
+            return;
+        }
+        for f in part {
+            state.figures.0.insert(f.replica, f.clone());
+        }
+    }
+}

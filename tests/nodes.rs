@@ -264,7 +264,7 @@ async fn batching_and_the_model_limit_reach_replicas_on_a_node() {
     // heartbeats, where /metrics reads them (`ray_serve_batch_*`, the
     // multiplexed load and unload series), as it reads its own replicas'.
     let batcher = batched.replicas()[0].clone();
-    eventually(10, "the node's batch figures reach the head", || async {
+    eventually(30, "the node's batch figures reach the head", || async {
         batcher.batch_stats().is_some_and(|s| {
             // One batch, of four: in the (2, 4] bucket.
             s.processed() == 1 && s.size().snapshot().buckets[2] == 1 && s.queued() == 0
@@ -272,7 +272,7 @@ async fn batching_and_the_model_limit_reach_replicas_on_a_node() {
     })
     .await;
     let cache = counted.replicas()[0].clone();
-    eventually(10, "the node's model figures reach the head", || async {
+    eventually(30, "the node's model figures reach the head", || async {
         cache.model_stats().is_some_and(|s| {
             (
                 s.requests(),

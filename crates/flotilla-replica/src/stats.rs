@@ -143,7 +143,7 @@ impl Histogram {
     /// Hold `counts` in place of its own: the mirror of a histogram in
     /// another process. Counts of another shape (more or fewer buckets) are
     /// not this histogram's: they are ignored.
-    pub fn set_counts(&self, counts: &HistogramCounts) {
+    pub(crate) fn set_counts(&self, counts: &HistogramCounts) {
         if counts.buckets.len() != self.buckets.len() {
             return;
         }
@@ -428,7 +428,7 @@ impl BatchStats {
 
     /// Hold `counts` in place of its own: the mirror of a batcher in another
     /// process.
-    pub fn set_counts(&self, counts: &BatchCounts) {
+    pub(crate) fn set_counts(&self, counts: &BatchCounts) {
         self.wait.set_counts(&counts.wait);
         self.execution.set_counts(&counts.execution);
         self.size.set_counts(&counts.size);
@@ -468,7 +468,7 @@ impl ModelStats {
 
     /// Hold `counts` in place of its own: the mirror of a model cache in
     /// another process.
-    pub fn set_counts(&self, counts: &ModelCounts) {
+    pub(crate) fn set_counts(&self, counts: &ModelCounts) {
         self.requests.store(counts.requests, Ordering::Relaxed);
         self.loads.store(counts.loads, Ordering::Relaxed);
         self.unloads.store(counts.unloads, Ordering::Relaxed);

@@ -10,7 +10,7 @@ use flotilla_core::{AppName, DeploymentName, Resources, actor_names};
 use flotilla_replica::{OnExit, ReplicaId};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::{task::JoinHandle, time::Instant};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::{
     RemoteHost,
@@ -287,8 +287,19 @@ async fn control(state: &mut RegistryState, env: Envelope) {
         }
         Control::Figures(figures) => {
             touch(state, &from);
+            let sender = state.by_peer.get(&from);
+            let proxies = lock(&state.shared.proxies);
             for f in figures {
-                let _ = report(state, &from, f.replica, ProxyReport::Figures(Box::new(f)));
+                // Quietly, as a load report: one for a replica the head has
+                // no mirror of (any more) comes again with the node's
+                // periodic refresh, or not at all.
+                match proxies.get(&ReplicaId(f.replica)) {
+                    Some((node, tx)) if sender == Some(node) => {
+                        let _ = tx.send(ProxyReport::Figures(Box::new(f)));
+                    }
+                    _ => debug!(replica = f.replica, peer = %from,
+                        "figures of a replica the head has no proxy of from this node: dropped"),
+                }
             }
         }
         Control::Load(load) => {

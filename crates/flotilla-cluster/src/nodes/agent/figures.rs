@@ -1,6 +1,8 @@
 //! The batch and model figures of this node's replicas, reported to the head
-//! with its heartbeats when they change (`Control::Figures`): the head's
-//! `/metrics` exports them as it does its own replicas'.
+//! with every [`REPORT_BEATS`]th heartbeat, those that changed
+//! (`Control::Figures`): the head's `/metrics` exports them as it does its
+//! own replicas'. Scrapes come every 10-15 s; a busy replica's figures change
+//! with every request, so they are not sent at every beat.
 
 use std::collections::HashMap;
 
@@ -8,6 +10,15 @@ use flotilla_replica::ReplicaId;
 
 use super::AgentState;
 use crate::nodes::wire::{Control, FIGURES_PART, WireFigures};
+
+/// Figures are reported every this many heartbeats (5 s at the default
+/// 500 ms).
+pub(super) const REPORT_BEATS: u64 = 10;
+
+/// Every figure is reported again every this many heartbeats, changed or
+/// not (30 s at the default): one the head could not take (a replica it had
+/// no mirror of yet) reaches it then, as a load report does.
+pub(super) const REFRESH_BEATS: u64 = 60;
 
 /// What the current head session was last told, per replica.
 #[derive(Default)]
@@ -20,9 +31,13 @@ impl Reported {
     }
 }
 
-/// Tell the head the figures that changed since it was last told, in replica
-/// order, in parts of at most [`FIGURES_PART`] replicas.
-pub(super) fn report(state: &mut AgentState) {
+/// Tell the head the figures that changed since it was last told (all of
+/// them if `all`), in replica order, in parts of at most [`FIGURES_PART`]
+/// replicas.
+pub(super) fn report(state: &mut AgentState, all: bool) {
+    if all {
+        state.figures.clear();
+    }
     let mut now: Vec<WireFigures> = (state.replicas.iter())
         .filter_map(|(id, local)| {
             let ep = local.endpoint.as_ref()?;

@@ -393,8 +393,11 @@ impl Actor for Agent {
                     {
                         state.last_load = load;
                     }
-                    if state.head.welcomed().is_some() {
-                        figures::report(state);
+                    if state.head.welcomed().is_some()
+                        && state.seq.is_multiple_of(figures::REPORT_BEATS)
+                    {
+                        let all = state.seq.is_multiple_of(figures::REFRESH_BEATS);
+                        figures::report(state, all);
                     }
                 }
                 let timeout = state.args.options.heartbeat_timeout;

@@ -1,5 +1,6 @@
 //! The store file through the public API: `Serve::start` refuses a damaged checkpoint
-//! without writing a byte of it (and without panicking), refuses a path that is not a
+//! without writing a byte of it (and without panicking), opens one whose config an
+//! earlier Flotilla accepted under rules since tightened, refuses a path that is not a
 //! regular file at once, and creates a new checkpoint private to its owner.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -102,11 +103,9 @@ async fn a_store_with_a_damaged_page_is_an_error_not_a_panic_and_left_byte_ident
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_store_whose_config_slot_is_not_a_valid_serve_config_is_refused_and_left_byte_identical()
-{
-    // Not a config at all, and a config no apply_config could have stored
-    // (target_capacity is refused): the first Controller would fail on
-    // either, and every restart after it.
+async fn a_store_whose_config_slot_is_not_a_serve_config_is_refused_and_left_byte_identical() {
+    // Not a config at all: the first Controller would fail on it, and every
+    // restart after it.
     let dir = tempfile::tempdir().unwrap();
     written_checkpoint(&dir).await;
     put_config(&dir, &"hello");
@@ -115,18 +114,35 @@ async fn a_store_whose_config_slot_is_not_a_valid_serve_config_is_refused_and_le
         message.contains("`config`") && message.contains("last_applied"),
         "{message}"
     );
-    let mut invalid = flotilla::ServeConfig::from_yaml("applications: []\n").unwrap();
-    invalid.target_capacity = Some(50.0);
+}
+
+/// A config that decodes but breaks a rule of today (an earlier Flotilla
+/// accepted `http_options.root_path: /serve/`; `target_capacity` stands for
+/// any such rule) is no damage: the checkpoint opens, its applications run,
+/// and the config stays the applied one until the next (its breach is
+/// logged). Refusing the file would stop every application until a downgrade.
+#[tokio::test(start_paused = true)]
+async fn a_checkpoint_whose_config_breaks_a_newer_rule_opens_and_runs() {
+    let mut older = flotilla::ServeConfig::from_yaml("applications: []\n").unwrap();
+    older.target_capacity = Some(50.0);
+    assert!(older.validate().is_err(), "the rule this test stands on");
     let dir = tempfile::tempdir().unwrap();
     written_checkpoint(&dir).await;
-    put_config(&dir, &invalid);
-    let message = refused_as_corrupt(&dir).await;
-    assert!(
-        message.contains("`config`")
-            && message.contains("last_applied")
-            && message.contains("target_capacity"),
-        "{message}"
-    );
+    put_config(&dir, &older);
+    let sw = Arc::new(Switches::default());
+    let serve = Serve::start(options(&dir, registry(&sw))).await.unwrap();
+    support::wait_status(&serve, NEEDLE, flotilla::ApplicationStatus::Running).await;
+    let applied = serve.applied_config().await.unwrap().unwrap();
+    assert_eq!(applied.target_capacity, Some(50.0));
+    // The next config replaces it.
+    serve
+        .apply_config(flotilla::ServeConfig::from_yaml("applications: []\n").unwrap())
+        .await
+        .unwrap();
+    let applied = serve.applied_config().await.unwrap().unwrap();
+    assert_eq!(applied.target_capacity, None);
+    support::wait_status(&serve, NEEDLE, flotilla::ApplicationStatus::Running).await;
+    serve.shutdown().await.unwrap();
 }
 
 /// Write `value` into the config slot of `dir`'s store, as no Serve would.

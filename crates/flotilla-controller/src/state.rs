@@ -18,7 +18,7 @@ use flotilla_replica::{Directory, Registry};
 use flotilla_store::Snapshot;
 use flotilla_supervision::{Children, Parent, RestartPolicy};
 use ractor::ActorProcessingErr;
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::{
     Checkpoint, ControllerMsg, ControllerSnapshot, LogSettings, Route, RouteTable, StatusBoard,
@@ -130,6 +130,16 @@ impl ControllerState {
             None => args.checkpoint.load()?,
         };
         let config = snapshot.config::<ServeConfig>()?;
+        // Written by an earlier Flotilla, a config may break a rule added
+        // since. Its applications run from their own records, which were
+        // validated when accepted; the config stays the applied one, shown
+        // as it is, until the next is applied (a build it still owes fails
+        // its own validation, naming the field).
+        if let Some(Err(e)) = config.as_ref().map(ServeConfig::validate) {
+            warn!(error = %e,
+                "the applied config in the checkpoint does not pass today's checks (an earlier \
+                 Flotilla accepted it): its applications keep running; apply a corrected config");
+        }
         args.logging
             .set_config_global(config.as_ref().and_then(|c| c.logging_config.clone()));
         let mut apps = HashMap::with_capacity(snapshot.apps.len());

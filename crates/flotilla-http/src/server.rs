@@ -250,9 +250,14 @@ impl HttpServer {
     pub async fn start(serve: &Serve, options: HttpOptions) -> Result<HttpServer, HttpError> {
         let base_options = Arc::new(options.clone());
         let options = match serve.applied_config().await {
-            Ok(Some(config)) => crate::HttpOptionsBuilder::from(options)
-                .serve_config(&config)
-                .build()?,
+            Ok(Some(config)) => {
+                // The program's own first: an error in them is theirs.
+                options.validate()?;
+                crate::HttpOptionsBuilder::from(options)
+                    .serve_config(&config)
+                    .build()
+                    .map_err(|e| HttpError::AppliedConfigOptions(Box::new(e)))?
+            }
             Ok(None) => options,
             Err(source) => return Err(HttpError::AppliedConfig(Box::new(source))),
         };

@@ -57,6 +57,46 @@ applications:
     serve.shutdown().await.unwrap();
 }
 
+/// A checkpoint whose applied config an earlier Flotilla accepted with
+/// `http_options` a rule tightened since refuses (`root_path` ending in `/`):
+/// the server does not start on them, and says the applied config is why (not
+/// the program's own options); a valid config applied lets it start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn applied_http_options_that_break_a_newer_rule_are_named_as_the_applied_configs() {
+    let (dir, serve, probe) = support::bare_serve().await;
+    serve.shutdown().await.unwrap();
+    let mut older = ServeConfig::from_yaml("applications: []\n").unwrap();
+    older.http_options.root_path = Some("/serve/".to_owned());
+    assert!(older.validate().is_err(), "the rule this test stands on");
+    let path = dir.path().join("f.redb");
+    let (store, _) = flotilla_store::Store::open(&path).unwrap();
+    let mut batch = flotilla_store::Batch::new();
+    batch.put_config(&older).unwrap();
+    store.commit(&batch).unwrap();
+    store.close();
+
+    let serve = Serve::start(ServeOptions::new(support::registry(&probe)).store_path(&path))
+        .await
+        .unwrap();
+    let Err(e) = HttpServer::start(&serve, test_options().build().unwrap()).await else {
+        panic!("started on the applied config's invalid http_options");
+    };
+    assert!(matches!(e, HttpError::AppliedConfigOptions(_)), "{e:?}");
+    assert!(
+        e.to_string().contains("root_path") && e.to_string().contains("applied config"),
+        "{e}"
+    );
+    serve
+        .apply_config(ServeConfig::from_yaml("applications: []\n").unwrap())
+        .await
+        .unwrap();
+    let http = HttpServer::start(&serve, test_options().build().unwrap())
+        .await
+        .unwrap();
+    http.shutdown().await;
+    serve.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_config_that_names_no_proxy_location_leaves_a_disabled_proxy_off() {
     // The program turns its proxy off; a config that does not say

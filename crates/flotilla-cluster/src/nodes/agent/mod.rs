@@ -129,7 +129,7 @@ pub(crate) struct AgentState {
     /// The load last reported to the head (sent again only when it changes).
     last_load: WireLoad,
     /// The replicas' batch and model figures last reported to the head (each
-    /// sent again only when it changes).
+    /// sent again when it changed, and all of them now and then: `figures`).
     figures: figures::Reported,
     replicas: HashMap<ReplicaId, Local>,
     children: Children<ReplicaId, ReplicaMsg>,

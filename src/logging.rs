@@ -8,7 +8,8 @@
 //! under it (the HTTP proxy's); they are dropped where `enable_access_log` is
 //! off. A config with `logs_dir` writes
 //! its lines to `<logs_dir>/<application>.log` (appended, the directory created)
-//! instead of the layer's writer; `additional_log_standard_attrs` adds Ray's
+//! instead of the layer's writer (at most 256 such files open at once: the least
+//! recently written is closed to open another); `additional_log_standard_attrs` adds Ray's
 //! standard attributes that have an equivalent to every line.
 
 use std::{
@@ -43,8 +44,9 @@ pub use flotilla_replica::{ACCESS_TARGET, is_access_log};
 pub struct AppLogLayer<W> {
     settings: LogSettings,
     make_writer: W,
-    /// The files of `logs_dir` configs, opened once.
-    files: Mutex<HashMap<PathBuf, File>>,
+    /// The files of `logs_dir` configs, opened once, at most
+    /// [`MAX_OPEN_FILES`] at a time.
+    files: Mutex<OpenFiles>,
     /// For `relativeCreated`: when the layer was made (log timestamps are wall
     /// clock by nature).
     started: Instant,
@@ -56,7 +58,7 @@ impl<W> AppLogLayer<W> {
         AppLogLayer {
             settings,
             make_writer,
-            files: Mutex::new(HashMap::new()),
+            files: Mutex::new(OpenFiles::default()),
             started: Instant::now(),
         }
     }
@@ -66,23 +68,56 @@ impl<W> AppLogLayer<W> {
     fn write_file(&self, dir: &str, app: &str, line: &[u8]) -> bool {
         let path = PathBuf::from(dir).join(format!("{app}.log"));
         let mut files = self.files.lock().unwrap_or_else(|p| p.into_inner());
-        if !files.contains_key(&path) {
-            let opened = std::fs::create_dir_all(dir).and_then(|()| {
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(&path)
-            });
-            match opened {
-                Ok(f) => {
-                    files.insert(path.clone(), f);
-                }
-                Err(_) => return false,
-            }
-        }
         files
-            .get_mut(&path)
+            .get(path.clone(), || {
+                std::fs::create_dir_all(dir).and_then(|()| {
+                    std::fs::OpenOptions::new()
+                        .create(true)
+                        .append(true)
+                        .open(&path)
+                })
+            })
             .is_some_and(|f| f.write_all(line).is_ok())
+    }
+}
+
+/// Most `logs_dir` files a layer keeps open. Applications come and go (each
+/// name its own file): the least recently written is closed to open one
+/// more, and opened again, to append, if it is written again.
+const MAX_OPEN_FILES: usize = 256;
+
+/// The open `logs_dir` files, each with when it was last written.
+#[derive(Default)]
+struct OpenFiles {
+    files: HashMap<PathBuf, (File, u64)>,
+    clock: u64,
+}
+
+impl OpenFiles {
+    /// The file at `path`, opened by `open` if it is not open (closing the
+    /// least recently written first when [`MAX_OPEN_FILES`] are); `None` if
+    /// it cannot be opened.
+    fn get(
+        &mut self,
+        path: PathBuf,
+        open: impl FnOnce() -> std::io::Result<File>,
+    ) -> Option<&mut File> {
+        self.clock += 1;
+        let now = self.clock;
+        if !self.files.contains_key(&path) {
+            let file = open().ok()?;
+            if self.files.len() >= MAX_OPEN_FILES
+                && let Some(oldest) = (self.files.iter())
+                    .min_by_key(|(_, (_, used))| *used)
+                    .map(|(p, _)| p.clone())
+            {
+                self.files.remove(&oldest);
+            }
+            self.files.insert(path.clone(), (file, now));
+        }
+        let (file, used) = self.files.get_mut(&path)?;
+        *used = now;
+        Some(file)
     }
 }
 
@@ -359,6 +394,29 @@ mod tests {
             .lines()
             .map(str::to_owned)
             .collect()
+    }
+
+    /// Applications come and go, each name its own file: the layer keeps at
+    /// most `MAX_OPEN_FILES` open (one per name ever seen before, until the
+    /// process ran out of descriptors), and a file closed for another is
+    /// opened again, appended to, when its application writes again.
+    #[test]
+    fn logs_dir_files_open_at_once_are_bounded_and_reopened_to_append() {
+        let dir = tempfile::tempdir().unwrap();
+        let logs = dir.path().join("logs").to_string_lossy().into_owned();
+        let layer = AppLogLayer::new(LogSettings::new(), Buffer::default());
+        let apps = MAX_OPEN_FILES + 44;
+        for round in 0..2 {
+            for i in 0..apps {
+                assert!(layer.write_file(&logs, &format!("a{i}"), format!("{round}\n").as_bytes()));
+                let open = layer.files.lock().unwrap().files.len();
+                assert!(open <= MAX_OPEN_FILES, "{open} files open");
+            }
+        }
+        for i in [0, apps / 2, apps - 1] {
+            let text = std::fs::read_to_string(dir.path().join("logs").join(format!("a{i}.log")));
+            assert_eq!(text.unwrap(), "0\n1\n", "a{i}");
+        }
     }
 
     #[test]

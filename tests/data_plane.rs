@@ -298,3 +298,62 @@ async fn queued_requests_run_oldest_first_while_newcomers_keep_arriving() {
     let order = finished.lock().unwrap().clone();
     assert_eq!(order, (0..30).collect::<Vec<_>>());
 }
+
+/// A replica whose constructor took a handle to a deployment its
+/// application does not have, and called through it.
+struct Typo;
+
+impl Deployment for Typo {
+    type Request = u32;
+    type Response = u32;
+
+    async fn handle(&self, x: u32) -> Result<u32, UserError> {
+        Ok(x)
+    }
+}
+
+/// A handle to a deployment the application never had waits for it to
+/// come; once the application is deleted it never can, so its callers fail
+/// with `NotFound` (they waited for ever, and its route stayed in the
+/// directory for the life of the process, one per deleted application).
+#[tokio::test(start_paused = true)]
+async fn a_handle_to_a_deployment_the_application_never_had_ends_with_the_application() {
+    let dir = tempfile::tempdir().unwrap();
+    type Outcome = Arc<std::sync::Mutex<Option<Result<u32, CallError>>>>;
+    let outcome: Outcome = Arc::default();
+    let o = outcome.clone();
+    let registry = Registry::new()
+        .register("dp::Typo", move |ctx| {
+            let o = o.clone();
+            async move {
+                let h = ctx.handle("no_such_deployment")?;
+                tokio::spawn(async move {
+                    let r = h.call::<u32, u32>(&1).await;
+                    *o.lock().unwrap() = Some(r);
+                });
+                Ok(Typo)
+            }
+        })
+        .unwrap();
+    let serve = support::start_with(&dir, registry).await;
+    let app = ApplicationSpec::builder("typo")
+        .deployment(DeploymentSpec::builder("front", "dp::Typo"))
+        .build()
+        .unwrap();
+    serve.run(app).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(
+        outcome.lock().unwrap().is_none(),
+        "it waits while the application lives"
+    );
+    serve.delete_apps(&["typo"], true).await.unwrap();
+    support::eventually("the call through the stray handle ended", || {
+        outcome.lock().unwrap().is_some()
+    })
+    .await;
+    let ended = outcome.lock().unwrap().take().unwrap();
+    assert!(
+        matches!(ended, Err(CallError::NotFound { .. })),
+        "{ended:?}"
+    );
+}

@@ -7,7 +7,7 @@ use flotilla_core::AppName;
 use flotilla_store::Batch;
 use flotilla_supervision::Backoff;
 use ractor::{ActorProcessingErr, ActorRef};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::{
     Controller, ControllerMsg, apps::RETRY, messages::InternalMsg, state::ControllerState,
@@ -83,6 +83,12 @@ impl Controller {
             state.board.remove(name);
             info!(app = %name, "application removed");
             state.logging.set_app(name, None);
+            // Routes only handles made (to a deployment the application
+            // never had): nothing else would ever remove them.
+            let stray = state.args.directory.remove_unclaimed(name);
+            if stray > 0 {
+                debug!(app = %name, routes = stray, "unclaimed routes of a removed application dropped");
+            }
         }
         Self::resume_removed(myself, state, &done);
         Ok(())

@@ -684,6 +684,40 @@ impl Directory {
         }
     }
 
+    /// `app` is gone: remove the routes of it that nothing serving claimed,
+    /// made by handles alone (a replica's `InitContext::handle` to a
+    /// deployment its application never had, say), which no DeploymentActor
+    /// will ever remove; their callers fail with `NotFound`. Claimed routes
+    /// are their DeploymentActors' to remove. Returns how many went.
+    pub fn remove_unclaimed(&self, app: &AppName) -> usize {
+        let removed: Vec<Arc<DeploymentRoute>> = {
+            let mut routes = self.routes.write().unwrap_or_else(|p| p.into_inner());
+            let Routes { by_key, by_app } = &mut *routes;
+            let Some(deps) = by_app.get_mut(app) else {
+                return 0;
+            };
+            let mut removed = Vec::new();
+            deps.retain(|d| {
+                let key = (app.clone(), d.clone());
+                match by_key.get(&key) {
+                    Some(r) if !r.is_claimed() => {
+                        removed.extend(by_key.remove(&key));
+                        false
+                    }
+                    _ => true,
+                }
+            });
+            if deps.is_empty() {
+                by_app.remove(app);
+            }
+            removed
+        };
+        for r in &removed {
+            r.close();
+        }
+        removed.len()
+    }
+
     /// The deployments whose routes have callers waiting in this process's
     /// handles now, and how many (a load report, `docs/nodes.md`).
     pub fn waiting(&self) -> Vec<(AppName, DeploymentName, usize)> {
@@ -739,6 +773,28 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use flotilla_core::{AppName, AutoscalingConfig, DeploymentConfig, DeploymentName};
+
+    /// A removed application's routes that only handles made go with it
+    /// (closed: their callers stop waiting); a claimed one stays for its
+    /// DeploymentActor to remove, and another application's are untouched.
+    #[test]
+    fn a_removed_applications_unclaimed_routes_go_and_claimed_ones_stay() {
+        let d = super::Directory::new();
+        let (a, b) = (AppName::new("a").unwrap(), AppName::new("b").unwrap());
+        let dep = |n: &str| DeploymentName::new(n).unwrap();
+        let served = d.route(&a, &dep("back"));
+        let stray = d.route_claimed(&a, &dep("typo"), false);
+        let elsewhere = d.route_claimed(&b, &dep("typo"), false);
+        assert_eq!(d.remove_unclaimed(&a), 1);
+        assert!(stray.is_closed() && !served.is_closed() && !elsewhere.is_closed());
+        assert!(d.get(&a, &dep("typo")).is_none());
+        assert_eq!(d.deployments_of(&a), [dep("back")]);
+        assert_eq!(d.deployments_of(&b), [dep("typo")]);
+        d.remove(&a, &dep("back"));
+        assert_eq!(d.remove_unclaimed(&a), 0);
+        assert!(d.deployments_of(&a).is_empty());
+        assert_eq!(d.len(), 1);
+    }
 
     /// Ray's "autoscaling will never happen" is said when a config earns it,
     /// once per pair of limits: a target set again does not repeat it.

@@ -39,12 +39,13 @@ pub enum HttpError {
     #[error("cannot read the applied config's http_options: {0}")]
     AppliedConfig(#[source] Box<flotilla::ServeError>),
     /// The applied config's `http_options` (which the server takes over its
-    /// own options) are not valid: a config an earlier Flotilla accepted,
-    /// under a rule tightened since. Applying a config with valid
-    /// `http_options` (`Serve::apply_config`) lets the server start.
+    /// own options) cannot be served: they ask for what the server does not
+    /// do (`ssl_*`), or an earlier Flotilla accepted them under a rule
+    /// tightened since. Applying a config whose `http_options` can be
+    /// (`Serve::apply_config`) lets the server start.
     #[error(
-        "the applied config's http_options are not valid (an earlier Flotilla accepted \
-         them): {0}; apply a config whose http_options are valid"
+        "the applied config's http_options cannot be served: {0}; apply a config whose \
+         http_options can"
     )]
     AppliedConfigOptions(#[source] Box<HttpError>),
     /// An option is out of range.

@@ -159,7 +159,8 @@ async fn proxy_location_disabled_starts_no_proxy_and_tls_is_refused() {
             .await
             .unwrap_err();
         assert!(
-            matches!(err, HttpError::InvalidOption { field: f, .. } if f == field),
+            matches!(&err, HttpError::AppliedConfigOptions(inner)
+                if matches!(**inner, HttpError::InvalidOption { field: f, .. } if f == field)),
             "{err}"
         );
     }

@@ -105,7 +105,7 @@ impl OpenFiles {
         self.clock += 1;
         let now = self.clock;
         if !self.files.contains_key(&path) {
-            let file = open().ok()?;
+            // Closed first: near the descriptor limit, the open needs its slot.
             if self.files.len() >= MAX_OPEN_FILES
                 && let Some(oldest) = (self.files.iter())
                     .min_by_key(|(_, (_, used))| *used)
@@ -113,6 +113,7 @@ impl OpenFiles {
             {
                 self.files.remove(&oldest);
             }
+            let file = open().ok()?;
             self.files.insert(path.clone(), (file, now));
         }
         let (file, used) = self.files.get_mut(&path)?;

@@ -594,10 +594,12 @@ impl Directory {
         claim: bool,
     ) -> Arc<DeploymentRoute> {
         let key = (app.clone(), deployment.clone());
-        if let Some(r) = self.get_key(&key) {
-            if claim {
-                r.claimed.store(true, Ordering::Release);
-            }
+        // A claim of a route not claimed yet is made under the write lock:
+        // `remove_unclaimed` (which holds it) must not drop a route between
+        // its lookup here and its claim.
+        if let Some(r) = self.get_key(&key)
+            && (!claim || r.is_claimed())
+        {
             return r;
         }
         let mut routes = self.routes.write().unwrap_or_else(|p| p.into_inner());

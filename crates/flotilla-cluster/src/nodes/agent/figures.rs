@@ -20,6 +20,9 @@ pub(super) const REPORT_BEATS: u64 = 10;
 /// no mirror of yet) reaches it then, as a load report does.
 pub(super) const REFRESH_BEATS: u64 = 60;
 
+// A refresh falls on a reporting beat.
+const _: () = assert!(REFRESH_BEATS.is_multiple_of(REPORT_BEATS));
+
 /// What the current head session was last told, per replica.
 #[derive(Default)]
 pub(super) struct Reported(HashMap<u64, WireFigures>);

@@ -190,24 +190,47 @@ fn touch(state: &RegistryState, peer: &str) {
     }
 }
 
+/// Why a node's report on a replica went to no proxy.
+enum Undelivered {
+    /// The replica runs on this other node.
+    OtherNode(String),
+    /// The head has no proxy of the replica (it never placed it, or it ended).
+    NoProxy,
+}
+
 /// Pass a node's report on `replica` to its proxy, if the node that sent it
-/// (`from`) is the one the replica runs on (returns whether it was).
-fn report(state: &RegistryState, from: &str, replica: u64, report: ProxyReport) -> bool {
+/// (`from`) is the one the replica runs on; else the report back, and why.
+fn deliver(
+    state: &RegistryState,
+    from: &str,
+    replica: u64,
+    report: ProxyReport,
+) -> Result<(), (ProxyReport, Undelivered)> {
     let sender = state.by_peer.get(from);
     let proxies = lock(&state.shared.proxies);
     match proxies.get(&ReplicaId(replica)) {
         Some((node, tx)) if sender == Some(node) => {
             let _ = tx.send(report);
-            return true;
+            Ok(())
         }
-        Some((node, _)) => warn!(
+        Some((node, _)) => Err((report, Undelivered::OtherNode(node.clone()))),
+        None => Err((report, Undelivered::NoProxy)),
+    }
+}
+
+/// [`deliver`], with a warning when the report goes nowhere (returns whether
+/// it was delivered).
+fn report(state: &RegistryState, from: &str, replica: u64, report: ProxyReport) -> bool {
+    match deliver(state, from, replica, report) {
+        Ok(()) => return true,
+        Err((report, Undelivered::OtherNode(node))) => warn!(
             replica,
             %node,
             peer = %from,
             ?report,
             "report on a replica from a peer other than its node: ignored"
         ),
-        None => warn!(
+        Err((report, Undelivered::NoProxy)) => warn!(
             replica,
             ?report,
             "report for a replica the head has no proxy of"
@@ -287,18 +310,14 @@ async fn control(state: &mut RegistryState, env: Envelope) {
         }
         Control::Figures(figures) => {
             touch(state, &from);
-            let sender = state.by_peer.get(&from);
-            let proxies = lock(&state.shared.proxies);
             for f in figures {
                 // Quietly, as a load report: one for a replica the head has
                 // no mirror of (any more) comes again with the node's
                 // periodic refresh, or not at all.
-                match proxies.get(&ReplicaId(f.replica)) {
-                    Some((node, tx)) if sender == Some(node) => {
-                        let _ = tx.send(ProxyReport::Figures(Box::new(f)));
-                    }
-                    _ => debug!(replica = f.replica, peer = %from,
-                        "figures of a replica the head has no proxy of from this node: dropped"),
+                let replica = f.replica;
+                if deliver(state, &from, replica, ProxyReport::Figures(Box::new(f))).is_err() {
+                    debug!(replica, peer = %from,
+                        "figures of a replica the head has no proxy of from this node: dropped");
                 }
             }
         }

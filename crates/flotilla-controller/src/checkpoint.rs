@@ -19,7 +19,7 @@ use crate::ServeError;
 /// a failing commit is a fault point ([`FaultPoint::CommitFails`]).
 ///
 /// One Controller at a time writes it: each incarnation
-/// [claims](Checkpoint::claim) it before it reads it, and a commit of an
+/// claims it before it reads it, and a commit of an
 /// earlier incarnation still in flight (it was killed while its fsync ran on a
 /// blocking thread, which a kill does not stop) lands before the claim or not
 /// at all. Without that, a successor could read the store before the dead

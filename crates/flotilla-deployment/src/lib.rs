@@ -1,7 +1,7 @@
 //! The DeploymentActor: keeps one deployment's replicas at its target.
 //!
 //! It owns the replica pool of one deployment: starting replicas where the
-//! [`Cluster`] has room, rolling code changes gradually, reconfiguring config-only
+//! [`Cluster`](flotilla_cluster::Cluster) has room, rolling code changes gradually, reconfiguring config-only
 //! changes in place, replacing replicas that fail to start, fail health checks or
 //! panic, stopping replicas gracefully, publishing the running set to the
 //! deployment's route, and deriving the deployment status.
@@ -9,7 +9,7 @@
 //! Replica states change in one place (`DeploymentState::set_state`, logged); the
 //! reconcile step is the pure [`plan::plan`]; [`observe`] reads a deployment's
 //! [`DeploymentSnapshot`] (replicas counted by state and version) for the status
-//! API. Where replicas may run is the [`Cluster`]'s (the `flotilla-cluster` crate).
+//! API. Where replicas may run is the [`Cluster`](flotilla_cluster::Cluster)'s (the `flotilla-cluster` crate).
 //!
 //! It must not write the checkpoint (durable decisions go to the Controller as
 //! messages) and must not hold its replicas by a link: replicas outlive a crash of

@@ -1,5 +1,5 @@
 //! The HTTP proxy: one request in, routed by longest prefix to its
-//! application's ingress through a [`DeploymentHandle`](flotilla::DeploymentHandle)
+//! application's ingress through a [`DeploymentHandle`]
 //! (so power-of-two-choices, `max_ongoing_requests`, the queue limit and retries
 //! all apply), answered with Ray's status codes and bodies (`proxy.py`).
 //!

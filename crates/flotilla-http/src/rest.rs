@@ -16,7 +16,7 @@
 //! application and field. Paths are accepted with or without the trailing `/`.
 //!
 //! A `PUT`, `DELETE` or `POST` that looks like a browser's (Ray's heuristic:
-//! [`crate::auth`]) is 405 `'PUT' method not allowed for browser traffic.`,
+//! `crate::auth`) is 405 `'PUT' method not allowed for browser traffic.`,
 //! with or without a token; reads are served to browsers. A listener on
 //! loopback answers only requests whose `Host` is `localhost` or an IP
 //! address: 403 for any other name (a DNS-rebinding page's).

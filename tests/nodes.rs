@@ -1332,6 +1332,31 @@ async fn a_dropped_connection_fences_the_node_which_joins_as_a_new_node() {
 #[derive(Clone, Default)]
 struct Capture(Arc<Mutex<Vec<u8>>>);
 
+impl Capture {
+    /// The process's capture, set as its subscriber (INFO and above) the
+    /// first time (a process has one).
+    fn global() -> Capture {
+        static CAPTURE: std::sync::OnceLock<Capture> = std::sync::OnceLock::new();
+        CAPTURE
+            .get_or_init(|| {
+                let capture = Capture::default();
+                let writer = capture.clone();
+                tracing_subscriber::fmt()
+                    .with_max_level(tracing::Level::INFO)
+                    .with_writer(move || writer.clone())
+                    .try_init()
+                    .unwrap_or_else(|e| panic!("a subscriber was set already: {e}"));
+                capture
+            })
+            .clone()
+    }
+
+    /// Everything captured so far.
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
 impl std::io::Write for Capture {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         self.0.lock().unwrap().extend_from_slice(buf);
@@ -1345,12 +1370,7 @@ impl std::io::Write for Capture {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_cookie_is_refused_and_logged_on_both_sides() {
     let _turn = turn().await;
-    let capture = Capture::default();
-    let writer = capture.clone();
-    let _ = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::INFO)
-        .with_writer(move || writer.clone())
-        .try_init();
+    let capture = Capture::global();
     let dir = tempfile::tempdir().unwrap();
     let serve = head(dir.path(), cpus(1.0)).await;
     let addr = serve.node_address().unwrap();
@@ -1375,7 +1395,7 @@ async fn a_wrong_cookie_is_refused_and_logged_on_both_sides() {
         serve.metrics().await.unwrap().nodes.refused >= 3
     })
     .await;
-    let head_log = String::from_utf8_lossy(&capture.0.lock().unwrap()).into_owned();
+    let head_log = capture.text();
     assert!(
         head_log.contains("node connection refused: authentication failed"),
         "{head_log}"
@@ -1494,8 +1514,7 @@ async fn a_nodes_listener_holds_at_most_64_connections_waiting_to_authenticate()
     })
     .await;
     let listen = serve.nodes()[0].listen.clone();
-    // ractor_cluster's listener has no accept hook: the node closes a
-    // connection beyond the cap as soon as its session opens, and keeps the
+    // The node closes a connection beyond the cap at accept, and keeps the
     // 64 (until its 5 s handshake deadline).
     let mut waiting = Vec::new();
     for _ in 0..64 {
@@ -1504,6 +1523,93 @@ async fn a_nodes_listener_holds_at_most_64_connections_waiting_to_authenticate()
     let mut over = tokio::net::TcpStream::connect(&listen).await.unwrap();
     assert!(closed_by_server(&mut over).await, "the 65th was not closed");
     assert_all_open(&waiting);
+    serve.shutdown().await.unwrap();
+}
+
+/// A flood of connections that never authenticate is logged at the 1st,
+/// 2nd, 4th, 8th... (every one was a warning: a peer without the cookie
+/// could fill the log), and all of them are counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_unauthenticated_connections_is_logged_sparingly() {
+    let _turn = turn().await;
+    let capture = Capture::global();
+    let dir = tempfile::tempdir().unwrap();
+    let serve = head_with_handshake(dir.path(), Duration::from_secs(300)).await;
+    let addr = serve.node_address().unwrap();
+    let mut waiting = Vec::new();
+    for _ in 0..64 {
+        waiting.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+    }
+    let warning = "too many connections waiting to authenticate";
+    let before = capture.text().matches(warning).count();
+    for i in 0..200 {
+        let mut over = tokio::net::TcpStream::connect(addr).await.unwrap();
+        assert!(
+            closed_by_server(&mut over).await,
+            "connection {i} was not closed"
+        );
+    }
+    let logged = capture.text().matches(warning).count() - before;
+    // The 1st, 2nd, 4th, ... 128th.
+    assert_eq!(logged, 8, "{}", capture.text());
+    drop(waiting);
+    serve.shutdown().await.unwrap();
+}
+
+/// Declare a 60 MiB frame to `addr` without authenticating, send up to 4 MiB
+/// of it, and say whether the server closed the connection (before its
+/// deadline, which the caller sets far off).
+async fn closed_mid_frame_before_auth(addr: impl tokio::net::ToSocketAddrs) -> bool {
+    use tokio::io::AsyncWriteExt;
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream
+        .write_all(&(60u64 << 20).to_be_bytes())
+        .await
+        .unwrap();
+    let chunk = vec![0u8; 64 << 10];
+    for _ in 0..64 {
+        // A write fails once the server has closed.
+        if stream.write_all(&chunk).await.is_err() {
+            break;
+        }
+    }
+    closed_by_server(&mut stream).await
+}
+
+/// A connection may send 64 KiB before it authenticates, on the head's
+/// listener and on a node's: one that declares a 60 MiB frame is closed once
+/// it has sent that much, not at its deadline (ractor_cluster read each such
+/// frame whole first, so 64 connections waiting to authenticate held 4 GiB,
+/// cookie or not). The node's listener here is the one it told the head it
+/// listens on: its own, not ractor_cluster's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_a_connection_sends_before_it_authenticates_is_bounded() {
+    let _turn = turn().await;
+    let dir = tempfile::tempdir().unwrap();
+    let serve = head_with_handshake(dir.path(), Duration::from_secs(300)).await;
+    let addr = serve.node_address().unwrap();
+    assert!(
+        closed_mid_frame_before_auth(addr).await,
+        "the head kept reading a frame before authentication"
+    );
+    let mut options =
+        flotilla::node::NodeOptions::new(addr, flotilla::Cookie::new(COOKIE).unwrap())
+            .name("bounded");
+    options.handshake_timeout = Duration::from_secs(300);
+    let node = flotilla::node::start(registry(), options).await.unwrap();
+    eventually(30, "the node joined with its listen address", || async {
+        serve.nodes().iter().any(|n| !n.listen.is_empty())
+    })
+    .await;
+    let listen = serve.nodes()[0].listen.clone();
+    assert!(
+        closed_mid_frame_before_auth(&listen).await,
+        "the node kept reading a frame before authentication"
+    );
+    // Neither closed anything that authenticated.
+    assert_eq!(serve.metrics().await.unwrap().nodes.joined, 1);
+    assert_eq!(serve.metrics().await.unwrap().nodes.lost, 0);
+    node.shutdown().await.unwrap();
     serve.shutdown().await.unwrap();
 }
 

@@ -22,7 +22,7 @@ use tracing::info;
 
 use super::{
     HeadOptions, NodeError,
-    link::{Link, Listen, Role},
+    link::{Link, Role},
     proxy::ProxyReport,
     registry::{Registry, RegistryMsg},
 };
@@ -340,7 +340,7 @@ impl Head {
             &name,
             &host,
             options.cookie.secret(),
-            Listen::Own(listener),
+            listener,
             options.handshake_timeout,
             Role::Head,
         )

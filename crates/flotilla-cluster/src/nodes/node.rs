@@ -15,7 +15,7 @@ use super::{
     NodeError, NodeOptions,
     agent::{Agent, AgentArgs, AgentMsg, Ending},
     head::random_suffix,
-    link::{Link, Listen, Role},
+    link::{Link, Role},
 };
 
 /// How long [`Node::shutdown`] waits for the replicas to drain.
@@ -173,11 +173,15 @@ impl Incarnation {
                 source,
             })?
             .to_string();
+        let at = SocketAddr::new(options.listen, options.listen_port);
+        let listener = tokio::net::TcpListener::bind(at)
+            .await
+            .map_err(|source| NodeError::Bind { addr: at, source })?;
         let (link, inbound) = Link::start(
             &name,
             &host,
             options.cookie.secret(),
-            Listen::Server(SocketAddr::new(options.listen, options.listen_port)),
+            listener,
             options.handshake_timeout,
             Role::Node,
         )

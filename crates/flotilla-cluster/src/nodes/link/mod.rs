@@ -3,13 +3,10 @@
 //! ([`shared`]), the calls it is waiting on ([`calls`]), and the local
 //! replicas it serves to other processes.
 
-use std::{
-    net::SocketAddr,
-    sync::{Arc, Mutex, MutexGuard, PoisonError},
-};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use ractor::{Actor, ActorRef};
-use ractor_cluster::{NetworkStream, NodeServer, NodeServerMessage, node::NodeConnectionMode};
+use ractor_cluster::{NodeServer, NodeServerMessage, node::NodeConnectionMode};
 use tokio::{sync::mpsc, task::JoinHandle};
 use tracing::{debug, warn};
 
@@ -21,12 +18,14 @@ use super::{
 
 mod calls;
 mod port;
+mod preauth;
 mod shared;
 #[cfg(test)]
 pub(crate) mod tests;
 
 pub(crate) use calls::{Calls, Outcome, Piece};
 use port::Port;
+use preauth::PreAuthStream;
 use shared::Events;
 pub(crate) use shared::Shared;
 
@@ -128,32 +127,30 @@ impl std::fmt::Debug for Link {
     }
 }
 
-/// Where a link listens.
-pub(crate) enum Listen {
-    /// Accept on this bound listener (the head: port 0 readable).
-    Own(tokio::net::TcpListener),
-    /// Only ractor_cluster's own listener, on this address (port 0: one the
-    /// system picks; nodes: what the peers that [`dials`] picks dial).
-    Server(SocketAddr),
-}
-
 impl Link {
     /// Start a NodeServer named `name@host` with `cookie`, its port and its
-    /// event subscription, for a process of `role`. Inbound control frames
-    /// and session events come out of the returned receiver (but the head's
-    /// port answers heartbeats itself). An inbound session that has not
-    /// authenticated within `handshake` is closed ([`Handshakes`]).
+    /// event subscription, for a process of `role`, accepting peers on
+    /// `listener`. Inbound control frames and session events come out of the
+    /// returned receiver (but the head's port answers heartbeats itself). An
+    /// inbound session that has not authenticated within `handshake` is
+    /// closed, and what it may send first is bounded ([`Handshakes`]).
+    ///
+    /// The NodeServer tells peers `host` and `listener`'s port as where this
+    /// process listens. Its own listener, which ractor_cluster always runs,
+    /// binds an ephemeral port on loopback: every peer is accepted here, where
+    /// each connection gets a slot and a read budget before ractor_cluster
+    /// sees it.
     pub(crate) async fn start(
         name: &str,
         host: &str,
         cookie: &str,
-        listen: Listen,
+        listener: tokio::net::TcpListener,
         handshake: std::time::Duration,
         role: Role,
     ) -> Result<(Link, mpsc::UnboundedReceiver<Inbound>), NodeError> {
         let (inbound, rx) = mpsc::unbounded_channel();
         let me = format!("{name}@{host}");
-        let handshakes = Handshakes::new(me.clone(), handshake, matches!(listen, Listen::Own(_)));
+        let handshakes = Handshakes::new(me.clone(), handshake);
         let secret = super::head::random_u64();
         let shared = Shared::new(me.clone(), inbound, handshakes, secret, role);
         let (port, _) = Actor::spawn(Some(port_name(&me)), Port, shared.clone())
@@ -162,19 +159,15 @@ impl Link {
                 what: "node port",
                 source,
             })?;
-        let (ip, listen_port) = match &listen {
-            Listen::Own(l) => {
-                l.local_addr()
-                    .map(|a| (a.ip(), 0))
-                    .map_err(|source| NodeError::Io {
-                        what: "reading the listener's address",
-                        source,
-                    })?
-            }
-            Listen::Server(at) => (at.ip(), at.port()),
-        };
+        let listen_port = listener
+            .local_addr()
+            .map_err(|source| NodeError::Io {
+                what: "reading the listener's address",
+                source,
+            })?
+            .port();
         let server = NodeServer::new(
-            listen_port,
+            0,
             cookie.to_owned(),
             name.to_owned(),
             host.to_owned(),
@@ -185,7 +178,7 @@ impl Link {
             // takes the calls in flight on it along (`docs/nodes.md`).
             Some(NodeConnectionMode::Isolated),
         )
-        .with_listen_addr(ip)
+        .with_listen_addr(std::net::Ipv4Addr::LOCALHOST.into())
         .with_max_inbound_frame_size(MAX_FRAME);
         let (server, server_done) = match Actor::spawn(None, server, ()).await {
             Ok(s) => s,
@@ -197,6 +190,10 @@ impl Link {
                 });
             }
         };
+        // What peers are told to dial: `host` and this listener's port, not
+        // the loopback port ractor_cluster's listener reported as it started
+        // (already in the NodeServer's mailbox, so this comes after it).
+        let told = server.cast(NodeServerMessage::PortChanged { port: listen_port });
         let subscribed = server.cast(NodeServerMessage::SubscribeToEvents {
             id: "flotilla".to_owned(),
             subscription: Box::new(Events(shared.clone(), Mutex::default())),
@@ -208,48 +205,19 @@ impl Link {
             port,
             tasks: Mutex::default(),
         };
-        if subscribed.is_err() {
+        if told.is_err() || subscribed.is_err() {
             link.stop().await;
             return Err(NodeError::Stopped {
                 what: "ractor_cluster NodeServer",
             });
         }
-        if let Listen::Own(listener) = listen {
-            let server = link.server.clone();
-            let me = me.clone();
-            let handshakes = link.shared.handshakes.clone();
-            let accept = tokio::spawn(async move {
-                loop {
-                    let (stream, peer_addr) = match listener.accept().await {
-                        Ok(s) => s,
-                        Err(e) => {
-                            warn!(node = %me, error = %e, "node listener: accept failed");
-                            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                            continue;
-                        }
-                    };
-                    if !handshakes.admit(peer_addr.to_string()) {
-                        continue;
-                    }
-                    let _ = stream.set_nodelay(true);
-                    let Ok(local_addr) = stream.local_addr() else {
-                        continue;
-                    };
-                    let opened = NodeServerMessage::ConnectionOpened {
-                        stream: Box::new(NetworkStream::Raw {
-                            peer_addr,
-                            local_addr,
-                            stream,
-                        }),
-                        is_server: true,
-                    };
-                    if server.cast(opened).is_err() {
-                        return;
-                    }
-                }
-            });
-            lock(&link.tasks).push(accept);
-        }
+        let accept = tokio::spawn(accept(
+            listener,
+            link.server.clone(),
+            me,
+            link.shared.handshakes.clone(),
+        ));
+        lock(&link.tasks).push(accept);
         Ok((link, rx))
     }
 
@@ -278,8 +246,12 @@ impl Link {
     /// Stop the NodeServer (every session drops) and the port, and wait for the
     /// server, so its listener is not respawned while the runtime winds down.
     pub(crate) async fn stop(&self) {
-        for t in lock(&self.tasks).drain(..) {
+        let tasks: Vec<_> = lock(&self.tasks).drain(..).collect();
+        for t in tasks {
             t.abort();
+            // Ended, so the listener is closed: a new incarnation may bind
+            // its port at once.
+            let _ = t.await;
         }
         self.server.stop(None);
         let done = lock(&self.server_done).take();
@@ -305,5 +277,40 @@ impl Link {
         }
         self.server.kill();
         self.port.kill();
+    }
+}
+
+/// Accept peers on `listener` for `server` until it stops: each connection
+/// takes a handshake slot and reaches ractor_cluster with its read budget
+/// ([`Handshakes::admit`]).
+async fn accept(
+    listener: tokio::net::TcpListener,
+    server: ActorRef<NodeServerMessage>,
+    me: String,
+    handshakes: Arc<Handshakes>,
+) {
+    loop {
+        let (stream, peer_addr) = match listener.accept().await {
+            Ok(s) => s,
+            Err(e) => {
+                warn!(node = %me, error = %e, "node listener: accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let Some(open) = handshakes.admit(peer_addr.to_string()) else {
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let Ok(local_addr) = stream.local_addr() else {
+            continue;
+        };
+        let opened = NodeServerMessage::ConnectionOpenedExternal {
+            stream: Box::new(PreAuthStream::new(stream, peer_addr, local_addr, open)),
+            is_server: true,
+        };
+        if server.cast(opened).is_err() {
+            return;
+        }
     }
 }

@@ -85,7 +85,7 @@ async fn a_refused_dial_is_a_typed_connect_failure() {
         "dial-test",
         "127.0.0.1",
         "cookie",
-        Listen::Own(listener),
+        listener,
         Duration::from_secs(5),
         Role::Node,
     )
@@ -211,7 +211,7 @@ fn unconnected_with_inbound() -> (Arc<Shared>, mpsc::UnboundedReceiver<Inbound>)
 /// [`unconnected_with_inbound`], as `role`'s process.
 fn unconnected_as(role: Role) -> (Arc<Shared>, mpsc::UnboundedReceiver<Inbound>) {
     let (inbound, rx) = mpsc::unbounded_channel();
-    let handshakes = Handshakes::new("me".into(), Duration::from_secs(5), false);
+    let handshakes = Handshakes::new("me".into(), Duration::from_secs(5));
     let shared = Shared::new("me@127.0.0.1".into(), inbound, handshakes, 7, role);
     (shared, rx)
 }

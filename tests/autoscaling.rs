@@ -17,16 +17,27 @@ fn autoscaled(min: u32, initial: u32, max: u32) -> flotilla::ApplicationSpec {
 
 /// [`autoscaled`], its code given by `args`.
 fn autoscaled_as(min: u32, initial: u32, max: u32, args: &ProbeArgs) -> flotilla::ApplicationSpec {
-    let config = AutoscalingConfig {
+    autoscaled_by(autoscaling(min, Some(initial), max), args)
+}
+
+/// The tests' autoscaling config: one request per replica, 30 s up, 60 s
+/// down, a 10 s window.
+fn autoscaling(min: u32, initial: Option<u32>, max: u32) -> AutoscalingConfig {
+    AutoscalingConfig {
         min_replicas: min,
-        initial_replicas: Some(initial),
+        initial_replicas: initial,
         max_replicas: max,
         target_ongoing_requests: 1.0,
         upscale_delay: Duration::from_secs(30),
         downscale_delay: Duration::from_secs(60),
         look_back_period: Duration::from_secs(10),
         ..Default::default()
-    };
+    }
+}
+
+/// Application "auto": one probe deployment scaled by `config`, its code
+/// given by `args`.
+fn autoscaled_by(config: AutoscalingConfig, args: &ProbeArgs) -> flotilla::ApplicationSpec {
     app_of(
         "auto",
         probe(1, args).with_config(|c| c.with_autoscaling(config)),
@@ -283,21 +294,100 @@ async fn a_deleted_autoscaled_deployment_is_updating_while_deleting() {
 /// New bounds clamp the autoscaler's standing decision for good, as Ray's
 /// `deploy` sets the target to the current one clamped: bounds widened again
 /// later start from the clamped count (and the autoscaler's delay), not from
-/// the old decision.
+/// the old decision. (Without `initial_replicas`: with them, a changed
+/// deployment starts again from them, below.)
 #[tokio::test(start_paused = true)]
 async fn new_bounds_clamp_the_standing_decision_for_good() {
     let (_dir, _, serve) = support::start_fresh().await;
-    serve.run(autoscaled(1, 1, 10)).await.unwrap();
+    let bounded = |max| autoscaled_by(autoscaling(1, None, max), &ProbeArgs::default());
+    serve.run(bounded(10)).await.unwrap();
     let calls = load(&serve, 5);
     wait_snapshot(&serve, "auto", "probe", |s| s.target.replicas == 5).await;
-    serve.run(autoscaled(1, 1, 3)).await.unwrap();
+    serve.run(bounded(3)).await.unwrap();
     assert_eq!(observe(&serve, "auto", "probe").await.target.replicas, 3);
-    serve.run(autoscaled(1, 1, 10)).await.unwrap();
+    serve.run(bounded(10)).await.unwrap();
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(
         observe(&serve, "auto", "probe").await.target.replicas,
         3,
         "the old decision of 5 came back without the upscale delay"
+    );
+    for c in calls {
+        c.abort();
+    }
+}
+
+/// A deployment with `initial_replicas` deployed again with other settings
+/// or code starts again from them, and the autoscaler takes it from there
+/// (Ray's `register`: "even if the deployment is already running, it scales
+/// to match `initial_replicas`"); deployed again unchanged, it keeps its
+/// decision.
+#[tokio::test(start_paused = true)]
+async fn a_changed_deployment_starts_again_from_initial_replicas() {
+    let (_dir, _, serve) = support::start_fresh().await;
+    serve.run(autoscaled(1, 2, 10)).await.unwrap();
+    let calls = load(&serve, 5);
+    wait_snapshot(&serve, "auto", "probe", |s| s.target.replicas == 5).await;
+    serve.run(autoscaled(1, 2, 10)).await.unwrap();
+    assert_eq!(
+        observe(&serve, "auto", "probe").await.target.replicas,
+        5,
+        "the same deployment again keeps its decision"
+    );
+    serve
+        .run(autoscaled_as(1, 2, 10, &tag("v2")))
+        .await
+        .unwrap();
+    assert_eq!(
+        observe(&serve, "auto", "probe").await.target.replicas,
+        2,
+        "new code starts again from initial_replicas"
+    );
+    // The rollout stops the replicas that held the calls: load them again.
+    for c in calls {
+        c.abort();
+    }
+    let calls = load(&serve, 5);
+    wait_snapshot(&serve, "auto", "probe", |s| s.target.replicas == 5).await;
+    let mut faster = autoscaling(1, Some(2), 10);
+    faster.target_ongoing_requests = 5.0;
+    serve.run(autoscaled_by(faster, &tag("v2"))).await.unwrap();
+    assert_eq!(
+        observe(&serve, "auto", "probe").await.target.replicas,
+        2,
+        "new settings start again from initial_replicas"
+    );
+    for c in calls {
+        c.abort();
+    }
+}
+
+/// A deployment deployed again with other settings starts its autoscaling
+/// delay over: a decision 20 s into its 30 s upscale delay waits 30 s more
+/// (Ray's `register` empties the policy state that counts the delay), where
+/// it went through at 30 s.
+#[tokio::test(start_paused = true)]
+async fn a_redeploy_starts_the_autoscaling_delay_over() {
+    let (_dir, _, serve) = support::start_fresh().await;
+    let config = autoscaling(1, None, 10);
+    serve
+        .run(autoscaled_by(config.clone(), &ProbeArgs::default()))
+        .await
+        .unwrap();
+    let start = Instant::now();
+    let calls = load(&serve, 4);
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let mut slower_down = config;
+    slower_down.downscale_delay = Duration::from_secs(90);
+    serve
+        .run(autoscaled_by(slower_down, &ProbeArgs::default()))
+        .await
+        .unwrap();
+    wait_snapshot(&serve, "auto", "probe", |s| s.target.replicas == 4).await;
+    let waited = start.elapsed();
+    assert!(
+        waited >= Duration::from_secs(50) && waited < Duration::from_secs(55),
+        "{waited:?}"
     );
     for c in calls {
         c.abort();

@@ -62,7 +62,9 @@ impl ControllerState {
     ///   declaration, and an autoscaled one from its current target, 0,
     ///   clamped into its bounds, where Flotilla starts it from
     ///   `initial_replicas` if set);
-    /// - an autoscaler's for a deployment no longer autoscaled;
+    /// - an autoscaler's for a deployment no longer autoscaled, or whose
+    ///   settings or code changed while it has `initial_replicas` (Ray's
+    ///   `register` starts it again from them);
     /// - an external scaler's for one whose declared count changed (the newer
     ///   declaration wins) or whose application no longer has an external
     ///   scaler.
@@ -70,8 +72,8 @@ impl ControllerState {
     /// A running deployment that turns autoscaled without `initial_replicas`
     /// keeps its count, clamped into its bounds, as its first decision (Ray's
     /// `register`: the current target, not `min_replicas`); one that stays
-    /// autoscaled has its decision clamped into its new bounds (Ray's
-    /// `deploy`).
+    /// autoscaled, without `initial_replicas` or unchanged, has its decision
+    /// clamped into its new bounds (Ray's `deploy`).
     pub(crate) fn stage_targets(
         &self,
         records: &[AppRecord],
@@ -111,8 +113,20 @@ impl ControllerState {
                         .deployment(dep.as_str())
                         .map(|d| d.config.num_replicas.clone())
                 };
+                let redeployed = || {
+                    self.apps
+                        .get(&r.spec.name)
+                        .and_then(|e| e.record.spec.deployment(dep.as_str()))
+                        != r.spec.deployment(dep.as_str())
+                };
                 let still = match declared(r) {
                     _ if was_deleting => false,
+                    // Ray's `register`: a deployment whose settings or code
+                    // changed starts again from `initial_replicas`, which its
+                    // target is without a decision.
+                    Some(ReplicaCount::Auto(a)) if a.initial_replicas.is_some() && redeployed() => {
+                        false
+                    }
                     Some(ReplicaCount::Auto(a)) => {
                         // Ray's `deploy`: the current target clamped into the
                         // new bounds is the target (and durable), so a later

@@ -270,8 +270,12 @@ impl DeploymentActor {
             state.transition(DeploymentTrigger::Delete, String::new(), None);
             return;
         } else if spec_changed || undeleting {
-            // A new spec starts with a clean slate: no failures, no backoff.
+            // A new spec starts with a clean slate: no failures, no backoff,
+            // no autoscaling decision half through its delay.
             state.failures = 0;
+            if let Some((autoscaler, _)) = &mut state.autoscaler {
+                autoscaler.restart_delay();
+            }
             state.has_started = false;
             if let Some((_, t)) = state.backoff.take() {
                 t.abort();

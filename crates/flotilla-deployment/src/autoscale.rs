@@ -133,6 +133,14 @@ impl Autoscaler {
         self.config = config;
     }
 
+    /// Forget a decision still in its delay: the deployment was deployed again
+    /// with new settings or code, and the delay starts over (Ray's `register`
+    /// empties the policy state, where its decision counter is). Samples are
+    /// kept.
+    pub fn restart_delay(&mut self) {
+        self.pending = None;
+    }
+
     /// Take a new policy; samples are kept.
     pub fn set_policy(&mut self, policy: Policy) {
         self.policy = policy;

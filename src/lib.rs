@@ -83,10 +83,10 @@ pub use flotilla_core::{
     DEFAULT_MAX_NUM_MODELS_PER_REPLICA, DeploymentConfig, DeploymentName, DeploymentSpec,
     DeploymentSpecBuilder, DeploymentStatus, DeploymentStatusInfo, DeploymentVersion,
     Error as SpecError, FaultPoint, Faults, GrpcOptions, HttpOptionError, HttpOptions, Location,
-    LogAttr, LogEncoding, LogLevel, LoggingConfig, MAX_DURATION, MAX_REPLICAS, PlacementGroup,
-    PlacementStrategy, ProxyLocation, ReplicaCount, ReplicaState, RequestRouterConfig, Resources,
-    RolloutConfig, RouteOverride, RoutePrefix, SecretError, ServeConfig, StatusTrigger,
-    secret_from_text,
+    LogAttr, LogEncoding, LogLevel, LoggingConfig, MAX_DURATION, MAX_REPLICAS,
+    MIN_EXPOSED_SECRET_LEN, PlacementGroup, PlacementStrategy, ProxyLocation, ReplicaCount,
+    ReplicaState, RequestRouterConfig, Resources, RolloutConfig, RouteOverride, RoutePrefix,
+    SecretError, ServeConfig, StatusTrigger, exposable, secret_from_text,
 };
 pub use flotilla_deployment::{DeploymentSnapshot, DeploymentTarget, ReplicaInfo, StateCount};
 pub use flotilla_replica::{

@@ -49,7 +49,9 @@ pub use routing::{
     BUILTIN_REQUEST_ROUTERS, BackpressureConfig, BackpressureStatus, DEFAULT_REQUEST_ROUTER,
     RequestRouterConfig, is_builtin_router,
 };
-pub use secret::{MAX_SECRET_LEN, SecretError, secret_from_text};
+pub use secret::{
+    MAX_SECRET_LEN, MIN_EXPOSED_SECRET_LEN, SecretError, exposable, secret_from_text,
+};
 pub use serve_config::{
     AppConfig, AutoscalingOverride, BackpressureOverride, ConfigWarning, ControllerOptions,
     ControllerRuntimeEnv, DEFAULT_GRPC_PORT, DEFAULT_HTTP_PORT, DEFAULT_KEEP_ALIVE_TIMEOUT_S,

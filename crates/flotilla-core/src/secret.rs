@@ -1,9 +1,28 @@
 //! The one rule every secret Flotilla reads obeys: the REST API's bearer
 //! token (server and CLI) and the nodes' cookie, whether from a file, an
-//! environment variable or code.
+//! environment variable or code; and how long one guarding a listener off
+//! loopback must be.
 
 /// The longest secret taken, in bytes (after trimming).
 pub const MAX_SECRET_LEN: usize = 4096;
+
+/// The shortest secret that may guard a listener off loopback, in bytes.
+/// A shorter one falls to guessing: the REST API answers every wrong token,
+/// and a node cookie's challenge crosses the network in plaintext, so one
+/// handshake seen is enough to try cookies offline.
+pub const MIN_EXPOSED_SECRET_LEN: usize = 16;
+
+/// Whether `secret` is long enough to guard a listener off loopback
+/// ([`MIN_EXPOSED_SECRET_LEN`]; on loopback any secret does).
+///
+/// ```
+/// use flotilla_core::exposable;
+/// assert!(!exposable("s3cret"));
+/// assert!(exposable("7f3a9c0e5b2d4f61a8e3"));
+/// ```
+pub fn exposable(secret: &str) -> bool {
+    secret.len() >= MIN_EXPOSED_SECRET_LEN
+}
 
 /// Why a text holds no usable secret. Callers say which secret and where it
 /// was read from; this says what is wrong with the text (never the text).

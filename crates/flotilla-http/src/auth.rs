@@ -81,6 +81,11 @@ impl Token {
         Ok(Token(token.as_bytes().to_vec()))
     }
 
+    /// Its length in bytes.
+    pub(crate) fn len(&self) -> usize {
+        self.0.len()
+    }
+
     /// Whether an `Authorization` header value carries this token
     /// (`Bearer <token>`, the scheme case-insensitive).
     pub(crate) fn accepts(&self, authorization: Option<&[u8]>) -> bool {

@@ -69,6 +69,24 @@ pub enum HttpError {
         /// The address asked for.
         addr: SocketAddr,
     },
+    /// A listener was asked to bind a non-loopback address with a bearer token
+    /// shorter than [`flotilla::MIN_EXPOSED_SECRET_LEN`] bytes: anyone who can
+    /// reach the REST API could guess it.
+    #[error(
+        "refusing to bind the {listener} listener to {addr}: off loopback the REST API's bearer \
+         token must be at least {min} bytes long (it is {len}); generate one, for example with \
+         `openssl rand -hex 16`"
+    )]
+    WeakToken {
+        /// `proxy` or `rest`.
+        listener: &'static str,
+        /// The address asked for.
+        addr: SocketAddr,
+        /// The token's length in bytes.
+        len: usize,
+        /// The shortest allowed.
+        min: usize,
+    },
     /// A host name did not resolve to an address.
     #[error("cannot resolve the {listener} listener's address '{host}:{port}'")]
     Resolve {

@@ -75,7 +75,9 @@
 //!   body, queueing and the handler (Ray's is end to end too).
 //! - Both listeners bind loopback by default. When the REST listener is on,
 //!   binding either listener elsewhere needs a bearer token
-//!   ([`HttpError::TokenRequired`] otherwise); with a token configured, `PUT`
+//!   ([`HttpError::TokenRequired`] otherwise) of at least 16 bytes
+//!   ([`HttpError::WeakToken`] otherwise: the REST API answers every guess);
+//!   with a token configured, `PUT`
 //!   and `DELETE` always need `Authorization: Bearer <token>` (or, as Ray's,
 //!   `X-Ray-Authorization`): 401 without a token, 403 with a wrong one.
 //!   Reads and `/metrics` need none, as Ray's dashboard; a REST listener on

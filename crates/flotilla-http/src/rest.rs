@@ -379,7 +379,7 @@ impl Rest {
         // bind rule, one port per listener), then whether its proxy could
         // bind (its host is this machine's, a new port is free): a stored
         // config it would refuse stops the REST API that could mend it.
-        let token = self.token.is_some();
+        let token = self.token.as_ref().map(crate::auth::Token::len);
         let running = self.proxy_addr;
         let checked = {
             let wanted = wanted.clone();
@@ -388,6 +388,9 @@ impl Rest {
                     let field = match &e {
                         crate::HttpError::SharedPort { .. } => "http_options.port",
                         crate::HttpError::TokenRequired {
+                            listener: "proxy", ..
+                        }
+                        | crate::HttpError::WeakToken {
                             listener: "proxy", ..
                         }
                         | crate::HttpError::Resolve {

@@ -106,7 +106,10 @@ fn addresses(options: &HttpOptions) -> Result<(Option<SocketAddr>, Option<Socket
 /// `PUT` checks its `http_options` with it, so that a stored config cannot
 /// stop the next start (and so the REST API that could mend it). It resolves
 /// host names: call it off the runtime's threads.
-pub(crate) fn check_startable(options: &HttpOptions, token: bool) -> Result<(), HttpError> {
+pub(crate) fn check_startable(
+    options: &HttpOptions,
+    token: Option<usize>,
+) -> Result<(), HttpError> {
     let (proxy, rest) = addresses(options)?;
     check_exposure(options.rest, token, [("proxy", proxy), ("rest", rest)])
 }
@@ -266,7 +269,7 @@ impl HttpServer {
         let token = options.token.as_ref().map(Token::load).transpose()?;
         check_exposure(
             rest_addr.is_some(),
-            token.is_some(),
+            token.as_ref().map(Token::len),
             [("proxy", proxy_addr), ("rest", rest_addr)],
         )?;
         let proxy_listener = match proxy_addr {
@@ -417,23 +420,33 @@ impl Drop for HttpServer {
 }
 
 /// The bind rule: with a REST listener (`rest_on`), exposing a listener off
-/// loopback needs a token; without one there is no mutating endpoint to
-/// protect. `listeners` are the listeners with their addresses; `None` is one
+/// loopback needs a token (`token`: its length) of at least
+/// [`flotilla::MIN_EXPOSED_SECRET_LEN`] bytes; without a REST listener there
+/// is no mutating endpoint to protect. `listeners` are the listeners with their addresses; `None` is one
 /// that does not run (a disabled proxy binds nothing) or whose address is not
 /// known.
 fn check_exposure(
     rest_on: bool,
-    token: bool,
+    token: Option<usize>,
     listeners: [(&'static str, Option<SocketAddr>); 2],
 ) -> Result<(), HttpError> {
-    if !rest_on || token {
+    if !rest_on {
         return Ok(());
     }
     for (listener, addr) in listeners {
         if let Some(addr) = addr
             && !addr.ip().is_loopback()
         {
-            return Err(HttpError::TokenRequired { listener, addr });
+            return match token {
+                None => Err(HttpError::TokenRequired { listener, addr }),
+                Some(len) if len < flotilla::MIN_EXPOSED_SECRET_LEN => Err(HttpError::WeakToken {
+                    listener,
+                    addr,
+                    len,
+                    min: flotilla::MIN_EXPOSED_SECRET_LEN,
+                }),
+                Some(_) => Ok(()),
+            };
         }
     }
     Ok(())
@@ -444,14 +457,30 @@ mod tests {
     use super::*;
 
     #[test]
+    fn off_loopback_the_token_must_be_long_enough_to_not_be_guessed() {
+        let public = Some(SocketAddr::from(([0, 0, 0, 0], 8000)));
+        let local = Some(SocketAddr::from(([127, 0, 0, 1], 52365)));
+        let min = flotilla::MIN_EXPOSED_SECRET_LEN;
+        let check =
+            |proxy, len| check_exposure(true, Some(len), [("proxy", proxy), ("rest", local)]);
+        assert!(matches!(
+            check(public, min - 1),
+            Err(HttpError::WeakToken { listener: "proxy", len, min: m, .. }) if len == min - 1 && m == min
+        ));
+        assert!(check(public, min).is_ok());
+        // On loopback any token does.
+        assert!(check(local, 1).is_ok());
+    }
+
+    #[test]
     fn off_loopback_needs_a_token_only_beside_a_rest_listener() {
         let (public, local) = (
             SocketAddr::from(([0, 0, 0, 0], 8000)),
             SocketAddr::from(([127, 0, 0, 1], 52365)),
         );
-        let refused = |proxy, rest: Option<SocketAddr>, token| match check_exposure(
+        let refused = |proxy, rest: Option<SocketAddr>, token: bool| match check_exposure(
             rest.is_some(),
-            token,
+            token.then_some(flotilla::MIN_EXPOSED_SECRET_LEN),
             [("proxy", proxy), ("rest", rest)],
         ) {
             Err(HttpError::TokenRequired { listener, .. }) => Some(listener),
@@ -480,7 +509,7 @@ mod tests {
                 .proxy(proxy)
                 .build()
                 .unwrap();
-            check_startable(&options, token)
+            check_startable(&options, token.then_some(32))
         };
         for public in ["0.0.0.0", "::", "10.1.2.3"] {
             assert!(
@@ -518,6 +547,6 @@ mod tests {
             .rest(false)
             .build()
             .unwrap();
-        assert!(check_startable(&no_rest, false).is_ok());
+        assert!(check_startable(&no_rest, None).is_ok());
     }
 }

@@ -383,7 +383,7 @@ async fn a_public_bind_needs_a_token_and_mutations_need_it_once_configured() {
     serve.shutdown().await.unwrap();
 
     let token_file = dir.path().join("token");
-    std::fs::write(&token_file, "s3cret-token\n").unwrap();
+    std::fs::write(&token_file, "s3cret-token-0123\n").unwrap();
     let f = start_with(test_options().token_file(&token_file).build().unwrap()).await;
     let c = support::client();
     let url = f.rest_url("/api/serve/applications/");
@@ -423,7 +423,7 @@ async fn a_public_bind_needs_a_token_and_mutations_need_it_once_configured() {
         &c,
         "PUT",
         &url,
-        &[("authorization", "Bearer s3cret-token")],
+        &[("authorization", "Bearer s3cret-token-0123")],
         CONFIG_YAML,
     )
     .await;
@@ -433,7 +433,7 @@ async fn a_public_bind_needs_a_token_and_mutations_need_it_once_configured() {
         &c,
         "PUT",
         &url,
-        &[("authorization", "Bearer s3cret-token")],
+        &[("authorization", "Bearer s3cret-token-0123")],
         "http_options: {host: 0.0.0.0}\napplications: []\n",
     )
     .await;
@@ -443,7 +443,7 @@ async fn a_public_bind_needs_a_token_and_mutations_need_it_once_configured() {
         &c,
         "DELETE",
         &url,
-        &[("x-ray-authorization", "Bearer s3cret-token")],
+        &[("x-ray-authorization", "Bearer s3cret-token-0123")],
         "",
     )
     .await;
@@ -787,7 +787,7 @@ async fn a_put_is_checked_against_the_programs_options_not_the_running_ones() {
 /// could mend it. A free port is taken (for the next start).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_put_whose_proxy_could_not_bind_is_refused_naming_the_field() {
-    let f = start_with(test_options().token("t0ken").build().unwrap()).await;
+    let f = start_with(test_options().token("t0ken-long-enough").build().unwrap()).await;
     let c = support::client();
     let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let taken = held.local_addr().unwrap().port();
@@ -800,7 +800,7 @@ async fn a_put_whose_proxy_could_not_bind_is_refused_naming_the_field() {
                 &url,
                 &[
                     ("content-type", "text/yaml"),
-                    ("authorization", "Bearer t0ken"),
+                    ("authorization", "Bearer t0ken-long-enough"),
                 ],
                 format!("http_options: {http_options}\napplications: []\n"),
             )

@@ -90,6 +90,24 @@ pub enum OptionsError {
         /// the system picks when it starts).
         listen: SocketAddr,
     },
+    /// A head or node listening off loopback was given a cookie shorter than
+    /// [`MIN_EXPOSED_SECRET_LEN`](flotilla_core::MIN_EXPOSED_SECRET_LEN)
+    /// bytes: ractor_cluster's challenge crosses the network in plaintext, so
+    /// one handshake seen is enough to guess a short cookie offline.
+    #[error(
+        "the {role} listens on {listen}, off loopback: its cookie must be at least {min} bytes \
+         long (it is {len}); generate one, for example with `openssl rand -hex 16`"
+    )]
+    WeakCookieOffLoopback {
+        /// `head` or `node`.
+        role: &'static str,
+        /// The address (a node's port as `listen_port` gives it).
+        listen: SocketAddr,
+        /// The cookie's length in bytes.
+        len: usize,
+        /// The shortest allowed.
+        min: usize,
+    },
     /// A node was told to advertise an address that names no interface.
     #[error("a node cannot be dialed on {ip}: advertise an address of one of its interfaces")]
     AdvertiseUnspecified {
@@ -182,14 +200,26 @@ fn check_chars(what: &'static str, id: &str, max: usize) -> Result<(), OptionsEr
 }
 
 /// Off loopback, anyone who can read the program can read an inline cookie:
-/// it must come from a file or the environment.
+/// it must come from a file or the environment; and a short one can be
+/// guessed from one handshake seen ([`flotilla_core::exposable`]).
 fn check_cookie(
     role: &'static str,
     listen: SocketAddr,
     cookie: &Cookie,
 ) -> Result<(), OptionsError> {
-    if !listen.ip().is_loopback() && cookie.source() == super::CookieSource::Inline {
+    if listen.ip().is_loopback() {
+        return Ok(());
+    }
+    if cookie.source() == super::CookieSource::Inline {
         return Err(OptionsError::InlineCookieOffLoopback { role, listen });
+    }
+    if !flotilla_core::exposable(cookie.secret()) {
+        return Err(OptionsError::WeakCookieOffLoopback {
+            role,
+            listen,
+            len: cookie.secret().len(),
+            min: flotilla_core::MIN_EXPOSED_SECRET_LEN,
+        });
     }
     Ok(())
 }
@@ -606,7 +636,24 @@ mod tests {
         assert!(NodeOptions::new(head, inline).validate().is_ok());
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let path = dir.path().join("cookie");
+        // From a file, off loopback it must be long enough not to be guessed
+        // from a handshake seen.
         std::fs::write(&path, "secret").unwrap_or_else(|e| panic!("{e}"));
+        let short = Cookie::from_file(&path).unwrap_or_else(|e| panic!("{e}"));
+        match NodeOptions::new(head, short.clone())
+            .listen(open)
+            .validate()
+        {
+            Err(OptionsError::WeakCookieOffLoopback {
+                role: "node",
+                len: 6,
+                min: 16,
+                ..
+            }) => {}
+            other => panic!("{other:?}"),
+        }
+        assert!(NodeOptions::new(head, short).validate().is_ok());
+        std::fs::write(&path, "7f3a9c0e5b2d4f61").unwrap_or_else(|e| panic!("{e}"));
         let from_file = Cookie::from_file(&path).unwrap_or_else(|e| panic!("{e}"));
         assert!(
             NodeOptions::new(head, from_file)

@@ -3,11 +3,15 @@
 use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
+use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::{
     client::legacy::{Client as Hyper, connect::HttpConnector},
     rt::TokioExecutor,
 };
+
+/// The longest response the CLI reads (1 GiB): a server that sends more is
+/// not one it can show.
+pub const MAX_RESPONSE_BYTES: usize = 1 << 30;
 
 /// Why a command failed.
 #[derive(Debug, thiserror::Error)]
@@ -48,6 +52,16 @@ pub enum ClientError {
         /// Why.
         #[source]
         source: hyper::Error,
+    },
+    /// The response was longer than the limit ([`MAX_RESPONSE_BYTES`]): not a Flotilla or
+    /// Ray REST API (the details of 100,000 applications are a few hundred
+    /// MB), or a wrong `--address`.
+    #[error("the response from {address} is longer than {limit} bytes; is it a Serve REST API?")]
+    TooLarge {
+        /// The address.
+        address: String,
+        /// The limit.
+        limit: usize,
     },
     /// The server answered with an error: shown as it wrote it.
     #[error("Request failed with status code {status}: {body}")]
@@ -115,6 +129,8 @@ pub struct Client {
     /// The `Authorization` header's value, `Bearer <token>` (marked sensitive).
     token: Option<http::HeaderValue>,
     http: Hyper<HttpConnector, Full<Bytes>>,
+    /// The longest response read ([`MAX_RESPONSE_BYTES`]).
+    max_response: usize,
 }
 
 const APPLICATIONS: &str = "/api/serve/applications/";
@@ -152,6 +168,7 @@ impl Client {
             address: address.trim_end_matches('/').to_owned(),
             token: None,
             http: Hyper::builder(TokioExecutor::new()).build_http(),
+            max_response: MAX_RESPONSE_BYTES,
         })
     }
 
@@ -231,15 +248,24 @@ impl Client {
                 source,
             })?;
         let status = resp.status().as_u16();
-        let body = resp
-            .into_body()
+        let body = match Limited::new(resp.into_body(), self.max_response)
             .collect()
             .await
-            .map_err(|source| ClientError::Read {
-                address: self.address.clone(),
-                source,
-            })?
-            .to_bytes();
+        {
+            Ok(body) => body.to_bytes(),
+            Err(e) => {
+                return Err(match e.downcast::<hyper::Error>() {
+                    Ok(source) => ClientError::Read {
+                        address: self.address.clone(),
+                        source: *source,
+                    },
+                    Err(_) => ClientError::TooLarge {
+                        address: self.address.clone(),
+                        limit: self.max_response,
+                    },
+                });
+            }
+        };
         if status != 200 {
             return Err(ClientError::Server {
                 status,
@@ -353,6 +379,43 @@ mod tests {
         ] {
             assert!(Client::new(good).is_ok(), "{good}");
         }
+    }
+
+    /// A server that answers with more than the client reads is an error
+    /// naming the limit, not a read of everything it sends.
+    #[tokio::test]
+    async fn a_response_longer_than_the_limit_is_refused() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+        let server = tokio::spawn(async move {
+            for len in [1024usize, 1025] {
+                let (mut conn, _) = listener.accept().await.unwrap_or_else(|e| panic!("{e}"));
+                let mut buf = [0u8; 4096];
+                let _ = conn.read(&mut buf).await;
+                let head = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-length: {len}\r\nconnection: close\r\n\r\n"
+                );
+                let _ = conn.write_all(head.as_bytes()).await;
+                let _ = conn.write_all(&vec![b'x'; len]).await;
+            }
+        });
+        let mut c = client(&format!("http://{addr}"), None);
+        c.max_response = 1024;
+        let fits = c
+            .send(http::Method::GET, APPLICATIONS, Vec::new(), None)
+            .await;
+        assert_eq!(fits.map(|b| b.len()).ok(), Some(1024));
+        let over = c
+            .send(http::Method::GET, APPLICATIONS, Vec::new(), None)
+            .await;
+        assert!(
+            matches!(over, Err(ClientError::TooLarge { limit: 1024, .. })),
+            "{over:?}"
+        );
+        server.await.unwrap_or_else(|e| panic!("{e}"));
     }
 
     #[test]

@@ -1435,6 +1435,18 @@ async fn closed_by_server(stream: &mut tokio::net::TcpStream) -> bool {
     }
 }
 
+/// 64 connections to `addr` that never authenticate: as many as a listener
+/// holds waiting.
+async fn hold_handshakes(
+    addr: impl tokio::net::ToSocketAddrs + Copy,
+) -> Vec<tokio::net::TcpStream> {
+    let mut waiting = Vec::new();
+    for _ in 0..64 {
+        waiting.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+    }
+    waiting
+}
+
 /// Every connection in `conns` is still open (nothing to read, no EOF).
 fn assert_all_open(conns: &[tokio::net::TcpStream]) {
     let mut buf = [0u8; 1];
@@ -1473,10 +1485,7 @@ async fn connections_that_never_authenticate_are_closed_at_the_deadline_and_capp
     let dir = tempfile::tempdir().unwrap();
     let serve = head_with_handshake(dir.path(), Duration::from_secs(300)).await;
     let addr = serve.node_address().unwrap();
-    let mut waiting = Vec::new();
-    for _ in 0..64 {
-        waiting.push(tokio::net::TcpStream::connect(addr).await.unwrap());
-    }
+    let waiting = hold_handshakes(addr).await;
     let mut over = tokio::net::TcpStream::connect(addr).await.unwrap();
     assert!(closed_by_server(&mut over).await, "the 65th was not closed");
     assert_all_open(&waiting);
@@ -1516,10 +1525,7 @@ async fn a_nodes_listener_holds_at_most_64_connections_waiting_to_authenticate()
     let listen = serve.nodes()[0].listen.clone();
     // The node closes a connection beyond the cap at accept, and keeps the
     // 64 (until its 5 s handshake deadline).
-    let mut waiting = Vec::new();
-    for _ in 0..64 {
-        waiting.push(tokio::net::TcpStream::connect(&listen).await.unwrap());
-    }
+    let waiting = hold_handshakes(&listen).await;
     let mut over = tokio::net::TcpStream::connect(&listen).await.unwrap();
     assert!(closed_by_server(&mut over).await, "the 65th was not closed");
     assert_all_open(&waiting);
@@ -1536,10 +1542,7 @@ async fn a_flood_of_unauthenticated_connections_is_logged_sparingly() {
     let dir = tempfile::tempdir().unwrap();
     let serve = head_with_handshake(dir.path(), Duration::from_secs(300)).await;
     let addr = serve.node_address().unwrap();
-    let mut waiting = Vec::new();
-    for _ in 0..64 {
-        waiting.push(tokio::net::TcpStream::connect(addr).await.unwrap());
-    }
+    let waiting = hold_handshakes(addr).await;
     let warning = "too many connections waiting to authenticate";
     let before = capture.text().matches(warning).count();
     for i in 0..200 {

@@ -162,6 +162,43 @@ async fn a_code_change_rolls_a_fifth_at_a_time_without_dropping_capacity() {
     assert_eq!(h.call::<_, String>("x").await.unwrap(), "v2:x");
 }
 
+/// A roll's next step starts once the last step's replicas run, not once the
+/// old replicas they replace have drained (Ray counts no STOPPING replica
+/// against the surge): with a 15 s request on each old replica, 5 replicas
+/// roll in about five 1 s constructors, not five drains, and every request
+/// on an old replica finishes.
+#[tokio::test(start_paused = true)]
+async fn a_roll_does_not_wait_for_old_replicas_to_drain() {
+    let (_dir, _sw, serve) = start_fresh().await;
+    let spec = |args: &ProbeArgs| probe(5, args).with_config(|c| c.with_max_ongoing_requests(1));
+    let h = serve.run(app_of("a", spec(&tag("v1")))).await.unwrap();
+    let calls: Vec<_> = (0..5)
+        .map(|_| {
+            let h = h.clone();
+            tokio::spawn(async move { h.call::<_, String>("sleep:15000").await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let start = tokio::time::Instant::now();
+    let slow_v2 = ProbeArgs {
+        start_delay_ms: 1_000,
+        ..tag("v2")
+    };
+    serve
+        .run_many(vec![app_of("a", spec(&slow_v2))], no_wait())
+        .await
+        .unwrap();
+    wait_snapshot(&serve, "a", "probe", |s| {
+        s.count_at(R::Running, &s.version) == 5
+    })
+    .await;
+    let rolled = start.elapsed();
+    assert!(rolled < Duration::from_secs(10), "rolled in {rolled:?}");
+    for c in calls {
+        assert_eq!(c.await.unwrap().unwrap(), "v1:sleep:15000");
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn every_kind_of_code_change_replaces_the_replicas() {
     let (_dir, sw, serve) = start_fresh().await;

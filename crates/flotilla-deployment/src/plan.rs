@@ -52,9 +52,11 @@ pub struct Plan {
 ///   outdated replicas live or stop than the target, outdated ones are stopped and
 ///   nothing new starts. Then new replicas start, at most `rollout.surge(target)`
 ///   above the target; an outdated replica stops once a new one RUNNING replaces
-///   it, or sooner within `rollout.unavailable(target)`. By default the whole step
-///   is surge, so serving capacity never drops below the target; with Ray's
-///   `max_surge_percent` the rest of the step is stopped first.
+///   it, or sooner within `rollout.unavailable(target)`, and its replacement
+///   starts in the same pass (a stopping replica takes no surge room, as Ray
+///   counts none: a step does not wait for the last one's drains). By default
+///   the whole step is surge, so serving capacity never drops below the target;
+///   with Ray's `max_surge_percent` the rest of the step is stopped first.
 /// - Only RUNNING replicas take a config change in place (`reconfigure`), at most
 ///   `rollout.step(target)` in transition at once (UPDATING, or missing: a
 ///   replica whose reconfigure failed counts until its replacement runs); a
@@ -149,14 +151,10 @@ pub fn plan(
 
     // A roll is under way.
     let surge = rollout.surge(target);
-    let total = new_live + old_live;
     let scaling_down = old_live + old_stopping > target;
     if new_live > target {
         out.stop
             .extend(stop_order(&new, &live, (new_live - target) as usize));
-    }
-    if can_start && !scaling_down && new_live < target && total < target + surge {
-        out.start = (target - new_live).min(target + surge - total);
     }
     // Old replicas allowed to stay: what the running new ones do not yet
     // replace, less what the rollout may leave unavailable (none by default; a
@@ -166,9 +164,16 @@ pub fn plan(
         Starts::Allowed | Starts::HeldBack => rollout.unavailable(target),
     };
     let keep_old = target.saturating_sub(new_running + unavailable);
-    if old_live > keep_old {
-        out.stop
-            .extend(stop_order(&old, &live, (old_live - keep_old) as usize));
+    let old_stops = old_live.saturating_sub(keep_old);
+    if old_stops > 0 {
+        out.stop.extend(stop_order(&old, &live, old_stops as usize));
+    }
+    // Replicas stopped in this pass count against the surge no more than
+    // those already stopping (Ray counts no STOPPING replica): their
+    // replacements start now, not once they have drained.
+    let total = new_live + old_live - old_stops;
+    if can_start && !scaling_down && new_live < target && total < target + surge {
+        out.start = (target - new_live).min(target + surge - total);
     }
     out
 }
@@ -292,11 +297,12 @@ mod tests {
         rs.push(r(12, Starting, "b"));
         let p = plan(10, &v("b"), R, &rs, Starts::Allowed);
         assert_eq!((p.start, p.stop.len()), (0, 0));
-        // Both run: two old may stop.
+        // Both run: two old stop, and their replacements start in the same
+        // pass (stopping ones take no surge room), not once they have drained.
         rs[10].state = Running;
         rs[11].state = Running;
         let p = plan(10, &v("b"), R, &rs, Starts::Allowed);
-        assert_eq!(p.start, 0);
+        assert_eq!(p.start, 2);
         assert_eq!(p.stop.len(), 2);
         assert!(p.stop.iter().all(|(id, graceful)| id.0 <= 10 && *graceful));
     }
@@ -393,9 +399,11 @@ mod tests {
             max_surge_percent: Some(0),
         };
         let rs: Vec<_> = (1..=10).map(|i| r(i, Running, "a")).collect();
-        // Step 2, surge 0: two old ones stop at once, nothing starts above target.
+        // Step 2, surge 0: two old ones stop at once and their replacements
+        // start in the same pass (Ray counts no STOPPING replica), nothing
+        // above the target.
         let p = plan(10, &v("b"), no_surge, &rs, Starts::Allowed);
-        assert_eq!((p.start, p.stop.len()), (0, 2));
+        assert_eq!((p.start, p.stop.len()), (2, 2));
         let mut rs = rs;
         rs[8].state = Stopping;
         rs[9].state = Stopping;

@@ -53,6 +53,45 @@ async fn health_checks_run_every_period_and_one_failure_is_not_enough() {
     assert_eq!(serve.app_status("a").status, A::Running);
 }
 
+/// A replica taking a config in place is not health-checked (Ray checks
+/// RUNNING replicas only; its reconfigure judges it): checks that would fail
+/// during a 10 s reconfigure replace nothing, and checks resume once it runs.
+#[tokio::test(start_paused = true)]
+async fn a_replica_updating_in_place_is_not_health_checked() {
+    let (_dir, sw, serve) = start_fresh().await;
+    serve.run(app_of("a", health(1, 1))).await.unwrap();
+    let id = first_id(&observe(&serve, "a", "probe").await);
+    sw.reconfigure_delay_ms.store(10_000, Ordering::SeqCst);
+    let changed = health(1, 1).with_config(|c| {
+        c.with_user_config(flotilla::Args::encode("two").expect("a string encodes"))
+    });
+    serve
+        .run_many(vec![app_of("a", changed)], no_wait())
+        .await
+        .unwrap();
+    wait_snapshot(&serve, "a", "probe", |s| s.count(R::Updating) == 1).await;
+    let checks = sw.health_checks.load(Ordering::SeqCst);
+    sw.unhealthy.store(true, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        sw.health_checks.load(Ordering::SeqCst),
+        checks,
+        "checked while updating"
+    );
+    sw.unhealthy.store(false, Ordering::SeqCst);
+    let s = wait_snapshot(&serve, "a", "probe", |s| {
+        s.count_at(R::Running, &s.version) == 1
+    })
+    .await;
+    assert_eq!(first_id(&s), id, "the replica was replaced");
+    assert_eq!(sw.constructed.load(Ordering::SeqCst), 1);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        sw.health_checks.load(Ordering::SeqCst) > checks,
+        "checks resumed"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_health_check_that_hangs_past_its_timeout_fails_and_three_replace_the_replica() {
     let (_dir, sw, serve) = start_fresh().await;

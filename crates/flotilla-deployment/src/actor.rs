@@ -450,8 +450,9 @@ impl DeploymentActor {
                 if current == Some(ReplicaState::Stopping) {
                     return;
                 }
-                // Ray health-checks RUNNING replicas only: one still taking
-                // its config in place, or being recovered, that fails is a
+                // Ray health-checks RUNNING replicas only (a replica checks
+                // itself only while it runs): one that turned UPDATING or
+                // RECOVERING here before its report came, and fails, is a
                 // startup failure (from UPDATING a health-check failure
                 // would be DEPLOY_FAILED).
                 if matches!(

@@ -646,7 +646,11 @@ fn internal(myself: &ActorRef<ReplicaMsg>, state: &mut ReplicaActorState, msg: I
             }
         }
         InternalMsg::HealthTick => {
-            if state.health_outstanding || state.phase == ReplicaPhase::Stopping {
+            // Ray health-checks RUNNING replicas only: one taking its config
+            // in place is judged by its reconfigure.
+            if state.health_outstanding
+                || matches!(state.phase, ReplicaPhase::Stopping | ReplicaPhase::Updating)
+            {
                 return;
             }
             if state.args.faults.hit(FaultPoint::ReplicaHealthCheck) {
@@ -673,7 +677,11 @@ fn internal(myself: &ActorRef<ReplicaMsg>, state: &mut ReplicaActorState, msg: I
         }
         InternalMsg::HealthResult(result) => {
             state.health_outstanding = false;
-            state.health_result(result);
+            // A check that began while it ran and ends while it updates
+            // counts for nothing (its reconfigure judges it now).
+            if state.phase != ReplicaPhase::Updating {
+                state.health_result(result);
+            }
         }
         InternalMsg::Panicked(m) => {
             state.condemn(format!(

@@ -58,9 +58,10 @@ pub struct Plan {
 ///   the whole step is surge, so serving capacity never drops below the target;
 ///   with Ray's `max_surge_percent` the rest of the step is stopped first.
 /// - Only RUNNING replicas take a config change in place (`reconfigure`), at most
-///   `rollout.step(target)` in transition at once (UPDATING, or missing: a
-///   replica whose reconfigure failed counts until its replacement runs); a
-///   STARTING one is reconfigured once it runs. A pending scale-down finishes
+///   `rollout.step(target)` in transition at once, restarts included (UPDATING,
+///   STARTING, a roll's surge too, or missing: a replica whose reconfigure
+///   failed counts until its replacement runs); a STARTING one is reconfigured
+///   once it runs. A pending scale-down finishes
 ///   first: none is reconfigured while more replicas at another version live
 ///   or stop than the target.
 /// - [`Starts::HeldBack`] (constructor backoff) holds starts back;
@@ -104,20 +105,17 @@ pub fn plan(
     }
     // Config changes are paced like rolls (Ray's S39,
     // `_check_and_stop_outdated_version_replicas`): at most a roll step of
-    // replicas in transition at once. In transition are those updating and
-    // those missing: neither RUNNING at the target version nor serving an
-    // outdated one. A replica whose reconfigure failed is stopped and stays
-    // missing until its replacement runs, so a bad config takes one step of
-    // replicas down, not one step after another until none is left.
-    let at_target = new
+    // replicas in transition at once, restarts and reconfigures alike (Ray's
+    // `code_version_changes + reconfigure_changes`). In transition are those
+    // updating, those starting (a roll's surge too) and those missing. A
+    // replica whose reconfigure failed is stopped and stays missing until its
+    // replacement runs, so a bad config takes one step of replicas down, not
+    // one step after another until none is left.
+    let changing = live
         .iter()
-        .filter(|r| r.version == *version && r.state == ReplicaState::Running)
+        .filter(|r| matches!(r.state, ReplicaState::Updating | ReplicaState::Starting))
         .count();
-    let outdated = live
-        .iter()
-        .filter(|r| r.version != *version && r.state != ReplicaState::Updating)
-        .count();
-    let in_transition = (target as usize).saturating_sub(at_target + outdated);
+    let in_transition = changing + (target as usize).saturating_sub(live.len());
     // A scale-down finishes first (Ray's `target_num < old_running +
     // old_stopping: return`): while more replicas at another version live or
     // still stop than the target, none is reconfigured.
@@ -383,11 +381,39 @@ mod tests {
     }
 
     #[test]
+    fn a_rolls_starts_and_reconfigures_share_one_step() {
+        // A code roll of 10 (step 2) with two new replicas running and two
+        // more starting in the surge, when a config change comes: the starts
+        // fill the step, so nothing is reconfigured yet.
+        let mut target = v("b");
+        target.config = ConfigVersion(2);
+        let mut rs: Vec<_> = (1..=8).map(|i| r(i, Running, "a")).collect();
+        rs.extend([r(9, Running, "b"), r(10, Running, "b")]);
+        rs.extend([11, 12].map(|i| ReplicaView {
+            version: target.clone(),
+            ..r(i, Starting, "b")
+        }));
+        let p = plan(10, &target, R, &rs, Starts::Allowed);
+        assert!(p.reconfigure.is_empty(), "{p:?}");
+        // Once they run, a step of the outdated config is reconfigured.
+        rs[10].state = Running;
+        rs[11].state = Running;
+        let p = plan(10, &target, R, &rs, Starts::Allowed);
+        assert_eq!(p.reconfigure.len(), 2, "{p:?}");
+    }
+
+    #[test]
     fn config_only_change_reconfigures_running_replicas_in_place() {
-        let rs = [r(1, Running, "a"), r(2, Starting, "a")];
         let mut target = v("a");
         target.config = ConfigVersion(2);
-        let p = plan(2, &target, R, &rs, Starts::Allowed);
+        // Target 5, step 1: one RUNNING replica at a time, none STARTING (it
+        // is reconfigured once it runs), nothing started or stopped.
+        let mut rs: Vec<_> = (1..=4).map(|i| r(i, Running, "a")).collect();
+        rs.push(r(5, Starting, "a"));
+        let p = plan(5, &target, R, &rs, Starts::Allowed);
+        assert!(p.reconfigure.is_empty(), "the start fills the step: {p:?}");
+        rs[4].state = Running;
+        let p = plan(5, &target, R, &rs, Starts::Allowed);
         assert_eq!(p.reconfigure, vec![ReplicaId(1)]);
         assert_eq!((p.start, p.stop.len()), (0, 0));
     }

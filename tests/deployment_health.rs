@@ -109,8 +109,13 @@ async fn a_health_check_that_hangs_past_its_timeout_fails_and_three_replace_the_
     );
     let d = &s.deployments.values().next().unwrap();
     assert_eq!(d.status, DeploymentStatus::Unhealthy);
+    // Ray's text first (tooling may match it), then why.
     assert!(
-        d.message
+        d.message.starts_with(
+            "A replica's health check failed. This deployment will be UNHEALTHY until the \
+             replica recovers or a new deploy happens."
+        ) && d
+            .message
             .contains(&format!("replica {id} failed 3 consecutive health checks"))
             && d.message.contains("timed out after 2s"),
         "{}",

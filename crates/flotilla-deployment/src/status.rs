@@ -223,9 +223,10 @@ impl DeploymentState {
         if at_target && self.target_count() > 0 {
             self.transition(
                 DeploymentTrigger::HealthCheckFailed,
+                // Ray's text, which tooling may match, then why.
                 format!(
-                    "{reason}. It is being replaced; the deployment is UNHEALTHY until its \
-                     replicas are back at target."
+                    "A replica's health check failed. This deployment will be UNHEALTHY until \
+                     the replica recovers or a new deploy happens. {reason}."
                 ),
                 Some(replica),
             );

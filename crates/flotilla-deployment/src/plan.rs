@@ -50,20 +50,22 @@ pub struct Plan {
 ///   holding the fewest replicas of this deployment (to empty nodes), then the newest.
 /// - With outdated code (a roll): a pending scale-down finishes first: while more
 ///   outdated replicas live or stop than the target, outdated ones are stopped and
-///   nothing new starts. Then new replicas start, at most `rollout.surge(target)`
-///   above the target; an outdated replica stops once a new one RUNNING replaces
-///   it, or sooner within `rollout.unavailable(target)`, and its replacement
-///   starts in the same pass (a stopping replica takes no surge room, as Ray
-///   counts none: a step does not wait for the last one's drains). By default
-///   the whole step is surge, so serving capacity never drops below the target;
-///   with Ray's `max_surge_percent` the rest of the step is stopped first.
-/// - Only RUNNING replicas take a config change in place (`reconfigure`), at most
-///   `rollout.step(target)` in transition at once, restarts included (UPDATING,
-///   STARTING, a roll's surge too, or missing: a replica whose reconfigure
-///   failed counts until its replacement runs); a STARTING one is reconfigured
-///   once it runs. A pending scale-down finishes
-///   first: none is reconfigured while more replicas at another version live
-///   or stop than the target.
+///   nothing new starts. Then new replicas start: those below the target at once,
+///   those above it (at most `rollout.surge(target)`) within the step; an
+///   outdated replica stops once a new one RUNNING replaces it, or sooner within
+///   `rollout.unavailable(target)`, and its replacement starts in the same pass (a
+///   stopping replica takes no surge room, as Ray counts none: a step does not
+///   wait for the last one's drains). By default the whole step is surge, so
+///   serving capacity never drops below the target; with Ray's
+///   `max_surge_percent` the rest of the step is stopped first.
+/// - Only RUNNING replicas take a config change in place (`reconfigure`).
+/// - Restarts and reconfigures share one step (Ray's `max_to_stop`): at most
+///   `rollout.step(target)` replicas in transition at once, counting those
+///   UPDATING, STARTING (a roll's surge too) or missing (a replica whose
+///   reconfigure failed counts until its replacement runs), after this pass's
+///   starts and stops. A STARTING replica is reconfigured once it runs. A
+///   pending scale-down finishes first: none is reconfigured while more
+///   replicas at another version live or stop than the target.
 /// - [`Starts::HeldBack`] (constructor backoff) holds starts back;
 ///   [`Starts::NoRoom`] (the cluster refused the last start) lets a roll stop a
 ///   step of old replicas before their replacements run, so a full cluster (or a
@@ -103,19 +105,18 @@ pub fn plan(
             ..Plan::default()
         };
     }
-    // Config changes are paced like rolls (Ray's S39,
-    // `_check_and_stop_outdated_version_replicas`): at most a roll step of
-    // replicas in transition at once, restarts and reconfigures alike (Ray's
-    // `code_version_changes + reconfigure_changes`). In transition are those
-    // updating, those starting (a roll's surge too) and those missing. A
-    // replica whose reconfigure failed is stopped and stays missing until its
-    // replacement runs, so a bad config takes one step of replicas down, not
-    // one step after another until none is left.
+    // Changes are paced (Ray's S39, `_check_and_stop_outdated_version_replicas`):
+    // at most a roll step of replicas in transition at once, restarts and
+    // reconfigures alike (Ray's `code_version_changes + reconfigure_changes`
+    // under one `max_to_stop`). In transition are those updating, those
+    // starting (a roll's surge too) and those missing. A replica whose
+    // reconfigure failed is stopped and stays missing until its replacement
+    // runs, so a bad config takes one step of replicas down, not one step
+    // after another until none is left.
     let changing = live
         .iter()
         .filter(|r| matches!(r.state, ReplicaState::Updating | ReplicaState::Starting))
         .count();
-    let in_transition = changing + (target as usize).saturating_sub(live.len());
     // A scale-down finishes first (Ray's `target_num < old_running +
     // old_stopping: return`): while more replicas at another version live or
     // still stop than the target, none is reconfigured.
@@ -123,19 +124,30 @@ pub fn plan(
         .iter()
         .filter(|r| r.version != *version && r.state != ReplicaState::Updating)
         .count();
-    let step = if outdated_or_stopping > target as usize {
+    let reconfigure_step = if outdated_or_stopping > target as usize {
         0
     } else {
         rollout.step(target) as usize
     };
-    let mut out = Plan {
-        reconfigure: new
+    let mut out = Plan::default();
+    let outdated_config: Vec<ReplicaId> = new
+        .iter()
+        .filter(|r| r.version.config != version.config && r.state == ReplicaState::Running)
+        .map(|r| r.id)
+        .collect();
+    // What the step leaves for reconfigures once the starts and stops of this
+    // pass are planned: what changes then is what changes now, what starts,
+    // and what is still missing.
+    let reconfigure = |out: &Plan| {
+        let live_after = (live.len() + out.start as usize).saturating_sub(out.stop.len());
+        let in_transition =
+            changing + out.start as usize + (target as usize).saturating_sub(live_after);
+        outdated_config
             .iter()
-            .filter(|r| r.version.config != version.config && r.state == ReplicaState::Running)
-            .map(|r| r.id)
-            .take(step.saturating_sub(in_transition))
-            .collect(),
-        ..Plan::default()
+            .copied()
+            .filter(|id| !out.stop.iter().any(|(s, _)| s == id))
+            .take(reconfigure_step.saturating_sub(in_transition))
+            .collect()
     };
 
     if old_live == 0 {
@@ -144,6 +156,7 @@ pub fn plan(
         } else {
             out.stop = stop_order(&new, &live, (new_live - target) as usize);
         }
+        out.reconfigure = reconfigure(&out);
         return out;
     }
 
@@ -171,8 +184,15 @@ pub fn plan(
     // replacements start now, not once they have drained.
     let total = new_live + old_live - old_stops;
     if can_start && !scaling_down && new_live < target && total < target + surge {
-        out.start = (target - new_live).min(target + surge - total);
+        let want = (target - new_live).min(target + surge - total);
+        // Slots below the target start at once (as Ray's scale step does); the
+        // surge above it within the step, less what is updating or starting
+        // already (Ray's `max_to_stop` counts every replica not RUNNING).
+        let missing = target.saturating_sub(total).min(want);
+        let room = (rollout.step(target) as usize).saturating_sub(changing) as u32;
+        out.start = missing + (want - missing).min(room);
     }
+    out.reconfigure = reconfigure(&out);
     out
 }
 
@@ -395,11 +415,32 @@ mod tests {
         }));
         let p = plan(10, &target, R, &rs, Starts::Allowed);
         assert!(p.reconfigure.is_empty(), "{p:?}");
-        // Once they run, a step of the outdated config is reconfigured.
+        // Once they run, the roll's next step (two stops, two starts) takes
+        // the whole step: still nothing to reconfigure.
         rs[10].state = Running;
         rs[11].state = Running;
         let p = plan(10, &target, R, &rs, Starts::Allowed);
-        assert_eq!(p.reconfigure.len(), 2, "{p:?}");
+        assert_eq!(
+            (p.start, p.stop.len(), p.reconfigure.len()),
+            (2, 2, 0),
+            "{p:?}"
+        );
+        // Two updating and nothing starting: the step is full, the roll waits.
+        rs[8].state = Updating;
+        rs[9].state = Updating;
+        let p = plan(10, &target, R, &rs, Starts::Allowed);
+        assert_eq!((p.start, p.reconfigure.len()), (0, 0), "{p:?}");
+        // The roll done, a step of the outdated config at a time.
+        let mut rs: Vec<_> = (1..=10).map(|i| r(i, Running, "b")).collect();
+        for x in &mut rs[5..] {
+            x.version = target.clone();
+        }
+        let p = plan(10, &target, R, &rs, Starts::Allowed);
+        assert_eq!(
+            (p.start, p.stop.len(), p.reconfigure.len()),
+            (0, 0, 2),
+            "{p:?}"
+        );
     }
 
     #[test]

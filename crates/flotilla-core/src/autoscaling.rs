@@ -171,7 +171,9 @@ pub fn is_builtin_policy(path: &str) -> bool {
 pub struct AutoscalingConfig {
     /// Fewest replicas (1). Zero allows scale to zero.
     pub min_replicas: u32,
-    /// Replicas at first deploy; `None` starts at `min_replicas`.
+    /// Replicas at first deploy, and again whenever the deployment is
+    /// deployed with other settings or code (as Ray's `register`); `None`
+    /// starts at `min_replicas` and keeps the standing decision on a redeploy.
     pub initial_replicas: Option<u32>,
     /// Most replicas (1).
     pub max_replicas: u32,
@@ -311,7 +313,8 @@ impl AutoscalingConfig {
         Ok(())
     }
 
-    /// The replica count at first deploy.
+    /// The replica count with no autoscaling decision standing: at first
+    /// deploy, or after a redeploy that dropped the decision.
     pub fn initial(&self) -> u32 {
         self.initial_replicas.unwrap_or(self.min_replicas)
     }

@@ -26,7 +26,7 @@ use tokio::{
     sync::{OwnedSemaphorePermit, Semaphore},
     task::JoinHandle,
 };
-use tracing::warn;
+use tracing::{debug, warn};
 
 /// Connections a listener holds at once before they authenticate; beyond
 /// it, new ones are closed (at accept on a process's own listener, as their
@@ -70,6 +70,9 @@ struct Held {
     _slot: OwnedSemaphorePermit,
     /// Set when it authenticates: lifts its read budget.
     open: Arc<AtomicBool>,
+    /// Its session, once ractor_cluster opened one: only that session's end
+    /// releases it and opens its gate.
+    session: Option<ractor_cluster::NodeId>,
 }
 
 /// The handshakes of one process's link.
@@ -112,26 +115,46 @@ impl Handshakes {
     /// it). The slot is given back when the session authenticates or closes,
     /// and at the deadline whatever happened (ractor_cluster may drop a
     /// connection without a session event).
+    ///
+    /// A connection from an address one still holds (the same source address
+    /// and port, to another of this host's addresses, or again before the
+    /// first one's end was told) is closed too: each held connection is
+    /// known by its peer address, which must name one.
     pub(crate) fn admit(self: &Arc<Self>, peer: String) -> Option<Arc<AtomicBool>> {
+        let mut held = lock(&self.held);
+        if held.contains_key(&peer) {
+            debug!(node = %self.me, %peer,
+                "node listener: a connection from this address waits to authenticate already; closed");
+            return None;
+        }
         let Ok(slot) = self.slots.clone().try_acquire_owned() else {
+            drop(held);
             self.closed_for_cap(&peer);
             return None;
         };
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
         let open = Arc::new(AtomicBool::new(false));
-        lock(&self.held).insert(
+        held.insert(
             peer.clone(),
             Held {
                 seq,
                 _slot: slot,
                 open: open.clone(),
+                session: None,
             },
         );
+        drop(held);
+        // A connection ractor_cluster never opened a session for (it dropped
+        // it) is released at the deadline; one with a session, at that
+        // session's end or deadline.
         let this = self.clone();
         tokio::spawn(async move {
             tokio::time::sleep(this.deadline).await;
             let mut held = lock(&this.held);
-            if held.get(&peer).is_some_and(|h| h.seq == seq) {
+            if held
+                .get(&peer)
+                .is_some_and(|h| h.seq == seq && h.session.is_none())
+            {
                 held.remove(&peer);
             }
         });
@@ -153,8 +176,13 @@ impl Handshakes {
         let (id, actor, peer) = (ses.node_id, ses.actor.clone(), ses.peer_addr.clone());
         let origin = match ses.is_server {
             false => Origin::Dialed,
-            true if lock(&self.held).contains_key(&peer) => Origin::Admitted,
-            true => Origin::Unadmitted,
+            true => match lock(&self.held).get_mut(&peer) {
+                Some(h) if h.session.is_none() => {
+                    h.session = Some(id);
+                    Origin::Admitted
+                }
+                _ => Origin::Unadmitted,
+            },
         };
         if origin == Origin::Unadmitted {
             let waiting = lock(&self.pending)
@@ -175,6 +203,7 @@ impl Handshakes {
             tokio::time::sleep(this.deadline).await;
             if lock(&this.pending).remove(&id).is_some() {
                 lock(&this.timed_out).insert(id);
+                this.release(&peer, id);
                 if let Some(n) = this.late.hit() {
                     warn!(node = %this.me, %peer, dialed, deadline = ?this.deadline, closed = n,
                         "node connection closed: no handshake within the deadline \
@@ -192,9 +221,19 @@ impl Handshakes {
         if let Some((_, timer)) = lock(&self.pending).remove(&ses.node_id) {
             timer.abort();
         }
-        if let Some(held) = lock(&self.held).remove(&ses.peer_addr) {
-            held.open.store(true, Ordering::Release);
+        if let Some(open) = self.release(&ses.peer_addr, ses.node_id) {
+            open.store(true, Ordering::Release);
         }
         lock(&self.timed_out).remove(&ses.node_id)
+    }
+
+    /// Release the connection held for `peer` if session `id` is its own;
+    /// its gate.
+    fn release(&self, peer: &str, id: ractor_cluster::NodeId) -> Option<Arc<AtomicBool>> {
+        let mut held = lock(&self.held);
+        if held.get(peer).is_some_and(|h| h.session == Some(id)) {
+            return held.remove(peer).map(|h| h.open);
+        }
+        None
     }
 }

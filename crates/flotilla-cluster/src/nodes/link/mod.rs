@@ -116,6 +116,8 @@ pub(crate) enum Inbound {
 pub(crate) struct Link {
     pub(crate) shared: Arc<Shared>,
     pub(crate) server: ActorRef<NodeServerMessage>,
+    /// The port of this process's listener: what its peers dial.
+    listen_port: u16,
     server_done: Mutex<Option<JoinHandle<()>>>,
     port: ActorRef<PortMsg>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
@@ -159,13 +161,17 @@ impl Link {
                 what: "node port",
                 source,
             })?;
-        let listen_port = listener
-            .local_addr()
-            .map_err(|source| NodeError::Io {
-                what: "reading the listener's address",
-                source,
-            })?
-            .port();
+        let listen_addr = listener.local_addr().map_err(|source| NodeError::Io {
+            what: "reading the listener's address",
+            source,
+        })?;
+        let listen_port = listen_addr.port();
+        // ractor_cluster's listener, on the loopback of the listener's family.
+        let loopback: std::net::IpAddr = if listen_addr.is_ipv6() {
+            std::net::Ipv6Addr::LOCALHOST.into()
+        } else {
+            std::net::Ipv4Addr::LOCALHOST.into()
+        };
         let server = NodeServer::new(
             0,
             cookie.to_owned(),
@@ -178,7 +184,7 @@ impl Link {
             // takes the calls in flight on it along (`docs/nodes.md`).
             Some(NodeConnectionMode::Isolated),
         )
-        .with_listen_addr(std::net::Ipv4Addr::LOCALHOST.into())
+        .with_listen_addr(loopback)
         .with_max_inbound_frame_size(MAX_FRAME);
         let (server, server_done) = match Actor::spawn(None, server, ()).await {
             Ok(s) => s,
@@ -192,8 +198,10 @@ impl Link {
         };
         // What peers are told to dial: `host` and this listener's port, not
         // the loopback port ractor_cluster's listener reported as it started
-        // (already in the NodeServer's mailbox, so this comes after it).
-        let told = server.cast(NodeServerMessage::PortChanged { port: listen_port });
+        // (already in the NodeServer's mailbox, so this comes after it). Told
+        // again before every accept and dial (`advertise`): ractor_cluster
+        // respawns a failed listener, which reports its new port.
+        let told = advertise(&server, listen_port);
         let subscribed = server.cast(NodeServerMessage::SubscribeToEvents {
             id: "flotilla".to_owned(),
             subscription: Box::new(Events(shared.clone(), Mutex::default())),
@@ -201,11 +209,12 @@ impl Link {
         let link = Link {
             shared,
             server,
+            listen_port,
             server_done: Mutex::new(Some(server_done)),
             port,
             tasks: Mutex::default(),
         };
-        if told.is_err() || subscribed.is_err() {
+        if !told || subscribed.is_err() {
             link.stop().await;
             return Err(NodeError::Stopped {
                 what: "ractor_cluster NodeServer",
@@ -213,6 +222,7 @@ impl Link {
         }
         let accept = tokio::spawn(accept(
             listener,
+            listen_port,
             link.server.clone(),
             me,
             link.shared.handshakes.clone(),
@@ -228,6 +238,7 @@ impl Link {
         addr: &str,
         timeout: std::time::Duration,
     ) -> Result<(), NodeError> {
+        advertise(&self.server, self.listen_port);
         match tokio::time::timeout(timeout, ractor_cluster::client_connect(&self.server, addr))
             .await
         {
@@ -285,6 +296,7 @@ impl Link {
 /// ([`Handshakes::admit`]).
 async fn accept(
     listener: tokio::net::TcpListener,
+    listen_port: u16,
     server: ActorRef<NodeServerMessage>,
     me: String,
     handshakes: Arc<Handshakes>,
@@ -305,6 +317,7 @@ async fn accept(
         let Ok(local_addr) = stream.local_addr() else {
             continue;
         };
+        advertise(&server, listen_port);
         let opened = NodeServerMessage::ConnectionOpenedExternal {
             stream: Box::new(PreAuthStream::new(stream, peer_addr, local_addr, open)),
             is_server: true,
@@ -313,4 +326,10 @@ async fn accept(
             return;
         }
     }
+}
+
+/// Tell `server` to advertise `port` (the process's own listener) in the name
+/// it sends each new peer; false if it has stopped.
+fn advertise(server: &ActorRef<NodeServerMessage>, port: u16) -> bool {
+    server.cast(NodeServerMessage::PortChanged { port }).is_ok()
 }

@@ -570,3 +570,55 @@ fn of_two_processes_exactly_one_dials_the_other() {
     // The one that dials is the one ractor_cluster's election keeps.
     assert!(dials("z-3@127.0.0.1", "a-1@127.0.0.1"));
 }
+
+/// A session `id` ractor_cluster opened for a connection from `peer`,
+/// accepted (`is_server`) or dialed.
+async fn session_info(
+    id: u64,
+    peer: &str,
+    is_server: bool,
+) -> ractor_cluster::node::NodeServerSessionInformation {
+    let (actor, _) = Actor::spawn(None, NoSession, ()).await.unwrap();
+    ractor_cluster::node::NodeServerSessionInformation {
+        actor,
+        peer_name: None,
+        is_server,
+        node_id: id,
+        peer_addr: peer.to_owned(),
+    }
+}
+
+/// A connection the listener holds is known by its peer address: a second
+/// one from that address is not admitted while it waits, and only its own
+/// session (not another from the same address, accepted on ractor_cluster's
+/// listener) opens its read gate and frees its place. Its place is held from
+/// accept to its session's end, even past the accept's deadline: a
+/// handshake that ends between the two still opens the gate.
+#[tokio::test(start_paused = true)]
+async fn only_a_held_connections_own_session_opens_its_gate() {
+    let peer = "10.0.0.7:40000";
+    let h = Handshakes::new("me".into(), Duration::from_secs(5));
+    let gate = h.admit(peer.into()).expect("a free place");
+    assert!(h.admit(peer.into()).is_none(), "the same address twice");
+    // Its session opens a second after the accept.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let own = session_info(1, peer, true).await;
+    h.opened(&own);
+    // Another session from the same address, not one the listener admitted.
+    let other = session_info(2, peer, true).await;
+    h.opened(&other);
+    h.done(&other);
+    assert!(
+        !gate.load(Ordering::Acquire),
+        "another session opened the gate"
+    );
+    // Past the accept's deadline, before the session's: still held.
+    tokio::time::sleep(Duration::from_millis(4_500)).await;
+    assert!(
+        h.admit(peer.into()).is_none(),
+        "released at the accept's deadline"
+    );
+    h.done(&own);
+    assert!(gate.load(Ordering::Acquire), "its session authenticated");
+    assert!(h.admit(peer.into()).is_some(), "its place is free again");
+}

@@ -410,11 +410,16 @@ impl ApplicationActor {
                 }
                 state.derive_status();
             }
-            DeploymentEvent::Autoscale { name, replicas } => {
+            DeploymentEvent::Autoscale {
+                name,
+                replicas,
+                generation,
+            } => {
                 (state.args.reporter)(AppEvent::Autoscale {
                     app: state.args.record.spec.name.clone(),
                     deployment: name,
                     replicas,
+                    generation,
                 });
             }
             DeploymentEvent::Deleted { name, .. } => {

@@ -26,6 +26,8 @@ pub enum AppEvent {
         deployment: DeploymentName,
         /// The decided replica count.
         replicas: u32,
+        /// The generation of the target it was decided under.
+        generation: u64,
     },
 }
 

@@ -82,7 +82,8 @@ impl Controller {
                 app,
                 deployment,
                 replicas,
-            }) => Self::autoscale(state, app, deployment, replicas).await?,
+                generation,
+            }) => Self::autoscale(state, app, deployment, replicas, generation).await?,
             InternalMsg::BuildDone { app, build, result } => {
                 Self::build_done(myself, state, app, build, result).await?;
             }

@@ -10,7 +10,7 @@ use flotilla_core::{
 };
 use flotilla_store::Batch;
 use ractor::{ActorProcessingErr, ActorRef, RpcReplyPort};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::{
     Controller, ControllerMsg, Deleting, Deployed, ServeError, state::ControllerState,
@@ -195,16 +195,25 @@ impl Controller {
 
     /// Make an autoscaling decision durable (one commit), then hand it to the
     /// application. Decisions for unknown, deleting or no longer autoscaled
-    /// deployments are dropped.
+    /// deployments are dropped, and so are those decided under an earlier
+    /// generation of the application (a redeploy may have started the
+    /// deployment again from `initial_replicas`; the autoscaler decides again
+    /// under the new target).
     pub(crate) async fn autoscale(
         state: &mut ControllerState,
         app: AppName,
         deployment: DeploymentName,
         replicas: u32,
+        generation: u64,
     ) -> Result<(), ActorProcessingErr> {
         let Some(entry) = state.apps.get(&app) else {
             return Ok(());
         };
+        if entry.record.generation != generation {
+            debug!(app = %app, deployment = %deployment, replicas, generation,
+                current = entry.record.generation, "autoscaling decision of an earlier target dropped");
+            return Ok(());
+        }
         let Some(ReplicaCount::Auto(a)) = entry
             .record
             .spec

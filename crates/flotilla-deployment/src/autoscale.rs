@@ -361,6 +361,7 @@ pub(crate) fn tick(state: &mut DeploymentState) {
         (state.args.reporter)(DeploymentEvent::Autoscale {
             name: state.args.target.spec.name.clone(),
             replicas,
+            generation: state.args.target.generation,
         });
     }
 }

@@ -46,6 +46,9 @@ pub enum DeploymentEvent {
         name: DeploymentName,
         /// The decided replica count.
         replicas: u32,
+        /// The application generation of the target it was decided under: a
+        /// decision that crossed a redeploy is dropped.
+        generation: u64,
     },
     /// Deleted: every replica stopped; the actor has stopped.
     Deleted {

@@ -1276,6 +1276,38 @@ async fn a_node_killed_under_load_is_replaced_and_unsent_requests_succeed() {
     drop(a);
 }
 
+/// A fenced node incarnation lets go of what its replicas held: a call that
+/// a replica's task waits on through a handle ends (`Unavailable`) when the
+/// incarnation ends. It waited for ever, and with it the incarnation's
+/// routes, endpoints and link stayed in memory (a route holds the replica's
+/// endpoint, which holds the user's code, which holds a handle to the
+/// route's directory): about 74 KB a fence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_incarnation_ends_the_calls_its_handles_wait_on() {
+    let (_turn, dir, serve, addr) = setup(cpus(0.0)).await;
+    let node = NodeProc::start(addr, &NodeSpec::new("w", 1.0), dir.path());
+    let id = node.id().await;
+    let app = ApplicationSpec::builder("w")
+        .deployment(
+            flotilla::DeploymentSpec::builder("waiter", WAITER)
+                .replicas(1)
+                .with_config(|c| c.with_resources(cpus(1.0))),
+        )
+        .build()
+        .unwrap();
+    serve.run(app).await.unwrap();
+    let ended = "waiter: the call to deployment missing ended";
+    assert!(log_lines(&node, ended).is_empty(), "it waits");
+    assert!(serve.drop_node_connection(&id).await);
+    eventually(
+        30,
+        "the waiting call ended with the incarnation",
+        || async { !log_lines(&node, ended).is_empty() },
+    )
+    .await;
+    serve.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_connection_fences_the_node_which_joins_as_a_new_node() {
     let (_turn, dir, serve, addr) = setup(cpus(0.0)).await;

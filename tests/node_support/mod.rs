@@ -389,6 +389,23 @@ impl flotilla::RequestRouter for Pinned {
     }
 }
 
+/// Where [`Waiter`] is registered.
+pub const WAITER: &str = "where::Waiter";
+
+/// Its constructor starts a task calling deployment `missing` of its own
+/// application (there is none), which waits as long as the handle's route
+/// lives, and logs how the call ended (`waiter: the call to deployment
+/// missing ended`).
+pub struct Waiter;
+
+impl Deployment for Waiter {
+    type Request = String;
+    type Response = String;
+    async fn handle(&self, request: String) -> Result<String, UserError> {
+        Ok(request)
+    }
+}
+
 /// Where [`Pinned`] is registered.
 pub const PINNED: &str = "where.routers:Pinned";
 
@@ -419,6 +436,15 @@ pub fn registry() -> Registry {
         )
         .unwrap()
         // Never starts: its deployment is DEPLOY_FAILED.
+        .register(WAITER, |ctx: InitContext| async move {
+            let missing = ctx.handle("missing")?;
+            tokio::spawn(async move {
+                let ended = missing.call::<_, String>("x").await;
+                tracing::info!(?ended, "waiter: the call to deployment missing ended");
+            });
+            Ok(Waiter)
+        })
+        .unwrap()
         .register("where::Broken", |_ctx: InitContext| async move {
             Err::<Batched, _>(UserError::new("broken on purpose"))
         })

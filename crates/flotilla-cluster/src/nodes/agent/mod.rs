@@ -485,6 +485,14 @@ impl Actor for Agent {
         if let Some(t) = state.timer.take() {
             t.abort();
         }
+        // The incarnation is over (shut down or fenced): every route of its
+        // directory closes, so calls waiting in its handles end `Unavailable`
+        // rather than for ever, and its routes let go of their endpoints. A
+        // route holds its replicas' endpoints, an endpoint the user's code,
+        // and user code may hold a handle, which holds the directory: nothing
+        // else breaks that cycle once no head sends the routes again, and the
+        // incarnation (routes, link, its frames) stayed in memory.
+        state.directory.shut_down();
         Ok(())
     }
 }

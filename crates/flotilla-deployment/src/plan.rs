@@ -186,10 +186,17 @@ pub fn plan(
     if can_start && !scaling_down && new_live < target && total < target + surge {
         let want = (target - new_live).min(target + surge - total);
         // Slots below the target start at once (as Ray's scale step does); the
-        // surge above it within the step, less what is updating or starting
-        // already (Ray's `max_to_stop` counts every replica not RUNNING).
+        // surge above it within the step, less the new replicas updating or
+        // starting already. Old ones not RUNNING do not count: a roll is how
+        // they go (they stop first once a replacement runs), and one whose
+        // constructor hangs would otherwise hold the roll for ever (Ray counts
+        // them as old, not in transition).
         let missing = target.saturating_sub(total).min(want);
-        let room = (rollout.step(target) as usize).saturating_sub(changing) as u32;
+        let new_changing = new
+            .iter()
+            .filter(|r| matches!(r.state, ReplicaState::Updating | ReplicaState::Starting))
+            .count();
+        let room = (rollout.step(target) as usize).saturating_sub(new_changing) as u32;
         out.start = missing + (want - missing).min(room);
     }
     out.reconfigure = reconfigure(&out);
@@ -441,6 +448,23 @@ mod tests {
             (0, 0, 2),
             "{p:?}"
         );
+    }
+
+    #[test]
+    fn a_roll_replaces_old_replicas_whose_constructor_hangs() {
+        // v1's constructor hangs (no startup timeout); v2 is deployed to fix
+        // it: its replica starts, and once it runs the stuck one stops.
+        let rs = [r(1, Starting, "a")];
+        let p = plan(1, &v("b"), R, &rs, Starts::Allowed);
+        assert_eq!((p.start, p.stop.len()), (1, 0), "{p:?}");
+        let rs = [r(1, Starting, "a"), r(2, Running, "b")];
+        let p = plan(1, &v("b"), R, &rs, Starts::Allowed);
+        assert_eq!(p.stop, vec![(ReplicaId(1), false)]);
+        // Two of ten stuck: the roll goes on around them.
+        let mut rs: Vec<_> = (1..=8).map(|i| r(i, Running, "a")).collect();
+        rs.extend([r(9, Starting, "a"), r(10, Starting, "a")]);
+        let p = plan(10, &v("b"), R, &rs, Starts::Allowed);
+        assert_eq!(p.start, 2, "{p:?}");
     }
 
     #[test]

@@ -166,12 +166,9 @@ impl Link {
             source,
         })?;
         let listen_port = listen_addr.port();
-        // ractor_cluster's listener, on the loopback of the listener's family.
-        let loopback: std::net::IpAddr = if listen_addr.is_ipv6() {
-            std::net::Ipv6Addr::LOCALHOST.into()
-        } else {
-            std::net::Ipv4Addr::LOCALHOST.into()
-        };
+        // ractor_cluster's listener, on IPv4 loopback whatever the listener's
+        // family: `::1` is missing where IPv6 is off on `lo` (containers).
+        let loopback: std::net::IpAddr = std::net::Ipv4Addr::LOCALHOST.into();
         let server = NodeServer::new(
             0,
             cookie.to_owned(),

@@ -113,10 +113,7 @@ pub fn plan(
     // reconfigure failed is stopped and stays missing until its replacement
     // runs, so a bad config takes one step of replicas down, not one step
     // after another until none is left.
-    let changing = live
-        .iter()
-        .filter(|r| matches!(r.state, ReplicaState::Updating | ReplicaState::Starting))
-        .count();
+    let changing = updating_or_starting(&live);
     // A scale-down finishes first (Ray's `target_num < old_running +
     // old_stopping: return`): while more replicas at another version live or
     // still stop than the target, none is reconfigured.
@@ -192,15 +189,20 @@ pub fn plan(
         // constructor hangs would otherwise hold the roll for ever (Ray counts
         // them as old, not in transition).
         let missing = target.saturating_sub(total).min(want);
-        let new_changing = new
-            .iter()
-            .filter(|r| matches!(r.state, ReplicaState::Updating | ReplicaState::Starting))
-            .count();
+        let new_changing = updating_or_starting(&new);
         let room = (rollout.step(target) as usize).saturating_sub(new_changing) as u32;
         out.start = missing + (want - missing).min(room);
     }
     out.reconfigure = reconfigure(&out);
     out
+}
+
+/// How many of `replicas` are taking a config or starting.
+fn updating_or_starting(replicas: &[&ReplicaView]) -> usize {
+    replicas
+        .iter()
+        .filter(|r| matches!(r.state, ReplicaState::Updating | ReplicaState::Starting))
+        .count()
 }
 
 /// The `n` of `candidates` to stop first: not yet RUNNING ones, then those on the

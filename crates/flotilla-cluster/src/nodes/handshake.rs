@@ -48,6 +48,11 @@ impl Sparse {
         let n = self.0.fetch_add(1, Ordering::Relaxed) + 1;
         n.is_power_of_two().then_some(n)
     }
+
+    /// How many were counted.
+    pub(crate) fn count(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
 }
 
 /// How a session not yet authenticated came to be.

@@ -151,7 +151,8 @@ pub(crate) struct HeadShared {
     pub(crate) left_count: AtomicU64,
     /// Replicas on nodes declared lost, when they were.
     pub(crate) replicas_lost: AtomicU64,
-    pub(crate) refused: AtomicU64,
+    /// Connections refused (a failed cookie handshake, a fenced node).
+    pub(crate) refused: super::handshake::Sparse,
     /// `Nodes` broadcasts sent (each changes that come at once share one).
     pub(crate) nodes_broadcasts: AtomicU64,
     /// (a node re-attached, node ids still expected back).
@@ -370,7 +371,7 @@ impl Head {
             lost_count: AtomicU64::new(0),
             left_count: AtomicU64::new(0),
             replicas_lost: AtomicU64::new(0),
-            refused: AtomicU64::new(0),
+            refused: Default::default(),
             nodes_broadcasts: AtomicU64::new(0),
             reattach: watch::Sender::new((false, 0)),
         });
@@ -448,7 +449,7 @@ impl Head {
             joined: self.shared.joined.load(Ordering::Relaxed),
             lost: self.shared.lost_count.load(Ordering::Relaxed),
             left: self.shared.left_count.load(Ordering::Relaxed),
-            refused: self.shared.refused.load(Ordering::Relaxed),
+            refused: self.shared.refused.count(),
             live: nodes.iter().filter(|n| n.alive).count(),
             replicas_on_nodes: nodes.iter().map(|n| n.replicas).sum(),
             replicas_lost: self.shared.replicas_lost.load(Ordering::Relaxed),

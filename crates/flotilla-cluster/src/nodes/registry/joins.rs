@@ -91,7 +91,8 @@ pub(super) enum Refusal {
 }
 
 pub(super) fn refuse(state: &RegistryState, peer: &str, node: &str, reason: Refusal) {
-    state.shared.refused.fetch_add(1, Ordering::Relaxed);
+    // Counted; logged every time: a refused member (its cookie passed).
+    let _ = state.shared.refused.hit();
     warn!(%peer, %node, %reason, "head: node refused");
     send(
         state,

@@ -325,8 +325,7 @@ fn session(state: &mut RegistryState, ev: SessionEvent) {
         } => {
             // Any peer can cause as many as it likes: logged at the 1st,
             // 2nd, 4th, 8th... (all are counted).
-            let refused = state.shared.refused.fetch_add(1, Ordering::Relaxed) + 1;
-            if refused.is_power_of_two() {
+            if let Some(refused) = state.shared.refused.hit() {
                 warn!(%addr, refused, "node connection refused: authentication failed \
                     (wrong cookie?; logged at the 1st, 2nd, 4th, 8th...)");
             }

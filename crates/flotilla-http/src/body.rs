@@ -1,6 +1,7 @@
 //! The proxy's response body: whole, or streamed from an ingress's
-//! [`CallStream`](flotilla::CallStream); and the guard that records each
-//! request's metrics and access log once it is over.
+//! [`CallStream`](flotilla::CallStream); the whole body both listeners send
+//! ([`Whole`]); and the guard that records each request's metrics and access
+//! log once it is over.
 
 use std::{
     future::Future as _,
@@ -82,10 +83,12 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 enum Kind {
     Full {
-        bytes: Option<Bytes>,
-        /// Records the request once the body is done (or dropped:
-        /// disconnected).
+        bytes: Whole,
+        /// Records the request once the body is done (or dropped).
         done: Option<Done>,
+        /// The status sent: what `done` records unless the body is dropped
+        /// between its first frame and its last (the client went away).
+        status: u16,
     },
     Stream {
         /// Chunks already taken from the stream, sent first.
@@ -109,16 +112,19 @@ pub(crate) struct ProxyBody {
 }
 
 impl ProxyBody {
-    /// A whole body, sent with `status`.
+    /// A whole body, sent with `status`. It is recorded with `status` unless
+    /// it is dropped after hyper took its first frame and before its last:
+    /// then its client went away (499). A body hyper never polls (a HEAD's)
+    /// was sent as far as it goes.
     pub(crate) fn full(status: u16, bytes: impl Into<Bytes>, mut done: Option<Done>) -> Self {
-        let bytes = bytes.into();
         if let Some(d) = &mut done {
             d.status = status;
         }
         ProxyBody {
             kind: Kind::Full {
-                bytes: (!bytes.is_empty()).then_some(bytes),
+                bytes: Whole::new(bytes),
                 done,
+                status,
             },
         }
     }
@@ -152,8 +158,55 @@ impl ProxyBody {
 /// The most of a chunk handed to hyper at once: hyper asks for the next
 /// frame only once it has room for it (its write buffer, the HTTP/2 window),
 /// so a frame this small is handed within the stall bound by a client that
-/// keeps reading, however large the ingress's chunks.
+/// keeps reading, however large the ingress's chunks or the whole body.
 const MAX_FRAME: usize = 16 * 1024;
+
+/// A whole body, sent with its `content-length` and handed to hyper
+/// [`MAX_FRAME`] at a time (the REST API's responses, and the proxy's whole
+/// ones). One frame of it all would end its request at once, however much
+/// hyper still had to write: the connection would count as idle while a
+/// slow client still read, and be closed under it at `keep_alive_timeout`.
+/// In frames, its request stays in flight until its last frame is handed,
+/// and only a client that stops taking it is cut (see
+/// [`crate::connection`]).
+#[derive(Debug, Default)]
+pub(crate) struct Whole(Bytes);
+
+impl Whole {
+    /// The body `bytes`.
+    pub(crate) fn new(bytes: impl Into<Bytes>) -> Self {
+        Whole(bytes.into())
+    }
+
+    /// The next frame's bytes, `None` once all were handed.
+    fn next_frame(&mut self) -> Option<Bytes> {
+        if self.0.is_empty() {
+            return None;
+        }
+        let n = self.0.len().min(MAX_FRAME);
+        Some(self.0.split_to(n))
+    }
+}
+
+impl Body for Whole {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        Poll::Ready(self.get_mut().next_frame().map(|b| Ok(Frame::data(b))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.0.len() as u64)
+    }
+}
 
 /// The next frame: `chunk` (or the first of `pending`), at most
 /// [`MAX_FRAME`] of it, the rest put first in `pending`.
@@ -180,13 +233,24 @@ impl Body for ProxyBody {
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
         match &mut this.kind {
-            Kind::Full { bytes, done } => {
-                let out = bytes.take();
-                if out.is_none() {
-                    // Ended: recorded now, with the status `full` gave it.
+            Kind::Full {
+                bytes,
+                done,
+                status,
+            } => {
+                let Some(frame) = bytes.next_frame() else {
+                    // Ended: recorded now.
                     drop(done.take());
+                    return Poll::Ready(None);
+                };
+                if let Some(d) = done {
+                    d.status = if bytes.is_end_stream() {
+                        *status
+                    } else {
+                        CLIENT_CLOSED
+                    };
                 }
-                Poll::Ready(out.map(|b| Ok(Frame::data(b))))
+                Poll::Ready(Some(Ok(Frame::data(frame))))
             }
             Kind::Stream {
                 pending,
@@ -248,14 +312,15 @@ impl Body for ProxyBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        matches!(self.kind, Kind::Full { bytes: None, .. })
+        match &self.kind {
+            Kind::Full { bytes, .. } => bytes.is_end_stream(),
+            Kind::Stream { .. } => false,
+        }
     }
 
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
-            Kind::Full { bytes, .. } => {
-                SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64))
-            }
+            Kind::Full { bytes, .. } => bytes.size_hint(),
             Kind::Stream { .. } => SizeHint::default(),
         }
     }

@@ -23,10 +23,11 @@
 //! flight on it: streams end (their handlers cancelled, their replica slots
 //! freed) and each request is recorded as its client gone (499). Without
 //! this, a client that stopped reading held its connection, and its place
-//! under `max_connections`, for as long as it kept the socket open. (A whole
-//! response hyper takes in one frame ends its request at once, its bytes
-//! still to write: such a connection counts as idle, and is closed with a
-//! goodbye that is itself bounded by `keep_alive_timeout`.)
+//! under `max_connections`, for as long as it kept the socket open. Whole
+//! responses are handed to hyper in small frames too
+//! ([`Whole`](crate::body::Whole)): one frame of it all would end its request
+//! at once, its bytes still to write, and the connection, counted as idle,
+//! would be closed under a client still reading.
 
 use std::{
     convert::Infallible,

@@ -68,9 +68,13 @@
 //!   was in flight on it: streams end, their handlers and replica slots
 //!   freed, and each request is recorded as its client gone (499). It holds
 //!   neither its connection nor its place under `max_connections` for
-//!   longer (twice that for a whole response hyper took in one frame, which
-//!   ends its request at once: the connection closes idle, with a bounded
-//!   goodbye).
+//!   longer. A client that keeps reading, however slowly, gets all of it,
+//!   whole or streamed.
+//! - A client that pipelines a request behind one in flight and then
+//!   disconnects is noticed only when the first ends: hyper, as Ray's
+//!   uvicorn, does not watch for the disconnect while a pipelined request
+//!   waits in its buffer, so the first runs on until it answers or
+//!   `request_timeout` cuts it.
 //! - `request_timeout` starts when the request arrives and covers reading its
 //!   body, queueing and the handler (Ray's is end to end too).
 //! - Both listeners bind loopback by default. When the REST listener is on,

@@ -26,7 +26,6 @@ use std::{convert::Infallible, sync::Arc};
 use bytes::Bytes;
 use flotilla::{ApiType, Serve, ServeConfig, ServeError};
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
-use http_body_util::Full;
 
 use crate::{
     HttpOptions,
@@ -60,10 +59,10 @@ pub(crate) struct Rest {
     pub(crate) loopback_only: bool,
 }
 
-type Body = Full<Bytes>;
+type Body = crate::body::Whole;
 
 fn respond(status: u16, content_type: &'static str, body: impl Into<Bytes>) -> Response<Body> {
-    let mut r = Response::new(Full::new(body.into()));
+    let mut r = Response::new(crate::body::Whole::new(body));
     *r.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     r.headers_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));

@@ -759,6 +759,56 @@ async fn a_client_that_reads_nothing_loses_its_connection_and_its_place() {
     f.stop().await;
 }
 
+/// A whole response is in flight until its client has taken it (its last
+/// frame handed to hyper), as a stream is: a client that stops reading a
+/// 16 MiB response (more than any socket buffer holds) is counted as gone
+/// (499) once it stalls. Handed to hyper in one frame, the request ended at
+/// once, counted as served (200) with megabytes still to write, and its
+/// connection, idle by then, was closed under its client at twice
+/// `keep_alive_timeout`: a client reading steadily but slowly got a
+/// truncated body (4 of 16 MiB at a 1 s timeout), where Ray's uvicorn sends
+/// it all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_whole_response_is_in_flight_until_its_client_takes_it() {
+    let f = start_with(
+        test_options()
+            .keep_alive_timeout(Duration::from_millis(500))
+            .build()
+            .unwrap(),
+    )
+    .await;
+    f.serve.run(echo_app("w", "/w", "w")).await.unwrap();
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut unread = socket.connect(f.proxy).await.unwrap();
+    unread
+        .write_all(b"GET /w/huge HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let c = support::client();
+    let url = f.rest_url("/metrics");
+    let counted = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let body = get(&c, &url).await.body;
+            if body.contains(r#"ray_serve_num_http_requests_total{route="/w",method="GET""#) {
+                break body;
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the request was counted");
+    let series = |code: &str| {
+        format!(
+            r#"ray_serve_num_http_requests_total{{route="/w",method="GET",application="w",status_code="{code}"}} 1"#
+        )
+    };
+    assert!(counted.contains(&series("499")), "{counted}");
+    assert!(!counted.contains(&series("200")), "{counted}");
+    drop(unread);
+    f.stop().await;
+}
+
 /// At `max_connections`, a newcomer makes room by closing the connection
 /// idle longest (here one that never finished its request head, as a flood
 /// of half-open connections holds them), never one with a request in

@@ -103,7 +103,7 @@ impl Drop for DropGuard {
 }
 
 /// Echoes the request as JSON; `/fail` fails, `/hang` never answers (until
-/// cancelled), `/big` answers 1 MiB, `/bad-header` answers a header whose name
+/// cancelled), `/big` answers 1 MiB (`/huge`: 16 MiB), `/bad-header` answers a header whose name
 /// is not one; `/stream/N` streams N chunks, each after a
 /// gate permit (`/stream-free/N`: without the gate; `/stream-big/N`: without
 /// the gate, each chunk 64 KiB).
@@ -127,6 +127,7 @@ impl Deployment for Echo {
                 guard.done();
             }
             "/big" => return Ok(HttpResponse::new(200, vec![b'x'; 1 << 20])),
+            "/huge" => return Ok(HttpResponse::new(200, vec![b'x'; 16 << 20])),
             "/framing" => {
                 // Headers the proxy sets itself, and a length that is wrong.
                 return Ok(HttpResponse::text(200, "hello world")

@@ -34,8 +34,9 @@ pub enum ConfigWarning {
         /// The current name(s) it stands for.
         instead: &'static str,
     },
-    /// `autoscaling_config.metrics_interval_s` was given: Ray deprecated it, and
-    /// Flotilla samples load on its own period, so it changes nothing.
+    /// `autoscaling_config.metrics_interval_s` was given other than Ray's
+    /// default, 10 s: Ray deprecated it, and Flotilla samples load on its own
+    /// period, so it changes nothing.
     MetricsIntervalIgnored {
         /// The application.
         app: AppName,
@@ -307,8 +308,10 @@ fn deployment_warnings(app: &AppConfig, d: &DeploymentOverride, out: &mut Vec<Co
                 "autoscaling_config.target_num_ongoing_requests_per_replica",
                 "autoscaling_config.target_ongoing_requests",
             ),
+            // At its default (1.0, which `serve build` writes out) it
+            // changes nothing: not worth a warning.
             (
-                a.smoothing_factor.is_some(),
+                a.smoothing_factor.is_some_and(|f| f != 1.0),
                 "autoscaling_config.smoothing_factor",
                 "autoscaling_config.upscaling_factor and downscaling_factor",
             ),
@@ -327,7 +330,9 @@ fn deployment_warnings(app: &AppConfig, d: &DeploymentOverride, out: &mut Vec<Co
                 out.push(deprecated(field, instead));
             }
         }
-        if let Some(seconds) = a.metrics_interval_s {
+        // Ray warns only off its default (10 s, which `serve build` writes
+        // out).
+        if let Some(seconds) = a.metrics_interval_s.filter(|s| *s != 10.0) {
             out.push(ConfigWarning::MetricsIntervalIgnored {
                 app: app.name.clone(),
                 deployment: d.name.clone(),

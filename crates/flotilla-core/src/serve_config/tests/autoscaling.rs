@@ -21,6 +21,31 @@ fn block(field: &str, value: &str) -> String {
     ))
 }
 
+/// `serve build` writes every autoscaling field out, the deprecated ones at
+/// their defaults: those change nothing and are not warned about (Ray warns
+/// of `metrics_interval_s` only off 10 s, and never of `smoothing_factor`).
+#[test]
+fn deprecated_fields_at_their_defaults_are_not_warned_about() {
+    let text = front(
+        "        autoscaling_config:\n          max_replicas: 4\n          metrics_interval_s: 10.0\n          smoothing_factor: 1.0\n",
+    );
+    assert_eq!(parse(&text).warnings(), vec![]);
+    let text = front(
+        "        autoscaling_config:\n          max_replicas: 4\n          smoothing_factor: 2.0\n",
+    );
+    assert!(
+        matches!(
+            parse(&text).warnings()[..],
+            [ConfigWarning::DeprecatedField {
+                field: "autoscaling_config.smoothing_factor",
+                ..
+            }]
+        ),
+        "{:?}",
+        parse(&text).warnings()
+    );
+}
+
 #[test]
 fn metrics_interval_s_is_accepted_validated_and_warned_about() {
     let text = block("metrics_interval_s", "2");

@@ -15,8 +15,9 @@ use super::{AutoscalingOverride, lax, logging, value};
 /// `num_replicas` in a config file: a count, or `"auto"` for autoscaling.
 ///
 /// A count may be written as an integer, an integral float (`2.0`) or text
-/// (`"2"`): the issue that added Ray's full schema decided for these forms, which
-/// Ray itself refuses for this one field.
+/// (`"2"`), as Ray's `Union[PositiveInt, str]` reads them (pydantic's v1
+/// API coerces both to the integer before trying text). A fraction (`1.5`) is
+/// refused, where Ray truncates it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NumReplicas {
     /// A fixed count.

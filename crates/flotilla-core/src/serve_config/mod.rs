@@ -121,9 +121,10 @@ pub use warnings::ConfigWarning;
 /// - **Numbers** are read as Ray's pydantic reads them (lax mode): an integer
 ///   field takes `2`, `2.0`, `1.5e9` or `"2"`; a float field takes `"2.5"`.
 ///   `max_queued_requests` and `backpressure_config.status_code` are strict, as
-///   in Ray. Departures: `num_replicas` also takes `"2"` and `2.0` (Ray refuses
-///   them; the issue that added Ray's full schema decided for it), and a boolean
-///   is never a number (Ray reads `true` as 1). Log levels take Python's names
+///   in Ray; `num_replicas` takes `"2"` and `2.0` too, as Ray's
+///   `Union[PositiveInt, str]` does. Departures: a fraction in an integer
+///   field (`1.5`) is refused (Ray truncates it), and a boolean is never a
+///   number (Ray reads `true` as 1). Log levels take Python's names
 ///   and numbers (`20` is `INFO`).
 /// - `num_replicas` is a count or `"auto"`. A count together with
 ///   `autoscaling_config` is an error; `"auto"` with an `autoscaling_config` starts

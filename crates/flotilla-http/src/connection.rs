@@ -27,7 +27,10 @@
 //! responses are handed to hyper in small frames too
 //! ([`Whole`](crate::body::Whole)): one frame of it all would end its request
 //! at once, its bytes still to write, and the connection, counted as idle,
-//! would be closed under a client still reading.
+//! would be closed under a client still reading. What "taken" means is the
+//! kernel's: hyper is handed room again only when the socket's send buffer
+//! is about a third free, so a client whose reading frees less than that
+//! within `keep_alive_timeout` counts as one that takes nothing.
 
 use std::{
     convert::Infallible,

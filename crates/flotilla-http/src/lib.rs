@@ -68,8 +68,12 @@
 //!   was in flight on it: streams end, their handlers and replica slots
 //!   freed, and each request is recorded as its client gone (499). It holds
 //!   neither its connection nor its place under `max_connections` for
-//!   longer. A client that keeps reading, however slowly, gets all of it,
-//!   whole or streamed.
+//!   longer. A client that keeps reading gets all of it, whole or
+//!   streamed, unless it is very slow: the server sees a client's progress
+//!   only as its socket's send buffer drains (the kernel reports room once
+//!   about a third of it is free: up to 1.3 MiB on Linux's defaults), so a
+//!   client that takes less than that in a `keep_alive_timeout` (90 s by
+//!   default: about 15 KB/s) counts as taking nothing.
 //! - A client that pipelines a request behind one in flight and then
 //!   disconnects is noticed only when the first ends: hyper, as Ray's
 //!   uvicorn, does not watch for the disconnect while a pipelined request

@@ -486,10 +486,7 @@ impl Controller {
             }
             for d in &app.deployments {
                 let dep = Some(d.name.as_str());
-                if let Some(p) = d
-                    .autoscaling_config
-                    .as_ref()
-                    .and_then(|a| a.policy.as_ref())
+                if let Some(p) = d.autoscaling_config.given().and_then(|a| a.policy.as_ref())
                     && !state
                         .registry
                         .contains_autoscaling_policy(p.policy_function.as_str())

@@ -55,9 +55,9 @@ pub use secret::{
 pub use serve_config::{
     AppConfig, AutoscalingOverride, BackpressureOverride, ConfigWarning, ControllerOptions,
     ControllerRuntimeEnv, DEFAULT_GRPC_PORT, DEFAULT_HTTP_PORT, DEFAULT_KEEP_ALIVE_TIMEOUT_S,
-    DeploymentOverride, GrpcOptions, HttpOptionError, HttpOptions, NumReplicas, ProxyLocation,
-    RayActorOptions, RequestRouterOverride, RouteOverride, ServeConfig, TracingConfig,
-    apply_overrides, auto_autoscaling_config,
+    DeploymentOverride, GrpcOptions, HttpOptionError, HttpOptions, Nullable, NumReplicas,
+    ProxyLocation, RayActorOptions, RequestRouterOverride, RouteOverride, ServeConfig,
+    TracingConfig, apply_overrides, auto_autoscaling_config,
 };
 pub use spec::{
     ApplicationSpec, ApplicationSpecBuilder, DeploymentSpec, DeploymentSpecBuilder, MAX_VERSION_LEN,

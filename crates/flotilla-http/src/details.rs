@@ -334,6 +334,14 @@ pub(crate) async fn instance_details(
             if let (flotilla::RouteOverride::Off, Value::Object(m)) = (&a.route_prefix, &mut v) {
                 m.insert("route_prefix".to_owned(), Value::Null);
             }
+            // So are a deployment's fields set to null.
+            if let Some(Value::Array(written)) = v.get_mut("deployments") {
+                for (w, d) in written.iter_mut().zip(&a.deployments) {
+                    if let Value::Object(m) = w {
+                        m.extend(d.nulls().map(|f| (f.to_owned(), Value::Null)));
+                    }
+                }
+            }
             Some((a.name.to_string(), v))
         })
         .collect();

@@ -984,10 +984,11 @@ async fn a_deployment_and_a_starting_replica_carry_every_field_ray_requires() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_null_route_prefix_is_shown_as_set_to_null() {
+async fn fields_set_to_null_are_shown_as_set_to_null() {
     let f = start().await;
     let c = support::client();
-    let yaml = "applications:\n  - {name: plain, route_prefix: null, import_path: t.echo:app, args: {tag: p}}\n";
+    let yaml = "applications:\n  - {name: plain, route_prefix: null, import_path: t.echo:app, args: {tag: p}, \
+                deployments: [{name: ingress, autoscaling_config: null, user_config: null}]}\n";
     let put = send(
         &c,
         "PUT",
@@ -1008,5 +1009,10 @@ async fn a_null_route_prefix_is_shown_as_set_to_null() {
         config.get("route_prefix"),
         Some(&serde_json::Value::Null),
         "set, to null, as Ray shows a set field: {config:?}"
+    );
+    assert_eq!(
+        config["deployments"],
+        serde_json::json!([{"name": "ingress", "autoscaling_config": null, "user_config": null}]),
+        "{config:?}"
     );
 }

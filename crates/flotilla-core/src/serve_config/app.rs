@@ -184,7 +184,8 @@ impl AppConfig {
                 .deployments
                 .iter()
                 .filter(|d| {
-                    d.num_replicas == Some(NumReplicas::Auto) || d.autoscaling_config.is_some()
+                    d.num_replicas == Some(NumReplicas::Auto)
+                        || d.autoscaling_config.given().is_some()
                 })
                 .map(|d| format!("\"{}\"", d.name))
                 .collect();

@@ -10,7 +10,7 @@ use crate::{
     PlacementGroup, PlacementStrategy, Resources, error::Error,
 };
 
-use super::{AutoscalingOverride, lax, logging, value};
+use super::{AutoscalingOverride, Nullable, lax, logging, nullable, value};
 
 /// `num_replicas` in a config file: a count, or `"auto"` for autoscaling.
 ///
@@ -39,9 +39,10 @@ pub struct DeploymentOverride {
     #[serde(default)]
     pub num_replicas: Option<NumReplicas>,
     /// Autoscale with these settings; fields left out take Ray's defaults (not the
-    /// builder's), as in Ray.
-    #[serde(default)]
-    pub autoscaling_config: Option<AutoscalingOverride>,
+    /// builder's), as in Ray. `null` turns the builder's autoscaling off (Ray:
+    /// "If null, the deployment won't autoscale").
+    #[serde(default, skip_serializing_if = "Nullable::is_keep")]
+    pub autoscaling_config: Nullable<AutoscalingOverride>,
     /// Concurrent requests one replica runs at most (at least 1).
     #[serde(default, deserialize_with = "lax::opt_u32")]
     pub max_ongoing_requests: Option<u32>,
@@ -58,9 +59,14 @@ pub struct DeploymentOverride {
     /// [`DeploymentConfig::backpressure`] for the HTTP proxy.
     #[serde(default)]
     pub backpressure_config: Option<BackpressureOverride>,
-    /// Passed to every replica's `reconfigure`: any value.
-    #[serde(default, with = "value::args_field::option")]
-    pub user_config: Option<Args>,
+    /// Passed to every replica's `reconfigure`: any value. `null` drops the
+    /// builder's, as in Ray (`reconfigure` is not called).
+    #[serde(
+        default,
+        skip_serializing_if = "Nullable::is_keep",
+        with = "nullable::args"
+    )]
+    pub user_config: Nullable<Args>,
     /// Seconds between health checks (> 0).
     #[serde(default, deserialize_with = "lax::opt_f64")]
     pub health_check_period_s: Option<f64>,
@@ -322,12 +328,12 @@ impl DeploymentOverride {
         DeploymentOverride {
             name,
             num_replicas: None,
-            autoscaling_config: None,
+            autoscaling_config: Nullable::Keep,
             max_ongoing_requests: None,
             max_concurrent_queries: None,
             max_queued_requests: None,
             backpressure_config: None,
-            user_config: None,
+            user_config: Nullable::Keep,
             health_check_period_s: None,
             health_check_timeout_s: None,
             graceful_shutdown_wait_loop_s: None,
@@ -355,6 +361,20 @@ impl DeploymentOverride {
         self.max_ongoing_requests.or(self.max_concurrent_queries)
     }
 
+    /// The fields given as `null` ([`Nullable::Clear`]), which a written
+    /// config that leaves out nulls must put back.
+    pub fn nulls(&self) -> impl Iterator<Item = &'static str> + use<> {
+        [
+            (
+                "autoscaling_config",
+                self.autoscaling_config == Nullable::Clear,
+            ),
+            ("user_config", self.user_config == Nullable::Clear),
+        ]
+        .into_iter()
+        .filter_map(|(field, null)| null.then_some(field))
+    }
+
     /// `e`, naming the field as this override spells it: a range error on a
     /// value given under an old name (`max_concurrent_queries`,
     /// `target_num_ongoing_requests_per_replica`, the smoothing factors)
@@ -363,7 +383,7 @@ impl DeploymentOverride {
         let Error::InvalidField { at, field, reason } = e else {
             return e;
         };
-        let a = self.autoscaling_config.as_ref();
+        let a = self.autoscaling_config.given();
         let field = match field {
             "max_ongoing_requests" if self.max_ongoing_requests.is_none() => {
                 "max_concurrent_queries"
@@ -409,7 +429,7 @@ impl DeploymentOverride {
                  max_ongoing_requests",
             ));
         }
-        if let Some(a) = &self.autoscaling_config {
+        if let Some(a) = self.autoscaling_config.given() {
             a.check()?;
         }
         if let Some(r) = &self.ray_actor_options {

@@ -22,6 +22,7 @@ mod deployment;
 mod http;
 mod lax;
 mod logging;
+mod nullable;
 mod overrides;
 mod parse;
 mod suggest;
@@ -50,6 +51,7 @@ pub use http::{
     DEFAULT_GRPC_PORT, DEFAULT_HTTP_PORT, DEFAULT_KEEP_ALIVE_TIMEOUT_S, GrpcOptions,
     HttpOptionError, HttpOptions, ProxyLocation,
 };
+pub use nullable::Nullable;
 pub use overrides::apply_overrides;
 pub use system::{ControllerOptions, ControllerRuntimeEnv, TracingConfig};
 pub use warnings::ConfigWarning;
@@ -139,9 +141,13 @@ pub use warnings::ConfigWarning;
 ///   in key order or spelling (`0x10` and `16`). A missing `args` is the empty map
 ///   (Ray's `{}`). `runtime_env` and the `*_kwargs` fields must be mappings.
 /// - `null` for a field is the same as leaving it out (Ray refuses `null` for
-///   most non-optional fields), except an application's `route_prefix: null`,
-///   which removes its HTTP route, as in Ray (left out, the builder's prefix
-///   stands).
+///   most non-optional fields), except where Ray gives it a meaning over the
+///   code's value ([`Nullable`]): an application's `route_prefix: null`
+///   removes its HTTP route, a deployment's `autoscaling_config: null` turns
+///   the code's autoscaling off and `user_config: null` drops the code's, as
+///   in Ray (left out, the builder's stands). A deployment's
+///   `max_replicas_per_node`, `placement_group_*` and `logging_config` read
+///   `null` as left out (Ray: none, over the code's; a departure).
 /// - An application's `name` defaults to `"default"`, as in Ray; two
 ///   applications without a `route_prefix` do not collide (in Ray both count as
 ///   `/`). Duplicate deployment overrides are an error (Ray applies them in

@@ -10,8 +10,8 @@ use crate::{
 };
 
 use super::{
-    AppConfig, AutoscalingOverride, BackpressureOverride, DeploymentOverride, NumReplicas,
-    RequestRouterOverride, auto_autoscaling_config,
+    AppConfig, AutoscalingOverride, BackpressureOverride, DeploymentOverride, Nullable,
+    NumReplicas, RequestRouterOverride, auto_autoscaling_config,
 };
 
 /// Apply `app`'s config to the spec its builder returned. The config wins over the
@@ -84,6 +84,10 @@ impl DeploymentOverride {
     /// - `autoscaling_config` alone autoscales with
     ///   [`AutoscalingConfig::default`] updated by the given fields (Ray replaces
     ///   the whole autoscaling config; it does not merge with the code's).
+    ///   `autoscaling_config: null` turns autoscaling off: the count is the
+    ///   given `num_replicas`, else the builder's fixed count, else 1 (Ray's
+    ///   default count).
+    /// - `user_config` replaces the builder's; `null` drops it.
     /// - `num_replicas: auto` autoscales with [`auto_autoscaling_config`] updated by
     ///   the given `autoscaling_config`, or, without one (or with an empty
     ///   one, `{}`, as Ray reads it), keeps the builder's autoscaling config
@@ -110,7 +114,7 @@ impl DeploymentOverride {
     pub fn apply_to(&self, base: DeploymentConfig) -> Result<DeploymentConfig, Error> {
         let mut c = base;
         match (self.num_replicas, &self.autoscaling_config) {
-            (Some(NumReplicas::Fixed(n)), Some(_)) => {
+            (Some(NumReplicas::Fixed(n)), Nullable::Set(_)) => {
                 return Err(Error::field(
                     "num_replicas",
                     format!(
@@ -119,11 +123,15 @@ impl DeploymentOverride {
                     ),
                 ));
             }
-            (Some(NumReplicas::Fixed(n)), None) => c.num_replicas = ReplicaCount::Fixed(n),
-            // An empty `autoscaling_config: {}` with `auto` is none at all:
-            // Ray takes `options.get("autoscaling_config") or the builder's`,
-            // and `{}` is falsy.
-            (Some(NumReplicas::Auto), Some(given)) if *given != AutoscalingOverride::default() => {
+            (Some(NumReplicas::Fixed(n)), Nullable::Keep | Nullable::Clear) => {
+                c.num_replicas = ReplicaCount::Fixed(n)
+            }
+            // An empty `autoscaling_config: {}` (or `null`) with `auto` is
+            // none at all: Ray takes `options.get("autoscaling_config") or
+            // the builder's`, and `{}` and `None` are falsy.
+            (Some(NumReplicas::Auto), Nullable::Set(given))
+                if *given != AutoscalingOverride::default() =>
+            {
                 c.num_replicas = ReplicaCount::Auto(given.apply_to(auto_autoscaling_config())?);
             }
             (Some(NumReplicas::Auto), _) => {
@@ -131,10 +139,17 @@ impl DeploymentOverride {
                     c.num_replicas = ReplicaCount::Auto(auto_autoscaling_config());
                 }
             }
-            (None, Some(given)) => {
+            (None, Nullable::Set(given)) => {
                 c.num_replicas = ReplicaCount::Auto(given.apply_to(AutoscalingConfig::default())?);
             }
-            (None, None) => {}
+            // `null` alone: no autoscaling, at the builder's count, or Ray's
+            // default count (1) where the builder autoscaled.
+            (None, Nullable::Clear) => {
+                if let ReplicaCount::Auto(_) = c.num_replicas {
+                    c.num_replicas = ReplicaCount::Fixed(1);
+                }
+            }
+            (None, Nullable::Keep) => {}
         }
         if let Some(n) = self.effective_max_ongoing_requests() {
             c.max_ongoing_requests = n;
@@ -159,8 +174,10 @@ impl DeploymentOverride {
         if let Some(b) = &self.backpressure_config {
             c.backpressure = b.to_config()?;
         }
-        if let Some(u) = &self.user_config {
-            c.user_config = Some(u.clone());
+        match &self.user_config {
+            Nullable::Keep => {}
+            Nullable::Clear => c.user_config = None,
+            Nullable::Set(u) => c.user_config = Some(u.clone()),
         }
         if let Some(s) = self.health_check_period_s {
             c.health_check_period = seconds("health_check_period_s", s)?;
@@ -671,6 +688,49 @@ mod tests {
         );
     }
 
+    /// `null` is not leaving a field out where Ray gives it a meaning: over
+    /// the code's value, `autoscaling_config: null` turns autoscaling off
+    /// ("If null, the deployment won't autoscale") and `user_config: null`
+    /// drops the code's. Both were read as left out: the code's stood.
+    #[test]
+    fn null_autoscaling_config_and_user_config_clear_the_builders() {
+        let back_with = |fields: &str| {
+            let app = app(&format!("      - name: back\n{fields}"));
+            let spec = apply_overrides(shop_builder(&app.args), &app).unwrap();
+            spec.deployment("back").unwrap().config.clone()
+        };
+        assert!(matches!(back_with("").num_replicas, ReplicaCount::Auto(_)));
+        // Off, at Ray's default count; or at the count given with it.
+        let c = back_with("        autoscaling_config: null\n");
+        assert_eq!(c.num_replicas, ReplicaCount::Fixed(1));
+        let c = back_with("        num_replicas: 4\n        autoscaling_config: null\n");
+        assert_eq!(c.num_replicas, ReplicaCount::Fixed(4));
+        // `auto` with null takes the builder's, as Ray's `or`.
+        let c = back_with("        num_replicas: auto\n        autoscaling_config: null\n");
+        assert_eq!(c.num_replicas, back_with("").num_replicas);
+        // A fixed builder stays as it is.
+        let c = front_with("        autoscaling_config: null\n");
+        assert_eq!(c.num_replicas, ReplicaCount::Fixed(3));
+        // The code's user_config, replaced, dropped, or kept.
+        let with_user_config = |fields: &str| {
+            let app = app(&format!("      - name: front\n{fields}"));
+            let mut built = shop_builder(&app.args);
+            let front = built
+                .deployments
+                .iter_mut()
+                .find(|d| d.name.as_str() == "front");
+            front.unwrap().config.user_config = Some(Args::encode(&7).unwrap());
+            let spec = apply_overrides(built, &app).unwrap();
+            spec.deployment("front").unwrap().config.user_config.clone()
+        };
+        assert_eq!(with_user_config(""), Some(Args::encode(&7).unwrap()));
+        assert_eq!(
+            with_user_config("        user_config: 8\n"),
+            Some(Args::encode(&8).unwrap())
+        );
+        assert_eq!(with_user_config("        user_config: null\n"), None);
+    }
+
     #[test]
     fn override_health_check_period_s() {
         let c = front_with("        health_check_period_s: 2.5\n");
@@ -806,7 +866,7 @@ mod tests {
     #[test]
     fn the_result_is_validated_naming_application_and_deployment() {
         let mut app = app("      - name: back\n");
-        app.deployments[0].autoscaling_config = Some(AutoscalingOverride {
+        app.deployments[0].autoscaling_config = Nullable::Set(AutoscalingOverride {
             min_replicas: Some(5),
             max_replicas: Some(2),
             ..AutoscalingOverride::default()
@@ -814,7 +874,7 @@ mod tests {
         let e = apply_overrides(shop_builder(&app.args), &app).unwrap_err();
         assert_eq!((e.app(), e.deployment()), (Some("shop"), Some("back")));
         assert_eq!(e.field_name(), Some("autoscaling_config.min_replicas"));
-        app.deployments[0].autoscaling_config = None;
+        app.deployments[0].autoscaling_config = Nullable::Keep;
         app.deployments[0].health_check_period_s = Some(0.0);
         let e = apply_overrides(shop_builder(&app.args), &app).unwrap_err();
         assert_eq!(e.field_name(), Some("health_check_period_s"));

@@ -429,7 +429,7 @@ mod tests {
     use super::*;
     use crate::{
         AppConfig, Args, AutoscalingOverride, DeploymentOverride, LogEncoding, LogLevel,
-        LoggingConfig, NumReplicas, RayActorOptions,
+        LoggingConfig, Nullable, NumReplicas, RayActorOptions,
     };
 
     #[test]
@@ -569,7 +569,7 @@ applications:
             &DeploymentOverride {
                 name: "front".try_into().unwrap(),
                 num_replicas: None,
-                autoscaling_config: Some(AutoscalingOverride {
+                autoscaling_config: Nullable::Set(AutoscalingOverride {
                     min_replicas: Some(1),
                     max_replicas: Some(5),
                     initial_replicas: Some(2),
@@ -583,7 +583,7 @@ applications:
                 }),
                 max_ongoing_requests: Some(5),
                 max_queued_requests: Some(-1),
-                user_config: Some(Args::encode(&serde_json_like::user_config()).unwrap()),
+                user_config: Nullable::Set(Args::encode(&serde_json_like::user_config()).unwrap()),
                 health_check_period_s: Some(10.0),
                 health_check_timeout_s: Some(30.0),
                 graceful_shutdown_wait_loop_s: Some(2.0),
@@ -601,7 +601,7 @@ applications:
         let back = &a.deployments[1];
         assert_eq!(back.num_replicas, Some(NumReplicas::Fixed(3)));
         assert_eq!(back.max_queued_requests, Some(7));
-        assert_eq!(back.user_config, None);
+        assert_eq!(back.user_config, Nullable::Keep);
         let b = &c.applications[1];
         // Missing optional fields take their defaults.
         assert_eq!(b.route_prefix.prefix().map(|p| p.as_str()), Some("/app2"));
@@ -1022,10 +1022,10 @@ applications:
             "null removes the route"
         );
         assert_eq!(a.logging_config, None);
-        assert_eq!(
-            a.deployments[0],
-            DeploymentOverride::new("d".try_into().unwrap())
-        );
+        // Except where Ray gives null a meaning (see `Nullable`).
+        let mut d = DeploymentOverride::new("d".try_into().unwrap());
+        d.user_config = Nullable::Clear;
+        assert_eq!(a.deployments[0], d);
         let none = parse(&apps("  - name: a\n    import_path: x\n    deployments:\n"));
         assert!(none.applications[0].deployments.is_empty());
     }
@@ -1082,14 +1082,13 @@ applications:
 
     #[test]
     fn round_trips_through_msgpack() {
+        // Named, as the checkpoint stores it: a field left out (a route
+        // prefix, a deployment's `user_config`) is left out of the encoding
+        // too, which a positional one cannot express.
         let c = parse(FULL);
-        for bytes in [
-            rmp_serde::to_vec(&c).unwrap(),
-            rmp_serde::to_vec_named(&c).unwrap(),
-        ] {
-            let back: ServeConfig = rmp_serde::from_slice(&bytes).unwrap();
-            assert_eq!(back, c);
-        }
+        let bytes = rmp_serde::to_vec_named(&c).unwrap();
+        let back: ServeConfig = rmp_serde::from_slice(&bytes).unwrap();
+        assert_eq!(back, c);
         // A config built in code round-trips too, named, as the checkpoint
         // stores it: its left-out route prefix is left out of the encoding
         // too, which a positional one cannot express.

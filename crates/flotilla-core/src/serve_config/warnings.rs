@@ -301,7 +301,7 @@ fn deployment_warnings(app: &AppConfig, d: &DeploymentOverride, out: &mut Vec<Co
     if d.max_concurrent_queries.is_some() {
         out.push(deprecated("max_concurrent_queries", "max_ongoing_requests"));
     }
-    if let Some(a) = &d.autoscaling_config {
+    if let Some(a) = d.autoscaling_config.given() {
         for (given, field, instead) in [
             (
                 a.target_num_ongoing_requests_per_replica.is_some(),

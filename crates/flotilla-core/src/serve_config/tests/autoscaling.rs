@@ -53,7 +53,7 @@ fn metrics_interval_s_is_accepted_validated_and_warned_about() {
     assert_eq!(
         c.applications[0].deployments[0]
             .autoscaling_config
-            .as_ref()
+            .given()
             .unwrap()
             .metrics_interval_s,
         Some(2.0)

@@ -9,8 +9,9 @@
 //! ```
 //!
 //! Scenarios: `bulk-deploy`, `serial-deploy`, `checkpoint-scaling`, `recovery`,
-//! `idle`, `memory`, `handle`, and `all` (every one at moderate sizes, each in its
-//! own child process). `--help` on any of them lists its flags. Without a scenario
+//! `idle`, `memory`, `handle`, `wide-deployment`, and `all` (every one but
+//! `wide-deployment`, at moderate sizes, each in its own child process).
+//! `--help` on any of them lists its flags. Without a scenario
 //! (a plain `cargo bench`) it runs `all`; run as a test (`cargo test --benches`),
 //! `all --quick`. Every scenario uses a fresh store file in a temporary directory
 //! (named by process id) that it removes when done. How to read the figures:
@@ -84,7 +85,7 @@ enum Scenario {
     Memory(memory::Args),
     /// Handle call latency and throughput.
     Handle(handle::Args),
-    /// Every scenario at moderate sizes, side by side.
+    /// Every scenario but `wide-deployment`, at moderate sizes, side by side.
     All(all::Args),
     /// `recovery`'s restart in a new process (run by `recovery`).
     #[command(hide = true)]

@@ -1,5 +1,5 @@
-//! `all`: every scenario at moderate sizes, each in its own child process, so the
-//! figures compare side by side in one run.
+//! `all`: every scenario but `wide-deployment`, at moderate sizes, each in its
+//! own child process, so the figures compare side by side in one run.
 
 use crate::{child, error::BenchResult};
 

@@ -11,8 +11,9 @@
 //!   and bodies (see the [`proxy`] module), `/-/healthz`, `/-/routes`, request
 //!   ids, timeouts, body limits, streamed responses;
 //! - the **REST API** on a second listener (default `127.0.0.1:8265`): Ray's
-//!   `PUT`/`GET`/`DELETE /api/serve/applications/` (see [`rest`]) and
-//!   `GET /metrics` in Prometheus text ([`metrics`]);
+//!   `PUT`/`GET`/`DELETE /api/serve/applications/` and
+//!   `POST /api/v1/applications/{app}/deployments/{deployment}/scale` (see
+//!   [`rest`]), and `GET /metrics` in Prometheus text ([`metrics`]);
 //! - the serde types an HTTP ingress takes and answers ([`HttpRequest`],
 //!   [`HttpResponse`]), and the `flotilla` binary, a client of the REST API.
 //!
@@ -85,8 +86,8 @@
 //!   binding either listener elsewhere needs a bearer token
 //!   ([`HttpError::TokenRequired`] otherwise) of at least 16 bytes
 //!   ([`HttpError::WeakToken`] otherwise: the REST API answers every guess);
-//!   with a token configured, `PUT`
-//!   and `DELETE` always need `Authorization: Bearer <token>` (or, as Ray's,
+//!   with a token configured, `PUT`, `DELETE`
+//!   and the scale `POST` always need `Authorization: Bearer <token>` (or, as Ray's,
 //!   `X-Ray-Authorization`): 401 without a token, 403 with a wrong one.
 //!   Reads and `/metrics` need none, as Ray's dashboard; a REST listener on
 //!   loopback answers only requests for `localhost` or an IP address (403
@@ -109,8 +110,10 @@
 //!   them: stored, they would stop the next start, and with it the REST API
 //!   that could mend them. (A port taken only after the PUT still does.)
 //! - `GET /api/serve/applications/`: replica ids are Flotilla's numbers,
-//!   `actor_name`s are Flotilla's actor names, pids, worker ids and log files
-//!   are left out, `recent_dead_replicas` is empty, `deployment_topology` lists
+//!   `actor_name`s are Flotilla's actor names, pids, worker ids, `node_ip`,
+//!   `actor_id` and log files are left out, and so are the instance's
+//!   `deploy_mode` (Ray's is always `MULTI_APP`), `grpc_options` (no gRPC
+//!   proxy) and `target_groups` (all optional in Ray's schema); `recent_dead_replicas` is empty, `deployment_topology` lists
 //!   no outbound calls, `proxy_location` is `HeadOnly` (one proxy per
 //!   `HttpServer`). A replica's `start_time_s` is when it began serving, 0.0
 //!   while that is not known (still starting, or stopping). A deployment whose
@@ -149,8 +152,8 @@
 //! `ray_serve_multiplexed_model_load_latency_ms` and `..._unload_latency_ms`.
 //! (`ray_serve_batch_queue_length` counts, as Ray's queue size, the requests
 //! not yet taken into a batch.) A replica in another process batches and
-//! loads there: only its loaded model ids are exported (from its reports),
-//! not its batch or load figures. And Flotilla's own:
+//! loads there: its batch and model series are its node's last report of
+//! them (up to 10 heartbeats late). And Flotilla's own:
 //! `flotilla_checkpoint_commits_total`, `flotilla_checkpoint_keys_written_total`,
 //! `flotilla_checkpoint_bytes_written_total`, `flotilla_restarts_total{level}`
 //! (`controller`, `application`), `flotilla_replicas{state}`,

@@ -101,3 +101,9 @@ pub use flotilla_replica::{
 pub use flotilla_supervision::{Escalation, RestartPolicy};
 pub use logging::{ACCESS_TARGET, AppLogLayer, is_access_log};
 pub use serve::{LivingReplica, Metrics, RunManyOptions, Serve, ServeOptions};
+
+/// The README's Rust blocks, compiled by `cargo test --doc` so that what a
+/// new user copies first keeps compiling.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

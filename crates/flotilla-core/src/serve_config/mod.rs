@@ -29,6 +29,7 @@ mod suggest;
 mod system;
 pub(crate) mod value;
 mod warnings;
+mod wide_ints;
 
 #[cfg(test)]
 mod tests;
@@ -139,7 +140,9 @@ pub use warnings::ConfigWarning;
 ///   canonical MessagePack ([`Args`](crate::Args)): every map sorted by key, so
 ///   the same text always gives the same bytes, and so do texts that differ only
 ///   in key order or spelling (`0x10` and `16`). A missing `args` is the empty map
-///   (Ray's `{}`). `runtime_env` and the `*_kwargs` fields must be mappings.
+///   (Ray's `{}`). An integer too wide for 64 bits is an error, at its place
+///   (quote it to keep it as text): read as a float, it would change (PyYAML
+///   keeps it exact). `runtime_env` and the `*_kwargs` fields must be mappings.
 /// - `null` for a field is the same as leaving it out (Ray refuses `null` for
 ///   most non-optional fields), except where Ray gives it a meaning over the
 ///   code's value ([`Nullable`]): an application's `route_prefix: null`

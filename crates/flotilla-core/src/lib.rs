@@ -44,7 +44,7 @@ pub use placement::{
     BundleError, MAX_REPLICAS_PER_NODE, PlacementGroup, PlacementStrategy, bundle_resources,
 };
 pub use record::{ApiType, AppRecord, ConfigSource, DeploymentRecord, MAX_GENERATION};
-pub use resources::Resources;
+pub use resources::{MIN_RESOURCE_AMOUNT, Resources};
 pub use routing::{
     BUILTIN_REQUEST_ROUTERS, BackpressureConfig, BackpressureStatus, DEFAULT_REQUEST_ROUTER,
     RequestRouterConfig, is_builtin_router,

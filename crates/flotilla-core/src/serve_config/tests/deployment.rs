@@ -448,6 +448,17 @@ fn rolling_update_percentage_and_max_surge_percent_set_the_rollout() {
     );
 }
 
+/// Ray refuses an amount finer than its resource unit (1/10,000), which it
+/// would count as nothing.
+#[test]
+fn a_resource_amount_finer_than_rays_unit_is_refused() {
+    let text = front("        ray_actor_options: {resources: {tpu: 0.00001}}\n");
+    let e = err(&text);
+    assert_eq!(e.field_name(), Some("ray_actor_options.resources"), "{e}");
+    assert!(e.to_string().contains("0.0001"), "{e}");
+    applied("        ray_actor_options: {num_cpus: 0.0001, resources: {tpu: 0}}\n");
+}
+
 #[test]
 fn ray_actor_options_accelerator_type_is_rays_custom_resource() {
     let c = applied("        ray_actor_options: {num_cpus: 1, accelerator_type: A10G}\n");

@@ -785,19 +785,11 @@ async fn a_whole_response_is_in_flight_until_its_client_takes_it() {
         .write_all(b"GET /w/huge HTTP/1.1\r\nhost: x\r\n\r\n")
         .await
         .unwrap();
-    let c = support::client();
-    let url = f.rest_url("/metrics");
-    let counted = tokio::time::timeout(Duration::from_secs(10), async {
-        loop {
-            let body = get(&c, &url).await.body;
-            if body.contains(r#"ray_serve_num_http_requests_total{route="/w",method="GET""#) {
-                break body;
-            }
-            tokio::task::yield_now().await;
-        }
-    })
-    .await
-    .expect("the request was counted");
+    let counted = f
+        .metrics_when(|m| {
+            m.contains(r#"ray_serve_num_http_requests_total{route="/w",method="GET""#)
+        })
+        .await;
     let series = |code: &str| {
         format!(
             r#"ray_serve_num_http_requests_total{{route="/w",method="GET",application="w",status_code="{code}"}} 1"#
@@ -1007,8 +999,6 @@ async fn a_client_gone_mid_body_is_counted_499_not_400() {
         .await
         .unwrap();
     drop(s);
-    let c = support::client();
-    let url = f.rest_url("/metrics");
     let series = |code: &str| {
         format!(
             r#"ray_serve_num_http_requests_total{{route="/e",method="POST",application="e",status_code="{code}"}} 1"#
@@ -1017,17 +1007,9 @@ async fn a_client_gone_mid_body_is_counted_499_not_400() {
     // Waited for by the proxy's own series (the replicas' carry the route
     // too, from the start: a wait on the route alone could end before the
     // request was counted).
-    let counted = tokio::time::timeout(Duration::from_secs(10), async {
-        loop {
-            let body = get(&c, &url).await.body;
-            if body.contains("ray_serve_num_http_requests_total{route=\"/e\"") {
-                break body;
-            }
-            tokio::task::yield_now().await;
-        }
-    })
-    .await
-    .expect("the request was counted");
+    let counted = f
+        .metrics_when(|m| m.contains("ray_serve_num_http_requests_total{route=\"/e\""))
+        .await;
     assert!(counted.contains(&series("499")), "{counted}");
     assert!(!counted.contains(&series("400")), "{counted}");
     assert_eq!(f.probe.handled.load(Ordering::SeqCst), handled);
@@ -1058,20 +1040,12 @@ async fn a_head_response_keeps_its_declared_length_and_counts_as_sent() {
             r#"ray_serve_num_http_requests_total{{route="/h",method="HEAD",application="h",status_code="{code}"}} 3"#
         )
     };
-    let url = f.rest_url("/metrics");
-    let counted = tokio::time::timeout(Duration::from_secs(10), async {
-        loop {
-            let body = get(&c, &url).await.body;
-            if body.contains(r#"method="HEAD""#) && body.contains(&series("200"))
-                || body.contains(r#"status_code="499""#)
-            {
-                break body;
-            }
-            tokio::task::yield_now().await;
-        }
-    })
-    .await
-    .expect("both requests were counted");
+    let counted = f
+        .metrics_when(|m| {
+            m.contains(r#"method="HEAD""#) && m.contains(&series("200"))
+                || m.contains(r#"status_code="499""#)
+        })
+        .await;
     assert!(counted.contains(&series("200")), "{counted}");
     assert!(!counted.contains(r#"status_code="499""#), "{counted}");
     f.stop().await;

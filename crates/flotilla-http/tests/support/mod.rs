@@ -329,6 +329,23 @@ impl Fixture {
     pub fn rest_url(&self, path: &str) -> String {
         format!("http://{}{path}", self.rest.expect("REST listener on"))
     }
+    /// `/metrics` once `done` holds of it, within 10 s (read again until
+    /// then: the proxy records a request when its body ends, which may be
+    /// after its client has the answer).
+    pub async fn metrics_when(&self, done: impl Fn(&str) -> bool) -> String {
+        let (c, url) = (client(), self.rest_url("/metrics"));
+        tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                let body = get(&c, &url).await.body;
+                if done(&body) {
+                    break body;
+                }
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("/metrics never showed what the test waits for")
+    }
     pub async fn stop(mut self) {
         if let Some(h) = self.http.take() {
             h.shutdown().await;

@@ -357,3 +357,35 @@ async fn a_handle_to_a_deployment_the_application_never_had_ends_with_the_applic
         "{ended:?}"
     );
 }
+
+/// A call awaited on a thread without a tokio runtime (a synchronous
+/// caller's `futures::executor::block_on`) runs on the instance's runtime:
+/// user code there may use timers and I/O. It ran in the calling thread,
+/// where the code's first timer panicked ("no reactor running"), and the
+/// panic replaced a healthy replica.
+#[tokio::test(start_paused = true)]
+async fn a_call_from_a_thread_without_a_runtime_runs_and_replaces_nothing() {
+    let (_dir, _, serve) = start_sleepers().await;
+    let h = serve.run(sleeper("sync", 1, 1, None)).await.unwrap();
+    let id = h.replicas()[0].id();
+    let caller = h.clone();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(futures::executor::block_on(
+            caller.call::<_, u64>(&1_000u64),
+        ));
+    });
+    assert_eq!(rx.await.unwrap().unwrap(), id.0);
+    // With a timeout too (the timer is the instance runtime's).
+    let caller = h.clone().with_timeout(Duration::from_millis(100));
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(futures::executor::block_on(
+            caller.call::<_, u64>(&1_000u64),
+        ));
+    });
+    let e = rx.await.unwrap().unwrap_err();
+    assert!(matches!(e, CallError::Timeout { .. }), "{e}");
+    assert_eq!(h.replicas()[0].id(), id, "the replica was not replaced");
+    assert_eq!(h.replicas()[0].in_flight(), 0);
+}

@@ -344,3 +344,23 @@ async fn a_streaming_deployment_forwards_another_deployments_stream() {
     let back = f.serve.deployment_handle("chain", "back").unwrap();
     assert_eq!(back.replicas()[0].in_flight(), 0);
 }
+
+/// A stream read on a thread without a tokio runtime (a synchronous
+/// caller's `futures::executor::block_on`) runs on the instance's runtime,
+/// whose timers the handler uses; it ran in the reading thread and failed.
+#[tokio::test(start_paused = true)]
+async fn a_stream_read_on_a_thread_without_a_runtime_runs() {
+    let f = start().await;
+    let h = f.serve.run(tokens_app("sync", 1)).await.unwrap();
+    let id = h.replicas()[0].id();
+    let caller = h.clone();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
+        let items: Vec<Result<String, CallError>> =
+            futures::executor::block_on(caller.call_stream::<_, String>("s").collect());
+        let _ = tx.send(items);
+    });
+    let items: Vec<String> = rx.await.unwrap().into_iter().map(Result::unwrap).collect();
+    assert_eq!(items, ["t0", "t1", "t2"]);
+    assert_eq!(h.replicas()[0].id(), id, "the replica was not replaced");
+}

@@ -117,7 +117,10 @@ pub enum CallError {
         /// The loader's error.
         message: String,
     },
-    /// No replica took the request within the caller's timeout.
+    /// The call did not end within the handle's timeout. It may have run in
+    /// part: a handler still running then is cancelled (its slot freed),
+    /// where Ray's `result(timeout_s)` leaves the request running. Retry only
+    /// what is safe to run twice.
     #[error("request to deployment '{deployment}' of application '{app}' timed out")]
     Timeout {
         /// The application.

@@ -15,6 +15,7 @@ use serde::{Serialize, de::DeserializeOwned};
 use crate::{
     CallError, Directory, ModelIdError, ReplicaEndpoint, RoutingRequest,
     endpoint::Slot,
+    home::run_on,
     multiplex::validate_model_id,
     payload::{ItemSender, Payload, PayloadError},
     remote::{Attempt, Refusals},
@@ -119,7 +120,9 @@ impl DeploymentHandle {
     /// The same handle with a per-call timeout (time spent queued included).
     /// Zero is a deadline already reached, not "no timeout" (leave it unset
     /// for that): a call that does not complete at once fails with
-    /// [`CallError::Timeout`].
+    /// [`CallError::Timeout`]. A call timed out while its handler runs
+    /// cancels the handler, as dropping the call does (Ray's timeout leaves
+    /// it running).
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = Some(timeout);
         self
@@ -151,6 +154,12 @@ impl DeploymentHandle {
     /// Send `request` and await the response. Requests and responses cross as
     /// MessagePack, so the deployment decodes into its own types (a response
     /// of the type asked for, from a replica in this process, is moved).
+    ///
+    /// The handler runs in the task that awaits the call (dropping the call
+    /// cancels it), or, awaited on a thread without a tokio runtime (a
+    /// synchronous caller's `futures::executor::block_on`), on the runtime
+    /// the `Serve` was started on. (A runtime built without timers is not
+    /// told apart: user code that uses timers fails there.)
     pub async fn call<Req, Resp>(&self, request: &Req) -> Result<Resp, CallError>
     where
         Req: Serialize + ?Sized,
@@ -183,13 +192,36 @@ impl DeploymentHandle {
         &self,
         payload: Payload,
     ) -> Result<Resp, CallError> {
-        let out = match self.timeout {
-            None => self.call_payload(payload).await?,
-            Some(t) => tokio::time::timeout(t, self.call_payload(payload))
-                .await
-                .map_err(|_| self.timed_out())??,
+        let out = match self.directory.home().instead_of_none() {
+            None => self.timed_call(payload).await?,
+            // A thread without a runtime: the call runs on the instance's.
+            Some(runtime) => {
+                let handle = self.clone();
+                let call = async move { handle.timed_call(payload).await };
+                run_on(runtime, call)
+                    .await
+                    .unwrap_or_else(|| Err(self.unavailable()))?
+            }
         };
         out.take().map_err(PayloadError::bad_response)
+    }
+
+    /// The call, within the handle's timeout.
+    async fn timed_call(&self, payload: Payload) -> Result<Payload, CallError> {
+        match self.timeout {
+            None => self.call_payload(payload).await,
+            Some(t) => tokio::time::timeout(t, self.call_payload(payload))
+                .await
+                .map_err(|_| self.timed_out())?,
+        }
+    }
+
+    /// The error of a call whose instance stopped under it.
+    fn unavailable(&self) -> CallError {
+        CallError::Unavailable {
+            app: self.app().to_owned(),
+            deployment: self.deployment().to_owned(),
+        }
     }
 
     /// The error of a call that outlived the handle's timeout.
@@ -215,10 +247,7 @@ impl DeploymentHandle {
             Some(r) if r.is_closed() => Err(r.not_found()),
             // Deleted before its instance stopped: the stop is what a call
             // finds now.
-            _ if self.directory.is_shut_down() => Err(CallError::Unavailable {
-                app: self.app().to_owned(),
-                deployment: self.deployment().to_owned(),
-            }),
+            _ if self.directory.is_shut_down() => Err(self.unavailable()),
             _ => Err(self.route.not_found()),
         }
     }
@@ -425,6 +454,15 @@ impl DeploymentHandle {
                 Box::pin(async move { tokio::time::timeout(t, work).await.map_err(|_| timed_out)? })
             }
         };
+        // Polled from a thread without a runtime, it runs on the instance's
+        // (decided at the first poll, as a call is).
+        let (home, unavailable) = (self.directory.home().clone(), self.unavailable());
+        let driver = Box::pin(async move {
+            match home.instead_of_none() {
+                None => driver.await,
+                Some(runtime) => run_on(runtime, driver).await.unwrap_or(Err(unavailable)),
+            }
+        });
         CallStream {
             driver: Some(driver),
             items: rx,

@@ -18,6 +18,14 @@ impl Home {
         Home(Handle::try_current().ok())
     }
 
+    /// This runtime, if the calling thread has none (a plain thread's
+    /// `futures::executor::block_on`): a call from there must run here, since
+    /// user code expects a runtime, and its first timer or I/O without one
+    /// would fail as a panic, which replaces a healthy replica.
+    pub(crate) fn instead_of_none(&self) -> Option<&Handle> {
+        self.0.as_ref().filter(|_| Handle::try_current().is_err())
+    }
+
     /// Run `work` on this runtime.
     pub(crate) fn spawn<F>(&self, work: F) -> JoinHandle<F::Output>
     where
@@ -28,5 +36,28 @@ impl Home {
             Some(h) => h.spawn(work),
             None => tokio::spawn(work),
         }
+    }
+}
+
+/// `work`, run on `runtime` and awaited from wherever this is polled (a
+/// thread without a runtime, see [`Home::instead_of_none`]). Dropped, it
+/// aborts the work, as dropping `work` itself would. `None` if the runtime
+/// dropped the work first (it shut down).
+pub(crate) async fn run_on<F>(runtime: &Handle, work: F) -> Option<F::Output>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    struct AbortOnDrop<T>(JoinHandle<T>);
+    impl<T> Drop for AbortOnDrop<T> {
+        fn drop(&mut self) {
+            self.0.abort();
+        }
+    }
+    let mut task = AbortOnDrop(runtime.spawn(work));
+    match (&mut task.0).await {
+        Ok(out) => Some(out),
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(_) => None,
     }
 }

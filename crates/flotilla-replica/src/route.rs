@@ -16,6 +16,7 @@ use tokio::sync::watch;
 
 use crate::{
     CallError, DeploymentHandle, Registry, ReplicaEndpoint, RequestRouter, RoutingRequest,
+    home::Home,
     queue::{Place, WaitQueue},
     router::default_router,
     settings::Settings,
@@ -556,11 +557,24 @@ struct Routes {
 
 /// Every deployment's route in one Serve instance. Cheap to clone; shared by the
 /// control actors (which publish) and handles (which subscribe), and outliving both.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct Directory {
     routes: Arc<RwLock<Routes>>,
     /// Set once its instance stopped: new routes are born closed.
     shut: Arc<AtomicBool>,
+    /// The runtime it was made on (its instance's): where a handle's call
+    /// from a thread without one runs.
+    home: Home,
+}
+
+impl Default for Directory {
+    fn default() -> Self {
+        Directory {
+            routes: Arc::default(),
+            shut: Arc::default(),
+            home: Home::current(),
+        }
+    }
 }
 
 impl std::fmt::Debug for Directory {
@@ -572,9 +586,14 @@ impl std::fmt::Debug for Directory {
 }
 
 impl Directory {
-    /// An empty directory.
+    /// An empty directory, of the runtime it is made on.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Its instance's runtime.
+    pub(crate) fn home(&self) -> &Home {
+        &self.home
     }
 
     /// The route of a deployment, created if it has none, and claimed: what

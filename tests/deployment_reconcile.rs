@@ -472,6 +472,26 @@ async fn losing_an_outdated_replica_mid_config_update_does_not_fail_the_update()
     assert_eq!(statuses.await.unwrap(), [A::Deploying, A::Running]);
 }
 
+/// A replica stopped while its `reconfigure` hangs ends that call: the call
+/// held the replica's user value (and what it owns: a model's memory, open
+/// files) after the replica was gone, for good, past `Serve::shutdown` too.
+/// (Ray's force-kill after the graceful timeout ends the process with it.)
+#[tokio::test(start_paused = true)]
+async fn a_replica_stopped_mid_reconfigure_drops_its_user_value() {
+    let (_dir, sw, serve) = start_fresh().await;
+    let spec = |uc: &str| probe(1, &tag("x")).with_config(|c| c.with_user_config(user_config(uc)));
+    serve.run(app_of("a", spec("one"))).await.unwrap();
+    update_slowly(&serve, &sw, spec("hangs"), 1_000_000_000).await;
+    serve.delete_apps(&["a"], true).await.unwrap();
+    assert_eq!(sw.constructed.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        sw.dropped.load(Ordering::SeqCst),
+        1,
+        "the user value was dropped"
+    );
+    serve.shutdown().await.unwrap();
+}
+
 /// A replica taking its config in place for over 30 s is reported as a slow
 /// start is (Ray checks UPDATING replicas as it checks STARTING ones); one
 /// that crashes while it updates is a startup failure, replaced, not a

@@ -48,6 +48,8 @@ pub fn tag(t: &str) -> ProbeArgs {
 pub struct Switches {
     /// Constructor calls so far.
     pub constructed: AtomicU32,
+    /// Probes (user values) dropped so far.
+    pub dropped: AtomicU32,
     /// Constructor failures so far.
     pub failed: AtomicU32,
     /// When set, constructors fail (whatever their args).
@@ -88,6 +90,12 @@ pub struct Probe {
     args: ProbeArgs,
     switches: Arc<Switches>,
     downstream: Option<flotilla::DeploymentHandle>,
+}
+
+impl Drop for Probe {
+    fn drop(&mut self) {
+        self.switches.dropped.fetch_add(1, Ordering::SeqCst);
+    }
 }
 
 impl Deployment for Probe {

@@ -253,6 +253,8 @@ pub struct ReplicaActorState {
     constructor: Option<JoinHandle<()>>,
     health_timer: Option<JoinHandle<()>>,
     drain: Option<JoinHandle<()>>,
+    /// The user's `reconfigure` running (it holds the user value).
+    reconfiguring: Option<JoinHandle<()>>,
     health_outstanding: bool,
     health_failures: u32,
     /// Why it must be replaced, once it knows.
@@ -413,6 +415,7 @@ impl Actor for ReplicaActor {
             constructor: None,
             health_timer: None,
             drain: None,
+            reconfiguring: None,
             health_outstanding: false,
             health_failures: 0,
             condemned: None,
@@ -481,16 +484,7 @@ impl Actor for ReplicaActor {
         _myself: ActorRef<ReplicaMsg>,
         state: &mut ReplicaActorState,
     ) -> Result<(), ActorProcessingErr> {
-        for t in [
-            state.constructor.take(),
-            state.health_timer.take(),
-            state.drain.take(),
-        ]
-        .into_iter()
-        .flatten()
-        {
-            t.abort();
-        }
+        state.abort_tasks();
         if let Some(ep) = &state.endpoint {
             ep.kill();
             // Its models go before the replica counts as gone: its place (a
@@ -515,11 +509,31 @@ impl Actor for ReplicaActor {
     }
 }
 
+impl ReplicaActorState {
+    /// Its own tasks end with it: each holds the replica's user value (a
+    /// hung `reconfigure` held it, and what it owns, for good).
+    fn abort_tasks(&mut self) {
+        for t in [
+            self.constructor.take(),
+            self.health_timer.take(),
+            self.drain.take(),
+            self.reconfiguring.take(),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            t.abort();
+        }
+    }
+}
+
 impl Drop for ReplicaActorState {
-    /// A killed replica runs no `post_stop` (ractor's rule): its requests are
-    /// cut and its models unloaded here, in the background. After a
-    /// `post_stop`, both have been done and do nothing again.
+    /// A killed replica runs no `post_stop` (ractor's rule): its tasks are
+    /// ended, its requests cut and its models unloaded here, in the
+    /// background. After a `post_stop`, all have been done and do nothing
+    /// again.
     fn drop(&mut self) {
+        self.abort_tasks();
         if let Some(ep) = &self.endpoint {
             ep.kill();
             // Killed: its loads are cut as its requests are.
@@ -609,7 +623,7 @@ fn reconfigure(
     }
     state.set_phase(ReplicaPhase::Updating);
     let me = myself.clone();
-    tokio::spawn(
+    state.reconfiguring = Some(tokio::spawn(
         async move {
             let result = match spec.config.user_config.clone() {
                 Some(uc) => user.reconfigure(uc).await,
@@ -618,7 +632,7 @@ fn reconfigure(
             let _ = me.cast(InternalMsg::Reconfigured(spec, result).into());
         }
         .instrument(state.span.clone()),
-    );
+    ));
 }
 
 /// The replica's own messages.
@@ -626,6 +640,7 @@ fn internal(myself: &ActorRef<ReplicaMsg>, state: &mut ReplicaActorState, msg: I
     match msg {
         InternalMsg::Started(result) => started(myself, state, result),
         InternalMsg::Reconfigured(spec, result) => {
+            state.reconfiguring = None;
             if state.phase == ReplicaPhase::Stopping {
                 return;
             }

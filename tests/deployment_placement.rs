@@ -193,6 +193,37 @@ async fn replicas_spread_and_a_dead_nodes_replicas_are_replaced_elsewhere() {
     assert_eq!(h.replicas().len(), 3);
 }
 
+/// A replica lost with its node and waiting for another: the deployment is
+/// UNHEALTHY and says why, the wait for a node not taking the place of the
+/// cause (Ray: "the issue that caused the deployment to be unhealthy should
+/// be prioritized"). The wait's message replaced it at once.
+#[tokio::test(start_paused = true)]
+async fn an_unhealthy_deployment_waiting_for_a_node_keeps_its_cause() {
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Arc::new(Switches::default());
+    let cluster = Arc::new(StaticCluster::new([cpus("n1", 1.0), cpus("n2", 1.0)]));
+    let serve = start_on(&dir, &sw, cluster.clone()).await;
+    serve.run(app_of("a", probe(2, &tag("u")))).await.unwrap();
+    assert!(cluster.kill_node("n2"));
+    let s = wait_snapshot(&serve, "a", "probe", |s| s.pending == 1).await;
+    assert_eq!(s.status.status, DeploymentStatus::Unhealthy);
+    assert!(
+        s.status.message.contains("was lost with its node 'n2'"),
+        "{}",
+        s.status.message
+    );
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let s = observe(&serve, "a", "probe").await;
+    assert!(
+        s.status.message.contains("was lost with its node 'n2'"),
+        "{}",
+        s.status.message
+    );
+    // A node joins: the replica is placed, and the deployment is healthy.
+    assert!(cluster.add_node(cpus("n3", 1.0)));
+    wait_status(&serve, "a", A::Running).await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn scale_down_empties_the_node_with_the_fewest_replicas_first() {
     let dir = tempfile::tempdir().unwrap();

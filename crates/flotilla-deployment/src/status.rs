@@ -245,7 +245,15 @@ impl DeploymentState {
         self.pending.count = count;
         self.pending.reason = reason;
         self.set_wants_capacity(true);
-        if changed && self.status.status != DeploymentStatus::DeployFailed {
+        // What made the deployment UNHEALTHY or DEPLOY_FAILED says more
+        // than the wait does (Ray: "the issue that caused the deployment to
+        // be unhealthy should be prioritized").
+        if changed
+            && !matches!(
+                self.status.status,
+                DeploymentStatus::Unhealthy | DeploymentStatus::DeployFailed
+            )
+        {
             self.set_message(format!(
                 "{count} replicas waiting for a node: {}",
                 self.pending.reason

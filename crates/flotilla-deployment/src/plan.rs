@@ -45,9 +45,12 @@ pub struct Plan {
 
 /// Plan one step toward `target` replicas at `version`.
 ///
-/// - With no outdated code: start or stop the difference. On scale-down (Ray's
-///   scheduler order), replicas not yet RUNNING go first, then those on the nodes
-///   holding the fewest replicas of this deployment (to empty nodes), then the newest.
+/// - With no outdated code: start or stop the difference. On scale-down (after
+///   Ray's scheduler order), replicas not yet RUNNING go first, then those on the
+///   nodes holding the fewest replicas of this deployment (to empty nodes), then
+///   the newest. Ray's counts every deployment's replicas on a node, keeps the
+///   head node for last and counts UPDATING replicas as running; a
+///   DeploymentActor sees only its own replicas.
 /// - With outdated code (a roll): a pending scale-down finishes first: while more
 ///   outdated replicas live or stop than the target, outdated ones are stopped and
 ///   nothing new starts. Then new replicas start: those below the target at once,

@@ -10,7 +10,10 @@
 //! its lines to `<logs_dir>/<application>.log` (appended, the directory created)
 //! instead of the layer's writer (at most 256 such files open at once: the least
 //! recently written is closed to open another); `additional_log_standard_attrs` adds Ray's
-//! standard attributes that have an equivalent to every line.
+//! standard attributes that have an equivalent to every line. A line logged
+//! inside a span naming a `request_id` or `route` (the HTTP proxy's, around
+//! the ingress and every call it makes) carries them, as Ray's lines do. In
+//! JSON, numbers and booleans are written as such, and each key once.
 
 use std::{
     collections::HashMap,
@@ -122,11 +125,33 @@ impl OpenFiles {
     }
 }
 
-/// The application and deployment a span belongs to, stored in its extensions.
+/// What a span tells the events inside it, stored in its extensions: the
+/// application and deployment they belong to, and the request they serve
+/// (Ray's `request_id` and `route` on every line logged while handling it).
 #[derive(Default)]
 struct SpanOwner {
     app: Option<String>,
     deployment: Option<String>,
+    request: Vec<(&'static str, Value)>,
+}
+
+/// The span fields lines inside it carry ([`SpanOwner::request`]).
+const REQUEST_FIELDS: [&str; 2] = ["request_id", "route"];
+
+/// A field's value: text, or a number or boolean, written bare in JSON (as
+/// Ray's `json.dumps` writes them).
+#[derive(Clone)]
+enum Value {
+    Text(String),
+    Literal(String),
+}
+
+impl Value {
+    fn as_str(&self) -> &str {
+        match self {
+            Value::Text(s) | Value::Literal(s) => s,
+        }
+    }
 }
 
 #[derive(Default)]
@@ -134,27 +159,54 @@ struct Fields {
     app: Option<String>,
     deployment: Option<String>,
     message: String,
-    rest: Vec<(&'static str, String)>,
+    rest: Vec<(&'static str, Value)>,
 }
 
 impl Visit for Fields {
     fn record_str(&mut self, field: &Field, value: &str) {
-        self.put(field, value.to_owned());
+        self.put(field, Value::Text(value.to_owned()));
+    }
+
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        self.put(field, Value::Literal(value.to_string()));
+    }
+
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        self.put(field, Value::Literal(value.to_string()));
+    }
+
+    fn record_f64(&mut self, field: &Field, value: f64) {
+        // JSON has no NaN or infinity: those are text.
+        let v = if value.is_finite() {
+            Value::Literal(format!("{value:?}"))
+        } else {
+            Value::Text(value.to_string())
+        };
+        self.put(field, v);
+    }
+
+    fn record_bool(&mut self, field: &Field, value: bool) {
+        self.put(field, Value::Literal(value.to_string()));
     }
 
     fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-        self.put(field, format!("{value:?}"));
+        self.put(field, Value::Text(format!("{value:?}")));
     }
 }
 
 impl Fields {
-    fn put(&mut self, field: &Field, value: String) {
+    fn put(&mut self, field: &Field, value: Value) {
         match field.name() {
-            "app" => self.app = Some(value),
-            "deployment" => self.deployment = Some(value),
-            "message" => self.message = value,
+            "app" => self.app = Some(value.as_str().to_owned()),
+            "deployment" => self.deployment = Some(value.as_str().to_owned()),
+            "message" => self.message = value.as_str().to_owned(),
             name => self.rest.push((name, value)),
         }
+    }
+
+    /// Whether the event has a field `name` of its own.
+    fn has(&self, name: &str) -> bool {
+        self.rest.iter().any(|(k, _)| *k == name)
     }
 }
 
@@ -197,35 +249,42 @@ struct Origin {
     now: SystemTime,
 }
 
-/// The value of `attr` for an event, as Ray's log records name it.
-fn attr_value(attr: LogAttr, o: &Origin, f: &Fields) -> String {
+/// The value of `attr` for an event, as Ray's log records name it (numbers
+/// as numbers).
+fn attr_value(attr: LogAttr, o: &Origin, f: &Fields) -> Value {
     let since_epoch = o.now.duration_since(UNIX_EPOCH).unwrap_or_default();
     let level = o.meta.level();
+    let text = |s: &str| Value::Text(s.to_owned());
     match attr {
-        LogAttr::Asctime => format!(
+        LogAttr::Asctime => Value::Text(format!(
             "{}.{:03}",
             since_epoch.as_secs(),
             since_epoch.subsec_millis()
+        )),
+        LogAttr::Created => Value::Literal(format!("{:.6}", since_epoch.as_secs_f64())),
+        LogAttr::Msecs => Value::Literal(since_epoch.subsec_millis().to_string()),
+        LogAttr::RelativeCreated => Value::Literal(o.relative.as_millis().to_string()),
+        LogAttr::Filename => text(
+            o.meta
+                .file()
+                .and_then(|p| p.rsplit('/').next())
+                .unwrap_or(""),
         ),
-        LogAttr::Created => format!("{:.6}", since_epoch.as_secs_f64()),
-        LogAttr::Msecs => since_epoch.subsec_millis().to_string(),
-        LogAttr::RelativeCreated => o.relative.as_millis().to_string(),
-        LogAttr::Filename => o
+        LogAttr::Pathname => text(o.meta.file().unwrap_or("")),
+        LogAttr::Lineno => o
             .meta
-            .file()
-            .and_then(|p| p.rsplit('/').next())
-            .unwrap_or("")
-            .to_owned(),
-        LogAttr::Pathname => o.meta.file().unwrap_or("").to_owned(),
-        LogAttr::Lineno => o.meta.line().map(|l| l.to_string()).unwrap_or_default(),
-        LogAttr::Module => o.meta.module_path().unwrap_or("").to_owned(),
-        LogAttr::Name => o.meta.target().to_owned(),
-        LogAttr::Levelname => ray_level(level).to_owned(),
-        LogAttr::Levelno => ray_level_number(level).to_string(),
-        LogAttr::Message => f.message.clone(),
-        LogAttr::Process => std::process::id().to_string(),
-        LogAttr::Thread => format!("{:?}", std::thread::current().id()),
-        LogAttr::ThreadName => std::thread::current().name().unwrap_or("").to_owned(),
+            .line()
+            .map_or(Value::Literal("null".to_owned()), |l| {
+                Value::Literal(l.to_string())
+            }),
+        LogAttr::Module => text(o.meta.module_path().unwrap_or("")),
+        LogAttr::Name => text(o.meta.target()),
+        LogAttr::Levelname => text(ray_level(level)),
+        LogAttr::Levelno => Value::Literal(ray_level_number(level).to_string()),
+        LogAttr::Message => text(&f.message),
+        LogAttr::Process => Value::Literal(std::process::id().to_string()),
+        LogAttr::Thread => Value::Text(format!("{:?}", std::thread::current().id())),
+        LogAttr::ThreadName => text(std::thread::current().name().unwrap_or("")),
     }
 }
 
@@ -249,13 +308,26 @@ fn ray_level_number(level: &Level) -> u8 {
     }
 }
 
+/// The keys every line starts with.
+const LINE_KEYS: [&str; 5] = ["level", "target", "app", "deployment", "message"];
+
+/// One line: the line's own keys, then the event's fields, then the
+/// attributes the config adds, each key once (a JSON object holds a key
+/// once: a field or attribute named as one before it is left out, so an
+/// event's `level = "x"` cannot pass for the line's level).
 fn format_line(config: &LoggingConfig, o: &Origin, f: &Fields) -> String {
     let (level, target) = (o.meta.level(), o.meta.target());
-    let extra: Vec<(&'static str, String)> = config
+    let extra: Vec<(&'static str, Value)> = config
         .additional_log_standard_attrs
         .iter()
         .map(|a| (a.name(), attr_value(*a, o, f)))
         .collect();
+    let mut written: Vec<&str> = Vec::with_capacity(f.rest.len() + extra.len());
+    let more = f.rest.iter().chain(&extra).filter(|(k, _)| {
+        let first = !LINE_KEYS.contains(k) && !written.contains(k);
+        written.push(k);
+        first
+    });
     let mut line = String::with_capacity(128);
     match config.encoding {
         LogEncoding::Text => {
@@ -267,8 +339,8 @@ fn format_line(config: &LoggingConfig, o: &Origin, f: &Fields) -> String {
                 let _ = write!(line, " deployment={d}");
             }
             let _ = write!(line, " {}", f.message);
-            for (k, v) in f.rest.iter().chain(&extra) {
-                let _ = write!(line, " {k}={v}");
+            for (k, v) in more {
+                let _ = write!(line, " {k}={}", v.as_str());
             }
         }
         LogEncoding::Json => {
@@ -284,11 +356,14 @@ fn format_line(config: &LoggingConfig, o: &Origin, f: &Fields) -> String {
             }
             line.push_str(",\"message\":");
             json_escape(&mut line, &f.message);
-            for (k, v) in f.rest.iter().chain(&extra) {
+            for (k, v) in more {
                 line.push(',');
                 json_escape(&mut line, k);
                 line.push(':');
-                json_escape(&mut line, v);
+                match v {
+                    Value::Text(s) => json_escape(&mut line, s),
+                    Value::Literal(s) => line.push_str(s),
+                }
             }
             line.push('}');
         }
@@ -305,12 +380,18 @@ where
     fn on_new_span(&self, attrs: &span::Attributes<'_>, id: &span::Id, ctx: Context<'_, S>) {
         let mut f = Fields::default();
         attrs.record(&mut f);
-        if (f.app.is_some() || f.deployment.is_some())
+        let request: Vec<(&'static str, Value)> = f
+            .rest
+            .into_iter()
+            .filter(|(k, _)| REQUEST_FIELDS.contains(k))
+            .collect();
+        if (f.app.is_some() || f.deployment.is_some() || !request.is_empty())
             && let Some(span) = ctx.span(id)
         {
             span.extensions_mut().insert(SpanOwner {
                 app: f.app,
                 deployment: f.deployment,
+                request,
             });
         }
     }
@@ -342,6 +423,20 @@ where
         }
         if is_access_log(meta.target()) && !config.enable_access_log {
             return;
+        }
+        // The request it serves, from the innermost span that names it (the
+        // HTTP proxy's, around the ingress and the calls it makes), unless
+        // the event names its own.
+        if let Some(scope) = ctx.event_scope(event) {
+            for s in scope {
+                if let Some(owner) = s.extensions().get::<SpanOwner>() {
+                    for (k, v) in &owner.request {
+                        if !f.has(k) {
+                            f.rest.push((k, v.clone()));
+                        }
+                    }
+                }
+            }
         }
         let origin = Origin {
             meta,
@@ -532,7 +627,7 @@ mod tests {
         assert!(got[0].starts_with("{\"level\":\"DEBUG\""), "{}", got[0]);
         assert!(got[0].contains("\"app\":\"verbose\""));
         assert!(got[0].contains("\"message\":\"kept \\\"quoted\\\"\""));
-        assert!(got[0].contains("\"n\":\"1\""));
+        assert!(got[0].contains("\"n\":1"));
         assert!(
             got[1].contains(" WARN ") || got[1].starts_with(" WARN"),
             "{}",
@@ -544,5 +639,66 @@ mod tests {
             "{}",
             got[2]
         );
+    }
+
+    /// JSON lines are objects a log pipeline reads as Ray's: each key once
+    /// (an event's own `level` cannot pass for the line's: it was written
+    /// twice, and a reader keeping the last took it), numbers and booleans
+    /// as such (all were text), and the request a line serves (the HTTP
+    /// proxy's span names it) on every line logged while serving it, nested
+    /// spans included (none had it).
+    #[test]
+    fn json_lines_have_each_key_once_typed_values_and_their_request() {
+        let settings = LogSettings::new();
+        settings.set_global(LoggingConfig {
+            encoding: LogEncoding::Json,
+            additional_log_standard_attrs: vec![LogAttr::Message, LogAttr::Lineno],
+            ..Default::default()
+        });
+        let buf = Buffer::default();
+        let subscriber =
+            tracing_subscriber::registry().with(AppLogLayer::new(settings, buf.clone()));
+        tracing::subscriber::with_default(subscriber, || {
+            let request = tracing::info_span!(
+                "http_request",
+                app = "shop",
+                deployment = "ingress",
+                route = "/shop",
+                request_id = "r-1"
+            );
+            let _r = request.enter();
+            let call = tracing::info_span!("replica_call", replica = 3);
+            let _c = call.enter();
+            tracing::info!(level = "mine", n = 2, ok = true, x = 1.5, "user code");
+            tracing::info!(request_id = "own", "its own id");
+        });
+        let got = lines(&buf);
+        assert_eq!(got.len(), 2, "{got:#?}");
+        for key in ["level", "message", "lineno"] {
+            assert_eq!(
+                got[0].matches(&format!("\"{key}\":")).count(),
+                1,
+                "{}",
+                got[0]
+            );
+        }
+        let v: serde_json::Value = serde_json::from_str(&got[0]).unwrap();
+        assert_eq!(v["level"], "INFO");
+        assert_eq!(v["message"], "user code");
+        assert_eq!(
+            (&v["n"], &v["ok"], &v["x"]),
+            (&2.into(), &true.into(), &1.5.into())
+        );
+        assert!(v["lineno"].is_u64(), "{v}");
+        assert_eq!(
+            (&v["app"], &v["deployment"]),
+            (&"shop".into(), &"ingress".into())
+        );
+        assert_eq!(
+            (&v["request_id"], &v["route"]),
+            (&"r-1".into(), &"/shop".into())
+        );
+        let v: serde_json::Value = serde_json::from_str(&got[1]).unwrap();
+        assert_eq!(v["request_id"], "own", "the event's own wins");
     }
 }

@@ -504,15 +504,10 @@ mod tests {
             field_of(d().with_resources(Resources::default().with_cpus(-1.0))),
             "resources.cpus"
         );
-        // Finer than Ray's resource unit (1/10,000), but not 0 or the unit.
-        assert_eq!(
-            field_of(d().with_resources(Resources::default().with_custom("tpu", 0.00001))),
-            "resources.custom"
-        );
-        for fine_enough in [0.0, 0.0001, 0.00015] {
-            let r = Resources::default().with_gpus(fine_enough);
-            assert!(d().with_resources(r).validate().is_ok(), "{fine_enough}");
-        }
+        // Finer than Ray's resource unit is for a config file to refuse: a
+        // record checkpointed before that rule still validates.
+        let fine = Resources::default().with_custom("tpu", 0.00001);
+        assert!(d().with_resources(fine).validate().is_ok());
         assert_eq!(
             field_of(d().with_rollout(RolloutConfig {
                 max_changing_fraction: 0.0,

@@ -8,8 +8,24 @@ use crate::error::Error;
 
 /// The finest amount of a resource other than 0: Ray counts resources in
 /// units of 1/10,000 (`RESOURCE_UNIT_SCALING`) and refuses a finer
-/// fraction.
+/// fraction, as a config file does here. Not a rule of
+/// [`Resources::validate`]: records checkpointed before it still read.
 pub const MIN_RESOURCE_AMOUNT: f64 = 0.0001;
+
+/// `amount` of `field`, refused if it is finer than [`MIN_RESOURCE_AMOUNT`]
+/// but not 0 (Ray's `_validate_resource_quantity`).
+pub(crate) fn check_precision(field: &'static str, amount: f64) -> Result<(), Error> {
+    if amount > 0.0 && amount < MIN_RESOURCE_AMOUNT {
+        return Err(Error::field(
+            field,
+            format!(
+                "the precision of a fractional amount cannot go beyond \
+                 {MIN_RESOURCE_AMOUNT} (as Ray's), got {amount}"
+            ),
+        ));
+    }
+    Ok(())
+}
 
 /// Resources one replica reserves on its node (Ray's `ray_actor_options`).
 /// Part of the code version: changing them replaces replicas.
@@ -69,27 +85,17 @@ impl Resources {
         self
     }
 
-    /// Every amount is finite and non-negative, none finer than Ray's
-    /// resource unit ([`MIN_RESOURCE_AMOUNT`]) but 0, and custom names are
-    /// non-empty.
+    /// Every amount is finite and non-negative, and custom names are non-empty.
     pub fn validate(&self) -> Result<(), Error> {
         let check = |field: &'static str, v: f64| {
-            if !(v.is_finite() && v >= 0.0) {
-                return Err(Error::field(
+            if v.is_finite() && v >= 0.0 {
+                Ok(())
+            } else {
+                Err(Error::field(
                     field,
                     format!("must be a finite amount >= 0, got {v}"),
-                ));
+                ))
             }
-            if v > 0.0 && v < MIN_RESOURCE_AMOUNT {
-                return Err(Error::field(
-                    field,
-                    format!(
-                        "the precision of a fractional amount cannot go beyond \
-                         {MIN_RESOURCE_AMOUNT} (as Ray's), got {v}"
-                    ),
-                ));
-            }
-            Ok(())
         };
         check("resources.cpus", self.cpus)?;
         check("resources.gpus", self.gpus)?;

@@ -7,7 +7,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::{
     Args, BackpressureStatus, DeploymentConfig, DeploymentName, ImportPath, LoggingConfig,
-    PlacementGroup, PlacementStrategy, Resources, error::Error,
+    PlacementGroup, PlacementStrategy, Resources, error::Error, resources::check_precision,
 };
 
 use super::{AutoscalingOverride, Nullable, lax, logging, nullable, value};
@@ -259,6 +259,15 @@ impl RayActorOptions {
     }
 
     fn check(&self) -> Result<(), Error> {
+        for (field, amount) in [
+            ("ray_actor_options.num_cpus", self.num_cpus),
+            ("ray_actor_options.num_gpus", self.num_gpus),
+        ] {
+            check_precision(field, amount.unwrap_or(0.0))?;
+        }
+        for amount in self.resources.iter().flat_map(|r| r.values()) {
+            check_precision("ray_actor_options.resources", *amount)?;
+        }
         if let Some(res) = &self.resources {
             for k in ["CPU", "GPU"] {
                 if res.contains_key(k) {
@@ -434,6 +443,14 @@ impl DeploymentOverride {
         }
         if let Some(r) = &self.ray_actor_options {
             r.check()?;
+        }
+        for amount in self
+            .placement_group_bundles
+            .iter()
+            .flatten()
+            .flat_map(|b| b.values())
+        {
+            check_precision("placement_group_bundles", *amount)?;
         }
         if self.max_replicas_per_node.is_some() && self.placement_group_bundles.is_some() {
             return Err(Error::field(

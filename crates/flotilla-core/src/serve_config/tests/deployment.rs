@@ -452,10 +452,25 @@ fn rolling_update_percentage_and_max_surge_percent_set_the_rollout() {
 /// would count as nothing.
 #[test]
 fn a_resource_amount_finer_than_rays_unit_is_refused() {
-    let text = front("        ray_actor_options: {resources: {tpu: 0.00001}}\n");
-    let e = err(&text);
-    assert_eq!(e.field_name(), Some("ray_actor_options.resources"), "{e}");
-    assert!(e.to_string().contains("0.0001"), "{e}");
+    for (fields, field) in [
+        (
+            "ray_actor_options: {resources: {tpu: 0.00001}}",
+            "ray_actor_options.resources",
+        ),
+        (
+            "ray_actor_options: {num_gpus: 0.00005}",
+            "ray_actor_options.num_gpus",
+        ),
+        (
+            "ray_actor_options: {num_cpus: 1}\n        placement_group_bundles: [{CPU: 0.00001}]",
+            "placement_group_bundles",
+        ),
+    ] {
+        let text = front(&format!("        {fields}\n"));
+        let e = err(&text);
+        assert_eq!(e.field_name(), Some(field), "{e}");
+        assert!(e.to_string().contains("0.0001"), "{e}");
+    }
     applied("        ray_actor_options: {num_cpus: 0.0001, resources: {tpu: 0}}\n");
 }
 

@@ -253,9 +253,12 @@ pub struct ReplicaActorState {
     constructor: Option<JoinHandle<()>>,
     health_timer: Option<JoinHandle<()>>,
     drain: Option<JoinHandle<()>>,
-    /// The user's `reconfigure` running (it holds the user value).
-    reconfiguring: Option<JoinHandle<()>>,
-    health_outstanding: bool,
+    /// The user's `reconfigure` calls running, by the spec each applies
+    /// (each holds the user value).
+    reconfiguring: Vec<(Arc<DeploymentSpec>, JoinHandle<()>)>,
+    /// A health check that did not answer at once, running (it holds the
+    /// user value); the next waits for it.
+    health_check: Option<JoinHandle<()>>,
     health_failures: u32,
     /// Why it must be replaced, once it knows.
     condemned: Option<String>,
@@ -415,8 +418,8 @@ impl Actor for ReplicaActor {
             constructor: None,
             health_timer: None,
             drain: None,
-            reconfiguring: None,
-            health_outstanding: false,
+            reconfiguring: Vec::new(),
+            health_check: None,
             health_failures: 0,
             condemned: None,
             deferred: None,
@@ -513,14 +516,16 @@ impl ReplicaActorState {
     /// Its own tasks end with it: each holds the replica's user value (a
     /// hung `reconfigure` held it, and what it owns, for good).
     fn abort_tasks(&mut self) {
+        let reconfiguring = self.reconfiguring.drain(..).map(|(_, t)| t);
         for t in [
             self.constructor.take(),
             self.health_timer.take(),
             self.drain.take(),
-            self.reconfiguring.take(),
+            self.health_check.take(),
         ]
         .into_iter()
         .flatten()
+        .chain(reconfiguring)
         {
             t.abort();
         }
@@ -623,7 +628,8 @@ fn reconfigure(
     }
     state.set_phase(ReplicaPhase::Updating);
     let me = myself.clone();
-    state.reconfiguring = Some(tokio::spawn(
+    let applied = spec.clone();
+    let task = tokio::spawn(
         async move {
             let result = match spec.config.user_config.clone() {
                 Some(uc) => user.reconfigure(uc).await,
@@ -632,7 +638,8 @@ fn reconfigure(
             let _ = me.cast(InternalMsg::Reconfigured(spec, result).into());
         }
         .instrument(state.span.clone()),
-    ));
+    );
+    state.reconfiguring.push((applied, task));
 }
 
 /// The replica's own messages.
@@ -640,7 +647,7 @@ fn internal(myself: &ActorRef<ReplicaMsg>, state: &mut ReplicaActorState, msg: I
     match msg {
         InternalMsg::Started(result) => started(myself, state, result),
         InternalMsg::Reconfigured(spec, result) => {
-            state.reconfiguring = None;
+            state.reconfiguring.retain(|(s, _)| !Arc::ptr_eq(s, &spec));
             if state.phase == ReplicaPhase::Stopping {
                 return;
             }
@@ -663,7 +670,7 @@ fn internal(myself: &ActorRef<ReplicaMsg>, state: &mut ReplicaActorState, msg: I
         InternalMsg::HealthTick => {
             // Ray health-checks RUNNING replicas only: one taking its config
             // in place is judged by its reconfigure.
-            if state.health_outstanding
+            if state.health_check.is_some()
                 || matches!(state.phase, ReplicaPhase::Stopping | ReplicaPhase::Updating)
             {
                 return;
@@ -681,17 +688,16 @@ fn internal(myself: &ActorRef<ReplicaMsg>, state: &mut ReplicaActorState, msg: I
                 match check.as_mut().now_or_never() {
                     Some(result) => state.health_result(result),
                     None => {
-                        state.health_outstanding = true;
                         let me = myself.clone();
-                        tokio::spawn(async move {
+                        state.health_check = Some(tokio::spawn(async move {
                             let _ = me.cast(InternalMsg::HealthResult(check.await).into());
-                        });
+                        }));
                     }
                 }
             }
         }
         InternalMsg::HealthResult(result) => {
-            state.health_outstanding = false;
+            state.health_check = None;
             // A check that began while it ran and ends while it updates
             // counts for nothing (its reconfigure judges it now).
             if state.phase != ReplicaPhase::Updating {

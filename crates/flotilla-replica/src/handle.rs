@@ -456,11 +456,16 @@ impl DeploymentHandle {
         };
         // Polled from a thread without a runtime, it runs on the instance's
         // (decided at the first poll, as a call is).
-        let (home, unavailable) = (self.directory.home().clone(), self.unavailable());
+        let (home, route) = (self.directory.home().clone(), self.route.clone());
         let driver = Box::pin(async move {
             match home.instead_of_none() {
                 None => driver.await,
-                Some(runtime) => run_on(runtime, driver).await.unwrap_or(Err(unavailable)),
+                Some(runtime) => run_on(runtime, driver).await.unwrap_or_else(|| {
+                    Err(CallError::Unavailable {
+                        app: route.app().to_string(),
+                        deployment: route.deployment().to_string(),
+                    })
+                }),
             }
         });
         CallStream {

@@ -2,6 +2,7 @@
 
 use std::future::Future;
 
+use flotilla_supervision::AbortOnDrop;
 use tokio::{runtime::Handle, task::JoinHandle};
 
 /// The runtime a replica was made on (its actor's): its batcher and model
@@ -23,6 +24,11 @@ impl Home {
     /// user code expects a runtime, and its first timer or I/O without one
     /// would fail as a panic, which replaces a healthy replica.
     pub(crate) fn instead_of_none(&self) -> Option<&Handle> {
+        // A task runs on a runtime: told by a thread-local read, where
+        // `Handle::try_current` clones a shared `Arc` (the call's hot path).
+        if tokio::task::try_id().is_some() {
+            return None;
+        }
         self.0.as_ref().filter(|_| Handle::try_current().is_err())
     }
 
@@ -48,14 +54,7 @@ where
     F: Future + Send + 'static,
     F::Output: Send + 'static,
 {
-    struct AbortOnDrop<T>(JoinHandle<T>);
-    impl<T> Drop for AbortOnDrop<T> {
-        fn drop(&mut self) {
-            self.0.abort();
-        }
-    }
-    let mut task = AbortOnDrop(runtime.spawn(work));
-    match (&mut task.0).await {
+    match AbortOnDrop::new(runtime.spawn(work)).await {
         Ok(out) => Some(out),
         Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
         Err(_) => None,

@@ -13,7 +13,8 @@
 //!   parent hears from the children of its predecessor;
 //! - [`groups`]: the process groups a restarted parent finds its children in;
 //! - [`Backoff`]: how long to wait before trying a failed thing again, the
-//!   one rule for every retry in Flotilla (restarts, constructors, commits).
+//!   one rule for every retry in Flotilla (restarts, constructors, commits);
+//! - [`AbortOnDrop`]: a background task that ends with its owner.
 //!
 //! It must not know what the actors do: no Flotilla message, spec or status
 //! type appears here, and it never decides *whether* a child should exist —
@@ -25,9 +26,11 @@ mod exit;
 pub mod groups;
 mod parent;
 mod policy;
+mod task;
 
 pub use backoff::Backoff;
 pub use children::{Children, StartError, Started};
 pub use exit::ChildExit;
 pub use parent::Parent;
 pub use policy::{Escalation, RestartLog, RestartPolicy};
+pub use task::AbortOnDrop;

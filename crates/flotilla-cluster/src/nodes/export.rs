@@ -23,8 +23,9 @@ use std::{collections::HashSet, sync::Arc};
 use flotilla_core::{AppName, DeploymentName};
 use flotilla_replica::{DeploymentRoute, ReplicaEndpoint, ReplicaId};
 
+use flotilla_supervision::AbortOnDrop;
+
 use super::{
-    AbortOnDrop,
     head::{Export, HeadShared, lock},
     on_model_changes,
     wire::{Control, RouteEntry, RouteReplica, WireModels},
@@ -177,7 +178,7 @@ fn watch_models(
     key: &(AppName, DeploymentName),
     route: &Arc<DeploymentRoute>,
     ep: &ReplicaEndpoint,
-) -> Option<AbortOnDrop> {
+) -> Option<AbortOnDrop<()>> {
     let (shared, route) = (Arc::downgrade(shared), route.clone());
     let span = tracing::debug_span!("export_models", app = %key.0, deployment = %key.1,
         replica = %ep.id());

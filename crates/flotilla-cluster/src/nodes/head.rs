@@ -113,7 +113,7 @@ pub(crate) struct Export {
     /// Head-local replicas served to nodes, per route.
     pub(crate) served: HashMap<(AppName, DeploymentName), Vec<ReplicaId>>,
     /// The watchers of served multiplexed replicas' model ids.
-    pub(crate) watched: HashMap<ReplicaId, super::AbortOnDrop>,
+    pub(crate) watched: HashMap<ReplicaId, flotilla_supervision::AbortOnDrop<()>>,
     /// The deployments the Controller recovered and that have not closed
     /// since; `None` until it has recovered. With `known`, every live route:
     /// what a node's copy is pruned to.

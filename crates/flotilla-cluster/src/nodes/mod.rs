@@ -39,6 +39,7 @@ mod wire;
 
 use std::{net::SocketAddr, sync::Arc};
 
+use flotilla_supervision::AbortOnDrop;
 use ractor::{ActorRef, Message};
 use tokio::{sync::mpsc, task::JoinHandle};
 
@@ -163,15 +164,6 @@ impl std::fmt::Debug for RemoteHost {
     }
 }
 
-/// A task that ends with its owner.
-pub(crate) struct AbortOnDrop(JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 /// Call `changed` after every change of local replica `ep`'s model ids, until
 /// it returns false or the replica's cache is gone, in a task (in `span`)
 /// that ends with the returned guard; `None` unless `ep` is multiplexed.
@@ -180,7 +172,7 @@ pub(crate) fn on_model_changes(
     ep: &flotilla_replica::ReplicaEndpoint,
     span: tracing::Span,
     changed: impl Fn() -> bool + Send + 'static,
-) -> Option<AbortOnDrop> {
+) -> Option<AbortOnDrop<()>> {
     let mut ids = ep.watch_models()?;
     let watcher = async move {
         while ids.changed().await.is_ok() {
@@ -189,9 +181,9 @@ pub(crate) fn on_model_changes(
             }
         }
     };
-    Some(AbortOnDrop(tokio::spawn(tracing::Instrument::instrument(
-        watcher, span,
-    ))))
+    Some(AbortOnDrop::new(tokio::spawn(
+        tracing::Instrument::instrument(watcher, span),
+    )))
 }
 
 /// Forward what the link receives into `actor`'s mailbox.

@@ -41,8 +41,10 @@ use replicas::{replica_event, start_replica};
 use routes::{Pruning, prune, routes_changed};
 use sessions::{dial, session};
 
+use flotilla_supervision::AbortOnDrop;
+
 use super::{
-    AbortOnDrop, NodeError, NodeOptions,
+    NodeError, NodeOptions,
     account::Account,
     fenced::Fenced,
     head::HEAD_NAME_PREFIX,
@@ -109,7 +111,7 @@ struct Local {
     account: Account,
     endpoint: Option<Arc<ReplicaEndpoint>>,
     /// Forwards a multiplexed replica's model changes while it serves.
-    models: Option<AbortOnDrop>,
+    models: Option<AbortOnDrop<()>>,
 }
 
 pub(crate) struct Agent;

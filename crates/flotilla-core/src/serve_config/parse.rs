@@ -44,6 +44,7 @@ impl ServeConfig {
     /// assert!(matches!(typo, Err(Error::Parse { line: 3, .. })));
     /// ```
     pub fn from_yaml(text: &str) -> Result<ServeConfig, Error> {
+        let _wide = super::wide_ints::watch();
         let config: ServeConfig = match serde_saphyr::from_str_with_options(text, options()) {
             Ok(c) => c,
             Err(e) => {

@@ -285,6 +285,7 @@ impl<'de> Visitor<'de> for ValueVisitor {
     }
 
     fn visit_f64<E: de::Error>(self, v: f64) -> Result<Value, E> {
+        super::wide_ints::note_float(v);
         Ok(Value::Float(v))
     }
 

@@ -2,20 +2,61 @@
 //! such a literal to a free-form value (`args`, `user_config`) as a float,
 //! which would change it without a word (PyYAML keeps it exact), so it is
 //! refused, at its position.
+//!
+//! The free-form value reader notes every whole float beyond 64-bit
+//! integers it is given ([`note_float`]); only then is the text read again,
+//! for a plain integer literal of that value. A text field's digits (a
+//! `name`), a float field's number and a legacy octal literal that fits
+//! (read exactly) never come to it.
+
+use std::cell::RefCell;
 
 use granit_parser::{Event, Parser, ScalarStyle};
 
-use crate::error::Error;
+use crate::error::{Error, shown};
 
-/// Digits in a row below which no decimal integer is too wide: `i64::MIN`
-/// and `u64::MAX` have 19 and 20.
-const WIDE: usize = 19;
+thread_local! {
+    /// The floats noted during this thread's parse, `None` outside one.
+    static SUSPECTS: RefCell<Option<Vec<f64>>> = const { RefCell::new(None) };
+}
 
-/// The first plain integer in `text` too wide for 64 bits, as an error at its
-/// position. Texts without 19 digits in a row (nearly all) are not parsed
-/// again.
+/// A parse on this thread, watched for floats that may be wide integers
+/// until this is dropped.
+pub(super) struct Watch(());
+
+/// Watch the parse that follows.
+pub(super) fn watch() -> Watch {
+    SUSPECTS.with(|s| *s.borrow_mut() = Some(Vec::new()));
+    Watch(())
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        SUSPECTS.with(|s| *s.borrow_mut() = None);
+    }
+}
+
+/// A float given to a free-form value: noted, during a watched parse, if it
+/// is whole and beyond what `i64` and `u64` hold (what a too-wide integer
+/// literal reads as).
+pub(crate) fn note_float(v: f64) {
+    const I64_MIN: f64 = -9_223_372_036_854_775_808.0;
+    const U64_END: f64 = 18_446_744_073_709_551_616.0;
+    if v.fract() == 0.0 && (v <= I64_MIN || v >= U64_END) {
+        SUSPECTS.with(|s| {
+            if let Some(found) = s.borrow_mut().as_mut() {
+                found.push(v);
+            }
+        });
+    }
+}
+
+/// The first plain integer literal in `text` too wide for 64 bits that a
+/// free-form value read as a float during the watched parse, as an error at
+/// its position.
 pub(super) fn too_wide(text: &str) -> Option<Error> {
-    if !has_digit_run(text, WIDE) {
+    let suspects = SUSPECTS.with(|s| s.borrow_mut().take()).unwrap_or_default();
+    if suspects.is_empty() {
         return None;
     }
     for event in Parser::new_from_str(text) {
@@ -23,25 +64,18 @@ pub(super) fn too_wide(text: &str) -> Option<Error> {
         let Ok((Event::Scalar(value, ScalarStyle::Plain, _, None), span)) = event else {
             continue;
         };
-        if is_wide_integer(&value) {
+        if is_wide_integer(&value) && value.parse::<f64>().is_ok_and(|f| suspects.contains(&f)) {
             return Some(Error::Parse {
                 line: span.start.line() as u64,
                 column: span.start.col() as u64 + 1,
                 message: format!(
-                    "the integer {value} does not fit in 64 bits; quote it to keep it as text"
+                    "the integer {} does not fit in 64 bits; quote it to keep it as text",
+                    shown(&value)
                 ),
             });
         }
     }
     None
-}
-
-fn has_digit_run(text: &str, n: usize) -> bool {
-    let mut run = 0;
-    text.bytes().any(|b| {
-        run = if b.is_ascii_digit() { run + 1 } else { 0 };
-        run >= n
-    })
 }
 
 /// A decimal integer literal (an optional sign, then digits) that neither
@@ -99,12 +133,21 @@ mod tests {
             let v: serde_json::Value = c.applications[0].args.decode().unwrap();
             assert_eq!(v["n"].to_string(), expect, "{args}");
         }
-        // Nor are digits in a comment or a block of text.
+        // Nor are digits in a comment, a block of text, a text field, or a
+        // legacy octal literal that fits.
         let text = "applications:\n  - name: a\n    import_path: x:y\n    \
                     # 123456789012345678901234567890\n    args:\n      note: |\n        \
                     123456789012345678901234567890\n";
         let c = ServeConfig::from_yaml(text).unwrap();
         let v: serde_json::Value = c.applications[0].args.decode().unwrap();
         assert_eq!(v["note"], "123456789012345678901234567890\n");
+        let c = ServeConfig::from_yaml(
+            "applications:\n  - name: 12345678901234567890123\n    import_path: x:y\n    \
+             args: {n: 01777777777777777777777}\n",
+        )
+        .unwrap();
+        assert_eq!(c.applications[0].name.as_str(), "12345678901234567890123");
+        let n: std::collections::BTreeMap<String, u64> = c.applications[0].args.decode().unwrap();
+        assert_eq!(n["n"], u64::MAX);
     }
 }

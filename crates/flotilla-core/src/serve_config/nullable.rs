@@ -16,9 +16,12 @@ use serde::{
 /// whatever the builder's), or given.
 ///
 /// In a config's text `null` is [`Nullable::Clear`], and [`Nullable::Keep`]
-/// is left out of what is written. In the checkpoint's binary encoding `nil`
-/// is `Keep` (as every record written before `Clear` existed reads) and
-/// `Clear` is `false`.
+/// is left out of what is written by the struct that holds it
+/// (`skip_serializing_if = "Nullable::is_keep"`; written on its own, `Keep`
+/// is `null`, which reads back as `Clear`, and so is a `Set` of an `Args`
+/// holding nil, which only code makes). In the checkpoint's binary encoding
+/// `nil` is `Keep` (as every record written before `Clear` existed reads)
+/// and `Clear` is `false`.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub enum Nullable<T> {
     /// Left out: the builder's value stands.

@@ -18,7 +18,7 @@ use http_body::{Body, Frame, SizeHint};
 
 use crate::{
     HttpResponse,
-    metrics::{HttpStats, ProxyMetrics},
+    metrics::{HttpStats, ProxyMetrics, method_name},
     reaper::{Reaper, Slot, StreamCut, Watched, end_live},
 };
 
@@ -28,7 +28,9 @@ pub(crate) const CLIENT_CLOSED: u16 = 499;
 
 /// Records one request when dropped: its status (499 unless set: the client
 /// went away), its latency from the moment the request came, in its route's
-/// counters, and one access-log event (Ray's `{method} {route} {status} {ms}ms`).
+/// counters, and one access-log event with Ray's fields (`method`, `route`,
+/// `status`, `latency_ms`; Ray's line reads `{method} {route} {status}
+/// {ms}ms`).
 pub(crate) struct Done {
     stats: Arc<HttpStats>,
     method: u8,
@@ -70,7 +72,7 @@ impl Drop for Done {
         let latency = self.started.elapsed();
         // Logged before it is counted: a request /metrics counts was logged.
         tracing::info!(target: crate::ACCESS_LOG_TARGET, app = %self.stats.app,
-            route = %self.stats.route, status = self.status,
+            method = method_name(self.method), route = %self.stats.route, status = self.status,
             latency_ms = latency.as_secs_f64() * 1_000.0, "http request");
         self.stats.record(self.method, self.status, latency);
         if let Some(m) = &self.ongoing {

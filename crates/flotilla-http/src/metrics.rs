@@ -37,7 +37,7 @@ mod batches_and_models;
 mod http_stats;
 
 use batches_and_models::{BatchFigures, ModelFigures};
-pub(crate) use http_stats::{HttpStats, method_index};
+pub(crate) use http_stats::{HttpStats, method_index, method_name};
 
 /// The content type of a scrape: Prometheus text 0.0.4, as Ray's exporter.
 pub const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";

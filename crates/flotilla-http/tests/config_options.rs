@@ -475,6 +475,20 @@ async fn an_applications_enable_access_log_governs_the_proxys_access_log() {
         1,
         "log-on's request is logged"
     );
+    // With Ray's fields: the method too (it was left out).
+    assert_eq!(
+        out.lines_with(&[
+            target,
+            "app=log-on",
+            "method=GET",
+            "route=/on",
+            "status=200"
+        ])
+        .len(),
+        1,
+        "{:?}",
+        out.lines_with(&[target])
+    );
     assert_eq!(
         out.lines_with(&[target, "app=log-off"]),
         Vec::<String>::new(),

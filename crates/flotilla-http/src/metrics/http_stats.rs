@@ -22,7 +22,8 @@ pub(crate) fn method_index(method: &http::Method) -> u8 {
         .unwrap_or(METHODS.len()) as u8
 }
 
-fn method_name(i: u8) -> &'static str {
+/// The method of index `i` ([`method_index`]).
+pub(crate) fn method_name(i: u8) -> &'static str {
     METHODS.get(usize::from(i)).copied().unwrap_or("OTHER")
 }
 

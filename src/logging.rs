@@ -13,7 +13,9 @@
 //! standard attributes that have an equivalent to every line. A line logged
 //! inside a span naming a `request_id` or `route` (the HTTP proxy's, around
 //! the ingress and every call it makes) carries them, as Ray's lines do. In
-//! JSON, numbers and booleans are written as such, and each key once.
+//! JSON, numbers and booleans are written as such, and each key once. Every
+//! line carries its time as Ray's `asctime` (`2026-12-08 01:28:49,053`, in
+//! UTC: after the level in TEXT, as `asctime` in JSON).
 
 use std::{
     collections::HashMap,
@@ -249,6 +251,29 @@ struct Origin {
     now: SystemTime,
 }
 
+/// `t` as Ray's `asctime` writes it (`2026-12-08 01:28:49,053`), in UTC.
+fn asctime(t: SystemTime) -> String {
+    let since = t.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let secs = since.as_secs();
+    let (days, day_secs) = (secs / 86_400, secs % 86_400);
+    // Howard Hinnant's days-to-civil, for days since 1970-01-01.
+    let z = days + 719_468;
+    let (era, doe) = (z / 146_097, z % 146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + u64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02},{:03}",
+        day_secs / 3_600,
+        day_secs / 60 % 60,
+        day_secs % 60,
+        since.subsec_millis()
+    )
+}
+
 /// The value of `attr` for an event, as Ray's log records name it (numbers
 /// as numbers).
 fn attr_value(attr: LogAttr, o: &Origin, f: &Fields) -> Value {
@@ -256,11 +281,7 @@ fn attr_value(attr: LogAttr, o: &Origin, f: &Fields) -> Value {
     let level = o.meta.level();
     let text = |s: &str| Value::Text(s.to_owned());
     match attr {
-        LogAttr::Asctime => Value::Text(format!(
-            "{}.{:03}",
-            since_epoch.as_secs(),
-            since_epoch.subsec_millis()
-        )),
+        LogAttr::Asctime => Value::Text(asctime(o.now)),
         LogAttr::Created => Value::Literal(format!("{:.6}", since_epoch.as_secs_f64())),
         LogAttr::Msecs => Value::Literal(since_epoch.subsec_millis().to_string()),
         LogAttr::RelativeCreated => Value::Literal(o.relative.as_millis().to_string()),
@@ -309,7 +330,7 @@ fn ray_level_number(level: &Level) -> u8 {
 }
 
 /// The keys every line starts with.
-const LINE_KEYS: [&str; 5] = ["level", "target", "app", "deployment", "message"];
+const LINE_KEYS: [&str; 6] = ["level", "asctime", "target", "app", "deployment", "message"];
 
 /// One line: the line's own keys, then the event's fields, then the
 /// attributes the config adds, each key once (a JSON object holds a key
@@ -329,9 +350,10 @@ fn format_line(config: &LoggingConfig, o: &Origin, f: &Fields) -> String {
         first
     });
     let mut line = String::with_capacity(128);
+    let time = asctime(o.now);
     match config.encoding {
         LogEncoding::Text => {
-            let _ = write!(line, "{level:>5} {target}:");
+            let _ = write!(line, "{level:>5} {time} {target}:");
             if let Some(app) = &f.app {
                 let _ = write!(line, " app={app}");
             }
@@ -344,7 +366,10 @@ fn format_line(config: &LoggingConfig, o: &Origin, f: &Fields) -> String {
             }
         }
         LogEncoding::Json => {
-            let _ = write!(line, "{{\"level\":\"{level}\",\"target\":");
+            let _ = write!(
+                line,
+                "{{\"level\":\"{level}\",\"asctime\":\"{time}\",\"target\":"
+            );
             json_escape(&mut line, target);
             if let Some(app) = &f.app {
                 line.push_str(",\"app\":");
@@ -641,6 +666,15 @@ mod tests {
         );
     }
 
+    #[test]
+    fn asctime_is_rays_format_in_utc() {
+        let at = |ms: u64| UNIX_EPOCH + std::time::Duration::from_millis(ms);
+        assert_eq!(asctime(at(0)), "1970-01-01 00:00:00,000");
+        assert_eq!(asctime(at(1_796_693_329_053)), "2026-12-08 01:28:49,053");
+        assert_eq!(asctime(at(951_782_400_500)), "2000-02-29 00:00:00,500");
+        assert_eq!(asctime(at(4_102_444_799_999)), "2099-12-31 23:59:59,999");
+    }
+
     /// JSON lines are objects a log pipeline reads as Ray's: each key once
     /// (an event's own `level` cannot pass for the line's: it was written
     /// twice, and a reader keeping the last took it), numbers and booleans
@@ -652,7 +686,11 @@ mod tests {
         let settings = LogSettings::new();
         settings.set_global(LoggingConfig {
             encoding: LogEncoding::Json,
-            additional_log_standard_attrs: vec![LogAttr::Message, LogAttr::Lineno],
+            additional_log_standard_attrs: vec![
+                LogAttr::Message,
+                LogAttr::Lineno,
+                LogAttr::Asctime,
+            ],
             ..Default::default()
         });
         let buf = Buffer::default();
@@ -674,7 +712,7 @@ mod tests {
         });
         let got = lines(&buf);
         assert_eq!(got.len(), 2, "{got:#?}");
-        for key in ["level", "message", "lineno"] {
+        for key in ["level", "asctime", "message", "lineno"] {
             assert_eq!(
                 got[0].matches(&format!("\"{key}\":")).count(),
                 1,
@@ -685,6 +723,11 @@ mod tests {
         let v: serde_json::Value = serde_json::from_str(&got[0]).unwrap();
         assert_eq!(v["level"], "INFO");
         assert_eq!(v["message"], "user code");
+        assert_eq!(
+            v["asctime"].as_str().map(str::len),
+            Some(23),
+            "every line has its time"
+        );
         assert_eq!(
             (&v["n"], &v["ok"], &v["x"]),
             (&2.into(), &true.into(), &1.5.into())

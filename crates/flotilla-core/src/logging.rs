@@ -171,7 +171,8 @@ pub enum LogEncoding {
 /// name), `taskName` (no asyncio task name).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum LogAttr {
-    /// `asctime`: the event's time, formatted.
+    /// `asctime`: the event's time, as Ray formats it
+    /// (`2026-12-08 01:28:49,053`, in UTC). Every line carries it already.
     Asctime,
     /// `created`: the event's time, in seconds since the Unix epoch.
     Created,

@@ -101,6 +101,18 @@ applications:
             .await
             .unwrap();
     }
+    // A call its timeout cuts is logged too, as Ray's CANCELLED (it wrote
+    // no line at all).
+    let cut = serve
+        .app_handle("loud")
+        .unwrap()
+        .with_timeout(std::time::Duration::from_secs(1))
+        .call::<_, String>("hang")
+        .await;
+    assert!(
+        matches!(cut, Err(flotilla::CallError::Timeout { .. })),
+        "{cut:?}"
+    );
     let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
     let lines: Vec<&str> = text.lines().collect();
     // The user's own events, which name no application, go by the config of
@@ -128,6 +140,16 @@ applications:
             && l.contains("\"app\":\"loud\"")),
         "an access log line for loud, as JSON: {lines:#?}"
     );
+    let access = |status: &str| {
+        lines.iter().any(|l| {
+            l.contains("\"target\":\"flotilla::access\"")
+                && l.contains("\"app\":\"loud\"")
+                && l.contains(&format!("\"status\":\"{status}\""))
+                && l.contains("\"latency_ms\":")
+        })
+    };
+    assert!(access("OK"), "answered, with its latency: {lines:#?}");
+    assert!(access("CANCELLED"), "cut by its timeout: {lines:#?}");
     assert!(
         lines
             .iter()

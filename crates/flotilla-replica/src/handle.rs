@@ -14,6 +14,7 @@ use serde::{Serialize, de::DeserializeOwned};
 
 use crate::{
     CallError, Directory, ModelIdError, ReplicaEndpoint, RoutingRequest,
+    access::AccessLine,
     endpoint::Slot,
     home::run_on,
     multiplex::validate_model_id,
@@ -24,8 +25,10 @@ use crate::{
     user::Call,
 };
 
-/// The target of per-request access log events (one `INFO` event per call, with
-/// `app`, `deployment`, `replica` and `ok`); filtered per application by its
+/// The target of per-request access log events (one `INFO` event per request a
+/// replica took, when it ends, with `app`, `deployment`, `replica`, `status`
+/// (Ray's `OK`, `ERROR` or `CANCELLED`: dropped or timed out), `ok`,
+/// `stream` and `latency_ms`); filtered per application by its
 /// logging config's `enable_access_log`, as is every target under it (the HTTP
 /// proxy's is `flotilla::access::http`): see [`is_access_log`].
 pub const ACCESS_TARGET: &str = "flotilla::access";
@@ -258,6 +261,7 @@ impl DeploymentHandle {
             // Counted once per request, not again for each refusal.
             let (route, slot) = self.acquire(&refusals).await?;
             let replica = slot.0.id();
+            let line = AccessLine::new(&route, replica, false);
             let result = match slot.0.remote_call().cloned() {
                 None => {
                     let call = Call {
@@ -273,6 +277,7 @@ impl DeploymentHandle {
                     match crate::remote::run(slot, remote, bytes, self.model_id.clone()).await {
                         Attempt::Ran(result) => result.map(Payload::Encoded),
                         Attempt::Refused { request, full } => {
+                            line.refused();
                             payload = Payload::Encoded(request);
                             refusals.refused(replica, full).await;
                             continue;
@@ -280,9 +285,7 @@ impl DeploymentHandle {
                     }
                 }
             };
-            tracing::info!(target: ACCESS_TARGET, app = %route.app(),
-                deployment = %route.deployment(), replica = %replica, ok = result.is_ok(),
-                "request");
+            line.finish(result.is_ok());
             return result;
         }
     }
@@ -411,6 +414,7 @@ impl DeploymentHandle {
                 let (route, slot) = handle.acquire(&refusals).await?;
                 flag.set(true);
                 let replica = slot.0.id();
+                let line = AccessLine::new(&route, replica, true);
                 let result = match slot.0.remote_call().cloned() {
                     None => {
                         let call = Call {
@@ -433,6 +437,7 @@ impl DeploymentHandle {
                         {
                             Attempt::Ran(result) => result,
                             Attempt::Refused { request, full } => {
+                                line.refused();
                                 flag.set(false);
                                 payload = Payload::Encoded(request);
                                 refusals.refused(replica, full).await;
@@ -441,9 +446,7 @@ impl DeploymentHandle {
                         }
                     }
                 };
-                tracing::info!(target: ACCESS_TARGET, app = %route.app(),
-                    deployment = %route.deployment(), replica = %replica,
-                    ok = result.is_ok(), stream = true, "request");
+                line.finish(result.is_ok());
                 return result;
             }
         };

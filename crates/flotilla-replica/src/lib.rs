@@ -23,6 +23,7 @@
 //! It must not decide how many replicas run or where: that is the DeploymentActor's
 //! job. It never touches the checkpoint store.
 
+mod access;
 mod actor;
 mod batching;
 mod endpoint;

@@ -1,8 +1,6 @@
 //! One access-log line per request a replica took, written when the request
 //! ends, however it ends.
 
-use std::sync::Arc;
-
 use tokio::time::Instant;
 
 use crate::{ACCESS_TARGET, ReplicaId, route::DeploymentRoute};
@@ -12,8 +10,8 @@ use crate::{ACCESS_TARGET, ReplicaId, route::DeploymentRoute};
 /// dropped first (its caller gave up, or its timeout passed), as Ray's
 /// replica logs every request; with `latency_ms` since its replica took it.
 /// Nothing is timed while no subscriber wants access lines.
-pub(crate) struct AccessLine {
-    route: Arc<DeploymentRoute>,
+pub(crate) struct AccessLine<'r> {
+    route: &'r DeploymentRoute,
     replica: ReplicaId,
     stream: bool,
     /// `None`: nothing to write (no subscriber, or a refusal routed again).
@@ -21,12 +19,12 @@ pub(crate) struct AccessLine {
     ok: Option<bool>,
 }
 
-impl AccessLine {
+impl<'r> AccessLine<'r> {
     /// The line of a request `replica` takes now.
-    pub(crate) fn new(route: &Arc<DeploymentRoute>, replica: ReplicaId, stream: bool) -> Self {
+    pub(crate) fn new(route: &'r DeploymentRoute, replica: ReplicaId, stream: bool) -> Self {
         let wanted = tracing::enabled!(target: ACCESS_TARGET, tracing::Level::INFO);
         AccessLine {
-            route: route.clone(),
+            route,
             replica,
             stream,
             started: wanted.then(Instant::now),
@@ -46,7 +44,7 @@ impl AccessLine {
     }
 }
 
-impl Drop for AccessLine {
+impl Drop for AccessLine<'_> {
     fn drop(&mut self) {
         let Some(started) = self.started else {
             return;

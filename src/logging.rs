@@ -14,10 +14,13 @@
 //! inside a span naming a `request_id` or `route` (the HTTP proxy's, around
 //! the ingress and every call it makes) carries them, as Ray's lines do. In
 //! JSON, numbers and booleans are written as such, and each key once. Every
-//! line carries its time as Ray's `asctime` (`2026-12-08 01:28:49,053`, in
-//! UTC: after the level in TEXT, as `asctime` in JSON).
+//! line carries its time as Ray's `asctime` (`2026-12-08 01:28:49,053`), in
+//! UTC where Ray's is the host's local time: after the level in TEXT, as
+//! `asctime` in JSON. A span's request fields may be recorded after it was
+//! made (`span.record`).
 
 use std::{
+    borrow::Cow,
     collections::HashMap,
     fmt::Write as _,
     fs::File,
@@ -139,6 +142,36 @@ struct SpanOwner {
 
 /// The span fields lines inside it carry ([`SpanOwner::request`]).
 const REQUEST_FIELDS: [&str; 2] = ["request_id", "route"];
+
+impl SpanOwner {
+    /// What span fields `f` tell, if anything.
+    fn of(f: Fields) -> Option<Self> {
+        let request: Vec<(&'static str, Value)> = f
+            .rest
+            .into_iter()
+            .filter(|(k, _)| REQUEST_FIELDS.contains(k))
+            .collect();
+        (f.app.is_some() || f.deployment.is_some() || !request.is_empty()).then_some(SpanOwner {
+            app: f.app,
+            deployment: f.deployment,
+            request,
+        })
+    }
+
+    /// Fields recorded later replace those recorded before.
+    fn update(&mut self, later: SpanOwner) {
+        if later.app.is_some() {
+            self.app = later.app;
+        }
+        if later.deployment.is_some() {
+            self.deployment = later.deployment;
+        }
+        for (k, v) in later.request {
+            self.request.retain(|(had, _)| *had != k);
+            self.request.push((k, v));
+        }
+    }
+}
 
 /// A field's value: text, or a number or boolean, written bare in JSON (as
 /// Ray's `json.dumps` writes them).
@@ -334,21 +367,29 @@ const LINE_KEYS: [&str; 6] = ["level", "asctime", "target", "app", "deployment",
 
 /// One line: the line's own keys, then the event's fields, then the
 /// attributes the config adds, each key once (a JSON object holds a key
-/// once: a field or attribute named as one before it is left out, so an
-/// event's `level = "x"` cannot pass for the line's level).
+/// once). An event field named as one of the line's own keys is written
+/// as `field.<name>`, so an event's `level = "x"` cannot pass for the
+/// line's level; an attribute the line has already (`message`, `asctime`)
+/// is not written again.
 fn format_line(config: &LoggingConfig, o: &Origin, f: &Fields) -> String {
     let (level, target) = (o.meta.level(), o.meta.target());
     let extra: Vec<(&'static str, Value)> = config
         .additional_log_standard_attrs
         .iter()
+        .filter(|a| !LINE_KEYS.contains(&a.name()))
         .map(|a| (a.name(), attr_value(*a, o, f)))
         .collect();
-    let mut written: Vec<&str> = Vec::with_capacity(f.rest.len() + extra.len());
-    let more = f.rest.iter().chain(&extra).filter(|(k, _)| {
-        let first = !LINE_KEYS.contains(k) && !written.contains(k);
-        written.push(k);
-        first
-    });
+    let mut more: Vec<(Cow<'static, str>, &Value)> = Vec::with_capacity(f.rest.len() + extra.len());
+    for (k, v) in f.rest.iter().chain(&extra) {
+        let key = if LINE_KEYS.contains(k) {
+            Cow::Owned(format!("field.{k}"))
+        } else {
+            Cow::Borrowed(*k)
+        };
+        if !more.iter().any(|(written, _)| *written == key) {
+            more.push((key, v));
+        }
+    }
     let mut line = String::with_capacity(128);
     let time = asctime(o.now);
     match config.encoding {
@@ -361,7 +402,7 @@ fn format_line(config: &LoggingConfig, o: &Origin, f: &Fields) -> String {
                 let _ = write!(line, " deployment={d}");
             }
             let _ = write!(line, " {}", f.message);
-            for (k, v) in more {
+            for (k, v) in &more {
                 let _ = write!(line, " {k}={}", v.as_str());
             }
         }
@@ -381,7 +422,7 @@ fn format_line(config: &LoggingConfig, o: &Origin, f: &Fields) -> String {
             }
             line.push_str(",\"message\":");
             json_escape(&mut line, &f.message);
-            for (k, v) in more {
+            for (k, v) in &more {
                 line.push(',');
                 json_escape(&mut line, k);
                 line.push(':');
@@ -405,39 +446,53 @@ where
     fn on_new_span(&self, attrs: &span::Attributes<'_>, id: &span::Id, ctx: Context<'_, S>) {
         let mut f = Fields::default();
         attrs.record(&mut f);
-        let request: Vec<(&'static str, Value)> = f
-            .rest
-            .into_iter()
-            .filter(|(k, _)| REQUEST_FIELDS.contains(k))
-            .collect();
-        if (f.app.is_some() || f.deployment.is_some() || !request.is_empty())
+        if let Some(owner) = SpanOwner::of(f)
             && let Some(span) = ctx.span(id)
         {
-            span.extensions_mut().insert(SpanOwner {
-                app: f.app,
-                deployment: f.deployment,
-                request,
-            });
+            span.extensions_mut().insert(owner);
+        }
+    }
+
+    /// A span's fields recorded after it was made (`span.record`).
+    fn on_record(&self, id: &span::Id, values: &span::Record<'_>, ctx: Context<'_, S>) {
+        let mut f = Fields::default();
+        values.record(&mut f);
+        if let Some(later) = SpanOwner::of(f)
+            && let Some(span) = ctx.span(id)
+        {
+            let mut ext = span.extensions_mut();
+            match ext.get_mut::<SpanOwner>() {
+                Some(owner) => owner.update(later),
+                None => ext.insert(later),
+            }
         }
     }
 
     fn on_event(&self, event: &Event<'_>, ctx: Context<'_, S>) {
         let mut f = Fields::default();
         event.record(&mut f);
-        if (f.app.is_none() || f.deployment.is_none())
-            && let Some(scope) = ctx.event_scope(event)
-        {
-            // The innermost span that names one wins; the event's own fields
-            // win over every span.
-            let (mut app, mut deployment) = (None, None);
-            for s in scope.from_root() {
-                if let Some(owner) = s.extensions().get::<SpanOwner>() {
-                    app = owner.app.clone().or(app);
-                    deployment = owner.deployment.clone().or(deployment);
+        // One walk out from the innermost span: the first that names the
+        // application, the deployment, or the request (`request_id`,
+        // `route`: the HTTP proxy's, around the ingress and the calls it
+        // makes) gives it, unless the event names its own.
+        if let Some(scope) = ctx.event_scope(event) {
+            for s in scope {
+                let ext = s.extensions();
+                let Some(owner) = ext.get::<SpanOwner>() else {
+                    continue;
+                };
+                if f.app.is_none() {
+                    f.app.clone_from(&owner.app);
+                }
+                if f.deployment.is_none() {
+                    f.deployment.clone_from(&owner.deployment);
+                }
+                for (k, v) in &owner.request {
+                    if !f.has(k) {
+                        f.rest.push((k, v.clone()));
+                    }
                 }
             }
-            f.app = f.app.or(app);
-            f.deployment = f.deployment.or(deployment);
         }
         let config = self
             .settings
@@ -448,20 +503,6 @@ where
         }
         if is_access_log(meta.target()) && !config.enable_access_log {
             return;
-        }
-        // The request it serves, from the innermost span that names it (the
-        // HTTP proxy's, around the ingress and the calls it makes), unless
-        // the event names its own.
-        if let Some(scope) = ctx.event_scope(event) {
-            for s in scope {
-                if let Some(owner) = s.extensions().get::<SpanOwner>() {
-                    for (k, v) in &owner.request {
-                        if !f.has(k) {
-                            f.rest.push((k, v.clone()));
-                        }
-                    }
-                }
-            }
         }
         let origin = Origin {
             meta,
@@ -702,8 +743,10 @@ mod tests {
                 app = "shop",
                 deployment = "ingress",
                 route = "/shop",
-                request_id = "r-1"
+                request_id = tracing::field::Empty
             );
+            // Recorded after the span was made.
+            request.record("request_id", "r-1");
             let _r = request.enter();
             let call = tracing::info_span!("replica_call", replica = 3);
             let _c = call.enter();
@@ -721,6 +764,7 @@ mod tests {
             );
         }
         let v: serde_json::Value = serde_json::from_str(&got[0]).unwrap();
+        assert_eq!(v["field.level"], "mine", "kept, renamed");
         assert_eq!(v["level"], "INFO");
         assert_eq!(v["message"], "user code");
         assert_eq!(

@@ -172,7 +172,8 @@ pub enum LogEncoding {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum LogAttr {
     /// `asctime`: the event's time, as Ray formats it
-    /// (`2026-12-08 01:28:49,053`, in UTC). Every line carries it already.
+    /// (`2026-12-08 01:28:49,053`), in UTC (Ray's is the host's local time).
+    /// Every line carries it already.
     Asctime,
     /// `created`: the event's time, in seconds since the Unix epoch.
     Created,

@@ -29,8 +29,8 @@ pub(crate) const CLIENT_CLOSED: u16 = 499;
 /// Records one request when dropped: its status (499 unless set: the client
 /// went away), its latency from the moment the request came, in its route's
 /// counters, and one access-log event with Ray's fields (`method`, `route`,
-/// `status`, `latency_ms`; Ray's line reads `{method} {route} {status}
-/// {ms}ms`).
+/// `status_code`, `latency_ms`, and the request's `request_id` from its span;
+/// Ray's line reads `{method} {route} {status} {ms}ms`).
 pub(crate) struct Done {
     stats: Arc<HttpStats>,
     method: u8,
@@ -38,6 +38,9 @@ pub(crate) struct Done {
     started: Instant,
     /// Counted in the ongoing gauge (matched requests only, as Ray).
     ongoing: Option<Arc<ProxyMetrics>>,
+    /// The request's span (its `request_id`), entered for its access line,
+    /// which hyper may write from its connection's task, outside it.
+    span: tracing::Span,
 }
 
 impl Done {
@@ -46,6 +49,7 @@ impl Done {
         method: u8,
         started: Instant,
         ongoing: Option<Arc<ProxyMetrics>>,
+        span: tracing::Span,
     ) -> Self {
         if let Some(m) = &ongoing {
             m.ongoing.fetch_add(1, Ordering::Relaxed);
@@ -56,6 +60,7 @@ impl Done {
             status: CLIENT_CLOSED,
             started,
             ongoing,
+            span,
         }
     }
 }
@@ -71,9 +76,11 @@ impl Drop for Done {
     fn drop(&mut self) {
         let latency = self.started.elapsed();
         // Logged before it is counted: a request /metrics counts was logged.
+        let _in = self.span.enter();
         tracing::info!(target: crate::ACCESS_LOG_TARGET, app = %self.stats.app,
-            method = method_name(self.method), route = %self.stats.route, status = self.status,
-            latency_ms = latency.as_secs_f64() * 1_000.0, "http request");
+            method = method_name(self.method), route = %self.stats.route,
+            status_code = self.status, latency_ms = latency.as_secs_f64() * 1_000.0,
+            "http request");
         self.stats.record(self.method, self.status, latency);
         if let Some(m) = &self.ongoing {
             m.ongoing.fetch_sub(1, Ordering::Relaxed);

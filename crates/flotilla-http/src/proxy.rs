@@ -223,7 +223,13 @@ impl Proxy {
         };
         let method = method_index(req.method());
         let Some(path) = decode_path(req.uri().path()) else {
-            let done = Done::new(self.metrics.unmatched.clone(), method, started, None);
+            let done = Done::new(
+                self.metrics.unmatched.clone(),
+                method,
+                started,
+                None,
+                tracing::Span::none(),
+            );
             return Ok(text(400, "Invalid request path.", &request_id, Some(done)));
         };
         let snapshot = self.routes.fresh().await;
@@ -231,7 +237,13 @@ impl Proxy {
             return Ok(self.health_or_routes(&snapshot, &path, method, started, &request_id));
         }
         let Some((_, entry)) = snapshot.router.route(&path) else {
-            let done = Done::new(self.metrics.unmatched.clone(), method, started, None);
+            let done = Done::new(
+                self.metrics.unmatched.clone(),
+                method,
+                started,
+                None,
+                tracing::Span::none(),
+            );
             let body = not_found(&self.options.root_path, &path);
             return Ok(text(404, body, &request_id, Some(done)));
         };
@@ -250,6 +262,7 @@ impl Proxy {
             method,
             started,
             Some(self.metrics.clone()),
+            span.clone(),
         );
         Ok(self
             .forward(req, path, entry, request_id, done)
@@ -271,7 +284,13 @@ impl Proxy {
         } else {
             &self.metrics.healthz
         };
-        let done = Some(Done::new(stats.clone(), method, started, None));
+        let done = Some(Done::new(
+            stats.clone(),
+            method,
+            started,
+            None,
+            tracing::Span::none(),
+        ));
         let unhealthy = if self.draining.load(std::sync::atomic::Ordering::Acquire) {
             Some("This node is being drained.")
         } else if !self.routes.populated() {

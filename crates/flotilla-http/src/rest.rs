@@ -209,7 +209,7 @@ impl Rest {
             _ => text(404, "Not Found"),
         };
         tracing::info!(target: crate::ACCESS_LOG_TARGET, method = %method, path = %path,
-            status = response.status().as_u16(), "rest request");
+            status_code = response.status().as_u16(), "rest request");
         Ok(response)
     }
 

@@ -444,8 +444,9 @@ async fn an_applications_enable_access_log_governs_the_proxys_access_log() {
     let (proxy, rest) = (http.proxy_addr().unwrap(), http.rest_addr().unwrap());
     wait_routes(&serve, |r| r.len() == 2).await;
     let c = support::client();
-    for prefix in ["off", "on"] {
-        let r = get(&c, &format!("http://{proxy}/{prefix}/x")).await;
+    // log-on's is streamed: hyper polls its body, the ingress's stream.
+    for path in ["off/x", "on/stream-big/32"] {
+        let r = get(&c, &format!("http://{proxy}/{path}")).await;
         assert_eq!(r.status, 200, "{}", r.body);
     }
     // A request's access event comes before it is counted (both as its body
@@ -475,14 +476,29 @@ async fn an_applications_enable_access_log_governs_the_proxys_access_log() {
         1,
         "log-on's request is logged"
     );
-    // With Ray's fields: the method too (it was left out).
+    // With Ray's fields: the method too (it was left out), and the request's
+    // id, on the proxy's line and on the ingress call's (hyper writes the
+    // first, and polls the second, outside the request's span).
+    assert_eq!(
+        out.lines_with(&[
+            "flotilla::access: ",
+            "app=log-on",
+            "status=OK",
+            "request_id="
+        ])
+        .len(),
+        1,
+        "{:?}",
+        out.lines_with(&["flotilla::access"])
+    );
     assert_eq!(
         out.lines_with(&[
             target,
             "app=log-on",
             "method=GET",
             "route=/on",
-            "status=200"
+            "status_code=200",
+            "request_id="
         ])
         .len(),
         1,

@@ -9,7 +9,10 @@ use crate::{ACCESS_TARGET, ReplicaId, route::DeploymentRoute};
 /// `ERROR` once [`finish`](Self::finish)ed, `CANCELLED` if the call was
 /// dropped first (its caller gave up, or its timeout passed), as Ray's
 /// replica logs every request; with `latency_ms` since its replica took it.
-/// Nothing is timed while no subscriber wants access lines.
+/// It is written by the caller's process, by its logging settings (a call
+/// from the head to a node's replica is logged by the head). Nothing is
+/// timed while no subscriber wants access lines (a filter on the event's
+/// fields, which `tracing::enabled!` cannot see, is not told apart).
 pub(crate) struct AccessLine<'r> {
     route: &'r DeploymentRoute,
     replica: ReplicaId,

@@ -273,7 +273,14 @@ impl DeploymentHandle {
                 // A replica in another process; one that refused the request
                 // before running it leaves it to be routed again.
                 Some(remote) => {
-                    let bytes = encoded_request(payload)?;
+                    // Not sent: a request that cannot be encoded fails.
+                    let bytes = match encoded_request(payload) {
+                        Ok(b) => b,
+                        Err(e) => {
+                            line.finish(false);
+                            return Err(e);
+                        }
+                    };
                     match crate::remote::run(slot, remote, bytes, self.model_id.clone()).await {
                         Attempt::Ran(result) => result.map(Payload::Encoded),
                         Attempt::Refused { request, full } => {
@@ -425,7 +432,13 @@ impl DeploymentHandle {
                     }
                     // As in `call_payload`: a refused request is routed again.
                     Some(remote) => {
-                        let bytes = encoded_request(payload)?;
+                        let bytes = match encoded_request(payload) {
+                            Ok(b) => b,
+                            Err(e) => {
+                                line.finish(false);
+                                return Err(e);
+                            }
+                        };
                         match crate::remote::run_stream(
                             slot,
                             remote,
@@ -457,10 +470,13 @@ impl DeploymentHandle {
                 Box::pin(async move { tokio::time::timeout(t, work).await.map_err(|_| timed_out)? })
             }
         };
-        // Polled from a thread without a runtime, it runs on the instance's
-        // (decided at the first poll, as a call is).
+        // In the caller's span, wherever it is polled (the HTTP proxy's
+        // body is polled by hyper, outside the request's span) and when it
+        // is dropped: its access line and the handler's lines belong to the
+        // request. Polled from a thread without a runtime, it runs on the
+        // instance's (decided at the first poll, as a call is).
         let (home, route) = (self.directory.home().clone(), self.route.clone());
-        let driver = Box::pin(async move {
+        let driver = tracing::Instrument::in_current_span(async move {
             match home.instead_of_none() {
                 None => driver.await,
                 Some(runtime) => run_on(runtime, driver).await.unwrap_or_else(|| {
@@ -471,6 +487,7 @@ impl DeploymentHandle {
                 }),
             }
         });
+        let driver = Box::pin(driver);
         CallStream {
             driver: Some(driver),
             items: rx,

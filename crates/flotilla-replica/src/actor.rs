@@ -176,8 +176,9 @@ pub struct Internal(pub(crate) InternalMsg);
 pub(crate) enum InternalMsg {
     /// The constructor task finished.
     Started(Result<Arc<dyn ErasedDeployment>, StartFailure>),
-    /// A reconfigure finished.
-    Reconfigured(Arc<DeploymentSpec>, Result<(), UserError>),
+    /// A reconfigure finished: its number (the state's `reconfigures`),
+    /// the spec it applied, its result.
+    Reconfigured(u64, Arc<DeploymentSpec>, Result<(), UserError>),
     /// Time for a health check.
     HealthTick,
     /// A health check finished.
@@ -192,7 +193,7 @@ impl std::fmt::Debug for InternalMsg {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             InternalMsg::Started(r) => write!(f, "Started(ok: {})", r.is_ok()),
-            InternalMsg::Reconfigured(_, r) => write!(f, "Reconfigured({r:?})"),
+            InternalMsg::Reconfigured(n, _, r) => write!(f, "Reconfigured({n}, {r:?})"),
             InternalMsg::HealthTick => f.write_str("HealthTick"),
             InternalMsg::HealthResult(r) => write!(f, "HealthResult({r:?})"),
             InternalMsg::Drained => f.write_str("Drained"),
@@ -253,9 +254,12 @@ pub struct ReplicaActorState {
     constructor: Option<JoinHandle<()>>,
     health_timer: Option<JoinHandle<()>>,
     drain: Option<JoinHandle<()>>,
-    /// The user's `reconfigure` calls running, by the spec each applies
-    /// (each holds the user value).
-    reconfiguring: Vec<(Arc<DeploymentSpec>, JoinHandle<()>)>,
+    /// The user's `reconfigure` calls running, by number (each holds the
+    /// user value).
+    reconfiguring: Vec<(u64, JoinHandle<()>)>,
+    /// The number of the last `reconfigure` started: only its result counts
+    /// (an older one ending later must not undo it).
+    reconfigures: u64,
     /// A health check that did not answer at once, running (it holds the
     /// user value); the next waits for it.
     health_check: Option<JoinHandle<()>>,
@@ -419,6 +423,7 @@ impl Actor for ReplicaActor {
             health_timer: None,
             drain: None,
             reconfiguring: Vec::new(),
+            reconfigures: 0,
             health_check: None,
             health_failures: 0,
             condemned: None,
@@ -628,27 +633,29 @@ fn reconfigure(
     }
     state.set_phase(ReplicaPhase::Updating);
     let me = myself.clone();
-    let applied = spec.clone();
+    state.reconfigures += 1;
+    let n = state.reconfigures;
     let task = tokio::spawn(
         async move {
             let result = match spec.config.user_config.clone() {
                 Some(uc) => user.reconfigure(uc).await,
                 None => Ok(()),
             };
-            let _ = me.cast(InternalMsg::Reconfigured(spec, result).into());
+            let _ = me.cast(InternalMsg::Reconfigured(n, spec, result).into());
         }
         .instrument(state.span.clone()),
     );
-    state.reconfiguring.push((applied, task));
+    state.reconfiguring.push((n, task));
 }
 
 /// The replica's own messages.
 fn internal(myself: &ActorRef<ReplicaMsg>, state: &mut ReplicaActorState, msg: InternalMsg) {
     match msg {
         InternalMsg::Started(result) => started(myself, state, result),
-        InternalMsg::Reconfigured(spec, result) => {
-            state.reconfiguring.retain(|(s, _)| !Arc::ptr_eq(s, &spec));
-            if state.phase == ReplicaPhase::Stopping {
+        InternalMsg::Reconfigured(n, spec, result) => {
+            state.reconfiguring.retain(|(running, _)| *running != n);
+            // Superseded by a later one, whose result counts.
+            if state.phase == ReplicaPhase::Stopping || n != state.reconfigures {
                 return;
             }
             match result {

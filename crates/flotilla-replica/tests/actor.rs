@@ -42,8 +42,11 @@ impl Deployment for Sleeper {
         Ok(ms)
     }
 
-    async fn reconfigure(&self, _: Args) -> Result<(), UserError> {
+    async fn reconfigure(&self, config: Args) -> Result<(), UserError> {
         self.0.reconfigured.fetch_add(1, Ordering::SeqCst);
+        if config.decode::<String>().is_ok_and(|c| c == "slow") {
+            tokio::time::sleep(Duration::from_secs(10)).await;
+        }
         if self.0.fail_reconfigure.load(Ordering::SeqCst) {
             return Err(UserError::new("bad config"));
         }
@@ -353,6 +356,29 @@ async fn a_user_config_change_reconfigures_in_place_and_a_failing_one_is_reporte
         }
         other => panic!("expected ReconfigureFailed, got {other:?}"),
     }
+}
+
+/// Two reconfigures in flight (a restarted deployment actor sends the
+/// target again): the later one's result stands. The earlier one, ending
+/// after it, applied its older config over it.
+#[tokio::test(start_paused = true)]
+async fn a_reconfigure_superseded_by_a_later_one_does_not_undo_it() {
+    let mut rig = Rig::start("replica-test-reconf-order", false).await;
+    let _ready = rig.event().await;
+    let (slow, two) = (spec(Some("slow")), spec(Some("two")));
+    rig.actor.cast(ReplicaMsg::Reconfigure(slow)).unwrap();
+    rig.actor
+        .cast(ReplicaMsg::Reconfigure(two.clone()))
+        .unwrap();
+    match rig.event().await {
+        ReplicaEvent::Reconfigured { version } => assert_eq!(version, two.version()),
+        other => panic!("expected Reconfigured, got {other:?}"),
+    }
+    // The slow one ends 10 s later: it changes nothing, and says nothing.
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    assert_eq!(rig.knobs.reconfigured.load(Ordering::SeqCst), 2);
+    assert!(rig.events.try_recv().is_err(), "nothing more reported");
+    assert_eq!(rig.phase().await, ReplicaPhase::Running);
 }
 
 #[tokio::test(start_paused = true)]

@@ -21,18 +21,19 @@ thread_local! {
 }
 
 /// A parse on this thread, watched for floats that may be wide integers
-/// until this is dropped.
-pub(super) struct Watch(());
+/// until this is dropped (a parse within it watched on its own, the outer
+/// one's floats kept for it).
+pub(super) struct Watch(Option<Vec<f64>>);
 
 /// Watch the parse that follows.
 pub(super) fn watch() -> Watch {
-    SUSPECTS.with(|s| *s.borrow_mut() = Some(Vec::new()));
-    Watch(())
+    Watch(SUSPECTS.with(|s| s.replace(Some(Vec::new()))))
 }
 
 impl Drop for Watch {
     fn drop(&mut self) {
-        SUSPECTS.with(|s| *s.borrow_mut() = None);
+        let outer = self.0.take();
+        SUSPECTS.with(|s| *s.borrow_mut() = outer);
     }
 }
 

@@ -223,13 +223,7 @@ impl Proxy {
         };
         let method = method_index(req.method());
         let Some(path) = decode_path(req.uri().path()) else {
-            let done = Done::new(
-                self.metrics.unmatched.clone(),
-                method,
-                started,
-                None,
-                tracing::Span::none(),
-            );
+            let done = self.unmatched(method, started);
             return Ok(text(400, "Invalid request path.", &request_id, Some(done)));
         };
         let snapshot = self.routes.fresh().await;
@@ -237,13 +231,7 @@ impl Proxy {
             return Ok(self.health_or_routes(&snapshot, &path, method, started, &request_id));
         }
         let Some((_, entry)) = snapshot.router.route(&path) else {
-            let done = Done::new(
-                self.metrics.unmatched.clone(),
-                method,
-                started,
-                None,
-                tracing::Span::none(),
-            );
+            let done = self.unmatched(method, started);
             let body = not_found(&self.options.root_path, &path);
             return Ok(text(404, body, &request_id, Some(done)));
         };
@@ -268,6 +256,17 @@ impl Proxy {
             .forward(req, path, entry, request_id, done)
             .instrument(span)
             .await)
+    }
+
+    /// The record of a request no application takes (a 404, a bad path).
+    fn unmatched(&self, method: u8, started: std::time::Instant) -> Done {
+        Done::new(
+            self.metrics.unmatched.clone(),
+            method,
+            started,
+            None,
+            tracing::Span::none(),
+        )
     }
 
     fn health_or_routes(

@@ -259,7 +259,7 @@ impl Proxy {
     }
 
     /// The record of a request no application takes (a 404, a bad path).
-    fn unmatched(&self, method: u8, started: std::time::Instant) -> Done {
+    fn unmatched(&self, method: u8, started: Instant) -> Done {
         Done::new(
             self.metrics.unmatched.clone(),
             method,

@@ -259,15 +259,6 @@ impl RayActorOptions {
     }
 
     fn check(&self) -> Result<(), Error> {
-        for (field, amount) in [
-            ("ray_actor_options.num_cpus", self.num_cpus),
-            ("ray_actor_options.num_gpus", self.num_gpus),
-        ] {
-            check_precision(field, amount.unwrap_or(0.0))?;
-        }
-        for amount in self.resources.iter().flat_map(|r| r.values()) {
-            check_precision("ray_actor_options.resources", *amount)?;
-        }
         if let Some(res) = &self.resources {
             for k in ["CPU", "GPU"] {
                 if res.contains_key(k) {
@@ -365,6 +356,32 @@ impl DeploymentOverride {
         }
     }
 
+    /// No resource amount finer than Ray's unit ([`MIN_RESOURCE_AMOUNT`]):
+    /// checked when a config is parsed or applied
+    /// ([`ServeConfig::validate`](super::ServeConfig::validate)), not when a
+    /// stored config's overrides are laid over a builder again, so a config
+    /// stored before the rule still rebuilds.
+    ///
+    /// [`MIN_RESOURCE_AMOUNT`]: crate::MIN_RESOURCE_AMOUNT
+    pub(super) fn check_amounts(&self) -> Result<(), Error> {
+        let actor = self.ray_actor_options.as_ref();
+        for (field, amount) in [
+            ("ray_actor_options.num_cpus", actor.and_then(|r| r.num_cpus)),
+            ("ray_actor_options.num_gpus", actor.and_then(|r| r.num_gpus)),
+        ] {
+            check_precision(field, amount.unwrap_or(0.0))?;
+        }
+        let resources = actor.and_then(|r| r.resources.as_ref());
+        for amount in resources.into_iter().flat_map(|r| r.values()) {
+            check_precision("ray_actor_options.resources", *amount)?;
+        }
+        let bundles = self.placement_group_bundles.iter().flatten();
+        for amount in bundles.flat_map(|b| b.values()) {
+            check_precision("placement_group_bundles", *amount)?;
+        }
+        Ok(())
+    }
+
     /// `max_ongoing_requests`, or its old name `max_concurrent_queries`.
     pub fn effective_max_ongoing_requests(&self) -> Option<u32> {
         self.max_ongoing_requests.or(self.max_concurrent_queries)
@@ -443,14 +460,6 @@ impl DeploymentOverride {
         }
         if let Some(r) = &self.ray_actor_options {
             r.check()?;
-        }
-        for amount in self
-            .placement_group_bundles
-            .iter()
-            .flatten()
-            .flat_map(|b| b.values())
-        {
-            check_precision("placement_group_bundles", *amount)?;
         }
         if self.max_replicas_per_node.is_some() && self.placement_group_bundles.is_some() {
             return Err(Error::field(

@@ -318,6 +318,19 @@ impl ServeConfig {
                     site("route_prefix"),
                 )));
             }
+            for (j, d) in app.deployments.iter().enumerate() {
+                d.check_amounts().map_err(|e| {
+                    let field = e.field_name();
+                    Box::new((
+                        e.at(Some(name), Some(d.name.as_str())),
+                        Site {
+                            app: Some(i),
+                            deployment: Some(j),
+                            field,
+                        },
+                    ))
+                })?;
+            }
             app.check().map_err(|b| {
                 let (e, s) = *b;
                 Box::new((e, Site { app: Some(i), ..s }))

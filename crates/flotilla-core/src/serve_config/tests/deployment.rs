@@ -472,6 +472,14 @@ fn a_resource_amount_finer_than_rays_unit_is_refused() {
         assert!(e.to_string().contains("0.0001"), "{e}");
     }
     applied("        ray_actor_options: {num_cpus: 0.0001, resources: {tpu: 0}}\n");
+    // A config stored before the rule still rebuilds: its overrides are laid
+    // over the builder again without it.
+    let mut app = parse(&front("        ray_actor_options: {num_cpus: 1}\n"))
+        .applications
+        .remove(0);
+    let actor = app.deployments[0].ray_actor_options.as_mut().unwrap();
+    actor.resources = Some([("tpu".to_owned(), 0.00001)].into());
+    crate::apply_overrides(built(), &app).unwrap();
 }
 
 #[test]

@@ -362,6 +362,18 @@ fn ray_level_number(level: &Level) -> u8 {
     }
 }
 
+/// `each` of the [`SpanOwner`]s around `event`, innermost first.
+fn each_owner<S>(ctx: &Context<'_, S>, event: &Event<'_>, mut each: impl FnMut(&SpanOwner))
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+{
+    for span in ctx.event_scope(event).into_iter().flatten() {
+        if let Some(owner) = span.extensions().get::<SpanOwner>() {
+            each(owner);
+        }
+    }
+}
+
 /// The keys every line starts with.
 const LINE_KEYS: [&str; 6] = ["level", "asctime", "target", "app", "deployment", "message"];
 
@@ -471,28 +483,18 @@ where
     fn on_event(&self, event: &Event<'_>, ctx: Context<'_, S>) {
         let mut f = Fields::default();
         event.record(&mut f);
-        // One walk out from the innermost span: the first that names the
-        // application, the deployment, or the request (`request_id`,
-        // `route`: the HTTP proxy's, around the ingress and the calls it
-        // makes) gives it, unless the event names its own.
-        if let Some(scope) = ctx.event_scope(event) {
-            for s in scope {
-                let ext = s.extensions();
-                let Some(owner) = ext.get::<SpanOwner>() else {
-                    continue;
-                };
+        // Out from the innermost span, the first that names the application
+        // (the deployment) gives it, unless the event names its own: what
+        // picks the config.
+        if f.app.is_none() || f.deployment.is_none() {
+            each_owner(&ctx, event, |owner| {
                 if f.app.is_none() {
                     f.app.clone_from(&owner.app);
                 }
                 if f.deployment.is_none() {
                     f.deployment.clone_from(&owner.deployment);
                 }
-                for (k, v) in &owner.request {
-                    if !f.has(k) {
-                        f.rest.push((k, v.clone()));
-                    }
-                }
-            }
+            });
         }
         let config = self
             .settings
@@ -504,6 +506,16 @@ where
         if is_access_log(meta.target()) && !config.enable_access_log {
             return;
         }
+        // The request it serves (`request_id`, `route`: the HTTP proxy's,
+        // around the ingress and the calls it makes), the same way: copied
+        // for a line that is written only, not for every event filtered out.
+        each_owner(&ctx, event, |owner| {
+            for (k, v) in &owner.request {
+                if !f.has(k) {
+                    f.rest.push((k, v.clone()));
+                }
+            }
+        });
         let origin = Origin {
             meta,
             relative: self.started.elapsed(),

@@ -203,7 +203,7 @@ impl DeploymentHandle {
                 let call = async move { handle.timed_call(payload).await };
                 run_on(runtime, call)
                     .await
-                    .unwrap_or_else(|| Err(self.unavailable()))?
+                    .unwrap_or_else(|| Err(self.route.unavailable()))?
             }
         };
         out.take().map_err(PayloadError::bad_response)
@@ -216,14 +216,6 @@ impl DeploymentHandle {
             Some(t) => tokio::time::timeout(t, self.call_payload(payload))
                 .await
                 .map_err(|_| self.timed_out())?,
-        }
-    }
-
-    /// The error of a call whose instance stopped under it.
-    fn unavailable(&self) -> CallError {
-        CallError::Unavailable {
-            app: self.app().to_owned(),
-            deployment: self.deployment().to_owned(),
         }
     }
 
@@ -250,7 +242,7 @@ impl DeploymentHandle {
             Some(r) if r.is_closed() => Err(r.not_found()),
             // Deleted before its instance stopped: the stop is what a call
             // finds now.
-            _ if self.directory.is_shut_down() => Err(self.unavailable()),
+            _ if self.directory.is_shut_down() => Err(self.route.unavailable()),
             _ => Err(self.route.not_found()),
         }
     }
@@ -479,12 +471,9 @@ impl DeploymentHandle {
         let driver = tracing::Instrument::in_current_span(async move {
             match home.instead_of_none() {
                 None => driver.await,
-                Some(runtime) => run_on(runtime, driver).await.unwrap_or_else(|| {
-                    Err(CallError::Unavailable {
-                        app: route.app().to_string(),
-                        deployment: route.deployment().to_string(),
-                    })
-                }),
+                Some(runtime) => run_on(runtime, driver)
+                    .await
+                    .unwrap_or_else(|| Err(route.unavailable())),
             }
         });
         let driver = Box::pin(driver);

@@ -498,11 +498,20 @@ impl DeploymentRoute {
     /// What a call through this closed route gets: `Unavailable` once its
     /// instance stopped, `NotFound` once its deployment was deleted.
     pub(crate) fn not_found(&self) -> CallError {
-        let (app, deployment) = (self.app.to_string(), self.deployment.to_string());
         if self.shut.load(Ordering::Acquire) {
-            CallError::Unavailable { app, deployment }
-        } else {
-            CallError::NotFound { app, deployment }
+            return self.unavailable();
+        }
+        CallError::NotFound {
+            app: self.app.to_string(),
+            deployment: self.deployment.to_string(),
+        }
+    }
+
+    /// What a call gets whose instance stopped under it.
+    pub(crate) fn unavailable(&self) -> CallError {
+        CallError::Unavailable {
+            app: self.app.to_string(),
+            deployment: self.deployment.to_string(),
         }
     }
 }

@@ -441,3 +441,25 @@ async fn a_stuck_request_is_cut_at_the_graceful_timeout() {
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(serve.app_status("a").status, A::NotStarted);
 }
+
+/// A replica stopped while a health check of it hangs ends that check: the
+/// check held the replica's user value until its timeout (30 s), after the
+/// replica was gone.
+#[tokio::test(start_paused = true)]
+async fn a_replica_stopped_mid_health_check_drops_its_user_value() {
+    let (_dir, sw, serve) = start_fresh().await;
+    serve.run(app_of("a", probe(1, &tag("h")))).await.unwrap();
+    sw.hang_health.store(true, Ordering::SeqCst);
+    let checks = sw.health_checks.load(Ordering::SeqCst);
+    while sw.health_checks.load(Ordering::SeqCst) == checks {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    serve.delete_apps(&["a"], true).await.unwrap();
+    assert_eq!(sw.constructed.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        sw.dropped.load(Ordering::SeqCst),
+        1,
+        "the user value was dropped"
+    );
+    serve.shutdown().await.unwrap();
+}
